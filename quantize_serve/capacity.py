@@ -1,0 +1,220 @@
+"""Capacity stage: how much memory quantization freed and how much larger a batch now fits.
+
+Three configurations under the same memory budget: (a) base model, 16-bit KV; (b) quantized,
+16-bit KV; (c) quantized, fp8 KV. Each boot's capacity is read from vLLM itself: the labels of
+``vllm:cache_config_info`` on ``/metrics``.
+
+Two ways to hold the budget equal:
+- GPU (``serve.memory_budget`` unset): vLLM's own accounting. Every boot gets
+  ``gpu_memory_utilization`` x device memory; vLLM profiles weights and activations and gives
+  the rest to the KV cache. Weight memory is what vLLM logs as "Model loading took X GiB".
+- fixed budget (``serve.memory_budget`` set; what CPU runs use): the budget is the device
+  memory the configurations share; each boot gets ``--kv-cache-memory-bytes`` = budget minus its
+  weights, where weights = the tensor bytes in the checkpoint's safetensors files (exactly what
+  vLLM loads: packed int4 + scales + zero points for W4A16, bf16 for the base). This is how
+  freed weight memory shows up as KV memory on a GPU, without the CPU allocator's noise (the
+  automatic CPU mode reads a node total that moves between boots on a shared machine).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel
+
+from quantize_serve import planner
+from quantize_serve.errors import GateError
+from quantize_serve.recipe import Recipe
+from quantize_serve.server import RunningServer, ServerSpec
+
+GIB = 1024**3
+ConfigName = Literal["base", "w4a16", "w4a16-fp8kv"]
+CONFIG_SCHEMES: dict[str, tuple[str, str]] = {
+    # name: (planner scheme for the weights, KV dtype label)
+    "base": ("bf16", "auto"),
+    "w4a16": ("W4A16", "auto"),
+    "w4a16-fp8kv": ("W4A16", "fp8"),
+}
+METHOD_FIXED = (
+    "fixed budget: every configuration shares serve.memory_budget; each boot gets "
+    "--kv-cache-memory-bytes = budget - weights, weights = tensor bytes of the checkpoint's "
+    "safetensors files (what vLLM loads). KV figures are vLLM's own (vllm:cache_config_info)."
+)
+METHOD_GPU = (
+    "device accounting: every boot gets gpu_memory_utilization x device memory; vLLM profiles "
+    "weights (\"Model loading took\") and activations and gives the rest to the KV cache. KV "
+    "figures are vLLM's own (vllm:cache_config_info)."
+)
+
+
+class CapacityConfig(BaseModel):
+    name: str
+    kv_cache_dtype: str
+    weights_bytes: int
+    kv_cache_memory_bytes: int
+    kv_cache_tokens: int
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    max_concurrency: float
+    boot_seconds: float
+
+
+class PlannerCheck(BaseModel):
+    name: str
+    predicted_kv_tokens: int
+    measured_kv_tokens: int
+    error_pct: float
+
+
+class CapacityReport(BaseModel):
+    method: str
+    budget_bytes: int | None
+    configs: list[CapacityConfig]
+    freed_weight_bytes: int
+    fp8_token_ratio: float
+    gain_quantized: float
+    gain_fp8: float
+    planner: list[PlannerCheck]
+
+    def by_name(self, name: str) -> CapacityConfig:
+        return next(c for c in self.configs if c.name == name)
+
+    def markdown(self) -> str:
+        rows = [
+            "| configuration | KV dtype | weights GiB | KV cache GiB | KV tokens | max concurrency | "
+            "planner KV tokens (error) |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
+        checks = {p.name: p for p in self.planner}
+        for c in self.configs:
+            p = checks.get(c.name)
+            rows.append(
+                f"| {c.name} | {c.kv_cache_dtype} | {c.weights_bytes / GIB:.4f} | "
+                f"{c.kv_cache_memory_bytes / GIB:.4f} | {c.kv_cache_tokens:,} | "
+                f"{c.max_concurrency:.2f}x @ {c.max_model_len:,} | "
+                + (f"{p.predicted_kv_tokens:,} ({p.error_pct:+.2f}%) |" if p else "- |")
+            )
+        rows += [
+            "",
+            f"Memory freed by quantization: {self.freed_weight_bytes / GIB:.4f} GiB "
+            f"({self.freed_weight_bytes:,} bytes). Capacity over base: w4a16 x{self.gain_quantized:.2f}, "
+            f"w4a16 + fp8 KV x{self.gain_fp8:.2f}; fp8/16-bit KV tokens x{self.fp8_token_ratio:.3f}.",
+            "",
+            f"Method: {self.method}",
+        ]
+        return "\n".join(rows)
+
+
+def capacity_spec(recipe: Recipe, name: str, model_dir: Path) -> ServerSpec:
+    """The boot spec of one configuration under the recipe's (shared) budget."""
+    kv_dtype = "auto" if name in ("base", "w4a16") else recipe.serve.kv_cache_dtype
+    kv_bytes = None
+    if recipe.serve.memory_budget is not None:
+        kv_bytes = int(recipe.serve.memory_budget) - checkpoint_tensor_bytes(model_dir)
+        if kv_bytes <= 0:
+            kv_bytes = 1  # let vLLM refuse it with its own message (and our remedy)
+    return ServerSpec(model_dir=str(model_dir), serve=recipe.serve, kv_cache_dtype=kv_dtype,
+                      kv_cache_memory_bytes=kv_bytes)
+
+
+def checkpoint_tensor_bytes(model_dir: Path) -> int:
+    """Sum of tensor data bytes in a folder's safetensors files (read from their headers)."""
+    total = 0
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        with f.open("rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        total += sum(end - start for k, v in header.items() if k != "__metadata__"
+                     for start, end in [v["data_offsets"]])
+    return total
+
+
+CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.M)
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+MODEL_LOADING = re.compile(r"Model loading took ([\d.]+) GiB")
+
+
+def read_cache_info(metrics_text: str) -> dict[str, str]:
+    match = CACHE_INFO.search(metrics_text)
+    if not match:
+        raise GateError("vLLM's /metrics has no vllm:cache_config_info; is this a vLLM >= 0.10 server?")
+    return dict(LABEL.findall(match.group("labels")))
+
+
+def measure_capacity(server: RunningServer, spec: ServerSpec, *, name: str) -> CapacityConfig:
+    """Read one boot's KV capacity from vLLM's /metrics and its weight memory (see module doc)."""
+    info = read_cache_info(server.get("/metrics"))
+    num_blocks = int(info["num_gpu_blocks"])
+    block_size = int(info["block_size"])
+    tokens = int(info.get("kv_cache_size_tokens") or num_blocks * block_size)
+    max_len = spec.serve.max_model_len
+    if spec.kv_cache_memory_bytes is not None:
+        weights = checkpoint_tensor_bytes(Path(spec.model_dir))
+    else:
+        found = MODEL_LOADING.findall(Path(server.log_path).read_text(errors="replace"))
+        weights = int(float(found[-1]) * GIB) if found else checkpoint_tensor_bytes(Path(spec.model_dir))
+    return CapacityConfig(
+        name=name,
+        kv_cache_dtype=info.get("cache_dtype", spec.effective_kv_dtype),
+        weights_bytes=weights,
+        kv_cache_memory_bytes=int(float(info.get("kv_cache_memory_bytes") or spec.kv_cache_memory_bytes or 0)),
+        kv_cache_tokens=tokens,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_model_len=max_len,
+        max_concurrency=round(float(info.get("kv_cache_max_concurrency") or tokens / max_len), 2),
+        boot_seconds=server.boot_seconds,
+    )
+
+
+def plan_for(recipe: Recipe, base_config: dict, name: str, *, block_size: int,
+             device_memory_bytes: int | None = None) -> planner.CapacityPlan:
+    """The planner's prediction for one configuration, in the same mode as the measurement."""
+    scheme, kv = CONFIG_SCHEMES[name]
+    if kv != "auto":
+        kv = recipe.serve.kv_cache_dtype
+    if scheme != "bf16" and recipe.quantization.scheme == "W4A16_ASYM":
+        scheme = "W4A16_ASYM"
+    fixed = recipe.serve.memory_budget is not None
+    return planner.plan_capacity(
+        planner.ModelShape.from_config(base_config),
+        scheme=scheme, kv_cache_dtype=kv,
+        device_memory_bytes=int(recipe.serve.memory_budget) if fixed else int(device_memory_bytes or 0),
+        gpu_memory_utilization=1.0 if fixed else recipe.serve.gpu_memory_utilization,
+        max_model_len=recipe.serve.max_model_len,
+        max_num_batched_tokens=recipe.serve.max_num_batched_tokens or 8192,
+        block_size=block_size,
+        tensor_parallel_size=recipe.serve.tensor_parallel_size,
+        mode="fixed_budget" if fixed else "gpu",
+        group_size=recipe.quantization.group_size,
+        ignore=tuple(recipe.quantization.ignore),
+    )
+
+
+def summarize_capacity(recipe: Recipe, configs: list[CapacityConfig], base_config: dict,
+                       *, device_memory_bytes: int | None = None) -> CapacityReport:
+    """Derived figures and the planner's predictions beside the measured ones."""
+    by = {c.name: c for c in configs}
+    a, b, c = by["base"], by["w4a16"], by["w4a16-fp8kv"]
+    checks = []
+    for cfg in configs:
+        plan = plan_for(recipe, base_config, cfg.name, block_size=cfg.block_size,
+                        device_memory_bytes=device_memory_bytes)
+        err = 100.0 * (plan.kv_cache_tokens - cfg.kv_cache_tokens) / max(cfg.kv_cache_tokens, 1)
+        checks.append(PlannerCheck(name=cfg.name, predicted_kv_tokens=plan.kv_cache_tokens,
+                                   measured_kv_tokens=cfg.kv_cache_tokens, error_pct=round(err, 3)))
+    return CapacityReport(
+        method=METHOD_FIXED if recipe.serve.memory_budget is not None else METHOD_GPU,
+        budget_bytes=int(recipe.serve.memory_budget) if recipe.serve.memory_budget is not None else None,
+        configs=[a, b, c],
+        freed_weight_bytes=a.weights_bytes - b.weights_bytes,
+        fp8_token_ratio=round(c.kv_cache_tokens / max(b.kv_cache_tokens, 1), 4),
+        gain_quantized=round(b.kv_cache_tokens / max(a.kv_cache_tokens, 1), 4),
+        gain_fp8=round(c.kv_cache_tokens / max(a.kv_cache_tokens, 1), 4),
+        planner=checks,
+    )

