@@ -77,7 +77,7 @@ def build_llmcompressor_recipe(q: QuantizationSection) -> str:
         modifiers = {"GPTQModifier": {**scheme, "dampening_frac": q.dampening_frac}}
     else:
         modifiers = {
-            "AWQModifier": {"ignore": list(q.ignore), "duo_scaling": True},
+            "AWQModifier": {"duo_scaling": True},
             "QuantizationModifier": scheme,
         }
     return yaml.safe_dump({"quant_stage": {"quant_modifiers": modifiers}}, sort_keys=False)

@@ -70,6 +70,7 @@ def main(spec_path: str) -> None:
         recipe=spec["llmcompressor_recipe"],
         num_calibration_samples=recipe.calibration.num_samples,
         max_seq_length=recipe.calibration.max_seq_len,
+        batch_size=recipe.calibration.batch_size,
         shuffle_calibration_samples=False,  # already shuffled with the recipe's seed
     )
     model.save_pretrained(out, save_compressed=True)

@@ -67,6 +67,11 @@ class CalibrationSection(Section):
     num_samples: PositiveInt = 256
     max_seq_len: PositiveInt = 2048
     shuffle_seed: int = 42
+    batch_size: PositiveInt = Field(
+        default=1,
+        description="Calibration batch size (llm-compressor's; batches are truncated to their "
+        "shortest sample, so keep it small unless samples have similar lengths).",
+    )
 
     @model_validator(mode="after")
     def _one_field(self) -> CalibrationSection:

@@ -1,0 +1,92 @@
+"""Shared fixtures. Expensive things (quantized checkpoints, vLLM boots) are session-scoped and
+shared by every test that needs them; checkpoints are cached by their inputs under
+.cache/test-work so a second local run does not quantize again (CI starts clean)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("QS_WORK_DIR", str(ROOT / ".cache" / "test-work"))
+
+
+@pytest.fixture(scope="session")
+def awq_recipe():
+    from quantize_serve.recipe import load_recipe
+
+    return load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml")
+
+
+@pytest.fixture(scope="session")
+def gptq_recipe():
+    from quantize_serve.recipe import load_recipe
+
+    return load_recipe(ROOT / "recipes" / "tiny-llama-gptq.yaml")
+
+
+def _quantize(recipe_path: Path):
+    from quantize_serve.quantize import quantize_model
+    from quantize_serve.validate import resolve_base, validate_recipe
+
+    validated = validate_recipe(recipe_path)
+    base = resolve_base(validated)
+    return quantize_model(validated.recipe, Path(base.local_dir), base_identity=base.identity,
+                          calibration_fingerprint=validated.calibration_fingerprint, log=lambda _: None)
+
+
+@pytest.fixture(scope="session")
+def awq_checkpoint():
+    return _quantize(ROOT / "recipes" / "tiny-llama-awq.yaml")
+
+
+@pytest.fixture(scope="session")
+def gptq_checkpoint():
+    return _quantize(ROOT / "recipes" / "tiny-llama-gptq.yaml")
+
+
+@pytest.fixture(scope="session")
+def base_model_dir() -> Path:
+    return ROOT / "models" / "tiny-llama"
+
+
+@pytest.fixture(scope="session")
+def base_server(awq_recipe, base_model_dir, tmp_path_factory):
+    """(a) the base model, 16-bit KV, under the recipe's budget: capacity and accuracy share it."""
+    from quantize_serve.capacity import capacity_spec
+    from quantize_serve.server import vllm_server
+
+    spec = capacity_spec(awq_recipe, "base", base_model_dir)
+    with vllm_server(spec, log_path=tmp_path_factory.mktemp("vllm-base") / "vllm.log") as server:
+        yield server, spec
+
+
+@pytest.fixture(scope="session")
+def awq_fp8_server(awq_recipe, awq_checkpoint, tmp_path_factory):
+    """(c) the AWQ checkpoint with fp8 KV, the production settings: capacity, accuracy, stress."""
+    from quantize_serve.capacity import capacity_spec
+    from quantize_serve.server import vllm_server
+
+    spec = capacity_spec(awq_recipe, "w4a16-fp8kv", Path(awq_checkpoint.checkpoint_dir))
+    with vllm_server(spec, log_path=tmp_path_factory.mktemp("vllm-awq-fp8") / "vllm.log") as server:
+        yield server, spec
+
+
+def vllm_processes_of(log_dir_or_model: str) -> list:
+    """Live processes whose command line mentions vLLM and the given path (leak checks)."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "vllm" in cmd and log_dir_or_model in cmd:
+            found.append(p)
+    return found
