@@ -112,7 +112,7 @@ class CapacityReport(BaseModel):
 
 def capacity_spec(recipe: Recipe, name: str, model_dir: Path) -> ServerSpec:
     """The boot spec of one configuration under the recipe's (shared) budget."""
-    kv_dtype = "auto" if name in ("base", "w4a16") else recipe.serve.kv_cache_dtype
+    kv_dtype = sixteen_bit_kv_dtype(model_dir) if name in ("base", "w4a16") else recipe.serve.kv_cache_dtype
     kv_bytes = None
     if recipe.serve.memory_budget is not None:
         kv_bytes = int(recipe.serve.memory_budget) - checkpoint_tensor_bytes(model_dir)
@@ -120,6 +120,19 @@ def capacity_spec(recipe: Recipe, name: str, model_dir: Path) -> ServerSpec:
             kv_bytes = 1  # let vLLM refuse it with its own message (and our remedy)
     return ServerSpec(model_dir=str(model_dir), serve=recipe.serve, kv_cache_dtype=kv_dtype,
                       kv_cache_memory_bytes=kv_bytes)
+
+
+def sixteen_bit_kv_dtype(model_dir: Path) -> str:
+    """The --kv-cache-dtype that gives a 16-bit KV cache for this checkpoint.
+
+    vLLM resolves "auto" to fp8 when the checkpoint carries calibrated KV scales
+    (quantization_config.kv_cache_scheme), so such a checkpoint needs its 16-bit dtype named.
+    """
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    if (config.get("quantization_config") or {}).get("kv_cache_scheme"):
+        dtype = str(config.get("dtype") or config.get("torch_dtype") or "bfloat16")
+        return dtype if dtype in ("bfloat16", "float16") else "bfloat16"
+    return "auto"
 
 
 def checkpoint_tensor_bytes(model_dir: Path) -> int:

@@ -121,6 +121,16 @@ REMEDIES: list[tuple[re.Pattern[str], str]] = [
 ]
 
 
+ERROR_LINE = re.compile(r"^(?:.*\] )?((?:[\w.]+Error|[\w.]+Exception): .+)$", re.M)
+
+
+def root_cause(log_text: str) -> str:
+    """The first error vLLM raised (the tail usually shows only the wrapper around it)."""
+    causes = [m.group(1) for m in ERROR_LINE.finditer(log_text)
+              if "Engine core initialization failed" not in m.group(1)]
+    return causes[0] if causes else ""
+
+
 def remedy_for(log_text: str) -> str:
     for pattern, advice in REMEDIES:
         match = pattern.search(log_text)
@@ -175,8 +185,10 @@ def vllm_server(spec: ServerSpec, *, log_path: Path, boot_timeout_s: float | Non
     with log_path.open("w") as log:
         log.write(f"$ {shlex.join(argv)}\n")
         log.flush()
+        # QS_SERVER_LOG is inherited by every process vLLM starts: leak checks find them by it.
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=serving_env(), preexec_fn=_die_with_parent)
+                                env={**serving_env(), "QS_SERVER_LOG": str(log_path)},
+                                preexec_fn=_die_with_parent)
     try:
         server = RunningServer(base_url=f"http://{host}:{port}", port=port, pid=proc.pid,
                                log_path=str(log_path), command=spec.serve_command(), boot_seconds=0.0)
@@ -192,7 +204,9 @@ def _wait_healthy(proc: subprocess.Popen, server: RunningServer, timeout: float)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             log_text = Path(server.log_path).read_text(errors="replace")
-            raise ServerBootError(f"vLLM exited with code {proc.returncode} before it became healthy",
+            cause = root_cause(log_text)
+            raise ServerBootError(f"vLLM exited with code {proc.returncode} before it became healthy"
+                                  + (f": {cause}" if cause else ""),
                                   log_tail=server.log_tail(), remedy=remedy_for(log_text))
         if server.healthy():
             return

@@ -80,13 +80,16 @@ def awq_fp8_server(awq_recipe, awq_checkpoint, tmp_path_factory):
         yield server, spec
 
 
-def vllm_processes_of(log_dir_or_model: str) -> list:
-    """Live processes whose command line mentions vLLM and the given path (leak checks)."""
+def vllm_processes_of(log_path: str = "") -> list:
+    """Live processes started by a vLLM boot (all inherit QS_SERVER_LOG=<its log path>)."""
     import psutil
 
     found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if "vllm" in cmd and log_dir_or_model in cmd:
+    for p in psutil.process_iter():
+        try:
+            tag = p.environ().get("QS_SERVER_LOG")
+        except (psutil.Error, OSError):
+            continue
+        if tag and (not log_path or tag == log_path) and p.status() != psutil.STATUS_ZOMBIE:
             found.append(p)
     return found
