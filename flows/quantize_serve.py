@@ -1,4 +1,15 @@
-"""The quantize-serve flow: the pipeline's table of contents. Composition only."""
+"""The quantize-serve flow: the pipeline's table of contents. Composition only.
+
+validate -> resolve base -> quantize -> push candidate -> measure capacity -> accuracy gate ->
+stress gate -> decide -> promote or reject -> report.
+
+vLLM boots three times, each once: (a) the base model serves capacity and the base accuracy;
+(b) the quantized model with 16-bit KV serves capacity only; (c) the quantized model with the
+production settings (fp8 KV) serves capacity, accuracy and the stress test. All boots run inside
+the `gpu` global concurrency limit, so two runs never share a GPU.
+
+Run locally (ephemeral Prefect API, no server needed):  python -m flows.quantize_serve RECIPE
+"""
 
 from __future__ import annotations
 
@@ -6,19 +17,74 @@ import sys
 from pathlib import Path
 
 from prefect import flow
+from prefect.states import State
 
 from quantize_serve.recipe import Recipe
+from quantize_serve.report import RunReport
+from tasks.accuracy import run_accuracy
+from tasks.decide import compare_accuracy, decide_release
+from tasks.hub import promote_or_reject, push_candidate
 from tasks.quantize import quantize_model
+from tasks.report import Progress, publish_report, request_approval, run_folder, run_id
+from tasks.serve import gpu_slot, measure_capacity, production_spec, served, summarize_capacity
+from tasks.stress import run_stress_test
 from tasks.validate import resolve_base_model, validate_recipe
 
 
+def outcome(state: State):
+    """A gate's result, or the exception that stopped it (a failed check, never a skip)."""
+    return state.result(raise_on_failure=False)
+
+
 @flow(name="quantize-serve", log_prints=True)
-def quantize_serve(recipe: Recipe | str) -> dict:
+def quantize_serve(recipe: Recipe | str) -> RunReport:
     validated = validate_recipe(recipe)
+    progress = Progress(validated.recipe.name)
+    progress.done("validated")
+    r, run_dir = validated.recipe, run_folder(validated)
     base = resolve_base_model(validated)
+    progress.done("base resolved")
     checkpoint = quantize_model(validated, base)
-    return {"base": base.model_dump(), "checkpoint": checkpoint.model_dump()}
+    progress.done("quantized")
+    serving_command = production_spec(validated, checkpoint.checkpoint_dir).serve_command()
+    candidate = push_candidate(validated, base, checkpoint, serving_command, run_dir)
+    progress.done("candidate pushed")
+    with gpu_slot():
+        with served(validated, "base", base.local_dir, run_dir) as (server, spec):
+            cap_base = measure_capacity(server, spec, "base")
+            acc_base = run_accuracy(server.base_url, r.gates.accuracy, tokenizer_dir=base.local_dir,
+                                    max_length=r.serve.max_model_len, base_dir=Path(r.base_dir),
+                                    output_dir=run_dir / "accuracy-base", return_state=True)
+        progress.done("base served")
+        with served(validated, "w4a16", checkpoint.checkpoint_dir, run_dir) as (server, spec):
+            cap_w4 = measure_capacity(server, spec, "w4a16")
+        progress.done("quantized served")
+        with served(validated, "w4a16-fp8kv", checkpoint.checkpoint_dir, run_dir) as (server, spec):
+            cap_fp8 = measure_capacity(server, spec, "w4a16-fp8kv")
+            acc_quant = run_accuracy(server.base_url, r.gates.accuracy, tokenizer_dir=checkpoint.checkpoint_dir,
+                                     max_length=r.serve.max_model_len, base_dir=Path(r.base_dir),
+                                     output_dir=run_dir / "accuracy-quantized", return_state=True)
+            stress = run_stress_test(server, r.gates.stress, r.serve, tokenizer_dir=checkpoint.checkpoint_dir,
+                                     output_dir=run_dir / "stress", return_state=True)
+        progress.done("fp8 served")
+    capacity = summarize_capacity(validated, base, [cap_base, cap_w4, cap_fp8])
+    checks = compare_accuracy(outcome(acc_base), outcome(acc_quant), r.gates.accuracy)
+    decision = decide_release(checks, outcome(stress))
+    progress.done("decided")
+    report = publish_report(RunReport(
+        run_id=run_id(), recipe=r.name, recipe_source=validated.source, recipe_sha256=validated.recipe_sha256,
+        base=base, checkpoint=checkpoint, candidate=candidate, capacity=capacity,
+        accuracy=checks if isinstance(checks, list) else [], stress=outcome(stress) if stress.is_completed() else None,
+        decision=decision, serving_command=serving_command), run_dir)
+    approved, approved_by = request_approval(validated, report)
+    report.release = promote_or_reject(validated, report, approved, approved_by)
+    progress.done("released")
+    report = publish_report(report, run_dir)
+    progress.done("reported")
+    return report
 
 
 if __name__ == "__main__":
-    print(quantize_serve(Path(sys.argv[1]).as_posix()))
+    result = quantize_serve(Path(sys.argv[1]).resolve().as_posix())
+    print(f"decision: {'passed' if result.decision.passed else 'failed'}; "
+          f"release: {result.release.status if result.release else 'n/a'}; report: {result.report_dir}/report.md")

@@ -393,34 +393,35 @@ def push_candidate(hub: HubSection, folder: str | Path, *, token: str | None, co
 
 
 def update_model_card(hub: HubSection, card_text: str, *, parent_commit: str, token: str | None,
-                      commit_message: str = "Update model card", endpoint: str | None = None,
-                      retry: RetryPolicy = DEFAULT_RETRY) -> str:
-    """One commit on ``main`` that changes README.md only; returns the new sha (or the parent).
+                      files: dict[str, bytes] | None = None, commit_message: str = "Update model card",
+                      endpoint: str | None = None, retry: RetryPolicy = DEFAULT_RETRY) -> str:
+    """One commit on ``main`` that changes README.md (and the card's own ``files``, such as its
+    chart) only; returns the new sha, or the parent when nothing changed.
 
     ``parentCommit`` makes the Hub refuse (412 -> HubError) if ``main`` moved since the caller
     looked, so a card never lands on top of someone else's push.
     """
     from huggingface_hub import CommitOperationAdd
 
-    data = card_text.encode()
-    blob_id = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    contents = {CARD: card_text.encode(), **(files or {})}
+    blob_ids = {name: hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() for name, data in contents.items()}
     api = _api(endpoint, token)
     call = _hub_call(hub, "update the model card", parent_commit, token, retry)
 
-    def card_blob(revision: str) -> str | None:
+    def holds_card(revision: str) -> bool:
         info = api.model_info(hub.repo_id, revision=revision, files_metadata=True)
-        return next((s.blob_id for s in info.siblings or [] if s.rfilename == CARD), None)
+        remote = {s.rfilename: s.blob_id for s in info.siblings or []}
+        return all(remote.get(name) == blob for name, blob in blob_ids.items())
 
     def attempt(n: int) -> str:
-        if card_blob(parent_commit) == blob_id:
+        if holds_card(parent_commit):
             return parent_commit
         if n > 1:  # a lost answer may hide a commit that landed: is main our card on our parent?
             commits = api.list_repo_commits(hub.repo_id, revision="main")
-            if (len(commits) > 1 and commits[1].commit_id == parent_commit
-                    and card_blob(commits[0].commit_id) == blob_id):
+            if len(commits) > 1 and commits[1].commit_id == parent_commit and holds_card(commits[0].commit_id):
                 return commits[0].commit_id
-        op = CommitOperationAdd(path_in_repo=CARD, path_or_fileobj=data)
-        return api.create_commit(hub.repo_id, [op], commit_message=commit_message, revision="main",
+        ops = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=data) for name, data in contents.items()]
+        return api.create_commit(hub.repo_id, ops, commit_message=commit_message, revision="main",
                                  parent_commit=parent_commit).oid
 
     return _run(call, attempt)

@@ -155,8 +155,11 @@ def tail(path: Path, lines: int = 40) -> str:
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     os.setsid()
-    try:  # Linux: if the pipeline process dies hard, the server dies with it
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    # Linux: if the pipeline process dies hard, the server dies with it. SIGTERM, not SIGKILL: the
+    # signal reaches only this child, and only vLLM's own shutdown stops its engine-core and worker
+    # grandchildren (with SIGKILL they were seen orphaned, still holding their memory).
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
 

@@ -1,0 +1,78 @@
+"""The promotion decision: a pure function of what was measured and the recipe's thresholds.
+
+One row per check with its reason. A check that could not run (its stage raised, or it has no
+data) is a failed row, never a skip: a release is promoted only on evidence.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from quantize_serve.accuracy import AccuracyCheck
+from quantize_serve.stress import StressResult
+
+
+class CheckRow(BaseModel):
+    check: str
+    passed: bool
+    reason: str
+
+
+class Decision(BaseModel):
+    passed: bool
+    checks: list[CheckRow]
+
+    @property
+    def reasons(self) -> list[str]:
+        """The failed checks' reasons (what a rejection records)."""
+        return [f"{c.check}: {c.reason}" for c in self.checks if not c.passed]
+
+    def markdown(self) -> str:
+        rows = ["| check | result | reason |", "|---|---|---|"]
+        rows += [f"| {c.check} | {'pass' if c.passed else '**FAIL**'} | {c.reason} |" for c in self.checks]
+        return "\n".join(rows)
+
+
+def decide(accuracy: list[AccuracyCheck] | BaseException | None,
+           stress: StressResult | BaseException | None) -> Decision:
+    rows = accuracy_rows(accuracy) + [stress_row(stress)]
+    return Decision(passed=all(r.passed for r in rows), checks=rows)
+
+
+def accuracy_rows(accuracy: list[AccuracyCheck] | BaseException | None) -> list[CheckRow]:
+    if isinstance(accuracy, BaseException):
+        return [CheckRow(check="accuracy", passed=False, reason=f"could not run: {_first_line(accuracy)}")]
+    if not accuracy:
+        return [CheckRow(check="accuracy", passed=False,
+                         reason="no accuracy result: add tasks under gates.accuracy.tasks")]
+    rows = []
+    for c in accuracy:
+        if c.recovery is None:
+            reason = c.reason
+        else:
+            cmp = ">=" if c.passed else "<"
+            reason = (f"recovery {c.recovery:.4f} {cmp} {c.threshold:.2f} "
+                      f"(base {c.base:.4g}, quantized {c.quantized:.4g}"
+                      f"{', lower is better' if c.higher_is_better is False else ''})")
+        rows.append(CheckRow(check=f"accuracy {c.task} {c.metric}", passed=c.passed, reason=reason))
+    return rows
+
+
+def stress_row(stress: StressResult | BaseException | None) -> CheckRow:
+    if isinstance(stress, BaseException):
+        return CheckRow(check="stress", passed=False, reason=f"could not run: {_first_line(stress)}")
+    if stress is None:
+        return CheckRow(check="stress", passed=False, reason="the stress test did not run")
+    if stress.failures:
+        return CheckRow(check="stress", passed=False, reason="; ".join(stress.failures))
+    usage = f"{stress.peak_kv_cache_usage:.0%}" if stress.peak_kv_cache_usage is not None else "n/a"
+    return CheckRow(check="stress", passed=True, reason=(
+        f"{stress.completed}/{stress.requests - stress.overlong_expected} requests completed with the "
+        f"requested tokens at concurrency up to {max(stress.concurrency_steps, default=0)}, "
+        f"{stress.rejected_overlong}/{stress.overlong_expected} over-long prompts rejected with 400, "
+        f"{stress.preemptions} preemptions, peak KV usage {usage}, no 5xx, no timeouts"))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"

@@ -1,0 +1,212 @@
+"""The run report: one typed object, written as report.json, report.md and a capacity chart.
+
+The same content feeds the Prefect UI (artifacts) and the model card, so the three never disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from quantize_serve.accuracy import AccuracyCheck
+from quantize_serve.capacity import GIB, CapacityReport
+from quantize_serve.decision import Decision
+from quantize_serve.hub import PushResult
+from quantize_serve.model_card import AccuracyRow, ModelCardInputs, Provenance
+from quantize_serve.quantize import QuantizeResult
+from quantize_serve.stress import StressResult
+from quantize_serve.validate import BaseModelRef, ValidatedRecipe
+
+CHART = "capacity.png"
+
+
+class Release(BaseModel):
+    status: Literal["promoted", "rejected", "not-published"]
+    repo_id: str | None = None
+    ref: str | None = None
+    commit_sha: str | None = None
+    candidate_sha: str | None = None
+    rejection_tag: str | None = None
+    url: str | None = None
+    approved_by: str | None = None
+
+
+class RunReport(BaseModel):
+    run_id: str
+    recipe: str
+    recipe_source: str
+    recipe_sha256: str
+    base: BaseModelRef
+    checkpoint: QuantizeResult
+    candidate: PushResult | None = None
+    capacity: CapacityReport | None = None
+    accuracy: list[AccuracyCheck] = Field(default_factory=list)
+    stress: StressResult | None = None
+    decision: Decision
+    release: Release | None = None
+    serving_command: str
+    hardware: str = Field(default_factory=lambda: describe_hardware())
+    report_dir: str = ""
+
+    def card_inputs(self, validated: ValidatedRecipe, *, status: str | None = None) -> ModelCardInputs:
+        recipe = validated.recipe
+        q = recipe.quantization
+        status = status or (self.release.status if self.release else "candidate")
+        return ModelCardInputs(
+            repo_id=recipe.hub.repo_id if recipe.hub else recipe.name,
+            base_model=self.base.repo_id or recipe.model.id,
+            base_revision_sha=self.base.sha,
+            method=q.method, scheme=q.scheme, group_size=q.group_size,
+            calibration=calibration_summary(validated),
+            calibration_fingerprint=self.checkpoint.calibration_fingerprint,
+            status="candidate" if status == "not-published" else status,
+            rejection_reasons=self.decision.reasons if status == "rejected" else [],
+            capacity_markdown=(self.capacity.markdown() + f"\n\n![capacity]({CHART})") if self.capacity else "",
+            accuracy=[AccuracyRow(task=c.task, metric=c.metric, base=c.base, quantized=c.quantized,
+                                  recovery=c.recovery, threshold=c.threshold, passed=c.passed)
+                      for c in self.accuracy if None not in (c.base, c.quantized, c.recovery)],
+            stress=stress_summary(self.stress),
+            serving_command=self.serving_command,
+            provenance=Provenance(recipe_sha256=self.recipe_sha256,
+                                  engine_versions=self.checkpoint.engine_versions,
+                                  hardware=self.hardware, run_id=self.run_id),
+        )
+
+
+def calibration_summary(validated: ValidatedRecipe) -> dict:
+    from quantize_serve.calibration import describe
+
+    return describe(validated.recipe)
+
+
+def candidate_card_inputs(validated: ValidatedRecipe, base: BaseModelRef, checkpoint: QuantizeResult,
+                          serving_command: str) -> ModelCardInputs:
+    """The card pushed with the candidate: no run id or timings, so identical inputs give
+    identical bytes (and no new commit)."""
+    recipe = validated.recipe
+    q = recipe.quantization
+    return ModelCardInputs(
+        repo_id=recipe.hub.repo_id if recipe.hub else recipe.name,
+        base_model=base.repo_id or recipe.model.id, base_revision_sha=base.sha,
+        method=q.method, scheme=q.scheme, group_size=q.group_size,
+        calibration=calibration_summary(validated),
+        calibration_fingerprint=checkpoint.calibration_fingerprint,
+        status="candidate", serving_command=serving_command,
+        provenance=Provenance(recipe_sha256=validated.recipe_sha256,
+                              engine_versions=checkpoint.engine_versions, hardware=describe_hardware()),
+    )
+
+
+def stress_summary(stress: StressResult | None) -> dict:
+    if stress is None:
+        return {}
+    keys = ("requests", "completed", "rejected_overlong", "errors_5xx", "timeouts", "server_restarts",
+            "peak_kv_cache_usage", "preemptions", "peak_rss_bytes", "peak_gpu_memory_bytes", "duration_s")
+    out = {k: getattr(stress, k) for k in keys}
+    if stress.throughput:
+        out.update(request_throughput=stress.throughput.request_throughput,
+                   output_throughput=stress.throughput.output_throughput,
+                   p99_ttft_ms=stress.throughput.p99_ttft_ms)
+    return out
+
+
+def describe_hardware() -> str:
+    import os
+
+    gpu = ""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        gpu = f", {pynvml.nvmlDeviceGetCount()} x {pynvml.nvmlDeviceGetName(handle)}"
+    except Exception:  # no NVML: a CPU host
+        gpu = ", no GPU"
+    return f"{platform.machine()} {os.cpu_count()} CPUs{gpu}"
+
+
+def render_markdown(r: RunReport) -> str:
+    verdict = "PASSED" if r.decision.passed else "FAILED"
+    rel = r.release
+    lines = [
+        f"# quantize-serve: {r.recipe}",
+        "",
+        f"**Decision: {verdict}**" + (f" - release {rel.status}" if rel else ""),
+        "",
+        "## Summary",
+        f"- base model: `{r.base.repo_id or r.base.local_dir}` at `{r.base.sha[:12]}`",
+        f"- quantized: {r.checkpoint.method} {r.checkpoint.scheme}, {r.checkpoint.base_bytes:,} -> "
+        f"{r.checkpoint.quantized_bytes:,} bytes on disk ({r.checkpoint.seconds:.0f} s"
+        f"{', reused' if r.checkpoint.cached else ''})",
+        f"- recipe: `{r.recipe_source}` (sha256 `{r.recipe_sha256[:12]}`), run `{r.run_id}`, {r.hardware}",
+    ]
+    if rel and rel.repo_id:
+        lines.append(f"- Hub: `{rel.repo_id}` candidate `{(rel.candidate_sha or '')[:12]}`"
+                     + (f", `{rel.ref}` -> `{(rel.commit_sha or '')[:12]}`" if rel.status == "promoted" else "")
+                     + (f", rejection recorded as tag `{rel.rejection_tag}`" if rel.rejection_tag else "")
+                     + (f" ({rel.url})" if rel.url else ""))
+    lines += ["", "## Decision", r.decision.markdown(), ""]
+    if r.capacity:
+        lines += ["## Capacity (same memory budget)", r.capacity.markdown(), "", f"![capacity]({CHART})", ""]
+    if r.accuracy:
+        lines += ["## Accuracy", "| task | metric | base | quantized | recovery | threshold | result |",
+                  "|---|---|---:|---:|---:|---:|---|"]
+        for c in r.accuracy:
+            lines.append(f"| {c.task} | {c.metric} | {_num(c.base)} | {_num(c.quantized)} | {_num(c.recovery)} | "
+                         f"{c.threshold:.2f} | {'pass' if c.passed else '**FAIL**'} |")
+        lines.append("")
+    if r.stress:
+        lines += ["## Stress test (quantized, production serving settings)",
+                  "| figure | value |", "|---|---|"]
+        lines += [f"| {k} | {_num(v)} |" for k, v in stress_summary(r.stress).items()]
+        lines.append("")
+    lines += ["## Validated vLLM command", "```", r.serving_command, "```", ""]
+    return "\n".join(lines)
+
+
+def _num(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "n/a" if v is None else f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def capacity_chart(capacity: CapacityReport, path: Path) -> Path:
+    """Weights and KV memory (stacked) and max concurrency for the three configurations."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [c.name for c in capacity.configs]
+    weights = [c.weights_bytes / GIB for c in capacity.configs]
+    kv = [c.kv_cache_memory_bytes / GIB for c in capacity.configs]
+    conc = [c.max_concurrency for c in capacity.configs]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.bar(names, weights, label="weights", color="#4c72b0")
+    ax1.bar(names, kv, bottom=weights, label="KV cache", color="#dd8452")
+    ax1.set_ylabel("GiB")
+    ax1.set_title("Memory under one budget")
+    ax1.legend()
+    bars = ax2.bar(names, conc, color="#55a868")
+    ax2.bar_label(bars, fmt="%.1fx")
+    ax2.set_title(f"Max concurrency at {capacity.configs[0].max_model_len:,} tokens")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_report(report: RunReport, run_dir: Path) -> dict[str, Path]:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": run_dir / "report.json", "markdown": run_dir / "report.md"}
+    report.report_dir = str(run_dir)
+    if report.capacity:
+        paths["chart"] = capacity_chart(report.capacity, run_dir / CHART)
+    paths["json"].write_text(json.dumps(report.model_dump(mode="json"), indent=2))
+    paths["markdown"].write_text(render_markdown(report))
+    return paths

@@ -1,0 +1,24 @@
+"""The gates' verdict as tasks: compare accuracy, then decide (both pure)."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from quantize_serve import accuracy, decision
+from quantize_serve.recipe import AccuracyGate
+from quantize_serve.stress import StressResult
+
+
+@task(name="compare-accuracy")
+def compare_accuracy(base: accuracy.AccuracyRun | BaseException, quantized: accuracy.AccuracyRun | BaseException,
+                     gate: AccuracyGate) -> list[accuracy.AccuracyCheck] | BaseException:
+    for run in (base, quantized):
+        if isinstance(run, BaseException):
+            return run  # the check could not run: decide() turns it into a failed row
+    return accuracy.compare_accuracy(base, quantized, gate)
+
+
+@task(name="decide-release")
+def decide_release(checks: list[accuracy.AccuracyCheck] | BaseException,
+                   stress: StressResult | BaseException) -> decision.Decision:
+    return decision.decide(checks, stress)

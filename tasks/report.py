@@ -1,0 +1,93 @@
+"""Report tasks: the run folder, the progress bar, the sign-off pause and the UI artifacts."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from prefect import task
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+from prefect.flow_runs import pause_flow_run
+from prefect.input import RunInput
+from prefect.logging import get_run_logger
+from prefect.runtime import flow_run
+
+from quantize_serve.report import RunReport, render_markdown, stress_summary, write_report
+from quantize_serve.settings import get_settings
+from quantize_serve.validate import ValidatedRecipe
+
+STAGES = ("validated", "base resolved", "quantized", "candidate pushed", "base served",
+          "quantized served", "fp8 served", "decided", "released", "reported")
+
+
+def run_id() -> str:
+    return flow_run.get_id() or f"local-{int(time.time())}"
+
+
+def run_folder(validated: ValidatedRecipe) -> Path:
+    folder = get_settings().runs_dir / f"{validated.recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}-{run_id()[:8]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+class Progress:
+    """A progress artifact the UI shows while the long stages run."""
+
+    def __init__(self, recipe_name: str) -> None:
+        self.id = create_progress_artifact(progress=0.0, key=f"{recipe_name}-progress",
+                                           description=f"quantize-serve stages: {' -> '.join(STAGES)}")
+
+    def done(self, stage: str) -> None:
+        update_progress_artifact(self.id, progress=100.0 * (STAGES.index(stage) + 1) / len(STAGES))
+        get_run_logger().info("stage done: %s", stage)
+
+
+class Approval(RunInput):
+    """The sign-off form a release engineer fills in when the recipe says approval: manual."""
+
+    approve: bool = False
+    reviewer: str = ""
+    note: str = ""
+
+
+def request_approval(validated: ValidatedRecipe, report: RunReport) -> tuple[bool, str | None]:
+    """Automatic approval, or pause the run until a person approves or rejects it in the UI."""
+    if validated.recipe.approval == "auto":
+        return True, None
+    if not report.decision.passed:
+        return False, None  # nothing to sign off: the gates already rejected it
+    create_markdown_artifact(key=f"{validated.recipe.name}-pending-approval", markdown=render_markdown(report),
+                             description="Report awaiting sign-off")
+    answer = pause_flow_run(
+        wait_for_input=Approval.with_initial_data(
+            description="Gates passed. Read the report artifact, then approve to promote, or reject."),
+        timeout=7 * 24 * 3600,
+    )
+    return answer.approve, answer.reviewer or "reviewer"
+
+
+@task(name="write-report")
+def publish_report(report: RunReport, run_dir: Path) -> RunReport:
+    paths = write_report(report, run_dir)
+    name = report.recipe
+    create_markdown_artifact(key=f"{name}-report", markdown=paths["markdown"].read_text(),
+                             description=f"quantize-serve report ({'passed' if report.decision.passed else 'failed'})")
+    create_table_artifact(key=f"{name}-decision", table=[c.model_dump() for c in report.decision.checks],
+                          description="Promotion checks")
+    if report.capacity:
+        create_table_artifact(key=f"{name}-capacity", table=[c.model_dump() for c in report.capacity.configs],
+                              description=report.capacity.method)
+    if report.accuracy:
+        create_table_artifact(key=f"{name}-accuracy", table=[c.model_dump() for c in report.accuracy],
+                              description="Accuracy recovery, quantized vs base")
+    if report.stress:
+        create_table_artifact(key=f"{name}-stress",
+                              table=[{"figure": k, "value": v} for k, v in stress_summary(report.stress).items()],
+                              description="Stress test on the production serving settings")
+    get_run_logger().info("report written to %s", paths["markdown"].parent)
+    return report

@@ -1,0 +1,84 @@
+"""Serving and capacity: the vLLM boot as a context manager for the flow, and the capacity tasks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.concurrency.sync import concurrency
+from prefect.logging import get_run_logger
+
+from quantize_serve import capacity
+from quantize_serve.server import RunningServer, ServerSpec, vllm_server
+from quantize_serve.settings import get_settings
+from quantize_serve.validate import BaseModelRef, ValidatedRecipe
+
+
+@contextmanager
+def gpu_slot() -> Iterator[None]:
+    """Hold the global concurrency limit `gpu` (limit 1) so two runs never share one GPU.
+
+    The limit is created by set-up; a run on a fresh API (a local run) creates it here, so the
+    strict acquire below never fails for want of it.
+    """
+    name = get_settings().gpu_concurrency_limit
+    ensure_concurrency_limit(name)
+    with concurrency(name, occupy=1, strict=True):
+        yield
+
+
+def ensure_concurrency_limit(name: str, limit: int = 1) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=limit))
+
+
+def production_spec(validated: ValidatedRecipe, checkpoint_dir: str) -> ServerSpec:
+    """The boot the gates prove: the quantized model with the recipe's serving settings."""
+    return capacity.capacity_spec(validated.recipe, "w4a16-fp8kv", Path(checkpoint_dir))
+
+
+@contextmanager
+def served(validated: ValidatedRecipe, name: str, model_dir: str, run_dir: Path) -> Iterator[tuple[RunningServer, ServerSpec]]:
+    """Boot one capacity configuration for the duration of the block (always stopped after)."""
+    logger = get_run_logger()
+    spec = capacity.capacity_spec(validated.recipe, name, Path(model_dir))
+    logger.info("booting vLLM (%s): %s", name, spec.serve_command())
+    with vllm_server(spec, log_path=run_dir / f"vllm-{name}.log") as server:
+        logger.info("vLLM (%s) healthy at %s after %.0f s", name, server.base_url, server.boot_seconds)
+        yield server, spec
+    logger.info("vLLM (%s) stopped", name)
+
+
+@task(name="measure-capacity", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
+def measure_capacity(server: RunningServer, spec: ServerSpec, name: str) -> capacity.CapacityConfig:
+    return capacity.measure_capacity(server, spec, name=name)
+
+
+@task(name="summarize-capacity")
+def summarize_capacity(validated: ValidatedRecipe, base: BaseModelRef,
+                       configs: list[capacity.CapacityConfig]) -> capacity.CapacityReport:
+    config = json.loads((Path(base.local_dir) / "config.json").read_text())
+    return capacity.summarize_capacity(validated.recipe, configs, config,
+                                       device_memory_bytes=device_memory_bytes())
+
+
+def device_memory_bytes() -> int | None:
+    """Total memory of GPU 0 through NVML (what the planner's GPU mode needs); None on CPU."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total)
+    except Exception:
+        return None
