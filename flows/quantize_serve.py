@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from prefect import flow
-from prefect.states import State
+from prefect.states import Failed, State
 
 from quantize_serve.recipe import Recipe
 from quantize_serve.report import RunReport
@@ -81,10 +81,17 @@ def quantize_serve(recipe: Recipe | str) -> RunReport:
     progress.done("released")
     report = publish_report(report, run_dir)
     progress.done("reported")
+    if report.release.status == "rejected" or not report.decision.passed:
+        # a rejected release is a failed run (red in the UI, non-zero for `deployment run --watch`)
+        return Failed(message="release rejected: " + "; ".join(report.decision.reasons or ["not approved"]),
+                      data=report)
     return report
 
 
 if __name__ == "__main__":
-    result = quantize_serve(Path(sys.argv[1]).resolve().as_posix())
-    print(f"decision: {'passed' if result.decision.passed else 'failed'}; "
-          f"release: {result.release.status if result.release else 'n/a'}; report: {result.report_dir}/report.md")
+    state = quantize_serve(Path(sys.argv[1]).resolve().as_posix(), return_state=True)
+    result = state.result(raise_on_failure=False)
+    if isinstance(result, RunReport):
+        print(f"decision: {'passed' if result.decision.passed else 'failed'}; "
+              f"release: {result.release.status if result.release else 'n/a'}; report: {result.report_dir}/report.md")
+    sys.exit(0 if state.is_completed() else 1)

@@ -1,0 +1,62 @@
+"""Capacity of the three configurations on the reference model (tiny AWQ recipe), under the
+recipe's one memory budget, with the planner's prediction beside each measured figure.
+
+Writes benchmarks/results/capacity.json. Three real vLLM CPU boots through the project's
+capacity stage. Targets: fp8_token_ratio within 2.00 +- 1%; planner error within 3%.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
+    from quantize_serve.capacity import capacity_spec, measure_capacity, summarize_capacity
+    from quantize_serve.quantize import quantize_model
+    from quantize_serve.server import vllm_server
+    from quantize_serve.validate import resolve_base, validate_recipe
+
+    validated = validate_recipe(recipe_path)
+    recipe = validated.recipe
+    base = resolve_base(validated)
+    ckpt = quantize_model(recipe, Path(base.local_dir), base_identity=base.identity,
+                          calibration_fingerprint=validated.calibration_fingerprint, log=lambda _: None)
+    models = {"base": base.local_dir, "w4a16": ckpt.checkpoint_dir, "w4a16-fp8kv": ckpt.checkpoint_dir}
+    configs = []
+    with tempfile.TemporaryDirectory() as logs:
+        for name, model_dir in models.items():
+            spec = capacity_spec(recipe, name, Path(model_dir))
+            with vllm_server(spec, log_path=Path(logs) / f"{name}.log") as server:
+                configs.append(measure_capacity(server, spec, name=name))
+            print(configs[-1], flush=True)
+    report = summarize_capacity(recipe, configs, json.loads((Path(base.local_dir) / "config.json").read_text()))
+    result = {
+        "recipe": recipe.name,
+        "method": report.method,
+        "budget_bytes": report.budget_bytes,
+        "configs": [c.model_dump() for c in report.configs],
+        "fp8_token_ratio": report.fp8_token_ratio,
+        "freed_weight_bytes": report.freed_weight_bytes,
+        "gain_quantized": report.gain_quantized,
+        "gain_fp8": report.gain_fp8,
+        "planner": {p.name: p.model_dump(exclude={"name"}) for p in report.planner},
+        "targets": {"fp8_token_ratio_within_1pct": abs(report.fp8_token_ratio - 2) <= 0.02,
+                    "planner_error_within_3pct": all(abs(p.error_pct) <= 3 for p in report.planner)},
+    }
+    out = ROOT / "benchmarks/results/capacity.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(report.markdown())
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

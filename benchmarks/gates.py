@@ -1,0 +1,62 @@
+"""The promotion gates on the reference model: the whole flow for the tiny AWQ and GPTQ recipes
+(on an ephemeral Prefect API, Hub publishing left out), default thresholds.
+
+Writes benchmarks/results/gates.json: per recipe, `accuracy` (per task and metric: base,
+quantized, recovery, threshold, passed), `stress` (the stress summary and vllm bench serve's
+throughput), and `decision` (passed, reasons: one per check).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+def run(method: str) -> dict:
+    from flows.quantize_serve import quantize_serve
+    from quantize_serve.recipe import parse_recipe
+    from quantize_serve.report import RunReport, stress_summary
+
+    path = ROOT / f"recipes/tiny-llama-{method}.yaml"
+    data = yaml.safe_load(path.read_text())
+    data.pop("hub")  # measure the gates; publishing is tested elsewhere
+    recipe = parse_recipe(data, source=str(path), base_dir=path.parent)
+    state = quantize_serve(recipe, return_state=True)
+    report = state.result(raise_on_failure=False)
+    assert isinstance(report, RunReport), f"the flow failed before its report: {report}"
+    stress = report.stress
+    return {
+        "accuracy": {f"{Path(c.task).stem}/{c.metric}": c.model_dump(include={"base", "quantized", "recovery",
+                                                                               "threshold", "passed"})
+                     for c in report.accuracy},
+        "stress": {**stress_summary(stress),
+                   "server_restarts": stress.server_restarts if stress else None,
+                   "throughput": stress.throughput.model_dump() if stress and stress.throughput else None},
+        "decision": {"passed": report.decision.passed,
+                     "reasons": [f"{c.check}: {'pass' if c.passed else 'FAIL'}: {c.reason}"
+                                 for c in report.decision.checks]},
+        "report": str(Path(report.report_dir) / "report.md"),
+    }
+
+
+def main() -> None:
+    results = {method: run(method) for method in ("awq", "gptq")}
+    out = ROOT / "benchmarks/results/gates.json"
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    for method, r in results.items():
+        print(method, "decision:", "pass" if r["decision"]["passed"] else "FAIL")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""The offline demo: the whole release on the tiny model, through a real Prefect server and worker.
+
+Starts a Prefect server, the local Hub endpoint and a process worker; deploys prefect.yaml; runs
+`prefect deployment run quantize-serve/tiny-awq --watch`; prints where the report, the UI and the
+promoted Hub ref are; stops what it started. The Prefect database stays in .demo/ so that
+`make ui` opens the UI on the finished runs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from scripts.local_stack import ROOT, local_stack
+
+HOME = ROOT / ".demo"
+DEMO_TOKEN = "hf_demo_local_endpoint_token"  # the local endpoint's own token, not a Hub secret
+
+
+def latest_report() -> Path | None:
+    reports = sorted((ROOT / "runs").glob("tiny-llama-awq-*/report.json"), key=lambda p: p.stat().st_mtime)
+    return reports[-1] if reports else None
+
+
+def main() -> int:
+    started = time.monotonic()
+    with local_stack(HOME, hub_token=DEMO_TOKEN) as stack:
+        print(f"demo: Prefect API {stack.api_url}, local Hub {stack.hub_endpoint}", flush=True)
+        print("demo: prefect deployment run quantize-serve/tiny-awq --watch", flush=True)
+        rc, output, run_id = stack.run_deployment("tiny-awq")
+        print(output[-4000:] if rc else "\n".join(output.splitlines()[-15:]))
+        refs = ""
+        report_path = latest_report()
+        if report_path:
+            report = json.loads(report_path.read_text())
+            release = report.get("release") or {}
+            if release.get("repo_id"):
+                from huggingface_hub import HfApi
+
+                api = HfApi(endpoint=stack.hub_endpoint, token=DEMO_TOKEN)
+                tags = {t.name: t.target_commit for t in api.list_repo_refs(release["repo_id"]).tags}
+                refs = f"{release['repo_id']} tags: {json.dumps(tags)}"
+    wall = time.monotonic() - started
+    print("\n=== quantize-serve demo ===")
+    print(f"flow run:   {run_id} ({'Completed' if rc == 0 else 'FAILED'}) in {wall:.0f} s")
+    if report_path:
+        print(f"decision:   {'passed' if report['decision']['passed'] else 'failed'}; release: "
+              f"{(report.get('release') or {}).get('status')}")
+        print(f"report:     {report_path.parent / 'report.md'} (and report.json, capacity.png)")
+    print(f"Hub ref:    {refs or 'n/a'} (local endpoint, data in {HOME / 'hub'})")
+    print(f"UI:         make ui   (opens the Prefect UI on this run's database, {HOME / 'prefect'})")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""A local stack for the demo and the end-to-end test: a real Prefect server, the local Hub
+endpoint, the work pools, the `gpu` concurrency limit and the deployments of prefect.yaml, and a
+process worker per run. Everything it starts, it stops; the Prefect database is kept.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+WORK_POOLS = {"local-cpu": "process", "gpu": "process"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited early; see {log}:\n{log.read_text()[-3000:]}")
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except urllib.error.HTTPError:
+            return  # it answered
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s; see {log}")
+
+
+@dataclass
+class Stack:
+    home: Path
+    env: dict[str, str]
+    api_url: str
+    hub_endpoint: str
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def prefect(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+        out = subprocess.run([str(BIN / "prefect"), *args], cwd=ROOT, env=self.env, capture_output=True,
+                             text=True, timeout=timeout)
+        if check and out.returncode != 0:
+            raise RuntimeError(f"prefect {' '.join(args)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+        return out
+
+    def run_deployment(self, name: str, *, pool: str = "local-cpu", params: dict | None = None,
+                       timeout: float = 1800) -> tuple[int, str, str | None]:
+        """Start a --run-once process worker, run the deployment with --watch; (rc, output, run id)."""
+        log = self.home / f"worker-{int(time.time())}.log"
+        with log.open("w") as fh:
+            worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", pool, "--run-once"],
+                                      cwd=ROOT, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
+                                      start_new_session=True)
+        try:
+            args = ["deployment", "run", f"quantize-serve/{name}", "--watch"]
+            for k, v in (params or {}).items():
+                args += ["--param", f"{k}={v}"]
+            out = self.prefect(*args, check=False, timeout=timeout)
+            worker.wait(timeout=120)
+        finally:
+            if worker.poll() is None:
+                os.killpg(worker.pid, 15)
+                worker.wait(timeout=30)
+        text = out.stdout + out.stderr + "\n--- worker ---\n" + log.read_text()
+        match = re.search(r"UUID: ([0-9a-f-]{36})", out.stdout)
+        return out.returncode, text, match.group(1) if match else None
+
+
+@contextmanager
+def local_stack(home: Path, *, hub_token: str, deploy: bool = True,
+                extra_env: dict[str, str] | None = None) -> Iterator[Stack]:
+    home.mkdir(parents=True, exist_ok=True)
+    port, hub_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "PREFECT_API_URL")}
+    env.update(
+        PREFECT_HOME=str(home / "prefect"),
+        PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_UI_ENABLED="true",
+        PREFECT_LOGGING_LEVEL="INFO",
+        HF_ENDPOINT=f"http://127.0.0.1:{hub_port}",
+        HF_TOKEN=hub_token,
+        HF_HUB_DISABLE_XET="1",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_DATASETS_OFFLINE="1",
+        QS_PROJECT_DIR=str(ROOT),
+        PATH=f"{BIN}:{os.environ.get('PATH', '')}",
+        **(extra_env or {}),
+    )
+    stack = Stack(home=home, env=env, api_url=env["PREFECT_API_URL"], hub_endpoint=env["HF_ENDPOINT"])
+    try:
+        server_log = home / "prefect-server.log"
+        stack.procs.append(subprocess.Popen(
+            [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=ROOT, env=env, stdout=server_log.open("w"), stderr=subprocess.STDOUT, start_new_session=True))
+        hub_log = home / "hub.log"
+        stack.procs.append(subprocess.Popen(
+            [sys.executable, "-m", "localhub", "--root", str(home / "hub"), "--port", str(hub_port),
+             "--token", hub_token], cwd=ROOT, env=env, stdout=hub_log.open("w"), stderr=subprocess.STDOUT,
+            start_new_session=True))
+        wait_http(f"{env['PREFECT_API_URL']}/health", 120, stack.procs[0], server_log)
+        wait_http(f"{env['HF_ENDPOINT']}/api/models/local/health", 30, stack.procs[1], hub_log)
+        if stack.prefect("gcl", "inspect", "gpu", check=False).returncode != 0:
+            stack.prefect("gcl", "create", "gpu", "--limit", "1")
+        for pool, kind in WORK_POOLS.items():
+            if stack.prefect("work-pool", "inspect", pool, check=False).returncode != 0:
+                stack.prefect("work-pool", "create", pool, "--type", kind)
+        if deploy:
+            stack.prefect("--no-prompt", "deploy", "--all")
+        yield stack
+    finally:
+        for proc in reversed(stack.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, 15)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, 9)
+                    proc.wait()
