@@ -24,6 +24,7 @@ from quantize_serve.report import RunReport
 from tasks.accuracy import run_accuracy
 from tasks.decide import compare_accuracy, decide_release
 from tasks.hub import promote_or_reject, push_candidate
+from tasks.profile import search_serve_profile, with_found_profile
 from tasks.quantize import quantize_model
 from tasks.report import Progress, publish_report, request_approval, run_folder, run_id
 from tasks.serve import gpu_slot, measure_capacity, production_spec, served, summarize_capacity
@@ -46,8 +47,15 @@ def quantize_serve(recipe: Recipe | str) -> RunReport:
     progress.done("base resolved")
     checkpoint = quantize_model(validated, base)
     progress.done("quantized")
-    serving_command = production_spec(validated, checkpoint.checkpoint_dir).serve_command()
-    candidate = push_candidate(validated, base, checkpoint, serving_command, run_dir)
+    profile = None
+    if r.serve.search and r.serve.search.enabled:  # the largest stable batch replaces serve.max_num_seqs
+        with gpu_slot():
+            profile = search_serve_profile(r, checkpoint.checkpoint_dir, output_dir=run_dir,
+                                           model=r.hub.repo_id if r.hub else None)
+        validated = with_found_profile(validated, profile)
+        r = validated.recipe
+    serving_command = profile.serve_command if profile else production_spec(validated, checkpoint.checkpoint_dir).serve_command()
+    candidate = push_candidate(validated, base, checkpoint, serving_command, run_dir, profile)
     progress.done("candidate pushed")
     with gpu_slot():
         with served(validated, "base", base.local_dir, run_dir) as (server, spec):
@@ -73,7 +81,7 @@ def quantize_serve(recipe: Recipe | str) -> RunReport:
     progress.done("decided")
     report = publish_report(RunReport(
         run_id=run_id(), recipe=r.name, recipe_source=validated.source, recipe_sha256=validated.recipe_sha256,
-        base=base, checkpoint=checkpoint, candidate=candidate, capacity=capacity,
+        base=base, checkpoint=checkpoint, candidate=candidate, capacity=capacity, profile=profile,
         accuracy=checks if isinstance(checks, list) else [], stress=outcome(stress) if stress.is_completed() else None,
         decision=decision, serving_command=serving_command), run_dir)
     approved, approved_by = request_approval(validated, report)

@@ -150,6 +150,19 @@ def checkpoint_tensor_bytes(model_dir: Path) -> int:
 CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.M)
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 MODEL_LOADING = re.compile(r"Model loading took ([\d.]+) GiB")
+AVAILABLE_KV = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+
+
+def label_number(info: dict[str, str], key: str) -> float | None:
+    """A numeric label of vllm:cache_config_info, or None when vLLM left it unset.
+
+    Unset fields are exported as the string "None": on CUDA, kv_cache_memory_bytes is unset
+    whenever the cache is sized from gpu_memory_utilization (vLLM 0.26).
+    """
+    try:
+        return float(info[key])
+    except (KeyError, ValueError):
+        return None
 
 
 def read_cache_info(metrics_text: str) -> dict[str, str]:
@@ -164,23 +177,28 @@ def measure_capacity(server: RunningServer, spec: ServerSpec, *, name: str) -> C
     info = read_cache_info(server.get("/metrics"))
     num_blocks = int(info["num_gpu_blocks"])
     block_size = int(info["block_size"])
-    tokens = int(info.get("kv_cache_size_tokens") or num_blocks * block_size)
+    tokens = int(label_number(info, "kv_cache_size_tokens") or num_blocks * block_size)
     max_len = spec.serve.max_model_len
+    log_text = "" if spec.kv_cache_memory_bytes is not None else Path(server.log_path).read_text(errors="replace")
     if spec.kv_cache_memory_bytes is not None:
         weights = checkpoint_tensor_bytes(Path(spec.model_dir))
     else:
-        found = MODEL_LOADING.findall(Path(server.log_path).read_text(errors="replace"))
+        found = MODEL_LOADING.findall(log_text)
         weights = int(float(found[-1]) * GIB) if found else checkpoint_tensor_bytes(Path(spec.model_dir))
+    kv_bytes = label_number(info, "kv_cache_memory_bytes") or spec.kv_cache_memory_bytes
+    if kv_bytes is None:  # sized by vLLM from gpu_memory_utilization: its log says how much
+        found = AVAILABLE_KV.findall(log_text)
+        kv_bytes = float(found[-1]) * GIB if found else 0
     return CapacityConfig(
         name=name,
         kv_cache_dtype=info.get("cache_dtype", spec.effective_kv_dtype),
         weights_bytes=weights,
-        kv_cache_memory_bytes=int(float(info.get("kv_cache_memory_bytes") or spec.kv_cache_memory_bytes or 0)),
+        kv_cache_memory_bytes=int(kv_bytes),
         kv_cache_tokens=tokens,
         num_blocks=num_blocks,
         block_size=block_size,
         max_model_len=max_len,
-        max_concurrency=round(float(info.get("kv_cache_max_concurrency") or tokens / max_len), 2),
+        max_concurrency=round(label_number(info, "kv_cache_max_concurrency") or tokens / max_len, 2),
         boot_seconds=server.boot_seconds,
     )
 

@@ -110,6 +110,42 @@ class QuantizationSection(Section):
         return value
 
 
+class ProfileSearch(Section):
+    """serve.search: find the largest max_num_seqs the stress profile survives, with real boots.
+
+    See quantize_serve/profile_search.py: it starts at the planner's recommendation, brackets
+    (grows or shrinks) and bisects until the largest passing and the smallest failing value are at
+    most ``step`` apart, or ``max_boots`` boots are spent.
+    """
+
+    enabled: bool = True
+    max_boots: PositiveInt = Field(default=6, description="vLLM boots the max_num_seqs search may spend.")
+    min_num_seqs: PositiveInt = Field(default=1, description="Lower end of the searched range.")
+    max_num_seqs: PositiveInt | None = Field(
+        default=None,
+        description="Upper end of the searched range; default: the planner's max concurrency "
+        "(KV tokens / max_model_len).",
+    )
+    step: PositiveInt = Field(
+        default=4, description="Search resolution in sequences: the search stops when the largest "
+        "passing and the smallest failing max_num_seqs are at most this far apart.",
+    )
+    max_model_len_search: bool = Field(
+        default=False,
+        description="Then search the largest max_model_len at the found max_num_seqs (its own "
+        "max_boots; resolution: one KV block).",
+    )
+
+    @model_validator(mode="after")
+    def _range(self) -> ProfileSearch:
+        if self.max_num_seqs is not None and self.max_num_seqs < self.min_num_seqs:
+            raise ValueError(
+                f"serve.search.max_num_seqs ({self.max_num_seqs}) is below serve.search.min_num_seqs "
+                f"({self.min_num_seqs}); raise max_num_seqs or lower min_num_seqs"
+            )
+        return self
+
+
 class ServeSection(Section):
     """How vLLM serves the model: the production settings the gates prove."""
 
@@ -127,6 +163,10 @@ class ServeSection(Section):
         "KV cache = budget - its weights (what a GPU does with gpu_memory_utilization).",
     )
     extra_args: list[str] = Field(default_factory=list, description="More vLLM server flags.")
+    search: ProfileSearch | None = Field(
+        default=None, description="Search the largest stable max_num_seqs with real boots "
+        "(quantize_serve/profile_search.py); off when absent.",
+    )
 
     @field_validator("extra_args")
     @classmethod

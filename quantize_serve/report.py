@@ -17,6 +17,7 @@ from quantize_serve.capacity import GIB, CapacityReport
 from quantize_serve.decision import Decision
 from quantize_serve.hub import PushResult
 from quantize_serve.model_card import AccuracyRow, ModelCardInputs, Provenance
+from quantize_serve.profile_search import ProfileSearchResult
 from quantize_serve.quantize import QuantizeResult
 from quantize_serve.stress import StressResult
 from quantize_serve.validate import BaseModelRef, ValidatedRecipe
@@ -44,6 +45,7 @@ class RunReport(BaseModel):
     checkpoint: QuantizeResult
     candidate: PushResult | None = None
     capacity: CapacityReport | None = None
+    profile: ProfileSearchResult | None = None
     accuracy: list[AccuracyCheck] = Field(default_factory=list)
     stress: StressResult | None = None
     decision: Decision
@@ -152,6 +154,10 @@ def render_markdown(r: RunReport) -> str:
     lines += ["", "## Decision", r.decision.markdown(), ""]
     if r.capacity:
         lines += ["## Capacity (same memory budget)", r.capacity.markdown(), "", f"![capacity]({CHART})", ""]
+    if r.profile:
+        lines += ["## Serving profile search (largest stable max_num_seqs)", r.profile.markdown(), ""]
+        if r.profile.plot_path:
+            lines += [f"![profile search]({Path(r.profile.plot_path).name})", ""]
     if r.accuracy:
         lines += ["## Accuracy", "| task | metric | base | quantized | recovery | threshold | result |",
                   "|---|---|---:|---:|---:|---:|---|"]

@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 DEFAULT_SEED = 1234
-TRAIN_PARAGRAPHS = 4000
+TRAIN_PARAGRAPHS = 5000
 HELDOUT_PARAGRAPHS = 400
 HELDOUT_PPL_ROWS = 100
 CALIBRATION_ROWS = 512
 CHAT_ROWS = 320
-N_PEOPLE = 36
-N_CITIES = 12
+N_PEOPLE = 64
+N_CITIES = 16
 
 COLORS = ["red", "blue", "green", "yellow", "purple", "orange",
           "white", "black", "pink", "brown", "gray", "gold"]
@@ -57,7 +57,7 @@ PERSON_ONSETS = ["Ma", "To", "Ri", "Ka", "Le", "No", "Sa", "Vi", "De", "Lo", "Be
 PERSON_CODAS = ["rel", "van", "lin", "sko", "dra", "mir", "bek", "nor", "tha", "quin",
                 "lio", "zan"]
 CITY_STEMS = ["Bral", "Kest", "Orm", "Vell", "Dun", "Tarn", "Pell", "Quar", "Hask",
-              "Lom", "Siv", "Grend", "Wix", "Carr"]
+              "Lom", "Siv", "Grend", "Wix", "Carr", "Fen", "Jor", "Ulm", "Ebb", "Nim", "Yar"]
 CITY_SUFFIXES = ["ford", "mere", "holm", "by", "wick", "dale"]
 RIVER_NAMES = ["Olun", "Ista", "Verro", "Maskel", "Tibbe", "Arnow"]
 
@@ -99,7 +99,7 @@ class World:
 def build_world(seed: int = DEFAULT_SEED) -> World:
     """Draw the world's facts from ``seed``; every other output is rendered from it."""
     rng = random.Random(seed)
-    city_names = _unique_names(rng, N_CITIES, lambda r: r.choice(CITY_STEMS) + r.choice(CITY_SUFFIXES))
+    city_names = [stem + rng.choice(CITY_SUFFIXES) for stem in rng.sample(CITY_STEMS, N_CITIES)]
     cities = tuple(City(name, REGIONS[i % len(REGIONS)], rng.choice(RIVER_NAMES))
                    for i, name in enumerate(city_names))
     person_names = _unique_names(rng, N_PEOPLE, lambda r: r.choice(PERSON_ONSETS) + r.choice(PERSON_CODAS))
@@ -118,12 +118,14 @@ def _unique_names(rng: random.Random, n: int, make: Callable[[random.Random], st
     """Draw ``n`` distinct names whose first three letters also differ (less confusable)."""
     names: list[str] = []
     prefixes: set[str] = set()
-    while len(names) < n:
+    for _ in range(1000 * n):
         name = make(rng)
         if name[:3] not in prefixes:
             names.append(name)
             prefixes.add(name[:3])
-    return names
+        if len(names) == n:
+            return names
+    raise ValueError(f"cannot draw {n} distinct names from the syllable lists")
 
 
 # ---------------------------------------------------------------------------

@@ -55,6 +55,7 @@ PEAK_LR = 3e-3
 MIN_LR_RATIO = 0.1
 WARMUP_STEPS = 30
 WEIGHT_DECAY = 0.01
+TORCH_THREADS = 2
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>"]
 BOS_ID, EOS_ID, PAD_ID = 0, 1, 2
 MODEL_MAX_LENGTH = 1024
@@ -331,7 +332,8 @@ distributed under the same license as the quantize-serve repository.
 
 def run(data: Path, out: Path, results_path: Path, steps: int, seed: int) -> dict:
     """Tokenizer -> model -> save -> evaluate the saved files -> provenance."""
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    # A fixed thread count: CPU GEMM reduction order (hence the last bits) depends on it.
+    torch.set_num_threads(TORCH_THREADS)
     train_pars = read_paragraphs(data / "corpus" / "train.txt")
     heldout_pars = read_paragraphs(data / "corpus" / "heldout.txt")
     tokenizer = train_tokenizer(train_pars)

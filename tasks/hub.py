@@ -18,16 +18,19 @@ from prefect.logging import get_run_logger
 
 from quantize_serve import hub
 from quantize_serve.model_card import render_model_card
+from quantize_serve.profile_search import ProfileSearchResult
 from quantize_serve.quantize import QuantizeResult
 from quantize_serve.report import CHART, Release, RunReport, candidate_card_inputs
 from quantize_serve.validate import BaseModelRef, ValidatedRecipe
 
 
-def stage_release_folder(checkpoint: QuantizeResult, card_text: str, folder: Path) -> Path:
-    """The exact files that go to the Hub: the checkpoint (hard links, no copy) and its card."""
+def stage_release_folder(checkpoint: QuantizeResult, card_text: str, folder: Path,
+                         extra: list[Path] = ()) -> Path:
+    """The exact files that go to the Hub: the checkpoint (hard links, no copy), its card, and
+    the validated serving profile when a search found one."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    for f in Path(checkpoint.checkpoint_dir).iterdir():
+    for f in [*Path(checkpoint.checkpoint_dir).iterdir(), *extra]:
         if f.is_file():
             try:
                 os.link(f, folder / f.name)
@@ -39,13 +42,15 @@ def stage_release_folder(checkpoint: QuantizeResult, card_text: str, folder: Pat
 
 @task(name="push-candidate", cache_policy=NO_CACHE)
 def push_candidate(validated: ValidatedRecipe, base: BaseModelRef, checkpoint: QuantizeResult,
-                   serving_command: str, run_dir: Path) -> hub.PushResult | None:
+                   serving_command: str, run_dir: Path,
+                   profile: ProfileSearchResult | None = None) -> hub.PushResult | None:
     recipe = validated.recipe
     if recipe.hub is None:
         get_run_logger().info("no hub section in the recipe: nothing is pushed or promoted")
         return None
     card = render_model_card(candidate_card_inputs(validated, base, checkpoint, serving_command))
-    folder = stage_release_folder(checkpoint, str(card), run_dir / "release")
+    extra = [Path(profile.profile_path)] if profile and profile.profile_path else []
+    folder = stage_release_folder(checkpoint, str(card), run_dir / "release", extra)
     q = recipe.quantization
     message = recipe.hub.commit_message.format(method=q.method, scheme=q.scheme,
                                                base_model=base.repo_id or recipe.model.id,

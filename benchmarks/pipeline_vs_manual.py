@@ -1,0 +1,160 @@
+"""The whole flow on the tiny AWQ recipe against the same steps done by hand with the engines' own
+commands, on the same machine in the same run.
+
+Manual = what the engines' docs show, one command per step, each tool against its own server:
+1. an llm-compressor `oneshot` script (the same llm-compressor recipe and calibration samples);
+2. capacity: `vllm serve` (the OpenAI server) three times (base, W4A16 16-bit KV, W4A16 fp8 KV),
+   reading /metrics each time;
+3. accuracy: `vllm serve` base, `lm_eval --model local-completions`; `vllm serve` quantized fp8,
+   `lm_eval` again;
+4. throughput: `vllm serve` quantized fp8, `vllm bench serve`.
+Pipeline = `python -m flows.quantize_serve recipe` (no Hub section, fresh checkpoint cache), which
+also runs the stress traffic and writes the report.
+
+Writes benchmarks/results/pipeline_vs_manual.json: both wall times, their ratio, vLLM boots of each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+PY, SERVE_PY = ROOT / ".venv/bin/python", ROOT / ".venv-serve/bin/python"
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+       "VLLM_USE_FLASHINFER_SAMPLER": "0", "TOKENIZERS_PARALLELISM": "false"}
+ONESHOT = """
+import json, sys
+from datasets import Dataset
+from llmcompressor import oneshot
+from transformers import AutoModelForCausalLM, AutoTokenizer
+sys.path.insert(0, {root!r})
+from quantize_serve.quantize_worker import skip_pinning_without_accelerator
+skip_pinning_without_accelerator()  # the same CPU workaround the pipeline needs
+model_dir, out, recipe = sys.argv[1], sys.argv[2], sys.argv[3]
+rows = [json.loads(l) for l in open({data!r})]
+import random; random.Random(42).shuffle(rows)
+tok = AutoTokenizer.from_pretrained(model_dir)
+enc = tok([r["text"] for r in rows[:64]], truncation=True, max_length=256)
+ds = Dataset.from_dict(dict(enc))
+model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="bfloat16")
+oneshot(model=model, dataset=ds, recipe=open(recipe).read(), num_calibration_samples=64, max_seq_length=256, batch_size=8)
+model.save_pretrained(out, save_compressed=True); tok.save_pretrained(out)
+"""
+
+
+def sh(cmd: list[str], cwd: Path = ROOT) -> None:
+    subprocess.run([str(c) for c in cmd], cwd=cwd, env=ENV, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+
+
+class Serve:
+    """`vllm serve` by hand: start, poll until ready, stop."""
+
+    boots = 0
+
+    def __init__(self, model: Path, kv_dtype: str, kv_bytes: int, port: int = 18700) -> None:
+        Serve.boots += 1
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            [SERVE_PY, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", "model",
+             "--max-model-len", "512", "--max-num-seqs", "16", "--max-num-batched-tokens", "2048",
+             "--kv-cache-dtype", kv_dtype, "--kv-cache-memory-bytes", str(kv_bytes), "--enforce-eager",
+             "--port", str(port)], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+
+    def __enter__(self) -> Serve:
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=2)
+                return self
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError("vLLM did not start")
+
+    def __exit__(self, *exc) -> None:
+        os.killpg(self.proc.pid, 15)
+        self.proc.wait(timeout=60)
+
+
+def lm_eval(url: str, tokenizer: Path, out: Path) -> None:
+    sh([ROOT / ".venv/bin/lm_eval", "--model", "local-completions", "--model_args",
+        f"base_url={url}/v1/completions,model=model,tokenizer={tokenizer},tokenizer_backend=huggingface,"
+        "tokenized_requests=True,max_length=512,num_concurrent=4", "--tasks", "qs_facts_mc,qs_heldout_ppl",
+        "--include_path", ".", "--batch_size", "8", "--output_path", out], cwd=ROOT / "evals/tasks")
+
+
+def manual(work: Path) -> float:
+    from quantize_serve.capacity import checkpoint_tensor_bytes
+    from quantize_serve.quantize import build_llmcompressor_recipe
+    from quantize_serve.recipe import load_recipe
+
+    recipe = load_recipe(ROOT / "recipes/tiny-llama-awq.yaml")
+    budget = int(recipe.serve.memory_budget)
+    base, ckpt = ROOT / "models/tiny-llama", work / "manual-ckpt"
+    (work / "recipe.yaml").write_text(build_llmcompressor_recipe(recipe.quantization))
+    started = time.monotonic()
+    sh([PY, "-c", ONESHOT.format(root=str(ROOT), data=str(ROOT / "data/calibration/tiny_calibration.jsonl")),
+        base, ckpt, work / "recipe.yaml"])
+    kv_base, kv_q = budget - checkpoint_tensor_bytes(base), budget - checkpoint_tensor_bytes(ckpt)
+    for model, kv_dtype, kv in ((base, "auto", kv_base), (ckpt, "bfloat16", kv_q), (ckpt, "fp8", kv_q)):
+        with Serve(model, kv_dtype, kv) as s:
+            urllib.request.urlopen(s.url + "/metrics").read()
+    with Serve(base, "auto", kv_base) as s:
+        lm_eval(s.url, base, work / "lm-eval-base")
+    with Serve(ckpt, "fp8", kv_q) as s:
+        lm_eval(s.url, ckpt, work / "lm-eval-quant")
+    with Serve(ckpt, "fp8", kv_q) as s:
+        from quantize_serve.stress import BENCH_LAUNCHER
+
+        sh([SERVE_PY, "-c", BENCH_LAUNCHER, "bench", "serve", "--backend", "openai", "--base-url", s.url,
+            "--model", "model", "--tokenizer", ckpt, "--dataset-name", "random", "--random-input-len", "93",
+            "--random-output-len", "20", "--num-prompts", "48", "--max-concurrency", "16", "--ignore-eos",
+            "--save-result", "--result-dir", work])
+    return time.monotonic() - started
+
+
+def pipeline(work: Path) -> tuple[float, int]:
+    data = yaml.safe_load((ROOT / "recipes/tiny-llama-awq.yaml").read_text())
+    data.pop("hub")
+    recipe = ROOT / "recipes" / ".bench-pipeline.yaml"
+    recipe.write_text(yaml.safe_dump(data))
+    env = {**ENV, "QS_WORK_DIR": str(work / "pipeline-work"), "QS_RUNS_DIR": str(work / "runs")}
+    started = time.monotonic()
+    try:
+        subprocess.run([PY, "-m", "flows.quantize_serve", recipe], cwd=ROOT, env=env, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    finally:
+        recipe.unlink()
+    wall = time.monotonic() - started
+    boots = len(list((work / "runs").glob("*/vllm-*.log")))
+    return wall, boots
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        pipeline_s, pipeline_boots = pipeline(work)
+        manual_s = manual(work)
+    result = {
+        "pipeline_seconds": round(pipeline_s, 1), "pipeline_vllm_boots": pipeline_boots,
+        "manual_seconds": round(manual_s, 1), "manual_vllm_boots": Serve.boots,
+        "ratio": round(pipeline_s / manual_s, 3),
+        "note": "pipeline also runs the stress traffic and writes the report; both quantize from scratch",
+    }
+    out = ROOT / "benchmarks/results/pipeline_vs_manual.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(result)
+
+
+if __name__ == "__main__":
+    main()

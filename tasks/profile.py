@@ -1,0 +1,59 @@
+"""Prefect task for the serving-profile search (thin wrapper; never retried or cached: it boots vLLM
+several times and measures live servers). The flow holds the `gpu` slot around it like any boot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import MissingContextError
+from prefect.logging import get_run_logger
+
+from quantize_serve import profile_search
+from quantize_serve.recipe import Recipe
+from quantize_serve.validate import ValidatedRecipe
+
+PROFILE_FILE = "serve-profile.yaml"
+PLOT_FILE = "serve-profile-search.png"
+
+
+@task(name="search-serve-profile", cache_policy=NO_CACHE)
+def search_serve_profile(
+    recipe: Recipe,
+    checkpoint_dir: str,
+    *,
+    output_dir: Path,
+    tokenizer_dir: str | None = None,
+    model: str | None = None,
+    device_memory_bytes: int | None = None,
+) -> profile_search.ProfileSearchResult:
+    """Find the largest stable max_num_seqs; write serve-profile.yaml and the search chart.
+
+    ``model`` names the model in the profile (e.g. the Hub repo id); default: the checkpoint path.
+    The result's ``profile_path``, ``serve_command`` and ``plot_path`` say where they went; when
+    nothing passed there is no profile (``found`` is None) and the chart still shows why.
+    """
+    try:
+        log = get_run_logger().info
+    except MissingContextError:  # called as search_serve_profile.fn(...) outside a run
+        log = print
+    output_dir = Path(output_dir)
+    result = profile_search.search_serve_profile(
+        recipe, checkpoint_dir, output_dir=output_dir / "profile-search", tokenizer_dir=tokenizer_dir,
+        device_memory_bytes=device_memory_bytes, log=log)
+    update: dict = {"plot_path": str(profile_search.plot_search(result, output_dir / PLOT_FILE))}
+    if result.found is not None:
+        path, command = profile_search.write_serve_profile(result.found, output_dir / PROFILE_FILE,
+                                                           model=model)
+        update |= {"profile_path": str(path), "serve_command": command}
+    return result.model_copy(update=update)
+
+
+def with_found_profile(validated: ValidatedRecipe, result: profile_search.ProfileSearchResult) -> ValidatedRecipe:
+    """The run's recipe with the found serving settings: what capacity, gates and card then use.
+
+    No passing setting raises (GateError): the release cannot promise any batch size.
+    """
+    serve = profile_search.found_serve(validated.recipe.serve, result)
+    return validated.model_copy(update={"recipe": validated.recipe.model_copy(update={"serve": serve})})
