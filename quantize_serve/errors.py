@@ -46,10 +46,6 @@ class ServerBootError(QuantizeServeError, RuntimeError):
         super().__init__(text)
 
 
-class ServerDiedError(QuantizeServeError, RuntimeError):
-    """The vLLM server exited while it was in use."""
-
-
 class GateError(QuantizeServeError, RuntimeError):
     """A gate could not run (this is a failure of the gate, never a skip)."""
 
