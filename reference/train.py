@@ -116,6 +116,8 @@ def train_tokenizer(paragraphs: Sequence[str]) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
         model_max_length=MODEL_MAX_LENGTH, chat_template=CHAT_TEMPLATE,
+        # Decoder-only generation needs prompts padded on the left when batched.
+        padding_side="left",
     )
 
 
