@@ -61,10 +61,14 @@ class Stack:
 
     def run_deployment(self, name: str, *, pool: str = "local-cpu", params: dict | None = None,
                        timeout: float = 1800) -> tuple[int, str, str | None]:
-        """Start a --run-once process worker, run the deployment with --watch; (rc, output, run id)."""
+        """Run the deployment with --watch while a process worker serves the pool; (rc, output, run id).
+
+        The worker polls until it is stopped after the run ends (a --run-once worker can poll
+        before the run is scheduled and exit, leaving --watch waiting for nothing).
+        """
         log = self.home / f"worker-{int(time.time())}.log"
         with log.open("w") as fh:
-            worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", pool, "--run-once"],
+            worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", pool],
                                       cwd=ROOT, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
                                       start_new_session=True)
         try:
@@ -72,11 +76,13 @@ class Stack:
             for k, v in (params or {}).items():
                 args += ["--param", f"{k}={v}"]
             out = self.prefect(*args, check=False, timeout=timeout)
-            worker.wait(timeout=120)
         finally:
-            if worker.poll() is None:
-                os.killpg(worker.pid, 15)
+            os.killpg(worker.pid, 15)
+            try:
                 worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(worker.pid, 9)
+                worker.wait()
         text = out.stdout + out.stderr + "\n--- worker ---\n" + log.read_text()
         match = re.search(r"UUID: ([0-9a-f-]{36})", out.stdout)
         return out.returncode, text, match.group(1) if match else None
