@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from quantize_serve.server import stop_process_group  # every process here leads its own group
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 WORK_POOLS = {"local-cpu": "process", "gpu": "process"}
@@ -77,12 +79,7 @@ class Stack:
                 args += ["--param", f"{k}={v}"]
             out = self.prefect(*args, check=False, timeout=timeout)
         finally:
-            os.killpg(worker.pid, 15)
-            try:
-                worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, 9)
-                worker.wait()
+            stop_process_group(worker, 30)
         text = out.stdout + out.stderr + "\n--- worker ---\n" + log.read_text()
         match = re.search(r"UUID: ([0-9a-f-]{36})", out.stdout)
         return out.returncode, text, match.group(1) if match else None
@@ -132,10 +129,4 @@ def local_stack(home: Path, *, hub_token: str, deploy: bool = True,
         yield stack
     finally:
         for proc in reversed(stack.procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, 15)
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, 9)
-                    proc.wait()
+            stop_process_group(proc, 20)
