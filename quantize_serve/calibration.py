@@ -35,7 +35,17 @@ def load_calibration(recipe: Recipe, *, source: str = "<recipe>") -> Any:
                               "files must all be one of .json, .jsonl, .csv, .parquet, .txt",
                               "convert the data to one of those formats")
         builder = kinds.pop()
-        ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train")
+        empty = [str(f) for f in files if f.stat().st_size == 0]
+        if empty:
+            raise RecipeError(source, "calibration.dataset", c.dataset, f"empty file: {', '.join(empty)}",
+                              "point calibration.dataset at a file with calibration rows")
+        try:
+            ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train")
+        except Exception as exc:  # datasets wraps the parser's error in its own classes
+            cause = str(exc.__cause__ or exc).splitlines()[0][:200]
+            raise RecipeError(source, "calibration.dataset", c.dataset,
+                              f"cannot be read as {builder} ({cause})",
+                              f"fix the file so that every row is valid {builder}") from None
     else:
         ds = datasets.load_dataset(c.dataset, c.subset, split=c.split)
     check_calibration_rows(recipe, list(ds.column_names), len(ds), source=source)
@@ -66,8 +76,37 @@ def fingerprint(texts: list[str]) -> str:
     return h.hexdigest()
 
 
+def check_samples(recipe: Recipe, rows: Any, *, source: str = "<recipe>") -> None:
+    """The selected rows hold what the recipe says: non-empty text, or well-formed chat messages
+    (a list of {"role": str, "content": str}), before llm-compressor sees them."""
+    c = recipe.calibration
+    field = c.text_field or c.messages_field
+    key = "calibration.text_field" if c.text_field else "calibration.messages_field"
+    for i, value in enumerate(rows[field]):
+        if c.text_field:
+            ok = isinstance(value, str) and value.strip()
+            shape = "a non-empty string"
+        else:
+            ok = isinstance(value, list) and value and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in value)
+            shape = 'a non-empty list of {"role": ..., "content": ...} messages'
+        if not ok:
+            raise RecipeError(source, key, field,
+                              f"selected sample {i} of {c.dataset!r} is not {shape} (it is {_preview(value)})",
+                              f"fix or drop such rows, or set {key} to the column that holds "
+                              + ("plain text" if c.text_field else "chat messages"))
+
+
+def _preview(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def calibration_fingerprint(recipe: Recipe, *, source: str = "<recipe>") -> str:
-    return fingerprint(render_texts(recipe, select_samples(recipe, load_calibration(recipe, source=source))))
+    rows = select_samples(recipe, load_calibration(recipe, source=source))
+    check_samples(recipe, rows, source=source)
+    return fingerprint(render_texts(recipe, rows))
 
 
 def describe(recipe: Recipe) -> dict[str, Any]:

@@ -275,7 +275,7 @@ def _hub_call(hub: HubSection, action: str, revision: str | None, token: str | N
 # --------------------------------------------------------------------------------------------
 
 
-def resolve_base_model(repo_id: str, *, revision: str | None, token: str | None, cache_dir: str | Path,
+def resolve_base_model(repo_id: str, *, revision: str | None, token: str | None, cache_dir: str | Path | None,
                        endpoint: str | None = None, token_env: str = "HF_TOKEN",
                        retry: RetryPolicy = DEFAULT_RETRY) -> ResolvedModel:
     """Pin ``revision`` (branch, tag, sha or None = main) to a commit, then download that commit.
@@ -292,7 +292,7 @@ def resolve_base_model(repo_id: str, *, revision: str | None, token: str | None,
         sha = api.model_info(repo_id, revision=revision).sha
         if not sha or not SHA40.match(sha):
             raise HubError(f"the Hub returned no commit sha for {repo_id}@{revision}")
-        local = snapshot_download(repo_id, revision=sha, cache_dir=str(cache_dir), token=token,
+        local = snapshot_download(repo_id, revision=sha, cache_dir=str(cache_dir) if cache_dir else None, token=token,
                                   endpoint=endpoint)
         return ResolvedModel(repo_id=repo_id, revision=revision, sha=sha, local_dir=Path(local))
 

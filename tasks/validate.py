@@ -15,6 +15,8 @@ def validate_recipe(recipe: Recipe | str | Path) -> validate.ValidatedRecipe:
     return validate.validate_recipe(recipe)
 
 
-@task(name="resolve-base-model", retries=2, retry_delay_seconds=10)
+# No task-level retries: quantize_serve.hub retries transient failures (5xx, 429, dropped
+# connections) itself, with backoff, and never a 401/403/404, which no retry can fix.
+@task(name="resolve-base-model")
 def resolve_base_model(validated: validate.ValidatedRecipe, token: str | None = None) -> validate.BaseModelRef:
     return validate.resolve_base(validated, token=token)

@@ -5,6 +5,8 @@ shared by every test that needs them; checkpoints are cached by their inputs und
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,25 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("QS_WORK_DIR", str(ROOT / ".cache" / "test-work"))
+# The suite never touches the user's Prefect home (~/.prefect): a run started by hand while the
+# tests run would otherwise share one SQLite database with them ("database is locked").
+TEST_PREFECT_HOME = tempfile.mkdtemp(prefix="qs-test-prefect-")
+os.environ["PREFECT_HOME"] = TEST_PREFECT_HOME
+os.environ.pop("PREFECT_API_URL", None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_api():
+    """One throwaway Prefect server (SQLite in a temporary folder) for the whole session.
+
+    Stopped at session end, inside pytest, so it can never outlive the suite (an ephemeral server
+    stopped from an atexit hook was seen orphaned after a run).
+    """
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+    shutil.rmtree(TEST_PREFECT_HOME, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -509,3 +509,34 @@ def test_cli_starts_fast_with_auth_and_faults_endpoint(tmp_path: Path):
         proc.terminate()
         proc.wait(timeout=5)
     shutil.rmtree(tmp_path / "root", ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------
+# No retry on 401/403/404 at any layer, Prefect task retries included
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("token, repo_id, error", [
+    (WRONG, "org/anything", HubAuthError),  # 401
+    (WRITE, "org/does-not-exist", HubNotFoundError),  # 404
+])
+def test_resolve_base_task_tries_a_4xx_exactly_once(local_hub: LocalHub, awq_recipe, token, repo_id, error):
+    from prefect import flow
+
+    from quantize_serve.validate import ValidatedRecipe
+    from tasks.validate import resolve_base_model
+
+    recipe = awq_recipe.model_copy(update={"model": awq_recipe.model.model_copy(update={"id": repo_id})})
+    validated = ValidatedRecipe(recipe=recipe, source="x.yaml", recipe_sha256="0" * 64,
+                                calibration_fingerprint="0" * 64)
+
+    @flow(name="resolve-once")
+    def resolve():
+        return resolve_base_model(validated, token)
+
+    mark = len(local_hub.requests)
+    state = resolve(return_state=True)
+    assert state.is_failed()
+    with pytest.raises(error):
+        state.result()
+    assert len(requests_since(local_hub, mark, repo_id)) == 1, [r.path for r in local_hub.requests[mark:]]

@@ -22,7 +22,7 @@ import pytest
 
 from quantize_serve.recipe import StressProfile, load_recipe
 from quantize_serve.server import ServerSpec, vllm_server
-from quantize_serve.stress import plan_traffic, process_tree, read_metrics, run_stress_test
+from quantize_serve.stress import StressResult, ThroughputFigures, judge, plan_traffic, process_tree, read_metrics, run_stress_test
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml")
@@ -51,6 +51,33 @@ def test_plan_is_seeded_with_exact_lengths() -> None:
     assert read_metrics('vllm:num_preemptions_total{engine="0"} 2.0\nvllm:num_preemptions_total{engine="1"} 3.0\n'
                         'vllm:num_requests_running{engine="0"} 5.0\n') == {
         "vllm:num_preemptions_total": 5.0, "vllm:num_requests_running": 5.0}
+
+
+def clean_result(**changes) -> StressResult:
+    """A stress result with nothing wrong in it, except ``changes``."""
+    n = RECIPE.gates.stress.num_requests
+    fields = dict(
+        requests=n + 2, completed=n, rejected_overlong=2, overlong_expected=2, errors_5xx=0, other_errors=0,
+        timeouts=0, wrong_token_counts=0, aborted=0, server_restarts=0, server_died=False,
+        peak_kv_cache_usage=0.3, preemptions=0, peak_running=12, peak_waiting=0, peak_rss_bytes=2**30,
+        peak_gpu_memory_bytes=None, duration_s=10.0, concurrency_steps=[1, 4, 8, 16], failures=[],
+        error_samples=[], output_dir="stress",
+        throughput=ThroughputFigures(command="vllm bench serve", result_path="bench.json", input_len=8,
+                                     output_len=8, num_prompts=n, completed=n, failed=0,
+                                     request_throughput=1.0, output_throughput=8.0))
+    return StressResult(**(fields | changes))
+
+
+def test_clean_result_passes() -> None:
+    assert judge(clean_result(), RECIPE.gates.stress, traffic="done", death_reason="", bench_error="") == []
+
+
+@pytest.mark.parametrize("peak", [0, None])
+def test_sampler_that_saw_no_running_request_fails_the_check(peak) -> None:
+    """A measurement that captured nothing (requests outran the sampler) is a failure, never a pass."""
+    failures = judge(clean_result(peak_running=peak, peak_kv_cache_usage=0.0), RECIPE.gates.stress,
+                     traffic="done", death_reason="", bench_error="")
+    assert len(failures) == 1 and "saw no running request" in failures[0], failures
 
 
 def spec(kv_bytes: int) -> ServerSpec:
