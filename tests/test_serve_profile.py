@@ -16,7 +16,7 @@ from quantize_serve import profile_search as ps
 from quantize_serve.capacity import capacity_spec, plan_for, read_cache_info
 from quantize_serve.errors import GateError
 from quantize_serve.recipe import ProfileSearch, ServeSection, load_recipe, parse_recipe
-from quantize_serve.server import ServerSpec, vllm_server
+from quantize_serve.server import WARMUP_MIN_PROMPT_TOKENS, ServerSpec, vllm_server
 from tests.conftest import ROOT, vllm_processes_of
 
 RECIPE = load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml")
@@ -294,12 +294,15 @@ def test_emitted_profile_starts_vllm_with_exactly_the_found_settings(awq_recipe,
     path, _ = ps.write_serve_profile(found, tmp_path / "serve-profile.yaml")
     log = tmp_path / "vllm.log"
     with vllm_server(ps.profile_server_spec(found, path), log_path=log) as server:
-        info = read_cache_info(server.get("/metrics"))
+        # The first request after the hand-over is a 2-token prompt ("The" + BOS): on vLLM CPU it
+        # killed the worker (SIGILL) before the server's warm-up request existed (server.py).
+        assert server.warmup_prompt_tokens >= WARMUP_MIN_PROMPT_TOKENS
         body = json.dumps({"model": "model", "prompt": "The", "max_tokens": 4, "ignore_eos": True}).encode()
         req = urllib.request.Request(server.base_url + "/v1/completions", body,
                                      {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as resp:
             usage = json.loads(resp.read())["usage"]
+        info = read_cache_info(server.get("/metrics"))
     argv = log.read_text().splitlines()[0]
     assert "--config" in argv and "--max-num-seqs" not in argv  # every setting came from the file
     logged = ast.literal_eval(NON_DEFAULT.search(log.read_text()).group(1))
@@ -313,5 +316,5 @@ def test_emitted_profile_starts_vllm_with_exactly_the_found_settings(awq_recipe,
     profile_keys = {k.replace("-", "_") for k in yaml.safe_load(path.read_text())}
     assert set(logged) - {"host", "port"} <= profile_keys, "vLLM used a setting that is not in the profile"
     assert int(float(info["kv_cache_memory_bytes"])) == found.spec.kv_cache_memory_bytes
-    assert info["cache_dtype"] == "fp8" and usage["completion_tokens"] == 4
+    assert info["cache_dtype"] == "fp8" and usage["completion_tokens"] == 4 and usage["prompt_tokens"] == 2
     assert not vllm_processes_of(str(log)), "a vLLM process outlived the profile boot"
