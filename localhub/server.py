@@ -330,6 +330,8 @@ class Handler(BaseHTTPRequestHandler):
             headers = {"X-Error-Message": err.message.encode("ascii", "replace").decode()}
             if err.code:
                 headers["X-Error-Code"] = err.code
+            if err.status == 429:  # the Hub's rate limit says when to come back
+                headers["Retry-After"] = "1"
             self._send(err.status, {"error": err.message, **err.extra}, headers)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True

@@ -17,18 +17,22 @@ The release model, and why consumers never see a half-uploaded revision:
 4. ``record_rejection`` never touches the release ref.
 
 Failures from the client are translated in one place (``_run``): 401/403/404 become
-``HubAuthError``/``HubNotFoundError`` with the fix, everything else ``HubError``. 5xx answers and
-dropped connections are retried with bounded exponential backoff; 4xx never are. The token is
+``HubAuthError``/``HubNotFoundError`` with the fix, everything else ``HubError``. 5xx and 429 answers
+and dropped connections are retried with bounded exponential backoff (a 429's Retry-After honoured);
+other 4xx never are. The token is
 scrubbed from every message and our errors are raised outside the ``except`` block, so no chained
 exception (whose request carries the ``Authorization`` header) travels with them.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import json
 import logging
 import os
 import re
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,7 +57,9 @@ HUB_OWNED = frozenset({".gitattributes"})
 
 
 class RetryPolicy(BaseModel):
-    """Bounded exponential backoff for transient Hub failures (5xx, dropped connections)."""
+    """Bounded exponential backoff for transient Hub failures (5xx, 429, dropped connections).
+
+    A 429 waits at least what its ``Retry-After`` header asks, capped at ``max_s``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -61,8 +67,8 @@ class RetryPolicy(BaseModel):
     base_s: float = Field(default=1.0, ge=0)
     max_s: float = Field(default=30.0, ge=0)
 
-    def delay(self, failed_attempt: int) -> float:
-        return min(self.base_s * 2 ** (failed_attempt - 1), self.max_s)
+    def delay(self, failed_attempt: int, retry_after_s: float = 0.0) -> float:
+        return min(max(self.base_s * 2 ** (failed_attempt - 1), retry_after_s), self.max_s)
 
 
 DEFAULT_RETRY = RetryPolicy()
@@ -171,11 +177,24 @@ def _classify(exc: BaseException) -> tuple[int | None, str | None, str, bool]:
             status = e.response.status_code
             code = e.response.headers.get("X-Error-Code")
             message = e.server_message or e.response.reason_phrase or ""
-            return status, code, message, status >= 500
+            return status, code, message, status >= 500 or status == 429
     for e in _chain(exc):
         if isinstance(e, (httpx.TransportError, ConnectionError)):
             return None, None, f"{type(e).__name__}: {e}", True
     return None, None, f"{type(exc).__name__}: {exc}", False
+
+
+def _retry_after_s(exc: BaseException) -> float:
+    """Seconds a 429 (or 503) answer's Retry-After header asks for; 0 when it names none."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    for e in _chain(exc):
+        if isinstance(e, HfHubHTTPError) and e.response is not None:
+            try:
+                return float(e.response.headers.get("Retry-After", 0))
+            except ValueError:  # an HTTP date: wait the policy's own delay
+                return 0.0
+    return 0.0
 
 
 def _translate(call: _Call, exc: BaseException, attempts: int) -> HubError:
@@ -214,10 +233,19 @@ def _translate(call: _Call, exc: BaseException, attempts: int) -> HubError:
             f"{where} failed: the repo changed while this run worked (HTTP {status}: {message}); "
             "another run pushed or moved a ref at the same time. Nothing was overwritten; re-run "
             "to work on top of the new state.")
+    elif status == 429:
+        err = HubError(
+            f"{where} failed after {attempts} attempt(s): the Hub rate-limited these requests (HTTP 429: "
+            f"{message}). Wait a few minutes and re-run; pushes are content-addressed, so a re-run "
+            "ends in one complete revision and the release ref is untouched until promotion.")
     elif transient and "xet" in message.lower():
         err = HubError(
             f"{where} failed: {message}. The endpoint does not speak the Xet upload protocol (the "
             "local test hub speaks plain LFS only): set HF_HUB_DISABLE_XET=1 before starting.")
+    elif transient and not call.writes:
+        err = HubError(
+            f"{where} failed after {attempts} attempt(s): {message or 'HTTP ' + str(status)}. "
+            "The Hub or the network failed; check that the Hub (or HF_ENDPOINT) is reachable and re-run.")
     elif transient:
         err = HubError(
             f"{where} failed after {attempts} attempt(s): {message or 'HTTP ' + str(status)}. "
@@ -249,7 +277,7 @@ def _run(call: _Call, attempt_fn: Callable[[int], T]) -> T:
         except Exception as exc:  # noqa: BLE001 - every client failure goes through _translate
             _, _, message, transient = _classify(exc)
             if transient and attempt < call.retry.attempts:
-                delay = call.retry.delay(attempt)
+                delay = call.retry.delay(attempt, _retry_after_s(exc))
                 logger.warning("%s on %s: %s; retrying in %.2fs (attempt %d of %d)", call.action,
                                call.repo_id, call.scrub(message), delay, attempt + 1, call.retry.attempts)
             else:
@@ -292,13 +320,70 @@ def resolve_base_model(repo_id: str, *, revision: str | None, token: str | None,
         sha = api.model_info(repo_id, revision=revision).sha
         if not sha or not SHA40.match(sha):
             raise HubError(f"the Hub returned no commit sha for {repo_id}@{revision}")
-        local = snapshot_download(repo_id, revision=sha, cache_dir=str(cache_dir) if cache_dir else None, token=token,
-                                  endpoint=endpoint)
+        try:
+            local = snapshot_download(repo_id, revision=sha, cache_dir=str(cache_dir) if cache_dir else None,
+                                      token=token, endpoint=endpoint)
+        except OSError as exc:
+            if not any(isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS for e in _chain(exc)):
+                raise
+            local = None
+        if local is None:  # raised here, not in the except: no client exception chained
+            raise _disk_full(api, repo_id, sha, cache_dir)
         return ResolvedModel(repo_id=repo_id, revision=revision, sha=sha, local_dir=Path(local))
 
     resolved = _run(call, attempt)
     logger.info("base model %s@%s resolved to %s", repo_id, revision or "main", resolved.sha)
     return resolved
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _disk_full(api: HfApi, repo_id: str, sha: str, cache_dir: str | Path | None) -> HubError:
+    """A download that filled the disk: where, how much is free, how much the model needs, the fix."""
+    from huggingface_hub import constants
+
+    cache = Path(cache_dir or constants.HF_HUB_CACHE)
+    existing = next((p for p in (cache, *cache.parents) if p.exists()), None)
+    free = f"{shutil.disk_usage(existing).free / 1e6:.1f} MB" if existing else "unknown"
+    try:
+        info = api.model_info(repo_id, revision=sha, files_metadata=True)
+        needs = f"{sum(s.size or 0 for s in info.siblings or []) / 1e6:.1f} MB"
+    except Exception:  # noqa: BLE001 - only for the message
+        needs = "unknown"
+    return HubError(
+        f"download the base model {repo_id}@{sha[:12]} failed: the disk is full (no space left on the "
+        f"device holding the download cache {cache}; {free} free, the model's files take {needs}). Fix: "
+        "free space there, or point the cache at a disk with room (HF_HUB_CACHE or HF_HOME), and re-run: "
+        "files already downloaded are kept.")
+
+
+def fetch_model_config(repo_id: str, *, revision: str | None = None, token: str | None = None,
+                       endpoint: str | None = None, token_env: str = "HF_TOKEN",
+                       retry: RetryPolicy = RetryPolicy(attempts=1)) -> dict:
+    """A Hub model's config.json, and nothing else (the planner and the command line's checks need
+    only its shape). Made for a command line: one attempt, and one plain request first, because
+    ``hf_hub_download`` alone retries a dead network for about half a minute; when the Hub cannot be
+    reached, a copy in the local cache is used if there is one."""
+    import httpx
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url, try_to_load_from_cache
+
+    call = _Call("fetch config.json", repo_id, revision, token, token_env, None, retry, writes=False)
+
+    def attempt(_: int) -> dict:
+        if not constants.HF_HUB_OFFLINE:
+            try:
+                get_hf_file_metadata(hf_hub_url(repo_id, "config.json", revision=revision, endpoint=endpoint),
+                                     token=token)
+            except httpx.TransportError:
+                cached = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+                if not isinstance(cached, str):
+                    raise
+                return json.loads(Path(cached).read_text())
+        path = hf_hub_download(repo_id, "config.json", revision=revision, token=token, endpoint=endpoint)
+        return json.loads(Path(path).read_text())
+
+    return _run(call, attempt)
 
 
 # --------------------------------------------------------------------------------------------

@@ -433,6 +433,26 @@ def test_retries_are_bounded_and_never_on_4xx(local_hub: LocalHub, section: HubS
     assert len(local_hub.requests) - mark == 1
 
 
+def test_rate_limit_429_waits_retry_after_then_pushes_once(local_hub: LocalHub, section: HubSection, tmp_path: Path):
+    folder = make_candidate(tmp_path / "ckpt", section.repo_id)
+    local_hub.inject(fail_next=2, status=429)
+    mark, started = len(local_hub.requests), time.monotonic()
+    result = push_candidate(section, folder, commit_message="c", **opts(local_hub, retry=RetryPolicy(
+        attempts=4, base_s=0.01, max_s=5)))
+    assert [r.status for r in local_hub.requests[mark:mark + 2]] == [429, 429]
+    assert time.monotonic() - started >= 2.0  # Retry-After: 1, twice, over a 0.01 s backoff
+    assert result.created_commit and len(commits_of(section.repo_id, local_hub.endpoint)) == 2
+
+
+def test_rate_limit_that_never_lifts_says_so(local_hub: LocalHub, section: HubSection, tmp_path: Path):
+    folder = make_candidate(tmp_path / "ckpt", section.repo_id)
+    local_hub.inject(fail_next=10, status=429)
+    with pytest.raises(HubError, match="rate-limited") as err:
+        push_candidate(section, folder, commit_message="c", **opts(local_hub, retry=RetryPolicy(
+            attempts=2, base_s=0.01, max_s=0.05)))
+    assert WRITE not in str(err.value)
+
+
 def test_dropped_commit_then_rerun_ends_in_one_revision(
     local_hub: LocalHub, section: HubSection, tmp_path: Path
 ):
