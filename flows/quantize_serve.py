@@ -5,7 +5,8 @@ stress gate -> decide -> promote or reject -> report.
 
 vLLM boots three times, each once: (a) the base model serves capacity and the base accuracy;
 (b) the quantized model with 16-bit KV serves capacity only; (c) the quantized model with the
-production settings (fp8 KV) serves capacity, accuracy and the stress test. All boots run inside
+production settings (fp8 KV) serves capacity, accuracy, the stress test and, when the recipe sets
+gates.soak, the soak test (sustained traffic; memory growth and preemptions). All boots run inside
 the `gpu` global concurrency limit, so two runs never share a GPU.
 
 Run locally (ephemeral Prefect API, no server needed):  python -m flows.quantize_serve RECIPE
@@ -28,6 +29,7 @@ from tasks.profile import search_serve_profile, with_found_profile
 from tasks.quantize import quantize_model
 from tasks.report import Progress, publish_report, request_approval, run_folder, run_id
 from tasks.serve import gpu_slot, measure_capacity, production_spec, served, summarize_capacity
+from tasks.soak import run_soak_test
 from tasks.stress import run_stress_test
 from tasks.validate import resolve_base_model, validate_recipe
 
@@ -74,15 +76,20 @@ def quantize_serve(recipe: Recipe | str) -> RunReport:
                                      output_dir=run_dir / "accuracy-quantized", return_state=True)
             stress = run_stress_test(server, r.gates.stress, r.serve, tokenizer_dir=checkpoint.checkpoint_dir,
                                      output_dir=run_dir / "stress", return_state=True)
+            soak = (run_soak_test(server, r.gates.soak, r.serve, stress=r.gates.stress,  # soak.png beside report.md
+                                  tokenizer_dir=checkpoint.checkpoint_dir, output_dir=run_dir,
+                                  return_state=True) if r.gates.soak else None)  # gates.soak is optional
         progress.done("fp8 served")
     capacity = summarize_capacity(validated, base, [cap_base, cap_w4, cap_fp8])
     checks = compare_accuracy(outcome(acc_base), outcome(acc_quant), r.gates.accuracy)
-    decision = decide_release(checks, outcome(stress))
+    decision = decide_release(checks, outcome(stress), outcome(soak) if soak else None,
+                              soak_required=r.gates.soak is not None)
     progress.done("decided")
     report = publish_report(RunReport(
         run_id=run_id(), recipe=r.name, recipe_source=validated.source, recipe_sha256=validated.recipe_sha256,
         base=base, checkpoint=checkpoint, candidate=candidate, capacity=capacity, profile=profile,
         accuracy=checks if isinstance(checks, list) else [], stress=outcome(stress) if stress.is_completed() else None,
+        soak=outcome(soak) if soak and soak.is_completed() else None,
         decision=decision, serving_command=serving_command), run_dir)
     approved, approved_by = request_approval(validated, report)
     report.release = promote_or_reject(validated, report, approved, approved_by)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from quantize_serve.accuracy import AccuracyCheck
+from quantize_serve.soak import SoakResult
 from quantize_serve.stress import StressResult
 
 
@@ -34,8 +35,12 @@ class Decision(BaseModel):
 
 
 def decide(accuracy: list[AccuracyCheck] | BaseException | None,
-           stress: StressResult | BaseException | None) -> Decision:
+           stress: StressResult | BaseException | None,
+           soak: SoakResult | BaseException | None = None, *, soak_required: bool = False) -> Decision:
+    """soak_required: the recipe sets gates.soak, so a soak that did not run is a failed row."""
     rows = accuracy_rows(accuracy) + [stress_row(stress)]
+    if soak_required or soak is not None:
+        rows.append(soak_row(soak))
     return Decision(passed=all(r.passed for r in rows), checks=rows)
 
 
@@ -71,6 +76,22 @@ def stress_row(stress: StressResult | BaseException | None) -> CheckRow:
         f"requested tokens at concurrency up to {max(stress.concurrency_steps, default=0)}, "
         f"{stress.rejected_overlong}/{stress.overlong_expected} over-long prompts rejected with 400, "
         f"{stress.preemptions} preemptions, peak KV usage {usage}, no 5xx, no timeouts"))
+
+
+def soak_row(soak: SoakResult | BaseException | None) -> CheckRow:
+    if isinstance(soak, BaseException):
+        return CheckRow(check="soak", passed=False, reason=f"could not run: {_first_line(soak)}")
+    if soak is None:
+        return CheckRow(check="soak", passed=False, reason="the soak test did not run (gates.soak is set)")
+    if soak.failures:
+        return CheckRow(check="soak", passed=False, reason="; ".join(soak.failures))
+    f = soak.figures
+    gpu = "" if f.gpu_slope_mib_per_min is None else f", GPU memory {f.gpu_slope_mib_per_min:+.1f} MiB/min"
+    return CheckRow(check="soak", passed=True, reason=(
+        f"{soak.traffic.completed} requests over {soak.measured_s:g} s at concurrency {soak.concurrency}: "
+        f"RSS {f.rss_slope_mib_per_min:+.1f} MiB/min after the {soak.warmup_s:g} s warm-up{gpu} "
+        f"(limit {soak.max_memory_growth_mib_per_min:g}), {f.preemptions_after_warmup} preemptions after "
+        "warm-up, no failed requests"))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -25,6 +25,7 @@ from pydantic import (
     Field,
     PositiveInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -222,9 +223,79 @@ class StressProfile(Section):
     request_timeout_s: float = Field(default=120, gt=0)
 
 
+MIN_SOAK_SAMPLES = 5  # samples after warm-up that a memory trend is fitted to; fewer fit noise
+
+# gates.soak bounds: (lowest, highest, why). Inclusive; the message names the field, value and range.
+SOAK_BOUNDS: dict[str, tuple[float, float, str]] = {
+    "duration_s": (10, 86_400, "a shorter soak cannot tell a leak from allocator noise; a longer one is "
+                   "production monitoring, not a release gate"),
+    "warmup_s": (0, 86_400, "the start left out of the trend while pools, caches and kernels settle"),
+    "sample_interval_s": (0.2, 600, "each sample reads /health, /metrics and the process tree, so faster "
+                          "sampling measures the sampler; slower leaves too few points to fit"),
+    "concurrency": (1, 4_096, "requests kept in flight the whole time"),
+    "max_memory_growth_mib_per_min": (0.1, 10_240, "below 0.1 MiB/min is allocator noise; above 10 GiB/min "
+                                      "a leak kills the server before any trend is needed"),
+    "max_preemptions_after_warmup": (0, 1_000_000, "a count of preemptions"),
+    "request_timeout_s": (1, 3_600, "seconds one request may take"),
+}
+
+
+class SoakGate(Section):
+    """gates.soak: sustained traffic for a long time against the production boot (off when absent).
+
+    Catches the failure that comes hours into production: memory that keeps growing (RSS of the
+    server's process tree; GPU memory through NVML on GPU hosts) and a scheduler that keeps
+    preempting after warm-up. See quantize_serve/soak.py. Prompts come from the stress test's
+    generator; their sizes default to gates.stress's.
+    """
+
+    duration_s: float = Field(default=3600, description="How long the sustained traffic runs.")
+    warmup_s: float = Field(default=300, description="The start left out of the memory trend and the "
+                            "preemption count (allocator pools, caches and kernels settle).")
+    sample_interval_s: float = Field(default=10, description="Seconds between samples of /metrics, RSS "
+                                     "and GPU memory.")
+    concurrency: int | None = Field(default=None, description="Requests in flight the whole time; "
+                                    "defaults to serve.max_num_seqs.")
+    prompt_tokens: list[PositiveInt] | None = Field(default=None, min_length=1, description="Prompt "
+                                                    "sizes drawn from; defaults to gates.stress.prompt_tokens.")
+    output_tokens: list[PositiveInt] | None = Field(default=None, min_length=1, description="Output "
+                                                    "sizes drawn from; defaults to gates.stress.output_tokens.")
+    max_memory_growth_mib_per_min: float = Field(default=10, description="Largest allowed least-squares "
+                                                 "slope of memory after warm-up (RSS, and GPU memory where "
+                                                 "NVML sees it); 10 MiB/min is 0.6 GiB an hour.")
+    max_preemptions_after_warmup: int = Field(default=0, description="Preemptions "
+                                              "(vllm:num_preemptions_total) allowed after warm-up.")
+    request_timeout_s: float = Field(default=120, description="Seconds one request may take.")
+
+    @field_validator(*SOAK_BOUNDS)
+    @classmethod
+    def _in_bounds(cls, value: float | None, info: ValidationInfo) -> float | None:
+        lo, hi, why = SOAK_BOUNDS[info.field_name]
+        if value is not None and not lo <= value <= hi:
+            raise ValueError(f"must be between {lo:g} and {hi:g} ({why}); set gates.soak.{info.field_name} "
+                             "inside that range")
+        return value
+
+    @model_validator(mode="after")
+    def _enough_samples(self) -> SoakGate:
+        if self.warmup_s >= self.duration_s:
+            raise ValueError(f"gates.soak.warmup_s ({self.warmup_s:g}) is not below gates.soak.duration_s "
+                             f"({self.duration_s:g}), so nothing would be measured; lower warmup_s or raise "
+                             "duration_s")
+        samples = int((self.duration_s - self.warmup_s) / self.sample_interval_s)
+        if samples < MIN_SOAK_SAMPLES:
+            raise ValueError(f"gates.soak gives {samples} sample(s) after warm-up ((duration_s {self.duration_s:g}"
+                             f" - warmup_s {self.warmup_s:g}) / sample_interval_s {self.sample_interval_s:g}); "
+                             f"a memory trend needs at least {MIN_SOAK_SAMPLES}: raise duration_s or lower "
+                             "warmup_s or sample_interval_s")
+        return self
+
+
 class GatesSection(Section):
     accuracy: AccuracyGate = Field(default_factory=AccuracyGate)
     stress: StressProfile = Field(default_factory=StressProfile)
+    soak: SoakGate | None = Field(default=None, description="Sustained-traffic memory and preemption "
+                                  "gate on the production boot (quantize_serve/soak.py); off when absent.")
 
 
 class HubSection(Section):

@@ -19,6 +19,7 @@ from quantize_serve.hub import PushResult
 from quantize_serve.model_card import AccuracyRow, ModelCardInputs, Provenance
 from quantize_serve.profile_search import ProfileSearchResult
 from quantize_serve.quantize import QuantizeResult
+from quantize_serve.soak import SoakResult
 from quantize_serve.stress import StressResult
 from quantize_serve.validate import BaseModelRef, ValidatedRecipe
 
@@ -48,6 +49,7 @@ class RunReport(BaseModel):
     profile: ProfileSearchResult | None = None
     accuracy: list[AccuracyCheck] = Field(default_factory=list)
     stress: StressResult | None = None
+    soak: SoakResult | None = None  # only when the recipe sets gates.soak
     decision: Decision
     release: Release | None = None
     serving_command: str
@@ -170,6 +172,10 @@ def render_markdown(r: RunReport) -> str:
                   "| figure | value |", "|---|---|"]
         lines += [f"| {k} | {_num(v)} |" for k, v in stress_summary(r.stress).items()]
         lines.append("")
+    if r.soak:  # the chart lies beside the report when the flow's soak writes into the run folder
+        lines += ["## Soak test (sustained traffic, production serving settings)", "| figure | value |", "|---|---|"]
+        lines += [f"| {k} | {_num(v)} |" for k, v in r.soak.summary().items()]
+        lines += [""] + ([f"![soak]({Path(r.soak.chart_path).name})", ""] if r.soak.chart_path else [])
     lines += ["## Validated vLLM command", "```", r.serving_command, "```", ""]
     return "\n".join(lines)
 

@@ -6,6 +6,7 @@ from prefect import task
 
 from quantize_serve import accuracy, decision
 from quantize_serve.recipe import AccuracyGate
+from quantize_serve.soak import SoakResult
 from quantize_serve.stress import StressResult
 
 
@@ -20,5 +21,7 @@ def compare_accuracy(base: accuracy.AccuracyRun | BaseException, quantized: accu
 
 @task(name="decide-release")
 def decide_release(checks: list[accuracy.AccuracyCheck] | BaseException,
-                   stress: StressResult | BaseException) -> decision.Decision:
-    return decision.decide(checks, stress)
+                   stress: StressResult | BaseException,
+                   soak: SoakResult | BaseException | None = None, *,
+                   soak_required: bool = False) -> decision.Decision:
+    return decision.decide(checks, stress, soak, soak_required=soak_required)

@@ -1,0 +1,37 @@
+"""Prefect task for the soak gate (thin wrapper; never retried or cached: it measures a live server)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import MissingContextError
+from prefect.logging import get_run_logger
+
+from quantize_serve import soak
+from quantize_serve.recipe import ServeSection, SoakGate, StressProfile
+from quantize_serve.server import RunningServer
+
+
+@task(name="run-soak-test", cache_policy=NO_CACHE)
+def run_soak_test(
+    server: RunningServer,
+    gate: SoakGate,
+    serve: ServeSection,
+    *,
+    stress: StressProfile | None = None,
+    tokenizer_dir: str,
+    output_dir: Path,
+    server_process_alive: Callable[[], bool] | None = None,
+) -> soak.SoakResult:
+    """Soak the live server; the result's ``failures`` say why it did not pass."""
+    try:
+        log = get_run_logger().info
+    except MissingContextError:  # called as run_soak_test.fn(...) outside a run
+        log = print
+    return soak.run_soak_test(
+        server, gate, serve, stress=stress, tokenizer_dir=tokenizer_dir, output_dir=Path(output_dir),
+        server_process_alive=server_process_alive, log=log,
+    )
