@@ -249,7 +249,7 @@ def check_outputs(result, out: Path) -> None:
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(420)  # includes the shared fixtures: a cold cache quantizes the checkpoint first
 def test_soak_passes_on_the_production_boot(awq_fp8_server, awq_recipe, awq_checkpoint, tmp_path: Path) -> None:
     server, _ = awq_fp8_server
     result = run_soak_test(server, E2E_GATE, awq_recipe.serve, stress=awq_recipe.gates.stress,
