@@ -9,7 +9,8 @@ production settings (fp8 KV) serves capacity, accuracy, the stress test and, whe
 gates.soak, the soak test (sustained traffic; memory growth and preemptions). All boots run inside
 the `gpu` global concurrency limit, so two runs never share a GPU.
 
-Run locally (ephemeral Prefect API, no server needed):  python -m flows.quantize_serve RECIPE
+Run locally (ephemeral Prefect API, no server needed):  quantize-serve run RECIPE
+(or python -m flows.quantize_serve RECIPE: the same command line, quantize_serve/cli.py)
 """
 
 from __future__ import annotations
@@ -103,10 +104,12 @@ def quantize_serve(recipe: Recipe | str) -> RunReport:
     return report
 
 
+def run_local(recipe_path: str | Path) -> State:
+    """Run the flow on a recipe file with a local, temporary Prefect API; the run's final state."""
+    return quantize_serve(Path(recipe_path).resolve().as_posix(), return_state=True)
+
+
 if __name__ == "__main__":
-    state = quantize_serve(Path(sys.argv[1]).resolve().as_posix(), return_state=True)
-    result = state.result(raise_on_failure=False)
-    if isinstance(result, RunReport):
-        print(f"decision: {'passed' if result.decision.passed else 'failed'}; "
-              f"release: {result.release.status if result.release else 'n/a'}; report: {result.report_dir}/report.md")
-    sys.exit(0 if state.is_completed() else 1)
+    from quantize_serve.cli import main
+
+    sys.exit(main(["run", *sys.argv[1:]]))

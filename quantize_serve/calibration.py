@@ -3,17 +3,23 @@
 Used twice: by the validation step (columns and row count, before any model is loaded) and by the
 quantization child process (the texts it calibrates on). Both select rows the same way, so the
 fingerprint computed in the parent is the fingerprint of what was calibrated on.
+
+:func:`peek_calibration` answers the validation step's two questions (columns, rows) for local files
+without `datasets` (stdlib readers; pyarrow's metadata for parquet), so the command line's
+`quantize-serve validate` stays well under a second; the flow's validate stage still loads the data
+with `datasets` and checks the selected samples.
 """
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from quantize_serve.errors import RecipeError
-from quantize_serve.recipe import DATA_FORMATS, Recipe, check_calibration_rows
+from quantize_serve.recipe import DATA_FORMATS, Recipe, check_calibration_rows, show_path
 
 
 def load_calibration(recipe: Recipe, *, source: str = "<recipe>") -> Any:
@@ -22,23 +28,7 @@ def load_calibration(recipe: Recipe, *, source: str = "<recipe>") -> Any:
 
     c = recipe.calibration
     if recipe.calibration_is_local:
-        files = recipe.calibration_files()
-        missing = [str(f) for f in files if not f.is_file()]
-        if missing:
-            raise RecipeError(source, "calibration.dataset", c.dataset,
-                              f"no such file: {', '.join(missing)}",
-                              "point calibration.dataset at a json/jsonl/csv/parquet/txt file "
-                              "(relative to the recipe's folder) or a Hub dataset id")
-        kinds = {DATA_FORMATS.get(f.suffix) for f in files}
-        if None in kinds or len(kinds) != 1:
-            raise RecipeError(source, "calibration.dataset", c.dataset,
-                              "files must all be one of .json, .jsonl, .csv, .parquet, .txt",
-                              "convert the data to one of those formats")
-        builder = kinds.pop()
-        empty = [str(f) for f in files if f.stat().st_size == 0]
-        if empty:
-            raise RecipeError(source, "calibration.dataset", c.dataset, f"empty file: {', '.join(empty)}",
-                              "point calibration.dataset at a file with calibration rows")
+        files, builder = local_calibration_files(recipe, source=source)
         try:
             ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train")
         except Exception as exc:  # datasets wraps the parser's error in its own classes
@@ -50,6 +40,72 @@ def load_calibration(recipe: Recipe, *, source: str = "<recipe>") -> Any:
         ds = datasets.load_dataset(c.dataset, c.subset, split=c.split)
     check_calibration_rows(recipe, list(ds.column_names), len(ds), source=source)
     return ds
+
+
+def local_calibration_files(recipe: Recipe, *, source: str = "<recipe>") -> tuple[list[Path], str]:
+    """The local calibration files (present, non-empty, one format) and their `datasets` builder."""
+    c = recipe.calibration
+    files = recipe.calibration_files()
+    missing = [show_path(f) for f in files if not f.is_file()]
+    if missing:
+        raise RecipeError(source, "calibration.dataset", c.dataset,
+                          f"no such file: {', '.join(missing)}",
+                          "point calibration.dataset at a json/jsonl/csv/parquet/txt file "
+                          "(relative to the recipe's folder) or a Hub dataset id")
+    kinds = {DATA_FORMATS.get(f.suffix) for f in files}
+    if None in kinds or len(kinds) != 1:
+        raise RecipeError(source, "calibration.dataset", c.dataset,
+                          "files must all be one of .json, .jsonl, .csv, .parquet, .txt",
+                          "convert the data to one of those formats")
+    empty = [show_path(f) for f in files if f.stat().st_size == 0]
+    if empty:
+        raise RecipeError(source, "calibration.dataset", c.dataset, f"empty file: {', '.join(empty)}",
+                          "point calibration.dataset at a file with calibration rows")
+    return files, kinds.pop()
+
+
+def peek_calibration(recipe: Recipe, *, source: str = "<recipe>") -> tuple[list[str], int]:
+    """Columns and row count of local calibration files, counted the way `datasets` reads them,
+    checked against the recipe (the field exists, enough rows). No `datasets` import."""
+    files, builder = local_calibration_files(recipe, source=source)
+    columns: dict[str, None] = {}
+    rows = 0
+    for f in files:
+        try:
+            names, n = _peek_file(f, builder)
+        except (ValueError, csv.Error, OSError) as exc:
+            raise RecipeError(source, "calibration.dataset", recipe.calibration.dataset,
+                              f"cannot be read as {builder} ({str(exc).splitlines()[0][:200]})",
+                              f"fix the file so that every row is valid {builder}") from None
+        columns.update(dict.fromkeys(names))
+        rows += n
+    check_calibration_rows(recipe, list(columns), rows, source=source)
+    return list(columns), rows
+
+
+def _peek_file(path: Path, builder: str) -> tuple[list[str], int]:
+    if builder == "text":  # one row per line, blank lines included (datasets' "text" builder)
+        with path.open(encoding="utf-8") as fh:
+            return ["text"], sum(1 for _ in fh)
+    if builder == "csv":  # a header, then records (quoted newlines allowed); blank lines skipped
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.reader(fh)
+            header = next(reader, [])
+            return header, sum(1 for record in reader if record)
+    if builder == "parquet":
+        import pyarrow.parquet as pq
+
+        meta = pq.read_metadata(path)
+        return list(meta.schema.names), meta.num_rows
+    text = path.read_text(encoding="utf-8")  # json: an array of records, one object, or JSON lines
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    else:
+        records = whole if isinstance(whole, list) else [whole]
+    keys = dict.fromkeys(k for r in records if isinstance(r, dict) for k in r)
+    return list(keys), len(records)
 
 
 def select_samples(recipe: Recipe, ds: Any) -> Any:

@@ -17,7 +17,12 @@ class RecipeError(QuantizeServeError, ValueError):
 
     def __init__(self, source: str, field: str, value: object, problem: str, fix: str) -> None:
         self.source, self.field, self.value, self.problem, self.fix = source, field, value, problem, fix
-        super().__init__(f"{source}: {field} = {_show(value)}: {problem}. Fix: {fix}")
+        stop = "" if problem.endswith((".", "?", "!")) else "."
+        super().__init__(f"{source}: {field} = {_show(value)}: {problem}{stop} Fix: {fix}")
+
+    def with_source(self, source: str) -> RecipeError:
+        """The same problem, reported against ``source`` (validators do not know the file name)."""
+        return RecipeError(source, self.field, self.value, self.problem, self.fix)
 
 
 class RecipeErrors(QuantizeServeError, ValueError):
@@ -60,6 +65,11 @@ class HubAuthError(HubError, PermissionError):
 
 class HubNotFoundError(HubError, LookupError):
     """404: the repo or revision does not exist (or is private and the token cannot see it)."""
+
+
+# Mistakes in the input that the person running the pipeline can fix (a recipe, a file it names, a
+# Hub repo id, a token): the command line prints them as one screen with the fix and exits 2.
+USER_ERRORS: tuple[type[QuantizeServeError], ...] = (RecipeError, RecipeErrors, HubAuthError, HubNotFoundError)
 
 
 def _show(value: object) -> str:

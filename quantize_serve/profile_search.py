@@ -39,6 +39,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field
 
+from quantize_serve import planner
 from quantize_serve.capacity import capacity_spec, plan_for
 from quantize_serve.errors import GateError, ServerBootError
 from quantize_serve.recipe import ProfileSearch, Recipe, ServeSection, StressProfile
@@ -49,7 +50,7 @@ from quantize_serve.server import ServerSpec, vllm_server
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 # KV block size when the recipe uses a fixed budget (the CPU runs: vLLM CPU's block is 128 tokens)
 # and when it does not (CUDA's default, 16). Only the planner's starting point depends on it.
-CPU_BLOCK_SIZE, GPU_BLOCK_SIZE = 128, 16
+CPU_BLOCK_SIZE, GPU_BLOCK_SIZE = planner.BLOCK_SIZE_CPU, planner.BLOCK_SIZE_GPU
 PRODUCTION_CONFIG = "w4a16-fp8kv"  # capacity_spec's name for the quantized model + the recipe's KV dtype
 
 Dimension = Literal["max_num_seqs", "max_model_len"]

@@ -1,9 +1,11 @@
 """The recipe: one typed description of a release, loaded and validated once, before heavy work.
 
 A YAML file becomes a pydantic ``Recipe`` with ``extra="forbid"`` everywhere, so a misspelled key
-fails at load time (llm-compressor's own recipes work the same way). Rules that span sections live
-in model validators. Checks that need to look at files (the model's ``config.json``, the
-calibration data) are in :func:`check_inputs`; they read small files only and never load weights.
+fails at load time (llm-compressor's own recipes work the same way). Every rule that needs only the
+recipe runs at load: rules inside one section in that section's validators, rules that span sections
+in ONE model validator on ``Recipe`` (:func:`cross_section_problems`). Checks that need to look at
+files (the model's ``config.json``, the calibration data) are :func:`check_model` and
+:func:`check_calibration_rows`; they read small files only and never load weights.
 
 Relative paths in a recipe file are resolved against the recipe file's folder, so a recipe means
 the same thing whatever the working directory is.
@@ -11,14 +13,18 @@ the same thing whatever the working directory is.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+import os
 import re
+import string
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ByteSize,
     ConfigDict,
@@ -39,6 +45,31 @@ RESERVED_VLLM_FLAGS = (
     "--gpu-memory-utilization", "--kv-cache-dtype", "--max-num-seqs", "--tensor-parallel-size",
     "--max-num-batched-tokens", "--kv-cache-memory-bytes", "--dtype", "--enforce-eager",
 )
+# Validators do not know the file name; parse_recipe puts it in.
+RECIPE_SOURCE = "<recipe>"
+# The stress test's long requests are prompt + output = max_model_len - this many tokens
+# (quantize_serve.stress.LONG_MARGIN; a unit test keeps the two equal).
+LONG_PROMPT_MARGIN = 4
+# Placeholders hub.commit_message may use (tasks/hub.py fills exactly these).
+COMMIT_MESSAGE_FIELDS = ("method", "scheme", "base_model", "base_revision")
+# Refs the pipeline owns on the Hub (quantize_serve/hub.py): every candidate is committed to the
+# branch `main`, every rejection is tagged `rejected-<sha>`. The release ref may be neither.
+CANDIDATE_BRANCH = "main"
+REJECTION_TAG_PREFIX = "rejected-"
+# A tag or branch name git (and so the Hub) accepts: no spaces or ~^:?*[\, no "..", "//" or "@{",
+# not starting with "-" or "/", not ending with "/", "." or ".lock".
+GIT_REF_NAME = re.compile(r"^(?![-/])(?!.*(?:\.\.|//|@\{))[A-Za-z0-9._/@+-]+(?<![/.])(?<!\.lock)$")
+# Accuracy thresholds are ratios quantized / base (see quantize_serve/accuracy.py).
+# default_recovery in [0.5, 1.0]: above 1.0 every metric would have to improve after quantization,
+# which rejects sound releases; below 0.5 the gate passes a model that lost half its score.
+DEFAULT_RECOVERY_RANGE = (0.5, 1.0)
+# A per-metric override may exceed 1.0 a little (a noisy metric, or a deliberately strict check),
+# never by more than 25 %: no quantized model beats its base by that much, so the gate could not pass.
+METRIC_RECOVERY_MAX = 1.25
+# The profile search brackets then bisects: 20 boots resolve any max_num_seqs range a GPU can hold
+# (2^10 = 1,024 values in about 10 bisection steps plus bracketing). Each boot is a vLLM start plus
+# a stress test, minutes on a GPU, so a larger budget is a typo, not a plan.
+MAX_SEARCH_BOOTS = 20
 
 
 class Section(BaseModel):
@@ -107,7 +138,8 @@ class QuantizationSection(Section):
     @classmethod
     def _even_group(cls, value: int) -> int:
         if value % 2:
-            raise ValueError("group_size must be even (vLLM's int4 kernels need it), e.g. 128")
+            raise ValueError("must be even (vLLM's int4 kernels need an even group size). Fix: use an "
+                             "even group size that divides the model's layer widths, e.g. 128")
         return value
 
 
@@ -120,7 +152,8 @@ class ProfileSearch(Section):
     """
 
     enabled: bool = True
-    max_boots: PositiveInt = Field(default=6, description="vLLM boots the max_num_seqs search may spend.")
+    max_boots: PositiveInt = Field(default=6, description="vLLM boots the max_num_seqs search may spend "
+                                   f"(at most {MAX_SEARCH_BOOTS}).")
     min_num_seqs: PositiveInt = Field(default=1, description="Lower end of the searched range.")
     max_num_seqs: PositiveInt | None = Field(
         default=None,
@@ -136,6 +169,16 @@ class ProfileSearch(Section):
         description="Then search the largest max_model_len at the found max_num_seqs (its own "
         "max_boots; resolution: one KV block).",
     )
+
+    @field_validator("max_boots")
+    @classmethod
+    def _max_boots(cls, value: int) -> int:
+        if value > MAX_SEARCH_BOOTS:
+            raise ValueError(
+                f"is more than {MAX_SEARCH_BOOTS}: each boot is a vLLM start plus a stress test (minutes on a "
+                f"GPU), and {MAX_SEARCH_BOOTS} already bisect any max_num_seqs range to one sequence. Fix: "
+                f"use at most {MAX_SEARCH_BOOTS} (6 is the default), or narrow min_num_seqs..max_num_seqs")
+        return value
 
     @model_validator(mode="after")
     def _range(self) -> ProfileSearch:
@@ -191,20 +234,52 @@ class ServeSection(Section):
         return self
 
 
+def _metric_recovery(value: float) -> float:
+    if not 0 < value <= METRIC_RECOVERY_MAX:
+        raise ValueError(
+            f"a per-metric recovery must be above 0 and at most {METRIC_RECOVERY_MAX} (quantized / base: "
+            f"above 1.0 demands that the metric improve; above {METRIC_RECOVERY_MAX} no quantized model "
+            "could pass). Fix: use e.g. 0.93, or at most 1.0 unless the metric is noisy")
+    return value
+
+
 class AccuracyTask(Section):
     task: str = Field(description="lm-eval task name, or a path to a task YAML.")
     num_fewshot: int = Field(default=0, ge=0)
     limit: PositiveInt | float | None = Field(default=None, description="Docs per task (int or fraction).")
-    recovery: dict[str, Annotated[float, Field(gt=0, le=2)]] = Field(
-        default_factory=dict, description="Per-metric recovery threshold overrides."
+    recovery: dict[str, Annotated[float, AfterValidator(_metric_recovery)]] = Field(
+        default_factory=dict, description="Per-metric recovery threshold overrides "
+        f"(0 < recovery <= {METRIC_RECOVERY_MAX}).",
     )
+
+    @field_validator("limit")
+    @classmethod
+    def _limit(cls, value: int | float | None) -> int | float | None:
+        if isinstance(value, float) and not 0 < value <= 1:
+            raise ValueError("a limit is a whole number of documents (at least 1) or a fraction of the "
+                             "task in (0, 1]. Fix: write e.g. 500 (documents) or 0.25 (a quarter)")
+        return value
 
 
 class AccuracyGate(Section):
     tasks: list[AccuracyTask] = Field(default_factory=list)
-    default_recovery: float = Field(default=0.95, gt=0, le=2)
+    default_recovery: float = Field(
+        default=0.95, description="Recovery (quantized / base) every metric must reach unless its task "
+        f"overrides it; between {DEFAULT_RECOVERY_RANGE[0]} and {DEFAULT_RECOVERY_RANGE[1]}.")
     batch_size: PositiveInt = 8
     num_concurrent: PositiveInt = 4
+
+    @field_validator("default_recovery")
+    @classmethod
+    def _default_recovery(cls, value: float) -> float:
+        lo, hi = DEFAULT_RECOVERY_RANGE
+        if not lo <= value <= hi:
+            raise ValueError(
+                f"must be between {lo} and {hi}: above {hi} every metric would have to improve after "
+                f"quantization, below {lo} a model that lost half its score passes. Fix: use e.g. 0.95 "
+                f"(llm-compressor's default); give a noisy metric its own tasks[].recovery (up to "
+                f"{METRIC_RECOVERY_MAX}) instead")
+        return value
 
 
 class StressProfile(Section):
@@ -315,17 +390,51 @@ class HubSection(Section):
     @classmethod
     def _repo_id(cls, value: str) -> str:
         if not REPO_ID.match(value):
-            raise ValueError("hub.repo_id must look like 'org/name'")
+            raise ValueError("not a Hub repo id. Fix: write it as 'org/name', e.g. your-org/Llama-3-8B-AWQ")
+        return value
+
+    @field_validator("release_ref")
+    @classmethod
+    def _release_ref(cls, value: str) -> str:
+        if value == CANDIDATE_BRANCH:
+            raise ValueError(
+                f"'{CANDIDATE_BRANCH}' is the branch every candidate is committed to (a tag of that name "
+                "would make the revision ambiguous), so promotion could not point it at a gated commit. "
+                "Fix: name the release ref something else, e.g. production")
+        if value.startswith(REJECTION_TAG_PREFIX):
+            raise ValueError(
+                f"names starting with '{REJECTION_TAG_PREFIX}' are the tags this pipeline writes on "
+                f"rejected candidates ({REJECTION_TAG_PREFIX}<sha>). Fix: name the release ref something "
+                "else, e.g. production")
+        if not GIT_REF_NAME.match(value):
+            raise ValueError(
+                "not a valid tag or branch name. Fix: use letters, digits, '.', '_', '-' and '/', e.g. "
+                "production or release/v1")
+        return value
+
+    @field_validator("commit_message")
+    @classmethod
+    def _commit_message(cls, value: str) -> str:
+        allowed = ", ".join("{" + f + "}" for f in COMMIT_MESSAGE_FIELDS)
+        try:
+            names = [name for _, name, _, _ in string.Formatter().parse(value) if name is not None]
+        except ValueError as exc:
+            raise ValueError(f"is not a valid message template ({exc}). Fix: write literal braces as "
+                             f"{{{{ and }}}}; placeholders are {allowed}") from None
+        unknown = [n or "{}" for n in names if n not in COMMIT_MESSAGE_FIELDS]
+        if unknown:
+            raise ValueError(f"unknown placeholder(s) {', '.join(unknown)}. Fix: use only {allowed}")
         return value
 
     @model_validator(mode="before")
     @classmethod
     def _no_token(cls, data: Any) -> Any:
         if isinstance(data, dict) and "token" in data:
-            raise ValueError(
-                "a token never goes in a recipe file; remove hub.token and set the environment "
-                "variable named by hub.token_env (default HF_TOKEN) or hub.token_secret_block"
-            )
+            raise RecipeError(
+                RECIPE_SOURCE, "hub.token", "<hidden>",
+                "a token never goes in a recipe file (recipes are committed and shared)",
+                "remove hub.token and set the environment variable named by hub.token_env "
+                "(default HF_TOKEN) or hub.token_secret_block")
         return data
 
 
@@ -368,27 +477,93 @@ class Recipe(BaseModel):
         payload = self.model_dump(mode="json", exclude={"base_dir"})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
+    @model_validator(mode="after")
+    def _cross_section(self) -> Recipe:
+        problems = cross_section_problems(self)
+        if problems:
+            raise RecipeErrors(problems)
+        return self
+
+
+def cross_section_problems(recipe: Recipe) -> list[RecipeError]:
+    """Every rule that spans sections and needs only the recipe (no files), checked at load.
+
+    Each of these used to surface only after quantizing and booting vLLM. One problem per rule,
+    naming the field to change; the source is filled in by :func:`parse_recipe`.
+    """
+    problems: list[RecipeError] = []
+
+    def problem(field: str, value: object, text: str, fix: str) -> None:
+        problems.append(RecipeError(RECIPE_SOURCE, field, value, text, fix))
+
+    serve, stress = recipe.serve, recipe.gates.stress
+    search = serve.search if serve.search is not None and serve.search.enabled else None
+    limit = serve.max_model_len
+    # The stress test (quantize_serve/stress.py plan_traffic) sends every prompt size with every
+    # output size, and long requests of prompt + output = max_model_len - LONG_PROMPT_MARGIN.
+    longest_in, longest_out = max(stress.prompt_tokens), max(stress.output_tokens)
+    if longest_in + longest_out > limit:
+        problem("gates.stress.prompt_tokens", stress.prompt_tokens,
+                f"the longest prompt ({longest_in}) plus the longest output ({longest_out}) is "
+                f"{longest_in + longest_out} tokens, over serve.max_model_len ({limit}); the stress test "
+                "would fail on requests the server must refuse",
+                f"keep max(prompt_tokens) + max(output_tokens) <= {limit}: lower gates.stress.prompt_tokens "
+                "or gates.stress.output_tokens, or raise serve.max_model_len")
+    elif limit - longest_out - LONG_PROMPT_MARGIN < 1:
+        problem("gates.stress.output_tokens", stress.output_tokens,
+                f"leaves no room for the stress test's long prompts (max_model_len {limit} - longest output "
+                f"{longest_out} - {LONG_PROMPT_MARGIN} tokens of margin)",
+                f"keep max(output_tokens) below {limit - LONG_PROMPT_MARGIN}, or raise serve.max_model_len")
+    # vLLM runs at most max_num_seqs requests at once and queues the rest: a stress concurrency
+    # above it would report a batch size the server never ran.
+    if stress.concurrency is not None:
+        if search is None and stress.concurrency > serve.max_num_seqs:
+            problem("gates.stress.concurrency", stress.concurrency,
+                    f"is above serve.max_num_seqs ({serve.max_num_seqs}); vLLM runs at most max_num_seqs "
+                    "requests at once and queues the rest, so the gate would not test the concurrency it "
+                    "reports",
+                    f"set gates.stress.concurrency to at most {serve.max_num_seqs} (or leave it unset: it "
+                    "defaults to serve.max_num_seqs), or raise serve.max_num_seqs")
+        elif search is not None and search.max_num_seqs is not None and stress.concurrency > search.max_num_seqs:
+            problem("gates.stress.concurrency", stress.concurrency,
+                    f"is above serve.search.max_num_seqs ({search.max_num_seqs}); no max_num_seqs the "
+                    "search can choose runs that many requests at once",
+                    "leave gates.stress.concurrency unset (the gates then run at the max_num_seqs the search "
+                    f"finds) or set it to at most {search.max_num_seqs}")
+    return problems
+
 
 DATA_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
 
 FIXES = {
     "extra_forbidden": "remove the key or check its spelling against the recipe reference in README.md",
     "literal_error": "use one of the allowed values",
-    "missing": "add the field",
-    "greater_than": "use a positive value",
-    "greater_than_equal": "use a value in range",
-    "less_than_equal": "use a value in range",
+    "missing": "add the field (see the recipe reference in README.md)",
     "int_parsing": "use a whole number",
+    "int_from_float": "use a whole number",
+    "float_parsing": "use a number",
+    "bool_parsing": "use true or false",
+    "string_type": "use text (quote it if YAML reads it as something else)",
+    "list_type": "write a list, e.g. [a, b]",
+    "dict_type": "write a mapping: keys indented under it",
+    "model_type": "write a mapping: keys indented under it",
+    "model_attributes_type": "write a mapping: keys indented under it",
     "string_pattern_mismatch": "use lowercase letters, digits and dashes",
+    "byte_size": "write a size such as 8MiB or 80GB",
 }
+BOUND_FIXES = {"greater_than": "above {gt}", "greater_than_equal": "of at least {ge}",
+               "less_than": "below {lt}", "less_than_equal": "of at most {le}"}
 
 
 def looks_local(value: str) -> bool:
     return value.startswith(("/", "./", "../", "~")) or not REPO_ID.match(value)
 
 
-def parse_recipe(data: Any, *, source: str = "<recipe>", base_dir: Path | None = None) -> Recipe:
+def parse_recipe(data: Any, *, source: str = RECIPE_SOURCE, base_dir: Path | None = None) -> Recipe:
     """Validate a mapping into a Recipe, translating pydantic's errors into ours."""
+    if data is None:
+        raise RecipeError(source, "<file>", "", "the recipe is empty (or holds only comments)",
+                          "start from a shipped recipe, e.g. recipes/tiny-llama-awq.yaml")
     if not isinstance(data, dict):
         raise RecipeError(source, "<top level>", type(data).__name__, "a recipe is a mapping",
                           "start the file with keys such as name:, model:, calibration:")
@@ -397,7 +572,7 @@ def parse_recipe(data: Any, *, source: str = "<recipe>", base_dir: Path | None =
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
-        raise RecipeErrors([_translate(source, err) for err in exc.errors()]) from None
+        raise RecipeErrors(translate_errors(source, exc.errors())) from None
 
 
 def load_recipe(path: str | Path) -> Recipe:
@@ -407,25 +582,159 @@ def load_recipe(path: str | Path) -> Recipe:
         raise RecipeError(str(path), "<file>", str(path), "no such recipe file",
                           "pass the path of a YAML recipe, e.g. recipes/tiny-llama-awq.yaml")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise RecipeError(str(path), "<file>", str(path), "not a UTF-8 text file",
+                          "pass the path of a YAML recipe, e.g. recipes/tiny-llama-awq.yaml") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        raise yaml_error(str(path), text, exc) from None
     except yaml.YAMLError as exc:
         raise RecipeError(str(path), "<yaml>", str(exc).splitlines()[0], "not valid YAML",
                           "fix the YAML syntax at the line shown") from None
     return parse_recipe(data, source=str(path), base_dir=path.resolve().parent)
 
 
+def yaml_error(source: str, text: str, exc: yaml.MarkedYAMLError) -> RecipeError:
+    """The line, the column and the offending line of a YAML syntax error."""
+    mark = exc.problem_mark or exc.context_mark
+    if mark is None:
+        return RecipeError(source, "<yaml>", "", f"not valid YAML: {exc.problem or exc}",
+                           "fix the YAML syntax")
+    lines = text.splitlines()
+    offending = lines[mark.line] if mark.line < len(lines) else ""
+    where = f"line {mark.line + 1}, column {mark.column + 1}"
+    context = ""
+    if exc.context and exc.context_mark is not None and exc.context_mark.line != mark.line:
+        context = f" ({exc.context} at line {exc.context_mark.line + 1})"
+    return RecipeError(source, "<yaml>", offending, f"not valid YAML at {where}: {exc.problem}{context}",
+                       f"fix {where}: indent with spaces (not tabs) so nested keys line up, end every key "
+                       "with ':', close every quote and bracket")
+
+
+def translate_errors(source: str, errors: list[dict[str, Any]]) -> list[RecipeError]:
+    """pydantic's errors as ours: field, value, problem, fix.
+
+    An unknown key gets "did you mean ...?" (difflib against the keys its section allows), and the
+    "Field required" of the key it stands for is dropped: a misspelled section is one mistake, not
+    two. Errors raised as RecipeError(s) by our validators keep their own field and fix.
+    """
+    missing = {tuple(e["loc"]) for e in errors if e["type"] == "missing"}
+    meant: dict[tuple[Any, ...], str | None] = {}
+    for e in errors:
+        if e["type"] == "extra_forbidden" and e["loc"]:
+            *parent, key = e["loc"]
+            guess = _closest(str(key), _allowed_keys(tuple(parent)))
+            meant[tuple(e["loc"])] = guess
+    stands_for = {(*loc[:-1], guess) for loc, guess in meant.items() if guess is not None}
+    out: list[RecipeError] = []
+    for e in errors:
+        loc = tuple(e["loc"])
+        if e["type"] == "missing" and loc in stands_for:
+            continue
+        if e["type"] == "extra_forbidden" and loc in meant:
+            out.append(_unknown_key(source, e, meant[loc]))
+            continue
+        cause = (e.get("ctx") or {}).get("error")
+        if isinstance(cause, RecipeErrors):
+            out.extend(err.with_source(source) for err in cause.errors)
+        elif isinstance(cause, RecipeError):
+            out.append(cause.with_source(source))
+        else:
+            out.append(_translate(source, e))
+    return out
+
+
 def _translate(source: str, err: dict[str, Any]) -> RecipeError:
     field = ".".join(str(p) for p in err["loc"]) or "<top level>"
-    msg = err["msg"].removeprefix("Value error, ")
-    fix = FIXES.get(err["type"], "see the message")
-    if err["type"] == "literal_error":
-        fix = f"use one of {msg.split('Input should be ', 1)[-1]}"
-    if err["type"] == "value_error":
-        fix = "see the message"
+    kind, ctx = err["type"], err.get("ctx") or {}
+    msg = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
     value = err.get("input")
+    fix = FIXES.get(kind, "see the problem above")
+    if kind == "literal_error":
+        choices = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        fix = f"use one of {ctx.get('expected') or msg.split('Input should be ', 1)[-1]}"
+        guess = _closest(str(value), choices) if isinstance(value, str) else None
+        if guess:
+            msg += f"; did you mean {guess!r}?"
+    elif kind in BOUND_FIXES:
+        fix = "use a value " + BOUND_FIXES[kind].format(**ctx)
+    elif kind in ("value_error", "assertion_error"):
+        msg, fix = _split_fix(msg)
     if isinstance(value, dict):
         value = "{...}"
     return RecipeError(source, field, value, msg, fix)
+
+
+def _unknown_key(source: str, err: dict[str, Any], guess: str | None) -> RecipeError:
+    *parent, key = err["loc"]
+    field = ".".join(str(p) for p in err["loc"])
+    value = "{...}" if isinstance(err.get("input"), dict) else err.get("input")
+    if guess is not None:
+        return RecipeError(source, field, value, f"unknown key; did you mean {guess!r}?",
+                           f"rename {str(key)!r} to {guess!r}")
+    allowed = _allowed_keys(tuple(parent))
+    where = ".".join(str(p) for p in parent) or "the top level"
+    return RecipeError(source, field, value, "unknown key",
+                       f"remove it; {where} allows: {', '.join(allowed)}" if allowed else FIXES["extra_forbidden"])
+
+
+def _split_fix(message: str) -> tuple[str, str]:
+    """A validator's message as (problem, fix): "<problem>. Fix: <fix>", else the last "; <fix>"
+    outside parentheses, else the whole message (which then says what to do itself)."""
+    if " Fix: " in message:
+        problem, fix = message.split(" Fix: ", 1)
+        return problem.rstrip(". "), fix
+    depth, cut = 0, -1
+    for i, ch in enumerate(message):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if depth == 0 and message.startswith("; ", i):
+            cut = i
+    if cut > 0:
+        return message[:cut], message[cut + 2:]
+    return message, "see the problem above"
+
+
+def _closest(word: str, choices: list[str]) -> str | None:
+    found = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    if not found:  # a different case is the same word to a reader ("Quantization", "AWQ")
+        found = [c for c in choices if c.lower() == word.lower()]
+    return found[0] if found else None
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys the recipe allows at ``loc`` (a pydantic error location, list indexes included)."""
+    model: type[BaseModel] | None = Recipe
+    for part in loc:
+        if model is None:
+            return []
+        if isinstance(part, int):
+            continue  # an item of a list of sections: same section type
+        info = model.model_fields.get(str(part))
+        model = _section_type(info.annotation) if info is not None else None
+    if model is None:
+        return []
+    return [k for k in model.model_fields if k != "base_dir"]
+
+
+def _section_type(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _section_type(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def show_path(path: Path) -> str:
+    """A path as a person wants it in a message: relative to the working directory when inside it."""
+    try:
+        return os.path.relpath(path) if Path(path).resolve().is_relative_to(Path.cwd()) else str(path)
+    except ValueError:
+        return str(path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -441,10 +750,16 @@ def check_model(recipe: Recipe, model_dir: Path, *, source: str) -> dict[str, An
     """Check the recipe against the base model's config.json; return the config."""
     if not (model_dir / "config.json").is_file():
         raise RecipeError(source, "model.id", recipe.model.id,
-                          f"no model folder with a config.json at {model_dir}",
+                          f"no model folder with a config.json at {show_path(model_dir)}",
                           "point model.id at a Hugging Face model folder (relative paths resolve "
                           "against the recipe's folder) or at a Hub repo id such as org/name")
     config = read_model_config(model_dir)
+    check_model_config(recipe, config, source=source)
+    return config
+
+
+def check_model_config(recipe: Recipe, config: dict[str, Any], *, source: str) -> None:
+    """Check the recipe against the base model's parsed config.json (a local or a Hub model)."""
     errors: list[RecipeError] = []
     q = recipe.quantization
     hidden = int(config.get("hidden_size", 0))
@@ -476,7 +791,6 @@ def check_model(recipe: Recipe, model_dir: Path, *, source: str) -> dict[str, An
             "use a tensor_parallel_size that divides the number of attention heads"))
     if errors:
         raise RecipeErrors(errors) if len(errors) > 1 else errors[0]
-    return config
 
 
 def check_calibration_rows(recipe: Recipe, columns: list[str], num_rows: int, *, source: str) -> None:

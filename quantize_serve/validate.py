@@ -4,18 +4,35 @@
 and, for a local base model, its config.json against the recipe. ``resolve_base`` pins the base
 model: a local folder is identified by the sha256 of its files, a Hub repo id is resolved to a
 commit sha and that exact revision is downloaded.
+
+``check_recipe`` is the command line's ``quantize-serve validate``: the same recipe and input checks
+without `datasets`, torch or Prefect (so it answers in well under a second), every model and
+calibration problem reported together, and a note for each input it cannot check offline (a Hub
+model's config.json unless asked to fetch it, a Hub dataset's columns and rows).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
-from quantize_serve.calibration import calibration_fingerprint
+from quantize_serve.calibration import calibration_fingerprint, peek_calibration
+from quantize_serve.errors import RecipeError, RecipeErrors
 from quantize_serve.model_files import check_model_files
-from quantize_serve.recipe import Recipe, check_model, load_recipe, parse_recipe
+from quantize_serve.recipe import (
+    Recipe,
+    check_model,
+    check_model_config,
+    load_recipe,
+    parse_recipe,
+    show_path,
+)
+
+TASK_FILE_SUFFIXES = (".yaml", ".yml")  # an accuracy task given as a file (quantize_serve.accuracy)
 
 
 class ValidatedRecipe(BaseModel):
@@ -48,15 +65,91 @@ def validate_recipe(recipe: Recipe | str | Path | dict) -> ValidatedRecipe:
     else:
         source = f"<recipe {recipe.name}>"
     if recipe.model_is_local:
-        model_dir = recipe.path(recipe.model.id)
-        check_model_files(model_dir, source=source, value=recipe.model.id)  # first: config.json parses
-        check_model(recipe, model_dir, source=source)
+        check_local_model(recipe, source=source)
     return ValidatedRecipe(
         recipe=recipe,
         source=source,
         recipe_sha256=recipe.fingerprint(),
         calibration_fingerprint=calibration_fingerprint(recipe, source=source),
     )
+
+
+def check_local_model(recipe: Recipe, *, source: str) -> dict[str, Any]:
+    """A local base model folder: its files (header reads only), then its config.json against the
+    recipe. Returns the config."""
+    model_dir = Path(show_path(recipe.path(recipe.model.id)))  # messages show it as a person would
+    check_model_files(model_dir, source=source, value=recipe.model.id)  # first: config.json parses
+    return check_model(recipe, model_dir, source=source)
+
+
+class RecipeCheck(BaseModel):
+    """What ``quantize-serve validate`` checked for one recipe, and what it could not check."""
+
+    recipe: Recipe
+    source: str
+    checked: list[str]
+    not_checked: list[str]
+
+
+def check_recipe(path: str | Path, *, remote: bool = False) -> RecipeCheck:
+    """Every recipe and input check that needs no heavy import; all problems raised together.
+
+    Local inputs are read (the model folder's files and config.json, the calibration files' columns
+    and rows, accuracy task files). A Hub model's config.json is fetched only with ``remote`` (one
+    small download); a Hub dataset is never loaded here. What was not checked is listed, so a
+    passing offline check never claims more than it saw.
+    """
+    source = str(path)
+    recipe = load_recipe(path)
+    checked = ["recipe: every field and cross-section rule"]
+    not_checked: list[str] = []
+    errors: list[RecipeError] = []
+
+    def collect(check: Any) -> Any:
+        try:
+            return check()
+        except RecipeErrors as exc:
+            errors.extend(exc.errors)
+        except RecipeError as exc:
+            errors.append(exc)
+        return None
+
+    if recipe.model_is_local:
+        if collect(lambda: check_local_model(recipe, source=source)) is not None:
+            checked.append(f"model {show_path(recipe.path(recipe.model.id))}: files, config.json")
+    elif remote:
+        from quantize_serve.hub import fetch_model_config
+
+        token_env = recipe.hub.token_env if recipe.hub else "HF_TOKEN"
+        config = fetch_model_config(recipe.model.id, revision=recipe.model.revision,
+                                    token=os.environ.get(token_env) or None, token_env=token_env)
+        before = len(errors)
+        collect(lambda: check_model_config(recipe, config, source=source))
+        if len(errors) == before:
+            checked.append(f"model {recipe.model.id}: config.json (fetched from the Hub)")
+    else:
+        not_checked.append(
+            f"model.id {recipe.model.id!r} is a Hub repo: its config.json (group size, max_model_len, "
+            "tensor_parallel_size) is checked when a run resolves it, or now with --remote")
+    c = recipe.calibration
+    if recipe.calibration_is_local:
+        peeked = collect(lambda: peek_calibration(recipe, source=source))
+        if peeked is not None:
+            checked.append(f"calibration data: {peeked[1]} rows, field {c.text_field or c.messages_field!r}")
+    else:
+        not_checked.append(
+            f"calibration.dataset {c.dataset!r} is a Hub dataset: its columns and row count are checked "
+            "by the run's validate stage, which loads it")
+    for i, task in enumerate(recipe.gates.accuracy.tasks):
+        if task.task.endswith(TASK_FILE_SUFFIXES) and not recipe.path(task.task).is_file():
+            errors.append(RecipeError(
+                source, f"gates.accuracy.tasks.{i}.task", task.task,
+                f"no such task file ({show_path(recipe.path(task.task))})",
+                "give the path of an lm-eval task YAML relative to the recipe's folder, or an lm-eval "
+                "task name"))
+    if errors:
+        raise RecipeErrors(errors) if len(errors) > 1 else errors[0]
+    return RecipeCheck(recipe=recipe, source=source, checked=checked, not_checked=not_checked)
 
 
 def resolve_base(validated: ValidatedRecipe, *, token: str | None = None, cache_dir: Path | None = None) -> BaseModelRef:

@@ -1,0 +1,350 @@
+"""The ``quantize-serve`` command line: how a platform team drives the pipeline from CI.
+
+    quantize-serve validate RECIPE...      every recipe and input check; exit 0 (all valid) or 2
+    quantize-serve plan (RECIPE | --model DIR_OR_HUB_ID) [--gpu h200|h100-80gb|BYTES] [--tp N]
+                        [--max-model-len N] [--kv-cache-dtype D]
+    quantize-serve run RECIPE              the flow, locally (also `python -m flows.quantize_serve`)
+
+A mistake in the input (``quantize_serve.errors.USER_ERRORS``: a recipe problem, a Hub repo or token
+the Hub refuses) prints one screen, each problem with its fix, and exits 2 without a traceback;
+``--debug`` prints the traceback too. Other failures the pipeline names (a Hub outage, a failed
+boot) print one screen and exit 1; anything else is a bug and keeps its traceback.
+
+``validate`` and ``plan`` import neither Prefect nor torch (nor ``datasets``). ``run`` checks the
+recipe and its inputs the same way before it imports Prefect, so a bad recipe fails in a fraction of
+a second and no temporary Prefect server starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import re
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from quantize_serve.errors import USER_ERRORS, QuantizeServeError, RecipeError, RecipeErrors
+
+EXIT_OK, EXIT_FAILED, EXIT_INPUT = 0, 1, 2
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+DEFAULT_GPU = "h200"
+DEFAULT_PLAN_MAX_MODEL_LEN = 8192  # benchmarks/plan.py's; capped at the model's max_position_embeddings
+DEBUG_HINT = "(--debug prints the traceback)"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``quantize-serve`` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    command: Callable[[argparse.Namespace], int] = args.command
+    try:
+        return command(args)
+    except USER_ERRORS as exc:
+        return report_failure(exc, debug=args.debug, status=EXIT_INPUT)
+    except QuantizeServeError as exc:
+        return report_failure(exc, debug=args.debug, status=EXIT_FAILED)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="print the traceback of an error as well")
+    parser = argparse.ArgumentParser(
+        prog="quantize-serve", parents=[debug],
+        description="Quantize an LLM, prove it on vLLM, gate it and release it on the Hugging Face Hub.")
+    parser.set_defaults(debug=False)
+    sub = parser.add_subparsers(dest="name", required=True, metavar="{validate,plan,run}")
+
+    p = sub.add_parser("validate", parents=[debug], help="check recipes and their inputs (no heavy imports)",
+                       description="Run every recipe and input check without starting anything: the "
+                       "recipe's fields and cross-section rules, the local model folder's files and "
+                       "config.json, the calibration data's field and row count. Exit 0 when all are "
+                       "valid, 2 otherwise.")
+    p.add_argument("recipes", nargs="+", metavar="RECIPE", help="recipe YAML file(s)")
+    p.add_argument("--remote", action="store_true",
+                   help="also fetch a Hub model's config.json (one small download) and check it")
+    p.set_defaults(command=validate_command)
+
+    p = sub.add_parser("plan", parents=[debug], help="print the capacity planner's table",
+                       description="Predict weights, KV cache and batch capacity of the base, W4A16 and "
+                       "W4A16 + fp8 KV configurations from config.json alone (quantize_serve/planner.py).")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("recipe", nargs="?", metavar="RECIPE", help="plan the recipe's model and serve settings")
+    what.add_argument("--model", metavar="DIR_OR_HUB_ID",
+                      help="a model folder, or a Hub repo id (only its config.json is fetched)")
+    p.add_argument("--revision", help="Hub branch, tag or commit of --model")
+    p.add_argument("--gpu", type=_gpu, metavar="h200|h100-80gb|BYTES",
+                   help=f"device memory: a preset or a size (default: the recipe's serve.memory_budget "
+                   f"if set, else {DEFAULT_GPU})")
+    p.add_argument("--tp", type=_positive_int, metavar="N", help="tensor parallel size")
+    p.add_argument("--max-model-len", type=_positive_int, metavar="N")
+    p.add_argument("--max-num-batched-tokens", type=_positive_int, metavar="N")
+    p.add_argument("--gpu-memory-utilization", type=_fraction, metavar="F")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES,
+                   help="KV dtype of the production row (default: the recipe's, else fp8)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
+    p.set_defaults(command=plan_command)
+
+    p = sub.add_parser("run", parents=[debug], help="run the pipeline on a recipe, locally",
+                       description="Check the recipe, then run the quantize-serve flow with a local, "
+                       "temporary Prefect API. Exit 0 when the release is promoted, 1 when it is "
+                       "rejected or a stage fails, 2 when the input is wrong.")
+    p.add_argument("recipe", metavar="RECIPE")
+    p.set_defaults(command=run_command)
+    return parser
+
+
+# --------------------------------------------------------------------------------------------
+# validate
+# --------------------------------------------------------------------------------------------
+
+
+def validate_command(args: argparse.Namespace) -> int:
+    from quantize_serve.validate import check_recipe
+
+    statuses = []
+    for path in args.recipes:
+        try:
+            check = check_recipe(path, remote=args.remote)
+        except USER_ERRORS as exc:
+            statuses.append(report_failure(exc, debug=args.debug, status=EXIT_INPUT, hint=False))
+            continue
+        except QuantizeServeError as exc:  # --remote and the Hub is away: not the recipe's fault
+            statuses.append(report_failure(exc, debug=args.debug, status=EXIT_FAILED, hint=False))
+            continue
+        statuses.append(EXIT_OK)
+        offline = " offline" if check.not_checked else ""
+        print(f"{check.source}: valid{offline} ({'; '.join(check.checked)})")
+        for note in check.not_checked:
+            print(f"  not checked: {note}")
+    if len(statuses) > 1:
+        valid = statuses.count(EXIT_OK)
+        print(f"{valid} of {len(statuses)} recipes valid", file=sys.stdout if valid == len(statuses) else sys.stderr)
+    if any(statuses) and not args.debug:
+        print(DEBUG_HINT, file=sys.stderr)
+    return EXIT_INPUT if EXIT_INPUT in statuses else max(statuses)
+
+
+# --------------------------------------------------------------------------------------------
+# plan
+# --------------------------------------------------------------------------------------------
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    from quantize_serve import planner
+
+    recipe = None
+    if args.recipe:
+        recipe, config, model = _recipe_model(args.recipe)
+    else:
+        config, model = _model_config(args.model, revision=args.revision), args.model
+    shape = planner.ModelShape.from_config(config)
+    serve, quant = (recipe.serve, recipe.quantization) if recipe else (None, None)
+    utilization = args.gpu_memory_utilization or (serve.gpu_memory_utilization if serve else 0.90)
+    if args.gpu is not None:
+        mode, memory, block = "gpu", args.gpu, planner.BLOCK_SIZE_GPU
+    elif serve is not None and serve.memory_budget is not None:
+        # the CPU runs' accounting (quantize_serve/capacity.py): every configuration shares the budget
+        mode, memory, block, utilization = "fixed_budget", int(serve.memory_budget), planner.BLOCK_SIZE_CPU, 1.0
+    else:
+        mode, memory, block = "gpu", planner.GPU_MEMORY_BYTES[DEFAULT_GPU], planner.BLOCK_SIZE_GPU
+    table = planner.plan_table(
+        shape,
+        device_memory_bytes=memory,
+        gpu_memory_utilization=utilization,
+        max_model_len=args.max_model_len or (serve.max_model_len if serve else
+                                             min(DEFAULT_PLAN_MAX_MODEL_LEN, shape.max_position_embeddings)),
+        max_num_batched_tokens=args.max_num_batched_tokens or (serve.max_num_batched_tokens if serve else None)
+        or 8192,
+        block_size=block,
+        tensor_parallel_size=args.tp or (serve.tensor_parallel_size if serve else 1),
+        mode=mode,
+        quant_scheme=quant.scheme if quant else "W4A16",
+        fp8_kv_cache_dtype=args.kv_cache_dtype or (serve.kv_cache_dtype if serve else "fp8"),
+        group_size=quant.group_size if quant else 128,
+        ignore=tuple(quant.ignore) if quant else ("lm_head",),
+        model=model,
+    )
+    print(table.model_dump_json(indent=2) if args.json else planner.format_table(table))
+    return EXIT_OK
+
+
+def _recipe_model(path: str) -> tuple[Any, dict[str, Any], str]:
+    """The recipe, its base model's config.json (checked against the recipe), and the model's name."""
+    from quantize_serve.recipe import check_model, check_model_config, load_recipe
+
+    recipe = load_recipe(path)
+    if recipe.model_is_local:
+        return recipe, check_model(recipe, recipe.path(recipe.model.id), source=path), recipe.model.id
+    config = _hub_config(recipe.model.id, revision=recipe.model.revision,
+                         token_env=recipe.hub.token_env if recipe.hub else "HF_TOKEN")
+    check_model_config(recipe, config, source=path)
+    return recipe, config, recipe.model.id
+
+
+def _model_config(model: str, *, revision: str | None) -> dict[str, Any]:
+    from quantize_serve.recipe import looks_local, read_model_config, show_path
+
+    folder = Path(model).expanduser()
+    if folder.is_dir():
+        if not (folder / "config.json").is_file():
+            raise RecipeError("--model", "--model", model, f"{show_path(folder)} holds no config.json",
+                              "pass a Hugging Face model folder (it has a config.json) or a Hub repo id")
+        return read_model_config(folder)
+    if looks_local(model):
+        raise RecipeError("--model", "--model", model, "no such folder, and not a Hub repo id",
+                          "pass a model folder that exists, or a Hub repo id such as org/name")
+    return _hub_config(model, revision=revision, token_env="HF_TOKEN")
+
+
+def _hub_config(repo_id: str, *, revision: str | None, token_env: str) -> dict[str, Any]:
+    import os
+
+    from quantize_serve.hub import fetch_model_config
+
+    return fetch_model_config(repo_id, revision=revision, token=os.environ.get(token_env) or None,
+                              token_env=token_env)
+
+
+# --------------------------------------------------------------------------------------------
+# run
+# --------------------------------------------------------------------------------------------
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from quantize_serve.validate import check_recipe
+
+    check = check_recipe(args.recipe)  # a user error stops here, before Prefect is imported
+    for note in check.not_checked:
+        print(f"{check.source}: not checked yet: {note}")
+    from flows.quantize_serve import run_local
+    from quantize_serve.report import RunReport
+
+    if not args.debug:
+        quiet_user_tracebacks()
+    state = run_local(args.recipe)
+    result = state.result(raise_on_failure=False)
+    if isinstance(result, RunReport):
+        print(f"decision: {'passed' if result.decision.passed else 'failed'}; "
+              f"release: {result.release.status if result.release else 'n/a'}; "
+              f"report: {result.report_dir}/report.md")
+        return EXIT_OK if state.is_completed() else EXIT_FAILED
+    if isinstance(result, USER_ERRORS):
+        return report_failure(result, debug=args.debug, status=EXIT_INPUT)
+    if isinstance(result, QuantizeServeError):
+        return report_failure(result, debug=args.debug, status=EXIT_FAILED)
+    print(f"quantize-serve: the run ended {state.type.value}: {state.message}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+class _WithoutUserTraceback(logging.Formatter):
+    """Formats like the wrapped formatter, minus the traceback of a user error (its message already
+    says what to fix). Formats a copy, so other handlers (the run's API logs) keep the traceback."""
+
+    def __init__(self, inner: logging.Formatter | None) -> None:
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.exc_info and isinstance(record.exc_info[1], USER_ERRORS):
+            record = copy.copy(record)
+            record.exc_info, record.exc_text = None, None
+        return self.inner.format(record)
+
+
+def quiet_user_tracebacks() -> None:
+    """Prefect's console handler prints the traceback of whatever ends a task or a flow; for a user
+    error the CLI prints the one-screen message instead. The Prefect run still fails with it."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger))]
+    for lg in loggers:
+        for handler in lg.handlers:
+            if isinstance(handler, PrefectConsoleHandler) and not isinstance(handler.formatter,
+                                                                            _WithoutUserTraceback):
+                handler.setFormatter(_WithoutUserTraceback(handler.formatter))
+
+
+# --------------------------------------------------------------------------------------------
+# One screen per failure
+# --------------------------------------------------------------------------------------------
+
+
+def report_failure(exc: BaseException, *, debug: bool, status: int, hint: bool = True) -> int:
+    """Print one screen for ``exc`` (the traceback first with --debug); return ``status``."""
+    if debug:
+        traceback.print_exception(exc)
+    print(render_error(exc), file=sys.stderr)
+    if hint and not debug:
+        print(DEBUG_HINT, file=sys.stderr)
+    return status
+
+
+def render_error(exc: BaseException) -> str:
+    """The problems, each with its fix; recipe problems grouped by file."""
+    if not isinstance(exc, (RecipeError, RecipeErrors)):
+        return f"quantize-serve: {exc}"
+    errors = exc.errors if isinstance(exc, RecipeErrors) else [exc]
+    by_source: dict[str, list[RecipeError]] = {}
+    for e in errors:
+        by_source.setdefault(e.source, []).append(e)
+    lines = []
+    for source, errs in by_source.items():
+        lines.append(f"{source}: {len(errs)} problem{'s' if len(errs) > 1 else ''}")
+        for e in errs:
+            lines.extend(_render_one(e))
+    return "\n".join(lines)
+
+
+def _render_one(e: RecipeError) -> list[str]:
+    where = re.search(r"at line (\d+), column (\d+)", e.problem)
+    if e.field == "<yaml>" and where:  # the offending line, with a caret under the column
+        line, column = int(where.group(1)), int(where.group(2))
+        gutter = f"{line} | "
+        return [f"  {e.problem}", f"    {gutter}{e.value}", f"    {' ' * (len(gutter) - 2)}| {' ' * (column - 1)}^",
+                f"    fix: {e.fix}"]
+    value = "{...}" if e.value == "{...}" else repr(e.value)  # a whole section: its keys are not the point
+    value = value if len(value) <= 80 else value[:77] + "..."
+    return [f"  {e.field} = {value}: {e.problem}", f"    fix: {e.fix}"]
+
+
+# --------------------------------------------------------------------------------------------
+# Argument types
+# --------------------------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in (0, 1]")
+    return value
+
+
+def _gpu(text: str) -> float:
+    from quantize_serve.planner import gpu_memory_bytes
+
+    try:
+        return gpu_memory_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
