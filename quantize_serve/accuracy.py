@@ -179,6 +179,12 @@ def run_accuracy(
                 log_samples=False,
             )
         except Exception as exc:
+            if not _answers(server_base_url):  # the usual cause mid-run: say so, not "maybe"
+                raise GateError(
+                    f"the vLLM server at {server_base_url} stopped answering during lm-eval task "
+                    f"{spec.task.task!r} ({_short(exc)}), so the accuracy gate failed. Fix: read its log "
+                    "(it died, was killed or hangs: the end of the log says which), then re-run"
+                ) from exc
             raise GateError(
                 f"lm-eval failed on task {spec.task.task!r} against {server_base_url}: {exc!r}. "
                 "Fix: if the server stopped answering, read its log; if the task did not load, "
@@ -273,6 +279,19 @@ def _absolute(value: Any, folder: Path) -> Any:
     if isinstance(value, dict):
         return {k: _absolute(v, folder) for k, v in value.items()}
     return value
+
+
+def _answers(server_base_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{server_base_url.rstrip('/')}/v1/models", timeout=5):
+            return True
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _short(exc: BaseException, limit: int = 200) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def check_server(server_base_url: str) -> None:

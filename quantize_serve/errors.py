@@ -51,6 +51,20 @@ class ServerBootError(QuantizeServeError, RuntimeError):
         super().__init__(text)
 
 
+class ServerUnavailableError(QuantizeServeError, ConnectionError):
+    """A booted vLLM server stopped answering (it died, was killed, or hangs); carries the log tail
+    and the remedy. A ConnectionError, so handlers of OSError keep working."""
+
+    def __init__(self, message: str, *, log_tail: str = "", remedy: str = "") -> None:
+        self.log_tail, self.remedy = log_tail, remedy
+        text = message
+        if remedy:
+            text += f"\nRemedy: {remedy}"
+        if log_tail:
+            text += f"\n--- last lines of the vLLM log ---\n{log_tail}"
+        super().__init__(text)
+
+
 class GateError(QuantizeServeError, RuntimeError):
     """A gate could not run (this is a failure of the gate, never a skip)."""
 

@@ -12,9 +12,11 @@ inputs, for example after a late failure in the flow, reuses it instead of quant
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -114,6 +116,26 @@ def quantize_model(
         return QuantizeResult.model_validate({**json.loads((out / MANIFEST).read_text())["result"], "cached": True})
 
     partial = out.with_name(out.name + ".partial")
+    try:
+        return _quantize_into(partial, out, recipe, base_model_dir, base_identity=base_identity,
+                              calibration_fingerprint=calibration_fingerprint, log=log)
+    except BaseException as exc:
+        shutil.rmtree(partial, ignore_errors=True)  # never leave half a checkpoint on the disk
+        if not disk_full(exc):
+            raise
+        failure = exc
+    raise QuantizationError(  # outside the except block: the message says it all
+        f"the disk is full: no space left on the device under {work_dir} (QS_WORK_DIR) while writing "
+        f"the quantized checkpoint ({_free_space(work_dir)} free there; the base model's weights take "
+        f"{weights_bytes_on_disk(base_model_dir) / 1e6:.1f} MB and the checkpoint needs up to as much). "
+        "The half-written checkpoint was removed, so nothing partial can be reused. Fix: free space "
+        "there, or set QS_WORK_DIR to a folder on a disk with room, and re-run.\n"
+        f"--- what failed ---\n{_last_lines(str(failure), 4)}")
+
+
+def _quantize_into(partial: Path, out: Path, recipe: Recipe, base_model_dir: Path, *, base_identity: str,
+                   calibration_fingerprint: str, log: Callable[[str], None]) -> QuantizeResult:
+    """Quantize into ``partial``, write the manifest, then rename it to ``out`` (complete or absent)."""
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     spec = {
@@ -179,6 +201,27 @@ def _run_child(spec_path: Path, *, log: Callable[[str], None]) -> dict:
     report = json.loads(report_path.read_text())
     report_path.unlink()
     return report
+
+
+DISK_FULL = re.compile(r"No space left on device|\[Errno 28\]|os error 28|Disk quota exceeded")
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Did ``exc`` (ours, with the child's output, or an OSError here) come from a full disk?"""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return isinstance(exc, (OSError, QuantizationError)) and bool(DISK_FULL.search(str(exc)))
+
+
+def _free_space(folder: Path) -> str:
+    for path in (folder, *folder.parents):
+        if path.exists():
+            return f"{shutil.disk_usage(path).free / 1e6:.1f} MB"
+    return "unknown"
+
+
+def _last_lines(text: str, n: int) -> str:
+    return "\n".join(text.strip().splitlines()[-n:])
 
 
 def weights_bytes_on_disk(model_dir: Path) -> int:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from quantize_serve.errors import ServerBootError
+from quantize_serve.errors import ServerBootError, ServerUnavailableError
 from quantize_serve.recipe import ServeSection
 from quantize_serve.settings import get_settings
 
@@ -102,15 +102,42 @@ class RunningServer(BaseModel):
     warmup_prompt_tokens: int = 0  # prompt tokens of the warm-up request (see WARMUP_PROMPT)
 
     def get(self, path: str, timeout: float = 10.0) -> str:
-        with urllib.request.urlopen(self.base_url + path, timeout=timeout) as resp:
-            return resp.read().decode()
+        """GET a path; a server that does not answer raises ServerUnavailableError (a ConnectionError)
+        that says whether its process is gone, what vLLM logged, and what to do."""
+        try:
+            return self._fetch(path, timeout)
+        except (urllib.error.URLError, OSError) as exc:
+            failure = f"{type(exc).__name__}: {getattr(exc, 'reason', None) or exc}"
+        raise self.unavailable(f"GET {path}", failure)  # outside the except: no urllib chain
 
     def healthy(self) -> bool:
         try:
-            self.get("/health", timeout=5)
+            self._fetch("/health", timeout=5)
             return True
         except (urllib.error.URLError, OSError):
             return False
+
+    def _fetch(self, path: str, timeout: float) -> str:
+        with urllib.request.urlopen(self.base_url + path, timeout=timeout) as resp:
+            return resp.read().decode()
+
+    def unavailable(self, what: str, failure: str) -> ServerUnavailableError:
+        """The error for a server that stopped answering: its process state and vLLM's own error."""
+        log_text = tail(Path(self.log_path), 400)
+        cause = root_cause(log_text)
+        if process_gone(self.pid):
+            state, remedy = "has exited", (
+                "the server died while in use (killed by a signal or the OOM killer, or its engine "
+                "crashed): read vLLM's error and the log below; if memory ran out, lower "
+                "serve.max_num_seqs or serve.max_model_len or give the host more memory; then re-run")
+        else:
+            state, remedy = "is still running", (
+                "the server is up but does not answer (overloaded or hung): read the log below; "
+                "re-run with less load, or stop it and re-run")
+        return ServerUnavailableError(
+            f"the vLLM server at {self.base_url} did not answer {what} ({failure}); its process "
+            f"(pid {self.pid}) {state}" + (f"; vLLM said: {cause}" if cause else ""),
+            log_tail=self.log_tail(), remedy=remedy)
 
     def log_tail(self, lines: int = 40) -> str:
         return tail(Path(self.log_path), lines)
@@ -133,17 +160,37 @@ REMEDIES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"No module named 'vllm'|ModuleNotFoundError: No module named"),
      "the serving environment lacks vLLM or one of its modules: run `make setup`, or point "
      "QS_SERVING_PYTHON at a Python that has vLLM"),
+    (re.compile(r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len "
+                r"\((?:max_position_embeddings=)?(\d+)"),
+     "serve.max_model_len = {0} is longer than the model's context ({1} tokens: max_position_embeddings "
+     "in its config.json): lower serve.max_model_len to at most {1}"),
+    (re.compile(r"error: unrecognized arguments: (.+)"),
+     "vLLM does not know {0}: remove it from serve.extra_args or correct it (`python -m "
+     "vllm.entrypoints.openai.api_server --help` in the serving environment lists the flags of the "
+     "installed vLLM)"),
+    (re.compile(r"error: argument ([\w/-]+): (.+)"),
+     "vLLM rejects the value of {0} ({1}): correct it in the recipe (serve.* or serve.extra_args)"),
 ]
 
 
 ERROR_LINE = re.compile(r"^(?:.*\] )?((?:[\w.]+Error|[\w.]+Exception): .+)$", re.M)
+# argparse refusing a flag or a value: "api_server.py: error: unrecognized arguments: --x"
+ARGPARSE_ERROR = re.compile(r"^[\w.-]+: (error: .+)$", re.M)
+# pydantic puts the reason on the line after "N validation error(s) for ModelConfig"
+PYDANTIC_REASON = re.compile(r"\n\s+Value error, ([^\n]+?)(?:\. |\s*\[type=|\n|$)")
 
 
 def root_cause(log_text: str) -> str:
     """The first error vLLM raised (the tail usually shows only the wrapper around it)."""
-    causes = [m.group(1) for m in ERROR_LINE.finditer(log_text)
-              if "Engine core initialization failed" not in m.group(1)]
-    return causes[0] if causes else ""
+    for match in ERROR_LINE.finditer(log_text):
+        cause = match.group(1)
+        if "Engine core initialization failed" in cause:
+            continue
+        if "validation error" in cause and (reason := PYDANTIC_REASON.match(log_text, match.end())):
+            cause += f": {reason.group(1)}"
+        return cause
+    argparse_error = ARGPARSE_ERROR.search(log_text)
+    return argparse_error.group(1) if argparse_error else ""
 
 
 def remedy_for(log_text: str) -> str:
@@ -275,6 +322,16 @@ def stop_process_group(proc: subprocess.Popen, grace_s: float) -> None:
             continue
         break
     proc.wait()
+
+
+def process_gone(pid: int) -> bool:
+    """True when the process has exited (a zombie its parent has not reaped yet counts as gone)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def _group_alive(pgid: int) -> bool:

@@ -34,13 +34,16 @@ def gpu_slot() -> Iterator[None]:
 def ensure_concurrency_limit(name: str, limit: int = 1) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-    from prefect.exceptions import ObjectNotFound
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
     with get_client(sync_client=True) as client:
         try:
             client.read_global_concurrency_limit_by_name(name)
         except ObjectNotFound:
-            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=limit))
+            try:
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=limit))
+            except ObjectAlreadyExists:  # another run, starting at the same moment, created it first
+                pass
 
 
 def production_spec(validated: ValidatedRecipe, checkpoint_dir: str) -> ServerSpec:

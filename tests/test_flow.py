@@ -110,3 +110,74 @@ def test_rejection_moves_nothing(stack, tmp_path):
     assert tags[report["release"]["rejection_tag"]] == report["release"]["candidate_sha"]
     events = release_events(stack, "rejected")
     assert events and any("1.20" in json.dumps(e.payload) for e in events)
+
+
+def run_vllm_processes(stack) -> list:
+    """Live vLLM processes booted by flow runs of this stack (their logs lie under its runs folder)."""
+    from tests.conftest import vllm_processes_of
+
+    found = []
+    for p in vllm_processes_of():
+        try:
+            if p.environ().get("QS_SERVER_LOG", "").startswith(str(stack.runs)):
+                found.append(p)
+        except Exception:  # noqa: BLE001 - it ended while we looked
+            continue
+    return found
+
+
+@pytest.mark.timeout(600)
+def test_cancel_from_the_ui_stops_vllm_and_promotes_nothing(stack):
+    """Fault matrix (see tests/test_faults.py): the run is cancelled from the UI while vLLM serves.
+
+    The UI's Cancel sets the run's state to Cancelling; the worker then stops the run's process,
+    whose vLLM server must go with it. Nothing is promoted and the `gpu` slot is given back.
+    """
+    import threading
+
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Cancelling
+
+    repo = "quantize-serve/tiny-llama-awq-w4a16"
+    try:
+        release_before = hub_tags(stack, repo).get("production")
+    except Exception:  # noqa: BLE001 - run alone: the repo does not exist yet
+        release_before = None
+    outcome: dict = {}
+    runner = threading.Thread(target=lambda: outcome.update(
+        zip(("rc", "output", "run_id"), stack.run_deployment("tiny-awq", timeout=540))), daemon=True)
+    started = time.monotonic()
+    runner.start()
+    while runner.is_alive() and not run_vllm_processes(stack) and time.monotonic() - started < 400:
+        time.sleep(0.5)
+    booting = run_vllm_processes(stack)
+    assert booting, f"no vLLM process of the run appeared: {outcome.get('output', '')[-3000:]}"
+    seen, vllm_log = time.monotonic(), Path(booting[0].environ()["QS_SERVER_LOG"])
+
+    with client_for(stack) as client:
+        running = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))
+        assert len(running) == 1, running
+        run_id = running[0].id
+        client.set_flow_run_state(run_id, Cancelling())  # what the UI's Cancel button sends
+        cancelled = time.monotonic()
+        runner.join(timeout=300)
+        assert not runner.is_alive(), "the cancelled run did not end"
+        state = client.read_flow_run(run_id).state
+    while run_vllm_processes(stack) and time.monotonic() - cancelled < 60:
+        time.sleep(0.5)
+    left = run_vllm_processes(stack)
+    print(f"vLLM ({vllm_log.relative_to(stack.runs)}) seen {seen - started:.0f} s after the start; run ended "
+          f"{time.monotonic() - cancelled:.0f} s after the cancel; state {state.type.value}")
+
+    assert state.is_cancelled(), f"{state.type}: {state.message}"
+    assert outcome["rc"] != 0 and TOKEN not in outcome["output"]
+    assert not left, f"vLLM processes of the cancelled run survived: {[p.pid for p in left]}"
+    assert hub_tags(stack, repo).get("production") == release_before  # nothing promoted
+    with client_for(stack) as client:
+        deadline = time.monotonic() + 30
+        while (slots := client.read_global_concurrency_limit_by_name("gpu").active_slots) and \
+                time.monotonic() < deadline:
+            time.sleep(1)
+    assert slots == 0, "the cancelled run still holds the `gpu` slot: the next run would wait for it"
