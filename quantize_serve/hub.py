@@ -569,7 +569,9 @@ def promote_revision(hub: HubSection, commit_sha: str, *, token: str | None, run
 
 
 def rejection_tag(commit_sha: str) -> str:
-    return f"rejected-{commit_sha[:12]}"
+    from quantize_serve.recipe import REJECTION_TAG_PREFIX
+
+    return f"{REJECTION_TAG_PREFIX}{commit_sha[:12]}"
 
 
 def record_rejection(hub: HubSection, commit_sha: str, reasons: list[str], *, token: str | None,

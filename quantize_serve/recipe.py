@@ -48,7 +48,7 @@ RESERVED_VLLM_FLAGS = (
 # Validators do not know the file name; parse_recipe puts it in.
 RECIPE_SOURCE = "<recipe>"
 # The stress test's long requests are prompt + output = max_model_len - this many tokens
-# (quantize_serve.stress.LONG_MARGIN; a unit test keeps the two equal).
+# (quantize_serve.stress uses this constant).
 LONG_PROMPT_MARGIN = 4
 # Placeholders hub.commit_message may use (tasks/hub.py fills exactly these).
 COMMIT_MESSAGE_FIELDS = ("method", "scheme", "base_model", "base_revision")

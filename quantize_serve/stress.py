@@ -45,11 +45,12 @@ import psutil
 from pydantic import BaseModel
 
 from quantize_serve.errors import GateError
+from quantize_serve.recipe import LONG_PROMPT_MARGIN as LONG_MARGIN
 from quantize_serve.recipe import ServeSection, StressProfile
 from quantize_serve.server import SERVED_NAME, RunningServer, serving_env, tail
 from quantize_serve.settings import get_settings
 
-LONG_MARGIN = 4  # long requests: prompt + output = max_model_len - LONG_MARGIN
+# long requests: prompt + output = max_model_len - LONG_MARGIN (the recipe checks the same at load)
 SAMPLE_EVERY_S = 0.2  # short requests on a fast CPU finish between slower samples
 HEALTH_FAILURES_DEAD = 3  # consecutive /health failures that mean "dead"
 BENCH_MIN_TIMEOUT_S = 120.0  # the bench starts its own Python (~10-15 s on a small CPU)

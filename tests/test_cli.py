@@ -22,7 +22,7 @@ import yaml
 from quantize_serve import planner
 from quantize_serve.cli import _WithoutUserTraceback, main
 from quantize_serve.errors import HubError, RecipeError, RecipeErrors
-from quantize_serve.recipe import LONG_PROMPT_MARGIN, load_recipe, parse_recipe
+from quantize_serve.recipe import load_recipe, parse_recipe
 from tests.malformed_recipes import CROSS_SECTION_CASES, ISSUE_CASES, Case, recipe_data, write_case
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -350,12 +350,6 @@ def test_console_log_drops_the_traceback_of_user_errors_only() -> None:
 # --------------------------------------------------------------------------------------------
 # Rules that mirror other modules
 # --------------------------------------------------------------------------------------------
-
-
-def test_long_prompt_margin_matches_the_stress_stage() -> None:
-    from quantize_serve import stress
-
-    assert LONG_PROMPT_MARGIN == stress.LONG_MARGIN
 
 
 def test_release_ref_rules_match_the_hub_module() -> None:
