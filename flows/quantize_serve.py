@@ -28,7 +28,7 @@ from tasks.decide import compare_accuracy, decide_release
 from tasks.hub import promote_or_reject, push_candidate
 from tasks.profile import search_serve_profile, with_found_profile
 from tasks.quantize import quantize_model
-from tasks.report import Progress, publish_report, request_approval, run_folder, run_id
+from tasks.report import Progress, publish_report, request_approval, run_folder, run_id, write_report_files
 from tasks.serve import gpu_slot, measure_capacity, production_spec, served, summarize_capacity
 from tasks.soak import run_soak_test
 from tasks.stress import run_stress_test
@@ -86,7 +86,7 @@ def quantize_serve(recipe: Recipe | str) -> RunReport:
     decision = decide_release(checks, outcome(stress), outcome(soak) if soak else None,
                               soak_required=r.gates.soak is not None)
     progress.done("decided")
-    report = publish_report(RunReport(
+    report = write_report_files(RunReport(
         run_id=run_id(), recipe=r.name, recipe_source=validated.source, recipe_sha256=validated.recipe_sha256,
         base=base, checkpoint=checkpoint, candidate=candidate, capacity=capacity, profile=profile,
         accuracy=checks if isinstance(checks, list) else [], stress=outcome(stress) if stress.is_completed() else None,

@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel
 
 from quantize_serve.errors import QuantizationError
+from quantize_serve.log_stream import stream_lines
 from quantize_serve.recipe import QuantizationSection, Recipe
 from quantize_serve.settings import get_settings
 
@@ -174,21 +175,28 @@ def _quantize_into(partial: Path, out: Path, recipe: Recipe, base_model_dir: Pat
     return result
 
 
+# Progress bars in the child: tqdm redraws at most every 5 s (its own setting; AWQ's grid search
+# still redraws on every step through set_postfix), the Hub client's download bars are off, and
+# stream_lines collapses what is left to a line per bar (see quantize_serve/log_stream.py).
+CHILD_ENV = {"PYTHONUNBUFFERED": "1", "TQDM_MININTERVAL": "5", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
+
 def _run_child(spec_path: Path, *, log: Callable[[str], None]) -> dict:
     settings = get_settings()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_MININTERVAL": "5"}
+    env = {**os.environ, **CHILD_ENV}
     cmd = [str(settings.pipeline_python), "-m", "quantize_serve.quantize_worker", str(spec_path)]
     tail: deque[str] = deque(maxlen=60)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+
+    def emit(line: str) -> None:
+        tail.append(line)
+        log(line)
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env=env, cwd=str(Path(__file__).resolve().parent.parent),
                             start_new_session=True)
     try:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            for part in line.rstrip("\n").split("\r"):
-                if part.strip():
-                    tail.append(part)
-                    log(part)
+        stream_lines(proc.stdout, emit)
         code = proc.wait()
     except BaseException:
         proc.kill()

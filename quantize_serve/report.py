@@ -5,6 +5,7 @@ The same content feeds the Prefect UI (artifacts) and the model card, so the thr
 
 from __future__ import annotations
 
+import base64
 import json
 import platform
 from pathlib import Path
@@ -133,7 +134,20 @@ def describe_hardware() -> str:
     return f"{platform.machine()} {os.cpu_count()} CPUs{gpu}"
 
 
-def render_markdown(r: RunReport) -> str:
+def image_markdown(alt: str, path: Path, *, embed: bool = False) -> str:
+    """A markdown image: a link relative to the report (report.md, the model card, which ship the
+    PNG beside them), or with ``embed`` the PNG itself as a data URI, for the Prefect UI's markdown
+    artifact, which has no folder to resolve a relative link against (its renderer allows
+    ``data:image/`` sources on images)."""
+    if embed and path.is_file():
+        return f"![{alt}](data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()})"
+    return f"![{alt}]({path.name})"
+
+
+def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
+    """The report as markdown; ``embed_images`` inlines the charts (see ``image_markdown``)."""
+    folder = Path(r.report_dir) if r.report_dir else None
+    embed = embed_images and folder is not None
     verdict = "PASSED" if r.decision.passed else "FAILED"
     rel = r.release
     lines = [
@@ -155,11 +169,12 @@ def render_markdown(r: RunReport) -> str:
                      + (f" ({rel.url})" if rel.url else ""))
     lines += ["", "## Decision", r.decision.markdown(), ""]
     if r.capacity:
-        lines += ["## Capacity (same memory budget)", r.capacity.markdown(), "", f"![capacity]({CHART})", ""]
+        lines += ["## Capacity (same memory budget)", r.capacity.markdown(), "",
+                  image_markdown("capacity", (folder or Path()) / CHART, embed=embed), ""]
     if r.profile:
         lines += ["## Serving profile search (largest stable max_num_seqs)", r.profile.markdown(), ""]
         if r.profile.plot_path:
-            lines += [f"![profile search]({Path(r.profile.plot_path).name})", ""]
+            lines += [image_markdown("profile search", Path(r.profile.plot_path), embed=embed), ""]
     if r.accuracy:
         lines += ["## Accuracy", "| task | metric | base | quantized | recovery | threshold | result |",
                   "|---|---|---:|---:|---:|---:|---|"]

@@ -1,9 +1,9 @@
 """The offline demo: the whole release on the tiny model, through a real Prefect server and worker.
 
 Starts a Prefect server, the local Hub endpoint and a process worker; deploys prefect.yaml; runs
-`prefect deployment run quantize-serve/tiny-awq --watch`; prints where the report, the UI and the
-promoted Hub ref are; stops what it started. The Prefect database stays in .demo/ so that
-`make ui` opens the UI on the finished runs.
+`prefect deployment run quantize-serve/tiny-awq --watch` and prints the run's log lines and state
+changes as they arrive; prints where the report, the UI and the promoted Hub ref are; stops what it
+started. The Prefect database stays in .demo/ so that `make ui` opens the UI on the finished runs.
 """
 
 from __future__ import annotations
@@ -24,13 +24,20 @@ def latest_report() -> Path | None:
     return reports[-1] if reports else None
 
 
+def echo(line: str, width: int = 200) -> None:
+    """One line of the watched run, cut to one terminal line."""
+    print(line if len(line) <= width else line[:width - 3] + "...", flush=True)
+
+
 def main() -> int:
     started = time.monotonic()
     with local_stack(HOME, hub_token=DEMO_TOKEN) as stack:
         print(f"demo: Prefect API {stack.api_url}, local Hub {stack.hub_endpoint}", flush=True)
-        print("demo: prefect deployment run quantize-serve/tiny-awq --watch", flush=True)
-        rc, output, run_id = stack.run_deployment("tiny-awq")
-        print(output[-4000:] if rc else "\n".join(output.splitlines()[-15:]))
+        print("demo: prefect deployment run quantize-serve/tiny-awq --watch  (the run's logs as they come)",
+              flush=True)
+        rc, output, run_id = stack.run_deployment("tiny-awq", echo=echo)
+        if rc:
+            print(output.split("\n--- worker ---\n", 1)[-1][-4000:])  # the worker's own output
         refs = ""
         report_path = latest_report()
         if report_path:

@@ -10,10 +10,11 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,11 +63,14 @@ class Stack:
         return out
 
     def run_deployment(self, name: str, *, pool: str = "local-cpu", params: dict | None = None,
-                       timeout: float = 1800) -> tuple[int, str, str | None]:
+                       timeout: float = 1800, echo: Callable[[str], None] | None = None,
+                       ) -> tuple[int, str, str | None]:
         """Run the deployment with --watch while a process worker serves the pool; (rc, output, run id).
 
-        The worker polls until it is stopped after the run ends (a --run-once worker can poll
-        before the run is scheduled and exit, leaving --watch waiting for nothing).
+        --watch prints the run's log lines and state changes as they happen; ``echo`` receives
+        each line as it arrives (the demo prints them). The worker polls until it is stopped
+        after the run ends (a --run-once worker can poll before the run is scheduled and exit,
+        leaving --watch waiting for nothing).
         """
         log = self.home / f"worker-{int(time.time())}.log"
         with log.open("w") as fh:
@@ -77,12 +81,41 @@ class Stack:
             args = ["deployment", "run", f"quantize-serve/{name}", "--watch"]
             for k, v in (params or {}).items():
                 args += ["--param", f"{k}={v}"]
-            out = self.prefect(*args, check=False, timeout=timeout)
+            rc, output = self.watch(args, timeout=timeout, echo=echo)
         finally:
             stop_process_group(worker, 30)
-        text = out.stdout + out.stderr + "\n--- worker ---\n" + log.read_text()
-        match = re.search(r"UUID: ([0-9a-f-]{36})", out.stdout)
-        return out.returncode, text, match.group(1) if match else None
+        text = output + "\n--- worker ---\n" + log.read_text()
+        match = re.search(r"UUID: ([0-9a-f-]{36})", output)
+        return rc, text, match.group(1) if match else None
+
+    def watch(self, args: list[str], *, timeout: float,
+              echo: Callable[[str], None] | None) -> tuple[int, str]:
+        """A prefect command whose output is read line by line as it comes; (rc, output)."""
+        env = {**self.env, "PREFECT_CLI_WRAP_LINES": "false"}  # one log record, one line
+        proc = subprocess.Popen([str(BIN / "prefect"), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        timed_out = threading.Event()
+
+        def stop() -> None:
+            timed_out.set()
+            stop_process_group(proc, 10)
+
+        timer = threading.Timer(timeout, stop)
+        timer.start()
+        lines: list[str] = []
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append(line)
+                if echo:
+                    echo(line.rstrip("\n"))
+            rc = proc.wait()
+        finally:
+            timer.cancel()
+            stop_process_group(proc, 10)
+        if timed_out.is_set():
+            lines.append(f"\nprefect {' '.join(args)}: stopped after {timeout:.0f} s\n")
+        return rc, "".join(lines)
 
 
 @contextmanager
@@ -97,6 +130,9 @@ def local_stack(home: Path, *, hub_token: str, deploy: bool = True,
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         PREFECT_UI_ENABLED="true",
         PREFECT_LOGGING_LEVEL="INFO",
+        # the server streams run logs out (off by default), so `deployment run --watch` shows them
+        PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED="true",
+        PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED="true",
         HF_ENDPOINT=f"http://127.0.0.1:{hub_port}",
         HF_TOKEN=hub_token,
         HF_HUB_DISABLE_XET="1",

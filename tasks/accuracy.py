@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import task
+from prefect.exceptions import MissingContextError
+from prefect.logging import get_run_logger
 
 from quantize_serve import accuracy
 from quantize_serve.recipe import AccuracyGate
@@ -25,7 +27,7 @@ def run_accuracy(
     base_dir: Path,
     output_dir: Path,
 ) -> accuracy.AccuracyRun:
-    return accuracy.run_accuracy(
+    result = accuracy.run_accuracy(
         server_base_url,
         gate,
         tokenizer_dir=tokenizer_dir,
@@ -33,3 +35,11 @@ def run_accuracy(
         base_dir=base_dir,
         output_dir=output_dir,
     )
+    try:
+        log = get_run_logger().info
+    except MissingContextError:  # called as run_accuracy.fn(...) outside a run
+        log = print
+    for run in result.tasks.values():  # a line per task for a person following the run
+        log(f"lm-eval {run.task}: {run.num_docs} documents in {run.seconds:.0f} s: "
+            + ", ".join(f"{k} {m.value:.4g}" for k, m in run.metrics.items()))
+    return result

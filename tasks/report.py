@@ -61,7 +61,8 @@ def request_approval(validated: ValidatedRecipe, report: RunReport) -> tuple[boo
         return True, None
     if not report.decision.passed:
         return False, None  # nothing to sign off: the gates already rejected it
-    create_markdown_artifact(key=f"{validated.recipe.name}-pending-approval", markdown=render_markdown(report),
+    create_markdown_artifact(key=f"{validated.recipe.name}-pending-approval",
+                             markdown=render_markdown(report, embed_images=True),
                              description="Report awaiting sign-off")
     answer = pause_flow_run(
         wait_for_input=Approval.with_initial_data(
@@ -72,10 +73,20 @@ def request_approval(validated: ValidatedRecipe, report: RunReport) -> tuple[boo
 
 
 @task(name="write-report")
+def write_report_files(report: RunReport, run_dir: Path) -> RunReport:
+    """report.md, report.json and the chart before the release step (the model card and the
+    sign-off read them). No artifacts yet: publish_report writes each key once, with the release."""
+    paths = write_report(report, run_dir)
+    get_run_logger().info("report written to %s (before the release step)", paths["markdown"].parent)
+    return report
+
+
+@task(name="publish-report")
 def publish_report(report: RunReport, run_dir: Path) -> RunReport:
+    """The final report on disk and as the run's artifacts, one write per key."""
     paths = write_report(report, run_dir)
     name = report.recipe
-    create_markdown_artifact(key=f"{name}-report", markdown=paths["markdown"].read_text(),
+    create_markdown_artifact(key=f"{name}-report", markdown=render_markdown(report, embed_images=True),
                              description=f"quantize-serve report ({'passed' if report.decision.passed else 'failed'})")
     create_table_artifact(key=f"{name}-decision", table=[c.model_dump() for c in report.decision.checks],
                           description="Promotion checks")

@@ -54,24 +54,35 @@ def gptq_recipe():
     return load_recipe(ROOT / "recipes" / "tiny-llama-gptq.yaml")
 
 
-def _quantize(recipe_path: Path):
+# What each session quantization logged, by method (a checkpoint reused from the cache logs one line).
+QUANTIZE_LOGS: dict[str, list[str]] = {}
+
+
+@pytest.fixture(scope="session")
+def quantize_logs() -> dict[str, list[str]]:
+    """QUANTIZE_LOGS as pytest loaded it (an import of tests.conftest would be a second copy)."""
+    return QUANTIZE_LOGS
+
+
+def _quantize(recipe_path: Path, log=lambda _: None):
     from quantize_serve.quantize import quantize_model
     from quantize_serve.validate import resolve_base, validate_recipe
 
     validated = validate_recipe(recipe_path)
     base = resolve_base(validated)
     return quantize_model(validated.recipe, Path(base.local_dir), base_identity=base.identity,
-                          calibration_fingerprint=validated.calibration_fingerprint, log=lambda _: None)
+                          calibration_fingerprint=validated.calibration_fingerprint, log=log)
 
 
 @pytest.fixture(scope="session")
 def awq_checkpoint():
-    return _quantize(ROOT / "recipes" / "tiny-llama-awq.yaml")
+    return _quantize(ROOT / "recipes" / "tiny-llama-awq.yaml", log=QUANTIZE_LOGS.setdefault("awq", []).append)
 
 
 @pytest.fixture(scope="session")
 def gptq_checkpoint():
-    return _quantize(ROOT / "recipes" / "tiny-llama-gptq.yaml")
+    log = QUANTIZE_LOGS.setdefault("gptq", []).append
+    return _quantize(ROOT / "recipes" / "tiny-llama-gptq.yaml", log=log)
 
 
 @pytest.fixture(scope="session")

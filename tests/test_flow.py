@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -72,9 +73,14 @@ def test_deployment_run_promotes(stack):
     with client_for(stack) as client:
         run = client.read_flow_run(run_id)
         assert run.state.is_completed()
-        keys = {a.key for a in client.read_artifacts() if a.flow_run_id == run.id}
+        artifacts = [a for a in client.read_artifacts() if a.flow_run_id == run.id]
+    writes = Counter(a.key for a in artifacts)
+    keys = set(writes)
     for suffix in ("report", "decision", "capacity", "accuracy", "stress", "hub-revision", "progress"):
         assert f"tiny-llama-awq-{suffix}" in keys, keys
+    assert set(writes.values()) == {1}, writes  # each key once per run: the final report, no draft
+    report_md = next(a.data for a in artifacts if a.key == "tiny-llama-awq-report")
+    assert "![capacity](data:image/png;base64," in report_md  # the chart shows in the UI
 
     (report,) = reports(stack.runs, "tiny-llama-awq")
     folder = Path(report["report_dir"])

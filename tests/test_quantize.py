@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
+from itertools import groupby
 from pathlib import Path
 
 import pytest
 
+from quantize_serve.log_stream import parse_bar
 from quantize_serve.quantize import MANIFEST, RECIPE_FILE, verify_manifest
 
 pytestmark = pytest.mark.e2e
@@ -33,14 +36,30 @@ def assert_checkpoint(result, scheme: str, method: str) -> dict:
     return manifest
 
 
-def test_awq_quantizes_on_cpu(awq_checkpoint):
+def assert_readable_log(lines: list[str], result) -> None:
+    """The child's progress bars reached the log as a line or two each, not a line per redraw
+    (one AWQ run logged 126 lines of a single grid-search bar). Vacuous for a reused checkpoint."""
+    if result.cached:
+        return
+    bars = [frame.desc if (frame := parse_bar(line)) else None for line in lines]
+    runs = Counter()  # the longest stretch of consecutive lines from one bar, per bar name
+    for desc, stretch in groupby(bars):
+        if desc is not None:
+            runs[desc] = max(runs[desc], len(list(stretch)))
+    assert runs and max(runs.values()) <= 3, runs.most_common(5)
+    assert len(lines) < 200, f"{len(lines)} log lines"
+
+
+def test_awq_quantizes_on_cpu(awq_checkpoint, quantize_logs):
     manifest = assert_checkpoint(awq_checkpoint, "W4A16_ASYM", "awq")
     assert manifest["device"] == "cpu"
     assert manifest["workarounds"] == ["skip pin_memory without accelerator"]
+    assert_readable_log(quantize_logs["awq"], awq_checkpoint)
 
 
-def test_gptq_quantizes_on_cpu(gptq_checkpoint):
+def test_gptq_quantizes_on_cpu(gptq_checkpoint, quantize_logs):
     assert_checkpoint(gptq_checkpoint, "W4A16", "gptq")
+    assert_readable_log(quantize_logs["gptq"], gptq_checkpoint)
 
 
 def test_rerun_reuses_checkpoint(awq_checkpoint):
