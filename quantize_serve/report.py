@@ -156,7 +156,7 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
         f"**Decision: {verdict}**" + (f" - release {rel.status}" if rel else ""),
         "",
         "## Summary",
-        f"- base model: `{r.base.repo_id or r.base.local_dir}` at `{r.base.sha[:12]}`",
+        f"- base model: `{r.base.repo_id or portable_path(r.base.local_dir)}` at `{r.base.sha[:12]}`",
         f"- quantized: {r.checkpoint.method} {r.checkpoint.scheme}, {r.checkpoint.base_bytes:,} -> "
         f"{r.checkpoint.quantized_bytes:,} bytes on disk ({r.checkpoint.seconds:.0f} s"
         f"{', reused' if r.checkpoint.cached else ''})",
@@ -237,3 +237,12 @@ def write_report(report: RunReport, run_dir: Path) -> dict[str, Path]:
     paths["json"].write_text(json.dumps(report.model_dump(mode="json"), indent=2))
     paths["markdown"].write_text(render_markdown(report))
     return paths
+
+
+def portable_path(path: str) -> str:
+    """A local path as reports show it: relative to the project, else the folder's name alone
+    (a report or card never carries the absolute path of the machine it ran on)."""
+    from quantize_serve.settings import PROJECT_ROOT
+
+    p = Path(path).resolve()
+    return p.relative_to(PROJECT_ROOT).as_posix() if p.is_relative_to(PROJECT_ROOT) else p.name

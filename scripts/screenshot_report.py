@@ -2,7 +2,7 @@
 the capacity chart rendered (not a broken image).
 
     make ui &                                    # or scripts/ui.sh: the UI on the demo's database
-    .venv/bin/python -m scripts.screenshot_report --out docs/ui-report.png
+    .venv/bin/python -m scripts.screenshot_report --out ui-report.png
 
 Needs Chromium (Debian: apt-get install chromium). It finds the newest artifact with the key
 (default: the demo's tiny-llama-awq-report), opens its page in the UI (the default v2 UI, or v1
