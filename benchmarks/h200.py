@@ -112,43 +112,21 @@ def rehearse_profile() -> dict[str, Any]:
 
 
 class Nvml:
-    """Device 0's memory through NVML; every method answers None where there is no NVML."""
-
-    def __init__(self) -> None:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.nv = pynvml
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        except Exception:  # CPU host
-            self.nv, self.handle = None, None
+    """Device 0's memory through NVML (``quantize_serve.gpu``); every method answers None where
+    there is no NVML."""
 
     def info(self) -> dict[str, Any] | None:
-        if self.handle is None:
-            return None
-        nv = self.nv
-        mem = nv.nvmlDeviceGetMemoryInfo(self.handle)
-        out = {"name": str(nv.nvmlDeviceGetName(self.handle)), "total_bytes": int(mem.total),
-               "used_bytes": int(mem.used), "free_bytes": int(mem.free),
-               "driver": str(nv.nvmlSystemGetDriverVersion())}
-        try:  # v2 reports the driver-reserved part separately
-            mem2 = nv.nvmlDeviceGetMemoryInfo(self.handle, version=nv.nvmlMemory_v2)
-            out.update(v2_total_bytes=int(mem2.total), v2_reserved_bytes=int(mem2.reserved),
-                       v2_used_bytes=int(mem2.used))
-        except Exception:
-            pass
-        return out
+        from quantize_serve.gpu import memory_info
+
+        return memory_info(0)
 
     def used(self) -> int | None:
-        if self.handle is None:
-            return None
-        return int(self.nv.nvmlDeviceGetMemoryInfo(self.handle).used)
+        info = self.info()
+        return info["used_bytes"] if info else None
 
     def total(self) -> int | None:
-        if self.handle is None:
-            return None
-        return int(self.nv.nvmlDeviceGetMemoryInfo(self.handle).total)
+        info = self.info()
+        return info["total_bytes"] if info else None
 
 
 class PeakSampler:
@@ -236,15 +214,17 @@ def cmd_build(args: argparse.Namespace) -> None:
 
 def wait_for_build(model_dir: Path, pid_file: Path | None, timeout_s: float) -> dict:
     """Wait for a build started elsewhere (its pid file); build here if none is running or it failed."""
+    from quantize_serve.processes import process_alive
+
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         if (model_dir / BUILD_MARKER).is_file():
             pid = int(pid_file.read_text()) if pid_file and pid_file.is_file() else None
-            while pid and _alive(pid) and time.monotonic() - t0 < timeout_s:
+            while pid and process_alive(pid) and time.monotonic() - t0 < timeout_s:
                 time.sleep(1)  # its CUDA context must be gone before the idle baseline
             return json.loads((model_dir / BUILD_MARKER).read_text())
         pid = int(pid_file.read_text()) if pid_file and pid_file.is_file() else None
-        if not pid or not _alive(pid):
+        if not pid or not process_alive(pid):
             break
         time.sleep(2)
     if not (model_dir / BUILD_MARKER).is_file():
@@ -252,18 +232,6 @@ def wait_for_build(model_dir: Path, pid_file: Path | None, timeout_s: float) -> 
         subprocess.run([sys.executable, __file__, "build", "--model-dir", str(model_dir)], check=True)
     return json.loads((model_dir / BUILD_MARKER).read_text())
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (its parent never reaped it) is not a running build
-        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 # --------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from quantize_serve.digest import update_from_file
 from quantize_serve.errors import HubAuthError, HubError, HubNotFoundError
 
 if TYPE_CHECKING:
@@ -408,10 +409,7 @@ def _scan_folder(folder: Path) -> dict[str, _LocalFile]:
             continue
         size = path.stat().st_size
         sha256, sha1 = hashlib.sha256(), hashlib.sha1(b"blob %d\0" % size)
-        with path.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                sha256.update(chunk)
-                sha1.update(chunk)
+        update_from_file(path, sha256, sha1)
         out[rel] = _LocalFile(path, size, sha256.hexdigest(), sha1.hexdigest())
     return out
 

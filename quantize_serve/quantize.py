@@ -27,6 +27,7 @@ from typing import Callable
 import yaml
 from pydantic import BaseModel
 
+from quantize_serve.digest import file_sha256
 from quantize_serve.errors import QuantizationError
 from quantize_serve.log_stream import stream_lines
 from quantize_serve.recipe import QuantizationSection, Recipe
@@ -236,17 +237,9 @@ def weights_bytes_on_disk(model_dir: Path) -> int:
     return sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
 
 
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def write_manifest(folder: Path, result: QuantizeResult, *, extra: dict) -> None:
     files = {
-        f.name: {"bytes": f.stat().st_size, "sha256": file_digest(f)}
+        f.name: {"bytes": f.stat().st_size, "sha256": file_sha256(f)}
         for f in sorted(folder.iterdir()) if f.is_file() and f.name != MANIFEST
     }
     manifest = {"result": result.model_dump(exclude={"cached"}), "files": files, **extra}
@@ -258,7 +251,7 @@ def verify_manifest(folder: Path) -> bool:
     manifest = json.loads((folder / MANIFEST).read_text())
     for name, meta in manifest["files"].items():
         f = folder / name
-        if not f.is_file() or f.stat().st_size != meta["bytes"] or file_digest(f) != meta["sha256"]:
+        if not f.is_file() or f.stat().st_size != meta["bytes"] or file_sha256(f) != meta["sha256"]:
             return False
     return True
 

@@ -122,16 +122,9 @@ def stress_summary(stress: StressResult | None) -> dict:
 def describe_hardware() -> str:
     import os
 
-    gpu = ""
-    try:
-        import pynvml
+    from quantize_serve.gpu import describe_devices
 
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        gpu = f", {pynvml.nvmlDeviceGetCount()} x {pynvml.nvmlDeviceGetName(handle)}"
-    except Exception:  # no NVML: a CPU host
-        gpu = ", no GPU"
-    return f"{platform.machine()} {os.cpu_count()} CPUs{gpu}"
+    return f"{platform.machine()} {os.cpu_count()} CPUs, {describe_devices() or 'no GPU'}"
 
 
 def image_markdown(alt: str, path: Path, *, embed: bool = False) -> str:

@@ -20,13 +20,15 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel
 
 from quantize_serve.errors import ServerBootError, ServerUnavailableError
+from quantize_serve.processes import group_alive, process_alive
 from quantize_serve.recipe import ServeSection
 from quantize_serve.settings import get_settings
 
@@ -125,7 +127,7 @@ class RunningServer(BaseModel):
         """The error for a server that stopped answering: its process state and vLLM's own error."""
         log_text = tail(Path(self.log_path), 400)
         cause = root_cause(log_text)
-        if process_gone(self.pid):
+        if not process_alive(self.pid):
             state, remedy = "has exited", (
                 "the server died while in use (killed by a signal or the OOM killer, or its engine "
                 "crashed): read vLLM's error and the log below; if memory ran out, lower "
@@ -265,18 +267,30 @@ def vllm_server(spec: ServerSpec, *, log_path: Path, boot_timeout_s: float | Non
         stop_process_group(proc, settings.server_stop_timeout_s)
 
 
-def _wait_healthy(proc: subprocess.Popen, server: RunningServer, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
+def wait_ready(proc: subprocess.Popen, ready: Callable[[], bool], timeout_s: float,
+               *, interval_s: float = 1.0) -> Literal["ready", "exited", "timed out"]:
+    """Poll ``ready`` a bounded time: until it answers True, the process exits, or time runs out.
+    The caller turns "exited" and "timed out" into its own error, with its own log and remedy."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            log_text = Path(server.log_path).read_text(errors="replace")
-            cause = root_cause(log_text)
-            raise ServerBootError(f"vLLM exited with code {proc.returncode} before it became healthy"
-                                  + (f": {cause}" if cause else ""),
-                                  log_tail=server.log_tail(), remedy=remedy_for(log_text))
-        if server.healthy():
-            return
-        time.sleep(1.0)
+            return "exited"
+        if ready():
+            return "ready"
+        time.sleep(interval_s)
+    return "timed out"
+
+
+def _wait_healthy(proc: subprocess.Popen, server: RunningServer, timeout: float) -> None:
+    outcome = wait_ready(proc, server.healthy, timeout)
+    if outcome == "ready":
+        return
+    if outcome == "exited":
+        log_text = Path(server.log_path).read_text(errors="replace")
+        cause = root_cause(log_text)
+        raise ServerBootError(f"vLLM exited with code {proc.returncode} before it became healthy"
+                              + (f": {cause}" if cause else ""),
+                              log_tail=server.log_tail(), remedy=remedy_for(log_text))
     raise ServerBootError(f"vLLM did not answer /health within {timeout:.0f} s",
                           log_tail=server.log_tail(),
                           remedy="raise QS_SERVER_BOOT_TIMEOUT_S if the model is large, else read the log")
@@ -315,30 +329,10 @@ def stop_process_group(proc: subprocess.Popen, grace_s: float) -> None:
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             proc.poll()
-            if proc.returncode is not None and not _group_alive(pgid):
+            if proc.returncode is not None and not group_alive(pgid):
                 break
             time.sleep(0.2)
         else:
             continue
         break
     proc.wait()
-
-
-def process_gone(pid: int) -> bool:
-    """True when the process has exited (a zombie its parent has not reaped yet counts as gone)."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True

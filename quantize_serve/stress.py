@@ -44,7 +44,9 @@ import aiohttp
 import psutil
 from pydantic import BaseModel
 
+from quantize_serve import gpu
 from quantize_serve.errors import GateError
+from quantize_serve.processes import process_alive, process_tree
 from quantize_serve.recipe import LONG_PROMPT_MARGIN as LONG_MARGIN
 from quantize_serve.recipe import ServeSection, StressProfile
 from quantize_serve.server import SERVED_NAME, RunningServer, serving_env, tail
@@ -284,52 +286,9 @@ def read_metrics(text: str) -> dict[str, float]:
     return out
 
 
-def process_tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        p = psutil.Process(pid)
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-class GpuMemory:
-    """GPU memory through NVML: the server's processes if NVML lists them, else the devices' total
-    (container PID namespaces often hide the pids). No NVML (CPU hosts): None."""
-
-    def __init__(self) -> None:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.nvml = pynvml
-            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        except Exception:  # no library, no driver, no device: not an error on a CPU host
-            self.nvml, self.handles = None, []
-
-    def used(self, pids: set[int]) -> int | None:
-        if not self.handles:
-            return None
-        nv = self.nvml
-        try:
-            mine = [p.usedGpuMemory or 0 for h in self.handles
-                    for p in nv.nvmlDeviceGetComputeRunningProcesses(h) if p.pid in pids]
-            return sum(mine) if mine else sum(nv.nvmlDeviceGetMemoryInfo(h).used for h in self.handles)
-        except nv.NVMLError:
-            return None
-
-
 class Sampler:
     def __init__(self, server: RunningServer, alive: Callable[[], bool]) -> None:
         self.server, self.alive = server, alive
-        self.gpu = GpuMemory()
         self.dead = asyncio.Event()
         self.death_reason = ""
         self.first: dict[str, float] = {}
@@ -365,7 +324,7 @@ class Sampler:
                 rss += p.memory_info().rss
         now |= metrics
         now["rss_bytes"] = rss or None
-        now["gpu_memory_bytes"] = self.gpu.used({p.pid for p in procs})
+        now["gpu_memory_bytes"] = gpu.used_bytes({p.pid for p in procs})
         for key, value in now.items():
             if value is not None and key != "t":
                 self.first.setdefault(key, value)

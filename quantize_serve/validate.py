@@ -13,7 +13,6 @@ model's config.json unless asked to fetch it, a Hub dataset's columns and rows).
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from quantize_serve.calibration import calibration_fingerprint, peek_calibration
+from quantize_serve.digest import folder_sha256
 from quantize_serve.errors import RecipeError, RecipeErrors
 from quantize_serve.model_files import check_model_files
 from quantize_serve.recipe import (
@@ -167,12 +167,9 @@ def resolve_base(validated: ValidatedRecipe, *, token: str | None = None, cache_
                         revision=recipe.model.revision, sha=resolved.sha)
 
 
+MODEL_FILE_SUFFIXES = {".json", ".safetensors", ".model", ".txt", ".jinja"}
+
+
 def folder_digest(folder: Path) -> str:
     """sha256 over a model folder's weights, config and tokenizer files (names and contents)."""
-    h = hashlib.sha256()
-    for f in sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in {".json", ".safetensors", ".model", ".txt", ".jinja"}):
-        h.update(f.name.encode())
-        with f.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
+    return folder_sha256(folder, include=lambda p: p.suffix in MODEL_FILE_SUFFIXES)

@@ -20,7 +20,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -42,6 +41,7 @@ from transformers import (  # noqa: E402
     PreTrainedTokenizerFast,
 )
 
+from quantize_serve.digest import file_sha256  # noqa: E402
 from reference.corpus import read_paragraphs  # noqa: E402
 
 SEED = 1234
@@ -274,19 +274,10 @@ def facts_mc_accuracy(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFas
 # Provenance files
 # ---------------------------------------------------------------------------
 
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of one file, streamed."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def write_sha256sums(folder: Path) -> None:
     """``sha256sum -c`` compatible list of every file in the model folder."""
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != "SHA256SUMS")
-    lines = [f"{sha256_file(p)}  {p.name}\n" for p in files]
+    lines = [f"{file_sha256(p)}  {p.name}\n" for p in files]
     (folder / "SHA256SUMS").write_text("".join(lines), encoding="utf-8")
 
 
@@ -385,7 +376,7 @@ def run(data: Path, out: Path, results_path: Path, steps: int, seed: int) -> dic
     }
     command = f"python -m reference.train --data {data}/ --out {out}"
     write_model_card(out, results, command.replace("//", "/"))
-    results["sha256"] = sha256_file(out / "model.safetensors")
+    results["sha256"] = file_sha256(out / "model.safetensors")
     write_sha256sums(out)
     results_path.parent.mkdir(parents=True, exist_ok=True)
     results_path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

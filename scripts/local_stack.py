@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -19,32 +18,29 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from quantize_serve.server import stop_process_group  # every process here leads its own group
+from quantize_serve.server import free_port, stop_process_group, wait_ready  # every process here leads its own group
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 WORK_POOLS = {"local-cpu": "process", "gpu": "process"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_http(url: str, timeout_s: float, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: the process exited early; see {log}:\n{log.read_text()[-3000:]}")
-        try:
-            urllib.request.urlopen(url, timeout=2).read()
-            return
-        except urllib.error.HTTPError:
-            return  # it answered
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s; see {log}")
+    outcome = wait_ready(proc, lambda: _answers(url), timeout_s, interval_s=0.5)
+    if outcome == "exited":
+        raise RuntimeError(f"{url}: the process exited early; see {log}:\n{log.read_text()[-3000:]}")
+    if outcome == "timed out":
+        raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s; see {log}")
+
+
+def _answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2).read()
+        return True
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except OSError:
+        return False
 
 
 @dataclass

@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from prefect.logging import get_run_logger
 
-from quantize_serve import capacity
+from quantize_serve import capacity, gpu
 from quantize_serve.server import RunningServer, ServerSpec, vllm_server
 from quantize_serve.settings import get_settings
 from quantize_serve.validate import BaseModelRef, ValidatedRecipe
@@ -73,24 +73,4 @@ def summarize_capacity(validated: ValidatedRecipe, base: BaseModelRef,
                        configs: list[capacity.CapacityConfig]) -> capacity.CapacityReport:
     config = json.loads((Path(base.local_dir) / "config.json").read_text())
     return capacity.summarize_capacity(validated.recipe, configs, config,
-                                       device_memory_bytes=device_memory_bytes())
-
-
-def device_memory_bytes() -> int | None:
-    """Memory of GPU 0 that CUDA can use (what vLLM's gpu_memory_utilization multiplies); None on CPU.
-
-    NVML's total includes memory the driver reserves (0.6 GiB on an H200); CUDA, and so vLLM,
-    never see it, and counting it put the planner 0.5% high there.
-    """
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        try:
-            info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
-            return int(info.total - info.reserved)
-        except (pynvml.NVMLError, AttributeError, TypeError):
-            return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-    except Exception:
-        return None
+                                       device_memory_bytes=gpu.usable_memory_bytes())

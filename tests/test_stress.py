@@ -22,7 +22,8 @@ import pytest
 
 from quantize_serve.recipe import StressProfile, load_recipe
 from quantize_serve.server import ServerSpec, vllm_server
-from quantize_serve.stress import StressResult, ThroughputFigures, judge, plan_traffic, process_tree, read_metrics, run_stress_test
+from quantize_serve.processes import process_tree
+from quantize_serve.stress import StressResult, ThroughputFigures, judge, plan_traffic, read_metrics, run_stress_test
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml")
