@@ -178,9 +178,10 @@ def test_boot_refused_setting_names_cause_and_fix(tmp_path, changes, cause, reme
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def doomed_boot(tmp_path_factory) -> Iterator[Boot]:
-    """The base model, booted once: the accuracy test kills it, the capacity test finds it dead."""
+    """The base model, booted for one test that kills it (one boot per test: a boot shared
+    between a killing test and the next made their result depend on the order they ran in)."""
     boot = Boot(spec(), tmp_path_factory.mktemp("doomed") / "vllm.log")
     yield boot
     boot.close()
@@ -215,9 +216,8 @@ def test_capacity_on_a_killed_server_is_a_clear_error_and_leaves_nothing(doomed_
     from quantize_serve.capacity import measure_capacity
 
     server = doomed_boot.server
-    if server.healthy():  # run alone: the accuracy test did not kill it
-        os.kill(server.pid, signal.SIGKILL)
-        time.sleep(1)
+    os.kill(server.pid, signal.SIGKILL)
+    time.sleep(1)
     try:
         with pytest.raises(ServerUnavailableError) as info:
             measure_capacity(server, doomed_boot.spec, name="base")
