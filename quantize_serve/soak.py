@@ -38,9 +38,9 @@ import aiohttp
 from pydantic import BaseModel, Field
 
 from quantize_serve.errors import GateError
+from quantize_serve.processes import process_alive
 from quantize_serve.recipe import MIN_SOAK_SAMPLES, ServeSection, SoakGate, StressProfile
 from quantize_serve.server import RunningServer
-from quantize_serve.processes import process_alive
 from quantize_serve.stress import Probe, Sampler, race, send_probe, token_prompts
 
 MIB = 2**20

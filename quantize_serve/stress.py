@@ -30,7 +30,6 @@ import contextlib
 import json
 import os
 import random
-import re
 import signal
 import statistics
 import time
@@ -46,6 +45,7 @@ from pydantic import BaseModel
 
 from quantize_serve import gpu
 from quantize_serve.errors import GateError
+from quantize_serve.metrics import read_gauges
 from quantize_serve.processes import process_alive, process_tree
 from quantize_serve.recipe import LONG_PROMPT_MARGIN as LONG_MARGIN
 from quantize_serve.recipe import ServeSection, StressProfile
@@ -272,18 +272,8 @@ async def run_steps(base_url: str, schedule: list[tuple[int, list[Probe]]], time
 # The sampler: vLLM's gauges, memory, liveness.
 # --------------------------------------------------------------------------------------------
 
-METRIC_LINE = re.compile(r"^([a-zA-Z_:][\w:]*)(?:\{[^}]*\})?\s+(\S+)", re.M)
 WATCHED = ("vllm:kv_cache_usage_perc", "vllm:num_preemptions_total", "vllm:num_requests_running",
            "vllm:num_requests_waiting", "process_start_time_seconds")
-
-
-def read_metrics(text: str) -> dict[str, float]:
-    """The watched series, summed over their label sets (engines, models)."""
-    out: dict[str, float] = {}
-    for name, value in METRIC_LINE.findall(text):
-        if name in WATCHED:
-            out[name] = out.get(name, 0.0) + float(value)
-    return out
 
 
 class Sampler:
@@ -307,7 +297,7 @@ class Sampler:
             async with session.get(self.server.base_url + "/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
                 healthy = r.status == 200
             async with session.get(self.server.base_url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
-                metrics = read_metrics(await r.text()) if r.status == 200 else {}
+                metrics = read_gauges(await r.text(), WATCHED) if r.status == 200 else {}
         except (aiohttp.ClientError, TimeoutError):
             healthy, metrics = False, {}
         self.health_failures = 0 if healthy else self.health_failures + 1
