@@ -3,8 +3,9 @@ GPUs and write ``benchmarks/results/plan.json``.
 
 Why: it answers "how much memory does 4-bit quantization free, and how many more
 max-length requests fit" for the production GPU sizes without booting anything; the
-H200 row for the 8B can be checked against the measured figures in
-``/work/shared/gpu/README.md`` (the planner is calibrated there).
+H200 row for the 8B can be checked against the measured figures quoted in
+``tests/test_planner.py`` (H200 runs on the host of ``scripts/gpu/README.md``; the planner is
+calibrated on them).
 
 Run from the repository root in the pipeline venv (no GPU, no torch needed)::
 

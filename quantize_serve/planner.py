@@ -18,8 +18,8 @@ Two accounting modes, because the project measures capacity two ways:
 
     The activation peak is what vLLM's profiling run (a forward pass of
     ``max_num_batched_tokens`` dummy tokens) leaves as the torch allocator's peak; it is
-    modelled in :func:`activation_peak_bytes` and calibrated on an H200 (see
-    ``/work/shared/gpu/README.md``). The non-torch overhead (cuBLAS workspaces and other
+    modelled in :func:`activation_peak_bytes` and calibrated on an H200 (the host is described
+    in ``scripts/gpu/README.md``; the measured figures are quoted in ``tests/test_planner.py``). The non-torch overhead (cuBLAS workspaces and other
     allocations outside the torch caching allocator that appear during profiling) is a
     constant calibrated on the same machine.
 
@@ -97,7 +97,7 @@ PlanMode = Literal["gpu", "fixed_budget"]
 ACTIVATION_TENSORS_PER_TOKEN: tuple[int, int] = (3, 3)  # (x intermediate, x hidden)
 
 # Memory that vLLM counts as "non-torch increase" during profiling on one GPU. Derived from
-# the three H200 runs in /work/shared/gpu/README.md: budget (0.90 x 139.8 GiB) minus
+# the three H200 runs (scripts/gpu/README.md; figures in tests/test_planner.py): budget (0.90 x 139.8 GiB) minus
 # weights minus KV minus the modelled 1.69 GiB activation peak at 16,384 tokens leaves
 # 0.26 / 0.24 / 0.27 GiB (bf16 / W4A16 / W4A16+fp8); 0.25 GiB is their mean. With TP > 1,
 # NCCL and custom all-reduce buffers add to this; that part is not calibrated.
