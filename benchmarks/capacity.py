@@ -52,8 +52,9 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
         "targets": {"fp8_token_ratio_within_1pct": abs(report.fp8_token_ratio - 2) <= 0.02,
                     "planner_error_within_3pct": all(abs(p.error_pct) <= 3 for p in report.planner)},
     }
-    out = ROOT / "benchmarks/results/capacity.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    from quantize_serve.portable import write_json_result
+
+    write_json_result(ROOT / "benchmarks/results/capacity.json", result)
     print(report.markdown())
     print(f"wrote {out}")
 

@@ -8,7 +8,6 @@ throughput), and `decision` (passed, reasons: one per check).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -51,8 +50,9 @@ def run(method: str) -> dict:
 
 def main() -> None:
     results = {method: run(method) for method in ("awq", "gptq")}
-    out = ROOT / "benchmarks/results/gates.json"
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    from quantize_serve.portable import write_json_result
+
+    write_json_result(ROOT / "benchmarks/results/gates.json", results)
     for method, r in results.items():
         print(method, "decision:", "pass" if r["decision"]["passed"] else "FAIL")
     print(f"wrote {out}")

@@ -285,15 +285,17 @@ def versions() -> dict[str, Any]:
 
 
 class Results:
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, *, roots: tuple[Path, ...] = ()) -> None:
+        self.path, self.roots = path, roots  # scratch folders: paths under them are kept relative
         self.data: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
         self.data.setdefault("errors", {})
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        from quantize_serve.portable import write_json_result
+
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2, default=str) + "\n")
+        write_json_result(tmp, self.data, roots=self.roots)
         tmp.replace(self.path)
 
 
@@ -535,7 +537,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     unknown = set(stages) - {"quantize", "capacity", "stress", "flow"}
     if unknown:
         raise SystemExit(f"unknown stage(s) {sorted(unknown)}; choose from quantize, capacity, stress, flow")
-    res = Results(Path(args.out))
+    res = Results(Path(args.out), roots=(work_dir.parent, get_settings().serving_python.parent))
     nvml = Nvml()
     res.data.update(started=time.strftime("%Y-%m-%dT%H:%M:%S"), profile=profile["name"],
                     stages_requested=stages, device=nvml.info(), serving_python=str(get_settings().serving_python))

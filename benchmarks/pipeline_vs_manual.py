@@ -151,8 +151,9 @@ def main() -> None:
         "ratio": round(pipeline_s / manual_s, 3),
         "note": "pipeline also runs the stress traffic and writes the report; both quantize from scratch",
     }
-    out = ROOT / "benchmarks/results/pipeline_vs_manual.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    from quantize_serve.portable import write_json_result
+
+    write_json_result(ROOT / "benchmarks/results/pipeline_vs_manual.json", result)
     print(result)
 
 

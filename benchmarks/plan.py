@@ -25,7 +25,6 @@ also planned at TP 2 and 4, since its bf16 weights do not fit on one GPU of eith
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -34,6 +33,7 @@ if str(ROOT) not in sys.path:  # run as a script from a checkout, not an install
     sys.path.insert(0, str(ROOT))
 
 from quantize_serve.planner import GPU_MEMORY_BYTES, ModelShape, format_table, plan_table  # noqa: E402
+from quantize_serve.portable import write_json_result  # noqa: E402
 
 GPUS: dict[str, float] = {  # labels as in results/plan.json; sizes: the planner's presets (`--gpu`)
     "80GB (H100/A100 80GB, 79.6 GiB)": GPU_MEMORY_BYTES["h100-80gb"],
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                     {"model": model, "gpu": gpu, "tensor_parallel_size": tp, **table.model_dump(mode="json")}
                 )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_json_result(args.out, results)
     print(f"wrote {args.out}")
     return 0
 

@@ -61,8 +61,10 @@ def main() -> None:
             "calibration_samples": validated.recipe.calibration.num_samples,
         }
         print(method, results[method], flush=True)
+    from quantize_serve.portable import write_json_result
+
     out = ROOT / "benchmarks/results/quantize.json"
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    write_json_result(out, results)
     print(f"wrote {out}")
 
 

@@ -63,6 +63,8 @@ def run_tests(test_ids: list[str]) -> dict[str, str]:
 
 
 def main() -> int:
+    from quantize_serve.portable import write_json_result
+
     rows = fault_rows()
     started = time.monotonic()
     results = run_tests([r["test"] for r in rows])
@@ -79,7 +81,7 @@ def main() -> int:
         "error_lines_max": validate["error_lines_max"],
         "source": "docs/reliability.md (rows), pytest (results), benchmarks/validate_cli.py (validate figures)",
     }
-    (RESULTS / "reliability.json").write_text(json.dumps(out, indent=2) + "\n")
+    write_json_result(RESULTS / "reliability.json", out)
     print(f"fault cases: {out['fault_cases_passed']}/{len(rows)} passed; validate_seconds_max "
           f"{out['validate_seconds_max']}; error_lines_max {out['error_lines_max']}")
     return 0 if out["fault_cases_passed"] == len(rows) else 1

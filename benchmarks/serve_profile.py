@@ -17,7 +17,6 @@ Writes benchmarks/results/serve_profile.json, serve-profile.yaml (the found prof
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -126,7 +125,9 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
         path, command = ps.write_serve_profile(found, RESULTS / "serve-profile.yaml")
         out["found"]["profile_path"] = str(path.relative_to(ROOT))
     ps.plot_search(result, RESULTS / "serve_profile.png", grid=grid)
-    (RESULTS / "serve_profile.json").write_text(json.dumps(out, indent=2) + "\n")
+    from quantize_serve.portable import write_json_result
+
+    write_json_result(RESULTS / "serve_profile.json", out)
     print(result.markdown())
     print("grid:", [(p.max_num_seqs, p.passed, p.preemptions) for p in grid])
     print(f"found {found and found.max_num_seqs} in {result.boots} boots ({search_s} s); "

@@ -18,6 +18,7 @@ from quantize_serve.capacity import GIB, CapacityReport
 from quantize_serve.decision import Decision
 from quantize_serve.hub import PushResult
 from quantize_serve.model_card import AccuracyRow, ModelCardInputs, Provenance
+from quantize_serve.portable import portable_path
 from quantize_serve.profile_search import ProfileSearchResult
 from quantize_serve.quantize import QuantizeResult
 from quantize_serve.soak import SoakResult
@@ -230,12 +231,3 @@ def write_report(report: RunReport, run_dir: Path) -> dict[str, Path]:
     paths["json"].write_text(json.dumps(report.model_dump(mode="json"), indent=2))
     paths["markdown"].write_text(render_markdown(report))
     return paths
-
-
-def portable_path(path: str) -> str:
-    """A local path as reports show it: relative to the project, else the folder's name alone
-    (a report or card never carries the absolute path of the machine it ran on)."""
-    from quantize_serve.settings import PROJECT_ROOT
-
-    p = Path(path).resolve()
-    return p.relative_to(PROJECT_ROOT).as_posix() if p.is_relative_to(PROJECT_ROOT) else p.name
