@@ -50,7 +50,7 @@ RECIPE_SOURCE = "<recipe>"
 # The stress test's long requests are prompt + output = max_model_len - this many tokens
 # (quantize_serve.stress uses this constant).
 LONG_PROMPT_MARGIN = 4
-# Placeholders hub.commit_message may use (tasks/hub.py fills exactly these).
+# Placeholders hub.commit_message may use (quantize_serve/release.py fills exactly these).
 COMMIT_MESSAGE_FIELDS = ("method", "scheme", "base_model", "base_revision")
 # Refs the pipeline owns on the Hub (quantize_serve/hub.py): every candidate is committed to the
 # branch `main`, every rejection is tagged `rejected-<sha>`. The release ref may be neither.

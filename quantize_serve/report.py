@@ -59,28 +59,10 @@ class RunReport(BaseModel):
     report_dir: str = ""
 
     def card_inputs(self, validated: ValidatedRecipe, *, status: str | None = None) -> ModelCardInputs:
-        recipe = validated.recipe
-        q = recipe.quantization
-        status = status or (self.release.status if self.release else "candidate")
-        return ModelCardInputs(
-            repo_id=recipe.hub.repo_id if recipe.hub else recipe.name,
-            base_model=self.base.repo_id or recipe.model.id,
-            base_revision_sha=self.base.sha,
-            method=q.method, scheme=q.scheme, group_size=q.group_size,
-            calibration=calibration_summary(validated),
-            calibration_fingerprint=self.checkpoint.calibration_fingerprint,
-            status="candidate" if status == "not-published" else status,
-            rejection_reasons=self.decision.reasons if status == "rejected" else [],
-            capacity_markdown=(self.capacity.markdown() + f"\n\n![capacity]({CHART})") if self.capacity else "",
-            accuracy=[AccuracyRow(task=c.task, metric=c.metric, base=c.base, quantized=c.quantized,
-                                  recovery=c.recovery, threshold=c.threshold, passed=c.passed)
-                      for c in self.accuracy if None not in (c.base, c.quantized, c.recovery)],
-            stress=stress_summary(self.stress),
-            serving_command=self.serving_command,
-            provenance=Provenance(recipe_sha256=self.recipe_sha256,
-                                  engine_versions=self.checkpoint.engine_versions,
-                                  hardware=self.hardware, run_id=self.run_id),
-        )
+        """The card of this run, with the gates' figures (see :func:`card_inputs`)."""
+        return card_inputs(validated, self.base, self.checkpoint, self.serving_command,
+                           status=status or (self.release.status if self.release else "candidate"),
+                           hardware=self.hardware, report=self)
 
 
 def calibration_summary(validated: ValidatedRecipe) -> dict:
@@ -89,21 +71,36 @@ def calibration_summary(validated: ValidatedRecipe) -> dict:
     return describe(validated.recipe)
 
 
-def candidate_card_inputs(validated: ValidatedRecipe, base: BaseModelRef, checkpoint: QuantizeResult,
-                          serving_command: str) -> ModelCardInputs:
-    """The card pushed with the candidate: no run id or timings, so identical inputs give
-    identical bytes (and no new commit)."""
+def card_inputs(validated: ValidatedRecipe, base: BaseModelRef, checkpoint: QuantizeResult,
+                serving_command: str, *, status: str = "candidate", hardware: str | None = None,
+                report: RunReport | None = None) -> ModelCardInputs:
+    """What the model card says. Without ``report``: the card pushed with the candidate, with no
+    run id, timings or gate figures, so identical inputs give identical bytes (and no new commit).
+    With ``report``: the card of the gated release, with its figures and, if rejected, why."""
     recipe = validated.recipe
     q = recipe.quantization
+    gates: dict = {}
+    if report is not None:
+        gates = dict(
+            rejection_reasons=report.decision.reasons if status == "rejected" else [],
+            capacity_markdown=(report.capacity.markdown() + f"\n\n![capacity]({CHART})") if report.capacity else "",
+            accuracy=[AccuracyRow(task=c.task, metric=c.metric, base=c.base, quantized=c.quantized,
+                                  recovery=c.recovery, threshold=c.threshold, passed=c.passed)
+                      for c in report.accuracy if None not in (c.base, c.quantized, c.recovery)],
+            stress=stress_summary(report.stress))
     return ModelCardInputs(
         repo_id=recipe.hub.repo_id if recipe.hub else recipe.name,
         base_model=base.repo_id or recipe.model.id, base_revision_sha=base.sha,
         method=q.method, scheme=q.scheme, group_size=q.group_size,
         calibration=calibration_summary(validated),
         calibration_fingerprint=checkpoint.calibration_fingerprint,
-        status="candidate", serving_command=serving_command,
+        status="candidate" if status == "not-published" else status,
+        serving_command=serving_command,
         provenance=Provenance(recipe_sha256=validated.recipe_sha256,
-                              engine_versions=checkpoint.engine_versions, hardware=describe_hardware()),
+                              engine_versions=checkpoint.engine_versions,
+                              hardware=hardware or describe_hardware(),
+                              run_id=report.run_id if report else ""),
+        **gates,
     )
 
 

@@ -560,3 +560,56 @@ def test_resolve_base_task_tries_a_4xx_exactly_once(local_hub: LocalHub, awq_rec
     with pytest.raises(error):
         state.result()
     assert len(requests_since(local_hub, mark, repo_id)) == 1, [r.path for r in local_hub.requests[mark:]]
+
+
+# --------------------------------------------------------------------------------------------
+# The release (quantize_serve.release): stage, push, then promote or reject
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("passed", [True, False])
+def test_release_pushes_the_candidate_then_promotes_or_rejects(local_hub: LocalHub, awq_recipe, section,
+                                                               tmp_path: Path, monkeypatch, passed: bool):
+    from quantize_serve import release
+    from quantize_serve.decision import CheckRow, Decision
+    from quantize_serve.quantize import QuantizeResult
+    from quantize_serve.report import RunReport
+    from quantize_serve.validate import BaseModelRef, ValidatedRecipe
+
+    monkeypatch.setenv("HF_TOKEN", WRITE)
+    recipe = awq_recipe.model_copy(update={"hub": awq_recipe.hub.model_copy(update={"repo_id": section.repo_id})})
+    validated = ValidatedRecipe(recipe=recipe, source="x.yaml", recipe_sha256="0" * 64,
+                                calibration_fingerprint="0" * 64)
+    ckpt = tmp_path / "checkpoint"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    (ckpt / "model.safetensors").write_bytes(b"weights" * 1000)
+    base = BaseModelRef(local_dir=str(ROOT / "models" / "tiny-llama"), sha="1" * 64)
+    checkpoint = QuantizeResult(checkpoint_dir=str(ckpt), method="awq", scheme="W4A16_ASYM", seconds=1.0,
+                                base_bytes=2, quantized_bytes=1, calibration_fingerprint="2" * 64,
+                                engine_versions={})
+    command = f"vllm serve {section.repo_id} --max-model-len 512"
+
+    pushed = release.push_release_candidate(validated, base, checkpoint, command, tmp_path / "run")
+    assert sorted(p.name for p in (tmp_path / "run" / "release").iterdir()) == [
+        "README.md", "config.json", "model.safetensors"]
+    assert command in (tmp_path / "run" / "release" / "README.md").read_text()
+
+    decision = Decision(passed=passed, checks=[CheckRow(check="stress", passed=passed,
+                                                        reason="ok" if passed else "2 preemptions")])
+    report = RunReport(run_id="r1", recipe=recipe.name, recipe_source="x.yaml", recipe_sha256="0" * 64,
+                       base=base, checkpoint=checkpoint, candidate=pushed, decision=decision,
+                       serving_command=command, report_dir=str(tmp_path / "run"))
+    outcome = release.promote_or_reject(validated, report, approved=True, approved_by=None)
+    assert report.release is outcome
+    reasons = release.release_reasons(report, True, None)
+    if passed:
+        assert outcome.status == "promoted" and reasons == [] and outcome.ref == recipe.hub.release_ref
+        assert release_target(recipe.hub, local_hub.endpoint) == outcome.commit_sha != pushed.commit_sha
+    else:
+        assert outcome.status == "rejected" and reasons == ["stress: 2 preemptions"]
+        assert outcome.rejection_tag and release_target(recipe.hub, local_hub.endpoint) is None
+    event = release.release_event(recipe, report, outcome, reasons)
+    assert event["event"] == f"quantize-serve.release.{outcome.status}"
+    assert event["resource"]["huggingface.revision"] == (outcome.commit_sha or pushed.commit_sha)
+    assert release.revision_url(report, outcome).endswith(f"/tree/{outcome.commit_sha or pushed.commit_sha}")
