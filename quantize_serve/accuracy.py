@@ -126,25 +126,50 @@ def run_accuracy(
                         "names or task YAML paths under gates.accuracy.tasks in the recipe")
     started = time.monotonic()
     output_dir.mkdir(parents=True, exist_ok=True)
-    try:  # heavy imports (torch, transformers, datasets) only when the gate runs
+    lm_eval = import_lm_eval()
+    specs = [resolve_task(t, base_dir) for t in gate.tasks]  # file problems fail before any request
+    check_server(server_base_url)
+    task_manager = index_tasks(specs)
+    lm = completions_model(server_base_url, gate, tokenizer_dir=tokenizer_dir, max_length=max_length)
+    runs: dict[str, TaskRun] = {}
+    for spec in specs:
+        t0 = time.monotonic()
+        results = evaluate_task(lm, spec, task_manager, server_base_url)
+        runs[spec.task.task] = record_task_run(spec, results, output_dir, seconds=time.monotonic() - t0)
+    run = AccuracyRun(server_base_url=server_base_url, tasks=runs,
+                      seconds=round(time.monotonic() - started, 1),
+                      lm_eval_version=getattr(lm_eval, "__version__", "unknown"))
+    (output_dir / "accuracy_run.json").write_text(run.model_dump_json(indent=2))
+    return run
+
+
+def import_lm_eval() -> Any:
+    """lm-eval, imported only when the gate runs (it pulls in torch, transformers, datasets)."""
+    try:
         import lm_eval
-        from lm_eval.api.registry import get_model
-        from lm_eval.tasks import TaskManager
-        from lm_eval.utils import handle_non_serializable
     except ImportError as exc:
         raise GateError(f"lm-eval cannot be imported ({exc}). Fix: install the pipeline environment "
                         "(`make setup`; it pins lm-eval[api])") from exc
-    specs = [resolve_task(t, base_dir) for t in gate.tasks]  # file problems fail before any request
-    check_server(server_base_url)
+    return lm_eval
+
+
+def index_tasks(specs: list[_TaskSpec]) -> Any:
+    """lm-eval's TaskManager over the task files' folders (and the built-in tasks if a task is
+    named rather than given as a file: indexing lm-eval's ~15,000 built-in task files takes ~10 s)."""
+    from lm_eval.tasks import TaskManager
 
     include_paths = sorted({str(s.include_path) for s in specs if s.include_path})
-    # Indexing lm-eval's ~15,000 built-in task files takes ~10 s; skip it when only files are named.
     needs_builtin = any(s.include_path is None for s in specs)
     try:
-        task_manager = TaskManager(include_path=include_paths or None, include_defaults=needs_builtin)
+        return TaskManager(include_path=include_paths or None, include_defaults=needs_builtin)
     except Exception as exc:
         raise GateError(f"lm-eval could not index the task folders {include_paths}: {exc!r}. Fix: "
                         "check the task YAML files in those folders") from exc
+
+
+def completions_model(server_base_url: str, gate: AccuracyGate, *, tokenizer_dir: str, max_length: int) -> Any:
+    """lm-eval's ``local-completions`` model, pointed at the served model."""
+    from lm_eval.api.registry import get_model
 
     model_args = {
         "base_url": f"{server_base_url.rstrip('/')}/v1/completions",
@@ -158,61 +183,65 @@ def run_accuracy(
         "timeout": REQUEST_TIMEOUT_S,
     }
     try:
-        lm = get_model("local-completions").create_from_arg_obj(model_args, {"batch_size": gate.batch_size})
+        return get_model("local-completions").create_from_arg_obj(model_args, {"batch_size": gate.batch_size})
     except Exception as exc:
         raise GateError(f"lm-eval could not set up local-completions with the tokenizer at {tokenizer_dir}: "
                         f"{exc!r}. Fix: point tokenizer_dir at the served model's folder (it needs "
                         "tokenizer.json / tokenizer_config.json)") from exc
 
-    runs: dict[str, TaskRun] = {}
-    for spec in specs:
-        t0 = time.monotonic()
-        log.info("lm-eval: %s (num_fewshot=%s, limit=%s) against %s", spec.task.task,
-                 spec.task.num_fewshot, spec.task.limit, server_base_url)
-        try:
-            results = lm_eval.simple_evaluate(
-                model=lm,
-                tasks=[spec.load_spec],
-                num_fewshot=spec.task.num_fewshot,
-                limit=spec.task.limit,
-                task_manager=task_manager,
-                log_samples=False,
-            )
-        except Exception as exc:
-            if not _answers(server_base_url):  # the usual cause mid-run: say so, not "maybe"
-                raise GateError(
-                    f"the vLLM server at {server_base_url} stopped answering during lm-eval task "
-                    f"{spec.task.task!r} ({_short(exc)}), so the accuracy gate failed. Fix: read its log "
-                    "(it died, was killed or hangs: the end of the log says which), then re-run"
-                ) from exc
-            raise GateError(
-                f"lm-eval failed on task {spec.task.task!r} against {server_base_url}: {exc!r}. "
-                "Fix: if the server stopped answering, read its log; if the task did not load, "
-                "check the task name (`lm_eval ls tasks`) or its YAML and data files"
-            ) from exc
-        if not results or not results.get("results"):
-            raise GateError(f"lm-eval returned no results for task {spec.task.task!r}. Fix: check "
-                            "that the task has documents in its test/validation split")
-        raw_path = output_dir / f"lm_eval_{_file_stem(spec.name)}.json"
-        raw_path.write_text(json.dumps(results, indent=2, default=handle_non_serializable,
-                                       ensure_ascii=False))
-        runs[spec.task.task] = TaskRun(
-            task=spec.task.task,
-            lm_eval_name=spec.name,
+
+def evaluate_task(lm: Any, spec: _TaskSpec, task_manager: Any, server_base_url: str) -> dict[str, Any]:
+    """One lm-eval task against the server; a failure says whether the server stopped answering."""
+    import lm_eval
+
+    log.info("lm-eval: %s (num_fewshot=%s, limit=%s) against %s", spec.task.task,
+             spec.task.num_fewshot, spec.task.limit, server_base_url)
+    try:
+        results = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=[spec.load_spec],
             num_fewshot=spec.task.num_fewshot,
             limit=spec.task.limit,
-            num_docs=_num_docs(results, spec.name),
-            metrics=extract_metrics(results, spec.name),
-            seconds=round(time.monotonic() - t0, 1),
-            results_path=str(raw_path),
+            task_manager=task_manager,
+            log_samples=False,
         )
-        if not runs[spec.task.task].metrics:
-            raise GateError(f"lm-eval reported no numeric metric for task {spec.task.task!r} "
-                            f"(see {raw_path}). Fix: give the task a metric_list")
-    run = AccuracyRun(server_base_url=server_base_url, tasks=runs,
-                      seconds=round(time.monotonic() - started, 1),
-                      lm_eval_version=getattr(lm_eval, "__version__", "unknown"))
-    (output_dir / "accuracy_run.json").write_text(run.model_dump_json(indent=2))
+    except Exception as exc:
+        if not _answers(server_base_url):  # the usual cause mid-run: say so, not "maybe"
+            raise GateError(
+                f"the vLLM server at {server_base_url} stopped answering during lm-eval task "
+                f"{spec.task.task!r} ({_short(exc)}), so the accuracy gate failed. Fix: read its log "
+                "(it died, was killed or hangs: the end of the log says which), then re-run"
+            ) from exc
+        raise GateError(
+            f"lm-eval failed on task {spec.task.task!r} against {server_base_url}: {exc!r}. "
+            "Fix: if the server stopped answering, read its log; if the task did not load, "
+            "check the task name (`lm_eval ls tasks`) or its YAML and data files"
+        ) from exc
+    if not results or not results.get("results"):
+        raise GateError(f"lm-eval returned no results for task {spec.task.task!r}. Fix: check "
+                        "that the task has documents in its test/validation split")
+    return results
+
+
+def record_task_run(spec: _TaskSpec, results: dict[str, Any], output_dir: Path, *, seconds: float) -> TaskRun:
+    """Keep lm-eval's raw results beside the run and read the task's metrics out of them."""
+    from lm_eval.utils import handle_non_serializable
+
+    raw_path = output_dir / f"lm_eval_{_file_stem(spec.name)}.json"
+    raw_path.write_text(json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False))
+    run = TaskRun(
+        task=spec.task.task,
+        lm_eval_name=spec.name,
+        num_fewshot=spec.task.num_fewshot,
+        limit=spec.task.limit,
+        num_docs=_num_docs(results, spec.name),
+        metrics=extract_metrics(results, spec.name),
+        seconds=round(seconds, 1),
+        results_path=str(raw_path),
+    )
+    if not run.metrics:
+        raise GateError(f"lm-eval reported no numeric metric for task {spec.task.task!r} "
+                        f"(see {raw_path}). Fix: give the task a metric_list")
     return run
 
 
