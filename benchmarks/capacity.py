@@ -7,7 +7,6 @@ capacity stage. Targets: fp8_token_ratio within 2.00 +- 1%; planner error within
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -19,10 +18,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
-def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
-    from quantize_serve.capacity import capacity_spec, measure_capacity, summarize_capacity
+def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml",
+         out: Path = ROOT / "benchmarks/results/capacity.json") -> None:
+    from quantize_serve.capacity import run_capacity_stage
     from quantize_serve.quantize import quantize_model
-    from quantize_serve.server import vllm_server
     from quantize_serve.validate import resolve_base, validate_recipe
 
     validated = validate_recipe(recipe_path)
@@ -30,20 +29,14 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
     base = resolve_base(validated)
     ckpt = quantize_model(recipe, Path(base.local_dir), base_identity=base.identity,
                           calibration_fingerprint=validated.calibration_fingerprint, log=lambda _: None)
-    models = {"base": base.local_dir, "w4a16": ckpt.checkpoint_dir, "w4a16-fp8kv": ckpt.checkpoint_dir}
-    configs = []
     with tempfile.TemporaryDirectory() as logs:
-        for name, model_dir in models.items():
-            spec = capacity_spec(recipe, name, Path(model_dir))
-            with vllm_server(spec, log_path=Path(logs) / f"{name}.log") as server:
-                configs.append(measure_capacity(server, spec, name=name))
-            print(configs[-1], flush=True)
-    report = summarize_capacity(recipe, configs, json.loads((Path(base.local_dir) / "config.json").read_text()))
+        report = run_capacity_stage(recipe, base.local_dir, ckpt.checkpoint_dir, log_dir=Path(logs),
+                                    log=lambda line: print(line, flush=True))
     result = {
         "recipe": recipe.name,
         "method": report.method,
         "budget_bytes": report.budget_bytes,
-        "configs": [c.model_dump() for c in report.configs],
+        "configs": [c.model_dump(mode="json") for c in report.configs],
         "fp8_token_ratio": report.fp8_token_ratio,
         "freed_weight_bytes": report.freed_weight_bytes,
         "gain_quantized": report.gain_quantized,
@@ -54,10 +47,10 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
     }
     from quantize_serve.portable import write_json_result
 
-    write_json_result(ROOT / "benchmarks/results/capacity.json", result)
+    write_json_result(out, result)
     print(report.markdown())
     print(f"wrote {out}")
 
 
 if __name__ == "__main__":
-    main()
+    main(*(Path(a) for a in sys.argv[1:3]))  # [recipe [output]]: defaults above

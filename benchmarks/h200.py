@@ -19,8 +19,8 @@ One driver, three sub-commands:
       ``quantize_serve.quantize.quantize_model`` (llm-compressor in a child process), calibrated
       on the project's corpus; GPU memory through NVML before (idle baseline), during (peak)
       and after each (target: back within 1 GiB of the baseline).
-    - ``capacity``: the capacity stage's three configurations (``capacity_spec`` +
-      ``vllm_server`` + ``measure_capacity``; ``summarize_capacity`` in GPU mode, device memory
+    - ``capacity``: the capacity stage's three configurations (``capacity.measure_boot``, the
+      stress test on the production boot's server; ``summarize_capacity`` in GPU mode, device memory
       from NVML) at max_model_len 8192, gpu_memory_utilization 0.90.
     - ``stress``: ``run_stress_test`` on the W4A16+fp8 boot (the same server as its capacity
       row) at the planner's recommended concurrency, long prompts near 8,192 tokens.
@@ -354,10 +354,10 @@ def error_text(exc: BaseException) -> str:
 
 
 def stage_capacity(ctx: dict, *, with_stress: bool) -> None:
-    from quantize_serve.capacity import capacity_spec, measure_capacity, plan_for, summarize_capacity
+    from quantize_serve.capacity import (PRODUCTION_BOOT, Boot, capacity_spec, measure_boot, plan_for,
+                                         summarize_capacity)
     from quantize_serve.recipe import parse_recipe
     from quantize_serve.report import stress_summary
-    from quantize_serve.server import vllm_server
     from quantize_serve.stress import run_stress_test
 
     res, nvml, profile, model_dir = ctx["results"], ctx["nvml"], ctx["profile"], ctx["model_dir"]
@@ -372,7 +372,7 @@ def stage_capacity(ctx: dict, *, with_stress: bool) -> None:
     if res.data.get("gpu_memory_idle_baseline_gib") is not None:
         idle = int(res.data["gpu_memory_idle_baseline_gib"] * GIB)
     probe = parse_recipe(model_recipe(profile, method, model_dir), base_dir=ROOT)
-    plan_fp8 = plan_for(probe, base_config, "w4a16-fp8kv", block_size=16, device_memory_bytes=total)
+    plan_fp8 = plan_for(probe, base_config, PRODUCTION_BOOT, block_size=16, device_memory_bytes=total)
     concurrency = max(1, min(plan_fp8.recommended_max_num_seqs, probe.serve.max_num_seqs))
     recipe = parse_recipe(model_recipe(profile, method, model_dir, concurrency=concurrency), base_dir=ROOT)
     logs = ctx["work_dir"] / "logs"
@@ -380,30 +380,33 @@ def stage_capacity(ctx: dict, *, with_stress: bool) -> None:
                            "device_memory_bytes_nvml": total, "configs": {}}
     res.data["capacity"] = cap
     configs = []
-    models = {"base": model_dir, "w4a16": checkpoint, "w4a16-fp8kv": checkpoint}
-    for name, folder in models.items():
-        spec = capacity_spec(recipe, name, Path(folder))
+    for name in Boot:
+        spec = capacity_spec(recipe, name, name.model_dir(model_dir, checkpoint))
         used, waited = wait_idle(nvml, idle, timeout_s=60)  # the last boot's memory must be back
         log(f"capacity {name}: GPU memory {gib(used)} GiB (waited {waited} s); {spec.serve_command()}")
         log_path = logs / f"vllm-{name}.log"
+
+        def while_up(server, measured, name=name, spec=spec) -> None:
+            configs.append(measured)
+            cap["configs"][name] = {"measured": measured.model_dump(mode="json"), "command": spec.serve_command(),
+                                    "gpu_memory_used_serving_gib": gib(nvml.used())}
+            log(f"capacity {name}: {measured.kv_cache_tokens:,} KV tokens, boot {measured.boot_seconds} s")
+            if with_stress and name is PRODUCTION_BOOT:
+                log(f"stress: concurrency {concurrency} (planner's recommended_max_num_seqs "
+                    f"{plan_fp8.recommended_max_num_seqs}, serve.max_num_seqs {recipe.serve.max_num_seqs})")
+                try:
+                    stress = run_stress_test(server, recipe.gates.stress, recipe.serve,
+                                             tokenizer_dir=str(checkpoint), output_dir=ctx["work_dir"] / "stress",
+                                             log=log)
+                    res.data["stress"] = stress_record(stress, stress_summary(stress), concurrency, plan_fp8)
+                except Exception as exc:
+                    res.data["errors"]["stress"] = error_text(exc)
+                    log(f"stress FAILED to run: {exc}")
+
         try:
-            with PeakSampler(nvml) as peak, vllm_server(spec, log_path=log_path) as server:
-                measured = measure_capacity(server, spec, name=name)
-                configs.append(measured)
-                cap["configs"][name] = {"measured": measured.model_dump(), "command": spec.serve_command(),
-                                        "gpu_memory_used_serving_gib": gib(nvml.used())}
-                log(f"capacity {name}: {measured.kv_cache_tokens:,} KV tokens, boot {measured.boot_seconds} s")
-                if with_stress and name == "w4a16-fp8kv":
-                    log(f"stress: concurrency {concurrency} (planner's recommended_max_num_seqs "
-                        f"{plan_fp8.recommended_max_num_seqs}, serve.max_num_seqs {recipe.serve.max_num_seqs})")
-                    try:
-                        stress = run_stress_test(server, recipe.gates.stress, recipe.serve,
-                                                 tokenizer_dir=str(checkpoint), output_dir=ctx["work_dir"] / "stress",
-                                                 log=log)
-                        res.data["stress"] = stress_record(stress, stress_summary(stress), concurrency, plan_fp8)
-                    except Exception as exc:
-                        res.data["errors"]["stress"] = error_text(exc)
-                        log(f"stress FAILED to run: {exc}")
+            with PeakSampler(nvml) as peak:
+                measure_boot(recipe, name, name.model_dir(model_dir, checkpoint), log_path=log_path,
+                             while_up=while_up)
             cap["configs"][name]["gpu_memory_peak_gib"] = gib(peak.peak)
             cap["configs"][name]["vllm_log_lines"] = vllm_lines(log_path)
         except Exception as exc:
@@ -605,7 +608,7 @@ def dry_run(profile: dict, model_dir: Path, res: Results) -> None:
     import importlib
 
     from quantize_serve import planner
-    from quantize_serve.capacity import plan_for
+    from quantize_serve.capacity import PRODUCTION_BOOT, Boot, plan_for
     from quantize_serve.recipe import parse_recipe
     from quantize_serve.stress import plan_traffic
 
@@ -620,8 +623,8 @@ def dry_run(profile: dict, model_dir: Path, res: Results) -> None:
         out[method] = {name: plan_for(recipe, profile["config"], name, block_size=16,
                                       device_memory_bytes=total).model_dump(include={
                            "kv_cache_tokens", "weights_bytes", "kv_cache_memory_bytes", "recommended_max_num_seqs"})
-                       for name in ("base", "w4a16", "w4a16-fp8kv")}
-    rec = out["awq"]["w4a16-fp8kv"]["recommended_max_num_seqs"]
+                       for name in Boot}
+    rec = out["awq"][PRODUCTION_BOOT]["recommended_max_num_seqs"]
     recipe = parse_recipe(model_recipe(profile, "awq", model_dir, concurrency=min(rec, 256)), base_dir=ROOT)
     schedule = plan_traffic(recipe.gates.stress, recipe.serve, str(TOKENIZER_SOURCE), seed=0)
     res.data["dry_run"] = {"parameters": shape.num_parameters(), "device_memory_bytes": total, "plans": out,

@@ -26,7 +26,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("QS_WORK_DIR", str(ROOT / ".cache" / "test-work"))  # the tests' cached checkpoint
 
 KV_BLOCKS = 41
 BLOCK_TOKENS = 128  # vLLM CPU
@@ -53,12 +52,13 @@ def search_recipe(recipe_path: Path, checkpoint_dir: Path):
     return parse_recipe(data, source=f"{recipe_path} (+ profile search setup)", base_dir=recipe_path.parent)
 
 
-def point_row(p) -> dict:
-    return p.model_dump(exclude={"spec"}) | {"command": p.spec.serve_command() if p.spec else None}
+def point_row(p, model: str) -> dict:
+    return p.model_dump(exclude={"spec"}) | {"command": p.spec.serve_command(model) if p.spec else None}
 
 
 def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
     from quantize_serve import profile_search as ps
+    from quantize_serve.capacity import published_model
     from quantize_serve.quantize import quantize_model
     from quantize_serve.validate import resolve_base, validate_recipe
 
@@ -69,6 +69,7 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
                                calibration_fingerprint=validated.calibration_fingerprint,
                                log=lambda _: None).checkpoint_dir)
     recipe = search_recipe(recipe_path, ckpt)
+    model = published_model(recipe, ckpt)  # what the committed profile and commands name
     work = ROOT / ".cache" / "bench-serve-profile" / time.strftime("%Y%m%d-%H%M%S")
     print(f"checkpoint {ckpt}; KV budget {KV_BLOCKS} blocks; logs under {work}", flush=True)
 
@@ -100,18 +101,18 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
             "max_num_seqs": found.max_num_seqs, "max_num_batched_tokens": found.max_num_batched_tokens,
             "max_model_len": found.max_model_len, "peak_kv_cache_usage": found.peak_kv_cache_usage,
             "preemptions": found.preemptions, "output_throughput": found.output_throughput,
-            "profile": ps.profile_config(found.spec), "command": found.spec.serve_command(),
+            "profile": ps.profile_config(found.spec, model=model), "command": found.spec.serve_command(model),
         },
         "boots": result.boots,
         "stop_reason": result.stop_reason,
         "planner": {"recommended_max_num_seqs": result.planner_recommended,
                     "max_concurrency": result.planner_max_concurrency, "start": result.planner_start},
-        "points": [point_row(p) for p in result.points],
+        "points": [point_row(p, model) for p in result.points],
         "search_wall_s": search_s,
         "grid_best": grid_best,
         "grid_boots": len(grid),
         "grid_monotonic": first_fail is None or grid_best is None or grid_best < first_fail,
-        "grid_points": [point_row(p) for p in grid],
+        "grid_points": [point_row(p, model) for p in grid],
         "grid_wall_s": grid_s,
         "total_wall_s": round(time.monotonic() - started, 1),
         "targets": {
@@ -122,7 +123,7 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     if found is not None:
-        path, command = ps.write_serve_profile(found, RESULTS / "serve-profile.yaml")
+        path, command = ps.write_serve_profile(found, RESULTS / "serve-profile.yaml", model=model)
         out["found"]["profile_path"] = str(path.relative_to(ROOT))
     ps.plot_search(result, RESULTS / "serve_profile.png", grid=grid)
     from quantize_serve.portable import write_json_result

@@ -21,6 +21,7 @@ from pathlib import Path
 from prefect import flow
 from prefect.states import Failed, State
 
+from quantize_serve.capacity import Boot
 from quantize_serve.recipe import Recipe
 from quantize_serve.report import RunReport
 from tasks.accuracy import run_accuracy
@@ -29,7 +30,8 @@ from tasks.hub import promote_or_reject, push_candidate
 from tasks.profile import search_serve_profile, with_found_profile
 from tasks.quantize import quantize_model
 from tasks.report import Progress, publish_report, request_approval, run_folder, run_id, write_report_files
-from tasks.serve import gpu_slot, measure_capacity, production_spec, served, summarize_capacity
+from tasks.serve import (gpu_slot, measure_capacity, published_model, published_serve_command, served,
+                         summarize_capacity)
 from tasks.soak import run_soak_test
 from tasks.stress import run_stress_test
 from tasks.validate import resolve_base_model, validate_recipe
@@ -54,24 +56,24 @@ def quantize_serve(recipe: Recipe | str) -> RunReport:
     if r.serve.search and r.serve.search.enabled:  # the largest stable batch replaces serve.max_num_seqs
         with gpu_slot():
             profile = search_serve_profile(r, checkpoint.checkpoint_dir, output_dir=run_dir,
-                                           model=r.hub.repo_id if r.hub else None)
+                                           model=published_model(validated, checkpoint.checkpoint_dir))
         validated = with_found_profile(validated, profile)
         r = validated.recipe
-    serving_command = profile.serve_command if profile else production_spec(validated, checkpoint.checkpoint_dir).serve_command()
+    serving_command = profile.serve_command if profile else published_serve_command(validated, checkpoint.checkpoint_dir)
     candidate = push_candidate(validated, base, checkpoint, serving_command, run_dir, profile)
     progress.done("candidate pushed")
     with gpu_slot():
-        with served(validated, "base", base.local_dir, run_dir) as (server, spec):
-            cap_base = measure_capacity(server, spec, "base")
+        with served(validated, Boot.BASE, base.local_dir, run_dir) as (server, spec):
+            cap_base = measure_capacity(server, spec, Boot.BASE)
             acc_base = run_accuracy(server.base_url, r.gates.accuracy, tokenizer_dir=base.local_dir,
                                     max_length=r.serve.max_model_len, base_dir=Path(r.base_dir),
                                     output_dir=run_dir / "accuracy-base", return_state=True)
         progress.done("base served")
-        with served(validated, "w4a16", checkpoint.checkpoint_dir, run_dir) as (server, spec):
-            cap_w4 = measure_capacity(server, spec, "w4a16")
+        with served(validated, Boot.W4A16, checkpoint.checkpoint_dir, run_dir) as (server, spec):
+            cap_w4 = measure_capacity(server, spec, Boot.W4A16)
         progress.done("quantized served")
-        with served(validated, "w4a16-fp8kv", checkpoint.checkpoint_dir, run_dir) as (server, spec):
-            cap_fp8 = measure_capacity(server, spec, "w4a16-fp8kv")
+        with served(validated, Boot.W4A16_FP8KV, checkpoint.checkpoint_dir, run_dir) as (server, spec):
+            cap_fp8 = measure_capacity(server, spec, Boot.W4A16_FP8KV)
             acc_quant = run_accuracy(server.base_url, r.gates.accuracy, tokenizer_dir=checkpoint.checkpoint_dir,
                                      max_length=r.serve.max_model_len, base_dir=Path(r.base_dir),
                                      output_dir=run_dir / "accuracy-quantized", return_state=True)

@@ -21,24 +21,43 @@ from __future__ import annotations
 import json
 import re
 import struct
+from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel
 
 from quantize_serve import planner
 from quantize_serve.errors import GateError
+from quantize_serve.metrics import read_labels
 from quantize_serve.recipe import Recipe
-from quantize_serve.server import RunningServer, ServerSpec
+from quantize_serve.server import RunningServer, ServerSpec, vllm_server
 
 GIB = 1024**3
-ConfigName = Literal["base", "w4a16", "w4a16-fp8kv"]
-CONFIG_SCHEMES: dict[str, tuple[str, str]] = {
-    # name: (planner scheme for the weights, KV dtype label)
-    "base": ("bf16", "auto"),
-    "w4a16": ("W4A16", "auto"),
-    "w4a16-fp8kv": ("W4A16", "fp8"),
-}
+
+
+class Boot(StrEnum):
+    """The three boots the capacity stage compares. The values name them in run folders
+    (``vllm-<boot>.log``), report.json, artifacts and benchmark results."""
+
+    BASE = "base"  # the base model, 16-bit KV
+    W4A16 = "w4a16"  # the quantized checkpoint, 16-bit KV
+    W4A16_FP8KV = "w4a16-fp8kv"  # the quantized checkpoint, the recipe's KV dtype: what production runs
+
+    @property
+    def quantized(self) -> bool:
+        return self is not Boot.BASE
+
+    @property
+    def sixteen_bit_kv(self) -> bool:
+        return self is not Boot.W4A16_FP8KV
+
+    def model_dir(self, base_dir: str | Path, checkpoint_dir: str | Path) -> Path:
+        """The folder this boot serves: the base model's or the quantized checkpoint's."""
+        return Path(checkpoint_dir if self.quantized else base_dir)
+
+
+PRODUCTION_BOOT = Boot.W4A16_FP8KV  # the boot the gates prove and the card publishes
 METHOD_FIXED = (
     "fixed budget: every configuration shares serve.memory_budget; each boot gets "
     "--kv-cache-memory-bytes = budget - weights, weights = tensor bytes of the checkpoint's "
@@ -52,7 +71,7 @@ METHOD_GPU = (
 
 
 class CapacityConfig(BaseModel):
-    name: str
+    name: Boot
     kv_cache_dtype: str
     weights_bytes: int
     kv_cache_memory_bytes: int
@@ -65,7 +84,7 @@ class CapacityConfig(BaseModel):
 
 
 class PlannerCheck(BaseModel):
-    name: str
+    name: Boot
     predicted_kv_tokens: int
     measured_kv_tokens: int
     error_pct: float
@@ -81,7 +100,7 @@ class CapacityReport(BaseModel):
     gain_fp8: float
     planner: list[PlannerCheck]
 
-    def by_name(self, name: str) -> CapacityConfig:
+    def by_name(self, name: Boot) -> CapacityConfig:
         return next(c for c in self.configs if c.name == name)
 
     def markdown(self) -> str:
@@ -102,17 +121,18 @@ class CapacityReport(BaseModel):
         rows += [
             "",
             f"Memory freed by quantization: {self.freed_weight_bytes / GIB:.4f} GiB "
-            f"({self.freed_weight_bytes:,} bytes). Capacity over base: w4a16 x{self.gain_quantized:.2f}, "
-            f"w4a16 + fp8 KV x{self.gain_fp8:.2f}; fp8/16-bit KV tokens x{self.fp8_token_ratio:.3f}.",
+            f"({self.freed_weight_bytes:,} bytes). Capacity over {Boot.BASE}: {Boot.W4A16} "
+            f"x{self.gain_quantized:.2f}, {Boot.W4A16} + fp8 KV x{self.gain_fp8:.2f}; fp8/16-bit KV "
+            f"tokens x{self.fp8_token_ratio:.3f}.",
             "",
             f"Method: {self.method}",
         ]
         return "\n".join(rows)
 
 
-def capacity_spec(recipe: Recipe, name: str, model_dir: Path) -> ServerSpec:
+def capacity_spec(recipe: Recipe, boot: Boot, model_dir: Path) -> ServerSpec:
     """The boot spec of one configuration under the recipe's (shared) budget."""
-    kv_dtype = sixteen_bit_kv_dtype(model_dir) if name in ("base", "w4a16") else recipe.serve.kv_cache_dtype
+    kv_dtype = sixteen_bit_kv_dtype(model_dir) if Boot(boot).sixteen_bit_kv else recipe.serve.kv_cache_dtype
     kv_bytes = None
     if recipe.serve.memory_budget is not None:
         kv_bytes = int(recipe.serve.memory_budget) - checkpoint_tensor_bytes(model_dir)
@@ -120,6 +140,18 @@ def capacity_spec(recipe: Recipe, name: str, model_dir: Path) -> ServerSpec:
             kv_bytes = 1  # let vLLM refuse it with its own message (and our remedy)
     return ServerSpec(model_dir=str(model_dir), serve=recipe.serve, kv_cache_dtype=kv_dtype,
                       kv_cache_memory_bytes=kv_bytes)
+
+
+def published_model(recipe: Recipe, checkpoint_dir: str | Path) -> str:
+    """How a published command or profile names the model: the Hub repo id, or (no hub section)
+    the checkpoint folder's name; never this machine's path."""
+    return recipe.hub.repo_id if recipe.hub else Path(checkpoint_dir).name
+
+
+def published_serve_command(recipe: Recipe, checkpoint_dir: str | Path) -> str:
+    """The published `vllm serve <repo id> ...` of the production boot."""
+    spec = capacity_spec(recipe, PRODUCTION_BOOT, Path(checkpoint_dir))
+    return spec.serve_command(published_model(recipe, checkpoint_dir))
 
 
 def sixteen_bit_kv_dtype(model_dir: Path) -> str:
@@ -147,8 +179,6 @@ def checkpoint_tensor_bytes(model_dir: Path) -> int:
     return total
 
 
-CACHE_INFO = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.M)
-LABEL = re.compile(r'(\w+)="([^"]*)"')
 MODEL_LOADING = re.compile(r"Model loading took ([\d.]+) GiB")
 AVAILABLE_KV = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 
@@ -166,13 +196,14 @@ def label_number(info: dict[str, str], key: str) -> float | None:
 
 
 def read_cache_info(metrics_text: str) -> dict[str, str]:
-    match = CACHE_INFO.search(metrics_text)
-    if not match:
+    """The labels of ``vllm:cache_config_info`` (vLLM's capacity figures) on ``/metrics``."""
+    info = read_labels(metrics_text, "vllm:cache_config_info")
+    if info is None:
         raise GateError("vLLM's /metrics has no vllm:cache_config_info; is this a vLLM >= 0.10 server?")
-    return dict(LABEL.findall(match.group("labels")))
+    return info
 
 
-def measure_capacity(server: RunningServer, spec: ServerSpec, *, name: str) -> CapacityConfig:
+def measure_capacity(server: RunningServer, spec: ServerSpec, *, name: Boot) -> CapacityConfig:
     """Read one boot's KV capacity from vLLM's /metrics and its weight memory (see module doc)."""
     info = read_cache_info(server.get("/metrics"))
     num_blocks = int(info["num_gpu_blocks"])
@@ -190,7 +221,7 @@ def measure_capacity(server: RunningServer, spec: ServerSpec, *, name: str) -> C
         found = AVAILABLE_KV.findall(log_text)
         kv_bytes = float(found[-1]) * GIB if found else 0
     return CapacityConfig(
-        name=name,
+        name=Boot(name),
         kv_cache_dtype=info.get("cache_dtype", spec.effective_kv_dtype),
         weights_bytes=weights,
         kv_cache_memory_bytes=int(kv_bytes),
@@ -203,14 +234,13 @@ def measure_capacity(server: RunningServer, spec: ServerSpec, *, name: str) -> C
     )
 
 
-def plan_for(recipe: Recipe, base_config: dict, name: str, *, block_size: int,
+def plan_for(recipe: Recipe, base_config: dict, name: Boot, *, block_size: int,
              device_memory_bytes: int | None = None) -> planner.CapacityPlan:
     """The planner's prediction for one configuration, in the same mode as the measurement."""
-    scheme, kv = CONFIG_SCHEMES[name]
-    if kv != "auto":
-        kv = recipe.serve.kv_cache_dtype
-    if scheme != "bf16" and recipe.quantization.scheme == "W4A16_ASYM":
-        scheme = "W4A16_ASYM"
+    boot = Boot(name)
+    kv = "auto" if boot.sixteen_bit_kv else recipe.serve.kv_cache_dtype
+    scheme = "bf16" if not boot.quantized else (
+        "W4A16_ASYM" if recipe.quantization.scheme == "W4A16_ASYM" else "W4A16")
     fixed = recipe.serve.memory_budget is not None
     return planner.plan_capacity(
         planner.ModelShape.from_config(base_config),
@@ -231,7 +261,7 @@ def summarize_capacity(recipe: Recipe, configs: list[CapacityConfig], base_confi
                        *, device_memory_bytes: int | None = None) -> CapacityReport:
     """Derived figures and the planner's predictions beside the measured ones."""
     by = {c.name: c for c in configs}
-    a, b, c = by["base"], by["w4a16"], by["w4a16-fp8kv"]
+    a, b, c = by[Boot.BASE], by[Boot.W4A16], by[Boot.W4A16_FP8KV]
     checks = []
     for cfg in configs:
         plan = plan_for(recipe, base_config, cfg.name, block_size=cfg.block_size,
@@ -249,3 +279,32 @@ def summarize_capacity(recipe: Recipe, configs: list[CapacityConfig], base_confi
         gain_fp8=round(c.kv_cache_tokens / max(a.kv_cache_tokens, 1), 4),
         planner=checks,
     )
+
+
+def measure_boot(recipe: Recipe, boot: Boot, model_dir: str | Path, *, log_path: Path,
+                 log: Callable[[str], None] = lambda _: None,
+                 while_up: Callable[[RunningServer, CapacityConfig], None] | None = None) -> CapacityConfig:
+    """The capacity stage for one configuration on its own: boot it, measure it, (``while_up``:
+    use the same server for more, e.g. a stress test), stop it. The flow measures the same way on
+    the boots it shares with the gates (``measure_capacity`` on a ``capacity_spec`` boot)."""
+    spec = capacity_spec(recipe, boot, Path(model_dir))
+    log(f"capacity {boot}: {spec.serve_command()}")
+    with vllm_server(spec, log_path=log_path) as server:
+        measured = measure_capacity(server, spec, name=boot)
+        if while_up is not None:
+            while_up(server, measured)
+    return measured
+
+
+def run_capacity_stage(recipe: Recipe, base_dir: str | Path, checkpoint_dir: str | Path, *, log_dir: Path,
+                       device_memory_bytes: int | None = None,
+                       log: Callable[[str], None] = lambda _: None) -> CapacityReport:
+    """The capacity stage with a boot of its own per configuration (what the flow does while it
+    shares those boots with the gates): the three boots in order, then the summary."""
+    configs = []
+    for boot in Boot:
+        configs.append(measure_boot(recipe, boot, boot.model_dir(base_dir, checkpoint_dir),
+                                    log_path=Path(log_dir) / f"vllm-{boot}.log", log=log))
+        log(f"capacity {boot}: {configs[-1]}")
+    base_config = json.loads((Path(base_dir) / "config.json").read_text())
+    return summarize_capacity(recipe, configs, base_config, device_memory_bytes=device_memory_bytes)

@@ -40,10 +40,10 @@ import yaml
 from pydantic import BaseModel, Field
 
 from quantize_serve import planner
-from quantize_serve.capacity import capacity_spec, plan_for
+from quantize_serve.capacity import PRODUCTION_BOOT, capacity_spec, plan_for
 from quantize_serve.errors import GateError, ServerBootError
 from quantize_serve.recipe import ProfileSearch, Recipe, ServeSection, StressProfile
-from quantize_serve.server import ServerSpec, vllm_server
+from quantize_serve.server import ServerSpec, serve_command, vllm_server
 
 # The max_num_batched_tokens a candidate gets when the recipe leaves it unset: the same default the
 # capacity planner assumes (capacity.plan_for), written out so the emitted profile states it.
@@ -51,7 +51,6 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 # KV block size when the recipe uses a fixed budget (the CPU runs: vLLM CPU's block is 128 tokens)
 # and when it does not (CUDA's default, 16). Only the planner's starting point depends on it.
 CPU_BLOCK_SIZE, GPU_BLOCK_SIZE = planner.BLOCK_SIZE_CPU, planner.BLOCK_SIZE_GPU
-PRODUCTION_CONFIG = "w4a16-fp8kv"  # capacity_spec's name for the quantized model + the recipe's KV dtype
 
 Dimension = Literal["max_num_seqs", "max_model_len"]
 
@@ -270,7 +269,7 @@ def vllm_probe(recipe: Recipe, checkpoint_dir: Path, *, tokenizer_dir: str, outp
     def probe(serve: ServeSection) -> SearchPoint:
         i = next(counter)
         folder = Path(output_dir) / f"boot-{i:02d}-seqs{serve.max_num_seqs}-len{serve.max_model_len}"
-        spec = capacity_spec(recipe.model_copy(update={"serve": serve}), PRODUCTION_CONFIG,
+        spec = capacity_spec(recipe.model_copy(update={"serve": serve}), PRODUCTION_BOOT,
                              Path(checkpoint_dir))
         base = dict(max_num_seqs=serve.max_num_seqs, max_num_batched_tokens=serve.max_num_batched_tokens,
                     max_model_len=serve.max_model_len, spec=spec, log_path=str(folder / "vllm.log"))
@@ -318,7 +317,7 @@ def search_serve_profile(recipe: Recipe, checkpoint_dir: str | Path, *, output_d
     config = json.loads((checkpoint_dir / "config.json").read_text())
     fixed = recipe.serve.memory_budget is not None
     block = block_size or (CPU_BLOCK_SIZE if fixed else GPU_BLOCK_SIZE)
-    plan = plan_for(recipe, config, PRODUCTION_CONFIG, block_size=block,
+    plan = plan_for(recipe, config, PRODUCTION_BOOT, block_size=block,
                     device_memory_bytes=device_memory_bytes)
     len_range = None
     if search.max_model_len_search:
@@ -356,41 +355,10 @@ def found_serve(serve: ServeSection, result: ProfileSearchResult) -> ServeSectio
     return ServeSection.model_validate(data)
 
 
-def _scalar(text: str) -> Any:
-    """A command-line value as YAML would type it (vLLM turns it back into the same text)."""
-    for cast in (int, float):
-        try:
-            value = cast(text)
-        except ValueError:
-            continue
-        return value if str(value) == text else text
-    return text
-
-
 def profile_config(spec: ServerSpec, *, model: str | None = None) -> dict[str, Any]:
-    """The flags of ``spec.vllm_args()`` as a ``vllm serve --config`` mapping.
-
-    vLLM's loader (FlexibleArgumentParser.load_config_file) turns ``key: value`` into
-    ``--key value``, ``key: true`` into ``--key`` and a list into ``--key item...``.
-    """
-    args = spec.vllm_args()
-    mapping: dict[str, Any] = {}
-    i = 0
-    while i < len(args):
-        flag = args[i]
-        if not flag.startswith("--"):
-            raise ValueError(f"cannot place {flag!r} (after {args[i - 1]!r}) in a config file")
-        key, eq, inline = flag[2:].partition("=")
-        values = [inline] if eq else []
-        i += 1
-        while not eq and i < len(args) and not args[i].startswith("--"):
-            values.append(args[i])
-            i += 1
-        mapping[key] = True if not values else _scalar(values[0]) if len(values) == 1 else [
-            _scalar(v) for v in values]
-    if model:
-        mapping["model"] = model
-    return mapping
+    """The boot's vLLM config (``ServerSpec.vllm_config``) as ``serve-profile.yaml`` holds it;
+    ``model`` gives the published form (``ServerSpec.published_config``)."""
+    return spec.published_config(model) if model else spec.vllm_config()
 
 
 def write_serve_profile(found: SearchPoint, path: str | Path, *,
@@ -403,9 +371,7 @@ def write_serve_profile(found: SearchPoint, path: str | Path, *,
         raise GateError("this search point carries no ServerSpec (an injected probe made it); "
                         "only a real boot's point can be written as a serving profile")
     mapping = profile_config(found.spec, model=model)
-    args = [a for k, v in mapping.items() if k != "model"
-            for a in ([f"--{k}"] if v is True else [f"--{k}", *map(str, v if isinstance(v, list) else [v])])]
-    command = shlex.join(["vllm", "serve", str(mapping["model"]), *args])
+    command = serve_command(mapping)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     kv = f"{found.peak_kv_cache_usage:.0%}" if found.peak_kv_cache_usage is not None else "unknown"

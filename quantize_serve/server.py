@@ -23,7 +23,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -62,36 +62,96 @@ class ServerSpec(BaseModel):
     def effective_kv_dtype(self) -> str:
         return self.kv_cache_dtype or self.serve.kv_cache_dtype
 
-    def vllm_args(self) -> list[str]:
-        """The server flags (without host/port): also what reports show as the serving command."""
+    def vllm_config(self) -> dict[str, Any]:
+        """The boot as vLLM's config keys (the long flag names, as ``vllm serve --config`` reads
+        them): the one mapping the argv, serve-profile.yaml and the published command derive from.
+        A flag without a value is ``True``; a flag with several values is a list."""
         s = self.serve
-        args = [
-            "--model", self.model_dir,
-            "--served-model-name", SERVED_NAME,
-            "--max-model-len", str(s.max_model_len),
-            "--max-num-seqs", str(s.max_num_seqs),
-            "--kv-cache-dtype", self.effective_kv_dtype,
-            "--tensor-parallel-size", str(s.tensor_parallel_size),
-            "--dtype", s.dtype,
-        ]
+        config: dict[str, Any] = {
+            "model": self.model_dir,
+            "served-model-name": SERVED_NAME,
+            "max-model-len": s.max_model_len,
+            "max-num-seqs": s.max_num_seqs,
+            "kv-cache-dtype": self.effective_kv_dtype,
+            "tensor-parallel-size": s.tensor_parallel_size,
+            "dtype": s.dtype,
+        }
         if self.kv_cache_memory_bytes is not None:
-            args += ["--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes)]
+            config["kv-cache-memory-bytes"] = self.kv_cache_memory_bytes
         else:
-            args += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+            config["gpu-memory-utilization"] = s.gpu_memory_utilization
         if s.max_num_batched_tokens:
-            args += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
+            config["max-num-batched-tokens"] = s.max_num_batched_tokens
         if s.enforce_eager:
-            args.append("--enforce-eager")
+            config["enforce-eager"] = True
         if self.tokenizer_dir:
-            args += ["--tokenizer", self.tokenizer_dir]
-        return args + list(s.extra_args)
+            config["tokenizer"] = self.tokenizer_dir
+        return config | flags_config(s.extra_args)
 
-    def serve_command(self) -> str:
-        """The equivalent `vllm serve` command line a user runs in production."""
-        args = self.vllm_args()
-        model = args[1]
-        rest = args[2:]
-        return shlex.join(["vllm", "serve", model, *rest])
+    def published_config(self, model: str) -> dict[str, Any]:
+        """:meth:`vllm_config` as published: the model named by ``model`` (a Hub repo id, or a
+        placeholder), never by this machine's folders (the tokenizer then comes with the model)."""
+        config = {k: v for k, v in self.vllm_config().items() if k != "tokenizer"}
+        return config | {"model": model}
+
+    def vllm_args(self) -> list[str]:
+        """The server flags (without host/port), from :meth:`vllm_config`."""
+        return config_args(self.vllm_config())
+
+    def serve_command(self, model: str | None = None) -> str:
+        """The equivalent `vllm serve` command line; ``model`` gives the published form
+        (:meth:`published_config`)."""
+        return serve_command(self.published_config(model) if model else self.vllm_config())
+
+
+def config_args(config: dict[str, Any]) -> list[str]:
+    """A vLLM config mapping as command-line flags, the way vLLM's ``--config`` loader reads it:
+    ``key: value`` -> ``--key value``, ``key: true`` -> ``--key``, a list -> ``--key item...``."""
+    args: list[str] = []
+    for key, value in config.items():
+        if value is True:
+            args.append(f"--{key}")
+        elif isinstance(value, list):
+            args += [f"--{key}", *map(str, value)]
+        else:
+            args += [f"--{key}", str(value)]
+    return args
+
+
+def serve_command(config: dict[str, Any]) -> str:
+    """``vllm serve MODEL --flag ...`` for a vLLM config mapping."""
+    rest = {k: v for k, v in config.items() if k != "model"}
+    return shlex.join(["vllm", "serve", str(config["model"]), *config_args(rest)])
+
+
+def flags_config(flags: list[str]) -> dict[str, Any]:
+    """Command-line flags (a recipe's serve.extra_args) as vLLM config keys (see config_args)."""
+    config: dict[str, Any] = {}
+    i = 0
+    while i < len(flags):
+        flag = flags[i]
+        if not flag.startswith("--"):
+            raise ValueError(f"cannot place {flag!r} (after {flags[i - 1]!r}) in a vLLM config")
+        key, eq, inline = flag[2:].partition("=")
+        values = [inline] if eq else []
+        i += 1
+        while not eq and i < len(flags) and not flags[i].startswith("--"):
+            values.append(flags[i])
+            i += 1
+        config[key] = True if not values else _scalar(values[0]) if len(values) == 1 else [
+            _scalar(v) for v in values]
+    return config
+
+
+def _scalar(text: str) -> Any:
+    """A command-line value as YAML would type it (vLLM turns it back into the same text)."""
+    for cast in (int, float):
+        try:
+            value = cast(text)
+        except ValueError:
+            continue
+        return value if str(value) == text else text
+    return text
 
 
 class RunningServer(BaseModel):

@@ -48,11 +48,22 @@ def ensure_concurrency_limit(name: str, limit: int = 1) -> None:
 
 def production_spec(validated: ValidatedRecipe, checkpoint_dir: str) -> ServerSpec:
     """The boot the gates prove: the quantized model with the recipe's serving settings."""
-    return capacity.capacity_spec(validated.recipe, "w4a16-fp8kv", Path(checkpoint_dir))
+    return capacity.capacity_spec(validated.recipe, capacity.PRODUCTION_BOOT, Path(checkpoint_dir))
+
+
+def published_model(validated: ValidatedRecipe, checkpoint_dir: str) -> str:
+    """The model's name in what is published: the Hub repo id (see capacity.published_model)."""
+    return capacity.published_model(validated.recipe, checkpoint_dir)
+
+
+def published_serve_command(validated: ValidatedRecipe, checkpoint_dir: str) -> str:
+    """The published `vllm serve <repo id> ...` of the production boot."""
+    return capacity.published_serve_command(validated.recipe, checkpoint_dir)
 
 
 @contextmanager
-def served(validated: ValidatedRecipe, name: str, model_dir: str, run_dir: Path) -> Iterator[tuple[RunningServer, ServerSpec]]:
+def served(validated: ValidatedRecipe, name: capacity.Boot, model_dir: str,
+           run_dir: Path) -> Iterator[tuple[RunningServer, ServerSpec]]:
     """Boot one capacity configuration for the duration of the block (always stopped after)."""
     logger = get_run_logger()
     spec = capacity.capacity_spec(validated.recipe, name, Path(model_dir))
@@ -64,7 +75,7 @@ def served(validated: ValidatedRecipe, name: str, model_dir: str, run_dir: Path)
 
 
 @task(name="measure-capacity", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
-def measure_capacity(server: RunningServer, spec: ServerSpec, name: str) -> capacity.CapacityConfig:
+def measure_capacity(server: RunningServer, spec: ServerSpec, name: capacity.Boot) -> capacity.CapacityConfig:
     return capacity.measure_capacity(server, spec, name=name)
 
 

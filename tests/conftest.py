@@ -93,10 +93,10 @@ def base_model_dir() -> Path:
 @pytest.fixture(scope="session")
 def base_server(awq_recipe, base_model_dir, tmp_path_factory):
     """(a) the base model, 16-bit KV, under the recipe's budget: capacity and accuracy share it."""
-    from quantize_serve.capacity import capacity_spec
+    from quantize_serve.capacity import Boot, capacity_spec
     from quantize_serve.server import vllm_server
 
-    spec = capacity_spec(awq_recipe, "base", base_model_dir)
+    spec = capacity_spec(awq_recipe, Boot.BASE, base_model_dir)
     with vllm_server(spec, log_path=tmp_path_factory.mktemp("vllm-base") / "vllm.log") as server:
         yield server, spec
 
@@ -104,10 +104,10 @@ def base_server(awq_recipe, base_model_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def awq_fp8_server(awq_recipe, awq_checkpoint, tmp_path_factory):
     """(c) the AWQ checkpoint with fp8 KV, the production settings: capacity, accuracy, stress."""
-    from quantize_serve.capacity import capacity_spec
+    from quantize_serve.capacity import Boot, capacity_spec
     from quantize_serve.server import vllm_server
 
-    spec = capacity_spec(awq_recipe, "w4a16-fp8kv", Path(awq_checkpoint.checkpoint_dir))
+    spec = capacity_spec(awq_recipe, Boot.W4A16_FP8KV, Path(awq_checkpoint.checkpoint_dir))
     with vllm_server(spec, log_path=tmp_path_factory.mktemp("vllm-awq-fp8") / "vllm.log") as server:
         yield server, spec
 

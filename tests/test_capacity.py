@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from quantize_serve.capacity import capacity_spec, measure_capacity, summarize_capacity
+from quantize_serve.capacity import (Boot, capacity_spec, measure_boot, measure_capacity, published_serve_command,
+                                     summarize_capacity)
 from quantize_serve.errors import ServerBootError
 from quantize_serve.server import ServerSpec, remedy_for, vllm_server
 from tests.conftest import ROOT, vllm_processes_of
@@ -27,7 +28,7 @@ def test_remedies_match_what_vllm_says():
 
 
 def test_serve_command_is_what_runs(awq_recipe, base_model_dir):
-    spec = capacity_spec(awq_recipe, "w4a16-fp8kv", base_model_dir)
+    spec = capacity_spec(awq_recipe, Boot.W4A16_FP8KV, base_model_dir)
     cmd = spec.serve_command()
     assert cmd.startswith("vllm serve ") and "--kv-cache-dtype fp8" in cmd and "--max-model-len 512" in cmd
     # The budget less the bf16 tiny Llama's weights, by hand: per layer q 128x128 + k 64x128 +
@@ -37,16 +38,56 @@ def test_serve_command_is_what_runs(awq_recipe, base_model_dir):
     assert spec.kv_cache_memory_bytes == 8_388_608 - 2_099_456 == 6_289_152
 
 
+def test_boot_names_are_the_run_folder_and_report_names():
+    assert [str(b) for b in Boot] == ["base", "w4a16", "w4a16-fp8kv"]  # log files, report.json, results
+    assert json.dumps({Boot.W4A16_FP8KV: Boot.BASE}) == '{"w4a16-fp8kv": "base"}'
+
+
+def test_argv_and_command_derive_from_one_config(awq_recipe, base_model_dir):
+    serve = awq_recipe.serve.model_copy(update={"extra_args": ["--seed=7", "--enable-prefix-caching"]})
+    spec = ServerSpec(model_dir=str(base_model_dir), serve=serve, kv_cache_memory_bytes=4096,
+                      tokenizer_dir=str(base_model_dir))
+    config = spec.vllm_config()
+    assert config["model"] == str(base_model_dir) and config["max-model-len"] == 512
+    assert config["kv-cache-memory-bytes"] == 4096 and config["seed"] == 7
+    assert config["enable-prefix-caching"] is True and "gpu-memory-utilization" not in config
+    argv = spec.vllm_args()
+    assert argv[:2] == ["--model", str(base_model_dir)] and argv[argv.index("--seed") + 1] == "7"
+    assert spec.serve_command() == "vllm serve " + " ".join(argv[1:])
+
+
+def test_published_command_names_the_repo_not_the_machine(awq_recipe, tmp_path):
+    ckpt = tmp_path / "checkpoints" / "awq-0123abcd"  # an absolute path on this machine
+    ckpt.mkdir(parents=True)
+    (ckpt / "config.json").write_text((ROOT / "models/tiny-llama/config.json").read_text())
+    command = published_serve_command(awq_recipe, ckpt)
+    assert command.startswith(f"vllm serve {awq_recipe.hub.repo_id} --served-model-name model ")
+    assert "--kv-cache-dtype fp8" in command and "--max-model-len 512" in command
+    assert str(tmp_path) not in command and " /" not in command
+    no_hub = awq_recipe.model_copy(update={"hub": None})
+    command = published_serve_command(no_hub, ckpt)
+    assert command.startswith("vllm serve awq-0123abcd ") and " /" not in command
+
+
+def test_cache_info_is_read_with_prometheus_parser():
+    from quantize_serve.capacity import read_cache_info
+
+    text = ('# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n'
+            '# TYPE vllm:cache_config_info gauge\n'
+            'vllm:cache_config_info{block_size="128",cache_dtype="fp8",note="a \\"quoted\\" }",'
+            'num_gpu_blocks="41"} 1.0\n')
+    info = read_cache_info(text)
+    assert info["num_gpu_blocks"] == "41" and info["cache_dtype"] == "fp8" and info["note"] == 'a "quoted" }'
+
+
 @pytest.mark.e2e
 def test_three_configurations_same_budget(awq_recipe, awq_checkpoint, base_server, awq_fp8_server, tmp_path):
     ckpt = Path(awq_checkpoint.checkpoint_dir)
     base, base_spec = base_server
     quant, quant_spec = awq_fp8_server
-    a = measure_capacity(base, base_spec, name="base")
-    spec_b = capacity_spec(awq_recipe, "w4a16", ckpt)
-    with vllm_server(spec_b, log_path=tmp_path / "vllm.log") as server:
-        b = measure_capacity(server, spec_b, name="w4a16")
-    c = measure_capacity(quant, quant_spec, name="w4a16-fp8kv")
+    a = measure_capacity(base, base_spec, name=Boot.BASE)
+    b = measure_boot(awq_recipe, Boot.W4A16, ckpt, log_path=tmp_path / "vllm.log")
+    c = measure_capacity(quant, quant_spec, name=Boot.W4A16_FP8KV)
     config = json.loads((ROOT / "models/tiny-llama/config.json").read_text())
     report = summarize_capacity(awq_recipe, [a, b, c], config)
 
@@ -81,10 +122,10 @@ CANCEL_SCRIPT = """
 import sys
 from pathlib import Path
 from quantize_serve.recipe import load_recipe
-from quantize_serve.capacity import capacity_spec
+from quantize_serve.capacity import Boot, capacity_spec
 from quantize_serve.server import vllm_server
 r = load_recipe(sys.argv[1])
-spec = capacity_spec(r, "base", Path(sys.argv[2]))
+spec = capacity_spec(r, Boot.BASE, Path(sys.argv[2]))
 print("booting", flush=True)
 with vllm_server(spec, log_path=Path(sys.argv[3])):
     print("healthy", flush=True)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from quantize_serve import profile_search as ps
-from quantize_serve.capacity import capacity_spec, plan_for, read_cache_info
+from quantize_serve.capacity import Boot, capacity_spec, plan_for, read_cache_info
 from quantize_serve.errors import GateError
 from quantize_serve.recipe import ProfileSearch, ServeSection, load_recipe, parse_recipe
 from quantize_serve.server import WARMUP_MIN_PROMPT_TOKENS, ServerSpec, vllm_server
@@ -144,7 +144,7 @@ def test_search_serve_profile_starts_at_the_planners_recommendation(tmp_path):
                            "serve": {**RECIPE.serve.model_dump(mode="json"),
                                      "search": {"min_num_seqs": 4, "max_num_seqs": 64, "step": 4}}},
                           base_dir=ROOT / "recipes")
-    plan = plan_for(recipe, json.loads((MODEL / "config.json").read_text()), "w4a16-fp8kv", block_size=128)
+    plan = plan_for(recipe, json.loads((MODEL / "config.json").read_text()), Boot.W4A16_FP8KV, block_size=128)
     result = ps.search_serve_profile(recipe, MODEL, output_dir=tmp_path, probe=threshold_probe(40, calls),
                                      log=lambda _: None)
     assert result.planner_recommended == plan.recommended_max_num_seqs > 0
@@ -256,7 +256,7 @@ def test_task_writes_profile_and_chart(tmp_path, monkeypatch):
     from tasks.profile import PLOT_FILE, PROFILE_FILE, search_serve_profile
 
     def spec_for(serve):
-        return capacity_spec(RECIPE.model_copy(update={"serve": serve}), "w4a16-fp8kv", MODEL)
+        return capacity_spec(RECIPE.model_copy(update={"serve": serve}), Boot.W4A16_FP8KV, MODEL)
 
     monkeypatch.setattr(ps, "vllm_probe", lambda *a, **k: threshold_probe(13, [], spec_for=spec_for))
     recipe = RECIPE.model_copy(update={"serve": RECIPE.serve.model_copy(
@@ -283,7 +283,7 @@ def test_emitted_profile_starts_vllm_with_exactly_the_found_settings(awq_recipe,
     ckpt = Path(awq_checkpoint.checkpoint_dir)
 
     def spec_for(serve):  # what the real probe boots, without booting it here
-        return capacity_spec(awq_recipe.model_copy(update={"serve": serve}), "w4a16-fp8kv", ckpt)
+        return capacity_spec(awq_recipe.model_copy(update={"serve": serve}), Boot.W4A16_FP8KV, ckpt)
 
     recipe = awq_recipe.model_copy(update={"serve": awq_recipe.serve.model_copy(
         update={"search": ProfileSearch(min_num_seqs=4, max_num_seqs=32, step=4)})})

@@ -269,7 +269,7 @@ def test_soak_passes_on_the_production_boot(awq_fp8_server, awq_recipe, awq_chec
 @pytest.mark.e2e
 @pytest.mark.timeout(240)
 def test_soak_fails_on_a_real_leak(awq_recipe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from quantize_serve.capacity import capacity_spec
+    from quantize_serve.capacity import Boot, capacity_spec
     from quantize_serve.server import vllm_server
 
     site = tmp_path / "leak-site"
@@ -278,7 +278,7 @@ def test_soak_fails_on_a_real_leak(awq_recipe, tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("PYTHONPATH", str(site))  # serving_env() copies os.environ into this boot only
     monkeypatch.setenv("QS_TEST_LEAK_MIB_PER_S", str(LEAK_MIB_PER_S))
     log_path = tmp_path / "vllm-leak.log"
-    with vllm_server(capacity_spec(awq_recipe, "base", MODEL), log_path=log_path) as server:
+    with vllm_server(capacity_spec(awq_recipe, Boot.BASE, MODEL), log_path=log_path) as server:
         result = run_soak_test(server, E2E_GATE, awq_recipe.serve, tokenizer_dir=str(MODEL),
                                output_dir=tmp_path / "soak")
     print(show(result))
