@@ -22,41 +22,18 @@ import json
 import re
 import struct
 from collections.abc import Callable
-from enum import StrEnum
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from quantize_serve import planner
+from quantize_serve.boot import Boot
 from quantize_serve.errors import GateError
 from quantize_serve.metrics import read_labels
 from quantize_serve.recipe import Recipe
 from quantize_serve.server import RunningServer, ServerSpec, vllm_server
 
 GIB = 1024**3
-
-
-class Boot(StrEnum):
-    """The three boots the capacity stage compares. The values name them in run folders
-    (``vllm-<boot>.log``), report.json, artifacts and benchmark results."""
-
-    BASE = "base"  # the base model, 16-bit KV
-    W4A16 = "w4a16"  # the quantized checkpoint, 16-bit KV
-    W4A16_FP8KV = "w4a16-fp8kv"  # the quantized checkpoint, the recipe's KV dtype: what production runs
-
-    @property
-    def quantized(self) -> bool:
-        return self is not Boot.BASE
-
-    @property
-    def sixteen_bit_kv(self) -> bool:
-        return self is not Boot.W4A16_FP8KV
-
-    def model_dir(self, base_dir: str | Path, checkpoint_dir: str | Path) -> Path:
-        """The folder this boot serves: the base model's or the quantized checkpoint's."""
-        return Path(checkpoint_dir if self.quantized else base_dir)
-
-
 PRODUCTION_BOOT = Boot.W4A16_FP8KV  # the boot the gates prove and the card publishes
 METHOD_FIXED = (
     "fixed budget: every configuration shares serve.memory_budget; each boot gets "

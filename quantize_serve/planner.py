@@ -566,18 +566,20 @@ def plan_table(
         group_size=group_size,
         ignore=ignore,
     )
+    from quantize_serve.boot import Boot
+
     rows = {
-        "base": plan_capacity(shape, scheme="bf16", kv_cache_dtype="auto", **common),
-        "w4a16": plan_capacity(shape, scheme=quant_scheme, kv_cache_dtype="auto", **common),
-        "w4a16-fp8kv": plan_capacity(shape, scheme=quant_scheme, kv_cache_dtype=fp8_kv_cache_dtype, **common),
+        boot: plan_capacity(shape, scheme=quant_scheme if boot.quantized else "bf16",
+                            kv_cache_dtype="auto" if boot.sixteen_bit_kv else fp8_kv_cache_dtype, **common)
+        for boot in Boot
     }
-    base = rows["base"]
+    base = rows[Boot.BASE]
     return PlanTable(
         model=model,
         rows=rows,
-        freed_weight_bytes=base.total_weights_bytes - rows["w4a16"].total_weights_bytes,
-        freed_weight_bytes_per_gpu=base.weights_bytes - rows["w4a16"].weights_bytes,
-        gains={k: _gain(rows[k], base) for k in ("w4a16", "w4a16-fp8kv")},
+        freed_weight_bytes=base.total_weights_bytes - rows[Boot.W4A16].total_weights_bytes,
+        freed_weight_bytes_per_gpu=base.weights_bytes - rows[Boot.W4A16].weights_bytes,
+        gains={k: _gain(rows[k], base) for k in Boot if k.quantized},
     )
 
 

@@ -1,0 +1,27 @@
+"""The boots the pipeline compares, as one type: every outward name of a boot derives from it."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+
+class Boot(StrEnum):
+    """The three boots the capacity stage compares. The values name them in run folders
+    (``vllm-<boot>.log``), report.json, artifacts and benchmark results."""
+
+    BASE = "base"  # the base model, 16-bit KV
+    W4A16 = "w4a16"  # the quantized checkpoint, 16-bit KV
+    W4A16_FP8KV = "w4a16-fp8kv"  # the quantized checkpoint, the recipe's KV dtype: what production runs
+
+    @property
+    def quantized(self) -> bool:
+        return self is not Boot.BASE
+
+    @property
+    def sixteen_bit_kv(self) -> bool:
+        return self is not Boot.W4A16_FP8KV
+
+    def model_dir(self, base_dir: str | Path, checkpoint_dir: str | Path) -> Path:
+        """The folder this boot serves: the base model's or the quantized checkpoint's."""
+        return Path(checkpoint_dir if self.quantized else base_dir)
