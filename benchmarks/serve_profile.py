@@ -57,7 +57,8 @@ def point_row(p, model: str) -> dict:
 
 
 def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
-    from quantize_serve import profile_search as ps
+    from quantize_serve import profile_output, profile_search as ps
+    from quantize_serve.profile_probe import vllm_probe
     from quantize_serve.capacity import published_model
     from quantize_serve.quantize import quantize_model
     from quantize_serve.validate import resolve_base, validate_recipe
@@ -78,7 +79,7 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
     search_s = round(time.monotonic() - t0, 1)
 
     t0 = time.monotonic()
-    probe = ps.vllm_probe(recipe, ckpt, tokenizer_dir=str(ckpt), output_dir=work / "grid")
+    probe = vllm_probe(recipe, ckpt, tokenizer_dir=str(ckpt), output_dir=work / "grid")
     grid_values = list(range(SEARCH["min_num_seqs"], SEARCH["max_num_seqs"] + 1, SEARCH["step"]))
     grid = [probe(ps.candidate_serve(recipe.serve, max_num_seqs=n)) for n in grid_values]
     grid_s = round(time.monotonic() - t0, 1)
@@ -101,7 +102,7 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
             "max_num_seqs": found.max_num_seqs, "max_num_batched_tokens": found.max_num_batched_tokens,
             "max_model_len": found.max_model_len, "peak_kv_cache_usage": found.peak_kv_cache_usage,
             "preemptions": found.preemptions, "output_throughput": found.output_throughput,
-            "profile": ps.profile_config(found.spec, model=model), "command": found.spec.serve_command(model),
+            "profile": profile_output.profile_config(found.spec, model=model), "command": found.spec.serve_command(model),
         },
         "boots": result.boots,
         "stop_reason": result.stop_reason,
@@ -123,9 +124,9 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     if found is not None:
-        path, command = ps.write_serve_profile(found, RESULTS / "serve-profile.yaml", model=model)
+        path, command = profile_output.write_serve_profile(found, RESULTS / "serve-profile.yaml", model=model)
         out["found"]["profile_path"] = str(path.relative_to(ROOT))
-    ps.plot_search(result, RESULTS / "serve_profile.png", grid=grid)
+    profile_output.plot_search(result, RESULTS / "serve_profile.png", grid=grid)
     from quantize_serve.portable import write_json_result
 
     write_json_result(RESULTS / "serve_profile.json", out)

@@ -14,7 +14,7 @@ and the smallest failing value are at most ``serve.search.step`` apart, or ``ser
 boots are spent. Every boot is recorded as a :class:`SearchPoint`: its settings, pass/fail and why
 (the stress test's failures), the peak KV usage and the throughput.
 
-The boot-and-stress step is a ``probe(serve_section) -> SearchPoint`` callable (:func:`vllm_probe`
+The boot-and-stress step is a ``probe(serve_section) -> SearchPoint`` callable (``profile_probe.vllm_probe``
 for the real one), so the search logic is tested without boots.
 
 What shows the limit: preemptions come from outputs that grow after admission (vLLM reserves a
@@ -22,28 +22,25 @@ prompt's blocks before it admits the request, so long prompts alone never preemp
 finds the limit needs long outputs against the KV budget, e.g. 256-token outputs against a budget of
 a few dozen 128-token blocks on the tiny model (see benchmarks/serve_profile.py).
 
-The winner ships as ``serve-profile.yaml`` (:func:`write_serve_profile`), a file ``vllm serve
---config`` reads: keys are the long flag names without dashes, values as on the command line.
+The winner ships as ``serve-profile.yaml`` (``profile_output.write_serve_profile``), a file ``vllm serve
+--config`` reads: the boot's vLLM config (``ServerSpec.vllm_config``). The modules: this one (the
+search and its records), ``profile_probe`` (the real boots), ``profile_output`` (the file and the chart).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
-import shlex
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
 from pydantic import BaseModel, Field
 
 from quantize_serve import planner
-from quantize_serve.capacity import PRODUCTION_BOOT, capacity_spec, plan_for
-from quantize_serve.errors import GateError, ServerBootError
-from quantize_serve.recipe import ProfileSearch, Recipe, ServeSection, StressProfile
-from quantize_serve.server import ServerSpec, serve_command, vllm_server
+from quantize_serve.capacity import PRODUCTION_BOOT, plan_for
+from quantize_serve.errors import GateError
+from quantize_serve.recipe import ProfileSearch, Recipe, ServeSection
+from quantize_serve.server import ServerSpec
 
 # The max_num_batched_tokens a candidate gets when the recipe leaves it unset: the same default the
 # capacity planner assumes (capacity.plan_for), written out so the emitted profile states it.
@@ -241,64 +238,6 @@ def search_profile(probe: Probe, serve: ServeSection, search: ProfileSearch, *, 
         max_model_len_stop_reason=len_reason)
 
 
-# --------------------------------------------------------------------------------------------
-# The real probe: one vLLM boot + one stress test per candidate.
-# --------------------------------------------------------------------------------------------
-
-
-def search_stress_profile(profile: StressProfile, serve: ServeSection) -> StressProfile:
-    """The recipe's stress profile at concurrency = the candidate max_num_seqs.
-
-    num_requests is raised to the concurrency where it is lower, so the traffic's peak step (not
-    only the bench) really runs max_num_seqs requests at once.
-    """
-    data = profile.model_dump()
-    data.update(concurrency=serve.max_num_seqs, num_requests=max(profile.num_requests, serve.max_num_seqs))
-    return StressProfile.model_validate(data)
-
-
-def vllm_probe(recipe: Recipe, checkpoint_dir: Path, *, tokenizer_dir: str, output_dir: Path,
-               log: Callable[[str], None] = print) -> Probe:
-    """The real probe: boot the production configuration with the candidate serve settings, run the
-    stress profile against it, stop it. A boot that fails is a failed point (its reason is the
-    boot error), since a setting vLLM refuses or runs out of memory on is not a stable one."""
-    from quantize_serve.stress import run_stress_test  # aiohttp etc.: only where boots happen
-
-    counter = itertools.count(1)
-
-    def probe(serve: ServeSection) -> SearchPoint:
-        i = next(counter)
-        folder = Path(output_dir) / f"boot-{i:02d}-seqs{serve.max_num_seqs}-len{serve.max_model_len}"
-        spec = capacity_spec(recipe.model_copy(update={"serve": serve}), PRODUCTION_BOOT,
-                             Path(checkpoint_dir))
-        base = dict(max_num_seqs=serve.max_num_seqs, max_num_batched_tokens=serve.max_num_batched_tokens,
-                    max_model_len=serve.max_model_len, spec=spec, log_path=str(folder / "vllm.log"))
-        log(f"profile search: boot {i}: {spec.serve_command()}")
-        t0 = time.monotonic()
-        try:
-            with vllm_server(spec, log_path=folder / "vllm.log") as server:
-                boot_s = server.boot_seconds
-                result = run_stress_test(server, search_stress_profile(recipe.gates.stress, serve), serve,
-                                         tokenizer_dir=tokenizer_dir, output_dir=folder / "stress", log=log)
-        except ServerBootError as exc:
-            point = SearchPoint(**base, passed=False, why=[f"boot failed: {str(exc).splitlines()[0]}"],
-                                seconds=round(time.monotonic() - t0, 1))
-            log(f"profile search: boot {i}: {point.summary()}")
-            return point
-        t = result.throughput
-        point = SearchPoint(
-            **base, passed=result.passed, why=list(result.failures),
-            peak_kv_cache_usage=result.peak_kv_cache_usage, preemptions=result.preemptions,
-            output_throughput=t.output_throughput if t else None,
-            request_throughput=t.request_throughput if t else None,
-            mean_tpot_ms=t.mean_tpot_ms if t else None,
-            boot_seconds=boot_s, seconds=round(time.monotonic() - t0, 1))
-        log(f"profile search: boot {i}: {point.summary()}")
-        return point
-
-    return probe
-
-
 def search_serve_profile(recipe: Recipe, checkpoint_dir: str | Path, *, output_dir: Path,
                          tokenizer_dir: str | None = None, probe: Probe | None = None,
                          block_size: int | None = None, device_memory_bytes: int | None = None,
@@ -308,7 +247,7 @@ def search_serve_profile(recipe: Recipe, checkpoint_dir: str | Path, *, output_d
     The planner's numbers come from the checkpoint's config.json (same shape as the base), in the
     capacity stage's accounting (fixed budget when serve.memory_budget is set, else the device's
     ``device_memory_bytes``). ``block_size`` defaults to vLLM's: 128 on CPU (the fixed-budget runs),
-    16 on CUDA. ``probe`` defaults to :func:`vllm_probe`.
+    16 on CUDA. ``probe`` defaults to ``profile_probe.vllm_probe`` (real boots).
     """
     search = recipe.serve.search or ProfileSearch()
     if not search.enabled:
@@ -327,7 +266,10 @@ def search_serve_profile(recipe: Recipe, checkpoint_dir: str | Path, *, output_d
         f"{plan.max_concurrency:.2f} at max_model_len {recipe.serve.max_model_len}, recommends "
         f"max_num_seqs={plan.recommended_max_num_seqs}")
     output_dir = Path(output_dir)
-    probe = probe or vllm_probe(recipe, checkpoint_dir, tokenizer_dir=tokenizer_dir or str(checkpoint_dir),
+    if probe is None:
+        from quantize_serve.profile_probe import vllm_probe  # the stress test's imports: only for real boots
+
+        probe = vllm_probe(recipe, checkpoint_dir, tokenizer_dir=tokenizer_dir or str(checkpoint_dir),
                                 output_dir=output_dir, log=log)
     result = search_profile(probe, recipe.serve, search, planner_recommended=plan.recommended_max_num_seqs,
                             planner_max_concurrency=plan.max_concurrency, max_model_len_range=len_range,
@@ -338,7 +280,7 @@ def search_serve_profile(recipe: Recipe, checkpoint_dir: str | Path, *, output_d
 
 
 # --------------------------------------------------------------------------------------------
-# The winner: serve-profile.yaml, the equivalent command line, and the gate's ServeSection.
+# The winner as the gate's ServeSection (profile_output writes it as a file).
 # --------------------------------------------------------------------------------------------
 
 
@@ -353,107 +295,3 @@ def found_serve(serve: ServeSection, result: ProfileSearchResult) -> ServeSectio
     data.update(max_num_seqs=f.max_num_seqs, max_num_batched_tokens=f.max_num_batched_tokens,
                 max_model_len=f.max_model_len)
     return ServeSection.model_validate(data)
-
-
-def profile_config(spec: ServerSpec, *, model: str | None = None) -> dict[str, Any]:
-    """The boot's vLLM config (``ServerSpec.vllm_config``) as ``serve-profile.yaml`` holds it;
-    ``model`` gives the published form (``ServerSpec.published_config``)."""
-    return spec.published_config(model) if model else spec.vllm_config()
-
-
-def write_serve_profile(found: SearchPoint, path: str | Path, *,
-                        model: str | None = None) -> tuple[Path, str]:
-    """Write ``serve-profile.yaml`` for ``vllm serve --config``; return (path, the equivalent command).
-
-    ``model`` replaces the local checkpoint path (for example with the released Hub repo id).
-    """
-    if found.spec is None:
-        raise GateError("this search point carries no ServerSpec (an injected probe made it); "
-                        "only a real boot's point can be written as a serving profile")
-    mapping = profile_config(found.spec, model=model)
-    command = serve_command(mapping)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    kv = f"{found.peak_kv_cache_usage:.0%}" if found.peak_kv_cache_usage is not None else "unknown"
-    header = [
-        "# vLLM serving profile found by quantize-serve's profile search: the largest max_num_seqs",
-        f"# that passed the stress profile (preemptions {found.preemptions}, peak KV usage {kv}, output "
-        f"{found.output_throughput or 0:.0f} tok/s).",
-        f"# Use: vllm serve --config {path.name}",
-        f"# Same as: {command}",
-    ]
-    path.write_text("\n".join(header) + "\n" + yaml.safe_dump(mapping, sort_keys=False))
-    return path, command
-
-
-class ProfileFileSpec(ServerSpec):
-    """A boot from a serve-profile.yaml (``--config``): what production runs, through vllm_server."""
-
-    config_path: str
-
-    def vllm_args(self) -> list[str]:
-        return ["--config", self.config_path]
-
-    def serve_command(self) -> str:
-        return shlex.join(["vllm", "serve", "--config", self.config_path])
-
-
-def profile_server_spec(found: SearchPoint, config_path: str | Path) -> ProfileFileSpec:
-    if found.spec is None:
-        raise GateError("this search point carries no ServerSpec; write and boot a real boot's point")
-    return ProfileFileSpec(**found.spec.model_dump(), config_path=str(config_path))
-
-
-# --------------------------------------------------------------------------------------------
-# The chart.
-# --------------------------------------------------------------------------------------------
-
-
-def plot_search(result: ProfileSearchResult, path: str | Path, *, grid: list[SearchPoint] | None = None,
-                title: str | None = None) -> Path:
-    """max_num_seqs vs pass/fail, peak KV usage and throughput; boot order numbered; PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    pts = [p for p in result.points if p.dimension == "max_num_seqs"]
-    fig, axes = plt.subplots(3, 1, figsize=(7.5, 8), sharex=True)
-    series = [("search", pts, "o", 70)] + ([("grid", grid, "s", 110)] if grid else [])
-    for name, points, marker, size in series:
-        for ax, key, label in ((axes[1], "peak_kv_cache_usage", "peak KV usage (%)"),
-                               (axes[2], "output_throughput", "output tokens/s")):
-            xs = [p.max_num_seqs for p in points if getattr(p, key) is not None]
-            ys = [getattr(p, key) * (100 if key == "peak_kv_cache_usage" else 1)
-                  for p in points if getattr(p, key) is not None]
-            cs = ["tab:green" if p.passed else "tab:red" for p in points if getattr(p, key) is not None]
-            ax.scatter(xs, ys, marker=marker, s=size, facecolors=cs if name == "search" else "none",
-                       edgecolors=cs, label=name, zorder=3 if name == "search" else 2)
-            ax.set_ylabel(label)
-        y = 1.0 if name == "search" else 0.0
-        cs = ["tab:green" if p.passed else "tab:red" for p in points]
-        axes[0].scatter([p.max_num_seqs for p in points], [y] * len(points), marker=marker, s=size,
-                        facecolors=cs if name == "search" else "none", edgecolors=cs, zorder=3)
-    for i, p in enumerate(pts, 1):
-        axes[0].annotate(str(i), (p.max_num_seqs, 1.0), textcoords="offset points", xytext=(0, 9),
-                         ha="center", fontsize=8)
-    axes[0].set_yticks([0.0, 1.0], ["grid", "search"] if grid else ["", "search"])
-    axes[0].set_ylim(-0.6, 1.6)
-    axes[0].set_ylabel("boots (green pass,\nred fail; n = order)")
-    if result.found is not None:
-        for ax in axes:
-            ax.axvline(result.found.max_num_seqs, color="tab:blue", linestyle="--", linewidth=1)
-        axes[0].text(result.found.max_num_seqs, -0.45, f" found {result.found.max_num_seqs}",
-                     color="tab:blue", fontsize=8)
-    axes[1].axhline(100, color="grey", linewidth=0.8)
-    axes[2].set_xlabel("max_num_seqs (= stress concurrency)")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    axes[0].set_title(title or f"Serving-profile search: {result.boots} boots, planner start "
-                      f"{result.planner_start}; {result.stop_reason}", fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

@@ -10,7 +10,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
 
-from quantize_serve import profile_search
+from quantize_serve import profile_output, profile_search
 from quantize_serve.recipe import Recipe
 from quantize_serve.validate import ValidatedRecipe
 
@@ -42,9 +42,9 @@ def search_serve_profile(
     result = profile_search.search_serve_profile(
         recipe, checkpoint_dir, output_dir=output_dir / "profile-search", tokenizer_dir=tokenizer_dir,
         device_memory_bytes=device_memory_bytes, log=log)
-    update: dict = {"plot_path": str(profile_search.plot_search(result, output_dir / PLOT_FILE))}
+    update: dict = {"plot_path": str(profile_output.plot_search(result, output_dir / PLOT_FILE))}
     if result.found is not None:
-        path, command = profile_search.write_serve_profile(result.found, output_dir / PROFILE_FILE,
+        path, command = profile_output.write_serve_profile(result.found, output_dir / PROFILE_FILE,
                                                            model=model)
         update |= {"profile_path": str(path), "serve_command": command}
     return result.model_copy(update=update)

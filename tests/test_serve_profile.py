@@ -6,12 +6,15 @@ from __future__ import annotations
 import ast
 import json
 import re
+import shlex
 import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
+from quantize_serve import profile_output as po
+from quantize_serve import profile_probe
 from quantize_serve import profile_search as ps
 from quantize_serve.capacity import Boot, capacity_spec, plan_for, read_cache_info
 from quantize_serve.errors import GateError
@@ -109,7 +112,7 @@ def test_candidates_keep_the_recipe_and_raise_batched_tokens_to_max_num_seqs():
     assert (c.max_num_batched_tokens, c.max_model_len) == (ps.DEFAULT_MAX_NUM_BATCHED_TOKENS, 1024)
     assert c.model_dump(exclude={"max_num_seqs", "max_num_batched_tokens", "max_model_len"}) == \
         unset.model_dump(exclude={"max_num_seqs", "max_num_batched_tokens", "max_model_len"})
-    profile = ps.search_stress_profile(RECIPE.gates.stress, ps.candidate_serve(serve, max_num_seqs=64))
+    profile = profile_probe.search_stress_profile(RECIPE.gates.stress, ps.candidate_serve(serve, max_num_seqs=64))
     assert (profile.concurrency, profile.num_requests) == (64, 64)  # the peak step really runs 64
 
 
@@ -199,7 +202,7 @@ def found_point(serve: ServeSection, *, kv_bytes: int | None = 2_700_000) -> ps.
 def test_serve_profile_yaml_is_the_boot_command_as_a_config_file(tmp_path):
     serve = ps.candidate_serve(RECIPE.serve, max_num_seqs=12)
     point = found_point(serve)
-    path, command = ps.write_serve_profile(point, tmp_path / "serve-profile.yaml")
+    path, command = po.write_serve_profile(point, tmp_path / "serve-profile.yaml")
     mapping = yaml.safe_load(path.read_text())
     assert mapping["max-num-seqs"] == 12 and mapping["max-num-batched-tokens"] == 2048
     assert mapping["max-model-len"] == 512 and mapping["kv-cache-dtype"] == "fp8"
@@ -218,7 +221,7 @@ def test_serve_profile_gpu_mode_extra_args_and_model_override(tmp_path):
                          kv_cache_dtype="fp8", gpu_memory_utilization=0.9,
                          extra_args=["--enable-prefix-caching", "--seed=7", "--allowed-origins", "a", "b"])
     point = found_point(serve, kv_bytes=None)
-    path, command = ps.write_serve_profile(point, tmp_path / "p.yaml", model="org/tiny-llama-awq-w4a16")
+    path, command = po.write_serve_profile(point, tmp_path / "p.yaml", model="org/tiny-llama-awq-w4a16")
     mapping = yaml.safe_load(path.read_text())
     assert mapping["gpu-memory-utilization"] == 0.9 and "kv-cache-memory-bytes" not in mapping
     assert mapping["enable-prefix-caching"] is True and mapping["seed"] == 7
@@ -227,7 +230,7 @@ def test_serve_profile_gpu_mode_extra_args_and_model_override(tmp_path):
                               "--max-model-len 8192")
     assert "--seed 7" in command and command.endswith("--allowed-origins a b")
     with pytest.raises(GateError, match="no ServerSpec"):
-        ps.write_serve_profile(point.model_copy(update={"spec": None}), tmp_path / "x.yaml")
+        po.write_serve_profile(point.model_copy(update={"spec": None}), tmp_path / "x.yaml")
 
 
 def test_found_serve_feeds_the_stress_gate():
@@ -247,7 +250,7 @@ def test_plot_search_writes_a_png(tmp_path):
     result, _ = run(13, start=9)
     probe = threshold_probe(13, [])
     grid = [probe(ps.candidate_serve(RECIPE.serve, max_num_seqs=n)) for n in range(4, 33, 4)]
-    path = ps.plot_search(result, tmp_path / "search.png", grid=grid)
+    path = po.plot_search(result, tmp_path / "search.png", grid=grid)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
     assert "| 2 | 18 | 512 | fail |" in result.markdown()
 
@@ -258,7 +261,7 @@ def test_task_writes_profile_and_chart(tmp_path, monkeypatch):
     def spec_for(serve):
         return capacity_spec(RECIPE.model_copy(update={"serve": serve}), Boot.W4A16_FP8KV, MODEL)
 
-    monkeypatch.setattr(ps, "vllm_probe", lambda *a, **k: threshold_probe(13, [], spec_for=spec_for))
+    monkeypatch.setattr(profile_probe, "vllm_probe", lambda *a, **k: threshold_probe(13, [], spec_for=spec_for))
     recipe = RECIPE.model_copy(update={"serve": RECIPE.serve.model_copy(
         update={"search": ProfileSearch(min_num_seqs=4, max_num_seqs=32)})})
     result = search_serve_profile.fn(recipe, str(MODEL), output_dir=tmp_path)
@@ -273,6 +276,25 @@ def test_task_writes_profile_and_chart(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------------------------
 # End to end: vLLM started from the emitted file.
 # --------------------------------------------------------------------------------------------
+
+
+class ProfileFileSpec(ServerSpec):
+    """A boot from a serve-profile.yaml (``--config``): what production runs, through vllm_server."""
+
+    config_path: str
+
+    def vllm_args(self) -> list[str]:
+        return ["--config", self.config_path]
+
+    def serve_command(self, model: str | None = None) -> str:
+        return shlex.join(["vllm", "serve", "--config", self.config_path])
+
+
+def profile_server_spec(found: ps.SearchPoint, config_path: str | Path) -> ProfileFileSpec:
+    if found.spec is None:
+        raise GateError("this search point carries no ServerSpec; write and boot a real boot's point")
+    return ProfileFileSpec(**found.spec.model_dump(), config_path=str(config_path))
+
 
 NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$", re.M)
 
@@ -291,9 +313,9 @@ def test_emitted_profile_starts_vllm_with_exactly_the_found_settings(awq_recipe,
                                      probe=threshold_probe(13, [], spec_for=spec_for), log=lambda _: None)
     found = result.found
     assert 9 < found.max_num_seqs <= 13 and found.spec is not None
-    path, _ = ps.write_serve_profile(found, tmp_path / "serve-profile.yaml")
+    path, _ = po.write_serve_profile(found, tmp_path / "serve-profile.yaml")
     log = tmp_path / "vllm.log"
-    with vllm_server(ps.profile_server_spec(found, path), log_path=log) as server:
+    with vllm_server(profile_server_spec(found, path), log_path=log) as server:
         # The first request after the hand-over is a 2-token prompt ("The" + BOS): on vLLM CPU it
         # killed the worker (SIGILL) before the server's warm-up request existed (server.py).
         assert server.warmup_prompt_tokens >= WARMUP_MIN_PROMPT_TOKENS
