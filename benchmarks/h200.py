@@ -388,7 +388,8 @@ def stage_capacity(ctx: dict, *, with_stress: bool) -> None:
 
         def while_up(server, measured, name=name, spec=spec) -> None:
             configs.append(measured)
-            cap["configs"][name] = {"measured": measured.model_dump(mode="json"), "command": spec.serve_command(),
+            cap["configs"][name] = {"measured": measured.model_dump(mode="json"),
+                                    "command": spec.serve_command(),
                                     "gpu_memory_used_serving_gib": gib(nvml.used())}
             log(f"capacity {name}: {measured.kv_cache_tokens:,} KV tokens, boot {measured.boot_seconds} s")
             if with_stress and name is PRODUCTION_BOOT:
@@ -396,8 +397,8 @@ def stage_capacity(ctx: dict, *, with_stress: bool) -> None:
                     f"{plan_fp8.recommended_max_num_seqs}, serve.max_num_seqs {recipe.serve.max_num_seqs})")
                 try:
                     stress = run_stress_test(server, recipe.gates.stress, recipe.serve,
-                                             tokenizer_dir=str(checkpoint), output_dir=ctx["work_dir"] / "stress",
-                                             log=log)
+                                             tokenizer_dir=str(checkpoint),
+                                             output_dir=ctx["work_dir"] / "stress", log=log)
                     res.data["stress"] = stress_record(stress, stress_summary(stress), concurrency, plan_fp8)
                 except Exception as exc:
                     res.data["errors"]["stress"] = error_text(exc)

@@ -59,7 +59,8 @@ def quantize_serve(recipe: Recipe | str) -> RunReport:
                                            model=published_model(validated, checkpoint.checkpoint_dir))
         validated = with_found_profile(validated, profile)
         r = validated.recipe
-    serving_command = profile.serve_command if profile else published_serve_command(validated, checkpoint.checkpoint_dir)
+    serving_command = (profile.serve_command if profile
+                       else published_serve_command(validated, checkpoint.checkpoint_dir))
     candidate = push_candidate(validated, base, checkpoint, serving_command, run_dir, profile)
     progress.done("candidate pushed")
     with gpu_slot():

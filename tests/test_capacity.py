@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from quantize_serve.capacity import (Boot, capacity_spec, measure_boot, measure_capacity, published_serve_command,
-                                     summarize_capacity)
+from quantize_serve.capacity import (Boot, capacity_spec, measure_boot, measure_capacity,
+                                     published_serve_command, summarize_capacity)
 from quantize_serve.errors import ServerBootError
 from quantize_serve.server import ServerSpec, remedy_for, vllm_server
 from tests.conftest import ROOT, vllm_processes_of

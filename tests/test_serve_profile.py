@@ -112,7 +112,8 @@ def test_candidates_keep_the_recipe_and_raise_batched_tokens_to_max_num_seqs():
     assert (c.max_num_batched_tokens, c.max_model_len) == (ps.DEFAULT_MAX_NUM_BATCHED_TOKENS, 1024)
     assert c.model_dump(exclude={"max_num_seqs", "max_num_batched_tokens", "max_model_len"}) == \
         unset.model_dump(exclude={"max_num_seqs", "max_num_batched_tokens", "max_model_len"})
-    profile = profile_probe.search_stress_profile(RECIPE.gates.stress, ps.candidate_serve(serve, max_num_seqs=64))
+    candidate = ps.candidate_serve(serve, max_num_seqs=64)
+    profile = profile_probe.search_stress_profile(RECIPE.gates.stress, candidate)
     assert (profile.concurrency, profile.num_requests) == (64, 64)  # the peak step really runs 64
 
 
@@ -261,7 +262,8 @@ def test_task_writes_profile_and_chart(tmp_path, monkeypatch):
     def spec_for(serve):
         return capacity_spec(RECIPE.model_copy(update={"serve": serve}), Boot.W4A16_FP8KV, MODEL)
 
-    monkeypatch.setattr(profile_probe, "vllm_probe", lambda *a, **k: threshold_probe(13, [], spec_for=spec_for))
+    monkeypatch.setattr(profile_probe, "vllm_probe",
+                        lambda *a, **k: threshold_probe(13, [], spec_for=spec_for))
     recipe = RECIPE.model_copy(update={"serve": RECIPE.serve.model_copy(
         update={"search": ProfileSearch(min_num_seqs=4, max_num_seqs=32)})})
     result = search_serve_profile.fn(recipe, str(MODEL), output_dir=tmp_path)
