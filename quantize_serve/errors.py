@@ -38,31 +38,26 @@ class QuantizationError(QuantizeServeError, RuntimeError):
     """llm-compressor failed in its child process; carries the tail of its output."""
 
 
-class ServerBootError(QuantizeServeError, RuntimeError):
+class _ServerError(QuantizeServeError):
+    """A vLLM server failure: the message, then the remedy that fits and the log tail."""
+
+    def __init__(self, message: str, *, log_tail: str = "", remedy: str = "") -> None:
+        self.log_tail, self.remedy = log_tail, remedy
+        text = message
+        if remedy:
+            text += f"\nRemedy: {remedy}"
+        if log_tail:
+            text += f"\n--- last lines of the vLLM log ---\n{log_tail}"
+        super().__init__(text)
+
+
+class ServerBootError(_ServerError, RuntimeError):
     """vLLM did not become healthy; carries the log tail and the remedy that fits."""
 
-    def __init__(self, message: str, *, log_tail: str = "", remedy: str = "") -> None:
-        self.log_tail, self.remedy = log_tail, remedy
-        text = message
-        if remedy:
-            text += f"\nRemedy: {remedy}"
-        if log_tail:
-            text += f"\n--- last lines of the vLLM log ---\n{log_tail}"
-        super().__init__(text)
 
-
-class ServerUnavailableError(QuantizeServeError, ConnectionError):
+class ServerUnavailableError(_ServerError, ConnectionError):
     """A booted vLLM server stopped answering (it died, was killed, or hangs); carries the log tail
     and the remedy. A ConnectionError, so handlers of OSError keep working."""
-
-    def __init__(self, message: str, *, log_tail: str = "", remedy: str = "") -> None:
-        self.log_tail, self.remedy = log_tail, remedy
-        text = message
-        if remedy:
-            text += f"\nRemedy: {remedy}"
-        if log_tail:
-            text += f"\n--- last lines of the vLLM log ---\n{log_tail}"
-        super().__init__(text)
 
 
 class GateError(QuantizeServeError, RuntimeError):
