@@ -46,3 +46,25 @@ def test_report_on_disk_links_the_chart_and_the_ui_copy_embeds_it(tmp_path):
 def test_nothing_to_embed_keeps_the_link():
     report = report_with_capacity()  # never written: no report folder, no chart file
     assert f"![capacity]({CHART})" in render_markdown(report, embed_images=True)
+
+
+def test_pushed_card_names_no_machine_path(awq_recipe, tmp_path):
+    """The card that goes to the Hub: local folders (the base model, the checkpoint under the work
+    dir) appear by repo id, project-relative path or folder name, never as this machine's path."""
+    from quantize_serve.capacity import published_serve_command
+    from quantize_serve.model_card import render_model_card
+    from quantize_serve.settings import PROJECT_ROOT
+    from quantize_serve.validate import ValidatedRecipe
+
+    ckpt = tmp_path / "work" / "checkpoints" / "tiny-llama-awq-0123abcd"
+    validated = ValidatedRecipe(recipe=awq_recipe, source=str(PROJECT_ROOT / "recipes/tiny-llama-awq.yaml"),
+                                recipe_sha256="0" * 64, calibration_fingerprint="2" * 64)
+    report = report_with_capacity().model_copy(update={
+        "base": BaseModelRef(local_dir=str(PROJECT_ROOT / "models/tiny-llama"), sha="1" * 64),
+        "checkpoint": report_with_capacity().checkpoint.model_copy(update={"checkpoint_dir": str(ckpt)}),
+        "serving_command": published_serve_command(awq_recipe, ckpt)})
+    for status in ("candidate", "promoted"):
+        card = str(render_model_card(report.card_inputs(validated, status=status)))
+        assert str(PROJECT_ROOT) not in card and str(tmp_path) not in card, card
+        assert "vllm serve quantize-serve/tiny-llama-awq-w4a16" in card
+    assert str(PROJECT_ROOT) not in render_markdown(report)
