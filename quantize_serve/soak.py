@@ -41,7 +41,7 @@ from quantize_serve.errors import GateError
 from quantize_serve.processes import process_alive
 from quantize_serve.recipe import MIN_SOAK_SAMPLES, ServeSection, SoakGate, StressProfile
 from quantize_serve.server import RunningServer
-from quantize_serve.stress import Probe, Sampler, race, send_probe, token_prompts
+from quantize_serve.stress import Probe, Sampler, answer_failures, race, send_probe, token_prompts
 
 MIB = 2**20
 SAMPLES_FILE = "soak-samples.jsonl"
@@ -215,12 +215,7 @@ def judge_soak(figures: SoakFigures, traffic: SoakTraffic, gate: SoakGate, *, se
                  f"kept climbing), over max_preemptions_after_warmup={gate.max_preemptions_after_warmup}: "
                  "the KV cache cannot hold this load for long; lower gates.soak.concurrency or "
                  "serve.max_num_seqs, or give the KV cache more memory")
-    if traffic.errors_5xx:
-        f.append(f"{traffic.errors_5xx} request(s) got a server error (5xx){first}")
-    if traffic.timeouts:
-        f.append(f"{traffic.timeouts} request(s) got no answer within request_timeout_s={gate.request_timeout_s:g} s")
-    if traffic.wrong_token_counts:
-        f.append(f"{traffic.wrong_token_counts} request(s) returned a completion_tokens count other than max_tokens")
+    f += answer_failures(traffic, gate.request_timeout_s, first)
     if traffic.other_errors:
         f.append(f"{traffic.other_errors} request(s) failed otherwise{first}")
     if not traffic.completed_after_warmup and not server_died:

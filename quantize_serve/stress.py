@@ -538,6 +538,21 @@ async def _stress(server: RunningServer, profile: StressProfile, serve: ServeSec
     return result
 
 
+def answer_failures(counts: Any, request_timeout_s: float, first: str) -> list[str]:
+    """What went wrong with the answers, one line each: server errors, timeouts, wrong token
+    counts (``counts`` has ``errors_5xx``, ``timeouts``, ``wrong_token_counts``; stress and soak)."""
+    f = []
+    if counts.errors_5xx:
+        f.append(f"{counts.errors_5xx} request(s) got a server error (5xx){first}")
+    if counts.timeouts:
+        f.append(f"{counts.timeouts} request(s) got no answer within "
+                 f"request_timeout_s={request_timeout_s:g} s")
+    if counts.wrong_token_counts:
+        f.append(f"{counts.wrong_token_counts} request(s) returned a completion_tokens count other "
+                 "than max_tokens")
+    return f
+
+
 def judge(r: StressResult, profile: StressProfile, *, traffic: str, death_reason: str,
           bench_error: str) -> list[str]:
     """One line per violated condition; empty means passed."""
@@ -552,12 +567,7 @@ def judge(r: StressResult, profile: StressProfile, *, traffic: str, death_reason
     if traffic == "timeout":
         f.append(f"the traffic did not finish within max_duration_s={profile.max_duration_s:g} s; "
                  f"{r.aborted} request(s) unanswered")
-    if r.errors_5xx:
-        f.append(f"{r.errors_5xx} request(s) got a server error (5xx){first}")
-    if r.timeouts:
-        f.append(f"{r.timeouts} request(s) got no answer within request_timeout_s={profile.request_timeout_s:g} s")
-    if r.wrong_token_counts:
-        f.append(f"{r.wrong_token_counts} request(s) returned a completion_tokens count other than max_tokens")
+    f += answer_failures(r, profile.request_timeout_s, first)
     if r.completed < profile.num_requests:
         f.append(f"only {r.completed} of {profile.num_requests} valid requests completed with the "
                  "requested token count")
