@@ -63,13 +63,22 @@ def accuracy_rows(accuracy: list[AccuracyCheck] | BaseException | None) -> list[
     return rows
 
 
+def _failed_row(check: str, result: StressResult | SoakResult | BaseException | None,
+                not_run: str) -> CheckRow | None:
+    """The failed row of a load gate that raised, did not run, or failed; None when it passed."""
+    if isinstance(result, BaseException):
+        return CheckRow(check=check, passed=False, reason=f"could not run: {_first_line(result)}")
+    if result is None:
+        return CheckRow(check=check, passed=False, reason=not_run)
+    if result.failures:
+        return CheckRow(check=check, passed=False, reason="; ".join(result.failures))
+    return None
+
+
 def stress_row(stress: StressResult | BaseException | None) -> CheckRow:
-    if isinstance(stress, BaseException):
-        return CheckRow(check="stress", passed=False, reason=f"could not run: {_first_line(stress)}")
-    if stress is None:
-        return CheckRow(check="stress", passed=False, reason="the stress test did not run")
-    if stress.failures:
-        return CheckRow(check="stress", passed=False, reason="; ".join(stress.failures))
+    failed = _failed_row("stress", stress, "the stress test did not run")
+    if failed:
+        return failed
     usage = f"{stress.peak_kv_cache_usage:.0%}" if stress.peak_kv_cache_usage is not None else "n/a"
     return CheckRow(check="stress", passed=True, reason=(
         f"{stress.completed}/{stress.requests - stress.overlong_expected} requests completed with the "
@@ -79,12 +88,9 @@ def stress_row(stress: StressResult | BaseException | None) -> CheckRow:
 
 
 def soak_row(soak: SoakResult | BaseException | None) -> CheckRow:
-    if isinstance(soak, BaseException):
-        return CheckRow(check="soak", passed=False, reason=f"could not run: {_first_line(soak)}")
-    if soak is None:
-        return CheckRow(check="soak", passed=False, reason="the soak test did not run (gates.soak is set)")
-    if soak.failures:
-        return CheckRow(check="soak", passed=False, reason="; ".join(soak.failures))
+    failed = _failed_row("soak", soak, "the soak test did not run (gates.soak is set)")
+    if failed:
+        return failed
     f = soak.figures
     gpu = "" if f.gpu_slope_mib_per_min is None else f", GPU memory {f.gpu_slope_mib_per_min:+.1f} MiB/min"
     return CheckRow(check="soak", passed=True, reason=(
