@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from prefect import flow
 from prefect.states import Failed, State
@@ -43,8 +44,11 @@ def outcome(state: State):
 
 
 @flow(name="quantize-serve", log_prints=True)
-def quantize_serve(recipe: Recipe | str) -> RunReport:
-    validated = validate_recipe(recipe)
+def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None) -> RunReport:
+    """``recipe``: a recipe file (or Recipe). ``overrides``: recipe fields to change for this run,
+    by dotted key, e.g. {"gates.stress.num_requests": 64}; validated like the file, and the report
+    lists them."""
+    validated = validate_recipe(recipe, overrides)
     progress = Progress(validated.recipe.name)
     progress.done("validated")
     r, run_dir = validated.recipe, run_folder(validated)

@@ -575,8 +575,41 @@ def parse_recipe(data: Any, *, source: str = RECIPE_SOURCE, base_dir: Path | Non
         raise RecipeErrors(translate_errors(source, exc.errors())) from None
 
 
-def load_recipe(path: str | Path) -> Recipe:
-    """Read and validate a recipe file. Fails on the first read, before anything heavy."""
+def apply_overrides(data: Any, overrides: dict[str, Any], *, source: str) -> dict[str, Any]:
+    """A copy of the recipe mapping with each dotted key set to its value (``serve.max_num_seqs``,
+    ``gates.accuracy.tasks``, ``gates.accuracy.tasks.0.limit``): a deployment's parameters adapt
+    a shipped recipe without a copy of the file. The result is validated like the file itself, so a
+    misspelled key gets the same error, did-you-mean included."""
+    import copy
+
+    data = copy.deepcopy(data) if isinstance(data, dict) else {}
+    for dotted, value in overrides.items():
+        node: Any = data
+        keys = str(dotted).split(".")
+        for i, key in enumerate(keys):
+            last = i == len(keys) - 1
+            if isinstance(node, list) and key.isdigit() and int(key) < len(node):
+                index: Any = int(key)
+            elif isinstance(node, dict) and key:
+                index = key
+            else:
+                where = ".".join(keys[:i]) or "<top level>"
+                raise RecipeError(
+                    source, f"overrides.{dotted}", value, f"{where} has no entry {key!r} to set",
+                    "name a recipe field with dots (serve.max_num_seqs), list items by index "
+                    "(gates.accuracy.tasks.0.limit)")
+            if last:
+                node[index] = value
+            else:
+                if isinstance(node, dict) and not isinstance(node.get(index), (dict, list)):
+                    node[index] = {}
+                node = node[index]
+    return data
+
+
+def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Recipe:
+    """Read and validate a recipe file (with ``overrides`` applied, see apply_overrides). Fails on
+    the first read, before anything heavy."""
     path = Path(path)
     if not path.is_file():
         raise RecipeError(str(path), "<file>", str(path), "no such recipe file",
@@ -593,6 +626,8 @@ def load_recipe(path: str | Path) -> Recipe:
     except yaml.YAMLError as exc:
         raise RecipeError(str(path), "<yaml>", str(exc).splitlines()[0], "not valid YAML",
                           "fix the YAML syntax at the line shown") from None
+    if overrides:
+        data = apply_overrides(data, overrides, source=str(path))
     return parse_recipe(data, source=str(path), base_dir=path.resolve().parent)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -22,6 +23,9 @@ from quantize_serve.server import free_port, stop_process_group, wait_ready  # e
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+# the environment's `prefect` command; where packages were installed with --target (a GPU image), the
+# one on PATH (scripts/gpu/host.sh puts the pipeline set's bin/ there)
+PREFECT = str(BIN / "prefect") if (BIN / "prefect").exists() else (shutil.which("prefect") or "prefect")
 WORK_POOLS = {"local-cpu": "process", "gpu": "process"}
 
 
@@ -52,7 +56,7 @@ class Stack:
     procs: list[subprocess.Popen] = field(default_factory=list)
 
     def prefect(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-        out = subprocess.run([str(BIN / "prefect"), *args], cwd=ROOT, env=self.env, capture_output=True,
+        out = subprocess.run([PREFECT, *args], cwd=ROOT, env=self.env, capture_output=True,
                              text=True, timeout=timeout)
         if check and out.returncode != 0:
             raise RuntimeError(f"prefect {' '.join(args)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
@@ -70,7 +74,7 @@ class Stack:
         """
         log = self.home / f"worker-{int(time.time())}.log"
         with log.open("w") as fh:
-            worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", pool],
+            worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", pool],
                                       cwd=ROOT, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
                                       start_new_session=True)
         try:
@@ -88,7 +92,7 @@ class Stack:
               echo: Callable[[str], None] | None) -> tuple[int, str]:
         """A prefect command whose output is read line by line as it comes; (rc, output)."""
         env = {**self.env, "PREFECT_CLI_WRAP_LINES": "false"}  # one log record, one line
-        proc = subprocess.Popen([str(BIN / "prefect"), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen([PREFECT, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         timed_out = threading.Event()
 
@@ -142,7 +146,7 @@ def local_stack(home: Path, *, hub_token: str, deploy: bool = True,
     try:
         server_log = home / "prefect-server.log"
         stack.procs.append(subprocess.Popen(
-            [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
             cwd=ROOT, env=env, stdout=server_log.open("w"), stderr=subprocess.STDOUT, start_new_session=True))
         hub_log = home / "hub.log"
         stack.procs.append(subprocess.Popen(

@@ -146,3 +146,35 @@ def test_llmcompressor_recipe_states_every_number():
     mods = yaml.safe_load(build_llmcompressor_recipe(gptq.quantization))["quant_stage"]["quant_modifiers"]
     assert list(mods) == ["GPTQModifier"]
     assert mods["GPTQModifier"]["config_groups"]["group_0"]["weights"]["symmetric"] is True
+
+
+def test_run_overrides_change_the_recipe_and_are_validated_like_the_file():
+    """A deployment's `overrides` parameter: dotted keys, list items by index; the result is checked
+    like the file, and the validated recipe records what was changed."""
+    llama3 = ROOT / "recipes/llama3-8b-instruct-awq.yaml"
+    overrides = {"gates.accuracy.tasks": [{"task": "../evals/tasks/qs_heldout_ppl.yaml", "limit": 20}],
+                 "gates.stress.num_requests": 64, "serve.enforce_eager": True}
+    recipe = load_recipe(llama3, overrides)
+    assert [t.task for t in recipe.gates.accuracy.tasks] == ["../evals/tasks/qs_heldout_ppl.yaml"]
+    assert (recipe.gates.stress.num_requests, recipe.serve.enforce_eager) == (64, True)
+    assert load_recipe(llama3, {"gates.accuracy.tasks.0.limit": 7}).gates.accuracy.tasks[0].limit == 7
+    assert load_recipe(llama3).gates.accuracy.tasks[0].task == "gsm8k"  # the file itself is untouched
+
+    with pytest.raises(RecipeErrors) as misspelled:
+        load_recipe(llama3, {"serve.max_num_seq": 8})
+    assert "serve.max_num_seq" in str(misspelled.value) and "did you mean 'max_num_seqs'" in str(misspelled.value)
+    with pytest.raises(RecipeError) as no_item:
+        load_recipe(llama3, {"gates.accuracy.tasks.9.limit": 7})
+    message = str(no_item.value)
+    assert "overrides.gates.accuracy.tasks.9.limit" in message and "has no entry '9'" in message
+    with pytest.raises(RecipeErrors) as bad_value:
+        load_recipe(llama3, {"serve.max_model_len": -1})
+    assert "serve.max_model_len" in str(bad_value.value)
+
+
+def test_validated_recipe_records_the_overrides():
+    tiny = ROOT / "recipes/tiny-llama-awq.yaml"
+    validated = validate_recipe(tiny, {"gates.stress.num_requests": 12})
+    assert validated.overrides == {"gates.stress.num_requests": 12}
+    assert validated.recipe.gates.stress.num_requests == 12
+    assert validated.recipe_sha256 != validate_recipe(tiny).recipe_sha256  # the run's recipe, not the file's
