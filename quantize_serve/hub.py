@@ -304,32 +304,90 @@ def _hub_call(hub: HubSection, action: str, revision: str | None, token: str | N
 # --------------------------------------------------------------------------------------------
 
 
-def resolve_base_model(repo_id: str, *, revision: str | None, token: str | None, cache_dir: str | Path | None,
-                       endpoint: str | None = None, token_env: str = "HF_TOKEN",
+# What quantizing (llm-compressor) and serving (vLLM) read from a base model repo: the config, the
+# weights as safetensors (shards and their index), the tokenizer and the chat template. Nothing else
+# is fetched:
+# - no file in a subfolder ("*/*"): Meta's repos ship original/ with the consolidated .pth weights,
+#   as large as the model itself, which would double the download;
+# - no other weight format (*.bin, *.pth, *.pt, *.h5, *.msgpack, *.gguf, Mistral's
+#   consolidated*.safetensors) when the repo has safetensors; a repo without any gets its
+#   pytorch_model*.bin instead (BASE_MODEL_LEGACY_WEIGHTS), which llm-compressor can still load.
+BASE_MODEL_FILES = (
+    "config.json", "generation_config.json",
+    "*.safetensors", "*.safetensors.index.json",
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "tokenizer.model", "*.tiktoken", "vocab.json", "merges.txt", "vocab.txt",
+    "chat_template.json", "*.jinja",
+)
+BASE_MODEL_IGNORED = ("*/*", "consolidated*")
+BASE_MODEL_LEGACY_WEIGHTS = ("pytorch_model*.bin", "pytorch_model*.bin.index.json")
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def base_model_cache() -> Path:
+    """Where base models are downloaded: the ``hub`` folder of the work cache (``QS_WORK_DIR``)."""
+    from quantize_serve.settings import get_settings
+
+    return get_settings().work_dir / "hub"
+
+
+def base_model_patterns(filenames: list[str]) -> tuple[list[str], list[str]]:
+    """(allow_patterns, ignore_patterns) for a repo holding ``filenames``: BASE_MODEL_FILES, plus
+    the legacy .bin weights only when no safetensors would be taken."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    allow, ignore = list(BASE_MODEL_FILES), list(BASE_MODEL_IGNORED)
+    if not any(filter_repo_objects(filenames, allow_patterns="*.safetensors", ignore_patterns=ignore)):
+        allow += BASE_MODEL_LEGACY_WEIGHTS
+    return allow, ignore
+
+
+def resolve_base_model(repo_id: str, *, revision: str | None, token: str | None,
+                       cache_dir: str | Path | None = None, endpoint: str | None = None,
+                       token_env: str = "HF_TOKEN", secret_block: str | None = None,
                        retry: RetryPolicy = DEFAULT_RETRY) -> ResolvedModel:
     """Pin ``revision`` (branch, tag, sha or None = main) to a commit, then download that commit.
 
     Resolving first means the whole run (quantization, card, provenance) names one immutable
-    sha, even if the branch moves while we download.
-    """
-    from huggingface_hub import snapshot_download
+    sha, even if the branch moves while we download. Only the files quantizing and serving need
+    are fetched (``base_model_patterns``), into ``cache_dir`` (default: ``base_model_cache()``), and
+    only after checking that the disk holding it has room for what the cache lacks.
 
+    ``token`` None means the client's own default (the HF_TOKEN variable or a login on this
+    machine); it is looked up here so that it is scrubbed from messages like a given one.
+    ``token_env`` and ``secret_block`` only name where the token came from, for messages.
+    """
+    from huggingface_hub import get_token, snapshot_download
+
+    token = token or get_token()
+    cache = Path(cache_dir) if cache_dir is not None else base_model_cache()  # never str(None)
     api = _api(endpoint, token)
-    call = _Call("resolve the base model", repo_id, revision, token, token_env, None, retry, writes=False)
+    call = _Call("resolve the base model", repo_id, revision, token, token_env, secret_block, retry,
+                 writes=False)
 
     def attempt(_: int) -> ResolvedModel:
-        sha = api.model_info(repo_id, revision=revision).sha
+        info = api.model_info(repo_id, revision=revision, files_metadata=True)
+        sha = info.sha
         if not sha or not SHA40.match(sha):
             raise HubError(f"the Hub returned no commit sha for {repo_id}@{revision}")
+        siblings = info.siblings or []
+        allow, ignore = base_model_patterns([s.rfilename for s in siblings])
+        wanted = _select(siblings, allow, ignore)
+        missing = _missing_bytes(cache, repo_id, wanted)
+        free = _free_bytes(cache)
+        if free is not None and missing > free:
+            raise _disk_space_error(repo_id, sha, cache, missing, started=False)
+        logger.info("downloading %d file(s) of %s@%s into %s (%.1f MB not in the cache yet)",
+                    len(wanted), repo_id, sha[:12], cache, missing / 1e6)
         try:
-            local = snapshot_download(repo_id, revision=sha, cache_dir=str(cache_dir) if cache_dir else None,
-                                      token=token, endpoint=endpoint)
+            local = snapshot_download(repo_id, revision=sha, cache_dir=cache, token=token, endpoint=endpoint,
+                                      allow_patterns=allow, ignore_patterns=ignore)
         except OSError as exc:
             if not any(isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS for e in _chain(exc)):
                 raise
             local = None
         if local is None:  # raised here, not in the except: no client exception chained
-            raise _disk_full(api, repo_id, sha, cache_dir)
+            raise _disk_space_error(repo_id, sha, cache, missing, started=True)
         return ResolvedModel(repo_id=repo_id, revision=revision, sha=sha, local_dir=Path(local))
 
     resolved = _run(call, attempt)
@@ -337,26 +395,58 @@ def resolve_base_model(repo_id: str, *, revision: str | None, token: str | None,
     return resolved
 
 
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+def _select(siblings: list, allow: list[str], ignore: list[str]) -> list:
+    """The siblings snapshot_download will fetch with these patterns (the client's own filter)."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    return list(filter_repo_objects(siblings, allow_patterns=allow, ignore_patterns=ignore,
+                                    key=lambda s: s.rfilename))
 
 
-def _disk_full(api: HfApi, repo_id: str, sha: str, cache_dir: str | Path | None) -> HubError:
-    """A download that filled the disk: where, how much is free, how much the model needs, the fix."""
-    from huggingface_hub import constants
+def _missing_bytes(cache: Path, repo_id: str, siblings: list) -> int:
+    """Bytes of ``siblings`` not yet in the cache. The client stores each file once, as
+    ``blobs/<etag>`` (the sha256 of an LFS file, the git blob id of a small one), so a file already
+    fetched for any revision counts as present."""
+    from huggingface_hub.file_download import repo_folder_name
 
-    cache = Path(cache_dir or constants.HF_HUB_CACHE)
-    existing = next((p for p in (cache, *cache.parents) if p.exists()), None)
-    free = f"{shutil.disk_usage(existing).free / 1e6:.1f} MB" if existing else "unknown"
+    blobs = cache / repo_folder_name(repo_id=repo_id, repo_type="model") / "blobs"
+    missing = 0
+    for s in siblings:
+        etag = s.lfs.sha256 if s.lfs else s.blob_id
+        blob = blobs / etag if etag else None
+        if blob is None or not blob.is_file() or blob.stat().st_size != (s.size or 0):
+            missing += s.size or 0
+    return missing
+
+
+def _free_bytes(folder: Path) -> int | None:
+    """Free bytes on the disk that holds ``folder`` (its nearest existing parent); None if unknown."""
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
     try:
-        info = api.model_info(repo_id, revision=sha, files_metadata=True)
-        needs = f"{sum(s.size or 0 for s in info.siblings or []) / 1e6:.1f} MB"
-    except Exception:  # noqa: BLE001 - only for the message
-        needs = "unknown"
+        return shutil.disk_usage(existing).free if existing else None
+    except OSError:
+        return None
+
+
+def _disk_space_error(repo_id: str, sha: str, cache: Path, needed: int, *, started: bool) -> HubError:
+    """The disk cannot hold the base model: before the download (``started=False``, nothing fetched) or
+    when a download filled it. Where, how much is free, how much the model needs, the fix."""
+    free = _free_bytes(cache)
+
+    def size(n: int | None) -> str:
+        return "an unknown amount" if n is None else f"{n / 1e6:.1f} MB ({n:,} bytes)"
+
+    what = f"download the base model {repo_id}@{sha}"
+    if started:
+        head = (f"{what} failed: the disk is full (no space left on the device holding the download "
+                f"cache {cache}; {size(free)} free, the files to download take {size(needed)}).")
+    else:
+        head = (f"{what} was not started: the disk is full for this model (the files to download take "
+                f"{size(needed)}, the device holding the download cache {cache} has {size(free)} free).")
     return HubError(
-        f"download the base model {repo_id}@{sha[:12]} failed: the disk is full (no space left on the "
-        f"device holding the download cache {cache}; {free} free, the model's files take {needs}). Fix: "
-        "free space there, or point the cache at a disk with room (HF_HUB_CACHE or HF_HOME), and re-run: "
-        "files already downloaded are kept.")
+        f"{head} Fix: free space there, or point QS_WORK_DIR at a disk with room (base models are "
+        "downloaded to its hub/ folder, not to HF_HUB_CACHE), and re-run: files already downloaded "
+        "are kept.")
 
 
 def fetch_model_config(repo_id: str, *, revision: str | None = None, token: str | None = None,

@@ -152,15 +152,23 @@ def check_recipe(path: str | Path, *, remote: bool = False) -> RecipeCheck:
     return RecipeCheck(recipe=recipe, source=source, checked=checked, not_checked=not_checked)
 
 
-def resolve_base(validated: ValidatedRecipe, *, token: str | None = None, cache_dir: Path | None = None) -> BaseModelRef:
+def resolve_base(validated: ValidatedRecipe, *, cache_dir: Path | None = None) -> BaseModelRef:
+    """Pin the base model. A Hub repo is downloaded (only what quantizing and serving read) into
+    ``cache_dir``, by default the work cache's hub/ folder (``QS_WORK_DIR``), with the token from
+    the recipe's hub section (``hub.token_env``, then ``hub.token_secret_block``); without a hub
+    section, HF_TOKEN or a login on this machine. The token is read here, so it is never a
+    parameter a caller (or Prefect) records."""
     recipe = validated.recipe
     if recipe.model_is_local:
         local = recipe.path(recipe.model.id)
         return BaseModelRef(local_dir=str(local), sha=folder_digest(local))
-    from quantize_serve.hub import resolve_base_model
+    from quantize_serve.hub import resolve_base_model, resolve_token
 
-    resolved = resolve_base_model(recipe.model.id, revision=recipe.model.revision, token=token,
-                                  cache_dir=cache_dir)
+    hub = recipe.hub
+    resolved = resolve_base_model(recipe.model.id, revision=recipe.model.revision,
+                                  token=resolve_token(hub) if hub else None, cache_dir=cache_dir,
+                                  token_env=hub.token_env if hub else "HF_TOKEN",
+                                  secret_block=hub.token_secret_block if hub else None)
     check_model_files(Path(resolved.local_dir), source=validated.source, value=recipe.model.id)
     check_model(recipe, Path(resolved.local_dir), source=validated.source)
     return BaseModelRef(local_dir=str(resolved.local_dir), repo_id=recipe.model.id,

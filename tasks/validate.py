@@ -17,6 +17,8 @@ def validate_recipe(recipe: Recipe | str | Path) -> validate.ValidatedRecipe:
 
 # No task-level retries: quantize_serve.hub retries transient failures (5xx, 429, dropped
 # connections) itself, with backoff, and never a 401/403/404, which no retry can fix.
+# No token parameter: Prefect records a task's inputs, so validate.resolve_base reads the token
+# itself (the recipe's hub.token_env or hub.token_secret_block, else HF_TOKEN).
 @task(name="resolve-base-model")
-def resolve_base_model(validated: validate.ValidatedRecipe, token: str | None = None) -> validate.BaseModelRef:
-    return validate.resolve_base(validated, token=token)
+def resolve_base_model(validated: validate.ValidatedRecipe) -> validate.BaseModelRef:
+    return validate.resolve_base(validated)
