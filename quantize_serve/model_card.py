@@ -3,8 +3,13 @@
 Rendered from plain data (``ModelCardInputs``) into a ``huggingface_hub.ModelCard``. The YAML
 header uses ``ModelCardData`` with ``eval_results``, so the Hub renders the ``model-index``
 metadata as an evaluation table; the quantized model's scores go there (the base scores and the
-recovery ratios sit in the body's table, next to the thresholds the gate applied).
+recovery ratios sit in the body's table, next to the thresholds the gate applied). Tasks are named
+by their lm-eval task name and datasets by id (a Hub dataset id, or ``local:<name>`` with the data's
+sha256 as the revision for data in a project file), never by a file path. A base model on the Hub
+is linked in the model tree with ``base_model`` and ``base_model_relation: quantized``.
 The card is pushed in the same commit as the checkpoint and updated when the gates decide.
+
+No ``.eval_results/`` files: see ``EVAL_RESULTS_NOTE``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,17 @@ STATUS_LINE = {
     "promoted": "**Status: promoted.** This revision passed the accuracy and stress gates.",
     "rejected": "**Status: rejected.** This revision failed its gates and was not promoted.",
 }
+# Why the scores are in model-index and not in the Hub's `.eval_results/*.yaml` format (its schema:
+# huggingface/hub-docs eval_results.yaml and docs/hub/eval-results.md; huggingface_hub's
+# EvalResultEntry): an entry is one `value` for a `dataset.id` that must be a registered Hub
+# Benchmark and a `task_id` from that benchmark's eval.yaml, with no metric name and no reference
+# model, so a recovery against the base cannot be expressed (nor a project-local task).
+EVAL_RESULTS_NOTE = (
+    "Not written as `.eval_results/` files: that Hub format (hub-docs `eval_results.yaml`) holds one "
+    "value per registered Hub Benchmark dataset and task, with no metric name and no reference model, "
+    "so it cannot carry recovery against the base (nor a project-local task). The quantized scores "
+    "are in this card's `model-index` metadata; the base scores and recovery are in the table above."
+)
 # Anything that looks like a credential is masked before the card is written (defence in depth:
 # inputs should never hold one, but a serving command may be pasted with --api-key in it).
 SECRET_PATTERNS = (
@@ -38,7 +54,12 @@ SECRET_PATTERNS = (
 class AccuracyRow(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    task: str
+    task: str = Field(description="lm-eval's task name (e.g. gsm8k), never a file path")
+    dataset: str = Field(description="Hub dataset id (e.g. openai/gsm8k), or local:<name> for a file")
+    dataset_config: str | None = None
+    dataset_split: str | None = None
+    dataset_revision: str | None = Field(
+        default=None, description="the dataset's revision; for local data, the sha256 of its file(s)")
     metric: str
     base: float
     quantized: float
@@ -54,6 +75,8 @@ class Provenance(BaseModel):
     engine_versions: dict[str, str] = Field(default_factory=dict)
     hardware: str = ""
     run_id: str = ""
+    run_url: str | None = Field(default=None, description="the Prefect UI page of the run, when it has one")
+    vllm_version: str | None = Field(default=None, description="vLLM in the serving environment")
 
 
 class ModelCardInputs(BaseModel):
@@ -101,6 +124,14 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
+def _dataset_cell(row: AccuracyRow) -> str:
+    parts = [row.dataset, *(f"{k} {v}" for k, v in (("config", row.dataset_config), ("split", row.dataset_split))
+                            if v)]
+    if row.dataset_revision:
+        parts.append(f"revision {row.dataset_revision[:12]}")
+    return ", ".join(parts)
+
+
 def scrub_secrets(text: str) -> str:
     for pattern, replacement in SECRET_PATTERNS:
         text = pattern.sub(replacement, text)
@@ -109,7 +140,7 @@ def scrub_secrets(text: str) -> str:
 
 def render_model_card(inputs: ModelCardInputs) -> ModelCard:
     """Render the card; ``ModelCard.load`` reads it back with the same eval results."""
-    from huggingface_hub import EvalResult, ModelCard, ModelCardData  # noqa: F811 - runtime import
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     i = inputs
     name = i.repo_id.split("/")[-1]
@@ -117,9 +148,10 @@ def render_model_card(inputs: ModelCardInputs) -> ModelCard:
     # text only.
     on_hub = bool(REPO_ID.match(i.base_model)) and not looks_local(i.base_model)
     eval_results = [
-        EvalResult(task_type="text-generation", task_name=row.task, dataset_type=row.task,
-                   dataset_name=row.task, metric_type=row.metric, metric_name=row.metric,
-                   metric_value=row.quantized)
+        EvalResult(task_type="text-generation", task_name=row.task, dataset_type=row.dataset,
+                   dataset_name=row.dataset, dataset_config=row.dataset_config,
+                   dataset_split=row.dataset_split, dataset_revision=row.dataset_revision,
+                   metric_type=row.metric, metric_name=row.metric, metric_value=row.quantized)
         for row in i.accuracy
     ]
     data = ModelCardData(
@@ -137,6 +169,7 @@ def render_model_card(inputs: ModelCardInputs) -> ModelCard:
     base = (f"[{i.base_model}](https://huggingface.co/{i.base_model}/tree/{rev})" if on_hub
             else f"`{i.base_model}`")
     pinned = f" at `{i.base_revision_sha}`" if i.base_revision_sha else ""
+    engine = f"vLLM {i.provenance.vllm_version}" if i.provenance.vllm_version else "vLLM"
     parts = [
         f"# {name}",
         STATUS_LINE[i.status],
@@ -146,7 +179,9 @@ def render_model_card(inputs: ModelCardInputs) -> ModelCard:
     parts += [
         f"{i.scheme} ({i.method.upper()}, group size {i.group_size}) quantization of "
         f"{base}{pinned}, made with llm-compressor "
-        "and measured on vLLM by quantize-serve.",
+        f"and measured on {engine} by quantize-serve."
+        + ("" if on_hub else " The base is a local folder, not a Hub repo id, so the card's metadata "
+           "names no `base_model` (and the Hub's model tree shows no link to it)."),
         "## Quantization\n\n" + _table(["setting", "value"], [
             ["method", i.method], ["scheme", i.scheme], ["group size", i.group_size],
             *[[f"calibration {k}", v] for k, v in sorted(i.calibration.items())],
@@ -156,9 +191,10 @@ def render_model_card(inputs: ModelCardInputs) -> ModelCard:
     ]
     if i.accuracy:
         parts.append("## Accuracy (gate: quantized / base >= threshold)\n\n" + _table(
-            ["task", "metric", "base", "quantized", "recovery", "threshold", "passed"],
-            [[r.task, r.metric, r.base, r.quantized, r.recovery, r.threshold, "yes" if r.passed else "NO"]
-             for r in i.accuracy]))
+            ["task", "dataset", "metric", "base", "quantized", "recovery", "threshold", "passed"],
+            [[r.task, _dataset_cell(r), r.metric, r.base, r.quantized, r.recovery, r.threshold,
+              "yes" if r.passed else "NO"] for r in i.accuracy])
+            + "\n\nTasks are lm-eval task names. " + EVAL_RESULTS_NOTE)
     if i.capacity_markdown.strip():
         parts.append("## Memory and batch capacity\n\n" + i.capacity_markdown.strip())
     if i.stress:
@@ -169,8 +205,10 @@ def render_model_card(inputs: ModelCardInputs) -> ModelCard:
     p = i.provenance
     parts.append("## Provenance\n\n" + _table(["item", "value"], [
         ["recipe sha256", f"`{p.recipe_sha256}`"], ["run id", p.run_id or "-"],
+        ["run", f"[Prefect flow run]({p.run_url})" if p.run_url else "-"],
         ["hardware", p.hardware or "-"],
-        *[[f"{k} version", v] for k, v in sorted(p.engine_versions.items())],
+        ["vLLM version (serving)", p.vllm_version or "unknown"],
+        *[[f"{k} version (quantization)", v] for k, v in sorted(p.engine_versions.items())],
     ]))
     content = f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(parts) + "\n"
     return ModelCard(scrub_secrets(content))

@@ -18,7 +18,7 @@ from quantize_serve.model_card import render_model_card
 from quantize_serve.profile_search import ProfileSearchResult
 from quantize_serve.quantize import QuantizeResult
 from quantize_serve.recipe import Recipe
-from quantize_serve.report import CHART, Release, RunReport, card_inputs
+from quantize_serve.report import CHART, Release, RunReport, card_inputs, serving_vllm_version
 from quantize_serve.validate import BaseModelRef, ValidatedRecipe
 
 
@@ -55,7 +55,8 @@ def push_release_candidate(validated: ValidatedRecipe, base: BaseModelRef, check
     recipe = validated.recipe
     if recipe.hub is None:
         raise ValueError(f"recipe {recipe.name!r} has no hub section: there is nowhere to push")
-    card = render_model_card(card_inputs(validated, base, checkpoint, serving_command))
+    card = render_model_card(card_inputs(validated, base, checkpoint, serving_command,
+                                         vllm_version=serving_vllm_version()))
     extra = [Path(profile.profile_path)] if profile and profile.profile_path else []
     folder = stage_release_folder(checkpoint, str(card), run_dir / "release", extra)
     return hub.push_candidate(recipe.hub, folder, token=hub.resolve_token(recipe.hub),
@@ -100,14 +101,14 @@ def promote_or_reject(validated: ValidatedRecipe, report: RunReport, approved: b
 def release_event(recipe: Recipe, report: RunReport, release: Release, reasons: list[str]) -> dict[str, Any]:
     """The release event as data (``event``, ``resource``, ``payload``), for an automation."""
     candidate = report.candidate
-    return dict(
-        event=f"quantize-serve.release.{release.status}",
-        resource={"prefect.resource.id": f"huggingface.model.{candidate.repo_id}",
-                  "prefect.resource.name": candidate.repo_id,
-                  "huggingface.revision": release.commit_sha or candidate.commit_sha},
-        payload={"recipe": recipe.name, "run_id": report.run_id, "reasons": reasons,
-                 "ref": release.ref, "candidate": candidate.commit_sha},
-    )
+    return {
+        "event": f"quantize-serve.release.{release.status}",
+        "resource": {"prefect.resource.id": f"huggingface.model.{candidate.repo_id}",
+                     "prefect.resource.name": candidate.repo_id,
+                     "huggingface.revision": release.commit_sha or candidate.commit_sha},
+        "payload": {"recipe": recipe.name, "run_id": report.run_id, "reasons": reasons,
+                    "ref": release.ref, "candidate": candidate.commit_sha},
+    }
 
 
 def revision_url(report: RunReport, release: Release) -> str:

@@ -16,6 +16,7 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
+from prefect.utilities.urls import url_for
 
 from quantize_serve.report import RunReport, render_markdown, stress_summary, write_report
 from quantize_serve.settings import get_settings
@@ -27,6 +28,13 @@ STAGES = ("validated", "base resolved", "quantized", "candidate pushed", "base s
 
 def run_id() -> str:
     return flow_run.get_id() or f"local-{int(time.time())}"
+
+
+def run_url() -> str | None:
+    """The run's page in the Prefect UI (PREFECT_UI_URL + /runs/flow-run/<id>, Prefect's own
+    format); None outside a flow run or without a UI URL (an ephemeral API has none)."""
+    run = flow_run.get_id()
+    return url_for("flow-run", obj_id=run) if run else None
 
 
 def run_folder(validated: ValidatedRecipe) -> Path:
@@ -75,7 +83,9 @@ def request_approval(validated: ValidatedRecipe, report: RunReport) -> tuple[boo
 @task(name="write-report")
 def write_report_files(report: RunReport, run_dir: Path) -> RunReport:
     """report.md, report.json and the chart before the release step (the model card and the
-    sign-off read them). No artifacts yet: publish_report writes each key once, with the release."""
+    sign-off read them). No artifacts yet: publish_report writes each key once, with the release.
+    Adds the run's UI page and the serving vLLM version, which the card and the report show."""
+    report.run_url = report.run_url or run_url()
     paths = write_report(report, run_dir)
     get_run_logger().info("report written to %s (before the release step)", paths["markdown"].parent)
     return report

@@ -89,18 +89,20 @@ def opts(hub: LocalHub, **extra: object) -> dict:
 
 
 def card_inputs(repo_id: str, **overrides: object) -> ModelCardInputs:
-    values: dict = dict(
-        repo_id=repo_id, base_model="org/tiny-base", base_revision_sha="a" * 40, method="awq",
-        scheme="W4A16", group_size=32, calibration={"dataset": "calib.jsonl", "num_samples": 64},
-        calibration_fingerprint="f" * 16,
-        capacity_markdown="| config | tokens |\n|---|---|\n| w4a16 | 4096 |",
-        accuracy=[AccuracyRow(task="arc_easy", metric="acc", base=0.50, quantized=0.49, recovery=0.98,
-                              threshold=0.95, passed=True)],
-        stress={"completed": 64, "failed": 0, "preemptions": 0},
-        serving_command="python -m vllm.entrypoints.openai.api_server --model org/m --kv-cache-dtype fp8",
-        provenance=Provenance(recipe_sha256="b" * 64, engine_versions={"vllm": "0.32.0"},
-                              hardware="cpu", run_id="run-1"),
-    )
+    values: dict = {
+        "repo_id": repo_id, "base_model": "org/tiny-base", "base_revision_sha": "a" * 40, "method": "awq",
+        "scheme": "W4A16", "group_size": 32, "calibration": {"dataset": "calib.jsonl", "num_samples": 64},
+        "calibration_fingerprint": "f" * 16,
+        "capacity_markdown": "| config | tokens |\n|---|---|\n| w4a16 | 4096 |",
+        "accuracy": [AccuracyRow(task="arc_easy", dataset="allenai/ai2_arc", dataset_config="ARC-Easy",
+                                 dataset_split="test", metric="acc", base=0.50, quantized=0.49, recovery=0.98,
+                                 threshold=0.95, passed=True)],
+        "stress": {"completed": 64, "failed": 0, "preemptions": 0},
+        "serving_command": "python -m vllm.entrypoints.openai.api_server --model org/m --kv-cache-dtype fp8",
+        "provenance": Provenance(recipe_sha256="b" * 64, engine_versions={"torch": "2.9.0"}, hardware="cpu",
+                                 run_id="run-1", run_url="https://prefect.example.com/runs/flow-run/run-1",
+                                 vllm_version="0.32.0"),
+    }
     values.update(overrides)
     return ModelCardInputs(**values)
 
@@ -168,12 +170,18 @@ def test_card_loads_back_with_eval_results(local_hub: LocalHub, section: HubSect
     folder = make_candidate(tmp_path / "ckpt", section.repo_id)
     push_candidate(section, folder, commit_message="c", **opts(local_hub))
     card = ModelCard.load(section.repo_id, token=WRITE)  # through the endpoint, like a user would
-    assert card.data.base_model == "org/tiny-base"
+    assert (card.data.base_model, card.data.base_model_relation) == ("org/tiny-base", "quantized")
     assert card.data.library_name == "vllm"
     [result] = card.data.eval_results
-    assert (result.dataset_name, result.metric_type, result.metric_value) == ("arc_easy", "acc", 0.49)
-    assert "candidate: gates pending" in card.text and "| arc_easy | acc | 0.5 | 0.49 |" in card.text
+    assert (result.task_name, result.dataset_type, result.dataset_config, result.dataset_split) == (
+        "arc_easy", "allenai/ai2_arc", "ARC-Easy", "test")
+    assert (result.metric_type, result.metric_value) == ("acc", 0.49)
+    assert "candidate: gates pending" in card.text
+    assert "| arc_easy | allenai/ai2_arc, config ARC-Easy, split test | acc | 0.5 | 0.49 |" in card.text
     assert "--kv-cache-dtype fp8" in card.text and "w4a16 | 4096" in card.text
+    assert "measured on vLLM 0.32.0" in card.text and "| vLLM version (serving) | 0.32.0 |" in card.text
+    assert "[Prefect flow run](https://prefect.example.com/runs/flow-run/run-1)" in card.text
+    assert "`.eval_results/`" in card.text  # why the scores are not in that format too
     assert WRITE not in card.content and "hf_" not in card.content
 
 
@@ -185,6 +193,7 @@ def test_card_masks_secrets_and_rejected_needs_reasons():
         card_inputs("org/m", status="rejected")
     local = render_model_card(card_inputs("org/m", base_model="../models/tiny", base_revision_sha=None))
     assert local.data.base_model is None and "`../models/tiny`" in local.text
+    assert local.data.get("base_model_relation") is None and "names no `base_model`" in local.text
 
 
 def test_identical_rerun_makes_no_commit(local_hub: LocalHub, section: HubSection, tmp_path: Path):
@@ -613,3 +622,51 @@ def test_release_pushes_the_candidate_then_promotes_or_rejects(local_hub: LocalH
     assert event["event"] == f"quantize-serve.release.{outcome.status}"
     assert event["resource"]["huggingface.revision"] == (outcome.commit_sha or pushed.commit_sha)
     assert release.revision_url(report, outcome).endswith(f"/tree/{outcome.commit_sha or pushed.commit_sha}")
+
+
+def test_promoted_card_links_its_hub_base_and_names_tasks_not_paths(local_hub: LocalHub, awq_recipe, section,
+                                                                    tmp_path: Path, monkeypatch):
+    """The gated card as a consumer reads it from the Hub: the model tree's base link
+    (base_model + base_model_relation: quantized), lm-eval task names and dataset ids in
+    model-index, the serving vLLM and the run's page."""
+    from quantize_serve import release
+    from quantize_serve.accuracy import AccuracyCheck
+    from quantize_serve.decision import Decision
+    from quantize_serve.quantize import QuantizeResult
+    from quantize_serve.report import RunReport
+    from quantize_serve.validate import BaseModelRef, ValidatedRecipe
+
+    monkeypatch.setenv("HF_TOKEN", WRITE)
+    recipe = awq_recipe.model_copy(update={"hub": awq_recipe.hub.model_copy(update={"repo_id": section.repo_id})})
+    validated = ValidatedRecipe(recipe=recipe, source="x.yaml", recipe_sha256="0" * 64,
+                                calibration_fingerprint="0" * 64)
+    ckpt = tmp_path / "checkpoint"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    base = BaseModelRef(local_dir=str(tmp_path / "hf-cache" / "base"), repo_id="org/tiny-base", sha="a" * 40)
+    checkpoint = QuantizeResult(checkpoint_dir=str(ckpt), method="awq", scheme="W4A16_ASYM", seconds=1.0,
+                                base_bytes=2, quantized_bytes=1, calibration_fingerprint="2" * 64,
+                                engine_versions={})
+    pushed = release.push_release_candidate(validated, base, checkpoint, "vllm serve org/m", tmp_path / "run")
+    candidate = ModelCard.load(section.repo_id, token=WRITE)
+    assert (candidate.data.base_model, candidate.data.base_model_relation) == ("org/tiny-base", "quantized")
+    assert "| vLLM version (serving) |" in candidate.text  # the candidate card names the serving vLLM too
+
+    checks = [AccuracyCheck(task=f"../evals/tasks/{t}.yaml", metric=m, base=1.0, quantized=0.99, recovery=0.99,
+                            threshold=0.95, passed=True, higher_is_better=True, reason="ok")
+              for t, m in (("qs_facts_mc", "acc"), ("qs_heldout_ppl", "word_perplexity"))]
+    report = RunReport(run_id="r1", recipe=recipe.name, recipe_source="x.yaml", recipe_sha256="0" * 64,
+                       base=base, checkpoint=checkpoint, candidate=pushed, accuracy=checks,
+                       decision=Decision(passed=True, checks=[]), serving_command="vllm serve org/m",
+                       vllm_version="0.32.0", run_url="https://prefect.example.com/runs/flow-run/r1",
+                       report_dir=str(tmp_path / "run"))
+    assert release.promote_or_reject(validated, report, approved=True, approved_by=None).status == "promoted"
+    card = ModelCard.load(section.repo_id, token=WRITE)
+    assert (card.data.base_model, card.data.base_model_relation) == ("org/tiny-base", "quantized")
+    assert [(r.task_name, r.dataset_type, r.metric_type) for r in card.data.eval_results] == [
+        ("qs_facts_mc", "local:facts_mc", "acc"), ("qs_heldout_ppl", "local:heldout_ppl", "word_perplexity")]
+    assert all(r.dataset_revision and len(r.dataset_revision) == 64 for r in card.data.eval_results)
+    assert "evals/tasks" not in card.content and "| qs_facts_mc | local:facts_mc, split test, revision" in card.text
+    assert "| vLLM version (serving) | 0.32.0 |" in card.text
+    assert "[Prefect flow run](https://prefect.example.com/runs/flow-run/r1)" in card.text
+    assert not any(f.startswith(".eval_results/") for f in api(local_hub).list_repo_files(section.repo_id))
