@@ -434,7 +434,9 @@ def _disk_space_error(repo_id: str, sha: str, cache: Path, needed: int, *, start
     free = _free_bytes(cache)
 
     def size(n: int | None) -> str:
-        return "an unknown amount" if n is None else f"{n / 1e6:.1f} MB ({n:,} bytes)"
+        if n is None:
+            return "an unknown amount"
+        return f"{n / 1e9:.1f} GB ({n:,} bytes)" if n >= 1e9 else f"{n / 1e6:.1f} MB ({n:,} bytes)"
 
     what = f"download the base model {repo_id}@{sha}"
     if started:
