@@ -64,8 +64,11 @@ def push_release_candidate(validated: ValidatedRecipe, base: BaseModelRef, check
 
 
 def release_reasons(report: RunReport, approved: bool, approved_by: str | None) -> list[str]:
-    """Why the candidate is not promoted (empty when it is)."""
-    return report.decision.reasons or ([] if approved else [f"not approved by {approved_by or 'the reviewer'}"])
+    """Why the candidate is not promoted (empty when it is); a reviewer's rejection carries their note."""
+    if report.decision.reasons or approved:
+        return report.decision.reasons
+    note = f": {report.approval_note}" if report.approval_note else ""
+    return [f"not approved by {approved_by or 'the reviewer'}{note}"]
 
 
 def promote_or_reject(validated: ValidatedRecipe, report: RunReport, approved: bool,
@@ -83,7 +86,8 @@ def promote_or_reject(validated: ValidatedRecipe, report: RunReport, approved: b
     release = Release(status=status, repo_id=candidate.repo_id, candidate_sha=candidate.commit_sha,
                       url=candidate.url, approved_by=approved_by)
     report.release = release
-    card_text = str(render_model_card(report.card_inputs(validated, status=status)))
+    reasons = release_reasons(report, approved, approved_by)
+    card_text = str(render_model_card(report.card_inputs(validated, status=status, rejection_reasons=reasons)))
     if promote:
         chart = Path(report.report_dir) / CHART
         files = {CHART: chart.read_bytes()} if chart.is_file() else {}
@@ -93,7 +97,7 @@ def promote_or_reject(validated: ValidatedRecipe, report: RunReport, approved: b
         release.ref = recipe.hub.release_ref
     else:
         release.rejection_tag = hub.record_rejection(recipe.hub, candidate.commit_sha,
-                                                     release_reasons(report, approved, approved_by),
+                                                     reasons,
                                                      token=token, run_id=report.run_id, card_text=card_text)
     return release
 

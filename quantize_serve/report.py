@@ -70,17 +70,20 @@ class RunReport(BaseModel):
     soak: SoakResult | None = None  # only when the recipe sets gates.soak
     decision: Decision
     release: Release | None = None
+    approval_note: str = ""  # approval: manual - the reviewer's note on the sign-off form
     serving_command: str
     hardware: str = Field(default_factory=lambda: describe_hardware())
     vllm_version: str | None = None  # the serving environment's; write_report fills it in
     run_url: str | None = None  # the Prefect UI page of the run; None without a UI (ephemeral API)
     report_dir: str = ""
 
-    def card_inputs(self, validated: ValidatedRecipe, *, status: str | None = None) -> ModelCardInputs:
+    def card_inputs(self, validated: ValidatedRecipe, *, status: str | None = None,
+                    rejection_reasons: list[str] | None = None) -> ModelCardInputs:
         """The card of this run, with the gates' figures (see :func:`card_inputs`)."""
         return card_inputs(validated, self.base, self.checkpoint, self.serving_command,
                            status=status or (self.release.status if self.release else "candidate"),
-                           hardware=self.hardware, vllm_version=self.vllm_version, report=self)
+                           hardware=self.hardware, vllm_version=self.vllm_version, report=self,
+                           rejection_reasons=rejection_reasons)
 
 
 def calibration_summary(validated: ValidatedRecipe) -> dict:
@@ -91,10 +94,12 @@ def calibration_summary(validated: ValidatedRecipe) -> dict:
 
 def card_inputs(validated: ValidatedRecipe, base: BaseModelRef, checkpoint: QuantizeResult,
                 serving_command: str, *, status: str = "candidate", hardware: str | None = None,
-                vllm_version: str | None = None, report: RunReport | None = None) -> ModelCardInputs:
+                vllm_version: str | None = None, report: RunReport | None = None,
+                rejection_reasons: list[str] | None = None) -> ModelCardInputs:
     """What the model card says. Without ``report``: the card pushed with the candidate, with no
     run id, timings or gate figures, so identical inputs give identical bytes (and no new commit).
-    With ``report``: the card of the gated release, with its figures and, if rejected, why.
+    With ``report``: the card of the gated release, with its figures and, if rejected, why
+    (``rejection_reasons``, else the gates' reasons: a reviewer's rejection has no failed gate).
     Tasks appear by lm-eval name and dataset id (:func:`eval_task_refs`), never by file path."""
     recipe = validated.recipe
     q = recipe.quantization
@@ -102,7 +107,7 @@ def card_inputs(validated: ValidatedRecipe, base: BaseModelRef, checkpoint: Quan
     if report is not None:
         refs = eval_task_refs([c.task for c in report.accuracy], base_dir=Path(recipe.base_dir),
                               report_dir=report.report_dir)
-        reasons = report.decision.reasons if status == "rejected" else []
+        reasons = (rejection_reasons or report.decision.reasons) if status == "rejected" else []
         for spelling, ref in refs.items():  # the decision names a task as the recipe spells it
             reasons = [r.replace(f"accuracy {spelling} ", f"accuracy {ref.task} ") for r in reasons]
         gates = {

@@ -77,6 +77,7 @@ def request_approval(validated: ValidatedRecipe, report: RunReport) -> tuple[boo
             description="Gates passed. Read the report artifact, then approve to promote, or reject."),
         timeout=7 * 24 * 3600,
     )
+    report.approval_note = answer.note.strip()  # the release step records it (a rejection's reason)
     return answer.approve, answer.reviewer or "reviewer"
 
 
