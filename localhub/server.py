@@ -1,10 +1,17 @@
 """A small stand-in for the Hugging Face Hub that the REAL ``huggingface_hub`` client can talk to.
 
-Why it exists: tests and the offline demo must push, tag and download models without network
-access, through the very client code that production uses. So this server speaks the subset of
+Why it exists: tests and the offline demo must push, tag and download models and datasets without
+network access, through the very client code that production uses (``huggingface_hub``, and
+``datasets.load_dataset`` / lm-eval on top of it). So this server speaks the subset of
 the Hub's HTTP protocol that ``huggingface_hub`` 1.33 actually sends (plain LFS, no Xet: run the
 client with ``HF_HUB_DISABLE_XET=1``), stores repos on disk, and lets tests inject faults.
-It is a test/demo tool, not a product: one process, one lock, no pagination, models only.
+It is a test/demo tool, not a product: one process, one lock, no pagination, model and dataset
+repos (no Spaces, no dataset viewer: ``datasets`` asks ``datasets-server.<host>`` for a parquet
+export, cannot reach it and reads the repo's own files, as it does for a fresh Hub dataset).
+
+A repo is named by its path in the Hub's URLs (its *key*): ``ns/name`` for a model,
+``datasets/ns/name`` for a dataset. The same routes serve both, under ``/api/models/...`` and
+``/api/datasets/...``, ``/{key}/resolve/...`` and ``/{key}.git/info/lfs/objects/batch``.
 
 Storage (under ``--root``)::
 
@@ -13,6 +20,7 @@ Storage (under ``--root``)::
     models/<ns>/<name>/commits/<sha>.json   a full tree {path: {size, sha256, oid, lfs}} + parent + message
     models/<ns>/<name>/lfs/<sha256>         marker: this repo received that LFS object (as on the Hub,
                                             LFS objects belong to a repo, even though bytes are shared)
+    datasets/<ns>/<name>/...                the same, for a dataset repo
 
 A commit's sha is sha1 over a canonical JSON of (tree, parent, message), so the same content on
 the same parent always gets the same 40-hex id, and every commit is a complete snapshot.
@@ -48,6 +56,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 SHA40 = re.compile(r"^[0-9a-f]{40}$")
 SHA64 = re.compile(r"^[0-9a-f]{64}$")
+REPO_TYPES = {"model": "", "dataset": "datasets/"}  # repo type -> its prefix in the Hub's URLs
 NAME = re.compile(r"^[A-Za-z0-9][\w.-]*$")
 LFS_THRESHOLD = 10 * 1024 * 1024  # the Hub sends files of 10 MiB and more through LFS
 # The .gitattributes the Hub writes into every new repo (abridged): these patterns go to LFS.
@@ -81,6 +90,20 @@ def lfs_pointer(sha256: str, size: int) -> bytes:
     return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
 
 
+def repo_key(repo_type: str, repo_id: str) -> str:
+    """A repo's path in the Hub's URLs: ``ns/name`` (model) or ``datasets/ns/name`` (dataset)."""
+    if repo_type not in REPO_TYPES:
+        raise HttpError(400, f"the local hub stores model and dataset repos, not {repo_type!r} repos")
+    return REPO_TYPES[repo_type] + repo_id
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """(repo type, repo id) of a repo key."""
+    if key.startswith("datasets/"):
+        return "dataset", key.removeprefix("datasets/")
+    return "model", key
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
@@ -108,7 +131,9 @@ class Store:
 
     # repos -------------------------------------------------------------------------------
     def repo_dir(self, repo_id: str) -> Path:
-        return self.root / "models" / repo_id
+        """Where a repo lives; ``repo_id`` is its key (``ns/name`` or ``datasets/ns/name``)."""
+        repo_type, plain_id = split_key(repo_id)
+        return self.root / f"{repo_type}s" / plain_id
 
     def load_repo(self, repo_id: str) -> dict[str, Any]:
         path = self.repo_dir(repo_id) / "repo.json"
@@ -122,7 +147,8 @@ class Store:
     def create_repo(self, repo_id: str, *, private: bool, url: str) -> None:
         with self.lock:
             if (self.repo_dir(repo_id) / "repo.json").is_file():  # the Hub's 409 carries the url too
-                raise HttpError(409, "You already created this model repo", None, url=url)
+                kind = split_key(repo_id)[0]
+                raise HttpError(409, f"You already created this {kind} repo", None, url=url)
             blob = GITATTRIBUTES.encode()
             tree = {".gitattributes": self._entry(blob, lfs=False)}
             sha = self.write_commit(repo_id, tree, None, "initial commit", "")
@@ -309,7 +335,8 @@ class Handler(BaseHTTPRequestHandler):
             if parts[:1] == ["_requests"]:
                 return self._send(200, [r.__dict__ for r in self.server.requests])
             is_upload = parts[:1] == ["_lfs"] and self.command == "PUT"
-            is_commit = len(parts) >= 6 and parts[:2] == ["api", "models"] and parts[4] == "commit"
+            is_commit = (len(parts) >= 6 and parts[:2] in (["api", "models"], ["api", "datasets"])
+                         and parts[4] == "commit")
             faults = self.server.faults
             on = faults.drop_on
             if (is_upload and on in ("any", "lfs")) or (is_commit and on in ("any", "commit")):
@@ -368,16 +395,18 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(200, {"errors": [], "warnings": []})
             if p[1:2] == ["whoami-v2"]:
                 return self._send(200, {"type": "user", "name": "local", "auth": {}})
-            if p[1:2] == ["models"] and len(p) >= 4:
-                repo_id, rest = f"{p[2]}/{p[3]}", p[4:]
-                self.server.store.load_repo(repo_id)  # 404 RepoNotFound first, as the Hub does
-                return self._repo_api(repo_id, rest, q)
-        if p[:1] == ["_lfs"] and m == "PUT" and len(p) == 4:
-            return self._lfs_put(f"{p[1]}/{p[2]}", p[3], q)
+            if p[1:2] in (["models"], ["datasets"]) and len(p) >= 4:
+                key, rest = repo_key(p[1][:-1], f"{p[2]}/{p[3]}"), p[4:]
+                self.server.store.load_repo(key)  # 404 RepoNotFound first, as the Hub does
+                return self._repo_api(key, rest, q)
+        if p[:1] == ["_lfs"] and m == "PUT" and len(p) in (4, 5):
+            return self._lfs_put("/".join(p[1:-1]), p[-1], q)
+        prefix = 1 if p[:1] == ["datasets"] else 0  # /datasets/{ns}/{name}/... vs /{ns}/{name}/...
+        key_parts, p = p[:prefix + 2], p[prefix:]
         if len(p) == 6 and p[1].endswith(".git") and p[2:6] == ["info", "lfs", "objects", "batch"]:
-            return self._lfs_batch(f"{p[0]}/{p[1][:-4]}")
+            return self._lfs_batch("/".join(key_parts)[:-4])
         if len(p) >= 5 and p[2] == "resolve" and m in ("GET", "HEAD"):
-            return self._resolve_file(f"{p[0]}/{p[1]}", p[3], "/".join(p[4:]))
+            return self._resolve_file("/".join(key_parts), p[3], "/".join(p[4:]))
         raise HttpError(404, f"no such endpoint on the local hub: {m} {self.path}")
 
     def _repo_api(self, repo_id: str, rest: list[str], q: dict[str, list[str]]) -> None:
@@ -408,19 +437,18 @@ class Handler(BaseHTTPRequestHandler):
     # repos -------------------------------------------------------------------------------
     def _create_repo(self) -> None:
         body = self._json_body()
-        if body.get("type", "model") != "model":
-            raise HttpError(400, "the local hub stores model repos only")
         name, org = body.get("name", ""), body.get("organization") or "local"
+        key = repo_key(body.get("type") or "model", f"{org}/{name}")
         if not (NAME.match(name) and NAME.match(org)):
             raise HttpError(400, f"invalid repo name: {org}/{name}")
         private = body.get("private", body.get("visibility") == "private")
-        url = f"{self.base_url}/{org}/{name}"
-        self.server.store.create_repo(f"{org}/{name}", private=bool(private), url=url)
+        url = f"{self.base_url}/{key}"
+        self.server.store.create_repo(key, private=bool(private), url=url)
         self._send(200, {"url": url, "name": f"{org}/{name}"})
 
     def _delete_repo(self) -> None:
         body = self._json_body()
-        repo_id = f"{body.get('organization') or 'local'}/{body.get('name')}"
+        repo_id = repo_key(body.get("type") or "model", f"{body.get('organization') or 'local'}/{body.get('name')}")
         store = self.server.store
         with store.lock:
             store.load_repo(repo_id)
@@ -441,12 +469,15 @@ class Handler(BaseHTTPRequestHandler):
                     s["lfs"] = {"size": e["size"], "sha256": e["sha256"],
                                 "pointerSize": len(lfs_pointer(e["sha256"], e["size"]))}
             siblings.append(s)
+        repo_type, plain_id = split_key(repo_id)
         info: dict[str, Any] = {
-            "_id": hashlib.sha1(repo_id.encode()).hexdigest()[:24], "id": repo_id, "modelId": repo_id,
-            "author": repo_id.split("/")[0], "sha": sha, "private": repo["private"], "disabled": False,
+            "_id": hashlib.sha1(repo_id.encode()).hexdigest()[:24], "id": plain_id,
+            "author": plain_id.split("/")[0], "sha": sha, "private": repo["private"], "disabled": False,
             "gated": False, "downloads": 0, "likes": 0, "tags": [], "createdAt": repo["createdAt"],
             "lastModified": commit["date"], "siblings": siblings,
         }
+        if repo_type == "model":
+            info["modelId"] = plain_id
         card = commit["tree"].get("README.md")
         if card:
             info["cardData"] = _card_data(store.blob_path(card["sha256"]).read_text(errors="replace"))

@@ -37,9 +37,52 @@ def load_calibration(recipe: Recipe, *, source: str = "<recipe>") -> Any:
                               f"cannot be read as {builder} ({cause})",
                               f"fix the file so that every row is valid {builder}") from None
     else:
-        ds = datasets.load_dataset(c.dataset, c.subset, split=c.split)
+        ds = load_hub_calibration(recipe, source=source)
     check_calibration_rows(recipe, list(ds.column_names), len(ds), source=source)
     return ds
+
+
+def load_hub_calibration(recipe: Recipe, *, source: str = "<recipe>") -> Any:
+    """``load_dataset(dataset, subset, split=split)`` from the Hub ``HF_ENDPOINT`` names; a dataset,
+    config or split that is not there, or a Hub that cannot be reached, is a RecipeError naming the
+    recipe field, its value and what the Hub has instead."""
+    import datasets
+    from datasets.exceptions import DatasetNotFoundError
+
+    c = recipe.calibration
+    endpoint = datasets.config.HF_ENDPOINT
+    try:
+        return datasets.load_dataset(c.dataset, c.subset, split=c.split)
+    except DatasetNotFoundError as exc:
+        raise RecipeError(source, "calibration.dataset", c.dataset,
+                          f"the Hub at {endpoint} has no such dataset, or not for this token ({_first_line(exc)})",
+                          "give the dataset's id as owner/name (set HF_TOKEN if it is private or gated, "
+                          "HF_ENDPOINT if it lives on another hub or mirror), or a local file") from None
+    except ConnectionError as exc:  # offline mode, or the endpoint does not answer
+        raise RecipeError(source, "calibration.dataset", c.dataset,
+                          f"the Hub at {endpoint} cannot be reached and the dataset is not in the local "
+                          f"datasets cache ({_first_line(exc)})",
+                          "unset HF_HUB_OFFLINE / HF_DATASETS_OFFLINE and set HF_ENDPOINT to a hub or mirror "
+                          "that serves it, or point calibration.dataset at a local file") from None
+    except ValueError as exc:  # datasets says "BuilderConfig ... not found" / "Unknown split ..."
+        configs = datasets.get_dataset_config_names(c.dataset)
+        if c.subset not in configs and not (c.subset is None and len(configs) == 1):
+            raise RecipeError(source, "calibration.subset", c.subset,
+                              f"the dataset {c.dataset!r} has no config {c.subset!r} (it has: {', '.join(configs)})",
+                              f"set calibration.subset to one of: {', '.join(configs)}") from None
+        splits = datasets.get_dataset_split_names(c.dataset, c.subset)
+        if c.split not in splits:
+            where = f"{c.dataset!r}" + (f" (config {c.subset!r})" if c.subset else "")
+            raise RecipeError(source, "calibration.split", c.split,
+                              f"the dataset {where} has no split {c.split!r} (it has: {', '.join(splits)})",
+                              f"set calibration.split to one of: {', '.join(splits)}") from None
+        raise RecipeError(source, "calibration.dataset", c.dataset,
+                          f"cannot be loaded from the Hub at {endpoint} ({_first_line(exc)})",
+                          "check the dataset's files and the README's configs: block") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
 
 
 def local_calibration_files(recipe: Recipe, *, source: str = "<recipe>") -> tuple[list[Path], str]:

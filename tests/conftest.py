@@ -125,3 +125,33 @@ def vllm_processes_of(log_path: str = "") -> list:
         if tag and (not log_path or tag == log_path) and p.status() != psutil.STATUS_ZOMBIE:
             found.append(p)
     return found
+
+
+@pytest.fixture(scope="session")
+def datasets_hub(tmp_path_factory):
+    """A local hub holding the datasets the shipped recipes name, made by localhub.datasets:
+    ``openai/gsm8k`` (config ``main``: train 12 / test 8 rows) and ``HuggingFaceH4/ultrachat_200k``
+    (default config: train_sft 256 / test_sft 32 conversations). Use it through ``hub_env``."""
+    from huggingface_hub import HfApi
+
+    from localhub.client import hub_client_env
+    from localhub.datasets import publish_gsm8k, publish_ultrachat
+    from localhub.server import start_local_hub
+
+    root = tmp_path_factory.mktemp("datasets-hub")
+    with start_local_hub(root / "hub") as hub:
+        with hub_client_env(hub.endpoint, cache_dir=root / "publish-cache"):
+            api = HfApi(endpoint=hub.endpoint)
+            publish_gsm8k(api)
+            publish_ultrachat(api)
+        yield hub
+
+
+@pytest.fixture
+def hub_env(datasets_hub, tmp_path):
+    """This test's huggingface_hub / datasets (and child processes) online against ``datasets_hub``,
+    with caches of its own (so every load is served by the hub, not an earlier test's cache)."""
+    from localhub.client import hub_client_env
+
+    with hub_client_env(datasets_hub.endpoint, cache_dir=tmp_path / "hf-cache"):
+        yield datasets_hub
