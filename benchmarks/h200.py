@@ -63,6 +63,8 @@ CALIBRATION = ROOT / "data/calibration/tiny_calibration.jsonl"
 TOKENIZER_SOURCE = ROOT / "models/tiny-llama"
 CONFIG_8B = ROOT / "benchmarks/configs/llama-3-8b.json"
 BUILD_MARKER = "build.json"
+# the flow stage's serve.search (--search): real boots of the tiny model, fast on a GPU
+SEARCH = {"max_boots": 4, "min_num_seqs": 16, "max_num_seqs": 256, "step": 64}
 
 
 def log(msg: str) -> None:
@@ -480,14 +482,17 @@ def stage_flow(ctx: dict) -> None:
     argv = [sys.executable, __file__, "flow-child", "--result", str(result_path)]
     if not profile["flow_gpu_mode"]:
         argv.append("--keep-memory-budget")
+    if ctx["search"]:
+        argv.append("--search")
     t0 = time.monotonic()
     with PeakSampler(ctx["nvml"]) as peak:
         proc = subprocess.run(argv, env=env, cwd=str(ROOT))
     wall = round(time.monotonic() - t0, 1)
     flow = json.loads(result_path.read_text()) if result_path.is_file() else {}
-    res.data["flow"] = {"recipe": "recipes/tiny-llama-awq.yaml", "gpu_mode": profile["flow_gpu_mode"],
-                        "wall_seconds": wall, "exit_code": proc.returncode, "gpu_memory_peak_gib": gib(peak.peak),
-                        **flow}
+    res.data["flow_search" if ctx["search"] else "flow"] = {
+        "recipe": "recipes/tiny-llama-awq.yaml", "gpu_mode": profile["flow_gpu_mode"],
+        "serve_search": SEARCH if ctx["search"] else None, "wall_seconds": wall, "exit_code": proc.returncode,
+        "gpu_memory_peak_gib": gib(peak.peak), **flow}
     res.save()
 
 
@@ -503,6 +508,8 @@ def cmd_flow_child(args: argparse.Namespace) -> None:
     data.pop("hub", None)  # no Hub on the device: measure the gates and the decision
     if not args.keep_memory_budget:
         data["serve"].pop("memory_budget", None)  # GPU mode: vLLM's own accounting
+    if args.search:  # serve.search inside the whole flow: real boots pick max_num_seqs
+        data["serve"]["search"] = SEARCH
     recipe = parse_recipe(data, source=str(path), base_dir=path.parent)
     t0 = time.monotonic()
     state = quantize_serve(recipe, return_state=True)
@@ -523,6 +530,12 @@ def cmd_flow_child(args: argparse.Namespace) -> None:
             accuracy={f"{Path(c.task).stem}/{c.metric}": round(c.recovery, 4) if c.recovery is not None else None
                       for c in report.accuracy},
             stress=stress_summary(report.stress),
+            serve_search=None if report.profile is None else {
+                "found_max_num_seqs": report.profile.found.max_num_seqs if report.profile.found else None,
+                "boots": report.profile.boots, "stop_reason": report.profile.stop_reason,
+                "points": [{"max_num_seqs": pt.max_num_seqs, "passed": pt.passed, "why": pt.why,
+                            "boot_seconds": pt.boot_seconds, "seconds": pt.seconds} for pt in report.profile.points],
+                "serve_command": report.profile.serve_command},
         )
     else:
         out.update(decision="error", error=str(report)[-3000:])
@@ -556,7 +569,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     res.data["build"] = build
     res.save()
     ctx = {"results": res, "nvml": nvml, "profile": profile, "model_dir": model_dir, "work_dir": work_dir,
-           "methods": [m for m in args.methods.split(",") if m],
+           "methods": [m for m in args.methods.split(",") if m], "search": args.search,
            "base_identity": f"local:{profile['name']}-seed{args.seed}"}
     t_all = time.monotonic()
     timings = res.data.setdefault("stage_seconds", {})
@@ -652,9 +665,11 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--build-timeout-s", type=float, default=900)
     r.add_argument("--rehearse", action="store_true", help="CPU rehearsal with the reference model's shape")
     r.add_argument("--dry-run", action="store_true", help="recipes, planner, stress plan and imports only")
+    r.add_argument("--search", action="store_true", help="flow stage with serve.search on (result key flow_search)")
     f = sub.add_parser("flow-child", help=argparse.SUPPRESS)
     f.add_argument("--result", required=True)
     f.add_argument("--keep-memory-budget", action="store_true")
+    f.add_argument("--search", action="store_true")
     args = parser.parse_args(argv)
     {"build": cmd_build, "run": cmd_run, "flow-child": cmd_flow_child}[args.command](args)
 

@@ -43,8 +43,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ["HF_HUB_OFFLINE"] = "0"  # the local endpoint is the Hub here (benchmarks.h200 defaults it to 1)
+os.environ["HF_HUB_DISABLE_XET"] = "1"  # the local endpoint takes plain LFS uploads
 
-from benchmarks.h200 import GIB, Nvml, PeakSampler, Results, gib, log, versions, wait_for_build  # noqa: E402
+from benchmarks.h200 import GIB, Nvml, PeakSampler, Results, gib, log, versions, wait_for_build
 
 BASE_ID = "meta-llama/Meta-Llama-3-8B-Instruct"
 DEPLOYMENT = "llama3"
@@ -78,12 +79,6 @@ def publish_base(api: Any, model_dir: Path, scratch: Path) -> str:
                              commit_message="original/ (Meta ships consolidated .pth weights here)").oid
 
 
-def publish_calibration(api: Any, dataset_id: str, split: str, rows: int) -> str:
-    from localhub.datasets import publish_parquet_dataset, ultrachat_rows
-
-    return publish_parquet_dataset(api, dataset_id, {split: ultrachat_rows(rows)})
-
-
 def deployment_env(serving_python: str) -> dict[str, str]:
     import yaml
 
@@ -115,6 +110,7 @@ def task_seconds(api_url: str, run_id: str) -> tuple[dict[str, Any], list[dict[s
 def cmd_run(args: argparse.Namespace) -> None:
     from huggingface_hub import HfApi
 
+    from localhub.datasets import publish_ultrachat
     from quantize_serve.recipe import load_recipe
     from quantize_serve.settings import get_settings
     from scripts.local_stack import local_stack
@@ -150,7 +146,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         t0 = time.monotonic()
         base_sha = publish_base(api, model_dir, home / "scratch")
         c = recipe.calibration
-        publish_calibration(api, c.dataset, c.split, max(c.num_samples, 64) * 2)
+        publish_ultrachat(api, repo_id=c.dataset, train_sft=2 * c.num_samples)  # split train_sft, as the recipe
         res.data["hub_setup"] = {"base_model": BASE_ID, "base_sha": base_sha, "calibration_dataset": c.dataset,
                                  "split": c.split, "seconds": round(time.monotonic() - t0, 1)}
         log(f"local Hub: {BASE_ID}@{base_sha[:12]}, {c.dataset}:{c.split} ({res.data['hub_setup']['seconds']} s)")

@@ -31,8 +31,14 @@ from tasks.hub import promote_or_reject, push_candidate
 from tasks.profile import search_serve_profile, with_found_profile
 from tasks.quantize import quantize_model
 from tasks.report import Progress, publish_report, request_approval, run_folder, run_id, write_report_files
-from tasks.serve import (gpu_slot, measure_capacity, published_model, published_serve_command, served,
-                         summarize_capacity)
+from tasks.serve import (
+    gpu_slot,
+    measure_capacity,
+    published_model,
+    published_serve_command,
+    served,
+    summarize_capacity,
+)
 from tasks.soak import run_soak_test
 from tasks.stress import run_stress_test
 from tasks.validate import resolve_base_model, validate_recipe
@@ -95,6 +101,7 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     progress.done("decided")
     report = write_report_files(RunReport(
         run_id=run_id(), recipe=r.name, recipe_source=validated.source, recipe_sha256=validated.recipe_sha256,
+        overrides=validated.overrides,
         base=base, checkpoint=checkpoint, candidate=candidate, capacity=capacity, profile=profile,
         accuracy=checks if isinstance(checks, list) else [], stress=outcome(stress) if stress.is_completed() else None,
         soak=outcome(soak) if soak and soak.is_completed() else None,

@@ -60,6 +60,7 @@ class RunReport(BaseModel):
     recipe: str
     recipe_source: str
     recipe_sha256: str
+    overrides: dict[str, Any] = Field(default_factory=dict)  # recipe fields the run's parameters changed
     base: BaseModelRef
     checkpoint: QuantizeResult
     candidate: PushResult | None = None
@@ -353,6 +354,9 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
          + (f" ({r.run_url})" if r.run_url else "") + f", {r.hardware}"),
         f"- served with vLLM {r.vllm_version or 'unknown'}",
     ]
+    if r.overrides:  # the deployment's parameters changed the recipe file: say how, next to it
+        lines.append("- the run's parameters changed the recipe: "
+                     + "; ".join(f"`{k}` = `{json.dumps(v)}`" for k, v in r.overrides.items()))
     if rel and rel.repo_id:
         lines.append(f"- Hub: `{rel.repo_id}` candidate `{(rel.candidate_sha or '')[:12]}`"
                      + (f", `{rel.ref}` -> `{(rel.commit_sha or '')[:12]}`" if rel.status == "promoted" else "")

@@ -25,6 +25,7 @@ from quantize_serve.errors import RecipeError, RecipeErrors
 from quantize_serve.model_files import check_model_files
 from quantize_serve.recipe import (
     Recipe,
+    apply_overrides,
     check_model,
     check_model_config,
     load_recipe,
@@ -40,6 +41,7 @@ class ValidatedRecipe(BaseModel):
     source: str
     recipe_sha256: str
     calibration_fingerprint: str
+    overrides: dict[str, Any] = {}  # the run's parameters that changed the recipe file (dotted keys)
 
 
 class BaseModelRef(BaseModel):
@@ -55,15 +57,22 @@ class BaseModelRef(BaseModel):
         return f"{self.repo_id}@{self.sha}" if self.repo_id else f"local:{self.sha}"
 
 
-def validate_recipe(recipe: Recipe | str | Path | dict) -> ValidatedRecipe:
+def validate_recipe(recipe: Recipe | str | Path | dict,
+                    overrides: dict[str, Any] | None = None) -> ValidatedRecipe:
+    """The recipe, with ``overrides`` (dotted keys, recipe.apply_overrides) applied, validated."""
+    overrides = overrides or {}
     if isinstance(recipe, (str, Path)):
         source = str(recipe)
-        recipe = load_recipe(recipe)
+        recipe = load_recipe(recipe, overrides)
     elif isinstance(recipe, dict):
         source = "<parameters>"
-        recipe = parse_recipe(recipe, source=source, base_dir=Path.cwd())
+        recipe = parse_recipe(apply_overrides(recipe, overrides, source=source), source=source,
+                              base_dir=Path.cwd())
     else:
         source = f"<recipe {recipe.name}>"
+        if overrides:
+            data = apply_overrides(recipe.model_dump(mode="json"), overrides, source=source)
+            recipe = parse_recipe(data, source=source)
     if recipe.model_is_local:
         check_local_model(recipe, source=source)
     return ValidatedRecipe(
@@ -71,6 +80,7 @@ def validate_recipe(recipe: Recipe | str | Path | dict) -> ValidatedRecipe:
         source=source,
         recipe_sha256=recipe.fingerprint(),
         calibration_fingerprint=calibration_fingerprint(recipe, source=source),
+        overrides=overrides,
     )
 
 

@@ -19,7 +19,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from quantize_serve.server import free_port, stop_process_group, wait_ready  # every process here leads its own group
+from quantize_serve.server import (  # every process here leads its own group
+    free_port,
+    stop_process_group,
+    wait_ready,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -140,8 +144,8 @@ def local_stack(home: Path, *, hub_token: str, deploy: bool = True,
         HF_DATASETS_OFFLINE="1",
         QS_PROJECT_DIR=str(ROOT),
         PATH=f"{BIN}:{os.environ.get('PATH', '')}",
-        **(extra_env or {}),
     )
+    env.update(extra_env or {})  # the caller's word last (it may turn the datasets back online)
     stack = Stack(home=home, env=env, api_url=env["PREFECT_API_URL"], hub_endpoint=env["HF_ENDPOINT"])
     try:
         server_log = home / "prefect-server.log"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from prefect import task
 
@@ -11,8 +12,9 @@ from quantize_serve.recipe import Recipe
 
 
 @task(name="validate-recipe")
-def validate_recipe(recipe: Recipe | str | Path) -> validate.ValidatedRecipe:
-    return validate.validate_recipe(recipe)
+def validate_recipe(recipe: Recipe | str | Path,
+                    overrides: dict[str, Any] | None = None) -> validate.ValidatedRecipe:
+    return validate.validate_recipe(recipe, overrides)
 
 
 # No task-level retries: quantize_serve.hub retries transient failures (5xx, 429, dropped

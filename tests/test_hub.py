@@ -29,8 +29,8 @@ from localhub.server import LocalHub, start_local_hub
 from quantize_serve.errors import HubAuthError, HubError, HubNotFoundError
 from quantize_serve.hub import (
     RetryPolicy,
-    push_candidate,
     promote_revision,
+    push_candidate,
     record_rejection,
     rejection_tag,
     resolve_base_model,
@@ -296,29 +296,7 @@ def test_rejection_leaves_release_ref_and_records_reasons(
     assert record_rejection(section, bad.commit_sha, reasons, run_id="run-42", **opts(local_hub)) == tag
 
 
-# --------------------------------------------------------------------------------------------
-# Base model
-# --------------------------------------------------------------------------------------------
-
-
-def test_base_model_pulled_by_repo_id_and_revision(local_hub: LocalHub, tmp_path: Path):
-    client = api(local_hub)
-    repo = f"org/base-{uuid.uuid4().hex[:8]}"
-    client.create_repo(repo)
-    v1 = client.upload_file(path_or_fileobj=b'{"v": 1}', path_in_repo="config.json", repo_id=repo).oid
-    client.create_tag(repo, tag="v1.0", revision=v1)
-    v2 = client.upload_file(path_or_fileobj=b'{"v": 2}', path_in_repo="config.json", repo_id=repo).oid
-
-    pinned = resolve_base_model(repo, revision="v1.0", cache_dir=tmp_path / "c", **opts(local_hub))
-    assert pinned.sha == v1 and pinned.revision == "v1.0"
-    assert (pinned.local_dir / "config.json").read_bytes() == b'{"v": 1}'
-    head = resolve_base_model(repo, revision=None, cache_dir=tmp_path / "c", **opts(local_hub))
-    assert head.sha == v2 and (head.local_dir / "config.json").read_bytes() == b'{"v": 2}'
-
-    with pytest.raises(HubNotFoundError, match="revision 'nope' does not exist"):
-        resolve_base_model(repo, revision="nope", cache_dir=tmp_path / "c", **opts(local_hub))
-    with pytest.raises(HubNotFoundError, match="org/missing"):
-        resolve_base_model("org/missing", revision=None, cache_dir=tmp_path / "c", **opts(local_hub))
+# Base model downloads (repo id and revision, the recipe's token, disk space): tests/test_base_model.py
 
 
 # --------------------------------------------------------------------------------------------
@@ -538,37 +516,6 @@ def test_cli_starts_fast_with_auth_and_faults_endpoint(tmp_path: Path):
         proc.terminate()
         proc.wait(timeout=5)
     shutil.rmtree(tmp_path / "root", ignore_errors=True)
-
-
-# --------------------------------------------------------------------------------------------
-# No retry on 401/403/404 at any layer, Prefect task retries included
-# --------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("token, repo_id, error", [
-    (WRONG, "org/anything", HubAuthError),  # 401
-    (WRITE, "org/does-not-exist", HubNotFoundError),  # 404
-])
-def test_resolve_base_task_tries_a_4xx_exactly_once(local_hub: LocalHub, awq_recipe, token, repo_id, error):
-    from prefect import flow
-
-    from quantize_serve.validate import ValidatedRecipe
-    from tasks.validate import resolve_base_model
-
-    recipe = awq_recipe.model_copy(update={"model": awq_recipe.model.model_copy(update={"id": repo_id})})
-    validated = ValidatedRecipe(recipe=recipe, source="x.yaml", recipe_sha256="0" * 64,
-                                calibration_fingerprint="0" * 64)
-
-    @flow(name="resolve-once")
-    def resolve():
-        return resolve_base_model(validated, token)
-
-    mark = len(local_hub.requests)
-    state = resolve(return_state=True)
-    assert state.is_failed()
-    with pytest.raises(error):
-        state.result()
-    assert len(requests_since(local_hub, mark, repo_id)) == 1, [r.path for r in local_hub.requests[mark:]]
 
 
 # --------------------------------------------------------------------------------------------

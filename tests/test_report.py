@@ -175,3 +175,12 @@ def test_gated_card_names_tasks_and_datasets_never_paths(awq_recipe, tmp_path):
     assert "measured on vLLM 0.32.0" in card.text
     assert "127.0.0.1" not in card.content and "| run | - |" in card.text  # a local UI is not linked
     assert card.data.base_model is None and "names no `base_model`" in card.text  # a local base folder
+
+
+def test_report_says_which_recipe_fields_the_run_parameters_changed(tmp_path):
+    overrides = {"gates.accuracy.tasks": [{"task": "../evals/tasks/qs_heldout_ppl.yaml"}]}
+    text = write_report(report_with_capacity().model_copy(update={"overrides": overrides}), tmp_path)["markdown"]
+    assert ("the run's parameters changed the recipe: `gates.accuracy.tasks` = "
+            '`[{"task": "../evals/tasks/qs_heldout_ppl.yaml"}]`') in text.read_text()
+    plain = write_report(report_with_capacity(), tmp_path / "plain")["markdown"].read_text()
+    assert "parameters changed" not in plain

@@ -66,7 +66,7 @@ collect)
   pid=$(cat "$STATE/driver.pid" 2>/dev/null || echo "")
   while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt "$LIMIT" ]; do sleep 3; done
   if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then st=running; else st=finished; fi
-  for f in h200.json h200_llama3.json llama3-watch.log; do [ -f "$STATE/$f" ] && cp "$STATE/$f" "$DEST/$f"; done
+  for f in h200.json h200_search.json h200_llama3.json llama3-watch.log; do [ -f "$STATE/$f" ] && cp "$STATE/$f" "$DEST/$f"; done
   [ -f "$STATE/driver.log" ] && tail -c 4000000 "$STATE/driver.log" > "$DEST/driver.log"
   [ -f "$STATE/build.log" ] && tail -c 100000 "$STATE/build.log" > "$DEST/build.log"
   (cd "$STATE" && tar -czf "$DEST/logs.tar.gz" --exclude='*.safetensors' --exclude='*.parquet' work/logs work/stress \
