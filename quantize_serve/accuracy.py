@@ -30,6 +30,12 @@ the working directory, so the task is loaded here with lm-eval's own YAML loader
 are made absolute, and the resulting config is passed to lm-eval inline. The YAML's folder is
 also on lm-eval's ``include_path``, so a group or an ``include:`` next to it resolves by name.
 The config that ran (with the absolute paths) is in the raw results JSON under ``configs``.
+
+Task names: a task given by name (``gsm8k``, ``mmlu``...) is lm-eval's built-in YAML, whose data
+``datasets.load_dataset`` fetches from the Hub that ``HF_ENDPOINT`` names (huggingface.co, a
+mirror, or the project's local hub in tests). When it cannot (offline mode with nothing cached, an
+unreachable endpoint, a repo the hub does not have), the GateError says which endpoint and how to
+point it elsewhere; no request has reached the server by then.
 """
 
 from __future__ import annotations
@@ -212,6 +218,15 @@ def evaluate_task(lm: Any, spec: _TaskSpec, task_manager: Any, server_base_url: 
                 f"{spec.task.task!r} ({_short(exc)}), so the accuracy gate failed. Fix: read its log "
                 "(it died, was killed or hangs: the end of the log says which), then re-run"
             ) from exc
+        data_error = _dataset_error(exc)
+        if data_error is not None:  # the task's dataset did not load: no request was sent
+            raise GateError(
+                f"lm-eval could not load the data of task {spec.task.task!r} from the Hub at "
+                f"{_hub_endpoint()}{_offline_note()} ({_short(data_error, 300)}). Fix: set HF_ENDPOINT to a "
+                "hub or mirror that serves the task's dataset (lm-eval's task YAML names it: dataset_path, "
+                "dataset_name), with HF_HUB_OFFLINE / HF_DATASETS_OFFLINE unset (and HF_TOKEN if it is "
+                "gated); or give the task as a YAML file with local data files"
+            ) from exc
         raise GateError(
             f"lm-eval failed on task {spec.task.task!r} against {server_base_url}: {exc!r}. "
             "Fix: if the server stopped answering, read its log; if the task did not load, "
@@ -308,6 +323,37 @@ def _absolute(value: Any, folder: Path) -> Any:
     if isinstance(value, dict):
         return {k: _absolute(v, folder) for k, v in value.items()}
     return value
+
+
+def _dataset_error(exc: BaseException) -> BaseException | None:
+    """The error in ``exc``'s chain that says a dataset could not be fetched or found, if any:
+    offline mode or an unreachable hub (ConnectionError), a dataset, config or file the Hub does not
+    have (datasets' DatasetsError, huggingface_hub's HfHubHTTPError)."""
+    from datasets.exceptions import DatasetsError
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (ConnectionError, OfflineModeIsEnabled, DatasetsError, HfHubHTTPError)):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _hub_endpoint() -> str:
+    import datasets.config
+
+    return datasets.config.HF_ENDPOINT
+
+
+def _offline_note() -> str:
+    import datasets.config
+
+    if not datasets.config.HF_HUB_OFFLINE:
+        return ""
+    return " (offline: HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set, so only the local datasets cache is read)"
 
 
 def _answers(server_base_url: str) -> bool:

@@ -246,3 +246,66 @@ def test_lm_eval_on_the_served_base_model(base_server, awq_recipe, base_model_di
 
     checks = compare_accuracy(run, run, recipe.gates.accuracy)  # a model recovers 100% of itself
     assert len(checks) == 5 and all(c.passed and c.recovery == 1.0 for c in checks)
+
+
+# --------------------------------------------------------------------------------------------
+# A task by name: lm-eval's own gsm8k YAML, its data (openai/gsm8k, config main) on the local hub
+# --------------------------------------------------------------------------------------------
+
+PRODUCTION = ROOT / "recipes" / "llama3-8b-instruct-awq.yaml"
+
+
+def production_gsm8k_gate(limit: int) -> AccuracyGate:
+    """The production recipe's gsm8k entry as written (name, 5-shot, recovery override) with a
+    smaller limit, at the tiny recipe's batch size and concurrency (a 2-core CPU server)."""
+    gsm8k = next(t for t in load_recipe(PRODUCTION).gates.accuracy.tasks if t.task == "gsm8k")
+    assert gsm8k.num_fewshot == 5 and gsm8k.limit == 500
+    tiny = load_recipe(RECIPE).gates.accuracy
+    return AccuracyGate(tasks=[gsm8k.model_copy(update={"limit": limit})], default_recovery=0.95,
+                        batch_size=tiny.batch_size, num_concurrent=tiny.num_concurrent)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_gsm8k_by_name_reads_its_data_from_the_hub(base_server, base_model_dir, hub_env, tmp_path):
+    """The real lm-eval runs its built-in gsm8k against the served base model; the 20 rows it reads
+    (train 12 for the few-shot examples, test 8) are the project's, published on the local hub as
+    openai/gsm8k / main (conftest's datasets_hub). The tiny model scores about 0: that is not gated."""
+    server, spec = base_server
+    run = run_accuracy(server.base_url, production_gsm8k_gate(limit=5), tokenizer_dir=str(base_model_dir),
+                       max_length=spec.serve.max_model_len, base_dir=PRODUCTION.parent,
+                       output_dir=tmp_path / "accuracy")
+    gsm8k = run.tasks["gsm8k"]
+    print(f"\ngsm8k: {gsm8k.metrics} ({gsm8k.num_docs} docs, {gsm8k.seconds} s)")
+    assert gsm8k.lm_eval_name == "gsm8k" and gsm8k.num_fewshot == 5 and gsm8k.num_docs == 5
+    assert set(gsm8k.metrics) == {"exact_match,strict-match", "exact_match,flexible-extract"}
+    assert all(0.0 <= m.value <= 1.0 and m.higher_is_better is True for m in gsm8k.metrics.values())
+
+    raw = json.loads(Path(gsm8k.results_path).read_text())
+    assert raw["configs"]["gsm8k"]["dataset_path"] == "openai/gsm8k"
+    assert raw["configs"]["gsm8k"]["dataset_name"] == "main"
+    assert raw["n-samples"]["gsm8k"] == {"original": 8, "effective": 5}  # our test split, not gsm8k's 1,319
+    fetched = {r.path.rsplit("/", 1)[-1] for r in hub_env.requests
+               if r.method == "GET" and "/datasets/openai/gsm8k/resolve/" in r.path}
+    assert {"train-00000-of-00001.parquet", "test-00000-of-00001.parquet"} <= fetched
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_a_task_whose_data_cannot_be_fetched_says_which_hub_and_how(base_server, base_model_dir, hub_env,
+                                                                      tmp_path, monkeypatch):
+    """Offline mode with nothing cached (what HF_HUB_OFFLINE=1 / HF_DATASETS_OFFLINE=1 set): a
+    GateError naming the endpoint and the switches, raised before any request reaches the server."""
+    import datasets.config
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    server, spec = base_server
+    with pytest.raises(GateError) as err:
+        run_accuracy(server.base_url, production_gsm8k_gate(limit=2), tokenizer_dir=str(base_model_dir),
+                     max_length=spec.serve.max_model_len, base_dir=PRODUCTION.parent, output_dir=tmp_path)
+    message = str(err.value)
+    assert "could not load the data of task 'gsm8k'" in message and hub_env.endpoint in message
+    assert "HF_HUB_OFFLINE" in message and "Fix: set HF_ENDPOINT" in message
+    assert "openai/gsm8k" in message  # datasets' own words name the dataset
