@@ -119,6 +119,19 @@ def test_the_default_config_in_the_data_folder_like_ultrachat_200k(hub_env):
     assert "data/train_sft-00000-of-00001.parquet" in files
 
 
+def test_streaming_and_snapshot_download_of_a_dataset_repo(hub_env, tmp_path):
+    """The other two ways to read a dataset repo: streamed (HfFileSystem, ranged reads of the parquet
+    file) and as a folder (snapshot_download)."""
+    import datasets
+    from huggingface_hub import snapshot_download
+
+    stream = datasets.load_dataset(GSM8K_ID, GSM8K_CONFIG, split="test", streaming=True)
+    assert list(stream) == gsm8k_splits()["test"]
+    folder = Path(snapshot_download(GSM8K_ID, repo_type="dataset", local_dir=tmp_path / "gsm8k"))
+    assert sorted(str(f.relative_to(folder)) for f in folder.rglob("*.parquet")) == [
+        "main/test-00000-of-00001.parquet", "main/train-00000-of-00001.parquet"]
+
+
 # --------------------------------------------------------------------------------------------
 # Calibration by Hub dataset id (recipe: dataset, subset, split, messages_field)
 # --------------------------------------------------------------------------------------------
