@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -87,24 +86,30 @@ def deployment_env(serving_python: str) -> dict[str, str]:
     return {**dep["work_pool"]["job_variables"]["env"], "QS_SERVING_PYTHON": serving_python}
 
 
-def task_seconds(api_url: str, run_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The flow run (state, wall) and each task run's seconds, from the Prefect API."""
+def stage_seconds(api_url: str, run_id: str) -> tuple[dict[str, Any], dict[str, float]]:
+    """The flow run (state, wall) and each stage's seconds: the time between the run's "stage done"
+    log lines (tasks.report.Progress), the first counted from the run's start."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
         run = client.read_flow_run(run_id)
-        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
-    rows = sorted(
-        ({"task": t.name, "state": t.state.type.value if t.state else None,
-          "seconds": round(t.total_run_time.total_seconds(), 1), "start": t.start_time}
-         for t in tasks), key=lambda r: (r["start"] is None, r["start"]))
-    for r in rows:
-        r.pop("start")
-    flow = {"state": run.state.type.value if run.state else None, "state_message": run.state.message if run.state else None,
+        logs, page = [], None
+        while page is None or len(page) == 200:  # the API's page size
+            page = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])),
+                                    limit=200, offset=len(logs))
+            logs += page
+    marks = sorted((log.timestamp, log.message.removeprefix("stage done: ")) for log in logs
+                   if log.message.startswith("stage done: "))
+    stages, last = {}, run.start_time
+    for when, stage in marks:
+        stages[stage] = round((when - last).total_seconds(), 1) if last else None
+        last = when
+    flow = {"state": run.state.type.value if run.state else None,
+            "state_message": run.state.message if run.state else None,
             "seconds": round(run.total_run_time.total_seconds(), 1), "run_id": str(run.id)}
-    return flow, rows
+    return flow, stages
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -145,6 +150,10 @@ def cmd_run(args: argparse.Namespace) -> None:
         api = HfApi(endpoint=stack.hub_endpoint, token=TOKEN)
         t0 = time.monotonic()
         base_sha = publish_base(api, model_dir, home / "scratch")
+        if not (args.keep_model or args.rehearse):  # the Hub holds it now; the run downloads its own copy (disk: 64 GiB hosts)
+            for shard in model_dir.glob("*.safetensors"):
+                shard.unlink()
+        res.data["disk_free_gib_after_publish"] = gib(shutil.disk_usage(state).free)
         c = recipe.calibration
         publish_ultrachat(api, repo_id=c.dataset, train_sft=2 * c.num_samples)  # split train_sft, as the recipe
         res.data["hub_setup"] = {"base_model": BASE_ID, "base_sha": base_sha, "calibration_dataset": c.dataset,
@@ -152,21 +161,22 @@ def cmd_run(args: argparse.Namespace) -> None:
         log(f"local Hub: {BASE_ID}@{base_sha[:12]}, {c.dataset}:{c.split} ({res.data['hub_setup']['seconds']} s)")
         stack.prefect("--no-prompt", "deploy", "--name", DEPLOYMENT,
                       "--param", f"overrides={json.dumps(overrides)}",
-                      "--job-variable", f"env={json.dumps(deployment_env(serving_python))}")
+                      "--job-variable", json.dumps({"env": deployment_env(serving_python)}))
         t0 = time.monotonic()
         with PeakSampler(nvml) as peak:
             rc, output, run_id = stack.run_deployment(DEPLOYMENT, pool="gpu", timeout=args.timeout_s,
                                                       echo=lambda line: print(line[:300], flush=True))
         wall = round(time.monotonic() - t0, 1)
         (state / "llama3-watch.log").write_text(output)
-        flow, tasks = task_seconds(stack.api_url, run_id) if run_id else ({}, [])
+        flow, stages = stage_seconds(stack.api_url, run_id) if run_id else ({}, {})
         reports = sorted(runs.glob("*/report.json"))
         report = json.loads(reports[-1].read_text()) if reports else {}
         release = report.get("release") or {}
         tags = {}
         if release.get("repo_id"):
             tags = {t.name: t.target_commit for t in api.list_repo_refs(release["repo_id"]).tags}
-        downloaded = sorted(p.name for p in (work / "hub").rglob("*") if p.is_file()) if (work / "hub").exists() else []
+        downloaded = sorted({str(p.relative_to(snap)) for snap in (work / "hub").glob("models--*/snapshots/*")
+                             for p in snap.rglob("*") if p.is_file()})
     after = nvml.used()
     for _ in range(30):  # the stack is stopped: the GPU should be back at the idle baseline
         if after is None or baseline is None or after - baseline <= GIB // 4:
@@ -175,14 +185,14 @@ def cmd_run(args: argparse.Namespace) -> None:
         after = nvml.used()
     decision = report.get("decision") or {}
     res.data.update(
-        exit_code=rc, wall_seconds=wall, flow=flow, task_seconds=tasks,
+        exit_code=rc, wall_seconds=wall, flow=flow, stage_seconds=stages,
         decision="passed" if decision.get("passed") else ("rejected" if decision else None),
         reasons=[f"{c['check']}: {'pass' if c['passed'] else 'FAIL'}: {c['reason']}" for c in decision.get("checks", [])],
         release={k: release.get(k) for k in ("status", "repo_id", "ref", "commit_sha")},
         hub_tags=tags,
         promoted_tag_is_gated_commit=bool(release.get("commit_sha")) and tags.get(recipe.hub.release_ref) == release.get("commit_sha"),
-        base_download_files=[n for n in downloaded if not re.fullmatch(r"[0-9a-f]{40}|main", n)][:40],
-        original_folder_downloaded=any("consolidated" in n for n in downloaded),
+        base_download_files=downloaded,
+        original_folder_downloaded=any(n.startswith("original/") for n in downloaded),
         capacity={c["name"]: {k: c.get(k) for k in ("kv_cache_tokens", "max_concurrency", "weights_bytes")}
                   for c in (report.get("capacity") or {}).get("configs", [])},
         gpu_memory_peak_gib=gib(peak.peak), gpu_memory_after_gib=gib(after),
@@ -200,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model-dir", required=True, help="the model `benchmarks/h200.py build` makes")
     p.add_argument("--out", required=True)
     p.add_argument("--rehearse", action="store_true")
+    p.add_argument("--keep-model", action="store_true", help="keep the built weights after publishing them")
     p.add_argument("--build-pid-file")
     p.add_argument("--build-timeout-s", type=float, default=900)
     p.add_argument("--timeout-s", type=float, default=3000)
