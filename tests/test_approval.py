@@ -1,11 +1,26 @@
-"""Manual sign-off (approval: manual): the run pauses with a form and promotes only on approval."""
+"""Manual sign-off (approval: manual): the run pauses with a form and promotes only on approval.
+
+Two tiers. The fast ones call the sign-off and the release step directly (a toy flow, a fake
+report). The full ones run the WHOLE quantize-serve flow on the tiny AWQ recipe, in-process in a
+thread against the session's Prefect API, pushing to a local Hub; the run pauses at the form and a
+reviewer answers it through ``resume_flow_run``: approve -> the release ref on the Hub points at
+the gated commit on top of the pushed candidate; reject -> nothing promoted, the rejection (with
+the reviewer's reason) on the Hub and in the report, the run Failed.
+
+One flow run cannot prove both answers (a run is resumed once), so there are two; each costs the
+flow's three vLLM boots. They reuse the session's cached AWQ checkpoint (no quantization) and a
+shrunken copy of the recipe: one perplexity task on 10 documents, 8 stress requests.
+"""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 from prefect import flow
 
 from quantize_serve.decision import Decision
@@ -13,8 +28,11 @@ from quantize_serve.quantize import QuantizeResult
 from quantize_serve.report import RunReport
 from quantize_serve.validate import BaseModelRef, ValidatedRecipe
 from tasks.report import request_approval
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.flow
+TOKEN = "hf_ApprovalTestToken0123456789abcdefgh"
+REVIEW = {"reviewer": "ana", "note": "p99 TTFT too high for the chat tier"}
 
 
 def fake_report(passed: bool) -> RunReport:
@@ -34,34 +52,237 @@ def manual_recipe(awq_recipe):
                            calibration_fingerprint="2" * 64)
 
 
+@pytest.fixture(scope="module")
+def local_hub(tmp_path_factory):
+    """A local Hub the in-process Hub client writes to, with its token; runs go to a temporary folder."""
+    from huggingface_hub import constants as hf_constants
+
+    from localhub.server import start_local_hub
+    from quantize_serve.settings import get_settings
+
+    with start_local_hub(tmp_path_factory.mktemp("hub"), tokens=(TOKEN,)) as hub, \
+            pytest.MonkeyPatch.context() as mp:
+        mp.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)  # the local hub speaks plain LFS
+        mp.setattr(hf_constants, "HF_HUB_OFFLINE", False)  # the session is offline; this is loopback
+        mp.setattr(hf_constants, "ENDPOINT", hub.endpoint)
+        mp.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                   hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+        mp.setenv("HF_TOKEN", TOKEN)
+        mp.setenv("QS_RUNS_DIR", str(tmp_path_factory.mktemp("runs")))
+        get_settings.cache_clear()
+        try:
+            yield hub
+        finally:
+            get_settings.cache_clear()
+
+
+def hub_repo(hub, repo_id: str) -> dict:
+    """The local Hub's record of a repo: branches, and tags with the message each was made with."""
+    return json.loads((Path(hub.root) / "models" / repo_id / "repo.json").read_text())
+
+
+def hub_file(hub, repo_id: str, revision: str, filename: str) -> str:
+    from huggingface_hub import HfApi
+
+    return Path(HfApi(endpoint=hub.endpoint, token=TOKEN).hf_hub_download(
+        repo_id, filename, revision=revision, cache_dir=Path(hub.root).parent / "dl")).read_text()
+
+
+# --------------------------------------------------------------------------------------------
+# Fast: the sign-off pause alone, and the release step of a reviewer's answer
+# --------------------------------------------------------------------------------------------
+
+
 @flow(name="sign-off")
 def sign_off(validated: ValidatedRecipe, report: RunReport) -> list:
-    return list(request_approval(validated, report))
+    return [*request_approval(validated, report), report.approval_note]
 
 
-@pytest.mark.parametrize("approve", [True, False])
-def test_manual_sign_off_pauses_until_a_person_answers(manual_recipe, approve):
+def wait_for_pause(flow_run_name: str, alive, timeout_s: float):
+    """The flow run named ``flow_run_name`` once it is Paused (None if ``alive()`` turns false first)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
-    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline and alive():
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name])))
+            if runs and runs[0].state and runs[0].state.is_paused():
+                return runs[0]
+            time.sleep(1)
+    return None
+
+
+def test_manual_sign_off_pauses_until_a_person_answers(manual_recipe):
+    """One answer is enough here (approve defaults to False, so True proves the answer got through);
+    the full-flow tests below answer both ways."""
     from prefect.flow_runs import resume_flow_run
 
+    approve, name = True, f"sign-off-{time.monotonic_ns()}"
     result: dict = {}
-    worker = threading.Thread(target=lambda: result.update(out=sign_off(manual_recipe, fake_report(True))))
+    worker = threading.Thread(target=lambda: result.update(
+        out=sign_off.with_options(flow_run_name=name)(manual_recipe, fake_report(True))))
     worker.start()
-    paused = []
-    with get_client(sync_client=True) as client:
-        for _ in range(120):
-            paused = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED]))))
-            if paused:
-                break
-            time.sleep(0.5)
+    paused = wait_for_pause(name, worker.is_alive, timeout_s=60)
     assert paused, "the run never paused for sign-off"
-    resume_flow_run(paused[0].id, run_input={"approve": approve, "reviewer": "ana", "note": "checked"})
+    assert paused.state.state_details.run_input_keyset, "paused without the sign-off form"
+    resume_flow_run(paused.id, run_input={"approve": approve, **REVIEW})
     worker.join(timeout=120)
-    assert result["out"] == [approve, "ana"]
+    assert result["out"] == [approve, "ana", REVIEW["note"]]
 
 
 def test_failed_gates_need_no_sign_off(manual_recipe):
-    assert sign_off(manual_recipe, fake_report(False)) == [False, None]
+    assert sign_off(manual_recipe, fake_report(False)) == [False, None, ""]
+
+
+def test_a_reviewer_rejection_is_recorded_with_the_reason(local_hub, manual_recipe, tmp_path):
+    """Gates passed, the reviewer said no: the rejected card and tag say who and why (no failed
+    gate to quote: the card once refused to render, 'rejected needs rejection_reasons')."""
+    from quantize_serve import release
+
+    repo_id = f"quantize-serve/signoff-unit-{time.monotonic_ns()}"
+    recipe = manual_recipe.recipe.model_copy(
+        update={"hub": manual_recipe.recipe.hub.model_copy(update={"repo_id": repo_id})})
+    validated = manual_recipe.model_copy(update={"recipe": recipe})
+    ckpt = tmp_path / "checkpoint"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    (ckpt / "model.safetensors").write_bytes(b"weights" * 100)
+    report = fake_report(True).model_copy(update={
+        "base": BaseModelRef(local_dir=str(ROOT / "models" / "tiny-llama"), sha="1" * 64),
+        "checkpoint": fake_report(True).checkpoint.model_copy(update={"checkpoint_dir": str(ckpt)}),
+        "report_dir": str(tmp_path / "run"), "approval_note": REVIEW["note"]})
+    report.candidate = release.push_release_candidate(validated, report.base, report.checkpoint,
+                                                      report.serving_command, tmp_path / "run")
+
+    outcome = release.promote_or_reject(validated, report, approved=False, approved_by="ana")
+
+    reason = f"not approved by ana: {REVIEW['note']}"
+    assert outcome.status == "rejected" and outcome.approved_by == "ana" and outcome.ref is None
+    assert release.release_reasons(report, False, "ana") == [reason]
+    tags = hub_repo(local_hub, repo_id)["tags"]
+    assert "production" not in tags
+    assert tags[outcome.rejection_tag]["commit"] == report.candidate.commit_sha
+    assert reason in tags[outcome.rejection_tag]["message"]
+    assert reason in hub_file(local_hub, repo_id, "main", "README.md")
+
+
+# --------------------------------------------------------------------------------------------
+# Full flow: the whole pipeline pauses at the form; approve promotes, reject records and fails
+# --------------------------------------------------------------------------------------------
+
+
+def signoff_recipe(folder: Path, repo_id: str) -> Path:
+    """The tiny AWQ recipe with approval: manual, its own Hub repo and the gates shrunk to what
+    proves they ran (the checkpoint's inputs are untouched, so the session's cached one is reused)."""
+    data = yaml.safe_load((ROOT / "recipes" / "tiny-llama-awq.yaml").read_text())
+    data["name"] = "tiny-llama-awq-signoff"
+    data["approval"] = "manual"
+    data["model"]["id"] = str(ROOT / "models" / "tiny-llama")
+    data["calibration"]["dataset"] = str(ROOT / "data" / "calibration" / "tiny_calibration.jsonl")
+    data["gates"]["accuracy"] = {"tasks": [{"task": str(ROOT / "evals" / "tasks" / "qs_heldout_ppl.yaml"),
+                                            "limit": 10}],
+                                 "default_recovery": 0.5}  # the gates must pass: sign-off is the subject
+    data["gates"]["stress"].update(concurrency=4, num_requests=8, prompt_tokens=[16, 64], output_tokens=[8],
+                                   overlong_prompts=1, max_duration_s=120)
+    data["hub"]["repo_id"] = repo_id
+    path = folder / f"{repo_id.split('/')[1]}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_flow_to_sign_off(recipe: Path, answer: dict):
+    """Run the whole flow in a thread; once it pauses at the form, answer it. (state, paused run)."""
+    from prefect.flow_runs import resume_flow_run
+
+    from flows.quantize_serve import quantize_serve
+
+    name = f"{recipe.stem}-{time.monotonic_ns()}"
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["state"] = quantize_serve.with_options(flow_run_name=name)(str(recipe), return_state=True)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            result["error"] = exc
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    paused = wait_for_pause(name, worker.is_alive, timeout_s=900)
+    assert paused, f"the flow never paused for sign-off: {result}"
+    assert paused.state.state_details.run_input_keyset, "paused without the sign-off form"
+    resume_flow_run(paused.id, run_input=answer)
+    worker.join(timeout=300)
+    assert not worker.is_alive(), "the flow did not finish after the answer"
+    assert "error" not in result, result["error"]
+    return result["state"], paused
+
+
+def run_artifacts(flow_run_id) -> dict[str, str]:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return {a.key: a.data for a in client.read_artifacts() if a.flow_run_id == flow_run_id}
+
+
+def run_report(flow_run_id) -> dict:
+    """report.json of the run (its folder ends with the run id's first 8 characters)."""
+    from quantize_serve.settings import get_settings
+
+    (path,) = get_settings().runs_dir.glob(f"tiny-llama-awq-signoff-*-{str(flow_run_id)[:8]}/report.json")
+    return json.loads(path.read_text())
+
+
+def final_state(flow_run_id):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id).state
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(1200)
+def test_full_flow_approved_by_the_reviewer_is_promoted(local_hub, awq_checkpoint, tmp_path):
+    repo_id = "quantize-serve/tiny-llama-awq-signoff-approve"
+    state, paused = run_flow_to_sign_off(signoff_recipe(tmp_path, repo_id),
+                                         {"approve": True, "reviewer": "ana", "note": "looks good"})
+
+    assert state.is_completed(), state.message
+    assert final_state(paused.id).is_completed()
+    report = run_report(paused.id)
+    assert report["decision"]["passed"] and report["approval_note"] == "looks good"
+    rel = report["release"]
+    assert rel["status"] == "promoted" and rel["approved_by"] == "ana" and rel["ref"] == "production"
+    assert rel["candidate_sha"] == report["candidate"]["commit_sha"]
+    # the release tag points at the gated card commit made on top of the pushed candidate
+    repo = hub_repo(local_hub, repo_id)
+    assert repo["tags"]["production"]["commit"] == rel["commit_sha"] != rel["candidate_sha"]
+    commit = json.loads((Path(local_hub.root) / "models" / repo_id / "commits" / f"{rel['commit_sha']}.json")
+                        .read_text())
+    assert commit["parent"] == rel["candidate_sha"]
+    assert not any(t.startswith("rejected-") for t in repo["tags"])
+    artifacts = run_artifacts(paused.id)
+    assert "tiny-llama-awq-signoff-pending-approval" in artifacts  # the report the reviewer read
+    assert "tiny-llama-awq-signoff-report" in artifacts
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(1200)
+def test_full_flow_rejected_by_the_reviewer_promotes_nothing(local_hub, awq_checkpoint, tmp_path):
+    repo_id = "quantize-serve/tiny-llama-awq-signoff-reject"
+    state, paused = run_flow_to_sign_off(signoff_recipe(tmp_path, repo_id), {"approve": False, **REVIEW})
+
+    assert state.is_failed() and "release rejected" in state.message, f"{state.type}: {state.message}"
+    assert final_state(paused.id).is_failed()
+    report = run_report(paused.id)
+    assert report["decision"]["passed"], "the gates passed: only the reviewer said no"
+    rel = report["release"]
+    assert rel["status"] == "rejected" and rel["approved_by"] == "ana" and rel["ref"] is None
+    assert report["approval_note"] == REVIEW["note"]
+    reason = f"not approved by ana: {REVIEW['note']}"
+    repo = hub_repo(local_hub, repo_id)
+    assert "production" not in repo["tags"]
+    assert repo["tags"][rel["rejection_tag"]]["commit"] == rel["candidate_sha"] == report["candidate"]["commit_sha"]
+    assert reason in repo["tags"][rel["rejection_tag"]]["message"]
+    assert reason in hub_file(local_hub, repo_id, "main", "README.md")  # the rejected card says why
+    assert "tiny-llama-awq-signoff-pending-approval" in run_artifacts(paused.id)
