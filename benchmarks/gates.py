@@ -22,7 +22,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
 def run(method: str) -> dict:
-    from flows.quantize_serve import quantize_serve
+    from flows.pipeline import quantize_serve
     from quantize_serve.recipe import parse_recipe
     from quantize_serve.report import RunReport, stress_summary
 

@@ -499,7 +499,7 @@ def stage_flow(ctx: dict) -> None:
 def cmd_flow_child(args: argparse.Namespace) -> None:
     import yaml
 
-    from flows.quantize_serve import quantize_serve
+    from flows.pipeline import quantize_serve
     from quantize_serve.recipe import parse_recipe
     from quantize_serve.report import RunReport, stress_summary
 
@@ -627,7 +627,7 @@ def dry_run(profile: dict, model_dir: Path, res: Results) -> None:
     from quantize_serve.stress import plan_traffic
 
     for mod in ("quantize_serve.quantize", "quantize_serve.capacity", "quantize_serve.server",
-                "quantize_serve.stress", "quantize_serve.validate", "flows.quantize_serve"):
+                "quantize_serve.stress", "quantize_serve.validate", "flows.pipeline"):
         importlib.import_module(mod)
     shape = planner.ModelShape.from_config(profile["config"])
     total = Nvml().total() or int(143771 * 1024**2)

@@ -11,7 +11,7 @@ Manual = what the engines' docs show, one command per step, each tool against it
 That is 6 boots. Careful manual = the same commands, but a careful engineer shares boots the way
 the flow does: 3 boots (base: /metrics and lm_eval; W4A16 16-bit KV: /metrics; W4A16 fp8 KV:
 /metrics, lm_eval and the benchmark). The ratio against it is the fair one.
-Pipeline = `python -m flows.quantize_serve recipe` (no Hub section, fresh checkpoint cache), which
+Pipeline = `python -m flows.pipeline recipe` (no Hub section, fresh checkpoint cache), which
 also runs the stress traffic and writes the report.
 
 Writes benchmarks/results/pipeline_vs_manual.json: the three wall times, the pipeline's ratio to
@@ -158,7 +158,7 @@ def pipeline(work: Path) -> tuple[float, int]:
     env = {**ENV, "QS_WORK_DIR": str(work / "pipeline-work"), "QS_RUNS_DIR": str(work / "runs")}
     started = time.monotonic()
     try:
-        subprocess.run([PY, "-m", "flows.quantize_serve", recipe], cwd=ROOT, env=env, check=True,
+        subprocess.run([PY, "-m", "flows.pipeline", recipe], cwd=ROOT, env=env, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     finally:
         recipe.unlink()

@@ -3,7 +3,7 @@
     quantize-serve validate RECIPE...      every recipe and input check; exit 0 (all valid) or 2
     quantize-serve plan (RECIPE | --model DIR_OR_HUB_ID) [--gpu h200|h100-80gb|BYTES] [--tp N]
                         [--max-model-len N] [--kv-cache-dtype D]
-    quantize-serve run RECIPE              the flow, locally (also `python -m flows.quantize_serve`)
+    quantize-serve run RECIPE              the flow, locally (also `python -m flows.pipeline`)
 
 A mistake in the input (``quantize_serve.errors.USER_ERRORS``: a recipe problem, a Hub repo or token
 the Hub refuses) prints one screen, each problem with its fix, and exits 2 without a traceback;
@@ -220,7 +220,7 @@ def run_command(args: argparse.Namespace) -> int:
     check = check_recipe(args.recipe)  # a user error stops here, before Prefect is imported
     for note in check.not_checked:
         print(f"{check.source}: not checked yet: {note}")
-    from flows.quantize_serve import run_local
+    from flows.pipeline import run_local
     from quantize_serve.report import RunReport
 
     if not args.debug:

@@ -306,7 +306,7 @@ def test_run_of_a_bad_recipe_fails_before_prefect_starts(tmp_path: Path) -> None
 
 def test_python_m_flows_runs_the_same_command(tmp_path: Path) -> None:
     case = next(c for c in ISSUE_CASES if c.name == "misspelled-section")
-    done = subprocess.run([sys.executable, "-m", "flows.quantize_serve", str(write_case(case, tmp_path))],
+    done = subprocess.run([sys.executable, "-m", "flows.pipeline", str(write_case(case, tmp_path))],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert_one_screen(case, done.returncode, done.stderr)
 

@@ -10,7 +10,7 @@ gates.soak, the soak test (sustained traffic; memory growth and preemptions). Al
 the `gpu` global concurrency limit, so two runs never share a GPU.
 
 Run locally (ephemeral Prefect API, no server needed):  quantize-serve run RECIPE
-(or python -m flows.quantize_serve RECIPE: the same command line, quantize_serve/cli.py)
+(or python -m flows.pipeline RECIPE: the same command line, quantize_serve/cli.py)
 """
 
 from __future__ import annotations
