@@ -24,6 +24,7 @@ from prefect.states import Failed, State
 
 from quantize_serve.capacity import Boot
 from quantize_serve.recipe import Recipe
+from quantize_serve.release import release_reasons
 from quantize_serve.report import RunReport
 from tasks.accuracy import run_accuracy
 from tasks.decide import compare_accuracy, decide_release
@@ -113,7 +114,7 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     progress.done("reported")
     if report.release.status == "rejected" or not report.decision.passed:
         # a rejected release is a failed run (red in the UI, non-zero for `deployment run --watch`)
-        return Failed(message="release rejected: " + "; ".join(report.decision.reasons or ["not approved"]),
+        return Failed(message="release rejected: " + "; ".join(release_reasons(report, approved, approved_by)),
                       data=report)
     return report
 

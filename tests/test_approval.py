@@ -8,8 +8,10 @@ the gated commit on top of the pushed candidate; reject -> nothing promoted, the
 the reviewer's reason) on the Hub and in the report, the run Failed.
 
 One flow run cannot prove both answers (a run is resumed once), so there are two; each costs the
-flow's three vLLM boots. They reuse the session's cached AWQ checkpoint (no quantization) and a
-shrunken copy of the recipe: one perplexity task on 10 documents (the stress profile is kept).
+flow's three vLLM boots, on a shrunken copy of the recipe: one perplexity task on 10 documents (the
+stress profile is kept). The approved run also takes production's inputs: a private base model and
+an UltraChat-shaped calibration dataset from the Hub (so it quantizes); the rejected one reuses the
+session's cached AWQ checkpoint.
 """
 
 from __future__ import annotations
@@ -54,19 +56,15 @@ def manual_recipe(awq_recipe):
 
 @pytest.fixture(scope="module")
 def local_hub(tmp_path_factory):
-    """A local Hub the in-process Hub client writes to, with its token; runs go to a temporary folder."""
-    from huggingface_hub import constants as hf_constants
-
+    """A local Hub (token required) that this process and the processes it starts (the quantization
+    worker loads the calibration data) reach as the Hub; runs go to a temporary folder."""
+    from localhub.client import hub_client_env
     from localhub.server import start_local_hub
     from quantize_serve.settings import get_settings
 
     with start_local_hub(tmp_path_factory.mktemp("hub"), tokens=(TOKEN,)) as hub, \
+            hub_client_env(hub.endpoint, cache_dir=tmp_path_factory.mktemp("hf-cache")), \
             pytest.MonkeyPatch.context() as mp:
-        mp.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)  # the local hub speaks plain LFS
-        mp.setattr(hf_constants, "HF_HUB_OFFLINE", False)  # the session is offline; this is loopback
-        mp.setattr(hf_constants, "ENDPOINT", hub.endpoint)
-        mp.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                   hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
         mp.setenv("HF_TOKEN", TOKEN)
         mp.setenv("QS_RUNS_DIR", str(tmp_path_factory.mktemp("runs")))
         get_settings.cache_clear()
@@ -172,14 +170,24 @@ def test_a_reviewer_rejection_is_recorded_with_the_reason(local_hub, manual_reci
 # --------------------------------------------------------------------------------------------
 
 
-def signoff_recipe(folder: Path, repo_id: str) -> Path:
+HUB_BASE, HUB_CHATS = "meta-llama/tiny-llama-private", "HuggingFaceH4/ultrachat_200k"
+
+
+def signoff_recipe(folder: Path, repo_id: str, *, hub_inputs: dict[str, str] | None = None) -> Path:
     """The tiny AWQ recipe with approval: manual, its own Hub repo and the accuracy gate shrunk to
-    what proves it ran (the checkpoint's inputs are untouched, so the session's cached one is reused)."""
+    what proves it ran. Local inputs by default (the session's cached checkpoint is reused);
+    ``hub_inputs`` {"model": repo id, "calibration": dataset id}: the base model and an
+    UltraChat-shaped chat dataset (split train_sft, messages rendered with the chat template) come
+    from the Hub, as in production."""
     data = yaml.safe_load((ROOT / "recipes" / "tiny-llama-awq.yaml").read_text())
     data["name"] = "tiny-llama-awq-signoff"
     data["approval"] = "manual"
     data["model"]["id"] = str(ROOT / "models" / "tiny-llama")
     data["calibration"]["dataset"] = str(ROOT / "data" / "calibration" / "tiny_calibration.jsonl")
+    if hub_inputs:
+        data["model"]["id"] = hub_inputs["model"]
+        data["calibration"] = {**data["calibration"], "dataset": hub_inputs["calibration"], "split": "train_sft",
+                               "messages_field": "messages", "text_field": None}
     data["gates"]["accuracy"] = {"tasks": [{"task": str(ROOT / "evals" / "tasks" / "qs_heldout_ppl.yaml"),
                                             "limit": 10}],
                                  "default_recovery": 0.5}  # the gates must pass: sign-off is the subject
@@ -242,14 +250,28 @@ def final_state(flow_run_id):
 
 @pytest.mark.e2e
 @pytest.mark.timeout(1200)
-def test_full_flow_approved_by_the_reviewer_is_promoted(local_hub, awq_checkpoint, tmp_path):
+def test_full_flow_from_hub_inputs_approved_by_the_reviewer_is_promoted(local_hub, tmp_path):
+    """Production's shape end to end: a private Hub base model (read with the recipe's token) and a
+    Hub chat dataset for calibration; the reviewer approves; the release is promoted."""
+    from huggingface_hub import HfApi
+
+    from localhub.datasets import publish_ultrachat
+
+    api = HfApi(endpoint=local_hub.endpoint, token=TOKEN)
+    api.create_repo(HUB_BASE, private=True, exist_ok=True)
+    base_sha = api.upload_folder(repo_id=HUB_BASE, folder_path=ROOT / "models" / "tiny-llama").oid
+    publish_ultrachat(api, repo_id=HUB_CHATS, train_sft=128, test_sft=8)
+    before = {p for p in (ROOT, Path.cwd(), tmp_path) if (p / "None").exists()}
     repo_id = "quantize-serve/tiny-llama-awq-signoff-approve"
-    state, paused = run_flow_to_sign_off(signoff_recipe(tmp_path, repo_id),
-                                         {"approve": True, "reviewer": "ana", "note": "looks good"})
+    state, paused = run_flow_to_sign_off(
+        signoff_recipe(tmp_path, repo_id, hub_inputs={"model": HUB_BASE, "calibration": HUB_CHATS}),
+        {"approve": True, "reviewer": "ana", "note": "looks good"})
 
     assert state.is_completed(), state.message
     assert final_state(paused.id).is_completed()
     report = run_report(paused.id)
+    assert report["base"]["repo_id"] == HUB_BASE and report["base"]["sha"] == base_sha
+    assert {p for p in (ROOT, Path.cwd(), tmp_path) if (p / "None").exists()} == before == set()
     assert report["decision"]["passed"] and report["approval_note"] == "looks good"
     rel = report["release"]
     assert rel["status"] == "promoted" and rel["approved_by"] == "ana" and rel["ref"] == "production"
@@ -272,7 +294,8 @@ def test_full_flow_rejected_by_the_reviewer_promotes_nothing(local_hub, awq_chec
     repo_id = "quantize-serve/tiny-llama-awq-signoff-reject"
     state, paused = run_flow_to_sign_off(signoff_recipe(tmp_path, repo_id), {"approve": False, **REVIEW})
 
-    assert state.is_failed() and "release rejected" in state.message, f"{state.type}: {state.message}"
+    assert state.is_failed() and state.message == f"release rejected: not approved by ana: {REVIEW['note']}", \
+        f"{state.type}: {state.message}"
     assert final_state(paused.id).is_failed()
     report = run_report(paused.id)
     assert report["decision"]["passed"], "the gates passed: only the reviewer said no"
