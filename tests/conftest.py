@@ -155,3 +155,19 @@ def hub_env(datasets_hub, tmp_path):
 
     with hub_client_env(datasets_hub.endpoint, cache_dir=tmp_path / "hf-cache"):
         yield datasets_hub
+
+
+def use_local_hub_client(monkeypatch: pytest.MonkeyPatch, endpoint: str, hf_cache: Path) -> None:
+    """For one test, what HF_ENDPOINT=... HF_HUB_DISABLE_XET=1 would set at import time in this
+    process's huggingface_hub (online against the local hub, plain LFS, no telemetry, a private HF
+    cache so nothing is served from an earlier test's downloads), and no ambient HF_TOKEN."""
+    from huggingface_hub import constants as hf_constants
+
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_TELEMETRY", True)
+    monkeypatch.setattr(hf_constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(hf_cache))
+    monkeypatch.delenv("HF_TOKEN", raising=False)

@@ -23,6 +23,7 @@ from quantize_serve.errors import HubAuthError, HubError, HubNotFoundError
 from quantize_serve.hub import BASE_MODEL_FILES, RetryPolicy, base_model_patterns, resolve_base_model
 from quantize_serve.settings import get_settings
 from quantize_serve.validate import ValidatedRecipe, resolve_base
+from tests.conftest import use_local_hub_client
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "models" / "tiny-llama"
@@ -65,14 +66,7 @@ def _client_env(local_hub: LocalHub, monkeypatch: pytest.MonkeyPatch, tmp_path: 
     """HF_ENDPOINT / HF_HUB_DISABLE_XET as the client reads them at import, set per test; a private
     HF cache (which base downloads must not use) and work folder (which they must) per test; a
     working directory of its own, to see that no stray folder (``None``) appears in it."""
-    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
-    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_TELEMETRY", True)
-    monkeypatch.setattr(hf_constants, "ENDPOINT", local_hub.endpoint)
-    monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                        local_hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
-    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
+    use_local_hub_client(monkeypatch, local_hub.endpoint, tmp_path / "hf-cache")
     monkeypatch.setenv("QS_WORK_DIR", str(tmp_path / "work"))
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")

@@ -23,7 +23,6 @@ from pathlib import Path
 import httpx
 import pytest
 from huggingface_hub import HfApi, ModelCard, snapshot_download
-from huggingface_hub import constants as hf_constants
 
 from localhub.server import LocalHub, start_local_hub
 from quantize_serve.errors import HubAuthError, HubError, HubNotFoundError
@@ -39,6 +38,7 @@ from quantize_serve.hub import (
 )
 from quantize_serve.model_card import AccuracyRow, ModelCardInputs, Provenance, render_model_card
 from quantize_serve.recipe import HubSection
+from tests.conftest import use_local_hub_client
 
 ROOT = Path(__file__).resolve().parent.parent
 WRITE = "hf_WriteTokenForLocalHubTests0123456789"
@@ -61,18 +61,7 @@ def local_hub(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(autouse=True)
 def _client_env(local_hub: LocalHub, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    """What HF_HUB_DISABLE_XET=1 / HF_ENDPOINT=... would set at import time, set per test.
-
-    Also a private HF cache per test, so nothing is served from an earlier test's downloads.
-    """
-    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
-    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_TELEMETRY", True)
-    monkeypatch.setattr(hf_constants, "ENDPOINT", local_hub.endpoint)
-    monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                        local_hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
-    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
+    use_local_hub_client(monkeypatch, local_hub.endpoint, tmp_path / "hf-cache")
     local_hub.clear_faults()
     yield
     local_hub.clear_faults()
@@ -523,27 +512,35 @@ def test_cli_starts_fast_with_auth_and_faults_endpoint(tmp_path: Path):
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("passed", [True, False])
-def test_release_pushes_the_candidate_then_promotes_or_rejects(local_hub: LocalHub, awq_recipe, section,
-                                                               tmp_path: Path, monkeypatch, passed: bool):
-    from quantize_serve import release
-    from quantize_serve.decision import CheckRow, Decision
+def release_inputs(awq_recipe, section: HubSection, tmp_path: Path) -> tuple:
+    """A validated recipe releasing to ``section``'s repo, and a checkpoint folder to release."""
     from quantize_serve.quantize import QuantizeResult
-    from quantize_serve.report import RunReport
-    from quantize_serve.validate import BaseModelRef, ValidatedRecipe
+    from quantize_serve.validate import ValidatedRecipe
 
-    monkeypatch.setenv("HF_TOKEN", WRITE)
     recipe = awq_recipe.model_copy(update={"hub": awq_recipe.hub.model_copy(update={"repo_id": section.repo_id})})
     validated = ValidatedRecipe(recipe=recipe, source="x.yaml", recipe_sha256="0" * 64,
                                 calibration_fingerprint="0" * 64)
     ckpt = tmp_path / "checkpoint"
     ckpt.mkdir()
     (ckpt / "config.json").write_text("{}")
-    (ckpt / "model.safetensors").write_bytes(b"weights" * 1000)
-    base = BaseModelRef(local_dir=str(ROOT / "models" / "tiny-llama"), sha="1" * 64)
     checkpoint = QuantizeResult(checkpoint_dir=str(ckpt), method="awq", scheme="W4A16_ASYM", seconds=1.0,
                                 base_bytes=2, quantized_bytes=1, calibration_fingerprint="2" * 64,
                                 engine_versions={})
+    return recipe, validated, checkpoint
+
+
+@pytest.mark.parametrize("passed", [True, False])
+def test_release_pushes_the_candidate_then_promotes_or_rejects(local_hub: LocalHub, awq_recipe, section,
+                                                               tmp_path: Path, monkeypatch, passed: bool):
+    from quantize_serve import release
+    from quantize_serve.decision import CheckRow, Decision
+    from quantize_serve.report import RunReport
+    from quantize_serve.validate import BaseModelRef
+
+    monkeypatch.setenv("HF_TOKEN", WRITE)
+    base = BaseModelRef(local_dir=str(ROOT / "models" / "tiny-llama"), sha="1" * 64)
+    recipe, validated, checkpoint = release_inputs(awq_recipe, section, tmp_path)
+    (tmp_path / "checkpoint" / "model.safetensors").write_bytes(b"weights" * 1000)
     command = f"vllm serve {section.repo_id} --max-model-len 512"
 
     pushed = release.push_release_candidate(validated, base, checkpoint, command, tmp_path / "run")
@@ -579,21 +576,12 @@ def test_promoted_card_links_its_hub_base_and_names_tasks_not_paths(local_hub: L
     from quantize_serve import release
     from quantize_serve.accuracy import AccuracyCheck
     from quantize_serve.decision import Decision
-    from quantize_serve.quantize import QuantizeResult
     from quantize_serve.report import RunReport
-    from quantize_serve.validate import BaseModelRef, ValidatedRecipe
+    from quantize_serve.validate import BaseModelRef
 
     monkeypatch.setenv("HF_TOKEN", WRITE)
-    recipe = awq_recipe.model_copy(update={"hub": awq_recipe.hub.model_copy(update={"repo_id": section.repo_id})})
-    validated = ValidatedRecipe(recipe=recipe, source="x.yaml", recipe_sha256="0" * 64,
-                                calibration_fingerprint="0" * 64)
-    ckpt = tmp_path / "checkpoint"
-    ckpt.mkdir()
-    (ckpt / "config.json").write_text("{}")
     base = BaseModelRef(local_dir=str(tmp_path / "hf-cache" / "base"), repo_id="org/tiny-base", sha="a" * 40)
-    checkpoint = QuantizeResult(checkpoint_dir=str(ckpt), method="awq", scheme="W4A16_ASYM", seconds=1.0,
-                                base_bytes=2, quantized_bytes=1, calibration_fingerprint="2" * 64,
-                                engine_versions={})
+    recipe, validated, checkpoint = release_inputs(awq_recipe, section, tmp_path)
     pushed = release.push_release_candidate(validated, base, checkpoint, "vllm serve org/m", tmp_path / "run")
     candidate = ModelCard.load(section.repo_id, token=WRITE)
     assert (candidate.data.base_model, candidate.data.base_model_relation) == ("org/tiny-base", "quantized")
