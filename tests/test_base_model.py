@@ -209,8 +209,8 @@ def test_base_model_token_from_a_prefect_secret_block(local_hub: LocalHub, base_
 def test_the_task_reads_the_token_itself_and_tries_a_4xx_once(local_hub: LocalHub, base_repo: str,
                                                               awq_recipe, monkeypatch: pytest.MonkeyPatch,
                                                               caplog: pytest.LogCaptureFixture):
-    """Prefect records a task's inputs: the token is no parameter of resolve-base-model. Replaces
-    test_hub.py's test_resolve_base_task_tries_a_4xx_exactly_once, which passed the token in."""
+    """Prefect records a task's inputs: the token is no parameter of resolve-base-model, which
+    reads it itself; a 401 or 404 costs exactly one request (no task or client retry)."""
     from prefect import flow
 
     from tasks.validate import resolve_base_model as resolve_task
