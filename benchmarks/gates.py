@@ -2,8 +2,10 @@
 (on an ephemeral Prefect API, Hub publishing left out), default thresholds.
 
 Writes benchmarks/results/gates.json: per recipe, `accuracy` (per task and metric: base,
-quantized, recovery, threshold, passed), `stress` (the stress summary and vllm bench serve's
-throughput), and `decision` (passed, reasons: one per check).
+quantized, recovery, recovery_interval (the ~95% interval; null where lm-eval gives no stderr),
+threshold, passed, warning (set when the interval crosses the threshold; see docs/gates.md)),
+`stress` (the stress summary and vllm bench serve's throughput), and `decision` (passed,
+reasons: one per check).
 """
 
 from __future__ import annotations
@@ -35,9 +37,9 @@ def run(method: str) -> dict:
     assert isinstance(report, RunReport), f"the flow failed before its report: {report}"
     stress = report.stress
     return {
-        "accuracy": {f"{Path(c.task).stem}/{c.metric}": c.model_dump(include={"base", "quantized", "recovery",
-                                                                               "threshold", "passed"})
-                     for c in report.accuracy},
+        "accuracy": {f"{Path(c.task).stem}/{c.metric}": c.model_dump(include={
+                         "base", "quantized", "recovery", "recovery_interval", "threshold", "passed",
+                         "warning"}) for c in report.accuracy},
         "stress": {**stress_summary(stress),
                    "server_restarts": stress.server_restarts if stress else None,
                    "throughput": stress.throughput.model_dump() if stress and stress.throughput else None},
@@ -52,7 +54,8 @@ def main() -> None:
     results = {method: run(method) for method in ("awq", "gptq")}
     from quantize_serve.portable import write_json_result
 
-    write_json_result(ROOT / "benchmarks/results/gates.json", results)
+    out = ROOT / "benchmarks/results/gates.json"
+    write_json_result(out, results)
     for method, r in results.items():
         print(method, "decision:", "pass" if r["decision"]["passed"] else "FAIL")
     print(f"wrote {out}")

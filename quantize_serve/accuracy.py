@@ -23,6 +23,18 @@ computed under a filter other than lm-eval's ``none`` keeps lm-eval's own name,
 ``metric,filter`` (e.g. ``exact_match,strict-match``); that is also the key for a per-metric
 ``recovery`` override.
 
+Uncertainty: lm-eval reports a standard error next to each metric (``<metric>_stderr,<filter>``;
+"N/A" for perplexities, which lm-eval computes from corpus totals). :func:`recovery_interval`
+carries the two into a ~95% interval on the recovery by the delta method (first-order error
+propagation for a ratio r = x/y of independent estimates): se_r = r * sqrt((se_x/x)^2 +
+(se_y/y)^2), interval r +- 1.96 * se_r. The formula is the same for quantized/base and
+base/quantized. Base and quantized are scored on the same documents, so their errors are
+positively correlated and the true interval is narrower: treating them as independent is
+conservative. The gate still passes on the point recovery; when the interval crosses the
+threshold the check carries a warning, or fails if the recipe sets
+``gates.accuracy.on_uncertain: fail``. ``gates.accuracy.min_samples`` fails a task evaluated on
+fewer documents. See docs/gates.md.
+
 Task files: a task given as a path to a YAML (relative to the recipe's folder) may name its data
 with paths relative to the YAML's own folder (``dataset_kwargs.data_files``/``data_dir``,
 ``dataset_path: ./...``). lm-eval would hand them to ``datasets`` as they are, i.e. relative to
@@ -47,7 +59,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -62,6 +74,8 @@ TASK_FILE_SUFFIXES = (".yaml", ".yml")
 REQUEST_TIMEOUT_S = 600
 # lm-eval retries a failed request itself (tenacity, exponential backoff) this many times.
 REQUEST_ATTEMPTS = 3
+# Two-sided ~95% normal quantile: the recovery interval is recovery +- Z_95 * se_recovery.
+Z_95 = 1.96
 
 
 class MetricResult(BaseModel):
@@ -104,6 +118,23 @@ class AccuracyCheck(BaseModel):
     passed: bool
     higher_is_better: bool | None
     reason: str
+    # ~95% interval on the recovery (see recovery_interval); None when lm-eval gave no stderr
+    recovery_interval: tuple[float, float] | None = None
+    # set when the interval crosses the threshold: the point decision may be luck of the sample
+    warning: str = ""
+
+    @property
+    def recovery_text(self) -> str:
+        """The recovery as the report, card and decision show it: ``0.9973 [0.981, 1.014]``."""
+        return format_recovery(self.recovery, self.recovery_interval)
+
+
+def format_recovery(recovery: float | None, interval: tuple[float, float] | None) -> str:
+    """``0.9973 [0.981, 1.014]``; the point alone without an interval, ``n/a`` without a recovery."""
+    if recovery is None:
+        return "n/a"
+    point = f"{recovery:.4f}"
+    return point if interval is None else f"{point} [{interval[0]:.3f}, {interval[1]:.3f}]"
 
 
 # --------------------------------------------------------------------------------------------
@@ -413,10 +444,17 @@ def _row_metrics(row: dict[str, Any], directions: dict[str, bool]) -> dict[str, 
         name = metric if filter_name == "none" else key
         metrics[name] = MetricResult(
             value=float(value),
-            stderr=float(stderr) if isinstance(stderr, (int, float)) and not isinstance(stderr, bool) else None,
+            stderr=_stderr(stderr),
             higher_is_better=directions.get(metric),
         )
     return metrics
+
+
+def _stderr(value: Any) -> float | None:
+    """lm-eval's stderr, or None where it has none: "N/A" (perplexities), NaN, a missing entry."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def _num_docs(results: dict[str, Any], name: str) -> int | None:
@@ -434,7 +472,10 @@ def _file_stem(name: str) -> str:
 
 
 def compare_accuracy(base: AccuracyRun, quantized: AccuracyRun, gate: AccuracyGate) -> list[AccuracyCheck]:
-    """One check per gated task and metric. Anything missing is a failed check, never a skip."""
+    """One check per gated task and metric. Anything missing is a failed check, never a skip.
+
+    With ``gate.min_samples`` set, a task evaluated on fewer documents (in either run) also gets a
+    failed ``samples`` check (:func:`check_samples`)."""
     checks: list[AccuracyCheck] = []
     for task in gate.tasks:
         b, q = base.tasks.get(task.task), quantized.tasks.get(task.task)
@@ -449,13 +490,74 @@ def compare_accuracy(base: AccuracyRun, quantized: AccuracyRun, gate: AccuracyGa
         for metric in [*names, *(m for m in task.recovery if m not in names)]:
             threshold = task.recovery.get(metric, gate.default_recovery)
             checks.append(check_metric(task.task, metric, b.metrics.get(metric), q.metrics.get(metric),
-                                       threshold))
+                                       threshold, on_uncertain=gate.on_uncertain))
+        if gate.min_samples is not None:
+            samples = check_samples(task.task, b.num_docs, q.num_docs, gate.min_samples,
+                                    gate.default_recovery)
+            if samples is not None:
+                checks.append(samples)
     return checks
 
 
+def check_samples(task: str, base_docs: int | None, quantized_docs: int | None, min_samples: int,
+                  threshold: float) -> AccuracyCheck | None:
+    """The failed ``samples`` check of a task evaluated on fewer than ``min_samples`` documents
+    (or on an unknown number); None when both runs saw enough."""
+    counts = [n for n in (base_docs, quantized_docs) if n is not None]
+    if len(counts) == 2 and min(counts) >= min_samples:
+        return None
+    if len(counts) < 2:
+        reason = (f"lm-eval did not report how many documents task {task!r} was evaluated on, so "
+                  f"gates.accuracy.min_samples = {min_samples} cannot be checked. Fix: gate a task "
+                  "lm-eval counts (a single task rather than a group), or unset min_samples")
+    else:
+        reason = (f"task {task!r} was evaluated on {min(counts)} documents, fewer than "
+                  f"gates.accuracy.min_samples = {min_samples}: too few to measure recovery. Fix: raise "
+                  f"the task's limit (gates.accuracy.tasks[].limit) to at least {min_samples}, or unset it "
+                  "to run the whole task; if the task has fewer documents, lower min_samples")
+    return AccuracyCheck(task=task, metric="samples", base=None, quantized=None, recovery=None,
+                         threshold=threshold, passed=False, higher_is_better=None, reason=reason)
+
+
+def recovery_interval(recovery: float, base: MetricResult,
+                      quantized: MetricResult) -> tuple[float, float] | None:
+    """~95% interval on ``recovery`` from the two runs' standard errors, by the delta method.
+
+    For a ratio r = x / y of independent estimates, se_r = r * sqrt((se_x/x)^2 + (se_y/y)^2), and the
+    interval is r +- 1.96 * se_r (its lower end kept at 0 at least). It is the same for
+    quantized/base and base/quantized (lower is better). Base and quantized are scored on the same
+    documents, so their errors are positively correlated and the true interval is narrower: treating
+    them as independent is conservative. None when either stderr is missing ("N/A", as lm-eval
+    reports for perplexities) or a score is 0 (no relative error).
+    """
+    if base.stderr is None or quantized.stderr is None or not math.isfinite(recovery):
+        return None
+    if base.value <= 0 or quantized.value <= 0:
+        return None
+    se = recovery * math.hypot(quantized.stderr / quantized.value, base.stderr / base.value)
+    return (max(0.0, recovery - Z_95 * se), recovery + Z_95 * se)
+
+
+def uncertainty_warning(recovery: float, interval: tuple[float, float] | None, threshold: float) -> str:
+    """The warning of a check whose interval crosses the threshold ("" when it does not, or has none):
+    the point passes but the lower end is below the threshold, or the point fails but the upper end
+    is above it. Either way the sample is too small to tell which side the model is on."""
+    if interval is None:
+        return ""
+    low, high = interval
+    crosses = (recovery >= threshold > low) if recovery >= threshold else (high > threshold)
+    if not crosses:
+        return ""
+    return (f"recovery {format_recovery(recovery, interval)} crosses the threshold {threshold}: too few "
+            "samples to be sure; raise limit (gates.accuracy.tasks[].limit)")
+
+
 def check_metric(task: str, metric: str, base: MetricResult | None, quantized: MetricResult | None,
-                 threshold: float) -> AccuracyCheck:
-    """Recovery of one metric; every way it cannot be computed is a failed check with its reason."""
+                 threshold: float, *, on_uncertain: Literal["warn", "fail"] = "warn") -> AccuracyCheck:
+    """Recovery of one metric; every way it cannot be computed is a failed check with its reason.
+
+    Passed when the point recovery >= threshold. When its interval (:func:`recovery_interval`)
+    crosses the threshold the check carries a warning; ``on_uncertain="fail"`` also fails it."""
     direction = next((r.higher_is_better for r in (base, quantized)
                       if r is not None and r.higher_is_better is not None), None)
 
@@ -484,10 +586,17 @@ def check_metric(task: str, metric: str, base: MetricResult | None, quantized: M
         recovery = math.inf  # the quantized model is strictly better than a zero
     else:
         recovery = numerator / denominator
+    interval = recovery_interval(recovery, base, quantized)
+    warning = uncertainty_warning(recovery, interval, threshold)
     passed = recovery >= threshold
     relation = ">=" if passed else "<"
     formula = "quantized/base" if direction else "base/quantized (lower is better)"
     note = " (both 0: this task does not measure the model)" if b == q == 0 else ""
+    reason = f"recovery {formula} = {format_recovery(recovery, interval)} {relation} {threshold}{note}"
+    if warning and on_uncertain == "fail":
+        if passed:
+            reason += "; failed: the interval crosses the threshold and gates.accuracy.on_uncertain is 'fail'"
+        passed = False
     return AccuracyCheck(task=task, metric=metric, base=b, quantized=q, recovery=recovery,
                          threshold=threshold, passed=passed, higher_is_better=direction,
-                         reason=f"recovery {formula} = {recovery:.4f} {relation} {threshold}{note}")
+                         reason=reason, recovery_interval=interval, warning=warning)

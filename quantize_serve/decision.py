@@ -54,11 +54,15 @@ def accuracy_rows(accuracy: list[AccuracyCheck] | BaseException | None) -> list[
     for c in accuracy:
         if c.recovery is None:
             reason = c.reason
-        else:
-            cmp = ">=" if c.passed else "<"
-            reason = (f"recovery {c.recovery:.4f} {cmp} {c.threshold:.2f} "
+        else:  # the comparison is the point's; a check failed for its interval says so in the warning
+            cmp = ">=" if c.recovery >= c.threshold else "<"
+            reason = (f"recovery {c.recovery_text} {cmp} {c.threshold:.2f} "
                       f"(base {c.base:.4g}, quantized {c.quantized:.4g}"
                       f"{', lower is better' if c.higher_is_better is False else ''})")
+            if c.warning:  # a passing point that failed: gates.accuracy.on_uncertain is 'fail'
+                failed_for_it = not c.passed and c.recovery >= c.threshold
+                cause = "failed (gates.accuracy.on_uncertain: fail)" if failed_for_it else "warning"
+                reason += f"; {cause}: {c.warning}"
         rows.append(CheckRow(check=f"accuracy {c.task} {c.metric}", passed=c.passed, reason=reason))
     return rows
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from quantize_serve.accuracy import format_recovery
 from quantize_serve.recipe import REPO_ID, looks_local
 
 if TYPE_CHECKING:
@@ -64,6 +65,8 @@ class AccuracyRow(BaseModel):
     base: float
     quantized: float
     recovery: float
+    recovery_interval: tuple[float, float] | None = Field(
+        default=None, description="~95% interval on the recovery (delta method on lm-eval's stderrs)")
     threshold: float
     passed: bool
 
@@ -192,9 +195,12 @@ def render_model_card(inputs: ModelCardInputs) -> ModelCard:
     if i.accuracy:
         parts.append("## Accuracy (gate: quantized / base >= threshold)\n\n" + _table(
             ["task", "dataset", "metric", "base", "quantized", "recovery", "threshold", "passed"],
-            [[r.task, _dataset_cell(r), r.metric, r.base, r.quantized, r.recovery, r.threshold,
-              "yes" if r.passed else "NO"] for r in i.accuracy])
-            + "\n\nTasks are lm-eval task names. " + EVAL_RESULTS_NOTE)
+            [[r.task, _dataset_cell(r), r.metric, r.base, r.quantized,
+              format_recovery(r.recovery, r.recovery_interval),
+              r.threshold, "yes" if r.passed else "NO"] for r in i.accuracy])
+            + "\n\nTasks are lm-eval task names. Recovery is shown with its ~95% interval where lm-eval "
+            "reports a standard error (delta method, base and quantized taken as independent: "
+            "conservative, since both are scored on the same documents). " + EVAL_RESULTS_NOTE)
     if i.capacity_markdown.strip():
         parts.append("## Memory and batch capacity\n\n" + i.capacity_markdown.strip())
     if i.stress:

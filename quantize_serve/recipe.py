@@ -66,6 +66,8 @@ DEFAULT_RECOVERY_RANGE = (0.5, 1.0)
 # A per-metric override may exceed 1.0 a little (a noisy metric, or a deliberately strict check),
 # never by more than 25 %: no quantized model beats its base by that much, so the gate could not pass.
 METRIC_RECOVERY_MAX = 1.25
+# gates.accuracy.min_samples: documents per task (inclusive).
+MIN_SAMPLES_RANGE = (1, 10_000_000)
 # The profile search brackets then bisects: 20 boots resolve any max_num_seqs range a GPU can hold
 # (2^10 = 1,024 values in about 10 bisection steps plus bracketing). Each boot is a vLLM start plus
 # a stress test, minutes on a GPU, so a larger budget is a typo, not a plan.
@@ -268,6 +270,43 @@ class AccuracyGate(Section):
         f"overrides it; between {DEFAULT_RECOVERY_RANGE[0]} and {DEFAULT_RECOVERY_RANGE[1]}.")
     batch_size: PositiveInt = 8
     num_concurrent: PositiveInt = 4
+    on_uncertain: Literal["warn", "fail"] = Field(
+        default="warn", description="What a check whose ~95% recovery interval crosses its threshold "
+        "does (lower end below it while the point passes, or upper end above it while the point fails): "
+        "'warn' keeps the point decision and carries a warning to the report and decision; 'fail' fails "
+        "the check. See docs/gates.md.")
+    min_samples: int | None = Field(
+        default=None, description="Fewest documents a task must be evaluated on; a task with fewer fails "
+        f"the gate (raise its limit). Unset: no minimum. Between {MIN_SAMPLES_RANGE[0]} and "
+        f"{MIN_SAMPLES_RANGE[1]}.")
+
+    @field_validator("min_samples")
+    @classmethod
+    def _min_samples(cls, value: int | None) -> int | None:
+        lo, hi = MIN_SAMPLES_RANGE
+        if value is not None and not lo <= value <= hi:
+            raise ValueError(
+                f"must be between {lo} and {hi} documents per task (or unset for no minimum). Fix: use "
+                "e.g. 200; the recovery interval narrows with the square root of the documents evaluated")
+        return value
+
+    @model_validator(mode="after")
+    def _limits_reach_min_samples(self) -> AccuracyGate:
+        """A whole-number limit below min_samples would fail the gate on every run: say so at load."""
+        if self.min_samples is None:
+            return self
+        problems = [
+            RecipeError(RECIPE_SOURCE, f"gates.accuracy.tasks.{i}.limit", t.limit,
+                        f"evaluates {t.limit} documents, fewer than gates.accuracy.min_samples "
+                        f"({self.min_samples}), so the accuracy gate would fail on every run",
+                        f"raise the limit to at least {self.min_samples} (or unset it: the whole task), "
+                        "or lower gates.accuracy.min_samples")
+            for i, t in enumerate(self.tasks)
+            if isinstance(t.limit, int) and t.limit < self.min_samples
+        ]
+        if problems:
+            raise RecipeErrors(problems)
+        return self
 
     @field_validator("default_recovery")
     @classmethod

@@ -116,7 +116,8 @@ def card_inputs(validated: ValidatedRecipe, base: BaseModelRef, checkpoint: Quan
             "capacity_markdown": (report.capacity.markdown() + f"\n\n![capacity]({CHART})"
                                   if report.capacity else ""),
             "accuracy": [AccuracyRow(**refs[c.task].model_dump(), metric=c.metric, base=c.base,
-                                     quantized=c.quantized, recovery=c.recovery, threshold=c.threshold,
+                                     quantized=c.quantized, recovery=c.recovery,
+                                     recovery_interval=c.recovery_interval, threshold=c.threshold,
                                      passed=c.passed)
                          for c in report.accuracy if None not in (c.base, c.quantized, c.recovery)],
             "stress": stress_summary(report.stress)}
@@ -378,8 +379,11 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
         for c in r.accuracy:
             ref = refs[c.task]
             lines.append(f"| {ref.task} | {ref.dataset} | {c.metric} | {_num(c.base)} | {_num(c.quantized)} | "
-                         f"{_num(c.recovery)} | {c.threshold:.2f} | {'pass' if c.passed else '**FAIL**'} |")
-        lines.append("")
+                         f"{c.recovery_text} | {c.threshold:.2f} | {'pass' if c.passed else '**FAIL**'}"
+                         f"{', uncertain' if c.warning else ''} |")
+        lines += ["", "Recovery is shown with its ~95% interval (lm-eval's stderr, delta method; none where "
+                  "lm-eval reports no stderr, as for perplexities). `uncertain`: the interval crosses the "
+                  "threshold (see the Decision's reason and docs/gates.md).", ""]
     if r.stress:
         lines += ["## Stress test (quantized, production serving settings)",
                   "| figure | value |", "|---|---|"]

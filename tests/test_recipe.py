@@ -178,3 +178,35 @@ def test_validated_recipe_records_the_overrides():
     assert validated.overrides == {"gates.stress.num_requests": 12}
     assert validated.recipe.gates.stress.num_requests == 12
     assert validated.recipe_sha256 != validate_recipe(tiny).recipe_sha256  # the run's recipe, not the file's
+
+
+# --------------------------------------------------------------------------------------------
+# gates.accuracy: on_uncertain and min_samples (see docs/gates.md)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, -5, 10_000_001])
+def test_min_samples_out_of_range(recipe_file, value):
+    err = expect_error(recipe_file(gates__accuracy__min_samples=value), "gates.accuracy.min_samples")
+    assert str(value) in str(err) and "between 1 and 10000000" in str(err)
+
+
+def test_on_uncertain_misspelled(recipe_file):
+    err = expect_error(recipe_file(gates__accuracy__on_uncertain="fial"), "gates.accuracy.on_uncertain")
+    assert "'fial'" in str(err) and "did you mean 'fail'" in str(err)
+
+
+def test_min_samples_above_a_task_limit_fails_at_load(recipe_file):
+    tasks = [{"task": "../evals/tasks/qs_facts_mc.yaml", "limit": 40},
+             {"task": "../evals/tasks/qs_heldout_ppl.yaml"}]
+    err = expect_error(recipe_file(gates__accuracy__tasks=tasks, gates__accuracy__min_samples=100),
+                       "gates.accuracy.tasks.0.limit")
+    assert "40" in str(err) and "min_samples (100)" in str(err)
+    assert "raise the limit to at least 100" in str(err)
+
+
+def test_on_uncertain_and_min_samples_load(recipe_file):
+    gate = validate_recipe(recipe_file(gates__accuracy__on_uncertain="fail",
+                                       gates__accuracy__min_samples=20)).recipe.gates.accuracy
+    assert (gate.on_uncertain, gate.min_samples) == ("fail", 20)
+    assert load_recipe(ROOT / "recipes/tiny-llama-awq.yaml").gates.accuracy.on_uncertain == "warn"
