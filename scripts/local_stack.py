@@ -30,7 +30,11 @@ BIN = Path(sys.executable).parent
 # the environment's `prefect` command; where packages were installed with --target (a GPU image), the
 # one on PATH (scripts/gpu/host.sh puts the pipeline set's bin/ there)
 PREFECT = str(BIN / "prefect") if (BIN / "prefect").exists() else (shutil.which("prefect") or "prefect")
-WORK_POOLS = {"local-cpu": "process", "gpu": "process"}
+# pool -> `prefect work-pool create` arguments. gpu-k8s is there because `prefect deploy --all` fails on
+# a deployment whose pool does not exist (llama3-k8s); nothing runs on it here.
+WORK_POOLS = {"local-cpu": ["--type", "process"], "gpu": ["--type", "process"],
+              "gpu-k8s": ["--type", "kubernetes", "--base-job-template",
+                          str(ROOT / "deploy" / "k8s" / "gpu-k8s-job-template.json")]}
 
 
 def wait_http(url: str, timeout_s: float, proc: subprocess.Popen, log: Path) -> None:
@@ -161,9 +165,9 @@ def local_stack(home: Path, *, hub_token: str, deploy: bool = True,
         wait_http(f"{env['HF_ENDPOINT']}/api/models/local/health", 30, stack.procs[1], hub_log)
         if stack.prefect("gcl", "inspect", "gpu", check=False).returncode != 0:
             stack.prefect("gcl", "create", "gpu", "--limit", "1")
-        for pool, kind in WORK_POOLS.items():
+        for pool, create_args in WORK_POOLS.items():
             if stack.prefect("work-pool", "inspect", pool, check=False).returncode != 0:
-                stack.prefect("work-pool", "create", pool, "--type", kind)
+                stack.prefect("work-pool", "create", pool, *create_args)
         if deploy:
             stack.prefect("--no-prompt", "deploy", "--all")
         yield stack
