@@ -20,7 +20,8 @@ PORT = re.compile(r"\b(127\.0\.0\.1|localhost|0\.0\.0\.0):\d+")
 
 
 def machine_leaks(text: str) -> list[str]:
-    found = [f for f in MACHINE_FOLDERS if f in text]
+    # a machine folder at the start of a path, not inside a relative one (".cache/work/...")
+    found = [f for f in MACHINE_FOLDERS if re.search(r"(?<![\w.-])" + re.escape(f), text)]
     found += [m.group(0) for m in ABSOLUTE_PATH.finditer(text)]
     found += [m.group(0) for m in PORT.finditer(text)]
     return found
@@ -42,6 +43,7 @@ def test_the_check_catches_paths_and_ports_but_not_urls() -> None:
     assert machine_leaks("vllm serve /srv/models/x --port 8000")
     assert machine_leaks('"log": "/tmp/qs/vllm.log"') and machine_leaks("http://127.0.0.1:56413/v1")
     assert not machine_leaks('see https://huggingface.co/org/model/tree/main and "runs/x/report.md"')
+    assert not machine_leaks("--tokenizer .cache/work/checkpoints/awq-1") and machine_leaks('"/work/main/x"')
     assert not machine_leaks("--endpoint /v1/completions --base-url http://127.0.0.1:PORT </s>")
 
 
