@@ -65,6 +65,7 @@ __all__ = [
     "gpu_memory_bytes",
     "ACTIVATION_TENSORS_PER_TOKEN",
     "NON_TORCH_OVERHEAD_BYTES",
+    "NON_TORCH_OVERHEAD_BYTES_TP",
     "RECOMMENDED_SEQS_FRACTION",
 ]
 
@@ -99,9 +100,15 @@ ACTIVATION_TENSORS_PER_TOKEN: tuple[int, int] = (3, 3)  # (x intermediate, x hid
 # Memory that vLLM counts as "non-torch increase" during profiling on one GPU. Derived from
 # the three H200 runs (scripts/gpu/README.md; figures in tests/test_planner.py): budget (0.90 x 139.8 GiB) minus
 # weights minus KV minus the modelled 1.69 GiB activation peak at 16,384 tokens leaves
-# 0.26 / 0.24 / 0.27 GiB (bf16 / W4A16 / W4A16+fp8); 0.25 GiB is their mean. With TP > 1,
-# NCCL and custom all-reduce buffers add to this; that part is not calibrated.
+# 0.26 / 0.24 / 0.27 GiB (bf16 / W4A16 / W4A16+fp8); 0.25 GiB is their mean.
 NON_TORCH_OVERHEAD_BYTES: int = int(0.25 * GiB)
+# The same at TP > 1, from Llama-3-70B on two H200s (issue 14's table, vLLM 0.26.0): vLLM logged a
+# non-torch increase of 0.06-0.07 GiB per rank. The workspaces that make up most of the TP-1 figure
+# are already allocated when NCCL starts, before vLLM's memory snapshot, so they move out of the
+# profiled increase (free memory at start was ~0.95 GiB lower per GPU instead, which the budget,
+# a fraction of the device's total, does not see). With 0.065 GiB the planner is within 0.06 % of
+# both TP-2 rows.
+NON_TORCH_OVERHEAD_BYTES_TP: int = int(0.065 * GiB)
 
 # recommended_max_num_seqs = floor(RECOMMENDED_SEQS_FRACTION x max_concurrency).
 # max_concurrency counts how many requests of the full max_model_len fit in the KV cache at
@@ -390,7 +397,8 @@ def plan_capacity(
 
     TP is kept simple: weights and the intermediate-sized activations divide evenly over
     the ranks, each rank holds ``ceil(kv_heads / TP)`` KV heads (vLLM replicates KV heads
-    when TP exceeds their number), and each rank pays the single-GPU overhead. The blocks
+    when TP exceeds their number), and each rank pays the overhead measured at its TP
+    (``NON_TORCH_OVERHEAD_BYTES`` or ``_TP``). The blocks
     vLLM allocates per rank = floor(rank KV bytes / (block_size x rank bytes per token)),
     which equals vLLM's floor(available / page_size / num_layers).
 
@@ -412,7 +420,8 @@ def plan_capacity(
             shape, max_num_batched_tokens=max_num_batched_tokens, tensor_parallel_size=tp,
             dtype_bytes=dtype_b,
         )
-        ovh = NON_TORCH_OVERHEAD_BYTES if overhead_bytes is None else overhead_bytes
+        default = NON_TORCH_OVERHEAD_BYTES if tp == 1 else NON_TORCH_OVERHEAD_BYTES_TP
+        ovh = default if overhead_bytes is None else overhead_bytes
     elif mode == "fixed_budget":
         act, ovh = 0, 0
     else:
@@ -439,7 +448,8 @@ def plan_capacity(
             f"{shape.max_position_embeddings:,}: vLLM needs rope scaling or an override"
         )
     if mode == "gpu" and tp > 1:
-        notes.append("TP > 1: NCCL/all-reduce buffers are not in the overhead term")
+        notes.append(f"TP {tp}: NCCL takes ~0.95 GiB per GPU before vLLM starts counting; it must be free "
+                     "at start, on top of the budget")
 
     reason: str | None = None
     if not fits:

@@ -181,6 +181,30 @@ def test_70b_bf16_does_not_fit_one_80gb(llama70b: ModelShape) -> None:
     assert tp2.rows["base"].kv_bytes_per_token_per_gpu == tp2.rows["base"].kv_bytes_per_token // 2
 
 
+# Llama-3-70B shape on nvidia-h200-x2 (issue 14's table): vLLM 0.26.0, load_format dummy, max_model_len
+# 8192, gpu_memory_utilization 0.90 of 150,109,880,320 B, enforce_eager, max_num_batched_tokens 8192.
+# (scheme, KV dtype, TP) -> measured KV tokens.
+MEASURED_70B = {("bf16", "auto", 2): 386_544, ("W4A16", "auto", 1): 285_440, ("W4A16", "fp8", 1): 570_672,
+                ("W4A16", "fp8", 2): 1_392_896}
+
+
+@pytest.mark.parametrize("scheme, kv, tp", list(MEASURED_70B))
+def test_70b_on_h200s_within_0_1_percent(llama70b: ModelShape, scheme: str, kv: str, tp: int) -> None:
+    plan = plan_capacity(llama70b, scheme=scheme, kv_cache_dtype=kv, device_memory_bytes=150_109_880_320,
+                         gpu_memory_utilization=0.90, max_model_len=8192, max_num_batched_tokens=8192,
+                         tensor_parallel_size=tp)
+    measured = MEASURED_70B[scheme, kv, tp]
+    assert abs(plan.kv_cache_tokens - measured) / measured <= 0.001, (plan.kv_cache_tokens, measured)
+
+
+def test_70b_bf16_on_one_h200_is_refused_like_vllm(llama70b: ModelShape) -> None:
+    """vLLM: "No available memory for the cache blocks" with KV at -7.54 GiB."""
+    plan = plan_capacity(llama70b, scheme="bf16", kv_cache_dtype="auto", device_memory_bytes=150_109_880_320,
+                         gpu_memory_utilization=0.90, max_model_len=8192, max_num_batched_tokens=8192)
+    assert not plan.fits and plan.kv_cache_memory_bytes / GiB == pytest.approx(-7.54, abs=0.02)
+    assert plan.reason is not None and "131.42 GiB/GPU" in plan.reason and "125.82 GiB budget" in plan.reason
+
+
 def test_recommended_max_num_seqs_and_gains(llama8b: ModelShape) -> None:
     table = plan_table(llama8b, device_memory_bytes=H200, max_model_len=8192)
     # Requests of 8192 tokens that fit, and 90 % of that rounded down, by hand:
