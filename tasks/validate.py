@@ -14,7 +14,9 @@ from quantize_serve.recipe import Recipe
 @task(name="validate-recipe")
 def validate_recipe(recipe: Recipe | str | Path,
                     overrides: dict[str, Any] | None = None) -> validate.ValidatedRecipe:
-    return validate.validate_recipe(recipe, overrides)
+    validated = validate.validate_recipe(recipe, overrides)
+    validate.check_serving_host(validated.recipe, source=validated.source)
+    return validated
 
 
 # No task-level retries: quantize_serve.hub retries transient failures (5xx, 429, dropped

@@ -26,6 +26,30 @@ os.environ["PREFECT_HOME"] = TEST_PREFECT_HOME
 os.environ.pop("PREFECT_API_URL", None)
 
 
+def _quantized_serving_gap() -> str | None:
+    from quantize_serve import gpu
+    from quantize_serve.cpu_support import quantized_serving_gap
+
+    return None if gpu.usable_memory_bytes() is not None else quantized_serving_gap()
+
+
+# Why vLLM cannot serve the quantized boots on this machine's CPU (x86 without AVX-512), or None.
+QUANTIZED_SERVING_GAP = _quantized_serving_gap()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``quantized_serving`` (and every test of the production boot, ``awq_fp8_server``)
+    serve a W4A16 checkpoint or an fp8 KV cache with the real vLLM. Where this CPU's vLLM has no such
+    kernels they are skipped with the reason, and tests/test_cpu_support.py checks that the product
+    refuses such a host up front; everything else runs."""
+    if not QUANTIZED_SERVING_GAP:
+        return
+    skip = pytest.mark.skip(reason=f"vLLM cannot serve quantized models here: {QUANTIZED_SERVING_GAP}")
+    for item in items:
+        if item.get_closest_marker("quantized_serving") or "awq_fp8_server" in getattr(item, "fixturenames", ()):
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def prefect_api():
     """One throwaway Prefect server (SQLite in a temporary folder) for the whole session.

@@ -250,6 +250,7 @@ def final_state(flow_run_id):
 
 @pytest.mark.e2e
 @pytest.mark.timeout(1200)
+@pytest.mark.quantized_serving
 def test_full_flow_from_hub_inputs_approved_by_the_reviewer_is_promoted(local_hub, tmp_path):
     """Production's shape end to end: a private Hub base model (read with the recipe's token) and a
     Hub chat dataset for calibration; the reviewer approves; the release is promoted."""
@@ -290,6 +291,7 @@ def test_full_flow_from_hub_inputs_approved_by_the_reviewer_is_promoted(local_hu
 
 @pytest.mark.e2e
 @pytest.mark.timeout(1200)
+@pytest.mark.quantized_serving
 def test_full_flow_rejected_by_the_reviewer_promotes_nothing(local_hub, awq_checkpoint, tmp_path):
     repo_id = "quantize-serve/tiny-llama-awq-signoff-reject"
     state, paused = run_flow_to_sign_off(signoff_recipe(tmp_path, repo_id), {"approve": False, **REVIEW})

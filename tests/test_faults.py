@@ -48,7 +48,7 @@ from tests.conftest import ROOT, vllm_processes_of
 
 RECIPE = load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml")
 MODEL = ROOT / "models" / "tiny-llama"
-KV_BYTES = 6_000_000  # the stress tests' budget: ~11.6k fp8 tokens, more than max_num_seqs needs
+KV_BYTES = 12_000_000  # the stress tests' budget: ~11.6k 16-bit tokens, more than max_num_seqs needs
 TOKEN = "hf_FaultMatrixWriteToken0123456789abcdef"
 
 
@@ -58,8 +58,9 @@ TOKEN = "hf_FaultMatrixWriteToken0123456789abcdef"
 
 
 def spec(**serve_changes) -> ServerSpec:
+    # bf16 weights and a 16-bit KV cache: what vLLM serves on every CPU (quantize_serve/cpu_support.py)
     return ServerSpec(model_dir=str(MODEL), serve=RECIPE.serve.model_copy(update=serve_changes),
-                      kv_cache_memory_bytes=KV_BYTES)
+                      kv_cache_dtype="auto", kv_cache_memory_bytes=KV_BYTES)
 
 
 class Boot:

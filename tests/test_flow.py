@@ -15,7 +15,7 @@ import yaml
 from scripts.local_stack import local_stack
 from tests.conftest import ROOT
 
-pytestmark = [pytest.mark.e2e, pytest.mark.flow]
+pytestmark = [pytest.mark.e2e, pytest.mark.flow, pytest.mark.quantized_serving]
 TOKEN = "hf_flowtest_local_token_0123456789"
 
 

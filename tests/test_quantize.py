@@ -85,6 +85,7 @@ def test_vllm_serves_awq_checkpoint(awq_fp8_server):
     assert "CompressedTensors" in Path(server.log_path).read_text() or "WNA16" in Path(server.log_path).read_text()
 
 
+@pytest.mark.quantized_serving
 def test_vllm_serves_gptq_checkpoint(gptq_recipe, gptq_checkpoint, tmp_path):
     from quantize_serve.capacity import capacity_spec
     from quantize_serve.server import vllm_server
