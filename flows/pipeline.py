@@ -35,6 +35,7 @@ from tasks.report import Progress, publish_report, request_approval, run_folder,
 from tasks.serve import (
     gpu_slot,
     measure_capacity,
+    measure_shape_capacity,
     published_model,
     published_serve_command,
     served,
@@ -59,6 +60,10 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     progress = Progress(validated.recipe.name)
     progress.done("validated")
     r, run_dir = validated.recipe, run_folder(validated)
+    preflight = None
+    if r.serve.preflight == "measure":  # the shape's capacity, before the weights are downloaded
+        with gpu_slot():
+            preflight = measure_shape_capacity(validated, run_dir)
     base = resolve_base_model(validated)
     progress.done("base resolved")
     checkpoint = quantize_model(validated, base)
@@ -103,7 +108,8 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     report = write_report_files(RunReport(
         run_id=run_id(), recipe=r.name, recipe_source=validated.source, recipe_sha256=validated.recipe_sha256,
         overrides=validated.overrides,
-        base=base, checkpoint=checkpoint, candidate=candidate, capacity=capacity, profile=profile,
+        base=base, checkpoint=checkpoint, candidate=candidate, capacity=capacity, preflight=preflight,
+        profile=profile,
         accuracy=checks if isinstance(checks, list) else [], stress=outcome(stress) if stress.is_completed() else None,
         soak=outcome(soak) if soak and soak.is_completed() else None,
         decision=decision, serving_command=serving_command), run_dir)

@@ -107,12 +107,14 @@ class CapacityReport(BaseModel):
         return "\n".join(rows)
 
 
-def capacity_spec(recipe: Recipe, boot: Boot, model_dir: Path) -> ServerSpec:
-    """The boot spec of one configuration under the recipe's (shared) budget."""
+def capacity_spec(recipe: Recipe, boot: Boot, model_dir: Path, *, weights_bytes: int | None = None) -> ServerSpec:
+    """The boot spec of one configuration under the recipe's (shared) budget. ``weights_bytes``: what
+    the boot's weights take (default: the checkpoint's tensor bytes; a dummy boot has no checkpoint)."""
     kv_dtype = sixteen_bit_kv_dtype(model_dir) if Boot(boot).sixteen_bit_kv else recipe.serve.kv_cache_dtype
     kv_bytes = None
     if recipe.serve.memory_budget is not None:
-        kv_bytes = int(recipe.serve.memory_budget) - checkpoint_tensor_bytes(model_dir)
+        weights = checkpoint_tensor_bytes(model_dir) if weights_bytes is None else weights_bytes
+        kv_bytes = int(recipe.serve.memory_budget) - weights
         if kv_bytes <= 0:
             kv_bytes = 1  # let vLLM refuse it with its own message (and our remedy)
     return ServerSpec(model_dir=str(model_dir), serve=recipe.serve, kv_cache_dtype=kv_dtype,

@@ -3,6 +3,9 @@
     quantize-serve validate RECIPE...      every recipe and input check; exit 0 (all valid) or 2
     quantize-serve plan (RECIPE | --model DIR_OR_HUB_ID) [--gpu h200|h100-80gb|BYTES] [--tp N]
                         [--max-model-len N] [--kv-cache-dtype D]
+    quantize-serve plan RECIPE --measure [--out DIR] [--tp N] ...
+                                           the same table measured: vLLM boots the shape with dummy
+                                           weights (config.json and tokenizer only) on this machine
     quantize-serve run RECIPE              the flow, locally (also `python -m flows.pipeline`)
 
 A mistake in the input (``quantize_serve.errors.USER_ERRORS``: a recipe problem, a Hub repo or token
@@ -10,7 +13,7 @@ the Hub refuses) prints one screen, each problem with its fix, and exits 2 witho
 ``--debug`` prints the traceback too. Other failures the pipeline names (a Hub outage, a failed
 boot) print one screen and exit 1; anything else is a bug and keeps its traceback.
 
-``validate`` and ``plan`` import neither Prefect nor torch (nor ``datasets``). ``run`` checks the
+``validate`` and ``plan`` import neither Prefect nor torch (nor ``datasets``); ``plan --measure`` boots vLLM. ``run`` checks the
 recipe and its inputs the same way before it imports Prefect, so a bad recipe fails in a fraction of
 a second and no temporary Prefect server starts.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import logging
 import re
 import sys
@@ -86,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES,
                    help="KV dtype of the production row (default: the recipe's, else fp8)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
+    p.add_argument("--measure", action="store_true",
+                   help="measure instead of predict: boot vLLM on this machine with dummy weights of the "
+                   "model's shape (only config.json and the tokenizer are fetched) for the three "
+                   "configurations, with the recipe's serve settings (RECIPE required; --gpu not allowed)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="--measure: folder for shape-capacity.json/.md/.png and the vLLM logs "
+                   "(default: QS_WORK_DIR/plans/<recipe name>)")
     p.set_defaults(command=plan_command)
 
     p = sub.add_parser("run", parents=[debug], help="run the pipeline on a recipe, locally",
@@ -136,6 +147,9 @@ def validate_command(args: argparse.Namespace) -> int:
 def plan_command(args: argparse.Namespace) -> int:
     from quantize_serve import planner
 
+    if args.measure:
+        return measure_command(args)
+
     recipe = None
     if args.recipe:
         recipe, config, model = _recipe_model(args.recipe)
@@ -169,6 +183,40 @@ def plan_command(args: argparse.Namespace) -> int:
         model=model,
     )
     print(table.model_dump_json(indent=2) if args.json else planner.format_table(table))
+    return EXIT_OK
+
+
+def measure_command(args: argparse.Namespace) -> int:
+    """``plan RECIPE --measure``: shape_capacity.measure_shape with the recipe's serve settings, the
+    plan options given on the command line applied as recipe overrides."""
+    if not args.recipe or args.gpu is not None:
+        problem = "needs a RECIPE (its serve settings are what vLLM boots)" if not args.recipe else (
+            "measures the GPU it runs on; --gpu only applies to a prediction")
+        raise RecipeError("--measure", "--measure", "--model" if not args.recipe else "--gpu", problem,
+                          "run `quantize-serve plan RECIPE --measure [--tp N]`, or drop --measure to predict")
+    from quantize_serve import gpu, shape_capacity
+    from quantize_serve.recipe import check_model_config, load_recipe
+    from quantize_serve.settings import get_settings
+    from quantize_serve.validate import check_serving_host, model_shape_dir
+
+    overrides = {f"serve.{key}": value for key, value in {
+        "tensor_parallel_size": args.tp, "max_model_len": args.max_model_len,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "gpu_memory_utilization": args.gpu_memory_utilization, "kv_cache_dtype": args.kv_cache_dtype,
+    }.items() if value is not None}
+    recipe = load_recipe(args.recipe, overrides)
+    check_serving_host(recipe, source=args.recipe)
+    device = gpu.usable_memory_bytes()
+    if device is None and recipe.serve.memory_budget is None:
+        raise RecipeError(args.recipe, "serve.memory_budget", None, "no GPU here, and no CPU memory budget",
+                          "run on the GPU host, or set serve.memory_budget (e.g. 2GiB) to measure on CPU")
+    shape_dir = model_shape_dir(recipe)
+    check_model_config(recipe, json.loads((shape_dir / "config.json").read_text()), source=args.recipe)
+    out = args.out or get_settings().work_dir / "plans" / recipe.name
+    result = shape_capacity.measure_shape(recipe, shape_dir, out_dir=out, model=recipe.model.id,
+                                          device_memory_bytes=device, log=print)
+    shape_capacity.write_files(result, out)
+    print(result.model_dump_json(indent=2) if args.json else result.markdown())
     return EXIT_OK
 
 
@@ -215,9 +263,10 @@ def _hub_config(repo_id: str, *, revision: str | None, token_env: str) -> dict[s
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from quantize_serve.validate import check_recipe
+    from quantize_serve.validate import check_recipe, check_serving_host
 
     check = check_recipe(args.recipe)  # a user error stops here, before Prefect is imported
+    check_serving_host(check.recipe, source=check.source)
     for note in check.not_checked:
         print(f"{check.source}: not checked yet: {note}")
     from flows.pipeline import run_local

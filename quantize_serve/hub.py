@@ -331,12 +331,15 @@ def base_model_cache() -> Path:
     return get_settings().work_dir / "hub"
 
 
-def base_model_patterns(filenames: list[str]) -> tuple[list[str], list[str]]:
+def base_model_patterns(filenames: list[str], *, weights: bool = True) -> tuple[list[str], list[str]]:
     """(allow_patterns, ignore_patterns) for a repo holding ``filenames``: BASE_MODEL_FILES, plus
-    the legacy .bin weights only when no safetensors would be taken."""
+    the legacy .bin weights only when no safetensors would be taken; ``weights=False``: the config
+    and tokenizer files only (what a dummy-weights boot reads)."""
     from huggingface_hub.utils import filter_repo_objects
 
     allow, ignore = list(BASE_MODEL_FILES), list(BASE_MODEL_IGNORED)
+    if not weights:
+        return [p for p in allow if "safetensors" not in p], ignore
     if not any(filter_repo_objects(filenames, allow_patterns="*.safetensors", ignore_patterns=ignore)):
         allow += BASE_MODEL_LEGACY_WEIGHTS
     return allow, ignore
@@ -345,12 +348,12 @@ def base_model_patterns(filenames: list[str]) -> tuple[list[str], list[str]]:
 def resolve_base_model(repo_id: str, *, revision: str | None, token: str | None,
                        cache_dir: str | Path | None = None, endpoint: str | None = None,
                        token_env: str = "HF_TOKEN", secret_block: str | None = None,
-                       retry: RetryPolicy = DEFAULT_RETRY) -> ResolvedModel:
+                       retry: RetryPolicy = DEFAULT_RETRY, weights: bool = True) -> ResolvedModel:
     """Pin ``revision`` (branch, tag, sha or None = main) to a commit, then download that commit.
 
     Resolving first means the whole run (quantization, card, provenance) names one immutable
     sha, even if the branch moves while we download. Only the files quantizing and serving need
-    are fetched (``base_model_patterns``), into ``cache_dir`` (default: ``base_model_cache()``), and
+    are fetched (``base_model_patterns``; ``weights=False``: config and tokenizer only), into ``cache_dir`` (default: ``base_model_cache()``), and
     only after checking that the disk holding it has room for what the cache lacks.
 
     ``token`` None means the client's own default (the HF_TOKEN variable or a login on this
@@ -371,7 +374,7 @@ def resolve_base_model(repo_id: str, *, revision: str | None, token: str | None,
         if not sha or not SHA40.match(sha):
             raise HubError(f"the Hub returned no commit sha for {repo_id}@{revision}")
         siblings = info.siblings or []
-        allow, ignore = base_model_patterns([s.rfilename for s in siblings])
+        allow, ignore = base_model_patterns([s.rfilename for s in siblings], weights=weights)
         wanted = _select(siblings, allow, ignore)
         missing = _missing_bytes(cache, repo_id, wanted)
         free = _free_bytes(cache)

@@ -61,7 +61,21 @@ def build_llmcompressor_recipe(q: QuantizationSection) -> str:
         if isinstance(raw, str) and Path(raw).is_file():
             return Path(raw).read_text()
         return raw if isinstance(raw, str) else yaml.safe_dump(raw, sort_keys=False)
-    scheme = {
+    scheme = weight_scheme(q)
+    if q.method == "gptq":
+        modifiers = {"GPTQModifier": {**scheme, "dampening_frac": q.dampening_frac}}
+    else:
+        modifiers = {
+            "AWQModifier": {"duo_scaling": True},
+            "QuantizationModifier": scheme,
+        }
+    return yaml.safe_dump({"quant_stage": {"quant_modifiers": modifiers}}, sort_keys=False)
+
+
+def weight_scheme(q: QuantizationSection) -> dict:
+    """The weight scheme of the quantization section as llm-compressor's modifiers take it (config
+    groups, ignore, and the KV-cache scheme when scales are calibrated)."""
+    scheme: dict = {
         "config_groups": {
             "group_0": {
                 "targets": list(q.targets),
@@ -77,14 +91,7 @@ def build_llmcompressor_recipe(q: QuantizationSection) -> str:
     if q.kv_cache_scales:
         scheme["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "strategy": "tensor",
                                      "dynamic": False, "symmetric": True}
-    if q.method == "gptq":
-        modifiers = {"GPTQModifier": {**scheme, "dampening_frac": q.dampening_frac}}
-    else:
-        modifiers = {
-            "AWQModifier": {"duo_scaling": True},
-            "QuantizationModifier": scheme,
-        }
-    return yaml.safe_dump({"quant_stage": {"quant_modifiers": modifiers}}, sort_keys=False)
+    return scheme
 
 
 def checkpoint_key(recipe: Recipe, *, base_identity: str, calibration_fingerprint: str) -> str:

@@ -213,6 +213,12 @@ class ServeSection(Section):
         default=None, description="Search the largest stable max_num_seqs with real boots "
         "(quantize_serve/profile_search.py); off when absent.",
     )
+    preflight: Literal["off", "measure"] = Field(
+        default="off", description="measure: before the base model's weights are downloaded, boot its "
+        "shape with dummy weights (config.json and tokenizer only) in the three configurations, and stop "
+        "the run with vLLM's reason when the production configuration does not fit "
+        "(quantize_serve/shape_capacity.py). `quantize-serve plan RECIPE --measure` does the same alone.",
+    )
 
     @field_validator("extra_args")
     @classmethod

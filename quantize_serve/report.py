@@ -24,7 +24,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from quantize_serve.accuracy import AccuracyCheck
-from quantize_serve.capacity import GIB, CapacityReport
+from quantize_serve.capacity import GIB, CapacityConfig, CapacityReport
 from quantize_serve.decision import Decision
 from quantize_serve.digest import file_sha256
 from quantize_serve.hub import PushResult
@@ -32,6 +32,7 @@ from quantize_serve.model_card import AccuracyRow, ModelCardInputs, Provenance
 from quantize_serve.portable import portable_path
 from quantize_serve.profile_search import ProfileSearchResult
 from quantize_serve.quantize import QuantizeResult
+from quantize_serve.shape_capacity import ShapeCapacity
 from quantize_serve.soak import SoakResult
 from quantize_serve.stress import StressResult
 from quantize_serve.validate import BaseModelRef, ValidatedRecipe
@@ -65,6 +66,7 @@ class RunReport(BaseModel):
     checkpoint: QuantizeResult
     candidate: PushResult | None = None
     capacity: CapacityReport | None = None
+    preflight: ShapeCapacity | None = None  # serve.preflight: measure - the shape with dummy weights
     profile: ProfileSearchResult | None = None
     accuracy: list[AccuracyCheck] = Field(default_factory=list)
     stress: StressResult | None = None
@@ -367,6 +369,8 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
     if r.capacity:
         lines += ["## Capacity (same memory budget)", r.capacity.markdown(), "",
                   image_markdown("capacity", (folder or Path()) / CHART, embed=embed), ""]
+    if r.preflight:
+        lines += ["## Capacity before download (the model's shape, dummy weights)", r.preflight.markdown(), ""]
     if r.profile:
         lines += ["## Serving profile search (largest stable max_num_seqs)", r.profile.markdown(), ""]
         if r.profile.plot_path:
@@ -408,17 +412,17 @@ def _num(v: object) -> str:
     return "n/a" if v is None else f"{v:,}" if isinstance(v, int) else str(v)
 
 
-def capacity_chart(capacity: CapacityReport, path: Path) -> Path:
-    """Weights and KV memory (stacked) and max concurrency for the three configurations."""
+def capacity_chart(configs: list[CapacityConfig], path: Path) -> Path:
+    """Weights and KV memory (stacked) and max concurrency for the measured configurations."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [c.name for c in capacity.configs]
-    weights = [c.weights_bytes / GIB for c in capacity.configs]
-    kv = [c.kv_cache_memory_bytes / GIB for c in capacity.configs]
-    conc = [c.max_concurrency for c in capacity.configs]
+    names = [c.name for c in configs]
+    weights = [c.weights_bytes / GIB for c in configs]
+    kv = [c.kv_cache_memory_bytes / GIB for c in configs]
+    conc = [c.max_concurrency for c in configs]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     ax1.bar(names, weights, label="weights", color="#4c72b0")
     ax1.bar(names, kv, bottom=weights, label="KV cache", color="#dd8452")
@@ -427,7 +431,7 @@ def capacity_chart(capacity: CapacityReport, path: Path) -> Path:
     ax1.legend()
     bars = ax2.bar(names, conc, color="#55a868")
     ax2.bar_label(bars, fmt="%.1fx")
-    ax2.set_title(f"Max concurrency at {capacity.configs[0].max_model_len:,} tokens")
+    ax2.set_title(f"Max concurrency at {configs[0].max_model_len:,} tokens")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -442,7 +446,7 @@ def write_report(report: RunReport, run_dir: Path) -> dict[str, Path]:
     paths = {"json": run_dir / "report.json", "markdown": run_dir / "report.md"}
     report.report_dir = str(run_dir)
     if report.capacity:
-        paths["chart"] = capacity_chart(report.capacity, run_dir / CHART)
+        paths["chart"] = capacity_chart(report.capacity.configs, run_dir / CHART)
     paths["json"].write_text(json.dumps(report.model_dump(mode="json"), indent=2))
     paths["markdown"].write_text(render_markdown(report))
     return paths

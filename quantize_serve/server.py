@@ -17,6 +17,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -57,6 +58,7 @@ class ServerSpec(BaseModel):
     kv_cache_dtype: str | None = None  # overrides serve.kv_cache_dtype (the capacity comparison)
     kv_cache_memory_bytes: int | None = None  # fixed KV budget (CPU runs; see capacity.py)
     tokenizer_dir: str | None = None
+    load_format: str | None = None  # "dummy": random weights of the config's shapes (shape_capacity.py)
 
     @property
     def effective_kv_dtype(self) -> str:
@@ -86,6 +88,8 @@ class ServerSpec(BaseModel):
             config["enforce-eager"] = True
         if self.tokenizer_dir:
             config["tokenizer"] = self.tokenizer_dir
+        if self.load_format:
+            config["load-format"] = self.load_format
         return config | flags_config(s.extra_args)
 
     def published_config(self, model: str) -> dict[str, Any]:
@@ -288,6 +292,40 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
+# A guardian beside each server, in its own session: when the pipeline process dies while the
+# server's process group lives, it stops the whole group: SIGTERM, then SIGKILL after the stop
+# timeout. PR_SET_PDEATHSIG alone reaches only the server process, and a server signalled mid-boot
+# (before vLLM installs its shutdown handling) was seen leaving its engine-core child alive. One
+# Python process that starts nothing itself (a shell loop's `sleep` children showed up as strays in
+# the suite's leak checks).
+GUARDIAN = """\
+import os, signal, sys, time
+parent, group, stop_s = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+def alive(pid, group=False):
+    try:
+        (os.killpg if group else os.kill)(pid, 0)
+        return True
+    except OSError:
+        return False
+while alive(parent) and alive(group, True):
+    time.sleep(1)
+if alive(group, True):
+    os.killpg(group, signal.SIGTERM)
+    end = time.monotonic() + stop_s
+    while alive(group, True) and time.monotonic() < end:
+        time.sleep(0.5)
+    if alive(group, True):
+        os.killpg(group, signal.SIGKILL)
+"""
+
+
+def _guard(server_pid: int, stop_timeout_s: float) -> subprocess.Popen:
+    """Start the GUARDIAN for the server process group led by ``server_pid``."""
+    return subprocess.Popen([sys.executable, "-S", "-c", GUARDIAN, str(os.getpid()), str(server_pid),
+                             str(stop_timeout_s)], start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def serving_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"))}
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # vLLM probes FlashInfer unconditionally
@@ -316,6 +354,7 @@ def vllm_server(spec: ServerSpec, *, log_path: Path, boot_timeout_s: float | Non
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**serving_env(), "QS_SERVER_LOG": str(log_path)},
                                 preexec_fn=_die_with_parent)
+    guardian = _guard(proc.pid, settings.server_stop_timeout_s)
     try:
         server = RunningServer(base_url=f"http://{host}:{port}", port=port, pid=proc.pid,
                                log_path=str(log_path), command=spec.serve_command(), boot_seconds=0.0)
@@ -325,6 +364,8 @@ def vllm_server(spec: ServerSpec, *, log_path: Path, boot_timeout_s: float | Non
         yield server
     finally:
         stop_process_group(proc, settings.server_stop_timeout_s)
+        guardian.kill()  # the group is gone; the guardian has nothing left to watch
+        guardian.wait()
 
 
 def wait_ready(proc: subprocess.Popen, ready: Callable[[], bool], timeout_s: float,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -32,6 +32,9 @@ from quantize_serve.recipe import (
     parse_recipe,
     show_path,
 )
+
+if TYPE_CHECKING:
+    from quantize_serve.hub import ResolvedModel
 
 TASK_FILE_SUFFIXES = (".yaml", ".yml")  # an accuracy task given as a file (quantize_serve.accuracy)
 
@@ -82,6 +85,23 @@ def validate_recipe(recipe: Recipe | str | Path | dict,
         calibration_fingerprint=calibration_fingerprint(recipe, source=source),
         overrides=overrides,
     )
+
+
+def check_serving_host(recipe: Recipe, *, source: str) -> None:
+    """A run serves on this machine: with no GPU here, vLLM serves on this CPU, which must have the
+    kernels the quantized boots need (quantize_serve/cpu_support.py). Checked before any heavy work."""
+    from quantize_serve import gpu
+    from quantize_serve.cpu_support import quantized_serving_gap
+
+    if gpu.usable_memory_bytes() is not None:
+        return
+    gap = quantized_serving_gap()
+    if gap:
+        raise RecipeError(source, "serve", f"vLLM on this machine's CPU ({recipe.quantization.scheme}, "
+                          f"KV {recipe.serve.kv_cache_dtype})", gap,
+                          "run on a GPU host (the production path: `prefect deployment run quantize-serve/llama3`) "
+                          "or on an x86 CPU with AVX-512; `quantize-serve validate` and `quantize-serve plan` "
+                          "work on any machine")
 
 
 def check_local_model(recipe: Recipe, *, source: str) -> dict[str, Any]:
@@ -172,17 +192,31 @@ def resolve_base(validated: ValidatedRecipe, *, cache_dir: Path | None = None) -
     if recipe.model_is_local:
         local = recipe.path(recipe.model.id)
         return BaseModelRef(local_dir=str(local), sha=folder_digest(local))
-    from quantize_serve.hub import resolve_base_model, resolve_token
-
-    hub = recipe.hub
-    resolved = resolve_base_model(recipe.model.id, revision=recipe.model.revision,
-                                  token=resolve_token(hub) if hub else None, cache_dir=cache_dir,
-                                  token_env=hub.token_env if hub else "HF_TOKEN",
-                                  secret_block=hub.token_secret_block if hub else None)
+    resolved = download_base(recipe, cache_dir=cache_dir)
     check_model_files(Path(resolved.local_dir), source=validated.source, value=recipe.model.id)
     check_model(recipe, Path(resolved.local_dir), source=validated.source)
     return BaseModelRef(local_dir=str(resolved.local_dir), repo_id=recipe.model.id,
                         revision=recipe.model.revision, sha=resolved.sha)
+
+
+def download_base(recipe: Recipe, *, cache_dir: Path | None = None, weights: bool = True) -> ResolvedModel:
+    """Download the recipe's Hub base model at its pinned commit (see resolve_base for the token);
+    ``weights=False``: its config and tokenizer files only."""
+    from quantize_serve.hub import resolve_base_model, resolve_token
+
+    hub = recipe.hub
+    return resolve_base_model(recipe.model.id, revision=recipe.model.revision,
+                              token=resolve_token(hub) if hub else None, cache_dir=cache_dir,
+                              token_env=hub.token_env if hub else "HF_TOKEN",
+                              secret_block=hub.token_secret_block if hub else None, weights=weights)
+
+
+def model_shape_dir(recipe: Recipe) -> Path:
+    """The base model's config.json and tokenizer without its weights (what a dummy-weights boot
+    reads): the local folder, or only those files of the Hub repo."""
+    if recipe.model_is_local:
+        return recipe.path(recipe.model.id)
+    return Path(download_base(recipe, weights=False).local_dir)
 
 
 MODEL_FILE_SUFFIXES = {".json", ".safetensors", ".model", ".txt", ".jinja"}

@@ -12,10 +12,11 @@ from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from prefect.logging import get_run_logger
 
-from quantize_serve import capacity, gpu
+from quantize_serve import capacity, gpu, shape_capacity
+from quantize_serve.errors import GateError
 from quantize_serve.server import RunningServer, ServerSpec, vllm_server
 from quantize_serve.settings import get_settings
-from quantize_serve.validate import BaseModelRef, ValidatedRecipe
+from quantize_serve.validate import BaseModelRef, ValidatedRecipe, model_shape_dir
 
 
 @contextmanager
@@ -85,3 +86,22 @@ def summarize_capacity(validated: ValidatedRecipe, base: BaseModelRef,
     config = json.loads((Path(base.local_dir) / "config.json").read_text())
     return capacity.summarize_capacity(validated.recipe, configs, config,
                                        device_memory_bytes=gpu.usable_memory_bytes())
+
+
+@task(name="measure-shape-capacity", cache_policy=NO_CACHE)
+def measure_shape_capacity(validated: ValidatedRecipe, run_dir: Path) -> shape_capacity.ShapeCapacity:
+    """serve.preflight: measure: the three configurations with dummy weights, before the base's weights
+    are downloaded (only its config and tokenizer are); fails when the production one does not fit."""
+    logger = get_run_logger()
+    r = validated.recipe
+    result = shape_capacity.measure_shape(r, model_shape_dir(r), out_dir=run_dir / "preflight", model=r.model.id,
+                                          device_memory_bytes=gpu.usable_memory_bytes(), log=logger.info)
+    shape_capacity.write_files(result, run_dir / "preflight")
+    logger.info("capacity before download:\n%s", result.markdown())
+    production = result.row(capacity.PRODUCTION_BOOT)
+    if production.refused:
+        raise GateError(f"the production configuration ({production.name}, TP {production.tensor_parallel_size}) "
+                        f"does not fit: vLLM refused its dummy-weights boot: {production.refused}. Nothing was "
+                        "downloaded or quantized. Fix: raise serve.tensor_parallel_size or "
+                        "serve.gpu_memory_utilization, or lower serve.max_model_len")
+    return result
