@@ -30,6 +30,17 @@ def echo(line: str, width: int = 200) -> None:
 
 
 def main() -> int:
+    from quantize_serve.cli import render_error
+    from quantize_serve.errors import RecipeError
+    from quantize_serve.recipe import load_recipe
+    from quantize_serve.validate import check_serving_host
+
+    recipe = ROOT / "recipes" / "tiny-llama-awq.yaml"
+    try:  # before any server starts: a CPU whose vLLM cannot serve the quantized boots says so at once
+        check_serving_host(load_recipe(recipe), source=str(recipe.relative_to(ROOT)))
+    except RecipeError as exc:
+        print(f"demo: this machine cannot run the demo\n{render_error(exc)}", file=sys.stderr)
+        return 2
     started = time.monotonic()
     with local_stack(HOME, hub_token=DEMO_TOKEN) as stack:
         print(f"demo: Prefect API {stack.api_url}, local Hub {stack.hub_endpoint}", flush=True)
