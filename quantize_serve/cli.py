@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("recipe", nargs="?", metavar="RECIPE", help="plan the recipe's model and serve settings")
     what.add_argument("--model", metavar="DIR_OR_HUB_ID",
-                      help="a model folder, or a Hub repo id (only its config.json is fetched)")
+                      help="a model folder, a config.json, or a Hub repo id (only its config.json is fetched)")
     p.add_argument("--revision", help="Hub branch, tag or commit of --model")
     p.add_argument("--gpu", type=_gpu, metavar="h200|h100-80gb|BYTES",
                    help=f"device memory: a preset or a size (default: the recipe's serve.memory_budget "
@@ -237,6 +237,8 @@ def _model_config(model: str, *, revision: str | None) -> dict[str, Any]:
     from quantize_serve.recipe import looks_local, read_model_config, show_path
 
     folder = Path(model).expanduser()
+    if folder.is_file() and folder.suffix == ".json":  # a config.json on its own
+        return read_model_config(folder.parent) if folder.name == "config.json" else json.loads(folder.read_text())
     if folder.is_dir():
         if not (folder / "config.json").is_file():
             raise RecipeError("--model", "--model", model, f"{show_path(folder)} holds no config.json",

