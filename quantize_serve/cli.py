@@ -13,9 +13,9 @@ the Hub refuses) prints one screen, each problem with its fix, and exits 2 witho
 ``--debug`` prints the traceback too. Other failures the pipeline names (a Hub outage, a failed
 boot) print one screen and exit 1; anything else is a bug and keeps its traceback.
 
-``validate`` and ``plan`` import neither Prefect nor torch (nor ``datasets``); ``plan --measure`` boots vLLM. ``run`` checks the
-recipe and its inputs the same way before it imports Prefect, so a bad recipe fails in a fraction of
-a second and no temporary Prefect server starts.
+``validate`` and ``plan`` import neither Prefect nor torch (nor ``datasets``); ``plan --measure``
+boots vLLM. ``run`` checks the recipe and its inputs the same way before it imports Prefect, so a
+bad recipe fails in a fraction of a second and no temporary Prefect server starts.
 """
 
 from __future__ import annotations

@@ -353,8 +353,9 @@ def resolve_base_model(repo_id: str, *, revision: str | None, token: str | None,
 
     Resolving first means the whole run (quantization, card, provenance) names one immutable
     sha, even if the branch moves while we download. Only the files quantizing and serving need
-    are fetched (``base_model_patterns``; ``weights=False``: config and tokenizer only), into ``cache_dir`` (default: ``base_model_cache()``), and
-    only after checking that the disk holding it has room for what the cache lacks.
+    are fetched (``base_model_patterns``; ``weights=False``: config and tokenizer only), into
+    ``cache_dir`` (default: ``base_model_cache()``), and only after checking that the disk holding
+    it has room for what the cache lacks.
 
     ``token`` None means the client's own default (the HF_TOKEN variable or a login on this
     machine); it is looked up here so that it is scrubbed from messages like a given one.
