@@ -30,6 +30,7 @@ from quantize_serve.capacity import (
     GIB,
     METHOD_FIXED,
     METHOD_GPU,
+    PRODUCTION_BOOT,
     CapacityConfig,
     capacity_spec,
     measure_capacity,
@@ -124,30 +125,38 @@ class ShapeCapacity(BaseModel):
                 lines.append(f"| {r.name} ({r.kv_cache_dtype}) | {m.weights_bytes / GIB:.2f} | "
                              f"{m.kv_cache_tokens:,} | {m.max_concurrency:.2f}x | {plan}{err} |")
             else:
+                what = f"refused by vLLM: {r.refused}" if r.refused else "not booted: production was refused first"
                 lines.append(f"| {r.name} ({r.kv_cache_dtype}) | {p.weights_bytes / GIB:.2f} (planned) | "
-                             f"refused by vLLM: {r.refused} | - | {plan} |")
+                             f"{what} | - | {plan} |")
         lines += ["", f"Model shape: {self.model}. Weights are random (vLLM --load-format dummy); sizes, "
                   "kernels and memory accounting are the real ones. Method: " + self.method]
         return "\n".join(lines)
 
 
 def measure_shape(recipe: Recipe, base_dir: str | Path, *, out_dir: Path, model: str,
-                  device_memory_bytes: int | None = None,
+                  device_memory_bytes: int | None = None, production_first: bool = False,
                   log: Callable[[str], None] = lambda _: None) -> ShapeCapacity:
     """Boot the three configurations of ``base_dir``'s shape with dummy weights, one at a time,
-    and measure each like the flow's capacity stage does (``capacity.measure_capacity``)."""
+    and measure each like the flow's capacity stage does (``capacity.measure_capacity``).
+
+    ``production_first`` (the flow's preflight): boot the production configuration first and boot
+    no other when vLLM refuses it, since the run stops there anyway; rows keep the Boot order."""
     folders = shape_folders(Path(base_dir), recipe.quantization, out_dir)
     base_config = json.loads((Path(base_dir) / "config.json").read_text())
     fixed = recipe.serve.memory_budget is not None
     block = planner.BLOCK_SIZE_CPU if fixed else planner.BLOCK_SIZE_GPU
-    rows = []
+    tp = recipe.serve.tensor_parallel_size
+    specs, rows = {}, {}
     for boot in Boot:
         planned = plan_for(recipe, base_config, boot, block_size=block, device_memory_bytes=device_memory_bytes)
-        spec = capacity_spec(recipe, boot, folders[boot], weights_bytes=planned.weights_bytes)
-        spec = spec.model_copy(update={"load_format": "dummy"})
+        specs[boot] = capacity_spec(recipe, boot, folders[boot], weights_bytes=planned.weights_bytes
+                                    ).model_copy(update={"load_format": "dummy"})
+        rows[boot] = ShapeRow(name=boot, kv_cache_dtype=specs[boot].effective_kv_dtype, planned=planned,
+                              tensor_parallel_size=tp)
+    order = [PRODUCTION_BOOT, *(b for b in Boot if b is not PRODUCTION_BOOT)] if production_first else list(Boot)
+    for boot in order:
+        spec, row, planned = specs[boot], rows[boot], rows[boot].planned
         log(f"shape capacity {boot}: {spec.serve_command()}")
-        row = ShapeRow(name=boot, kv_cache_dtype=spec.effective_kv_dtype, planned=planned,
-                       tensor_parallel_size=recipe.serve.tensor_parallel_size)
         try:
             with vllm_server(spec, log_path=out_dir / f"vllm-shape-{boot}.log") as server:
                 measured = measure_capacity(server, spec, name=boot)
@@ -162,8 +171,9 @@ def measure_shape(recipe: Recipe, base_dir: str | Path, *, out_dir: Path, model:
                                   / max(measured.kv_cache_tokens, 1), 3)
             log(f"shape capacity {boot}: {measured.kv_cache_tokens:,} KV tokens "
                 f"(planner {planned.kv_cache_tokens:,})")
-        rows.append(row)
-    return ShapeCapacity(model=model, method=METHOD_FIXED if fixed else METHOD_GPU, rows=rows)
+        if production_first and boot is PRODUCTION_BOOT and row.refused:
+            break  # the run stops here: the other rows stay planned only
+    return ShapeCapacity(model=model, method=METHOD_FIXED if fixed else METHOD_GPU, rows=[rows[b] for b in Boot])
 
 
 def write_files(result: ShapeCapacity, folder: Path) -> dict[str, Path]:

@@ -95,7 +95,8 @@ def measure_shape_capacity(validated: ValidatedRecipe, run_dir: Path) -> shape_c
     logger = get_run_logger()
     r = validated.recipe
     result = shape_capacity.measure_shape(r, model_shape_dir(r), out_dir=run_dir / "preflight", model=r.model.id,
-                                          device_memory_bytes=gpu.usable_memory_bytes(), log=logger.info)
+                                          device_memory_bytes=gpu.usable_memory_bytes(), production_first=True,
+                                          log=logger.info)
     shape_capacity.write_files(result, run_dir / "preflight")
     logger.info("capacity before download:\n%s", result.markdown())
     production = result.row(capacity.PRODUCTION_BOOT)

@@ -131,6 +131,9 @@ def test_preflight_stops_the_flow_before_the_weights_are_downloaded(hub_base, tm
     assert not [name for name in fetched if name.endswith(".safetensors")]
     assert not (work / "checkpoints").exists() or not any((work / "checkpoints").iterdir())
     runs = list((tmp_path / "runs").rglob("shape-capacity.md"))
-    assert runs and "refused by vLLM" in runs[0].read_text()
+    table = runs[0].read_text()  # production booted first; refused, so nothing else was booted
+    assert "| w4a16-fp8kv (" in table and "refused by vLLM" in table
+    assert table.count("not booted: production was refused first") == 2
     logs = list((tmp_path / "runs").rglob("vllm-shape-*.log"))
-    assert len(logs) == 3 and not [p for log in logs for p in vllm_processes_of(str(log))]
+    assert [p.name for p in logs] == ["vllm-shape-w4a16-fp8kv.log"]
+    assert not vllm_processes_of(str(logs[0]))
