@@ -13,10 +13,8 @@ quantize_serve/cpu_support.py).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -35,26 +33,16 @@ KV_BYTES = 6_000_000
 
 def scheme_folder(preset: str | None, work: Path) -> Path:
     """The reference model's config and tokenizer, with the preset's quantization_config."""
-    import compressed_tensors
-    from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
+    from compressed_tensors.quantization import preset_name_to_scheme
 
-    folder = work / (preset or "bf16")
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    for f in MODEL.iterdir():
-        if f.is_file() and f.suffix != ".safetensors":
-            shutil.copyfile(f, folder / f.name)
-    config = json.loads((MODEL / "config.json").read_text())
+    from quantize_serve.shape_capacity import checkpoint_quantization_config, weightless_folder
+
+    quantization = None
     if preset:
         fmt = SCHEMES[preset]
         group = {**preset_name_to_scheme(preset, ["Linear"]).model_dump(), "format": fmt}
-        q = QuantizationConfig(config_groups={"group_0": group}, ignore=["lm_head"], format=fmt,
-                               quantization_status="compressed")
-        config["quantization_config"] = {"version": compressed_tensors.__version__,
-                                         "quant_method": "compressed-tensors", "sparsity_config": {},
-                                         "transform_config": {}, **q.model_dump(exclude=["quant_method"])}
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    return folder
+        quantization = checkpoint_quantization_config({"group_0": group}, ignore=["lm_head"], format=fmt)
+    return weightless_folder(MODEL, work / (preset or "bf16"), quantization_config=quantization)
 
 
 def try_boot(folder: Path, kv_cache_dtype: str, log_path: Path) -> dict:

@@ -44,3 +44,11 @@ def quantized_serving_gap(flags: frozenset[str] | None = None, *, machine: str |
     return ("this CPU has no AVX-512 (" + ", ".join(sorted(AVX512_FLAGS - flags)) + " missing): vLLM's CPU "
             "backend serves W4A16 checkpoints and fp8 KV caches only with its AVX-512 kernels, so the "
             "quantized boots cannot run here")
+
+
+def serving_host_gap() -> str | None:
+    """``quantized_serving_gap`` where vLLM serves on this CPU, that is where there is no GPU; None on
+    a GPU host."""
+    from quantize_serve import gpu
+
+    return None if gpu.usable_memory_bytes() is not None else quantized_serving_gap()

@@ -53,36 +53,46 @@ def quantization_config(q: QuantizationSection) -> dict:
                           "its shape cannot be booted without weights",
                           "describe the scheme with quantization.scheme/group_size/ignore to measure "
                           "capacity before quantizing, or run the flow without serve.preflight")
+    scheme = weight_scheme(q)
+    groups = {name: {**group, "format": "pack-quantized"} for name, group in scheme["config_groups"].items()}
+    return checkpoint_quantization_config(groups, ignore=scheme["ignore"], format="pack-quantized")
+
+
+def checkpoint_quantization_config(config_groups: dict, *, ignore: list[str], format: str) -> dict:
+    """A compressed-tensors ``QuantizationConfig`` of these groups, as compressed-tensors'
+    ModelCompressor.update_config writes it into a saved checkpoint's config.json."""
     import compressed_tensors
     from compressed_tensors.quantization import QuantizationConfig
 
-    scheme = weight_scheme(q)
-    groups = {name: {**group, "format": "pack-quantized"} for name, group in scheme["config_groups"].items()}
-    config = QuantizationConfig(config_groups=groups, ignore=scheme["ignore"],
-                                format="pack-quantized", quantization_status="compressed")
-    # as compressed-tensors' ModelCompressor.update_config writes it into a saved checkpoint
+    config = QuantizationConfig(config_groups=config_groups, ignore=ignore, format=format,
+                                quantization_status="compressed")
     return {"version": compressed_tensors.__version__, "quant_method": "compressed-tensors",
             "sparsity_config": {}, "transform_config": {}, **config.model_dump(exclude=["quant_method"])}
 
 
-def shape_folders(base_dir: Path, q: QuantizationSection, out_dir: Path) -> dict[Boot, Path]:
-    """A weightless model folder per boot: the base's config.json and tokenizer files, and for the
-    quantized boots the same config.json with the scheme's quantization_config."""
-    base_dir, out_dir = Path(base_dir), Path(out_dir)
+def weightless_folder(base_dir: Path, folder: Path, *, quantization_config: dict | None = None) -> Path:
+    """``folder`` (made afresh) with ``base_dir``'s config.json and tokenizer files but no weights,
+    config.json carrying ``quantization_config`` when given: what a dummy-weights boot reads."""
+    base_dir, folder = Path(base_dir), Path(folder)
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    for f in base_dir.iterdir():
+        if f.is_file() and f.suffix not in WEIGHT_SUFFIXES and f.name != "config.json":
+            shutil.copyfile(f, folder / f.name)
     config = json.loads((base_dir / "config.json").read_text())
-    folders = {"base": out_dir / "shape-base", "w4a16": out_dir / "shape-w4a16"}
-    for name, folder in folders.items():
-        if folder.exists():
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True)
-        for f in base_dir.iterdir():
-            if f.is_file() and f.suffix not in WEIGHT_SUFFIXES and f.name != "config.json":
-                shutil.copyfile(f, folder / f.name)
-        written = dict(config)
-        if name == "w4a16":
-            written["quantization_config"] = quantization_config(q)
-        (folder / "config.json").write_text(json.dumps(written, indent=2))
-    return {boot: folders["w4a16" if boot.quantized else "base"] for boot in Boot}
+    if quantization_config is not None:
+        config["quantization_config"] = quantization_config
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def shape_folders(base_dir: Path, q: QuantizationSection, out_dir: Path) -> dict[Boot, Path]:
+    """A weightless model folder per boot: the base's, and for the quantized boots the same with the
+    scheme's quantization_config."""
+    base = weightless_folder(base_dir, Path(out_dir) / "shape-base")
+    quantized = weightless_folder(base_dir, Path(out_dir) / "shape-w4a16", quantization_config=quantization_config(q))
+    return {boot: quantized if boot.quantized else base for boot in Boot}
 
 
 class ShapeRow(BaseModel):

@@ -90,12 +90,9 @@ def validate_recipe(recipe: Recipe | str | Path | dict,
 def check_serving_host(recipe: Recipe, *, source: str) -> None:
     """A run serves on this machine: with no GPU here, vLLM serves on this CPU, which must have the
     kernels the quantized boots need (quantize_serve/cpu_support.py). Checked before any heavy work."""
-    from quantize_serve import gpu
-    from quantize_serve.cpu_support import quantized_serving_gap
+    from quantize_serve import cpu_support
 
-    if gpu.usable_memory_bytes() is not None:
-        return
-    gap = quantized_serving_gap()
+    gap = cpu_support.serving_host_gap()
     if gap:
         raise RecipeError(source, "serve", f"vLLM on this machine's CPU ({recipe.quantization.scheme}, "
                           f"KV {recipe.serve.kv_cache_dtype})", gap,

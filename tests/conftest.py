@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from quantize_serve.cpu_support import serving_host_gap
+
 ROOT = Path(__file__).resolve().parent.parent
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -26,15 +28,8 @@ os.environ["PREFECT_HOME"] = TEST_PREFECT_HOME
 os.environ.pop("PREFECT_API_URL", None)
 
 
-def _quantized_serving_gap() -> str | None:
-    from quantize_serve import gpu
-    from quantize_serve.cpu_support import quantized_serving_gap
-
-    return None if gpu.usable_memory_bytes() is not None else quantized_serving_gap()
-
-
 # Why vLLM cannot serve the quantized boots on this machine's CPU (x86 without AVX-512), or None.
-QUANTIZED_SERVING_GAP = _quantized_serving_gap()
+QUANTIZED_SERVING_GAP = serving_host_gap()
 
 
 def pytest_collection_modifyitems(config, items):
