@@ -537,10 +537,37 @@ def cmd_flow_child(args: argparse.Namespace) -> None:
                             "boot_seconds": pt.boot_seconds, "seconds": pt.seconds} for pt in report.profile.points],
                 "serve_command": report.profile.serve_command},
         )
+        if report.serving_profile:
+            out["pinned_profile"] = boot_pinned_profile(report, recipe)
     else:
         out.update(decision="error", error=str(report)[-3000:])
     Path(args.result).write_text(json.dumps(out, indent=2, default=str))
     print(json.dumps({k: out.get(k) for k in ("state", "decision", "flow_seconds")}), flush=True)
+
+
+def boot_pinned_profile(report: Any, recipe: Any) -> dict[str, Any]:
+    """Boot the run's serve-profile.yaml as production would (``vllm serve --config``, the model
+    pointed at the local checkpoint) and compare its KV cache with the one the gates validated."""
+    import yaml
+
+    from quantize_serve.capacity import PRODUCTION_BOOT, read_cache_info
+    from quantize_serve.profile_output import ProfileFileSpec
+    from quantize_serve.server import ServerSpec, vllm_server
+
+    profile = report.serving_profile
+    mapping = yaml.safe_load(Path(profile.path).read_text()) | {"model": report.checkpoint.checkpoint_dir}
+    local = Path(report.report_dir) / "serve-profile.local.yaml"
+    local.write_text(yaml.safe_dump(mapping, sort_keys=False))
+    spec = ProfileFileSpec(**ServerSpec(model_dir=report.checkpoint.checkpoint_dir, serve=recipe.serve).model_dump(),
+                           config_path=str(local))
+    with vllm_server(spec, log_path=Path(report.report_dir) / "vllm-pinned-profile.log") as server:
+        info = read_cache_info(server.get("/metrics"))
+    validated = report.capacity.by_name(PRODUCTION_BOOT)
+    booted = int(info["num_gpu_blocks"]) * int(info["block_size"])
+    return {"kv_cache_memory_bytes": profile.kv_cache_memory_bytes, "needs_free_gib": gib(profile.needs_free_bytes),
+            "validated_kv_tokens": validated.kv_cache_tokens, "booted_kv_tokens": booted,
+            "same": booted == validated.kv_cache_tokens, "command": profile.command,
+            "elsewhere": [e.model_dump() for e in profile.elsewhere]}
 
 
 def cmd_run(args: argparse.Namespace) -> None:

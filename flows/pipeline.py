@@ -40,6 +40,7 @@ from tasks.serve import (
     published_serve_command,
     served,
     summarize_capacity,
+    write_serving_profile,
 )
 from tasks.soak import run_soak_test
 from tasks.stress import run_stress_test
@@ -91,6 +92,7 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
         progress.done("quantized served")
         with served(validated, Boot.W4A16_FP8KV, checkpoint.checkpoint_dir, run_dir) as (server, spec):
             cap_fp8 = measure_capacity(server, spec, Boot.W4A16_FP8KV)
+            production = write_serving_profile(validated, base, spec, cap_fp8, checkpoint.checkpoint_dir, run_dir)
             acc_quant = run_accuracy(server.base_url, r.gates.accuracy, tokenizer_dir=checkpoint.checkpoint_dir,
                                      max_length=r.serve.max_model_len, base_dir=Path(r.base_dir),
                                      output_dir=run_dir / "accuracy-quantized", return_state=True)
@@ -112,7 +114,7 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
         profile=profile,
         accuracy=checks if isinstance(checks, list) else [], stress=outcome(stress) if stress.is_completed() else None,
         soak=outcome(soak) if soak and soak.is_completed() else None,
-        decision=decision, serving_command=serving_command), run_dir)
+        decision=decision, serving_command=production.command, serving_profile=production), run_dir)
     approved, approved_by = request_approval(validated, report)
     report.release = promote_or_reject(validated, report, approved, approved_by)
     progress.done("released")

@@ -55,6 +55,7 @@ __all__ = [
     "PlanTable",
     "weight_bytes",
     "kv_bytes_per_token",
+    "kv_bytes_per_token_per_gpu",
     "activation_peak_bytes",
     "plan_capacity",
     "plan_table",
@@ -321,6 +322,16 @@ def kv_bytes_per_token(
     return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * elem
 
 
+def kv_bytes_per_token_per_gpu(
+    shape: ModelShape, *, kv_cache_dtype: KVCacheDtype = "auto", model_dtype_bytes: int = 2,
+    tensor_parallel_size: int = 1,
+) -> int:
+    """What one GPU of the TP group holds of :func:`kv_bytes_per_token`: ``ceil(kv_heads / TP)``
+    heads (vLLM replicates KV heads when TP exceeds their number)."""
+    heads_gpu = math.ceil(shape.num_kv_heads / tensor_parallel_size)
+    return 2 * shape.num_layers * heads_gpu * shape.head_dim * _kv_elem_bytes(kv_cache_dtype, model_dtype_bytes)
+
+
 def activation_peak_bytes(
     shape: ModelShape,
     *,
@@ -433,7 +444,8 @@ def plan_capacity(
 
     kv_tok_full = kv_bytes_per_token(shape, kv_cache_dtype=kv_cache_dtype, model_dtype_bytes=dtype_b)
     heads_gpu = math.ceil(shape.num_kv_heads / tp)
-    kv_tok_gpu = 2 * shape.num_layers * heads_gpu * shape.head_dim * _kv_elem_bytes(kv_cache_dtype, dtype_b)
+    kv_tok_gpu = kv_bytes_per_token_per_gpu(shape, kv_cache_dtype=kv_cache_dtype, model_dtype_bytes=dtype_b,
+                                            tensor_parallel_size=tp)
     num_blocks = max(0, kv_mem) // (block_size * kv_tok_gpu)
     tokens = num_blocks * block_size
     concurrency = tokens / max_model_len

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ from quantize_serve.errors import GateError
 from quantize_serve.profile_search import ProfileSearchResult, SearchPoint
 from quantize_serve.server import ServerSpec, serve_command
 
+PROFILE_FILE = "serve-profile.yaml"  # the run folder's and the release's serving profile
+
 
 def profile_config(spec: ServerSpec, *, model: str | None = None) -> dict[str, Any]:
     """The boot's vLLM config (``ServerSpec.vllm_config``) as ``serve-profile.yaml`` holds it;
@@ -18,32 +21,45 @@ def profile_config(spec: ServerSpec, *, model: str | None = None) -> dict[str, A
     return spec.published_config(model) if model else spec.vllm_config()
 
 
+class ProfileFileSpec(ServerSpec):
+    """A boot from a serving-profile file (``vllm serve --config FILE``, what production runs):
+    every setting comes from the file; the other fields only describe it to the server lifecycle."""
+
+    config_path: str
+
+    def vllm_args(self) -> list[str]:
+        return ["--config", self.config_path]
+
+    def serve_command(self, model: str | None = None) -> str:
+        return shlex.join(["vllm", "serve", "--config", self.config_path])
+
+
 def write_serve_profile(found: SearchPoint, path: str | Path, *,
                         model: str | None = None) -> tuple[Path, str]:
-    """Write ``serve-profile.yaml`` for ``vllm serve --config``; return (path, the equivalent command).
-
-    ``model`` replaces the local checkpoint path (for example with the released Hub repo id).
-    """
+    """Write the search's ``serve-profile.yaml`` for ``vllm serve --config``; return (path, the
+    equivalent command). ``model`` replaces the local checkpoint path (e.g. the Hub repo id)."""
     if found.spec is None:
         raise GateError("this search point carries no ServerSpec (an injected probe made it); "
                         "only a real boot's point can be written as a serving profile")
-    mapping = profile_config(found.spec, model=model)
+    kv = f"{found.peak_kv_cache_usage:.0%}" if found.peak_kv_cache_usage is not None else "unknown"
+    return write_profile(found.spec, path, model=model, header=[
+        "vLLM serving profile found by quantize-serve's profile search: the largest max_num_seqs",
+        f"that passed the stress profile (preemptions {found.preemptions}, peak KV usage {kv}, output "
+        f"{found.output_throughput or 0:.0f} tok/s).",
+    ])
+
+
+def write_profile(spec: ServerSpec, path: str | Path, *, model: str | None = None,
+                  header: list[str]) -> tuple[Path, str]:
+    """Write ``spec``'s vLLM config as a file for ``vllm serve --config`` under a comment ``header``;
+    return (path, the equivalent command)."""
+    mapping = profile_config(spec, model=model)
     command = serve_command(mapping)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    kv = f"{found.peak_kv_cache_usage:.0%}" if found.peak_kv_cache_usage is not None else "unknown"
-    header = [
-        "# vLLM serving profile found by quantize-serve's profile search: the largest max_num_seqs",
-        f"# that passed the stress profile (preemptions {found.preemptions}, peak KV usage {kv}, output "
-        f"{found.output_throughput or 0:.0f} tok/s).",
-        f"# Use: vllm serve --config {path.name}",
-        f"# Same as: {command}",
-    ]
-    path.write_text("\n".join(header) + "\n" + yaml.safe_dump(mapping, sort_keys=False))
+    lines = [*header, f"Use: vllm serve --config {path.name}", f"Same as: {command}"]
+    path.write_text("".join(f"# {line}\n" for line in lines) + yaml.safe_dump(mapping, sort_keys=False))
     return path, command
-
-
-
 
 
 def plot_search(result: ProfileSearchResult, path: str | Path, *, grid: list[SearchPoint] | None = None,

@@ -15,6 +15,7 @@ from typing import Any
 
 from quantize_serve import hub
 from quantize_serve.model_card import render_model_card
+from quantize_serve.profile_output import PROFILE_FILE
 from quantize_serve.profile_search import ProfileSearchResult
 from quantize_serve.quantize import QuantizeResult
 from quantize_serve.recipe import Recipe
@@ -89,8 +90,8 @@ def promote_or_reject(validated: ValidatedRecipe, report: RunReport, approved: b
     reasons = release_reasons(report, approved, approved_by)
     card_text = str(render_model_card(report.card_inputs(validated, status=status, rejection_reasons=reasons)))
     if promote:
-        chart = Path(report.report_dir) / CHART
-        files = {CHART: chart.read_bytes()} if chart.is_file() else {}
+        folder = Path(report.report_dir)
+        files = {name: (folder / name).read_bytes() for name in (CHART, PROFILE_FILE) if (folder / name).is_file()}
         gated = hub.update_model_card(recipe.hub, card_text, parent_commit=candidate.commit_sha, token=token,
                                       files=files, commit_message=f"Gates passed (run {report.run_id})")
         release.commit_sha = hub.promote_revision(recipe.hub, gated, token=token, run_id=report.run_id)

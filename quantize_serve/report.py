@@ -32,6 +32,7 @@ from quantize_serve.model_card import AccuracyRow, ModelCardInputs, Provenance
 from quantize_serve.portable import portable_path
 from quantize_serve.profile_search import ProfileSearchResult
 from quantize_serve.quantize import QuantizeResult
+from quantize_serve.serving_profile import ServingProfile
 from quantize_serve.shape_capacity import ShapeCapacity
 from quantize_serve.soak import SoakResult
 from quantize_serve.stress import StressResult
@@ -75,6 +76,7 @@ class RunReport(BaseModel):
     release: Release | None = None
     approval_note: str = ""  # approval: manual - the reviewer's note on the sign-off form
     serving_command: str
+    serving_profile: ServingProfile | None = None  # serve-profile.yaml: the validated boot, KV cache pinned
     hardware: str = Field(default_factory=lambda: describe_hardware())
     vllm_version: str | None = None  # the serving environment's; write_report fills it in
     run_url: str | None = None  # the Prefect UI page of the run; None without a UI (ephemeral API)
@@ -398,6 +400,8 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
         lines += [f"| {k} | {_num(v)} |" for k, v in r.soak.summary().items()]
         lines += [""] + ([f"![soak]({Path(r.soak.chart_path).name})", ""] if r.soak.chart_path else [])
     lines += ["## Validated vLLM command", "```", r.serving_command, "```", ""]
+    if r.serving_profile:
+        lines += [r.serving_profile.markdown(), ""]
     return "\n".join(lines)
 
 

@@ -80,7 +80,9 @@ class ServerSpec(BaseModel):
         }
         if self.kv_cache_memory_bytes is not None:
             config["kv-cache-memory-bytes"] = self.kv_cache_memory_bytes
-        else:
+        if self.kv_cache_memory_bytes is None or s.memory_budget is None:
+            # On a GPU, vLLM refuses to start with less than gpu_memory_utilization x total free even
+            # when the KV bytes are pinned (serving_profile.py); vLLM CPU checks it only when they are not.
             config["gpu-memory-utilization"] = s.gpu_memory_utilization
         if s.max_num_batched_tokens:
             config["max-num-batched-tokens"] = s.max_num_batched_tokens

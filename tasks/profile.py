@@ -14,7 +14,6 @@ from quantize_serve import profile_output, profile_search
 from quantize_serve.recipe import Recipe
 from quantize_serve.validate import ValidatedRecipe
 
-PROFILE_FILE = "serve-profile.yaml"
 PLOT_FILE = "serve-profile-search.png"
 
 
@@ -44,7 +43,7 @@ def search_serve_profile(
         device_memory_bytes=device_memory_bytes, log=log)
     update: dict = {"plot_path": str(profile_output.plot_search(result, output_dir / PLOT_FILE))}
     if result.found is not None:
-        path, command = profile_output.write_serve_profile(result.found, output_dir / PROFILE_FILE,
+        path, command = profile_output.write_serve_profile(result.found, output_dir / profile_output.PROFILE_FILE,
                                                            model=model)
         update |= {"profile_path": str(path), "serve_command": command}
     return result.model_copy(update=update)

@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from prefect.logging import get_run_logger
 
-from quantize_serve import capacity, gpu, shape_capacity
+from quantize_serve import capacity, gpu, profile_output, serving_profile, shape_capacity
 from quantize_serve.errors import GateError
 from quantize_serve.server import RunningServer, ServerSpec, vllm_server
 from quantize_serve.settings import get_settings
@@ -86,6 +86,19 @@ def summarize_capacity(validated: ValidatedRecipe, base: BaseModelRef,
     config = json.loads((Path(base.local_dir) / "config.json").read_text())
     return capacity.summarize_capacity(validated.recipe, configs, config,
                                        device_memory_bytes=gpu.usable_memory_bytes())
+
+
+@task(name="write-serving-profile")
+def write_serving_profile(validated: ValidatedRecipe, base: BaseModelRef, spec: ServerSpec,
+                          config: capacity.CapacityConfig, checkpoint_dir: str,
+                          run_dir: Path) -> serving_profile.ServingProfile:
+    """serve-profile.yaml for the boot the gates validated, its KV cache pinned (serving_profile.py)."""
+    base_config = json.loads((Path(base.local_dir) / "config.json").read_text())
+    profile = serving_profile.write_serving_profile(
+        spec, config, base_config, run_dir / profile_output.PROFILE_FILE,
+        model=published_model(validated, checkpoint_dir), device_memory_bytes=gpu.usable_memory_bytes())
+    get_run_logger().info("serving profile (KV cache pinned):\n%s", profile.markdown())
+    return profile
 
 
 @task(name="measure-shape-capacity", cache_policy=NO_CACHE)

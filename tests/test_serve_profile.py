@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import json
 import re
-import shlex
 import urllib.request
 from pathlib import Path
 
@@ -257,7 +256,8 @@ def test_plot_search_writes_a_png(tmp_path):
 
 
 def test_task_writes_profile_and_chart(tmp_path, monkeypatch):
-    from tasks.profile import PLOT_FILE, PROFILE_FILE, search_serve_profile
+    from quantize_serve.profile_output import PROFILE_FILE
+    from tasks.profile import PLOT_FILE, search_serve_profile
 
     def spec_for(serve):
         return capacity_spec(RECIPE.model_copy(update={"serve": serve}), Boot.W4A16_FP8KV, MODEL)
@@ -280,22 +280,10 @@ def test_task_writes_profile_and_chart(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------------------------
 
 
-class ProfileFileSpec(ServerSpec):
-    """A boot from a serve-profile.yaml (``--config``): what production runs, through vllm_server."""
-
-    config_path: str
-
-    def vllm_args(self) -> list[str]:
-        return ["--config", self.config_path]
-
-    def serve_command(self, model: str | None = None) -> str:
-        return shlex.join(["vllm", "serve", "--config", self.config_path])
-
-
-def profile_server_spec(found: ps.SearchPoint, config_path: str | Path) -> ProfileFileSpec:
+def profile_server_spec(found: ps.SearchPoint, config_path: str | Path) -> po.ProfileFileSpec:
     if found.spec is None:
         raise GateError("this search point carries no ServerSpec; write and boot a real boot's point")
-    return ProfileFileSpec(**found.spec.model_dump(), config_path=str(config_path))
+    return po.ProfileFileSpec(**found.spec.model_dump(), config_path=str(config_path))
 
 
 NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$", re.M)
