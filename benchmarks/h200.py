@@ -538,7 +538,10 @@ def cmd_flow_child(args: argparse.Namespace) -> None:
                 "serve_command": report.profile.serve_command},
         )
         if report.serving_profile:
-            out["pinned_profile"] = boot_pinned_profile(report, recipe)
+            try:
+                out["pinned_profile"] = boot_pinned_profile(report, recipe)
+            except Exception as exc:  # keep the flow's result
+                out["pinned_profile"] = {"error": error_text(exc)}
     else:
         out.update(decision="error", error=str(report)[-3000:])
     Path(args.result).write_text(json.dumps(out, indent=2, default=str))
