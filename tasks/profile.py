@@ -10,7 +10,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
 
-from quantize_serve import profile_output, profile_search
+from quantize_serve import gpu, profile_output, profile_search
 from quantize_serve.recipe import Recipe
 from quantize_serve.validate import ValidatedRecipe
 
@@ -40,7 +40,8 @@ def search_serve_profile(
     output_dir = Path(output_dir)
     result = profile_search.search_serve_profile(
         recipe, checkpoint_dir, output_dir=output_dir / "profile-search", tokenizer_dir=tokenizer_dir,
-        device_memory_bytes=device_memory_bytes, log=log)
+        device_memory_bytes=device_memory_bytes if device_memory_bytes is not None else gpu.usable_memory_bytes(),
+        log=log)
     update: dict = {"plot_path": str(profile_output.plot_search(result, output_dir / PLOT_FILE))}
     if result.found is not None:
         path, command = profile_output.write_serve_profile(result.found, output_dir / profile_output.PROFILE_FILE,

@@ -275,6 +275,21 @@ def test_task_writes_profile_and_chart(tmp_path, monkeypatch):
     assert result.serve_command.startswith("vllm serve ") and f"--max-num-seqs {n} " in result.serve_command
 
 
+def test_task_starts_a_gpu_search_at_the_planners_recommendation_for_this_gpu(tmp_path, monkeypatch):
+    """On a GPU the flow's search starts where the planner puts this GPU (it started at the range's
+    low end when the task left the device's memory out: "KV 0 tokens", seen on the H200)."""
+    from quantize_serve import gpu
+    from tasks.profile import search_serve_profile
+
+    calls: list[ServeSection] = []
+    monkeypatch.setattr(profile_probe, "vllm_probe", lambda *a, **k: threshold_probe(100, calls))
+    monkeypatch.setattr(gpu, "usable_memory_bytes", lambda index=0: 150109880320)  # the lent H200
+    serve = RECIPE.serve.model_copy(update={"memory_budget": None, "search": ProfileSearch(
+        min_num_seqs=16, max_num_seqs=256, step=64, max_boots=2)})
+    result = search_serve_profile.fn(RECIPE.model_copy(update={"serve": serve}), str(MODEL), output_dir=tmp_path)
+    assert result.planner_recommended > 256 and calls[0].max_num_seqs == result.planner_start == 256
+
+
 # --------------------------------------------------------------------------------------------
 # End to end: vLLM started from the emitted file.
 # --------------------------------------------------------------------------------------------
