@@ -55,6 +55,16 @@ def release_events(stack, kind: str) -> list:
     return []
 
 
+def hub_file(stack, repo_id: str, filename: str, revision: str) -> str:
+    from unittest import mock
+
+    from huggingface_hub import constants, hf_hub_download
+
+    with mock.patch.object(constants, "HF_HUB_OFFLINE", False):  # the session runs offline; this is loopback
+        return Path(hf_hub_download(repo_id, filename, revision=revision, endpoint=stack.hub_endpoint,
+                                    token=TOKEN, cache_dir=stack.runs.parent / "hub-downloads")).read_text()
+
+
 def hub_tags(stack, repo_id: str) -> dict[str, str]:
     from unittest import mock
 
@@ -87,6 +97,16 @@ def test_deployment_run_promotes(stack):
     assert {"report.json", "report.md", "capacity.png"} <= {p.name for p in folder.iterdir()}
     assert report["decision"]["passed"] and report["release"]["status"] == "promoted"
     assert hub_tags(stack, "quantize-serve/tiny-llama-awq-w4a16")["production"] == report["release"]["commit_sha"]
+    # serve-profile.yaml pins the KV cache the gates validated: the fp8 boot's blocks x 128 tokens x
+    # 512 bytes (2 x 4 layers x 2 KV heads x 32 dims x 1 byte); it ships with the promoted card
+    fp8 = next(c for c in report["capacity"]["configs"] if c["name"] == "w4a16-fp8kv")
+    profile = yaml.safe_load((folder / "serve-profile.yaml").read_text())
+    assert profile["kv-cache-memory-bytes"] == fp8["num_blocks"] * 128 * 512 == \
+        report["serving_profile"]["kv_cache_memory_bytes"]
+    assert profile["model"] == "quantize-serve/tiny-llama-awq-w4a16" and profile["max-num-seqs"] == 16
+    assert f"--kv-cache-memory-bytes {profile['kv-cache-memory-bytes']} " in report["serving_command"]
+    assert hub_file(stack, "quantize-serve/tiny-llama-awq-w4a16", "serve-profile.yaml",
+                    report["release"]["commit_sha"]) == (folder / "serve-profile.yaml").read_text()
     for path in folder.rglob("*"):
         if path.is_file() and path.suffix in {".md", ".json", ".log", ".txt"}:
             assert TOKEN not in path.read_text(errors="replace"), path
