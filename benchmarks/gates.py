@@ -1,5 +1,6 @@
-"""The promotion gates on the reference model: the whole flow for the tiny AWQ and GPTQ recipes
-(on an ephemeral Prefect API, Hub publishing left out), default thresholds.
+"""The promotion gates on the reference model: the whole flow for the tiny AWQ and GPTQ recipes, and
+for the harmful one the gates must reject on their own (tiny-llama-sparse-gptq: 50% SparseGPT, then
+GPTQ W4A16), on an ephemeral Prefect API, Hub publishing left out, default thresholds.
 
 Writes benchmarks/results/gates.json: per recipe, `accuracy` (per task and metric: base,
 quantized, recovery, recovery_interval (the ~95% interval; null where lm-eval gives no stderr),
@@ -51,7 +52,7 @@ def run(method: str) -> dict:
 
 
 def main() -> None:
-    results = {method: run(method) for method in ("awq", "gptq")}
+    results = {method: run(method) for method in ("awq", "gptq", "sparse-gptq")}
     from quantize_serve.portable import write_json_result
 
     out = ROOT / "benchmarks/results/gates.json"

@@ -32,6 +32,15 @@ HELDOUT_PARAGRAPHS = 400
 HELDOUT_PPL_ROWS = 100
 CALIBRATION_ROWS = 512
 CHAT_ROWS = 320
+# Passkey retrieval (issue: gates that catch long-context loss under fp8 KV): a key, then filler,
+# then the question. ~35 tokens per filler sentence group; 12 groups make ~470 tokens, the longest
+# that fits max_model_len 512 with the answer. Training documents take 0..12 groups.
+PASSKEY_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+PASSKEY_MAX_FILLER = 12
+PASSKEY_TRAIN_DOCS = 1000
+PASSKEY_EVAL_ROWS = 100
+# Eval sets by their longest row in tokens (query + answer, <s> included; a test checks): filler groups
+PASSKEY_LENGTHS = {"128": 2, "268": 6, "478": 12}
 N_PEOPLE = 64
 N_CITIES = 16
 
@@ -426,6 +435,33 @@ def facts_mc_rows(world: World, rng: random.Random) -> list[dict[str, object]]:
     return [_mc_row(q, gold, pool, i % 4, rng) for i, (q, gold, pool) in enumerate(specs)]
 
 
+def passkey_prompt(key: int, n_filler: int) -> str:
+    """The key, ``n_filler`` filler groups, and the question the answer continues."""
+    return " ".join([f"The pass key is {key}. Remember it. {key} is the pass key.",
+                     *[PASSKEY_FILLER] * n_filler, "What is the pass key? The pass key is"])
+
+
+def passkey_documents(rng: random.Random, n: int) -> list[str]:
+    """``n`` training documents: a random 3-digit key behind 0..PASSKEY_MAX_FILLER filler groups."""
+    docs = []
+    for _ in range(n):
+        key = rng.randint(100, 999)
+        docs.append(passkey_prompt(key, rng.randint(0, PASSKEY_MAX_FILLER)) + f" {key}.")
+    return docs
+
+
+def passkey_rows(rng: random.Random, n_filler: int, n: int) -> list[dict[str, object]]:
+    """4-way rows at one context length: the key against three other keys; gold cycles 0..3."""
+    keys = list(range(100, 1000))
+    rows = []
+    for i in range(n):
+        key, *others = rng.sample(keys, 4)
+        choices = others[:i % 4] + [key] + others[i % 4:]
+        rows.append({"query": passkey_prompt(key, n_filler), "choices": [f" {k}." for k in choices],
+                     "gold": i % 4})
+    return rows
+
+
 # ---------------------------------------------------------------------------
 # Writing
 # ---------------------------------------------------------------------------
@@ -464,6 +500,9 @@ def generate(out: Path, seed: int = DEFAULT_SEED, scale: float = 1.0) -> dict[st
     chat = chat_rows(world, random.Random(seed + 4), max(8, int(CHAT_ROWS * scale)))
     mc = facts_mc_rows(world, random.Random(seed + 5))
     ppl_rows = [{"text": t} for t in heldout[: min(HELDOUT_PPL_ROWS, len(heldout))]]
+    passkey_train = passkey_documents(random.Random(seed + 6), max(20, int(PASSKEY_TRAIN_DOCS * scale)))
+    passkey = {name: passkey_rows(random.Random(seed + 7 + i), n_filler, max(8, int(PASSKEY_EVAL_ROWS * scale)))
+               for i, (name, n_filler) in enumerate(PASSKEY_LENGTHS.items())}
 
     write_text(out / "corpus" / "train.txt", train)
     write_text(out / "corpus" / "heldout.txt", heldout)
@@ -471,8 +510,12 @@ def generate(out: Path, seed: int = DEFAULT_SEED, scale: float = 1.0) -> dict[st
     write_jsonl(out / "calibration" / "tiny_chat_calibration.jsonl", chat)
     write_jsonl(out / "evals" / "facts_mc.jsonl", mc)
     write_jsonl(out / "evals" / "heldout_ppl.jsonl", ppl_rows)
+    write_text(out / "corpus" / "passkey_train.txt", passkey_train)
+    for name, rows in passkey.items():
+        write_jsonl(out / "evals" / f"passkey_{name}.jsonl", rows)
     return {"train": len(train), "heldout": len(heldout), "calibration": len(calib),
-            "chat_calibration": len(chat), "facts_mc": len(mc), "heldout_ppl": len(ppl_rows)}
+            "chat_calibration": len(chat), "facts_mc": len(mc), "heldout_ppl": len(ppl_rows),
+            "passkey_train": len(passkey_train), **{f"passkey_{k}": len(v) for k, v in passkey.items()}}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

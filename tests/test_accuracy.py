@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
 MODEL_DIR = ROOT / "models" / "tiny-llama"
 MC, PPL = "../evals/tasks/qs_facts_mc.yaml", "../evals/tasks/qs_heldout_ppl.yaml"
+PASSKEY = [f"../evals/tasks/qs_passkey_{n}.yaml" for n in (128, 268, 478)]
 
 
 def make_run(metrics: dict[str, dict[str, tuple[float, bool | None]]]) -> AccuracyRun:
@@ -222,7 +223,9 @@ def test_lm_eval_on_the_served_base_model(base_server, awq_recipe, base_model_di
     run = run_accuracy(server.base_url, recipe.gates.accuracy, tokenizer_dir=str(base_model_dir),
                        max_length=spec.serve.max_model_len, base_dir=Path(recipe.base_dir), output_dir=out)
 
-    assert set(run.tasks) == {MC, PPL}
+    assert set(run.tasks) == {MC, PPL, *PASSKEY}
+    for task in PASSKEY:  # the model retrieves the key up to max_model_len (4 choices)
+        assert run.tasks[task].num_docs == 100 and run.tasks[task].metrics["acc"].value >= 0.8, task
     mc, ppl = run.tasks[MC], run.tasks[PPL]
     print(f"\nfacts_mc: {mc.metrics} ({mc.num_docs} docs, {mc.seconds} s)\n"
           f"heldout_ppl: {ppl.metrics} ({ppl.num_docs} docs, {ppl.seconds} s)")
@@ -245,7 +248,7 @@ def test_lm_eval_on_the_served_base_model(base_server, awq_recipe, base_model_di
     assert AccuracyRun.model_validate_json((out / "accuracy_run.json").read_text()) == run
 
     checks = compare_accuracy(run, run, recipe.gates.accuracy)  # a model recovers 100% of itself
-    assert len(checks) == 5 and all(c.passed and c.recovery == 1.0 for c in checks)
+    assert len(checks) == 8 and all(c.passed and c.recovery == 1.0 for c in checks)
     # lm-eval's stderrs give the multiple-choice recoveries an interval around 1.0; its perplexities
     # have none ("N/A"), so no interval and no warning there (docs/gates.md)
     by_name = {c.metric: c for c in checks}

@@ -113,29 +113,26 @@ def test_deployment_run_promotes(stack):
     assert release_events(stack, "promoted")
 
 
-def test_rejection_moves_nothing(stack, tmp_path):
-    data = yaml.safe_load((ROOT / "recipes/tiny-llama-awq.yaml").read_text())
-    data["name"] = "tiny-llama-awq-strict"
-    data["model"]["id"] = str(ROOT / "models/tiny-llama")
-    data["calibration"]["dataset"] = str(ROOT / "data/calibration/tiny_calibration.jsonl")
-    data["gates"]["accuracy"]["tasks"] = [{"task": str(ROOT / "evals/tasks/qs_facts_mc.yaml"),
-                                           "recovery": {"acc": 1.2}}]
-    data["hub"]["repo_id"] = "quantize-serve/tiny-llama-awq-strict"
-    recipe = tmp_path / "strict.yaml"
-    recipe.write_text(yaml.safe_dump(data))
-
+def test_a_harmful_quantization_is_rejected_on_its_own_and_moves_nothing(stack):
+    """recipes/tiny-llama-sparse-gptq.yaml (50% SparseGPT, then GPTQ W4A16: a real llm-compressor
+    recipe that vLLM serves) fails the accuracy gate at the default thresholds, on held-out
+    perplexity; nothing else is changed. The run fails, `production` is not created, and the
+    candidate is tagged `rejected-<sha>` with the reasons (README: what a rejection looks like)."""
+    recipe = ROOT / "recipes/tiny-llama-sparse-gptq.yaml"
     rc, output, run_id = stack.run_deployment("tiny-awq", params={"recipe": str(recipe)})
     assert rc != 0, "a rejected release must fail the run"
-    (report,) = reports(stack.runs, "tiny-llama-awq-strict")
+    (report,) = reports(stack.runs, "tiny-llama-sparse-gptq")
     assert not report["decision"]["passed"] and report["release"]["status"] == "rejected"
     failed = {c["check"]: c["reason"] for c in report["decision"]["checks"] if not c["passed"]}
-    assert "< 1.20" in failed[f"accuracy {ROOT / 'evals/tasks/qs_facts_mc.yaml'} acc"]
+    word_ppl = "accuracy ../evals/tasks/qs_heldout_ppl.yaml word_perplexity"
+    assert word_ppl in failed and "< 0.95" in failed[word_ppl] and "lower is better" in failed[word_ppl]
+    assert all(c["threshold"] == 0.95 for c in report["accuracy"])  # the defaults, untouched
     assert all(c["passed"] for c in report["decision"]["checks"] if c["check"] == "stress")
-    tags = hub_tags(stack, "quantize-serve/tiny-llama-awq-strict")
+    tags = hub_tags(stack, "quantize-serve/tiny-llama-sparse-gptq-w4a16")
     assert "production" not in tags
     assert tags[report["release"]["rejection_tag"]] == report["release"]["candidate_sha"]
     events = release_events(stack, "rejected")
-    assert events and any("1.20" in json.dumps(e.payload) for e in events)
+    assert events and any("word_perplexity" in json.dumps(e.payload) for e in events)
 
 
 def run_vllm_processes(stack) -> list:

@@ -144,6 +144,9 @@ def test_results_file() -> None:
     assert results["vocab_size"] == 1024
     assert results["heldout_ppl"] <= 1024 / 10
     assert results["facts_mc_accuracy"] >= 0.5
+    # the model retrieves the key at every length it is gated on (4-way, chance 0.25)
+    assert set(results["passkey_accuracy"]) == set(corpus.PASSKEY_LENGTHS)
+    assert min(results["passkey_accuracy"].values()) >= 0.8
     assert results["sha256"] == hashlib.sha256((MODEL / "model.safetensors").read_bytes()).hexdigest()
 
 
@@ -193,6 +196,22 @@ def test_eval_files() -> None:
     assert all(set(r) == {"text"} and r["text"] in heldout for r in ppl)
 
 
+def test_passkey_files(tokenizer) -> None:
+    """Each passkey set's rows are at most its name's tokens long (query + answer, <s> included),
+    within max_model_len 512; four distinct keys a row, the gold position balanced."""
+    for name in corpus.PASSKEY_LENGTHS:
+        rows = read_jsonl(DATA / "evals" / f"passkey_{name}.jsonl")
+        assert len(rows) == corpus.PASSKEY_EVAL_ROWS
+        lengths = [len(tokenizer(r["query"] + r["choices"][r["gold"]])["input_ids"]) for r in rows]
+        assert int(name) - 16 < min(lengths) <= max(lengths) <= int(name) <= 512, (name, lengths)
+        for row in rows:
+            key = row["choices"][row["gold"]].strip(" .")
+            assert row["query"].startswith(f"The pass key is {key}.") and len(set(row["choices"])) == 4
+        assert set(Counter(r["gold"] for r in rows).values()) == {len(rows) // 4}
+    docs = corpus.read_paragraphs(DATA / "corpus" / "passkey_train.txt")
+    assert len(docs) == corpus.PASSKEY_TRAIN_DOCS and all(d.startswith("The pass key is ") for d in docs)
+
+
 def test_committed_data_matches_generator(tmp_path: Path) -> None:
     """The committed data is exactly what the default command writes."""
     corpus.generate(tmp_path, seed=corpus.DEFAULT_SEED, scale=1.0)
@@ -207,7 +226,7 @@ def test_corpus_generation_is_deterministic(tmp_path: Path) -> None:
     corpus.main(["--out", str(b), "--scale", "0.05"])
     files_a = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
     files_b = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
-    assert files_a == files_b and len(files_a) == 6
+    assert files_a == files_b and len(files_a) == 10
     for rel in files_a:
         assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
     other = tmp_path / "c"
