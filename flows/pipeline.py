@@ -36,6 +36,7 @@ from tasks.serve import (
     gpu_slot,
     measure_capacity,
     measure_shape_capacity,
+    plan_base_boot,
     published_model,
     published_serve_command,
     served,
@@ -66,6 +67,7 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
         with gpu_slot():
             preflight = measure_shape_capacity(validated, run_dir)
     base = resolve_base_model(validated)
+    base_boot = plan_base_boot(validated, base)  # a base too large for the recipe's GPUs: more, or stop here
     progress.done("base resolved")
     checkpoint = quantize_model(validated, base)
     progress.done("quantized")
@@ -81,7 +83,8 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     candidate = push_candidate(validated, base, checkpoint, serving_command, run_dir, profile)
     progress.done("candidate pushed")
     with gpu_slot():
-        with served(validated, Boot.BASE, base.local_dir, run_dir) as (server, spec):
+        with served(validated, Boot.BASE, base.local_dir, run_dir,
+                    tensor_parallel_size=base_boot.tensor_parallel_size) as (server, spec):
             cap_base = measure_capacity(server, spec, Boot.BASE)
             acc_base = run_accuracy(server.base_url, r.gates.accuracy, tokenizer_dir=base.local_dir,
                                     max_length=r.serve.max_model_len, base_dir=Path(r.base_dir),
@@ -102,7 +105,7 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
                                   tokenizer_dir=checkpoint.checkpoint_dir, output_dir=run_dir,
                                   return_state=True) if r.gates.soak else None)  # gates.soak is optional
         progress.done("fp8 served")
-    capacity = summarize_capacity(validated, base, [cap_base, cap_w4, cap_fp8])
+    capacity = summarize_capacity(validated, base, [cap_base, cap_w4, cap_fp8], base_boot)
     checks = compare_accuracy(outcome(acc_base), outcome(acc_quant), r.gates.accuracy)
     decision = decide_release(checks, outcome(stress), outcome(soak) if soak else None,
                               soak_required=r.gates.soak is not None)

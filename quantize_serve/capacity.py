@@ -49,6 +49,7 @@ METHOD_GPU = (
 
 class CapacityConfig(BaseModel):
     name: Boot
+    tensor_parallel_size: int = 1  # the base may boot at a larger TP than the recipe's (BaseBoot)
     kv_cache_dtype: str
     weights_bytes: int
     kv_cache_memory_bytes: int
@@ -69,6 +70,7 @@ class PlannerCheck(BaseModel):
 
 class CapacityReport(BaseModel):
     method: str
+    base_boot: str | None = None  # why the base booted at another TP than the recipe's (BaseBoot.reason)
     budget_bytes: int | None
     configs: list[CapacityConfig]
     freed_weight_bytes: int
@@ -89,8 +91,9 @@ class CapacityReport(BaseModel):
         checks = {p.name: p for p in self.planner}
         for c in self.configs:
             p = checks.get(c.name)
+            tp = f" (TP {c.tensor_parallel_size})" if c.tensor_parallel_size != self.configs[-1].tensor_parallel_size else ""
             rows.append(
-                f"| {c.name} | {c.kv_cache_dtype} | {c.weights_bytes / GIB:.4f} | "
+                f"| {c.name}{tp} | {c.kv_cache_dtype} | {c.weights_bytes / GIB:.4f} | "
                 f"{c.kv_cache_memory_bytes / GIB:.4f} | {c.kv_cache_tokens:,} | "
                 f"{c.max_concurrency:.2f}x @ {c.max_model_len:,} | "
                 + (f"{p.predicted_kv_tokens:,} ({p.error_pct:+.2f}%) |" if p else "- |")
@@ -104,12 +107,16 @@ class CapacityReport(BaseModel):
             "",
             f"Method: {self.method}",
         ]
+        if self.base_boot:
+            rows += ["", f"Base boot: {self.base_boot}"]
         return "\n".join(rows)
 
 
-def capacity_spec(recipe: Recipe, boot: Boot, model_dir: Path, *, weights_bytes: int | None = None) -> ServerSpec:
+def capacity_spec(recipe: Recipe, boot: Boot, model_dir: Path, *, weights_bytes: int | None = None,
+                  tensor_parallel_size: int | None = None) -> ServerSpec:
     """The boot spec of one configuration under the recipe's (shared) budget. ``weights_bytes``: what
-    the boot's weights take (default: the checkpoint's tensor bytes; a dummy boot has no checkpoint)."""
+    the boot's weights take (default: the checkpoint's tensor bytes; a dummy boot has no checkpoint).
+    ``tensor_parallel_size``: another TP than the recipe's (the base, when it needs more GPUs: BaseBoot)."""
     kv_dtype = sixteen_bit_kv_dtype(model_dir) if Boot(boot).sixteen_bit_kv else recipe.serve.kv_cache_dtype
     kv_bytes = None
     if recipe.serve.memory_budget is not None:
@@ -117,8 +124,47 @@ def capacity_spec(recipe: Recipe, boot: Boot, model_dir: Path, *, weights_bytes:
         kv_bytes = int(recipe.serve.memory_budget) - weights
         if kv_bytes <= 0:
             kv_bytes = 1  # let vLLM refuse it with its own message (and our remedy)
-    return ServerSpec(model_dir=str(model_dir), serve=recipe.serve, kv_cache_dtype=kv_dtype,
+    serve = recipe.serve
+    if tensor_parallel_size is not None and tensor_parallel_size != serve.tensor_parallel_size:
+        serve = serve.model_copy(update={"tensor_parallel_size": tensor_parallel_size})
+    return ServerSpec(model_dir=str(model_dir), serve=serve, kv_cache_dtype=kv_dtype,
                       kv_cache_memory_bytes=kv_bytes)
+
+
+class BaseBoot(BaseModel):
+    """The TP the base model boots at: the recipe's, or (on GPUs, where the bf16 base does not fit
+    the recipe's TP) the smallest that fits this host, with the reason."""
+
+    tensor_parallel_size: int
+    reason: str | None = None
+
+
+def base_boot(recipe: Recipe, base_config: dict, *, device_memory_bytes: int | None,
+              gpu_count: int) -> BaseBoot:
+    """Where the base boots (capacity row (a) and the accuracy baseline). A release that only fits
+    quantized (a 70B on one H200) still needs its base served for the accuracy gate: at the smallest
+    TP that fits, when this host has that many GPUs. Otherwise it raises GateError naming what the
+    base needs, before anything is quantized. CPU runs (``serve.memory_budget``) keep the recipe's TP."""
+    tp = recipe.serve.tensor_parallel_size
+    if recipe.serve.memory_budget is not None or not device_memory_bytes:
+        return BaseBoot(tensor_parallel_size=tp)
+    plan = plan_for(recipe, base_config, Boot.BASE, block_size=planner.BLOCK_SIZE_GPU,
+                    device_memory_bytes=device_memory_bytes)
+    if plan.fits:
+        return BaseBoot(tensor_parallel_size=tp)
+    why = f"the bf16 base does not fit at TP {tp}: {plan.reason}"
+    heads = planner.ModelShape.from_config(base_config).num_heads
+    fitting = [t for t in planner.TP_SIZES if t > tp and heads % t == 0 and plan_for(
+        recipe, base_config, Boot.BASE, block_size=planner.BLOCK_SIZE_GPU, device_memory_bytes=device_memory_bytes,
+        tensor_parallel_size=t).fits]
+    if fitting and fitting[0] <= gpu_count:
+        return BaseBoot(tensor_parallel_size=fitting[0], reason=f"{why}; measured at TP {fitting[0]}, the smallest "
+                        f"that fits (the planner), on {fitting[0]} of this host's {gpu_count} GPUs")
+    fits_at = f"it fits at TP {fitting[0]}" if fitting else f"it fits at no TP up to {planner.TP_SIZES[-1]}"
+    raise GateError(f"{why}; {fits_at}, and this host has {gpu_count} GPU(s). The accuracy gate compares "
+                    "the release with its base served the same way, so the base must be served. Nothing was "
+                    f"quantized. Fix: run on a host with at least {fitting[0] if fitting else 'more'} GPUs (the "
+                    f"release keeps serve.tensor_parallel_size {tp}), or lower serve.max_model_len")
 
 
 def published_model(recipe: Recipe, checkpoint_dir: str | Path) -> str:
@@ -201,6 +247,7 @@ def measure_capacity(server: RunningServer, spec: ServerSpec, *, name: Boot) -> 
         kv_bytes = float(found[-1]) * GIB if found else 0
     return CapacityConfig(
         name=Boot(name),
+        tensor_parallel_size=spec.serve.tensor_parallel_size,
         kv_cache_dtype=info.get("cache_dtype", spec.effective_kv_dtype),
         weights_bytes=weights,
         kv_cache_memory_bytes=int(kv_bytes),
@@ -214,8 +261,9 @@ def measure_capacity(server: RunningServer, spec: ServerSpec, *, name: Boot) -> 
 
 
 def plan_for(recipe: Recipe, base_config: dict, name: Boot, *, block_size: int,
-             device_memory_bytes: int | None = None) -> planner.CapacityPlan:
-    """The planner's prediction for one configuration, in the same mode as the measurement."""
+             device_memory_bytes: int | None = None, tensor_parallel_size: int | None = None) -> planner.CapacityPlan:
+    """The planner's prediction for one configuration, in the same mode as the measurement
+    (``tensor_parallel_size``: another TP than the recipe's)."""
     boot = Boot(name)
     kv = "auto" if boot.sixteen_bit_kv else recipe.serve.kv_cache_dtype
     scheme = "bf16" if not boot.quantized else (
@@ -229,7 +277,7 @@ def plan_for(recipe: Recipe, base_config: dict, name: Boot, *, block_size: int,
         max_model_len=recipe.serve.max_model_len,
         max_num_batched_tokens=recipe.serve.max_num_batched_tokens or 8192,
         block_size=block_size,
-        tensor_parallel_size=recipe.serve.tensor_parallel_size,
+        tensor_parallel_size=tensor_parallel_size or recipe.serve.tensor_parallel_size,
         mode="fixed_budget" if fixed else "gpu",
         group_size=recipe.quantization.group_size,
         ignore=tuple(recipe.quantization.ignore),
@@ -237,19 +285,20 @@ def plan_for(recipe: Recipe, base_config: dict, name: Boot, *, block_size: int,
 
 
 def summarize_capacity(recipe: Recipe, configs: list[CapacityConfig], base_config: dict,
-                       *, device_memory_bytes: int | None = None) -> CapacityReport:
+                       *, device_memory_bytes: int | None = None, base_boot: str | None = None) -> CapacityReport:
     """Derived figures and the planner's predictions beside the measured ones."""
     by = {c.name: c for c in configs}
     a, b, c = by[Boot.BASE], by[Boot.W4A16], by[Boot.W4A16_FP8KV]
     checks = []
     for cfg in configs:
         plan = plan_for(recipe, base_config, cfg.name, block_size=cfg.block_size,
-                        device_memory_bytes=device_memory_bytes)
+                        device_memory_bytes=device_memory_bytes, tensor_parallel_size=cfg.tensor_parallel_size)
         err = 100.0 * (plan.kv_cache_tokens - cfg.kv_cache_tokens) / max(cfg.kv_cache_tokens, 1)
         checks.append(PlannerCheck(name=cfg.name, predicted_kv_tokens=plan.kv_cache_tokens,
                                    measured_kv_tokens=cfg.kv_cache_tokens, error_pct=round(err, 3)))
     return CapacityReport(
         method=METHOD_FIXED if recipe.serve.memory_budget is not None else METHOD_GPU,
+        base_boot=base_boot,
         budget_bytes=int(recipe.serve.memory_budget) if recipe.serve.memory_budget is not None else None,
         configs=[a, b, c],
         freed_weight_bytes=a.weights_bytes - b.weights_bytes,

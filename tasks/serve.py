@@ -62,12 +62,25 @@ def published_serve_command(validated: ValidatedRecipe, checkpoint_dir: str) -> 
     return capacity.published_serve_command(validated.recipe, checkpoint_dir)
 
 
+@task(name="plan-base-boot")
+def plan_base_boot(validated: ValidatedRecipe, base: BaseModelRef) -> capacity.BaseBoot:
+    """The TP the base boots at: the recipe's, or the smallest that fits this host when the bf16 base
+    does not fit the recipe's GPUs; fails, before quantizing, when this host has too few (capacity.base_boot)."""
+    config = json.loads((Path(base.local_dir) / "config.json").read_text())
+    boot = capacity.base_boot(validated.recipe, config, device_memory_bytes=gpu.usable_memory_bytes(),
+                              gpu_count=len(gpu.device_handles()))
+    if boot.reason:
+        get_run_logger().warning("base boot: %s", boot.reason)
+    return boot
+
+
 @contextmanager
-def served(validated: ValidatedRecipe, name: capacity.Boot, model_dir: str,
-           run_dir: Path) -> Iterator[tuple[RunningServer, ServerSpec]]:
-    """Boot one capacity configuration for the duration of the block (always stopped after)."""
+def served(validated: ValidatedRecipe, name: capacity.Boot, model_dir: str, run_dir: Path, *,
+           tensor_parallel_size: int | None = None) -> Iterator[tuple[RunningServer, ServerSpec]]:
+    """Boot one capacity configuration for the duration of the block (always stopped after);
+    ``tensor_parallel_size``: another TP than the recipe's (the base's, see plan_base_boot)."""
     logger = get_run_logger()
-    spec = capacity.capacity_spec(validated.recipe, name, Path(model_dir))
+    spec = capacity.capacity_spec(validated.recipe, name, Path(model_dir), tensor_parallel_size=tensor_parallel_size)
     logger.info("booting vLLM (%s): %s", name, spec.serve_command())
     with vllm_server(spec, log_path=run_dir / f"vllm-{name}.log") as server:
         logger.info("vLLM (%s) healthy at %s after %.0f s", name, server.base_url, server.boot_seconds)
@@ -81,11 +94,11 @@ def measure_capacity(server: RunningServer, spec: ServerSpec, name: capacity.Boo
 
 
 @task(name="summarize-capacity")
-def summarize_capacity(validated: ValidatedRecipe, base: BaseModelRef,
-                       configs: list[capacity.CapacityConfig]) -> capacity.CapacityReport:
+def summarize_capacity(validated: ValidatedRecipe, base: BaseModelRef, configs: list[capacity.CapacityConfig],
+                       base_boot: capacity.BaseBoot | None = None) -> capacity.CapacityReport:
     config = json.loads((Path(base.local_dir) / "config.json").read_text())
-    return capacity.summarize_capacity(validated.recipe, configs, config,
-                                       device_memory_bytes=gpu.usable_memory_bytes())
+    return capacity.summarize_capacity(validated.recipe, configs, config, device_memory_bytes=gpu.usable_memory_bytes(),
+                                       base_boot=base_boot.reason if base_boot else None)
 
 
 @task(name="write-serving-profile")

@@ -69,6 +69,44 @@ def test_published_command_names_the_repo_not_the_machine(awq_recipe, tmp_path):
     assert command.startswith("vllm serve awq-0123abcd ") and " /" not in command
 
 
+H200 = 150109880320  # what CUDA sees of the lent H200
+LLAMA = {size: json.loads((ROOT / f"benchmarks/configs/llama-3-{size}.json").read_text()) for size in ("8b", "70b")}
+
+
+def test_a_base_too_large_for_the_recipes_gpus_boots_at_the_smallest_tp_that_fits_or_stops():
+    """Issue 14's table: the 70B bf16 base needs 131.4 GiB per GPU, more than 0.90 x 139.8 GiB, at TP 1;
+    the W4A16 release fits one H200, its base needs two. CPU runs keep the recipe's TP."""
+    from quantize_serve.capacity import base_boot
+    from quantize_serve.errors import GateError
+    from quantize_serve.recipe import load_recipe
+
+    recipe = load_recipe(ROOT / "recipes/llama3-8b-instruct-awq.yaml")
+    assert base_boot(recipe, LLAMA["8b"], device_memory_bytes=H200, gpu_count=1).tensor_parallel_size == 1
+    two = base_boot(recipe, LLAMA["70b"], device_memory_bytes=H200, gpu_count=2)
+    assert two.tensor_parallel_size == 2
+    assert "the bf16 base does not fit at TP 1: weights 131.42 GiB/GPU" in two.reason
+    assert "exceed the 125.82 GiB budget" in two.reason and "measured at TP 2" in two.reason
+    with pytest.raises(GateError, match=r"it fits at TP 2, and this host has 1 GPU\(s\).*Nothing was quantized"):
+        base_boot(recipe, LLAMA["70b"], device_memory_bytes=H200, gpu_count=1)
+    cpu = load_recipe(ROOT / "recipes/tiny-llama-awq.yaml")
+    assert base_boot(cpu, LLAMA["70b"], device_memory_bytes=H200, gpu_count=1).tensor_parallel_size == 1
+
+
+def test_the_base_boot_at_another_tp_is_labelled_in_the_capacity_table(awq_recipe, base_model_dir):
+    from quantize_serve.capacity import CapacityConfig, CapacityReport
+
+    spec = capacity_spec(awq_recipe, Boot.BASE, base_model_dir, tensor_parallel_size=2)
+    assert spec.vllm_config()["tensor-parallel-size"] == 2 and awq_recipe.serve.tensor_parallel_size == 1
+    rows = [CapacityConfig(name=b, tensor_parallel_size=tp, kv_cache_dtype="auto", weights_bytes=1, kv_cache_memory_bytes=1,
+                           kv_cache_tokens=1, num_blocks=1, block_size=16, max_model_len=1, max_concurrency=1,
+                           boot_seconds=1) for b, tp in zip(Boot, (2, 1, 1))]
+    report = CapacityReport(method="m", budget_bytes=None, base_boot="the bf16 base does not fit at TP 1: ...", configs=rows,
+                            freed_weight_bytes=0, fp8_token_ratio=1, gain_quantized=1, gain_fp8=1, planner=[])
+    text = report.markdown()
+    assert "| base (TP 2) | auto |" in text and "| w4a16 | auto |" in text
+    assert "Base boot: the bf16 base does not fit at TP 1" in text
+
+
 def test_cache_info_is_read_with_prometheus_parser():
     from quantize_serve.capacity import read_cache_info
 
