@@ -59,6 +59,9 @@ class ServerSpec(BaseModel):
     kv_cache_memory_bytes: int | None = None  # fixed KV budget (CPU runs; see capacity.py)
     tokenizer_dir: str | None = None
     load_format: str | None = None  # "dummy": random weights of the config's shapes (shape_capacity.py)
+    # The warm-up request (WARMUP_PROMPT). Off for a boot read only for its capacity with random weights:
+    # those include the fp8 KV scales, and vLLM CPU then fails every request ("k_scale must be positive").
+    warm_up: bool = True
 
     @property
     def effective_kv_dtype(self) -> str:
@@ -361,7 +364,8 @@ def vllm_server(spec: ServerSpec, *, log_path: Path, boot_timeout_s: float | Non
         server = RunningServer(base_url=f"http://{host}:{port}", port=port, pid=proc.pid,
                                log_path=str(log_path), command=spec.serve_command(), boot_seconds=0.0)
         _wait_healthy(proc, server, timeout)
-        server.warmup_prompt_tokens = _warm_up(proc, server, spec.serve.max_model_len)
+        if spec.warm_up:
+            server.warmup_prompt_tokens = _warm_up(proc, server, spec.serve.max_model_len)
         server.boot_seconds = round(time.monotonic() - started, 1)
         yield server
     finally:

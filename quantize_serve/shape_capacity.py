@@ -160,7 +160,7 @@ def measure_shape(recipe: Recipe, base_dir: str | Path, *, out_dir: Path, model:
     for boot in Boot:
         planned = plan_for(recipe, base_config, boot, block_size=block, device_memory_bytes=device_memory_bytes)
         specs[boot] = capacity_spec(recipe, boot, folders[boot], weights_bytes=planned.weights_bytes
-                                    ).model_copy(update={"load_format": "dummy"})
+                                    ).model_copy(update={"load_format": "dummy", "warm_up": False})
         rows[boot] = ShapeRow(name=boot, kv_cache_dtype=specs[boot].effective_kv_dtype, planned=planned,
                               tensor_parallel_size=tp)
     order = [PRODUCTION_BOOT, *(b for b in Boot if b is not PRODUCTION_BOOT)] if production_first else list(Boot)
