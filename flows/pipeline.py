@@ -1,6 +1,6 @@
 """The quantize-serve flow: the pipeline's table of contents. Composition only.
 
-validate -> resolve base -> quantize -> push candidate -> measure capacity -> accuracy gate ->
+validate -> resolve base -> [choose the format: flows/formats.py] -> quantize -> push candidate -> measure capacity -> accuracy gate ->
 stress gate -> decide -> promote or reject -> report.
 
 vLLM boots three times, each once: (a) the base model serves capacity and the base accuracy;
@@ -22,12 +22,14 @@ from typing import Any
 from prefect import flow
 from prefect.states import Failed, State
 
+from flows.formats import choose_format
 from quantize_serve.capacity import Boot
 from quantize_serve.recipe import Recipe
 from quantize_serve.release import release_reasons
 from quantize_serve.report import RunReport
 from tasks.accuracy import run_accuracy
 from tasks.decide import compare_accuracy, decide_release
+from tasks.formats import with_candidate
 from tasks.hub import promote_or_reject, push_candidate
 from tasks.profile import search_serve_profile, with_found_profile
 from tasks.quantize import quantize_model
@@ -69,6 +71,12 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     base = resolve_base_model(validated)
     base_boot = plan_base_boot(validated, base)  # a base too large for the recipe's GPUs: more, or stop here
     progress.done("base resolved")
+    formats = None
+    if r.quantization.candidates:  # several formats: measure each, continue with the rule's choice
+        formats = choose_format(validated, base, run_dir)
+        validated = with_candidate(validated, formats.winner, formats.row(formats.winner).scheme)
+        r = validated.recipe
+        progress.done("format chosen")
     checkpoint = quantize_model(validated, base)
     progress.done("quantized")
     profile = None
@@ -114,7 +122,7 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
         run_id=run_id(), recipe=r.name, recipe_source=validated.source, recipe_sha256=validated.recipe_sha256,
         overrides=validated.overrides,
         base=base, checkpoint=checkpoint, candidate=candidate, capacity=capacity, preflight=preflight,
-        profile=profile,
+        profile=profile, formats=formats,
         accuracy=checks if isinstance(checks, list) else [], stress=outcome(stress) if stress.is_completed() else None,
         soak=outcome(soak) if soak and soak.is_completed() else None,
         decision=decision, serving_command=production.command, serving_profile=production), run_dir)

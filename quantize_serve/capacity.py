@@ -266,8 +266,7 @@ def plan_for(recipe: Recipe, base_config: dict, name: Boot, *, block_size: int,
     (``tensor_parallel_size``: another TP than the recipe's)."""
     boot = Boot(name)
     kv = "auto" if boot.sixteen_bit_kv else recipe.serve.kv_cache_dtype
-    scheme = "bf16" if not boot.quantized else (
-        "W4A16_ASYM" if recipe.quantization.scheme == "W4A16_ASYM" else "W4A16")
+    scheme = recipe.quantization.scheme if boot.quantized else "bf16"
     fixed = recipe.serve.memory_budget is not None
     return planner.plan_capacity(
         planner.ModelShape.from_config(base_config),

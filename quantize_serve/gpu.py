@@ -88,3 +88,15 @@ def describe_devices() -> str | None:
     if nv is None or not handles:
         return None
     return f"{len(handles)} x {nv.nvmlDeviceGetName(handles[0])}"
+
+
+def compute_capability(index: int = 0) -> tuple[int, int] | None:
+    """The GPU's CUDA compute capability, e.g. (9, 0) for an H200; None without NVML."""
+    nv, handles = nvml(), device_handles()
+    if nv is None or len(handles) <= index:
+        return None
+    try:
+        major, minor = nv.nvmlDeviceGetCudaComputeCapability(handles[index])
+        return int(major), int(minor)
+    except Exception:
+        return None

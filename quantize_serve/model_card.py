@@ -94,7 +94,8 @@ class ModelCardInputs(BaseModel):
         description="Hub commit sha of the base model (a content hash for a local folder).")
     method: str
     scheme: str
-    group_size: int
+    group_size: int | None  # None: per output channel (the 8-bit schemes)
+    source_checkpoint: str | None = None  # an existing checkpoint released as it is (not quantized here)
     calibration: dict[str, Any] = Field(default_factory=dict)
     calibration_fingerprint: str = ""
     status: Status = "candidate"
@@ -165,10 +166,11 @@ def render_model_card(inputs: ModelCardInputs) -> ModelCard:
         library_name="vllm",  # the pipeline proves it on vLLM; the format is compressed-tensors
         pipeline_tag="text-generation",
         license=i.license,
-        tags=["quantized", "compressed-tensors", "vllm", i.method.lower(), i.scheme.lower(),
+        tags=["quantized", "compressed-tensors", "vllm", i.method.lower().replace(" ", "-"), i.scheme.lower(),
               f"quantize-serve-{i.status}"],
     )
     rev = i.base_revision_sha or "main"
+    granularity = f"group size {i.group_size}" if i.group_size else "per channel"
     base = (f"[{i.base_model}](https://huggingface.co/{i.base_model}/tree/{rev})" if on_hub
             else f"`{i.base_model}`")
     pinned = f" at `{i.base_revision_sha}`" if i.base_revision_sha else ""
@@ -180,13 +182,15 @@ def render_model_card(inputs: ModelCardInputs) -> ModelCard:
     if i.status == "rejected":
         parts.append("Reasons:\n\n" + "\n".join(f"- {r}" for r in i.rejection_reasons))
     parts += [
-        f"{i.scheme} ({i.method.upper()}, group size {i.group_size}) quantization of "
-        f"{base}{pinned}, made with llm-compressor "
-        f"and measured on {engine} by quantize-serve."
+        f"{i.scheme} ({i.method.upper()}, {granularity}) quantization of "
+        f"{base}{pinned}, "
+        + (f"the existing checkpoint `{i.source_checkpoint}` (not quantized again), validated "
+           if i.source_checkpoint else "made with llm-compressor and measured ")
+        + f"on {engine} by quantize-serve."
         + ("" if on_hub else " The base is a local folder, not a Hub repo id, so the card's metadata "
            "names no `base_model` (and the Hub's model tree shows no link to it)."),
         "## Quantization\n\n" + _table(["setting", "value"], [
-            ["method", i.method], ["scheme", i.scheme], ["group size", i.group_size],
+            ["method", i.method], ["scheme", i.scheme], ["group size", i.group_size or "per channel"],
             *[[f"calibration {k}", v] for k, v in sorted(i.calibration.items())],
             ["calibration fingerprint",
              f"`{i.calibration_fingerprint}`" if i.calibration_fingerprint else "-"],

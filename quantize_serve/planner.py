@@ -86,7 +86,7 @@ GPU_MEMORY_BYTES: dict[str, float] = {
 BLOCK_SIZE_GPU, BLOCK_SIZE_CPU = 16, 128
 TP_SIZES = (1, 2, 4, 8)  # the tensor-parallel sizes smallest_fitting_tp tries (the GPUs of one host)
 
-Scheme = Literal["bf16", "W4A16", "W4A16_ASYM"]
+Scheme = Literal["bf16", "W4A16", "W4A16_ASYM", "W8A8", "FP8_DYNAMIC"]
 KVCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 PlanMode = Literal["gpu", "fixed_budget"]
 
@@ -258,6 +258,19 @@ def _packed_int4_linear_bytes(out_f: int, in_f: int, *, group_size: int | None, 
     return packed + scales + shape + zero_points
 
 
+def _channel_int8_linear_bytes(out_f: int, in_f: int) -> int:
+    """Bytes of one Linear stored by compressed-tensors ``int-quantized``/``float-quantized`` at 8
+    bits, per output channel (W8A8, FP8_DYNAMIC): the 8-bit weight plus one scale per row (fp32 at
+    most; 4 bytes taken, the row is thousands of bytes)."""
+    return out_f * in_f + out_f * 4
+
+
+def _quantized_linear_bytes(out_f: int, in_f: int, *, scheme: Scheme, group_size: int | None) -> int:
+    if scheme in ("W8A8", "FP8_DYNAMIC"):
+        return _channel_int8_linear_bytes(out_f, in_f)
+    return _packed_int4_linear_bytes(out_f, in_f, group_size=group_size, asym=scheme == "W4A16_ASYM")
+
+
 def weight_bytes(
     shape: ModelShape,
     *,
@@ -270,7 +283,8 @@ def weight_bytes(
     ``bf16``: every parameter at 2 bytes (embeddings, LM head unless tied, norms).
     ``W4A16``/``W4A16_ASYM``: the seven Linear layers of every block at 4 bits packed, one
     16-bit scale per ``group_size`` inputs (plus packed 4-bit zero points for ``_ASYM``),
-    see :func:`_packed_int4_linear_bytes`. Embeddings, norms, biases and the LM head stay
+    see :func:`_packed_int4_linear_bytes`; ``W8A8``/``FP8_DYNAMIC``: 8 bits per weight plus a scale
+    per output channel (:func:`_channel_int8_linear_bytes`). Embeddings, norms, biases and the LM head stay
     16-bit; a module name in ``ignore`` (``"lm_head"``, ``"down_proj"``...) stays 16-bit too.
     A tied LM head is the embedding matrix and is never quantized (it is not a Linear).
 
@@ -288,15 +302,13 @@ def weight_bytes(
     elif scheme == "bf16" or "lm_head" in ignored:
         lm_head = v * h * b16
     else:
-        lm_head = _packed_int4_linear_bytes(v, h, group_size=group_size, asym=scheme == "W4A16_ASYM")
+        lm_head = _quantized_linear_bytes(v, h, scheme=scheme, group_size=group_size)
     per_layer = 0
     for name, out_f, in_f in shape.layer_linears():
         if scheme == "bf16" or name in ignored:
             per_layer += out_f * in_f * b16
         else:
-            per_layer += _packed_int4_linear_bytes(
-                out_f, in_f, group_size=group_size, asym=scheme == "W4A16_ASYM"
-            )
+            per_layer += _quantized_linear_bytes(out_f, in_f, scheme=scheme, group_size=group_size)
     return embed + lm_head + norms + biases + shape.num_layers * per_layer
 
 

@@ -48,13 +48,14 @@ class QuantizeResult(BaseModel):
     calibration_fingerprint: str
     engine_versions: dict[str, str]
     cached: bool = False
+    source_checkpoint: str | None = None  # an existing checkpoint used as it is (existing_checkpoint.py)
 
 
 def build_llmcompressor_recipe(q: QuantizationSection) -> str:
     """The llm-compressor recipe (YAML) for the quantization section: what actually runs.
 
-    The weight scheme is written out as a config group rather than a preset name so the saved
-    recipe states every number (bits, symmetry, group size), including non-default group sizes.
+    The scheme is written out as a config group rather than a preset name so the saved recipe
+    states every number (bits, symmetry, group size), including non-default group sizes.
     """
     if q.llmcompressor_recipe is not None:
         raw = q.llmcompressor_recipe
@@ -64,6 +65,11 @@ def build_llmcompressor_recipe(q: QuantizationSection) -> str:
     scheme = weight_scheme(q)
     if q.method == "gptq":
         modifiers = {"GPTQModifier": {**scheme, "dampening_frac": q.dampening_frac}}
+    elif q.method == "smoothquant-gptq":  # INT8 W8A8: move activation outliers into the weights, then GPTQ
+        modifiers = {"SmoothQuantModifier": {"smoothing_strength": q.smoothing_strength},
+                     "GPTQModifier": {**scheme, "dampening_frac": q.dampening_frac}}
+    elif q.method == "rtn":  # FP8_DYNAMIC: per-channel weights rounded, activations scaled per token at run time
+        modifiers = {"QuantizationModifier": scheme}
     else:
         modifiers = {
             "AWQModifier": {"duo_scaling": True},
@@ -72,22 +78,32 @@ def build_llmcompressor_recipe(q: QuantizationSection) -> str:
     return yaml.safe_dump({"quant_stage": {"quant_modifiers": modifiers}}, sort_keys=False)
 
 
+# compressed-tensors' presets, written out (compressed_tensors.quantization.quant_scheme): the
+# 8-bit schemes quantize weights per output channel and activations per token at run time.
+EIGHT_BIT = {
+    "W8A8": {"weights": {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True, "dynamic": False},
+             "input_activations": {"num_bits": 8, "type": "int", "strategy": "token", "symmetric": True,
+                                   "dynamic": True}},
+    "FP8_DYNAMIC": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True,
+                                "dynamic": False},
+                    "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "symmetric": True,
+                                          "dynamic": True}},
+}
+# The checkpoint format llm-compressor saves each scheme in (config.json's quantization_config.format).
+CHECKPOINT_FORMAT = {"W4A16": "pack-quantized", "W4A16_ASYM": "pack-quantized", "W8A8": "int-quantized",
+                     "FP8_DYNAMIC": "float-quantized"}
+
+
 def weight_scheme(q: QuantizationSection) -> dict:
-    """The weight scheme of the quantization section as llm-compressor's modifiers take it (config
+    """The scheme of the quantization section as llm-compressor's modifiers take it (config
     groups, ignore, and the KV-cache scheme when scales are calibrated)."""
-    scheme: dict = {
-        "config_groups": {
-            "group_0": {
-                "targets": list(q.targets),
-                "weights": {
-                    "num_bits": 4, "type": "int", "strategy": "group",
-                    "group_size": q.group_size, "symmetric": q.scheme == "W4A16",
-                    "dynamic": False,
-                },
-            }
-        },
-        "ignore": list(q.ignore),
-    }
+    if q.scheme in EIGHT_BIT:
+        group = {"targets": list(q.targets), **EIGHT_BIT[q.scheme]}
+    else:
+        group = {"targets": list(q.targets),
+                 "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": q.group_size,
+                             "symmetric": q.scheme == "W4A16", "dynamic": False}}
+    scheme: dict = {"config_groups": {"group_0": group}, "ignore": list(q.ignore)}
     if q.kv_cache_scales:
         scheme["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "strategy": "tensor",
                                      "dynamic": False, "symmetric": True}

@@ -42,7 +42,7 @@ def stage_release_folder(checkpoint: QuantizeResult, card_text: str, folder: Pat
 def candidate_commit_message(recipe: Recipe, base: BaseModelRef) -> str:
     """The recipe's commit message template, filled in."""
     q = recipe.quantization
-    return recipe.hub.commit_message.format(method=q.method, scheme=q.scheme,
+    return recipe.hub.commit_message.format(method=q.method or "existing checkpoint", scheme=q.scheme,
                                             base_model=base.repo_id or recipe.model.id,
                                             base_revision=base.sha[:12])
 

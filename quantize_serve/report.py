@@ -27,6 +27,9 @@ from quantize_serve.accuracy import AccuracyCheck
 from quantize_serve.capacity import GIB, CapacityConfig, CapacityReport
 from quantize_serve.decision import Decision
 from quantize_serve.digest import file_sha256
+from quantize_serve.existing_checkpoint import checkpoint_group_size
+from quantize_serve.formats import CHART as FORMATS_CHART
+from quantize_serve.formats import FormatChoice
 from quantize_serve.hub import PushResult
 from quantize_serve.model_card import AccuracyRow, ModelCardInputs, Provenance
 from quantize_serve.portable import portable_path
@@ -69,6 +72,7 @@ class RunReport(BaseModel):
     capacity: CapacityReport | None = None
     preflight: ShapeCapacity | None = None  # serve.preflight: measure - the shape with dummy weights
     profile: ProfileSearchResult | None = None
+    formats: FormatChoice | None = None  # quantization.candidates: every format measured, the rule's choice
     accuracy: list[AccuracyCheck] = Field(default_factory=list)
     stress: StressResult | None = None
     soak: SoakResult | None = None  # only when the recipe sets gates.soak
@@ -128,7 +132,10 @@ def card_inputs(validated: ValidatedRecipe, base: BaseModelRef, checkpoint: Quan
     return ModelCardInputs(
         repo_id=recipe.hub.repo_id if recipe.hub else recipe.name,
         base_model=base.repo_id or recipe.model.id, base_revision_sha=base.sha,
-        method=q.method, scheme=q.scheme, group_size=q.group_size,
+        method=checkpoint.method, scheme=checkpoint.scheme,
+        group_size=(checkpoint_group_size(Path(checkpoint.checkpoint_dir)) if checkpoint.source_checkpoint
+                    else q.group_size if checkpoint.scheme.startswith("W4") else None),
+        source_checkpoint=checkpoint.source_checkpoint,
         calibration=calibration_summary(validated),
         calibration_fingerprint=checkpoint.calibration_fingerprint,
         status="candidate" if status == "not-published" else status,
@@ -373,6 +380,9 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
                   image_markdown("capacity", (folder or Path()) / CHART, embed=embed), ""]
     if r.preflight:
         lines += ["## Capacity before download (the model's shape, dummy weights)", r.preflight.markdown(), ""]
+    if r.formats:
+        lines += ["## Release format (every candidate, production serving settings)", r.formats.markdown(), ""]
+        lines += [image_markdown("release formats", (folder or Path()) / FORMATS_CHART, embed=embed), ""]
     if r.profile:
         lines += ["## Serving profile search (largest stable max_num_seqs)", r.profile.markdown(), ""]
         if r.profile.plot_path:

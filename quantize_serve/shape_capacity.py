@@ -37,7 +37,7 @@ from quantize_serve.capacity import (
     plan_for,
 )
 from quantize_serve.errors import RecipeError, ServerBootError
-from quantize_serve.quantize import weight_scheme
+from quantize_serve.quantize import CHECKPOINT_FORMAT, weight_scheme
 from quantize_serve.recipe import QuantizationSection, Recipe
 from quantize_serve.server import vllm_server
 
@@ -53,9 +53,9 @@ def quantization_config(q: QuantizationSection) -> dict:
                           "its shape cannot be booted without weights",
                           "describe the scheme with quantization.scheme/group_size/ignore to measure "
                           "capacity before quantizing, or run the flow without serve.preflight")
-    scheme = weight_scheme(q)
-    groups = {name: {**group, "format": "pack-quantized"} for name, group in scheme["config_groups"].items()}
-    return checkpoint_quantization_config(groups, ignore=scheme["ignore"], format="pack-quantized")
+    scheme, fmt = weight_scheme(q), CHECKPOINT_FORMAT[q.scheme]
+    groups = {name: {**group, "format": fmt} for name, group in scheme["config_groups"].items()}
+    return checkpoint_quantization_config(groups, ignore=scheme["ignore"], format=fmt)
 
 
 def checkpoint_quantization_config(config_groups: dict, *, ignore: list[str], format: str) -> dict:
