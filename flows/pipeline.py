@@ -76,7 +76,6 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
         formats = choose_format(validated, base, run_dir)
         validated = with_candidate(validated, formats.winner, formats.row(formats.winner).scheme)
         r = validated.recipe
-        progress.done("format chosen")
     checkpoint = quantize_model(validated, base)
     progress.done("quantized")
     profile = None

@@ -72,9 +72,10 @@ def block_bytes(config: CapacityConfig, base_config: dict, tensor_parallel_size:
         shape, kv_cache_dtype=kv, tensor_parallel_size=tensor_parallel_size)
 
 
-def pinned_spec(spec: ServerSpec, config: CapacityConfig, base_config: dict) -> ServerSpec:
-    """``spec`` with ``--kv-cache-memory-bytes`` = the measured blocks x block bytes."""
-    per_block = block_bytes(config, base_config, spec.serve.tensor_parallel_size)
+def pinned_spec(spec: ServerSpec, config: CapacityConfig, base_config: dict, *, per_block: int | None = None
+                ) -> ServerSpec:
+    """``spec`` with ``--kv-cache-memory-bytes`` = the measured blocks x block bytes (``per_block``)."""
+    per_block = per_block or block_bytes(config, base_config, spec.serve.tensor_parallel_size)
     return spec.model_copy(update={"kv_cache_memory_bytes": config.num_blocks * per_block})
 
 
@@ -88,12 +89,12 @@ def needs_free_bytes(config: CapacityConfig, *, per_block: int, gpu_memory_utili
     return math.ceil(gpu_memory_utilization * device_memory_bytes) - available + pinned
 
 
-def elsewhere(config: CapacityConfig, *, per_block: int, gpu_memory_utilization: float,
+def elsewhere(config: CapacityConfig, *, per_block: int, needs: int, gpu_memory_utilization: float,
               device_memory_bytes: int) -> list[Elsewhere]:
     """The production boot on this GPU idle (what was validated) and partly taken, and on the
-    planner's other GPUs. ``config`` is the validated boot sized by utilization (GPU accounting)."""
+    planner's other GPUs. ``config`` is the validated boot sized by utilization (GPU accounting);
+    ``needs``: the free bytes per GPU the pinned boot needs (:func:`needs_free_bytes`)."""
     u, total = gpu_memory_utilization, device_memory_bytes
-    needs = needs_free_bytes(config, per_block=per_block, gpu_memory_utilization=u, device_memory_bytes=total)
     non_kv = needs - config.num_blocks * per_block  # weights + activations + overheads
     rows = [("this GPU (validated)", total, total), (f"this GPU, {TAKEN_SHARE:.0%} taken", total,
                                                     int(total * (1 - TAKEN_SHARE)))]
@@ -124,13 +125,14 @@ def write_serving_profile(spec: ServerSpec, config: CapacityConfig, base_config:
                           model: str, device_memory_bytes: int | None) -> ServingProfile:
     """Write ``serve-profile.yaml`` for the validated production boot (``spec``, measured as ``config``),
     its KV cache pinned; ``device_memory_bytes`` (a GPU's) adds what other GPUs would get."""
-    pinned = pinned_spec(spec, config, base_config)
     per_block = block_bytes(config, base_config, spec.serve.tensor_parallel_size)
+    pinned = pinned_spec(spec, config, base_config, per_block=per_block)
     gpu = spec.kv_cache_memory_bytes is None and device_memory_bytes is not None  # sized by utilization
-    rows = elsewhere(config, per_block=per_block, gpu_memory_utilization=spec.serve.gpu_memory_utilization,
-                     device_memory_bytes=device_memory_bytes) if gpu else []
-    needs = needs_free_bytes(config, per_block=per_block, gpu_memory_utilization=spec.serve.gpu_memory_utilization,
+    u = spec.serve.gpu_memory_utilization
+    needs = needs_free_bytes(config, per_block=per_block, gpu_memory_utilization=u,
                              device_memory_bytes=device_memory_bytes) if gpu else None
+    rows = elsewhere(config, per_block=per_block, needs=needs, gpu_memory_utilization=u,
+                     device_memory_bytes=device_memory_bytes) if gpu else []
     header = [
         f"vLLM serving profile of the boot quantize-serve's gates validated ({PRODUCTION_BOOT}): "
         f"{config.kv_cache_tokens:,} KV tokens,",

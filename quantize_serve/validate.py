@@ -29,6 +29,7 @@ from quantize_serve.recipe import (
     check_model,
     check_model_config,
     load_recipe,
+    looks_local,
     parse_recipe,
     show_path,
 )
@@ -77,7 +78,7 @@ def validate_recipe(recipe: Recipe | str | Path | dict,
             data = apply_overrides(recipe.model_dump(mode="json"), overrides, source=source)
             recipe = parse_recipe(data, source=source)
     if recipe.model_is_local:
-        check_local_model(recipe, source=source)
+        check_local_checkpoints(recipe, check_local_model(recipe, source=source), source=source)
     return ValidatedRecipe(
         recipe=recipe,
         source=source,
@@ -85,6 +86,26 @@ def validate_recipe(recipe: Recipe | str | Path | dict,
         calibration_fingerprint=calibration_fingerprint(recipe, source=source),
         overrides=overrides,
     )
+
+
+def check_local_checkpoints(recipe: Recipe, base_config: dict[str, Any], *, source: str) -> None:
+    """Existing checkpoints given as folders (``quantization.checkpoint``, a candidate's ``checkpoint``):
+    each a quantized checkpoint of the base model (existing_checkpoint.check_checkpoint), before any
+    download, quantization or boot. Hub checkpoints are checked when fetched (flows/formats.py)."""
+    from quantize_serve.existing_checkpoint import check_checkpoint
+
+    q = recipe.quantization
+    named = [("quantization.checkpoint", q.checkpoint)] if q.checkpoint else []
+    named += [(f"quantization.candidates[{i}].checkpoint", c.checkpoint) for i, c in enumerate(q.candidates)
+              if c.checkpoint]
+    for field, value in named:
+        if looks_local(value) or recipe.path(value).exists():
+            folder = recipe.path(value)
+            if not folder.is_dir():
+                raise RecipeError(source, field, value, f"no such folder ({show_path(folder)})",
+                                  "point it at a checkpoint folder (relative paths resolve against the recipe's "
+                                  "folder) or at a Hub repo id such as org/name")
+            check_checkpoint(folder, base_config, source=source, field=field, value=value)
 
 
 def check_serving_host(recipe: Recipe, *, source: str) -> None:

@@ -257,3 +257,21 @@ def test_the_flow_compares_formats_and_releases_the_best_one_that_passes(formats
     assert report["decision"]["passed"] and report["release"]["status"] == "promoted"
     assert "## Release format" in (run_dir / "report.md").read_text()
     assert "not quantized again" in (run_dir / "release" / "README.md").read_text()
+
+
+def test_a_local_checkpoint_candidate_of_another_model_is_refused_before_anything_runs(tmp_path):
+    from quantize_serve.validate import validate_recipe
+
+    other = tmp_path / "other-awq"
+    shutil.copytree(AUTOAWQ, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 32}))
+    path = recipe_with(tmp_path, {"candidates": [{"name": "a", "method": "gptq"},
+                                                 {"name": "b", "checkpoint": str(other)}]})
+    with pytest.raises(RecipeError) as info:
+        validate_recipe(path)
+    message = str(info.value)
+    assert "quantization.candidates[1].checkpoint" in message and "num_hidden_layers 32 != base 4" in message
+    missing = recipe_with(tmp_path, {"candidates": [{"name": "b", "checkpoint": "./nowhere"}]})
+    with pytest.raises(RecipeError, match="no such folder"):
+        validate_recipe(missing)
