@@ -8,6 +8,7 @@
 #   bash scripts/gpu/host.sh launch [DRIVER ARGS...]    start benchmarks/h200.py run, detached
 #   bash scripts/gpu/host.sh launch-llama3 [ARGS...]    start benchmarks/h200_llama3.py, detached
 #   bash scripts/gpu/host.sh launch-shape [ARGS...]     start benchmarks/shape_capacity.py, detached
+#   bash scripts/gpu/host.sh launch-schemes [ARGS...]   start benchmarks/h200_schemes.py, detached (no build needed)
 #   bash scripts/gpu/host.sh collect SECONDS DEST       wait for the driver, copy results to DEST
 set -u
 STATE=${QS_GPU_STATE:-/tmp/qs-h200}
@@ -68,6 +69,14 @@ launch-shape)
       > "$STATE/driver.log" 2>&1 < /dev/null &
   echo $! > "$STATE/driver.pid"; echo "driver started: pid $(cat "$STATE/driver.pid")"
   ;;
+launch-schemes)
+  shift
+  cd "$REPO"
+  export QS_SERVING_PYTHON=/tmp/serving-python PYTHONPATH="/tmp/site-pipeline:$REPO" PYTHONUNBUFFERED=1
+  setsid nohup "$PY" benchmarks/h200_schemes.py --out "$STATE/h200_schemes.json" --work "$STATE/schemes" "$@" \
+      > "$STATE/driver.log" 2>&1 < /dev/null &
+  echo $! > "$STATE/driver.pid"; echo "driver started: pid $(cat "$STATE/driver.pid")"
+  ;;
 collect)
   LIMIT=${2:?seconds}; DEST=${3:?destination folder}
   mkdir -p "$DEST"
@@ -75,14 +84,14 @@ collect)
   pid=$(cat "$STATE/driver.pid" 2>/dev/null || echo "")
   while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt "$LIMIT" ]; do sleep 3; done
   if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then st=running; else st=finished; fi
-  for f in h200.json h200_search.json h200_llama3.json h200x2_shape.json llama3-watch.log; do [ -f "$STATE/$f" ] && cp "$STATE/$f" "$DEST/$f"; done
+  for f in h200.json h200_search.json h200_llama3.json h200x2_shape.json h200_schemes.json llama3-watch.log; do [ -f "$STATE/$f" ] && cp "$STATE/$f" "$DEST/$f"; done
   [ -f "$STATE/driver.log" ] && tail -c 4000000 "$STATE/driver.log" > "$DEST/driver.log"
   [ -f "$STATE/build.log" ] && tail -c 100000 "$STATE/build.log" > "$DEST/build.log"
   (cd "$STATE" && tar -czf "$DEST/logs.tar.gz" --exclude='*.safetensors' --exclude='*.parquet' work/logs work/stress \
-      work/flow_result.json runs llama3-stack/runs llama3-stack/*.log shape 2>/dev/null) || true
+      work/flow_result.json runs llama3-stack/runs llama3-stack/*.log shape schemes 2>/dev/null) || true
   echo "driver: $st ($((SECONDS - t0)) s waited)"
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader 2>/dev/null || true
-  grep -a -E '^\[(h200|shape)|^[0-9:. ]+\| (INFO|WARNING|ERROR)' "$STATE/driver.log" 2>/dev/null | cut -c1-300 | tail -n 45
+  grep -a -E '^\[(h200|shape|schemes)|^[0-9:. ]+\| (INFO|WARNING|ERROR)' "$STATE/driver.log" 2>/dev/null | cut -c1-300 | tail -n 45
   ;;
 *)
   echo "usage: $0 receive DIR | snapshot | build | install | launch [ARGS] | collect SECONDS DEST" >&2; exit 2

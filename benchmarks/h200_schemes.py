@@ -1,0 +1,247 @@
+"""Every release format of issue 16 on one H200: the Llama-3-8B shape with dummy (random) weights,
+served in the production configuration (CUDA graphs on, max_model_len 8192, gpu_memory_utilization
+0.90, fp8 KV cache) and measured through the project's own code (quantize_serve/formats.py): KV
+capacity from vLLM's /metrics (``capacity.measure_capacity``), `vllm bench serve` at the target
+concurrency (``formats.run_format_bench``: fresh random prompts per run, prefix caching off), the
+linear kernel vLLM chose and the kernel check (``formats.kernel_problem``), and the release chosen
+by ``formats.choose`` under the "most KV capacity" rule (the "most throughput" winner is reported too).
+
+Candidates: W4A16 (compressed-tensors pack-quantized, group 128, symmetric), FP8_DYNAMIC and INT8
+W8A8, each with the fp8 KV cache; the bf16 base with a 16-bit KV cache is the reference row. With
+``--kv16`` the W4A16 checkpoint is also booted with a 16-bit KV cache (capacity only) for its
+``kv_cache_tokens_16bit_kv``. Weights are random: accuracy means nothing here, recovery is null.
+
+    python benchmarks/h200_schemes.py --out h200_schemes.json          # on the GPU host (host.sh launch-schemes)
+    .venv/bin/python benchmarks/h200_schemes.py --rehearse --out /tmp/s.json --work /tmp/qs-schemes
+        # CPU rehearsal: the reference model's shape, recipes/tiny-llama-awq.yaml's serve settings,
+        # W8A8 and FP8_DYNAMIC only, a tiny bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+RECIPE = ROOT / "recipes" / "llama3-8b-instruct-awq.yaml"
+SHAPE = ROOT / "benchmarks" / "configs" / "llama-3-8b.json"
+TOKENIZER = ROOT / "models" / "tiny-llama"  # a dummy boot needs a tokenizer; any will do
+NO_PREFIX_CACHE = "--no-enable-prefix-caching"
+SERVE = {"serve.max_model_len": 8192, "serve.gpu_memory_utilization": 0.90, "serve.enforce_eager": False,
+         "serve.max_num_batched_tokens": 8192, "serve.max_num_seqs": 256, "serve.kv_cache_dtype": "fp8",
+         "serve.extra_args": [NO_PREFIX_CACHE]}
+# (name, scheme, method): the candidates, each served with the fp8 KV cache
+CANDIDATES = [("w4a16", "W4A16", "rtn (dummy weights)"), ("fp8-dynamic", "FP8_DYNAMIC", "rtn (dummy weights)"),
+              ("int8-w8a8", "W8A8", "rtn (dummy weights)")]
+BENCH = {"concurrency": 64, "input_tokens": 1024, "output_tokens": 256, "repeats": 2}
+# --rehearse: the same code on this CPU with the reference model's shape and serve settings
+REHEARSE_RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
+REHEARSE_SERVE = {"serve.max_model_len": 512, "serve.enforce_eager": True, "serve.extra_args": [NO_PREFIX_CACHE]}
+REHEARSE_CANDIDATES = [c for c in CANDIDATES if c[1] in ("W8A8", "FP8_DYNAMIC")]
+REHEARSE_BENCH = {"concurrency": 4, "input_tokens": 64, "output_tokens": 16, "repeats": 2}
+WEIGHTS_NOTE = ("random (vLLM --load-format dummy): capacity, throughput, latency and kernels only; accuracy "
+                "means nothing with random weights, so recovery is null and no accuracy gate was run")
+
+
+def log(msg: str) -> None:
+    print(f"[schemes {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def shape_folder(config: Path, scheme: str | None, work: Path) -> Path:
+    """A weightless folder: ``config``, the reference tokenizer, and the scheme's quantization_config
+    as llm-compressor writes it (benchmarks/cpu_schemes.py's pattern)."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    from quantize_serve.quantize import CHECKPOINT_FORMAT
+    from quantize_serve.shape_capacity import checkpoint_quantization_config, weightless_folder
+
+    base = work / "base"
+    if not (base / "config.json").is_file():
+        base.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(config, base / "config.json")
+        for f in TOKENIZER.iterdir():
+            if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+                shutil.copyfile(f, base / f.name)
+    quantization = None
+    if scheme:
+        fmt = CHECKPOINT_FORMAT[scheme]
+        group = {**preset_name_to_scheme(scheme, ["Linear"]).model_dump(), "format": fmt}
+        quantization = checkpoint_quantization_config({"group_0": group}, ignore=["lm_head"], format=fmt)
+    return weightless_folder(base, work / (scheme or "bf16"), quantization_config=quantization)
+
+
+def boot_spec(recipe, folder: Path, scheme: str | None, kv: str, *, warm_up: bool):
+    """The dummy-weights boot; under a fixed budget (CPU) the KV bytes are the budget less the planner's
+    weight bytes for the scheme (no checkpoint to read them from)."""
+    from quantize_serve import planner
+    from quantize_serve.server import ServerSpec
+
+    serve, kv_bytes, planned = recipe.serve, None, None
+    if serve.memory_budget is not None:
+        planned = planner.plan_capacity(
+            planner.ModelShape.from_config(json.loads((folder / "config.json").read_text())),
+            scheme=scheme or "bf16", kv_cache_dtype=kv, device_memory_bytes=int(serve.memory_budget),
+            gpu_memory_utilization=1.0, max_model_len=serve.max_model_len,
+            max_num_batched_tokens=serve.max_num_batched_tokens or 8192, block_size=planner.BLOCK_SIZE_CPU,
+            mode="fixed_budget", group_size=128, ignore=("lm_head",)).weights_bytes
+        kv_bytes = max(int(serve.memory_budget) - planned, 1)
+    spec = ServerSpec(model_dir=str(folder), serve=serve, kv_cache_dtype=kv, kv_cache_memory_bytes=kv_bytes,
+                      load_format="dummy", warm_up=warm_up)
+    return spec, planned
+
+
+def measure(recipe, args, *, name: str, scheme: str | None, method: str, kv: str, settings, platform: str,
+            reference: bool, bench: bool = True):
+    """One boot: (its FormatRow, the boot facts). Failures are recorded in the row, never raised."""
+    from quantize_serve import formats
+    from quantize_serve.boot import Boot
+    from quantize_serve.capacity import measure_capacity
+    from quantize_serve.server import vllm_server
+
+    folder = shape_folder(args.config, scheme, args.work / "folders")
+    spec, planned_weights = boot_spec(recipe, folder, scheme, kv, warm_up=not args.rehearse)
+    out = args.work / name
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / f"vllm-{name}.log"
+    row = formats.FormatRow(name=name, method=method, scheme=scheme or "bf16", kv_cache_dtype=kv,
+                            reference=reference)
+    facts: dict = {"name": name, "command": spec.serve_command(), "log": f"{name}/{log_path.name}"}
+    t0 = time.monotonic()
+    log(f"{name}: {spec.serve_command()}")
+    try:
+        with vllm_server(spec, log_path=log_path) as server:
+            facts["boot_seconds"] = server.boot_seconds
+            config = measure_capacity(server, spec, name=Boot.BASE if reference else Boot.W4A16_FP8KV)
+            if planned_weights is not None:  # fixed budget: no checkpoint to read the weight bytes from
+                config = config.model_copy(update={"weights_bytes": planned_weights})
+            row.kv_cache_dtype, row.weights_bytes = config.kv_cache_dtype, config.weights_bytes
+            row.kv_cache_tokens, row.max_concurrency = config.kv_cache_tokens, config.max_concurrency
+            log_text = Path(server.log_path).read_text(errors="replace")
+            row.kernels = formats.boot_kernels(log_text)
+            if not reference:
+                row.kernels, problem = formats.kernel_problem(scheme, platform, log_text)
+                if problem:
+                    row.failures.append("kernel check: " + problem)
+            log(f"{name}: booted in {server.boot_seconds} s; {config.kv_cache_tokens:,} KV tokens, "
+                f"{config.weights_bytes / 1024**3:.2f} GiB weights, kernels {row.kernels}")
+            if bench:
+                try:
+                    row.runs = formats.run_format_bench(server, tokenizer_dir=str(folder), settings=settings,
+                                                        output_dir=out, timeout_s=args.bench_timeout)
+                except RuntimeError as exc:
+                    row.failures.append(f"throughput: {str(exc).splitlines()[0]}")
+                bad = [r for r in row.runs if r.failed]
+                if bad:
+                    row.failures.append(f"throughput: {sum(r.failed for r in bad)} requests failed")
+                log(f"{name}: output tok/s {[r.output_throughput for r in row.runs]}, p99 TTFT "
+                    f"{[r.p99_ttft_ms for r in row.runs]} ms, mean TPOT {[r.mean_tpot_ms for r in row.runs]} ms")
+    except Exception as exc:  # noqa: BLE001 - a refused boot is a result
+        row.failures.append(f"boot: {str(exc).splitlines()[0]}")
+        log(f"{name}: FAILED: {row.failures[-1]}")
+    facts["seconds"] = round(time.monotonic() - t0, 1)
+    return row, facts
+
+
+def main(argv: list[str] | None = None) -> int:
+    from quantize_serve import formats, gpu
+    from quantize_serve.portable import write_json_result
+    from quantize_serve.recipe import FormatRule, load_recipe
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/h200_schemes.json")
+    p.add_argument("--work", type=Path, default=Path("/tmp/qs-schemes"))
+    p.add_argument("--concurrency", type=int, default=None, help="default 64 (4 on --rehearse)")
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--only", default="", help="comma-separated candidate names (default: all)")
+    p.add_argument("--kv16", action="store_true", help="also boot W4A16 with a 16-bit KV cache (capacity only)")
+    p.add_argument("--no-reference", action="store_true", help="skip the bf16 reference boot")
+    p.add_argument("--bench-timeout", type=float, default=600.0)
+    p.add_argument("--rehearse", action="store_true", help="CPU: the reference model's shape, a tiny bench")
+    args = p.parse_args(argv)
+    if args.rehearse:
+        recipe = load_recipe(REHEARSE_RECIPE, REHEARSE_SERVE)
+        args.config, candidates, bench = TOKENIZER / "config.json", REHEARSE_CANDIDATES, dict(REHEARSE_BENCH)
+        # vLLM CPU fails every request of a dummy-weights fp8-KV boot (random k_scale, "k_scale must be
+        # positive"), so the rehearsal serves a 16-bit KV cache: the same code paths, real requests.
+        kv = "auto"
+    else:
+        if gpu.compute_capability() is None:
+            raise SystemExit("no GPU: this benchmark measures an H200 (--rehearse runs it on CPU)")
+        recipe = load_recipe(RECIPE, SERVE)
+        args.config, candidates, bench, kv = SHAPE, CANDIDATES, dict(BENCH), "fp8"
+    if args.concurrency:
+        bench["concurrency"] = args.concurrency
+    if args.repeats:
+        bench["repeats"] = args.repeats
+    if args.only:
+        candidates = [c for c in candidates if c[0] in args.only.split(",")]
+    settings = formats.BenchSettings(num_prompts=4 * bench["concurrency"], **bench)
+    rule = FormatRule(rule="kv_capacity", concurrency=settings.concurrency, input_tokens=settings.input_tokens,
+                      output_tokens=settings.output_tokens, num_prompts=settings.num_prompts,
+                      repeats=settings.repeats)
+    cc = gpu.compute_capability()
+    platform = formats.platform_of(cc)
+    device = gpu.describe_devices() or f"CPU ({platform})"
+    result: dict = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "device": device,
+        "compute_capability": list(cc) if cc else None, "platform": platform,
+        "device_memory_bytes": gpu.usable_memory_bytes(), "shape": "Llama-3-8B" if not args.rehearse else "tiny-llama",
+        "rehearsal": args.rehearse, "weights": WEIGHTS_NOTE,
+        "settings": {"serve": recipe.serve.model_dump(mode="json"), "candidate_kv_cache_dtype": kv,
+                     "reference_kv_cache_dtype": "auto", "load_format": "dummy",
+                     "prefix_caching": "off (--no-enable-prefix-caching); each run's random prompts are new"},
+        "bench": settings.model_dump(), "boots": [], "rows": []}
+    rows: list = []
+
+    def save(choice=None) -> None:
+        result["rows"] = [r.summary() for r in rows]
+        if choice is not None:
+            result.update(choice)
+        write_json_result(args.out, result, roots=(args.work,))
+
+    for name, scheme, method in candidates:
+        row, facts = measure(recipe, args, name=name, scheme=scheme, method=method, kv=kv, settings=settings,
+                             platform=platform, reference=False)
+        rows.append(row)
+        result["boots"].append(facts)
+        save()
+    if not args.no_reference:
+        row, facts = measure(recipe, args, name="bf16", scheme=None, method="base", kv="auto", settings=settings,
+                             platform=platform, reference=True)
+        rows.append(row)
+        result["boots"].append(facts)
+        save()
+    if args.kv16:
+        w4 = next((r for r in rows if r.scheme == "W4A16"), None)
+        if w4 is not None:
+            row, facts = measure(recipe, args, name="w4a16-16bit-kv", scheme="W4A16", method="rtn (dummy weights)",
+                                 kv="auto", settings=settings, platform=platform, reference=False, bench=False)
+            w4.kv_cache_tokens_16bit = row.kv_cache_tokens
+            result["boots"].append({**facts, "kv_cache_tokens": row.kv_cache_tokens,
+                                    "failures": row.failures})
+            save()
+    # The release under the issue's rule (most KV capacity), and who would win on throughput alone.
+    by_kv = formats.choose([r.model_copy(deep=True) for r in rows], rule, settings, device)
+    passing = [r for r in by_kv.rows if r.passed and r.output_throughput is not None]
+    by_tp = max(passing, key=lambda r: r.output_throughput) if passing else None
+    save({"rule": rule.model_dump(), "rule_text": formats.describe_rule(rule), "winner": by_kv.winner,
+          "reason": by_kv.reason, "pareto": by_kv.pareto,
+          "winner_by_throughput": by_tp.name if by_tp else None,
+          "winner_by_throughput_reason": (
+              f"under 'most output tok/s at concurrency {settings.concurrency}' (no latency limit) the release "
+              f"would be {by_tp.name} with {by_tp.output_throughput:,.1f} tok/s" if by_tp else None),
+          "table": by_kv.markdown(), "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    result["rows"] = [r.summary() for r in by_kv.rows]
+    write_json_result(args.out, result, roots=(args.work,))
+    print(by_kv.markdown(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
