@@ -17,7 +17,7 @@ test-fast: setup
 	@$(PY) -m pytest -m "not e2e and not flow"
 
 bench: setup
-	@for b in quantize capacity gates plan; do $(PY) benchmarks/$$b.py || exit 1; done
+	@for b in quantize capacity gates plan schemes; do $(PY) benchmarks/$$b.py || exit 1; done
 
 ui:
 	@scripts/ui.sh

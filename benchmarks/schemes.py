@@ -33,8 +33,9 @@ RECIPE = ROOT / "recipes" / "tiny-llama-formats.yaml"
 def main() -> None:
     from flows.pipeline import quantize_serve
     from quantize_serve import cpu_support
+    from quantize_serve import formats as formats_module
     from quantize_serve.portable import write_json_result
-    from quantize_serve.recipe import parse_recipe
+    from quantize_serve.recipe import FormatRule, parse_recipe
     from quantize_serve.report import RunReport
 
     data = yaml.safe_load(RECIPE.read_text())
@@ -46,6 +47,8 @@ def main() -> None:
     report = state.result(raise_on_failure=False)
     assert isinstance(report, RunReport), f"the flow failed before its report: {report}"
     formats = json.loads((Path(report.report_dir) / "formats.json").read_text())
+    by_speed = formats_module.choose(report.formats.rows, FormatRule(rule="throughput", max_p99_ttft_ms=1e9),
+                                     report.formats.bench, report.formats.platform)
     flags = cpu_support.cpu_flags()
     result = {
         "started": started,
@@ -59,6 +62,8 @@ def main() -> None:
         "rule": formats["rule"], "bench": formats["bench"], "platform": formats["platform"],
         "rows": formats["rows"], "pareto": formats["pareto"],
         "chosen": formats["winner"], "reason": formats["reason"],
+        "winner_by_throughput": by_speed.winner,  # the same rows under rule: throughput, no latency limit
+        "winner_by_throughput_reason": by_speed.reason,
         "release": {"method": report.checkpoint.method, "scheme": report.checkpoint.scheme,
                     "decision_passed": report.decision.passed, "state": state.type.value},
         "report": str(Path(report.report_dir) / "report.md"),

@@ -116,6 +116,9 @@ def run_format_bench(server: RunningServer, *, tokenizer_dir: str, settings: Ben
         result, error = asyncio.run(run_bench(argv, out, max(timeout_s, BENCH_MIN_TIMEOUT_S)))
         if result is None:
             raise RuntimeError(error)
+        if result.get("failed") or result.get("completed", 0) < settings.num_prompts:
+            raise RuntimeError(f"{result.get('failed', 0)} of {settings.num_prompts} requests failed "
+                               f"({result.get('completed', 0)} completed); see {out / 'bench.log'}")
         runs.append(ThroughputFigures(command="vllm " + " ".join(argv), result_path=str(out / "bench.json"),
                                       input_len=settings.input_tokens, output_len=settings.output_tokens,
                                       **{k: v for k, v in result.items() if k in ThroughputFigures.model_fields}))
@@ -270,26 +273,30 @@ def describe_rule(rule: FormatRule) -> str:
     return text + (f", within {' and '.join(limits)}" if limits else "")
 
 
+def rank(row: FormatRow, rule: str) -> tuple[float, float, float]:
+    """How a candidate ranks under ``rule`` ("kv_capacity" or "throughput"): its measure, then recovery,
+    then the other measure."""
+    kv, speed = float(row.kv_cache_tokens or 0), row.output_throughput or 0.0
+    recovery = row.recovery if row.recovery is not None else 0.0
+    return (kv, recovery, speed) if rule == "kv_capacity" else (speed, recovery, kv)
+
+
 def choose(rows: list[FormatRow], rule: FormatRule, bench: BenchSettings, platform: str) -> FormatChoice:
-    """The release under ``rule``: the best passing candidate (ties: the earlier in the recipe)."""
-    for r in rows:
-        if not r.reference:
-            r.failures = [*r.failures, *(f for f in slo_failures(r, rule) if f not in r.failures)]
+    """The release under ``rule``: the best passing candidate. Equal on the rule's measure, the higher
+    recovery wins, then the other measure; then the earlier in the recipe."""
+    rows = [r if r.reference else r.model_copy(update={"failures": [
+        *r.failures, *(f for f in slo_failures(r, rule) if f not in r.failures)]}) for r in rows]
     passing = [r for r in rows if r.passed]
-    if rule.rule == "kv_capacity":
-        def score(r: FormatRow) -> float:
-            return r.kv_cache_tokens or 0
-    else:
-        def score(r: FormatRow) -> float:
-            return r.output_throughput or 0.0
-    winner = max(passing, key=score) if passing else None  # max keeps the first of equal scores
+    winner = max(passing, key=lambda r: rank(r, rule.rule)) if passing else None  # max keeps the first of equals
     if winner is None:
         reason = "No candidate passed every check, so nothing is released."
     else:
         measure = (f"{winner.kv_cache_tokens:,} KV tokens" if rule.rule == "kv_capacity"
                    else f"{winner.output_throughput:,.1f} output tok/s")
-        reason = (f"Chosen: {winner.name} ({winner.method}, {winner.scheme}) with {measure}; "
-                  f"{len(passing)} of {sum(not r.reference for r in rows)} candidates passed.")
+        tied = [r.name for r in passing if r is not winner and rank(r, rule.rule)[0] == rank(winner, rule.rule)[0]]
+        reason = (f"Chosen: {winner.name} ({winner.method}, {winner.scheme}) with {measure}"
+                  + (f" (tied with {', '.join(tied)}; the higher recovery decided)" if tied else "")
+                  + f"; {len(passing)} of {sum(not r.reference for r in rows)} candidates passed.")
     return FormatChoice(rule=rule, bench=bench, platform=platform, rows=rows, pareto=pareto_front(rows),
                         winner=winner.name if winner else None, reason=reason)
 

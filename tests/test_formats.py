@@ -275,3 +275,52 @@ def test_a_local_checkpoint_candidate_of_another_model_is_refused_before_anythin
     missing = recipe_with(tmp_path, {"candidates": [{"name": "b", "checkpoint": "./nowhere"}]})
     with pytest.raises(RecipeError, match="no such folder"):
         validate_recipe(missing)
+
+
+@pytest.mark.e2e
+@pytest.mark.flow
+@pytest.mark.quantized_serving
+@pytest.mark.timeout(900)
+def test_when_no_candidate_passes_the_run_fails_before_anything_is_pushed(formats_hub, tmp_path):
+    """Every candidate measured, none within the recipe's latency limit: the run fails with the table,
+    nothing is quantized again, pushed or promoted, and no vLLM is left running."""
+    from flows.pipeline import quantize_serve
+    from tests.conftest import vllm_processes_of
+
+    data = yaml.safe_load(recipe_with(tmp_path, {
+        "candidates": [{"name": "community-awq", "checkpoint": str(AUTOAWQ)}],
+        "choose": {"rule": "throughput", "max_p99_ttft_ms": 0.001, "concurrency": 2, "input_tokens": 16,
+                   "output_tokens": 4, "num_prompts": 4, "repeats": 1}}).read_text())
+    data["gates"]["accuracy"] = {"tasks": [{"task": str(ROOT / "evals" / "tasks" / "qs_heldout_ppl.yaml"),
+                                            "limit": 10}], "default_recovery": 0.5}
+    data["serve"]["kv_cache_dtype"] = "auto"  # one boot per candidate: the subject is the stop
+    data["hub"]["repo_id"] = "quantize-serve/tiny-llama-formats-none"
+    path = tmp_path / "none-pass.yaml"
+    path.write_text(yaml.safe_dump(data))
+
+    state = quantize_serve(str(path), return_state=True)
+    assert state.is_failed()
+    message = state.message or ""
+    assert "no release format passed every check, so nothing is pushed or released" in message, message
+    assert "p99 TTFT" in message and "over the limit 0.001 ms" in message
+    (run_dir,) = [p.parent for p in formats_hub.runs.glob("tiny-llama-formats-*/formats.md")
+                  if "p99 TTFT <= 0.001 ms" in p.read_text()]
+    assert not (run_dir / "report.json").exists() and not (run_dir / "release").exists()
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    with pytest.raises(RepositoryNotFoundError):
+        HfApi(endpoint=formats_hub.endpoint, token=TOKEN).repo_info("quantize-serve/tiny-llama-formats-none")
+    def started_here(proc) -> bool:
+        try:
+            return proc.environ().get("QS_SERVER_LOG", "").startswith(str(run_dir))
+        except Exception:  # noqa: BLE001 - it ended while we looked
+            return False
+
+    assert not [p for p in vllm_processes_of() if started_here(p)]
+
+
+def test_a_tie_on_the_rules_measure_goes_to_the_higher_recovery():
+    rows = [row("gptq", 2000, 300.0, recovery=0.979), row("awq", 2000, 100.0, recovery=0.990)]
+    choice = formats.choose(rows, FormatRule(rule="kv_capacity"), BENCH, "cpu")
+    assert choice.winner == "awq" and "tied with gptq; the higher recovery decided" in choice.reason
