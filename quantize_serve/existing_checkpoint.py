@@ -108,4 +108,4 @@ def use_checkpoint(recipe: Recipe, folder: Path, base_dir: Path, *, source: str,
         checkpoint_dir=str(folder), method=f"existing {fmt} checkpoint", scheme=scheme, seconds=0.0,
         base_bytes=weights_bytes_on_disk(base_dir), quantized_bytes=weights_bytes_on_disk(folder),
         calibration_fingerprint="", engine_versions=engine_versions(), cached=True,
-        source_checkpoint=identity or f"local:{folder_digest(folder)}")
+        source_checkpoint=identity or f"local:{folder_digest(folder)}", format=fmt)

@@ -96,6 +96,7 @@ class ModelCardInputs(BaseModel):
     scheme: str
     group_size: int | None  # None: per output channel (the 8-bit schemes)
     source_checkpoint: str | None = None  # an existing checkpoint released as it is (not quantized here)
+    checkpoint_format: str = "compressed-tensors"  # awq, gptq or compressed-tensors
     calibration: dict[str, Any] = Field(default_factory=dict)
     calibration_fingerprint: str = ""
     status: Status = "candidate"
@@ -163,10 +164,10 @@ def render_model_card(inputs: ModelCardInputs) -> ModelCard:
         base_model_relation="quantized" if on_hub else None,
         model_name=name,
         eval_results=eval_results or None,
-        library_name="vllm",  # the pipeline proves it on vLLM; the format is compressed-tensors
+        library_name="vllm",  # the pipeline proves it on vLLM; the format is checkpoint_format
         pipeline_tag="text-generation",
         license=i.license,
-        tags=["quantized", "compressed-tensors", "vllm", i.method.lower().replace(" ", "-"), i.scheme.lower(),
+        tags=["quantized", i.checkpoint_format, "vllm", i.method.lower().replace(" ", "-"), i.scheme.lower(),
               f"quantize-serve-{i.status}"],
     )
     rev = i.base_revision_sha or "main"

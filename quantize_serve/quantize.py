@@ -49,6 +49,7 @@ class QuantizeResult(BaseModel):
     engine_versions: dict[str, str]
     cached: bool = False
     source_checkpoint: str | None = None  # an existing checkpoint used as it is (existing_checkpoint.py)
+    format: str = "compressed-tensors"  # config.json's quantization_config.quant_method
 
 
 def build_llmcompressor_recipe(q: QuantizationSection) -> str:

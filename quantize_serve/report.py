@@ -135,8 +135,8 @@ def card_inputs(validated: ValidatedRecipe, base: BaseModelRef, checkpoint: Quan
         method=checkpoint.method, scheme=checkpoint.scheme,
         group_size=(checkpoint_group_size(Path(checkpoint.checkpoint_dir)) if checkpoint.source_checkpoint
                     else q.group_size if checkpoint.scheme.startswith("W4") else None),
-        source_checkpoint=checkpoint.source_checkpoint,
-        calibration=calibration_summary(validated),
+        source_checkpoint=checkpoint.source_checkpoint, checkpoint_format=checkpoint.format,
+        calibration={} if checkpoint.source_checkpoint else calibration_summary(validated),
         calibration_fingerprint=checkpoint.calibration_fingerprint,
         status="candidate" if status == "not-published" else status,
         serving_command=serving_command,
