@@ -140,6 +140,13 @@ def scheme_method_problem(method: str | None, scheme: str) -> str | None:
             f"method {' or '.join(repr(m) for m in allowed)} for {scheme}, or another scheme")
 
 
+def even_group_size(value: int | None) -> int | None:
+    if value is not None and value % 2:
+        raise ValueError("must be even (vLLM's int4 kernels need an even group size). Fix: use an "
+                         "even group size that divides the model's layer widths, e.g. 128")
+    return value
+
+
 class Candidate(Section):
     """One release format to compare (quantization.candidates): a scheme and the method that makes
     it, or an already-quantized checkpoint (AutoAWQ ``awq``, ``gptq`` or compressed-tensors format)
@@ -152,6 +159,11 @@ class Candidate(Section):
     checkpoint: str | None = Field(default=None, description="Local folder or Hub repo id of a quantized "
                                    "checkpoint of the recipe's base model.")
     revision: str | None = Field(default=None, description="Hub branch, tag or commit of `checkpoint`.")
+
+    @field_validator("group_size")
+    @classmethod
+    def _even_group(cls, value: int | None) -> int | None:
+        return even_group_size(value)
 
     @model_validator(mode="after")
     def _one_source(self) -> Candidate:
@@ -223,11 +235,8 @@ class QuantizationSection(Section):
 
     @field_validator("group_size")
     @classmethod
-    def _even_group(cls, value: int) -> int:
-        if value % 2:
-            raise ValueError("must be even (vLLM's int4 kernels need an even group size). Fix: use an "
-                             "even group size that divides the model's layer widths, e.g. 128")
-        return value
+    def _even_group(cls, value: int | None) -> int | None:
+        return even_group_size(value)
 
     @model_validator(mode="after")
     def _one_source(self) -> QuantizationSection:
