@@ -34,7 +34,9 @@ FORMATS_DIR = "formats"
 
 
 @flow(name="choose-format", log_prints=True)
-def choose_format(validated: ValidatedRecipe, base: BaseModelRef, run_dir: Path) -> FormatChoice:
+def choose_format(validated: ValidatedRecipe, base: BaseModelRef, run_dir: Path,
+                  base_tp: int | None = None) -> FormatChoice:
+    """``base_tp``: the base model's TP when it needs more GPUs than the recipe's (plan-base-boot)."""
     r = validated.recipe
     settings = BenchSettings.from_recipe(r)
     schemes = check_candidate_checkpoints(validated, base)  # before anything heavy
@@ -46,7 +48,7 @@ def choose_format(validated: ValidatedRecipe, base: BaseModelRef, run_dir: Path)
     accuracy = dict(gate=r.gates.accuracy, max_length=r.serve.max_model_len, base_dir=Path(r.base_dir),
                     return_state=True)
     with gpu_slot():
-        with served(validated, Boot.BASE, base.local_dir, out / "base") as (server, spec):
+        with served(validated, Boot.BASE, base.local_dir, out / "base", tensor_parallel_size=base_tp) as (server, spec):
             cap = measure_capacity(server, spec, Boot.BASE)
             rows = [measure_format(server, spec, cap, name="base", method="base", scheme="bf16", settings=settings,
                                    output_dir=out / "base", reference=True)]

@@ -1,7 +1,7 @@
 """The quantize-serve flow: the pipeline's table of contents. Composition only.
 
-validate -> resolve base -> [choose the format: flows/formats.py] -> quantize -> push candidate -> measure capacity -> accuracy gate ->
-stress gate -> decide -> promote or reject -> report.
+validate -> resolve base -> [choose the format: flows/formats.py] -> quantize -> push candidate ->
+measure capacity -> accuracy gate -> stress gate -> decide -> promote or reject -> report.
 
 vLLM boots three times, each once: (a) the base model serves capacity and the base accuracy;
 (b) the quantized model with 16-bit KV serves capacity only; (c) the quantized model with the
@@ -73,7 +73,7 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     progress.done("base resolved")
     formats = None
     if r.quantization.candidates:  # several formats: measure each, continue with the rule's choice
-        formats = choose_format(validated, base, run_dir)
+        formats = choose_format(validated, base, run_dir, base_tp=base_boot.tensor_parallel_size)
         validated = with_candidate(validated, formats.winner, formats.row(formats.winner).scheme)
         r = validated.recipe
     checkpoint = quantize_model(validated, base)
