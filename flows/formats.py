@@ -2,10 +2,12 @@
 
 check existing checkpoints -> quantize each candidate -> base boot (reference row, base accuracy)
 -> per candidate: 16-bit KV boot (capacity) and production boot (capacity, kernel check,
-`vllm bench serve`, accuracy) -> the recipe's rule picks the release (quantize_serve/formats.py).
+`vllm bench serve`, accuracy gate, stress gate) -> the recipe's rule picks the release among the
+candidates that pass every check (quantize_serve/formats.py).
 
 The flow then runs the chosen candidate through the whole pipeline (its checkpoint is reused, not
-made again). No candidate passing stops the run here, before anything is pushed.
+made again; the soak test, when the recipe sets one, runs there, for the chosen one only). No
+candidate passing stops the run here, before anything is pushed.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from tasks.formats import (
     measure_format,
     with_accuracy,
     with_candidate,
+    with_stress,
 )
 from tasks.quantize import quantize_model
 from tasks.serve import gpu_slot, measure_capacity, served
+from tasks.stress import run_stress_test
 
 FORMATS_DIR = "formats"
 
@@ -65,9 +69,11 @@ def choose_format(validated: ValidatedRecipe, base: BaseModelRef, run_dir: Path,
                                      settings=settings, output_dir=out / name)
                 acc = run_accuracy(server.base_url, tokenizer_dir=made_by.checkpoint_dir,
                                    output_dir=out / name / "accuracy", **accuracy)
+                stress = run_stress_test(server, r.gates.stress, r.serve, tokenizer_dir=made_by.checkpoint_dir,
+                                         output_dir=out / name / "stress", return_state=True)
             checks = compare_accuracy(acc_base.result(raise_on_failure=False), acc.result(raise_on_failure=False),
                                       r.gates.accuracy)
-            row = with_accuracy(row, checks)
+            row = with_stress(with_accuracy(row, checks), stress.result(raise_on_failure=False))
             rows.append(row.model_copy(update={"kv_cache_tokens_16bit": sixteen.kv_cache_tokens if sixteen else None}))
     choice = choose_format_task(validated, rows, settings, run_dir)
     if choice.winner is None:

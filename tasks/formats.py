@@ -12,6 +12,7 @@ from prefect.logging import get_run_logger
 from quantize_serve import capacity, existing_checkpoint, formats, gpu
 from quantize_serve.accuracy import AccuracyCheck
 from quantize_serve.server import RunningServer, ServerSpec
+from quantize_serve.stress import StressResult
 from quantize_serve.validate import BaseModelRef, ValidatedRecipe
 from tasks.quantize import checkpoint_folder
 
@@ -74,6 +75,13 @@ def with_accuracy(row: formats.FormatRow, checks: list[AccuracyCheck] | BaseExce
     failed = [f"accuracy: {c.task} {c.metric} {c.reason}" for c in checks if not c.passed]
     return row.model_copy(update={"recovery": min(recoveries) if recoveries else None,
                                   "accuracy_failures": failed, "failures": [*row.failures, *failed]})
+
+
+def with_stress(row: formats.FormatRow, result: StressResult | BaseException) -> formats.FormatRow:
+    """The row with the stress gate's verdict (its failures, or why it could not run)."""
+    failed = ([f"stress: {result}"] if isinstance(result, BaseException)
+              else [f"stress: {f}" for f in result.failures])
+    return row.model_copy(update={"failures": [*row.failures, *failed]})
 
 
 @task(name="choose-format")

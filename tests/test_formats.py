@@ -245,6 +245,7 @@ def test_the_flow_compares_formats_and_releases_the_best_one_that_passes(formats
         assert len(r["runs"]) == 2 and all(run["completed"] == 8 for run in r["runs"])
         assert r["kv_cache_tokens"] > r["kv_cache_tokens_16bit"] > 0  # fp8 KV, and the 16-bit boot
         assert r["recovery"] is not None
+        assert (run_dir / "formats" / name / "stress").is_dir()  # the stress gate ran on every candidate
     # the rule: most KV tokens (4-bit weights leave more of the same budget to the cache)
     assert rows["community-awq"]["kv_cache_tokens"] > rows["int8-w8a8"]["kv_cache_tokens"]
     assert chosen["winner"] == "community-awq"
