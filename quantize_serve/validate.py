@@ -163,8 +163,14 @@ def check_recipe(path: str | Path, *, remote: bool = False) -> RecipeCheck:
         return None
 
     if recipe.model_is_local:
-        if collect(lambda: check_local_model(recipe, source=source)) is not None:
+        config = collect(lambda: check_local_model(recipe, source=source))
+        if config is not None:
             checked.append(f"model {show_path(recipe.path(recipe.model.id))}: files, config.json")
+            before = len(errors)
+            collect(lambda: check_local_checkpoints(recipe, config, source=source))
+            q = recipe.quantization
+            if len(errors) == before and (q.checkpoint or any(c.checkpoint for c in q.candidates)):
+                checked.append("existing checkpoints: format, scheme, same base model (local folders)")
     elif remote:
         from quantize_serve.hub import fetch_model_config
 

@@ -325,3 +325,9 @@ def test_a_tie_on_the_rules_measure_goes_to_the_higher_recovery():
     rows = [row("gptq", 2000, 300.0, recovery=0.979), row("awq", 2000, 100.0, recovery=0.990)]
     choice = formats.choose(rows, FormatRule(rule="kv_capacity"), BENCH, "cpu")
     assert choice.winner == "awq" and "tied with gptq; the higher recovery decided" in choice.reason
+
+
+def test_quantize_serve_validate_checks_local_checkpoint_candidates():
+    from quantize_serve.validate import check_recipe
+
+    assert any("existing checkpoints" in c for c in check_recipe(RECIPE).checked)
