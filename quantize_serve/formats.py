@@ -138,7 +138,6 @@ class FormatRow(BaseModel):
     max_concurrency: float | None = None
     runs: list[ThroughputFigures] = []
     recovery: float | None = None  # the lowest recovery of the gated metrics (quantized / base)
-    accuracy_failures: list[str] = []
     kernels: list[str] = []
     failures: list[str] = []  # every reason this candidate cannot be the release
     reference: bool = False  # the base model: measured for comparison, never a candidate

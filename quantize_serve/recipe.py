@@ -640,9 +640,13 @@ class Recipe(BaseModel):
         p = Path(value).expanduser()
         return p if p.is_absolute() else (Path(self.base_dir) / p).resolve()
 
+    def is_local(self, value: str) -> bool:
+        """Does a model-like recipe value (model.id, a checkpoint) name a local folder, not a Hub repo?"""
+        return looks_local(value) or self.path(value).exists()
+
     @property
     def model_is_local(self) -> bool:
-        return looks_local(self.model.id) or self.path(self.model.id).exists()
+        return self.is_local(self.model.id)
 
     @property
     def calibration_is_local(self) -> bool:

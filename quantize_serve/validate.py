@@ -29,7 +29,6 @@ from quantize_serve.recipe import (
     check_model,
     check_model_config,
     load_recipe,
-    looks_local,
     parse_recipe,
     show_path,
 )
@@ -99,7 +98,7 @@ def check_local_checkpoints(recipe: Recipe, base_config: dict[str, Any], *, sour
     named += [(f"quantization.candidates[{i}].checkpoint", c.checkpoint) for i, c in enumerate(q.candidates)
               if c.checkpoint]
     for field, value in named:
-        if looks_local(value) or recipe.path(value).exists():
+        if recipe.is_local(value):
             folder = recipe.path(value)
             if not folder.is_dir():
                 raise RecipeError(source, field, value, f"no such folder ({show_path(folder)})",
@@ -226,10 +225,17 @@ def resolve_base(validated: ValidatedRecipe, *, cache_dir: Path | None = None) -
 def download_base(recipe: Recipe, *, cache_dir: Path | None = None, weights: bool = True) -> ResolvedModel:
     """Download the recipe's Hub base model at its pinned commit (see resolve_base for the token);
     ``weights=False``: its config and tokenizer files only."""
+    return download_model(recipe, recipe.model.id, recipe.model.revision, cache_dir=cache_dir, weights=weights)
+
+
+def download_model(recipe: Recipe, repo_id: str, revision: str | None, *, cache_dir: Path | None = None,
+                   weights: bool = True) -> ResolvedModel:
+    """Download a Hub model repo (the base, or an existing checkpoint) at its pinned commit, with the
+    recipe's token (see resolve_base)."""
     from quantize_serve.hub import resolve_base_model, resolve_token
 
     hub = recipe.hub
-    return resolve_base_model(recipe.model.id, revision=recipe.model.revision,
+    return resolve_base_model(repo_id, revision=revision,
                               token=resolve_token(hub) if hub else None, cache_dir=cache_dir,
                               token_env=hub.token_env if hub else "HF_TOKEN",
                               secret_block=hub.token_secret_block if hub else None, weights=weights)

@@ -47,12 +47,11 @@ def measure_format(server: RunningServer, spec: ServerSpec, config: capacity.Cap
                    reference: bool = False) -> formats.FormatRow:
     """One boot's row: its capacity, throughput runs and (for a candidate) the kernel check."""
     log_text = Path(server.log_path).read_text(errors="replace")
-    failures: list[str] = []
-    kernels: list[str] = formats.boot_kernels(log_text)
-    if not reference:
+    if reference:
+        kernels, problem = formats.boot_kernels(log_text), None
+    else:
         kernels, problem = formats.kernel_problem(scheme, formats.platform_of(gpu.compute_capability()), log_text)
-        if problem:
-            failures.append("kernel check: " + problem)
+    failures = ["kernel check: " + problem] if problem else []
     try:
         runs = formats.run_format_bench(server, tokenizer_dir=spec.tokenizer_dir or spec.model_dir,
                                         settings=settings, output_dir=output_dir / f"bench-{name}")
@@ -74,7 +73,7 @@ def with_accuracy(row: formats.FormatRow, checks: list[AccuracyCheck] | BaseExce
     recoveries = [c.recovery for c in checks if c.recovery is not None]
     failed = [f"accuracy: {c.task} {c.metric} {c.reason}" for c in checks if not c.passed]
     return row.model_copy(update={"recovery": min(recoveries) if recoveries else None,
-                                  "accuracy_failures": failed, "failures": [*row.failures, *failed]})
+                                  "failures": [*row.failures, *failed]})
 
 
 def with_stress(row: formats.FormatRow, result: StressResult | BaseException) -> formats.FormatRow:

@@ -8,8 +8,7 @@ from prefect import task
 from prefect.logging import get_run_logger
 
 from quantize_serve import existing_checkpoint, quantize
-from quantize_serve.recipe import looks_local
-from quantize_serve.validate import BaseModelRef, ValidatedRecipe
+from quantize_serve.validate import BaseModelRef, ValidatedRecipe, download_model
 
 
 @task(name="quantize-model")
@@ -35,16 +34,10 @@ def quantize_model(validated: ValidatedRecipe, base: BaseModelRef) -> quantize.Q
 
 def checkpoint_folder(validated: ValidatedRecipe) -> tuple[Path, str | None]:
     """The checkpoint's folder: the recipe's path, or the Hub repo pinned to a commit and downloaded
-    (token as for the base model: validate.download_base). Its identity is ``repo@sha`` for the Hub."""
-    from quantize_serve.hub import resolve_base_model, resolve_token
-
+    (token as for the base model). Its identity is ``repo@sha`` for the Hub."""
     r = validated.recipe
     q = r.quantization
-    if looks_local(q.checkpoint) or r.path(q.checkpoint).exists():
+    if r.is_local(q.checkpoint):
         return r.path(q.checkpoint), None
-    hub = r.hub
-    resolved = resolve_base_model(q.checkpoint, revision=q.checkpoint_revision,
-                                  token=resolve_token(hub) if hub else None,
-                                  token_env=hub.token_env if hub else "HF_TOKEN",
-                                  secret_block=hub.token_secret_block if hub else None)
+    resolved = download_model(r, q.checkpoint, q.checkpoint_revision)
     return Path(resolved.local_dir), f"{q.checkpoint}@{resolved.sha}"
