@@ -20,9 +20,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml",
          out: Path = ROOT / "benchmarks/results/capacity.json") -> None:
-    from quantize_serve.capacity import run_capacity_stage
-    from quantize_serve.quantize import quantize_model
-    from quantize_serve.validate import resolve_base, validate_recipe
+    from quantize_serve.capacity.measure import run_capacity_stage
+    from quantize_serve.quantize.run import quantize_model
+    from quantize_serve.validate.preflight import resolve_base, validate_recipe
 
     validated = validate_recipe(recipe_path)
     recipe = validated.recipe
@@ -45,7 +45,7 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml",
         "targets": {"fp8_token_ratio_within_1pct": abs(report.fp8_token_ratio - 2) <= 0.02,
                     "planner_error_within_3pct": all(abs(p.error_pct) <= 3 for p in report.planner)},
     }
-    from quantize_serve.portable import write_json_result
+    from quantize_serve.core.portable import write_json_result
 
     write_json_result(out, result)
     print(report.markdown())

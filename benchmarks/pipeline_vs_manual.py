@@ -11,7 +11,7 @@ Manual = what the engines' docs show, one command per step, each tool against it
 That is 6 boots. Careful manual = the same commands, but a careful engineer shares boots the way
 the flow does: 3 boots (base: /metrics and lm_eval; W4A16 16-bit KV: /metrics; W4A16 fp8 KV:
 /metrics, lm_eval and the benchmark). The ratio against it is the fair one.
-Pipeline = `python -m flows.pipeline recipe` (no Hub section, fresh checkpoint cache), which
+Pipeline = `quantize-serve run recipe` (no Hub section, fresh checkpoint cache), which
 also runs the stress traffic and writes the report.
 
 Writes benchmarks/results/pipeline_vs_manual.json: the three wall times, the pipeline's ratio to
@@ -42,7 +42,7 @@ from datasets import Dataset
 from llmcompressor import oneshot
 from transformers import AutoModelForCausalLM, AutoTokenizer
 sys.path.insert(0, {root!r})
-from quantize_serve.quantize_worker import skip_pinning_without_accelerator
+from quantize_serve.quantize.worker import skip_pinning_without_accelerator
 skip_pinning_without_accelerator()  # the same CPU workaround the pipeline needs
 model_dir, out, recipe = sys.argv[1], sys.argv[2], sys.argv[3]
 rows = [json.loads(l) for l in open({data!r})]
@@ -95,7 +95,7 @@ def lm_eval(url: str, tokenizer: Path, out: Path) -> None:
 
 
 def bench(url: str, tokenizer: Path, out: Path) -> None:
-    from quantize_serve.stress import BENCH_LAUNCHER
+    from quantize_serve.traffic.bench import BENCH_LAUNCHER
 
     sh([SERVE_PY, "-c", BENCH_LAUNCHER, "bench", "serve", "--backend", "openai", "--base-url", url,
         "--model", "model", "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", "93",
@@ -106,9 +106,9 @@ def bench(url: str, tokenizer: Path, out: Path) -> None:
 def manual(work: Path, *, share_boots: bool) -> tuple[float, int]:
     """The steps by hand, from scratch (its own oneshot checkpoint); returns (seconds, vLLM boots).
     ``share_boots``: one boot per configuration (3), as the flow does; else one per step (6)."""
-    from quantize_serve.capacity import checkpoint_tensor_bytes
-    from quantize_serve.quantize import build_llmcompressor_recipe
-    from quantize_serve.recipe import load_recipe
+    from quantize_serve.capacity.measure import checkpoint_tensor_bytes
+    from quantize_serve.quantize.run import build_llmcompressor_recipe
+    from quantize_serve.recipe.load import load_recipe
 
     recipe = load_recipe(ROOT / "recipes/tiny-llama-awq.yaml")
     budget = int(recipe.serve.memory_budget)
@@ -158,7 +158,7 @@ def pipeline(work: Path) -> tuple[float, int]:
     env = {**ENV, "QS_WORK_DIR": str(work / "pipeline-work"), "QS_RUNS_DIR": str(work / "runs")}
     started = time.monotonic()
     try:
-        subprocess.run([PY, "-m", "flows.pipeline", recipe], cwd=ROOT, env=env, check=True,
+        subprocess.run([PY, "-m", "quantize_serve.cli", "run", recipe], cwd=ROOT, env=env, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     finally:
         recipe.unlink()
@@ -182,7 +182,7 @@ def main() -> None:
         "note": "pipeline also runs the stress traffic and writes the report; all three quantize from "
                 "scratch; careful manual shares vLLM boots the way the flow does",
     }
-    from quantize_serve.portable import write_json_result
+    from quantize_serve.core.portable import write_json_result
 
     write_json_result(ROOT / "benchmarks/results/pipeline_vs_manual.json", result)
     print(result)

@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from a checkout, not an installed package
     sys.path.insert(0, str(ROOT))
 
-from quantize_serve.planner import GPU_MEMORY_BYTES, ModelShape, format_table, plan_table  # noqa: E402
-from quantize_serve.portable import write_json_result  # noqa: E402
+from quantize_serve.capacity.planner import GPU_MEMORY_BYTES, ModelShape, format_table, plan_table  # noqa: E402
+from quantize_serve.core.portable import write_json_result  # noqa: E402
 
 GPUS: dict[str, float] = {  # labels as in results/plan.json; sizes: the planner's presets (`--gpu`)
     "80GB (H100/A100 80GB, 79.6 GiB)": GPU_MEMORY_BYTES["h100-80gb"],

@@ -39,8 +39,8 @@ def perplexity(model_dir: Path) -> float:
 
 
 def main() -> None:
-    from quantize_serve.quantize import quantize_model
-    from quantize_serve.validate import resolve_base, validate_recipe
+    from quantize_serve.quantize.run import quantize_model
+    from quantize_serve.validate.preflight import resolve_base, validate_recipe
 
     results: dict = {"method": __doc__.split("Perplexity method: ")[1].strip()}
     base_dir = ROOT / "models/tiny-llama"
@@ -61,7 +61,7 @@ def main() -> None:
             "calibration_samples": validated.recipe.calibration.num_samples,
         }
         print(method, results[method], flush=True)
-    from quantize_serve.portable import write_json_result
+    from quantize_serve.core.portable import write_json_result
 
     out = ROOT / "benchmarks/results/quantize.json"
     write_json_result(out, results)

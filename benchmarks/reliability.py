@@ -63,7 +63,7 @@ def run_tests(test_ids: list[str]) -> dict[str, str]:
 
 
 def main() -> int:
-    from quantize_serve.portable import write_json_result
+    from quantize_serve.core.portable import write_json_result
 
     rows = fault_rows()
     started = time.monotonic()

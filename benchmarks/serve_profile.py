@@ -39,9 +39,9 @@ def search_recipe(recipe_path: Path, checkpoint_dir: Path):
     """The tiny recipe with the small KV budget, serve.search and the long-output stress profile."""
     import yaml
 
-    from quantize_serve.capacity import checkpoint_tensor_bytes
-    from quantize_serve.planner import ModelShape, kv_bytes_per_token
-    from quantize_serve.recipe import parse_recipe
+    from quantize_serve.capacity.measure import checkpoint_tensor_bytes
+    from quantize_serve.capacity.planner import ModelShape, kv_bytes_per_token
+    from quantize_serve.recipe.load import parse_recipe
 
     data = yaml.safe_load(recipe_path.read_text())
     shape = ModelShape.from_config(checkpoint_dir)
@@ -57,11 +57,12 @@ def point_row(p, model: str) -> dict:
 
 
 def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
-    from quantize_serve import profile_output, profile_search as ps
-    from quantize_serve.profile_probe import vllm_probe
-    from quantize_serve.capacity import published_model
-    from quantize_serve.quantize import quantize_model
-    from quantize_serve.validate import resolve_base, validate_recipe
+    from quantize_serve.serve_profile import output as profile_output
+    from quantize_serve.serve_profile import search as ps
+    from quantize_serve.serve_profile.probe import vllm_probe
+    from quantize_serve.capacity.measure import published_model
+    from quantize_serve.quantize.run import quantize_model
+    from quantize_serve.validate.preflight import resolve_base, validate_recipe
 
     started = time.monotonic()
     validated = validate_recipe(recipe_path)
@@ -75,7 +76,8 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
     print(f"checkpoint {ckpt}; KV budget {KV_BLOCKS} blocks; logs under {work}", flush=True)
 
     t0 = time.monotonic()
-    result = ps.search_serve_profile(recipe, ckpt, output_dir=work / "search")
+    result = ps.search_serve_profile(recipe, ckpt, probe=vllm_probe(recipe, ckpt, tokenizer_dir=str(ckpt),
+                                                                    output_dir=work / "search"))
     search_s = round(time.monotonic() - t0, 1)
 
     t0 = time.monotonic()
@@ -128,7 +130,7 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
         path, command = profile_output.write_serve_profile(found, RESULTS / "serve-profile.yaml", model=model)
         out["found"]["profile_path"] = str(path.relative_to(ROOT))
     profile_output.plot_search(result, RESULTS / "serve_profile.png", grid=grid)
-    from quantize_serve.portable import write_json_result
+    from quantize_serve.core.portable import write_json_result
 
     write_json_result(RESULTS / "serve_profile.json", out)
     print(result.markdown())

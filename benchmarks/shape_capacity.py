@@ -1,5 +1,5 @@
 """Measured capacity of the Llama-3-8B and -70B shapes with dummy weights, at TP 1 and TP 2, through
-the project's own code (``quantize_serve.shape_capacity.measure_shape``, what `quantize-serve plan
+the project's own code (``quantize_serve.capacity.shape.measure_shape``, what `quantize-serve plan
 RECIPE --measure` and ``serve.preflight: measure`` run), beside the planner and issue 14's table.
 
 Run on a host with two GPUs (scripts/gpu/README.md, kind nvidia-h200-x2):
@@ -49,10 +49,10 @@ def shape_folder(name: str, work: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from quantize_serve import gpu
-    from quantize_serve.portable import write_json_result
-    from quantize_serve.recipe import load_recipe
-    from quantize_serve.shape_capacity import measure_shape, write_files
+    from quantize_serve.serving import gpu
+    from quantize_serve.core.portable import write_json_result
+    from quantize_serve.recipe.load import load_recipe
+    from quantize_serve.capacity.shape import measure_shape, write_files
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/h200x2_shape.json")

@@ -3,7 +3,7 @@
 check existing checkpoints -> quantize each candidate -> base boot (reference row, base accuracy)
 -> per candidate: 16-bit KV boot (capacity) and production boot (capacity, kernel check,
 `vllm bench serve`, accuracy gate, stress gate) -> the recipe's rule picks the release among the
-candidates that pass every check (quantize_serve/formats.py).
+candidates that pass every check (quantize_serve/formats/choose.py).
 
 The flow then runs the chosen candidate through the whole pipeline (its checkpoint is reused, not
 made again; the soak test, when the recipe sets one, runs there, for the chosen one only). No
@@ -16,10 +16,10 @@ from pathlib import Path
 
 from prefect import flow
 
-from quantize_serve.capacity import Boot
-from quantize_serve.errors import GateError
-from quantize_serve.formats import BenchSettings, FormatChoice
-from quantize_serve.validate import BaseModelRef, ValidatedRecipe
+from quantize_serve.serving.boot import Boot
+from quantize_serve.core.errors import GateError
+from quantize_serve.formats.choose import BenchSettings, FormatChoice
+from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
 from tasks.accuracy import run_accuracy
 from tasks.decide import compare_accuracy
 from tasks.formats import (
@@ -61,10 +61,10 @@ def choose_format(validated: ValidatedRecipe, base: BaseModelRef, run_dir: Path,
         for name, (v, made_by) in made.items():
             sixteen = None
             if r.serve.kv_cache_dtype != "auto":  # the same checkpoint with a 16-bit KV cache
-                with served(v, Boot.W4A16, made_by.checkpoint_dir, out / name) as (server, spec):
-                    sixteen = measure_capacity(server, spec, Boot.W4A16)
-            with served(v, Boot.W4A16_FP8KV, made_by.checkpoint_dir, out / name) as (server, spec):
-                cap = measure_capacity(server, spec, Boot.W4A16_FP8KV)
+                with served(v, Boot.QUANTIZED_16BIT_KV, made_by.checkpoint_dir, out / name) as (server, spec):
+                    sixteen = measure_capacity(server, spec, Boot.QUANTIZED_16BIT_KV)
+            with served(v, Boot.PRODUCTION, made_by.checkpoint_dir, out / name) as (server, spec):
+                cap = measure_capacity(server, spec, Boot.PRODUCTION)
                 row = measure_format(server, spec, cap, name=name, method=made_by.method, scheme=made_by.scheme,
                                      settings=settings, output_dir=out / name)
                 acc = run_accuracy(server.base_url, tokenizer_dir=made_by.checkpoint_dir,

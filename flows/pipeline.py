@@ -15,7 +15,6 @@ Run locally (ephemeral Prefect API, no server needed):  quantize-serve run RECIP
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +22,10 @@ from prefect import flow
 from prefect.states import Failed, State
 
 from flows.formats import choose_format
-from quantize_serve.capacity import Boot
-from quantize_serve.recipe import Recipe
-from quantize_serve.release import release_reasons
-from quantize_serve.report import RunReport
+from quantize_serve.serving.boot import Boot
+from quantize_serve.recipe.model import Recipe
+from quantize_serve.release.publish import release_reasons
+from quantize_serve.report.run_report import RunReport
 from tasks.accuracy import run_accuracy
 from tasks.decide import compare_accuracy, decide_release
 from tasks.formats import with_candidate
@@ -97,11 +96,11 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
                                     max_length=r.serve.max_model_len, base_dir=Path(r.base_dir),
                                     output_dir=run_dir / "accuracy-base", return_state=True)
         progress.done("base served")
-        with served(validated, Boot.W4A16, checkpoint.checkpoint_dir, run_dir) as (server, spec):
-            cap_w4 = measure_capacity(server, spec, Boot.W4A16)
+        with served(validated, Boot.QUANTIZED_16BIT_KV, checkpoint.checkpoint_dir, run_dir) as (server, spec):
+            cap_w4 = measure_capacity(server, spec, Boot.QUANTIZED_16BIT_KV)
         progress.done("quantized served")
-        with served(validated, Boot.W4A16_FP8KV, checkpoint.checkpoint_dir, run_dir) as (server, spec):
-            cap_fp8 = measure_capacity(server, spec, Boot.W4A16_FP8KV)
+        with served(validated, Boot.PRODUCTION, checkpoint.checkpoint_dir, run_dir) as (server, spec):
+            cap_fp8 = measure_capacity(server, spec, Boot.PRODUCTION)
             production = write_serving_profile(validated, base, spec, cap_fp8, checkpoint.checkpoint_dir, run_dir)
             acc_quant = run_accuracy(server.base_url, r.gates.accuracy, tokenizer_dir=checkpoint.checkpoint_dir,
                                      max_length=r.serve.max_model_len, base_dir=Path(r.base_dir),
@@ -140,9 +139,3 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
 def run_local(recipe_path: str | Path) -> State:
     """Run the flow on a recipe file with a local, temporary Prefect API; the run's final state."""
     return quantize_serve(Path(recipe_path).resolve().as_posix(), return_state=True)
-
-
-if __name__ == "__main__":
-    from quantize_serve.cli import main
-
-    sys.exit(main(["run", *sys.argv[1:]]))

@@ -6,9 +6,9 @@
     quantize-serve plan RECIPE --measure [--out DIR] [--tp N] ...
                                            the same table measured: vLLM boots the shape with dummy
                                            weights (config.json and tokenizer only) on this machine
-    quantize-serve run RECIPE              the flow, locally (also `python -m flows.pipeline`)
+    quantize-serve run RECIPE              the flow, locally
 
-A mistake in the input (``quantize_serve.errors.USER_ERRORS``: a recipe problem, a Hub repo or token
+A mistake in the input (``quantize_serve.core.errors.USER_ERRORS``: a recipe problem, a Hub repo or token
 the Hub refuses) prints one screen, each problem with its fix, and exits 2 without a traceback;
 ``--debug`` prints the traceback too. Other failures the pipeline names (a Hub outage, a failed
 boot) print one screen and exit 1; anything else is a bug and keeps its traceback.
@@ -24,6 +24,7 @@ import argparse
 import copy
 import json
 import logging
+import os
 import re
 import sys
 import traceback
@@ -31,7 +32,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from quantize_serve.errors import USER_ERRORS, QuantizeServeError, RecipeError, RecipeErrors
+from quantize_serve.capacity import planner
+from quantize_serve.capacity import shape as shape_capacity
+from quantize_serve.core.errors import USER_ERRORS, QuantizeServeError, RecipeError, RecipeErrors
+from quantize_serve.core.settings import get_settings
+from quantize_serve.hub.download import fetch_model_config
+from quantize_serve.recipe.inputs import check_model, check_model_config, read_model_config, show_path
+from quantize_serve.recipe.load import load_recipe
+from quantize_serve.recipe.section import looks_local
+from quantize_serve.report.run_report import RunReport
+from quantize_serve.serving import gpu
+from quantize_serve.validate.preflight import check_recipe, check_serving_host, model_shape_dir
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT = 0, 1, 2
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -74,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", parents=[debug], help="print the capacity planner's table",
                        description="Predict weights, KV cache and batch capacity of the base, W4A16 and "
-                       "W4A16 + fp8 KV configurations from config.json alone (quantize_serve/planner.py).")
+                       "W4A16 + fp8 KV configurations from config.json alone (quantize_serve/capacity/planner.py).")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("recipe", nargs="?", metavar="RECIPE", help="plan the recipe's model and serve settings")
     what.add_argument("--model", metavar="DIR_OR_HUB_ID",
@@ -114,8 +125,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def validate_command(args: argparse.Namespace) -> int:
-    from quantize_serve.validate import check_recipe
-
     statuses = []
     for path in args.recipes:
         try:
@@ -145,8 +154,6 @@ def validate_command(args: argparse.Namespace) -> int:
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    from quantize_serve import planner
-
     if args.measure:
         return measure_command(args)
 
@@ -161,7 +168,7 @@ def plan_command(args: argparse.Namespace) -> int:
     if args.gpu is not None:
         mode, memory, block = "gpu", args.gpu, planner.BLOCK_SIZE_GPU
     elif serve is not None and serve.memory_budget is not None:
-        # the CPU runs' accounting (quantize_serve/capacity.py): every configuration shares the budget
+        # the CPU runs' accounting (quantize_serve/capacity/measure.py): every configuration shares the budget
         mode, memory, block, utilization = "fixed_budget", int(serve.memory_budget), planner.BLOCK_SIZE_CPU, 1.0
     else:
         mode, memory, block = "gpu", planner.GPU_MEMORY_BYTES[DEFAULT_GPU], planner.BLOCK_SIZE_GPU
@@ -194,11 +201,6 @@ def measure_command(args: argparse.Namespace) -> int:
             "measures the GPU it runs on; --gpu only applies to a prediction")
         raise RecipeError("--measure", "--measure", "--model" if not args.recipe else "--gpu", problem,
                           "run `quantize-serve plan RECIPE --measure [--tp N]`, or drop --measure to predict")
-    from quantize_serve import gpu, shape_capacity
-    from quantize_serve.recipe import check_model_config, load_recipe
-    from quantize_serve.settings import get_settings
-    from quantize_serve.validate import check_serving_host, model_shape_dir
-
     overrides = {f"serve.{key}": value for key, value in {
         "tensor_parallel_size": args.tp, "max_model_len": args.max_model_len,
         "max_num_batched_tokens": args.max_num_batched_tokens,
@@ -222,8 +224,6 @@ def measure_command(args: argparse.Namespace) -> int:
 
 def _recipe_model(path: str) -> tuple[Any, dict[str, Any], str]:
     """The recipe, its base model's config.json (checked against the recipe), and the model's name."""
-    from quantize_serve.recipe import check_model, check_model_config, load_recipe
-
     recipe = load_recipe(path)
     if recipe.model_is_local:
         return recipe, check_model(recipe, recipe.path(recipe.model.id), source=path), recipe.model.id
@@ -234,8 +234,6 @@ def _recipe_model(path: str) -> tuple[Any, dict[str, Any], str]:
 
 
 def _model_config(model: str, *, revision: str | None) -> dict[str, Any]:
-    from quantize_serve.recipe import looks_local, read_model_config, show_path
-
     folder = Path(model).expanduser()
     if folder.is_file() and folder.suffix == ".json":  # a config.json on its own
         return read_model_config(folder.parent) if folder.name == "config.json" else json.loads(folder.read_text())
@@ -251,10 +249,6 @@ def _model_config(model: str, *, revision: str | None) -> dict[str, Any]:
 
 
 def _hub_config(repo_id: str, *, revision: str | None, token_env: str) -> dict[str, Any]:
-    import os
-
-    from quantize_serve.hub import fetch_model_config
-
     return fetch_model_config(repo_id, revision=revision, token=os.environ.get(token_env) or None,
                               token_env=token_env)
 
@@ -265,15 +259,11 @@ def _hub_config(repo_id: str, *, revision: str | None, token_env: str) -> dict[s
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from quantize_serve.validate import check_recipe, check_serving_host
-
     check = check_recipe(args.recipe)  # a user error stops here, before Prefect is imported
     check_serving_host(check.recipe, source=check.source)
     for note in check.not_checked:
         print(f"{check.source}: not checked yet: {note}")
     from flows.pipeline import run_local
-    from quantize_serve.report import RunReport
-
     if not args.debug:
         quiet_user_tracebacks()
     state = run_local(args.recipe)
@@ -389,10 +379,8 @@ def _fraction(text: str) -> float:
 
 
 def _gpu(text: str) -> float:
-    from quantize_serve.planner import gpu_memory_bytes
-
     try:
-        return gpu_memory_bytes(text)
+        return planner.gpu_memory_bytes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

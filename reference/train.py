@@ -41,7 +41,7 @@ from transformers import (  # noqa: E402
     PreTrainedTokenizerFast,
 )
 
-from quantize_serve.digest import file_sha256  # noqa: E402
+from quantize_serve.core.digest import file_sha256  # noqa: E402
 from reference.corpus import PASSKEY_LENGTHS, read_paragraphs  # noqa: E402
 
 SEED = 1234

@@ -31,9 +31,9 @@ def echo(line: str, width: int = 200) -> None:
 
 def main() -> int:
     from quantize_serve.cli import render_error
-    from quantize_serve.errors import RecipeError
-    from quantize_serve.recipe import load_recipe
-    from quantize_serve.validate import check_serving_host
+    from quantize_serve.core.errors import RecipeError
+    from quantize_serve.recipe.load import load_recipe
+    from quantize_serve.validate.preflight import check_serving_host
 
     recipe = ROOT / "recipes" / "tiny-llama-awq.yaml"
     try:  # before any server starts: a CPU whose vLLM cannot serve the quantized boots says so at once

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from quantize_serve.server import (  # every process here leads its own group
+from quantize_serve.serving.server import (  # every process here leads its own group
     free_port,
     stop_process_group,
     wait_ready,

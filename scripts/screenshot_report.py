@@ -28,7 +28,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-# The capacity chart's colours (quantize_serve/report.py capacity_chart): weights, KV cache, concurrency.
+# The capacity chart's colours (quantize_serve/capacity/chart.py): weights, KV cache, concurrency.
 CHART_COLOURS = {"weights": (0x4C, 0x72, 0xB0), "KV cache": (0xDD, 0x84, 0x52),
                  "concurrency": (0x55, 0xA8, 0x68)}
 MIN_PIXELS = 500  # per colour; a bar of the chart at any sensible size has many more

@@ -1,4 +1,4 @@
-"""Prefect task for the accuracy gate (thin wrapper around quantize_serve.accuracy.run_accuracy).
+"""Prefect task for the accuracy gate (thin wrapper around quantize_serve.gates.accuracy.run_accuracy).
 
 No Prefect retries: lm-eval already retries each failed request (REQUEST_ATTEMPTS, with backoff),
 which covers a transient server hiccup; a failure that survives that is a dead server or a broken
@@ -13,8 +13,8 @@ from prefect import task
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
 
-from quantize_serve import accuracy
-from quantize_serve.recipe import AccuracyGate
+from quantize_serve.gates import accuracy
+from quantize_serve.recipe.gates import AccuracyGate
 
 
 @task(name="run-accuracy")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from prefect import task
 
-from quantize_serve import accuracy, decision
-from quantize_serve.recipe import AccuracyGate
-from quantize_serve.soak import SoakResult
-from quantize_serve.stress import StressResult
+from quantize_serve.gates import accuracy
+from quantize_serve.gates import decision
+from quantize_serve.recipe.gates import AccuracyGate
+from quantize_serve.gates.soak import SoakResult
+from quantize_serve.gates.stress import StressResult
 
 
 @task(name="compare-accuracy")

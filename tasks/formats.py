@@ -1,4 +1,4 @@
-"""Prefect tasks of the format choice (quantize_serve/formats.py); flows/formats.py composes them."""
+"""Prefect tasks of the format choice (quantize_serve/formats/choose.py); flows/formats.py composes them."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
-from quantize_serve import capacity, existing_checkpoint, formats, gpu
-from quantize_serve.accuracy import AccuracyCheck
-from quantize_serve.server import RunningServer, ServerSpec
-from quantize_serve.stress import StressResult
-from quantize_serve.validate import BaseModelRef, ValidatedRecipe
+from quantize_serve.capacity import measure as capacity
+from quantize_serve.quantize import existing_checkpoint
+from quantize_serve.formats import choose as formats
+from quantize_serve.serving import gpu
+from quantize_serve.gates.accuracy import AccuracyCheck
+from quantize_serve.serving.server import RunningServer, ServerSpec
+from quantize_serve.gates.stress import StressResult
+from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
 from tasks.quantize import checkpoint_folder
 
 

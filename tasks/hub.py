@@ -1,5 +1,5 @@
 """Hub tasks: push the candidate, then promote or reject it (the work is in
-``quantize_serve.release``; these add the logs, the event and the link artifact).
+``quantize_serve.release.publish``; these add the logs, the event and the link artifact).
 
 The token is resolved inside the release functions (environment or Prefect Secret block) and never
 passed as a task parameter: Prefect records task inputs, and a token must not be among them.
@@ -15,12 +15,12 @@ from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 from prefect.logging import get_run_logger
 
-from quantize_serve import release as rel
-from quantize_serve.hub import PushResult
-from quantize_serve.profile_search import ProfileSearchResult
-from quantize_serve.quantize import QuantizeResult
-from quantize_serve.report import Release, RunReport
-from quantize_serve.validate import BaseModelRef, ValidatedRecipe
+from quantize_serve.release import publish as rel
+from quantize_serve.hub.client import PushResult
+from quantize_serve.serve_profile.search import ProfileSearchResult
+from quantize_serve.quantize.run import QuantizeResult
+from quantize_serve.report.run_report import Release, RunReport
+from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
 
 
 @task(name="push-candidate", cache_policy=NO_CACHE)

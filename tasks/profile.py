@@ -10,9 +10,12 @@ from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
 
-from quantize_serve import gpu, profile_output, profile_search
-from quantize_serve.recipe import Recipe
-from quantize_serve.validate import ValidatedRecipe
+from quantize_serve.serving import gpu
+from quantize_serve.serve_profile import output as profile_output
+from quantize_serve.serve_profile import probe as profile_probe
+from quantize_serve.serve_profile import search as profile_search
+from quantize_serve.recipe.model import Recipe
+from quantize_serve.validate.preflight import ValidatedRecipe
 
 PLOT_FILE = "serve-profile-search.png"
 
@@ -38,8 +41,10 @@ def search_serve_profile(
     except MissingContextError:  # called as search_serve_profile.fn(...) outside a run
         log = print
     output_dir = Path(output_dir)
+    probe = profile_probe.vllm_probe(recipe, Path(checkpoint_dir), tokenizer_dir=tokenizer_dir or checkpoint_dir,
+                                     output_dir=output_dir / "profile-search", log=log)
     result = profile_search.search_serve_profile(
-        recipe, checkpoint_dir, output_dir=output_dir / "profile-search", tokenizer_dir=tokenizer_dir,
+        recipe, checkpoint_dir, probe=probe,
         device_memory_bytes=device_memory_bytes if device_memory_bytes is not None else gpu.usable_memory_bytes(),
         log=log)
     update: dict = {"plot_path": str(profile_output.plot_search(result, output_dir / PLOT_FILE))}

@@ -12,11 +12,15 @@ from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from prefect.logging import get_run_logger
 
-from quantize_serve import capacity, gpu, profile_output, serving_profile, shape_capacity
-from quantize_serve.errors import GateError
-from quantize_serve.server import RunningServer, ServerSpec, vllm_server
-from quantize_serve.settings import get_settings
-from quantize_serve.validate import BaseModelRef, ValidatedRecipe, model_shape_dir
+from quantize_serve.capacity import measure as capacity
+from quantize_serve.serving import gpu
+from quantize_serve.serve_profile import output as profile_output
+from quantize_serve.serve_profile import pinned as serving_profile
+from quantize_serve.capacity import shape as shape_capacity
+from quantize_serve.core.errors import GateError
+from quantize_serve.serving.server import RunningServer, ServerSpec, vllm_server
+from quantize_serve.core.settings import get_settings
+from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe, model_shape_dir
 
 
 @contextmanager
@@ -49,7 +53,7 @@ def ensure_concurrency_limit(name: str, limit: int = 1) -> None:
 
 def production_spec(validated: ValidatedRecipe, checkpoint_dir: str) -> ServerSpec:
     """The boot the gates prove: the quantized model with the recipe's serving settings."""
-    return capacity.capacity_spec(validated.recipe, capacity.PRODUCTION_BOOT, Path(checkpoint_dir))
+    return capacity.capacity_spec(validated.recipe, capacity.Boot.PRODUCTION, Path(checkpoint_dir))
 
 
 def published_model(validated: ValidatedRecipe, checkpoint_dir: str) -> str:
@@ -125,7 +129,7 @@ def measure_shape_capacity(validated: ValidatedRecipe, run_dir: Path) -> shape_c
                                           log=logger.info)
     shape_capacity.write_files(result, run_dir / "preflight")
     logger.info("capacity before download:\n%s", result.markdown())
-    production = result.row(capacity.PRODUCTION_BOOT)
+    production = result.row(capacity.Boot.PRODUCTION)
     if production.refused:
         raise GateError(f"the production configuration ({production.name}, TP {production.tensor_parallel_size}) "
                         f"does not fit: vLLM refused its dummy-weights boot: {production.refused}. Nothing was "

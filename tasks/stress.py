@@ -10,9 +10,10 @@ from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
 
-from quantize_serve import stress
-from quantize_serve.recipe import ServeSection, StressProfile
-from quantize_serve.server import RunningServer
+from quantize_serve.gates import stress
+from quantize_serve.recipe.model import ServeSection
+from quantize_serve.recipe.gates import StressProfile
+from quantize_serve.serving.server import RunningServer
 
 
 @task(name="run-stress-test", cache_policy=NO_CACHE)

@@ -7,8 +7,8 @@ from typing import Any
 
 from prefect import task
 
-from quantize_serve import validate
-from quantize_serve.recipe import Recipe
+from quantize_serve.validate import preflight as validate
+from quantize_serve.recipe.model import Recipe
 
 
 @task(name="validate-recipe")
@@ -19,7 +19,7 @@ def validate_recipe(recipe: Recipe | str | Path,
     return validated
 
 
-# No task-level retries: quantize_serve.hub retries transient failures (5xx, 429, dropped
+# No task-level retries: quantize_serve.hub.client retries transient failures (5xx, 429, dropped
 # connections) itself, with backoff, and never a 401/403/404, which no retry can fix.
 # No token parameter: Prefect records a task's inputs, so validate.resolve_base reads the token
 # itself (the recipe's hub.token_env or hub.token_secret_block, else HF_TOKEN).

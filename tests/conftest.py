@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from quantize_serve.cpu_support import serving_host_gap
+from quantize_serve.serving.host import serving_host_gap
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,14 +61,14 @@ def prefect_api():
 
 @pytest.fixture(scope="session")
 def awq_recipe():
-    from quantize_serve.recipe import load_recipe
+    from quantize_serve.recipe.load import load_recipe
 
     return load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml")
 
 
 @pytest.fixture(scope="session")
 def gptq_recipe():
-    from quantize_serve.recipe import load_recipe
+    from quantize_serve.recipe.load import load_recipe
 
     return load_recipe(ROOT / "recipes" / "tiny-llama-gptq.yaml")
 
@@ -84,8 +84,8 @@ def quantize_logs() -> dict[str, list[str]]:
 
 
 def _quantize(recipe_path: Path, log=lambda _: None):
-    from quantize_serve.quantize import quantize_model
-    from quantize_serve.validate import resolve_base, validate_recipe
+    from quantize_serve.quantize.run import quantize_model
+    from quantize_serve.validate.preflight import resolve_base, validate_recipe
 
     validated = validate_recipe(recipe_path)
     base = resolve_base(validated)
@@ -112,8 +112,9 @@ def base_model_dir() -> Path:
 @pytest.fixture(scope="session")
 def base_server(awq_recipe, base_model_dir, tmp_path_factory):
     """(a) the base model, 16-bit KV, under the recipe's budget: capacity and accuracy share it."""
-    from quantize_serve.capacity import Boot, capacity_spec
-    from quantize_serve.server import vllm_server
+    from quantize_serve.capacity.measure import capacity_spec
+    from quantize_serve.serving.boot import Boot
+    from quantize_serve.serving.server import vllm_server
 
     spec = capacity_spec(awq_recipe, Boot.BASE, base_model_dir)
     with vllm_server(spec, log_path=tmp_path_factory.mktemp("vllm-base") / "vllm.log") as server:
@@ -123,10 +124,11 @@ def base_server(awq_recipe, base_model_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def awq_fp8_server(awq_recipe, awq_checkpoint, tmp_path_factory):
     """(c) the AWQ checkpoint with fp8 KV, the production settings: capacity, accuracy, stress."""
-    from quantize_serve.capacity import Boot, capacity_spec
-    from quantize_serve.server import vllm_server
+    from quantize_serve.capacity.measure import capacity_spec
+    from quantize_serve.serving.boot import Boot
+    from quantize_serve.serving.server import vllm_server
 
-    spec = capacity_spec(awq_recipe, Boot.W4A16_FP8KV, Path(awq_checkpoint.checkpoint_dir))
+    spec = capacity_spec(awq_recipe, Boot.PRODUCTION, Path(awq_checkpoint.checkpoint_dir))
     with vllm_server(spec, log_path=tmp_path_factory.mktemp("vllm-awq-fp8") / "vllm.log") as server:
         yield server, spec
 

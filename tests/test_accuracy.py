@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from quantize_serve.accuracy import (
+from quantize_serve.gates.accuracy import (
     AccuracyRun,
     MetricResult,
     TaskRun,
@@ -18,8 +18,9 @@ from quantize_serve.accuracy import (
     resolve_task,
     run_accuracy,
 )
-from quantize_serve.errors import GateError
-from quantize_serve.recipe import AccuracyGate, AccuracyTask, load_recipe
+from quantize_serve.core.errors import GateError
+from quantize_serve.recipe.load import load_recipe
+from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
@@ -196,7 +197,7 @@ def test_missing_task_file_is_a_gate_error(tmp_path):
 
 
 def test_unreachable_server_is_a_gate_error_through_the_prefect_task(tmp_path):
-    from quantize_serve.server import free_port
+    from quantize_serve.serving.server import free_port
     from tasks.accuracy import run_accuracy as run_accuracy_task
 
     assert run_accuracy_task.name == "run-accuracy" and run_accuracy_task.retries == 0

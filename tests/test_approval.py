@@ -25,10 +25,10 @@ import pytest
 import yaml
 from prefect import flow
 
-from quantize_serve.decision import Decision
-from quantize_serve.quantize import QuantizeResult
-from quantize_serve.report import RunReport
-from quantize_serve.validate import BaseModelRef, ValidatedRecipe
+from quantize_serve.gates.decision import Decision
+from quantize_serve.quantize.run import QuantizeResult
+from quantize_serve.report.run_report import RunReport
+from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
 from tasks.report import request_approval
 from tests.conftest import ROOT
 
@@ -60,7 +60,7 @@ def local_hub(tmp_path_factory):
     worker loads the calibration data) reach as the Hub; runs go to a temporary folder."""
     from localhub.client import hub_client_env
     from localhub.server import start_local_hub
-    from quantize_serve.settings import get_settings
+    from quantize_serve.core.settings import get_settings
 
     with start_local_hub(tmp_path_factory.mktemp("hub"), tokens=(TOKEN,)) as hub, \
             hub_client_env(hub.endpoint, cache_dir=tmp_path_factory.mktemp("hf-cache")), \
@@ -136,7 +136,7 @@ def test_failed_gates_need_no_sign_off(manual_recipe):
 def test_a_reviewer_rejection_is_recorded_with_the_reason(local_hub, manual_recipe, tmp_path):
     """Gates passed, the reviewer said no: the rejected card and tag say who and why (no failed
     gate to quote: the card once refused to render, 'rejected needs rejection_reasons')."""
-    from quantize_serve import release
+    from quantize_serve.release import publish as release
 
     repo_id = f"quantize-serve/signoff-unit-{time.monotonic_ns()}"
     recipe = manual_recipe.recipe.model_copy(
@@ -235,7 +235,7 @@ def run_artifacts(flow_run_id) -> dict[str, str]:
 
 def run_report(flow_run_id) -> dict:
     """report.json of the run (its folder ends with the run id's first 8 characters)."""
-    from quantize_serve.settings import get_settings
+    from quantize_serve.core.settings import get_settings
 
     (path,) = get_settings().runs_dir.glob(f"tiny-llama-awq-signoff-*-{str(flow_run_id)[:8]}/report.json")
     return json.loads(path.read_text())

@@ -19,10 +19,11 @@ from huggingface_hub import HfApi
 from huggingface_hub import constants as hf_constants
 
 from localhub.server import LocalHub, start_local_hub
-from quantize_serve.errors import HubAuthError, HubError, HubNotFoundError
-from quantize_serve.hub import BASE_MODEL_FILES, RetryPolicy, base_model_patterns, resolve_base_model
-from quantize_serve.settings import get_settings
-from quantize_serve.validate import ValidatedRecipe, resolve_base
+from quantize_serve.core.errors import HubAuthError, HubError, HubNotFoundError
+from quantize_serve.hub.client import RetryPolicy
+from quantize_serve.hub.download import BASE_MODEL_FILES, base_model_patterns, resolve_base_model
+from quantize_serve.core.settings import get_settings
+from quantize_serve.validate.preflight import ValidatedRecipe, resolve_base
 from tests.conftest import use_local_hub_client
 
 ROOT = Path(__file__).resolve().parent.parent

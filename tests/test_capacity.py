@@ -13,10 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from quantize_serve.capacity import (Boot, capacity_spec, measure_boot, measure_capacity,
-                                     published_serve_command, summarize_capacity)
-from quantize_serve.errors import ServerBootError
-from quantize_serve.server import ServerSpec, remedy_for, vllm_server
+from quantize_serve.capacity.measure import (
+    capacity_spec,
+    measure_boot,
+    measure_capacity,
+    published_serve_command,
+    summarize_capacity,
+)
+from quantize_serve.serving.boot import Boot
+from quantize_serve.core.errors import ServerBootError
+from quantize_serve.serving.server import ServerSpec, remedy_for, vllm_server
 from tests.conftest import ROOT, vllm_processes_of
 
 
@@ -28,7 +34,7 @@ def test_remedies_match_what_vllm_says():
 
 
 def test_serve_command_is_what_runs(awq_recipe, base_model_dir):
-    spec = capacity_spec(awq_recipe, Boot.W4A16_FP8KV, base_model_dir)
+    spec = capacity_spec(awq_recipe, Boot.PRODUCTION, base_model_dir)
     cmd = spec.serve_command()
     assert cmd.startswith("vllm serve ") and "--kv-cache-dtype fp8" in cmd and "--max-model-len 512" in cmd
     # The budget less the bf16 tiny Llama's weights, by hand: per layer q 128x128 + k 64x128 +
@@ -40,7 +46,7 @@ def test_serve_command_is_what_runs(awq_recipe, base_model_dir):
 
 def test_boot_names_are_the_run_folder_and_report_names():
     assert [str(b) for b in Boot] == ["base", "w4a16", "w4a16-fp8kv"]  # log files, report.json, results
-    assert json.dumps({Boot.W4A16_FP8KV: Boot.BASE}) == '{"w4a16-fp8kv": "base"}'
+    assert json.dumps({Boot.PRODUCTION: Boot.BASE}) == '{"w4a16-fp8kv": "base"}'
 
 
 def test_argv_and_command_derive_from_one_config(awq_recipe, base_model_dir):
@@ -76,9 +82,9 @@ LLAMA = {size: json.loads((ROOT / f"benchmarks/configs/llama-3-{size}.json").rea
 def test_a_base_too_large_for_the_recipes_gpus_boots_at_the_smallest_tp_that_fits_or_stops():
     """Issue 14's table: the 70B bf16 base needs 131.4 GiB per GPU, more than 0.90 x 139.8 GiB, at TP 1;
     the W4A16 release fits one H200, its base needs two. CPU runs keep the recipe's TP."""
-    from quantize_serve.capacity import base_boot
-    from quantize_serve.errors import GateError
-    from quantize_serve.recipe import load_recipe
+    from quantize_serve.capacity.measure import base_boot
+    from quantize_serve.core.errors import GateError
+    from quantize_serve.recipe.load import load_recipe
 
     recipe = load_recipe(ROOT / "recipes/llama3-8b-instruct-awq.yaml")
     assert base_boot(recipe, LLAMA["8b"], device_memory_bytes=H200, gpu_count=1).tensor_parallel_size == 1
@@ -93,7 +99,7 @@ def test_a_base_too_large_for_the_recipes_gpus_boots_at_the_smallest_tp_that_fit
 
 
 def test_the_base_boot_at_another_tp_is_labelled_in_the_capacity_table(awq_recipe, base_model_dir):
-    from quantize_serve.capacity import CapacityConfig, CapacityReport
+    from quantize_serve.capacity.measure import CapacityConfig, CapacityReport
 
     spec = capacity_spec(awq_recipe, Boot.BASE, base_model_dir, tensor_parallel_size=2)
     assert spec.vllm_config()["tensor-parallel-size"] == 2 and awq_recipe.serve.tensor_parallel_size == 1
@@ -108,7 +114,7 @@ def test_the_base_boot_at_another_tp_is_labelled_in_the_capacity_table(awq_recip
 
 
 def test_cache_info_is_read_with_prometheus_parser():
-    from quantize_serve.capacity import read_cache_info
+    from quantize_serve.capacity.measure import read_cache_info
 
     text = ('# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n'
             '# TYPE vllm:cache_config_info gauge\n'
@@ -124,8 +130,8 @@ def test_three_configurations_same_budget(awq_recipe, awq_checkpoint, base_serve
     base, base_spec = base_server
     quant, quant_spec = awq_fp8_server
     a = measure_capacity(base, base_spec, name=Boot.BASE)
-    b = measure_boot(awq_recipe, Boot.W4A16, ckpt, log_path=tmp_path / "vllm.log")
-    c = measure_capacity(quant, quant_spec, name=Boot.W4A16_FP8KV)
+    b = measure_boot(awq_recipe, Boot.QUANTIZED_16BIT_KV, ckpt, log_path=tmp_path / "vllm.log")
+    c = measure_capacity(quant, quant_spec, name=Boot.PRODUCTION)
     config = json.loads((ROOT / "models/tiny-llama/config.json").read_text())
     report = summarize_capacity(awq_recipe, [a, b, c], config)
 
@@ -159,9 +165,10 @@ def test_boot_that_cannot_fit_names_the_remedy_and_leaves_nothing(awq_recipe, ba
 CANCEL_SCRIPT = """
 import sys
 from pathlib import Path
-from quantize_serve.recipe import load_recipe
-from quantize_serve.capacity import Boot, capacity_spec
-from quantize_serve.server import vllm_server
+from quantize_serve.recipe.load import load_recipe
+from quantize_serve.capacity.measure import capacity_spec
+from quantize_serve.serving.boot import Boot
+from quantize_serve.serving.server import vllm_server
 r = load_recipe(sys.argv[1])
 spec = capacity_spec(r, Boot.BASE, Path(sys.argv[2]))
 print("booting", flush=True)

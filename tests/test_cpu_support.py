@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from quantize_serve import cpu_support, gpu
+from quantize_serve.serving import host as cpu_support
+from quantize_serve.serving import gpu
 from quantize_serve.cli import main
-from quantize_serve.cpu_support import cpu_flags, quantized_serving_gap
+from quantize_serve.serving.host import cpu_flags, quantized_serving_gap
 from tests.conftest import ROOT
 
 RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
@@ -53,7 +54,7 @@ def test_run_on_such_a_cpu_stops_before_prefect(avx2_host, capsys):
 @pytest.mark.flow
 def test_the_flow_stops_at_validation_on_such_a_cpu(avx2_host, tmp_path, monkeypatch):
     from flows.pipeline import quantize_serve
-    from quantize_serve.settings import get_settings
+    from quantize_serve.core.settings import get_settings
 
     monkeypatch.setenv("QS_WORK_DIR", str(tmp_path / "work"))
     get_settings.cache_clear()

@@ -2,7 +2,7 @@
 
 A worker imports a deployment's entrypoint as a script module named after the file. A flow file
 named like the project's package (flows/quantize_serve.py) took the package's place in
-sys.modules, and `from quantize_serve.capacity import ...` then failed on every host where the
+sys.modules, and `from quantize_serve.capacity.measure import ...` then failed on every host where the
 project is not pip-installed in editable mode (a GPU image with the checkout on PYTHONPATH). The
 editable install's import hook hid that here, so this test loads each entrypoint without it:
 `python -S` (no site processing, so no editable finder) with the environment's packages and the

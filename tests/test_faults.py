@@ -35,15 +35,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from quantize_serve.errors import (
+from quantize_serve.core.errors import (
     GateError,
     HubError,
     QuantizationError,
     ServerBootError,
     ServerUnavailableError,
 )
-from quantize_serve.recipe import load_recipe
-from quantize_serve.server import ServerSpec, vllm_server
+from quantize_serve.recipe.load import load_recipe
+from quantize_serve.serving.server import ServerSpec, vllm_server
 from tests.conftest import ROOT, vllm_processes_of
 
 RECIPE = load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml")
@@ -58,7 +58,7 @@ TOKEN = "hf_FaultMatrixWriteToken0123456789abcdef"
 
 
 def spec(**serve_changes) -> ServerSpec:
-    # bf16 weights and a 16-bit KV cache: what vLLM serves on every CPU (quantize_serve/cpu_support.py)
+    # bf16 weights and a 16-bit KV cache: what vLLM serves on every CPU (quantize_serve/serving/host.py)
     return ServerSpec(model_dir=str(MODEL), serve=RECIPE.serve.model_copy(update=serve_changes),
                       kv_cache_dtype="auto", kv_cache_memory_bytes=KV_BYTES)
 
@@ -192,7 +192,7 @@ def doomed_boot(tmp_path_factory) -> Iterator[Boot]:
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_vllm_killed_during_accuracy_gate_fails_the_gate_fast(doomed_boot, tmp_path):
-    from quantize_serve.accuracy import run_accuracy
+    from quantize_serve.gates.accuracy import run_accuracy
 
     server = doomed_boot.server
     killer = After(server, 3, lambda: os.kill(server.pid, signal.SIGKILL))  # once lm-eval is sending
@@ -215,7 +215,7 @@ def test_vllm_killed_during_accuracy_gate_fails_the_gate_fast(doomed_boot, tmp_p
 @pytest.mark.e2e
 @pytest.mark.timeout(240)
 def test_capacity_on_a_killed_server_is_a_clear_error_and_leaves_nothing(doomed_boot):
-    from quantize_serve.capacity import measure_capacity
+    from quantize_serve.capacity.measure import measure_capacity
 
     server = doomed_boot.server
     os.kill(server.pid, signal.SIGKILL)
@@ -260,8 +260,8 @@ def engine_process(server_pid: int, name: str) -> psutil.Process:
                          ids=["engine-core-SIGKILL", "worker-SIGILL"])
 def test_engine_death_during_stress_fails_the_check_and_leaves_nothing(tmp_path, target, sig):
     """SIGKILL of the engine core is what the OOM killer does to the biggest process; SIGILL of the
-    worker is the CPU crash seen on AMX machines (see WARMUP_PROMPT in quantize_serve/server.py)."""
-    from quantize_serve.stress import run_stress_test
+    worker is the CPU crash seen on AMX machines (see WARMUP_PROMPT in quantize_serve/serving/server.py)."""
+    from quantize_serve.gates.stress import run_stress_test
 
     boot = Boot(spec(), tmp_path / "vllm.log")
     try:
@@ -291,9 +291,9 @@ def test_engine_death_during_stress_fails_the_check_and_leaves_nothing(tmp_path,
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_disk_full_during_quantization_names_the_disk_and_keeps_nothing(tmp_path, monkeypatch):
-    from quantize_serve.quantize import MANIFEST, checkpoint_key, quantize_model
-    from quantize_serve.settings import get_settings
-    from quantize_serve.validate import resolve_base, validate_recipe
+    from quantize_serve.quantize.run import MANIFEST, checkpoint_key, quantize_model
+    from quantize_serve.core.settings import get_settings
+    from quantize_serve.validate.preflight import resolve_base, validate_recipe
 
     validated = validate_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml")
     base = resolve_base(validated)
@@ -333,8 +333,10 @@ def test_disk_full_during_base_download_is_a_hub_error_without_token(tmp_path, m
     from huggingface_hub import constants as hf_constants
 
     from localhub.server import start_local_hub
-    from quantize_serve.hub import RetryPolicy, push_candidate, resolve_base_model
-    from quantize_serve.recipe import HubSection
+    from quantize_serve.hub.client import RetryPolicy
+    from quantize_serve.hub.publish import push_candidate
+    from quantize_serve.hub.download import resolve_base_model
+    from quantize_serve.recipe.model import HubSection
 
     monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)  # the session is offline; this is loopback
@@ -363,7 +365,7 @@ def test_disk_full_during_base_download_is_a_hub_error_without_token(tmp_path, m
 def test_two_runs_queue_on_the_gpu_limit():
     from prefect.client.orchestration import get_client
 
-    from quantize_serve.settings import get_settings
+    from quantize_serve.core.settings import get_settings
     from tasks.serve import gpu_slot
 
     hold_s, spans, errors = 2.0, {}, []

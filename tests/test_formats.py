@@ -1,4 +1,4 @@
-"""Choosing the release format by measurement (quantization.candidates; quantize_serve/formats.py).
+"""Choosing the release format by measurement (quantization.candidates; quantize_serve/formats/choose.py).
 
 The rules (recipe, kernel check, choice, Pareto frontier, existing checkpoints) on their own, then
 the whole flow on CPU with the real engines: an INT8 W8A8 candidate llm-compressor makes
@@ -15,12 +15,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quantize_serve import formats, planner
-from quantize_serve.errors import RecipeError, RecipeErrors
-from quantize_serve.existing_checkpoint import check_checkpoint, checkpoint_group_size, checkpoint_scheme
-from quantize_serve.quantize import build_llmcompressor_recipe
-from quantize_serve.recipe import FormatRule, load_recipe
-from quantize_serve.stress import ThroughputFigures
+from quantize_serve.formats import choose as formats
+from quantize_serve.capacity import planner
+from quantize_serve.core.errors import RecipeError, RecipeErrors
+from quantize_serve.quantize.existing_checkpoint import check_checkpoint, checkpoint_group_size, checkpoint_scheme
+from quantize_serve.quantize.run import build_llmcompressor_recipe
+from quantize_serve.recipe.load import load_recipe
+from quantize_serve.recipe.quantization import FormatRule
+from quantize_serve.traffic.bench import ThroughputFigures
 from tests.conftest import ROOT
 
 RECIPE = ROOT / "recipes" / "tiny-llama-formats.yaml"
@@ -189,7 +191,7 @@ def formats_hub(tmp_path_factory):
 
     from localhub.client import hub_client_env
     from localhub.server import start_local_hub
-    from quantize_serve.settings import get_settings
+    from quantize_serve.core.settings import get_settings
 
     with start_local_hub(tmp_path_factory.mktemp("hub"), tokens=(TOKEN,)) as hub, \
             hub_client_env(hub.endpoint, cache_dir=tmp_path_factory.mktemp("hf-cache")), \
@@ -261,7 +263,7 @@ def test_the_flow_compares_formats_and_releases_the_best_one_that_passes(formats
 
 
 def test_a_local_checkpoint_candidate_of_another_model_is_refused_before_anything_runs(tmp_path):
-    from quantize_serve.validate import validate_recipe
+    from quantize_serve.validate.preflight import validate_recipe
 
     other = tmp_path / "other-awq"
     shutil.copytree(AUTOAWQ, other)
@@ -328,6 +330,6 @@ def test_a_tie_on_the_rules_measure_goes_to_the_higher_recovery():
 
 
 def test_quantize_serve_validate_checks_local_checkpoint_candidates():
-    from quantize_serve.validate import check_recipe
+    from quantize_serve.validate.preflight import check_recipe
 
     assert any("existing checkpoints" in c for c in check_recipe(RECIPE).checked)

@@ -25,19 +25,18 @@ import pytest
 from huggingface_hub import HfApi, ModelCard, snapshot_download
 
 from localhub.server import LocalHub, start_local_hub
-from quantize_serve.errors import HubAuthError, HubError, HubNotFoundError
-from quantize_serve.hub import (
-    RetryPolicy,
+from quantize_serve.core.errors import HubAuthError, HubError, HubNotFoundError
+from quantize_serve.hub.client import RetryPolicy, resolve_token
+from quantize_serve.hub.publish import (
     promote_revision,
     push_candidate,
     record_rejection,
     rejection_tag,
-    resolve_base_model,
-    resolve_token,
     update_model_card,
 )
-from quantize_serve.model_card import AccuracyRow, ModelCardInputs, Provenance, render_model_card
-from quantize_serve.recipe import HubSection
+from quantize_serve.hub.download import resolve_base_model
+from quantize_serve.release.card import AccuracyRow, ModelCardInputs, Provenance, render_model_card
+from quantize_serve.recipe.model import HubSection
 from tests.conftest import use_local_hub_client
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -508,14 +507,14 @@ def test_cli_starts_fast_with_auth_and_faults_endpoint(tmp_path: Path):
 
 
 # --------------------------------------------------------------------------------------------
-# The release (quantize_serve.release): stage, push, then promote or reject
+# The release (quantize_serve.release.publish): stage, push, then promote or reject
 # --------------------------------------------------------------------------------------------
 
 
 def release_inputs(awq_recipe, section: HubSection, tmp_path: Path) -> tuple:
     """A validated recipe releasing to ``section``'s repo, and a checkpoint folder to release."""
-    from quantize_serve.quantize import QuantizeResult
-    from quantize_serve.validate import ValidatedRecipe
+    from quantize_serve.quantize.run import QuantizeResult
+    from quantize_serve.validate.preflight import ValidatedRecipe
 
     recipe = awq_recipe.model_copy(update={"hub": awq_recipe.hub.model_copy(update={"repo_id": section.repo_id})})
     validated = ValidatedRecipe(recipe=recipe, source="x.yaml", recipe_sha256="0" * 64,
@@ -532,10 +531,10 @@ def release_inputs(awq_recipe, section: HubSection, tmp_path: Path) -> tuple:
 @pytest.mark.parametrize("passed", [True, False])
 def test_release_pushes_the_candidate_then_promotes_or_rejects(local_hub: LocalHub, awq_recipe, section,
                                                                tmp_path: Path, monkeypatch, passed: bool):
-    from quantize_serve import release
-    from quantize_serve.decision import CheckRow, Decision
-    from quantize_serve.report import RunReport
-    from quantize_serve.validate import BaseModelRef
+    from quantize_serve.release import publish as release
+    from quantize_serve.gates.decision import CheckRow, Decision
+    from quantize_serve.report.run_report import RunReport
+    from quantize_serve.validate.preflight import BaseModelRef
 
     monkeypatch.setenv("HF_TOKEN", WRITE)
     base = BaseModelRef(local_dir=str(ROOT / "models" / "tiny-llama"), sha="1" * 64)
@@ -573,11 +572,11 @@ def test_promoted_card_links_its_hub_base_and_names_tasks_not_paths(local_hub: L
     """The gated card as a consumer reads it from the Hub: the model tree's base link
     (base_model + base_model_relation: quantized), lm-eval task names and dataset ids in
     model-index, the serving vLLM and the run's page."""
-    from quantize_serve import release
-    from quantize_serve.accuracy import AccuracyCheck
-    from quantize_serve.decision import Decision
-    from quantize_serve.report import RunReport
-    from quantize_serve.validate import BaseModelRef
+    from quantize_serve.release import publish as release
+    from quantize_serve.gates.accuracy import AccuracyCheck
+    from quantize_serve.gates.decision import Decision
+    from quantize_serve.report.run_report import RunReport
+    from quantize_serve.validate.preflight import BaseModelRef
 
     monkeypatch.setenv("HF_TOKEN", WRITE)
     base = BaseModelRef(local_dir=str(tmp_path / "hf-cache" / "base"), repo_id="org/tiny-base", sha="a" * 40)

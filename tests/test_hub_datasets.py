@@ -22,7 +22,7 @@ from localhub.datasets import (
     publish_parquet_dataset,
     ultrachat_rows,
 )
-from quantize_serve.calibration import (
+from quantize_serve.quantize.calibration import (
     calibration_fingerprint,
     check_samples,
     fingerprint,
@@ -30,8 +30,9 @@ from quantize_serve.calibration import (
     render_texts,
     select_samples,
 )
-from quantize_serve.errors import RecipeError
-from quantize_serve.recipe import Recipe, parse_recipe
+from quantize_serve.core.errors import RecipeError
+from quantize_serve.recipe.model import Recipe
+from quantize_serve.recipe.load import parse_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT_ID, CHAT_CONFIG = "some-org/ultrachat-like", "sft-small"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quantize_serve.errors import RecipeError
-from quantize_serve.validate import validate_recipe
+from quantize_serve.core.errors import RecipeError
+from quantize_serve.validate.preflight import validate_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "tiny-llama"

@@ -32,7 +32,7 @@ def load_template() -> dict:
 
 
 def recipe():
-    from quantize_serve.recipe import load_recipe
+    from quantize_serve.recipe.load import load_recipe
 
     return load_recipe(ROOT / K8S["parameters"]["recipe"])
 

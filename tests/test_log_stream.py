@@ -9,7 +9,7 @@ import textwrap
 
 from tqdm import tqdm
 
-from quantize_serve.log_stream import ProgressLines, parse_bar, stream_lines
+from quantize_serve.core.log_stream import ProgressLines, parse_bar, stream_lines
 
 
 class FakeClock:

@@ -3,7 +3,7 @@ histograms and a malformed scrape."""
 
 from __future__ import annotations
 
-from quantize_serve.metrics import read_gauges, read_labels
+from quantize_serve.serving.metrics import read_gauges, read_labels
 
 EXPOSITION = r'''# HELP vllm:num_preemptions_total Cumulative number of preemptions.
 # TYPE vllm:num_preemptions_total counter

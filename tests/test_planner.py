@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from quantize_serve.planner import (
+from quantize_serve.capacity.planner import (
     RECOMMENDED_SEQS_FRACTION,
     GiB,
     ModelShape,

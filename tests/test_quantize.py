@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from quantize_serve.log_stream import parse_bar
-from quantize_serve.quantize import MANIFEST, RECIPE_FILE, verify_manifest
+from quantize_serve.core.log_stream import parse_bar
+from quantize_serve.quantize.run import MANIFEST, RECIPE_FILE, verify_manifest
 
 pytestmark = pytest.mark.e2e
 
@@ -87,8 +87,8 @@ def test_vllm_serves_awq_checkpoint(awq_fp8_server):
 
 @pytest.mark.quantized_serving
 def test_vllm_serves_gptq_checkpoint(gptq_recipe, gptq_checkpoint, tmp_path):
-    from quantize_serve.capacity import capacity_spec
-    from quantize_serve.server import vllm_server
+    from quantize_serve.capacity.measure import capacity_spec
+    from quantize_serve.serving.server import vllm_server
 
     spec = capacity_spec(gptq_recipe, "w4a16-fp8kv", Path(gptq_checkpoint.checkpoint_dir))
     with vllm_server(spec, log_path=tmp_path / "vllm.log") as server:
@@ -112,4 +112,4 @@ def test_cpu_pinning_workaround_still_needed():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "STILL-FAILS" in out.stdout, (
         "llm-compressor no longer fails to pin memory without an accelerator: remove the "
-        f"workaround in quantize_serve/quantize_worker.py\n{out.stdout}\n{out.stderr[-2000:]}")
+        f"workaround in quantize_serve/quantize/worker.py\n{out.stdout}\n{out.stderr[-2000:]}")

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quantize_serve.errors import RecipeError, RecipeErrors
-from quantize_serve.quantize import build_llmcompressor_recipe
-from quantize_serve.recipe import load_recipe
-from quantize_serve.validate import validate_recipe
+from quantize_serve.core.errors import RecipeError, RecipeErrors
+from quantize_serve.quantize.run import build_llmcompressor_recipe
+from quantize_serve.recipe.load import load_recipe
+from quantize_serve.validate.preflight import validate_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from quantize_serve.accuracy import (
+from quantize_serve.gates.accuracy import (
     AccuracyRun,
     MetricResult,
     TaskRun,
@@ -17,8 +17,8 @@ from quantize_serve.accuracy import (
     compare_accuracy,
     extract_metrics,
 )
-from quantize_serve.decision import accuracy_rows
-from quantize_serve.recipe import AccuracyGate, AccuracyTask
+from quantize_serve.gates.decision import accuracy_rows
+from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask
 
 
 def run_of(metrics: dict[str, MetricResult], num_docs: int | None = 500) -> AccuracyRun:
@@ -131,11 +131,11 @@ def test_min_samples_passes_enough_documents_and_fails_an_unknown_count():
 
 
 def test_report_and_card_show_the_interval():
-    from quantize_serve.decision import Decision
-    from quantize_serve.model_card import AccuracyRow, ModelCardInputs, Provenance, render_model_card
-    from quantize_serve.quantize import QuantizeResult
-    from quantize_serve.report import RunReport, render_markdown
-    from quantize_serve.validate import BaseModelRef
+    from quantize_serve.gates.decision import Decision
+    from quantize_serve.release.card import AccuracyRow, ModelCardInputs, Provenance, render_model_card
+    from quantize_serve.quantize.run import QuantizeResult
+    from quantize_serve.report.run_report import RunReport, render_markdown
+    from quantize_serve.validate.preflight import BaseModelRef
 
     check = check_metric("mc", "acc", *WIDE, threshold=0.9)
     report = RunReport(

@@ -6,11 +6,12 @@ from __future__ import annotations
 import base64
 import re
 
-from quantize_serve.capacity import CapacityConfig, CapacityReport
-from quantize_serve.decision import Decision
-from quantize_serve.quantize import QuantizeResult
-from quantize_serve.report import CHART, RunReport, render_markdown, write_report
-from quantize_serve.validate import BaseModelRef
+from quantize_serve.capacity.measure import CapacityConfig, CapacityReport
+from quantize_serve.gates.decision import Decision
+from quantize_serve.quantize.run import QuantizeResult
+from quantize_serve.report.run_report import RunReport, render_markdown, write_report
+from quantize_serve.capacity.chart import CHART
+from quantize_serve.validate.preflight import BaseModelRef
 
 
 def report_with_capacity() -> RunReport:
@@ -51,10 +52,10 @@ def test_nothing_to_embed_keeps_the_link():
 def test_pushed_card_names_no_machine_path(awq_recipe, tmp_path):
     """The card that goes to the Hub: local folders (the base model, the checkpoint under the work
     dir) appear by repo id, project-relative path or folder name, never as this machine's path."""
-    from quantize_serve.capacity import published_serve_command
-    from quantize_serve.model_card import render_model_card
-    from quantize_serve.settings import PROJECT_ROOT
-    from quantize_serve.validate import ValidatedRecipe
+    from quantize_serve.capacity.measure import published_serve_command
+    from quantize_serve.release.card import render_model_card, report_card_inputs
+    from quantize_serve.core.settings import PROJECT_ROOT
+    from quantize_serve.validate.preflight import ValidatedRecipe
 
     ckpt = tmp_path / "work" / "checkpoints" / "tiny-llama-awq-0123abcd"
     validated = ValidatedRecipe(recipe=awq_recipe, source=str(PROJECT_ROOT / "recipes/tiny-llama-awq.yaml"),
@@ -64,7 +65,7 @@ def test_pushed_card_names_no_machine_path(awq_recipe, tmp_path):
         "checkpoint": report_with_capacity().checkpoint.model_copy(update={"checkpoint_dir": str(ckpt)}),
         "serving_command": published_serve_command(awq_recipe, ckpt)})
     for status in ("candidate", "promoted"):
-        card = str(render_model_card(report.card_inputs(validated, status=status)))
+        card = str(render_model_card(report_card_inputs(validated, report, status=status)))
         assert str(PROJECT_ROOT) not in card and str(tmp_path) not in card, card
         assert "vllm serve quantize-serve/tiny-llama-awq-w4a16" in card
     assert str(PROJECT_ROOT) not in render_markdown(report)
@@ -76,7 +77,7 @@ def test_pushed_card_names_no_machine_path(awq_recipe, tmp_path):
 
 
 def accuracy_checks(*tasks: str) -> list:
-    from quantize_serve.accuracy import AccuracyCheck
+    from quantize_serve.gates.accuracy import AccuracyCheck
 
     return [AccuracyCheck(task=t, metric="acc", base=0.5, quantized=0.25, recovery=0.5, threshold=0.95,
                           passed=False, higher_is_better=True, reason="recovery quantized/base = 0.5000 < 0.95")
@@ -92,9 +93,9 @@ def write_lm_eval_results(folder, configs: dict, groups: dict | None = None) -> 
 
 
 def test_a_task_file_is_named_by_its_task_and_its_data_by_id_and_content():
-    from quantize_serve.digest import file_sha256
-    from quantize_serve.report import eval_task_ref
-    from quantize_serve.settings import PROJECT_ROOT
+    from quantize_serve.core.digest import file_sha256
+    from quantize_serve.report.provenance import eval_task_ref
+    from quantize_serve.core.settings import PROJECT_ROOT
 
     ref = eval_task_ref("../evals/tasks/qs_facts_mc.yaml", base_dir=PROJECT_ROOT / "recipes")
     assert (ref.task, ref.dataset, ref.dataset_split) == ("qs_facts_mc", "local:facts_mc", "test")
@@ -102,7 +103,7 @@ def test_a_task_file_is_named_by_its_task_and_its_data_by_id_and_content():
 
 
 def test_a_named_task_takes_its_dataset_from_what_lm_eval_ran(tmp_path):
-    from quantize_serve.report import eval_task_refs
+    from quantize_serve.report.provenance import eval_task_refs
 
     write_lm_eval_results(tmp_path / "accuracy-quantized", {
         "gsm8k": {"task": "gsm8k", "dataset_path": "openai/gsm8k", "dataset_name": "main", "test_split": "test"},
@@ -116,7 +117,7 @@ def test_a_named_task_takes_its_dataset_from_what_lm_eval_ran(tmp_path):
 
 
 def test_a_run_url_on_this_machine_is_not_published():
-    from quantize_serve.report import public_url
+    from quantize_serve.report.provenance import public_url
 
     assert public_url("https://prefect.example.com/runs/flow-run/1") == "https://prefect.example.com/runs/flow-run/1"
     assert public_url("http://127.0.0.1:4200/runs/flow-run/1") is None
@@ -138,7 +139,7 @@ def test_run_url_is_prefects_ui_page_of_the_flow_run_or_none(monkeypatch):
 
 
 def test_report_names_tasks_the_serving_vllm_and_the_run(tmp_path, monkeypatch):
-    from quantize_serve import report as report_module
+    from quantize_serve.report import run_report as report_module
 
     monkeypatch.setattr(report_module, "serving_vllm_version", lambda: "0.32.0")
     report = report_with_capacity().model_copy(update={
@@ -153,9 +154,9 @@ def test_report_names_tasks_the_serving_vllm_and_the_run(tmp_path, monkeypatch):
 def test_gated_card_names_tasks_and_datasets_never_paths(awq_recipe, tmp_path):
     """The card of a rejected run: model-index, the table and the reasons say `qs_facts_mc` and
     `openai/gsm8k`, not the recipe's `../evals/tasks/qs_facts_mc.yaml`."""
-    from quantize_serve.decision import CheckRow, Decision
-    from quantize_serve.model_card import render_model_card
-    from quantize_serve.validate import ValidatedRecipe
+    from quantize_serve.gates.decision import CheckRow, Decision
+    from quantize_serve.release.card import render_model_card, report_card_inputs
+    from quantize_serve.validate.preflight import ValidatedRecipe
 
     validated = ValidatedRecipe(recipe=awq_recipe, source="recipes/tiny-llama-awq.yaml", recipe_sha256="0" * 64,
                                 calibration_fingerprint="2" * 64)
@@ -167,7 +168,7 @@ def test_gated_card_names_tasks_and_datasets_never_paths(awq_recipe, tmp_path):
         "run_url": "http://127.0.0.1:4200/runs/flow-run/r",
         "decision": Decision(passed=False, checks=[CheckRow(check=f"accuracy {spelled} acc", passed=False,
                                                             reason="recovery 0.5 < 0.95")])})
-    card = render_model_card(report.card_inputs(validated, status="rejected"))
+    card = render_model_card(report_card_inputs(validated, report, status="rejected"))
     results = {(r.task_name, r.dataset_type, r.dataset_split) for r in card.data.eval_results}
     assert results == {("qs_facts_mc", "local:facts_mc", "test"), ("gsm8k", "openai/gsm8k", "test")}
     assert "evals/tasks" not in card.content and "qs_facts_mc.yaml" not in card.content

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from quantize_serve.portable import portable_text
+from quantize_serve.core.portable import portable_text
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 MACHINE_FOLDERS = ("/work/", "/tmp/", "/root/", "/home/", "/Users/", "/mnt/", "/var/")
@@ -48,7 +48,7 @@ def test_the_check_catches_paths_and_ports_but_not_urls() -> None:
 
 
 def test_portable_text_rewrites_what_the_check_flags(tmp_path: Path) -> None:
-    from quantize_serve.settings import PROJECT_ROOT
+    from quantize_serve.core.settings import PROJECT_ROOT
 
     text = (f"vllm serve {PROJECT_ROOT}/.cache/work/checkpoints/awq-1 --tokenizer {tmp_path}/model "
             "--base-url http://127.0.0.1:41234 --endpoint /v1/completions")

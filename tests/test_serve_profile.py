@@ -12,13 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quantize_serve import profile_output as po
-from quantize_serve import profile_probe
-from quantize_serve import profile_search as ps
-from quantize_serve.capacity import Boot, capacity_spec, plan_for, read_cache_info
-from quantize_serve.errors import GateError
-from quantize_serve.recipe import ProfileSearch, ServeSection, load_recipe, parse_recipe
-from quantize_serve.server import WARMUP_MIN_PROMPT_TOKENS, ServerSpec, vllm_server
+from quantize_serve.serve_profile import output as po
+from quantize_serve.serve_profile import probe as profile_probe
+from quantize_serve.serve_profile import search as ps
+from quantize_serve.capacity.measure import capacity_spec, plan_for, read_cache_info
+from quantize_serve.serving.boot import Boot
+from quantize_serve.core.errors import GateError
+from quantize_serve.recipe.model import ProfileSearch, ServeSection
+from quantize_serve.recipe.load import load_recipe, parse_recipe
+from quantize_serve.serving.server import WARMUP_MIN_PROMPT_TOKENS, ServerSpec, vllm_server
 from tests.conftest import ROOT, vllm_processes_of
 
 RECIPE = load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml")
@@ -147,8 +149,8 @@ def test_search_serve_profile_starts_at_the_planners_recommendation(tmp_path):
                            "serve": {**RECIPE.serve.model_dump(mode="json"),
                                      "search": {"min_num_seqs": 4, "max_num_seqs": 64, "step": 4}}},
                           base_dir=ROOT / "recipes")
-    plan = plan_for(recipe, json.loads((MODEL / "config.json").read_text()), Boot.W4A16_FP8KV, block_size=128)
-    result = ps.search_serve_profile(recipe, MODEL, output_dir=tmp_path, probe=threshold_probe(40, calls),
+    plan = plan_for(recipe, json.loads((MODEL / "config.json").read_text()), Boot.PRODUCTION, block_size=128)
+    result = ps.search_serve_profile(recipe, MODEL, probe=threshold_probe(40, calls),
                                      log=lambda _: None)
     assert result.planner_recommended == plan.recommended_max_num_seqs > 0
     assert calls[0].max_num_seqs == result.planner_start == min(64, plan.recommended_max_num_seqs)
@@ -156,7 +158,7 @@ def test_search_serve_profile_starts_at_the_planners_recommendation(tmp_path):
     off = parse_recipe({**recipe.model_dump(mode="json", exclude={"base_dir"}),
                         "serve": {**recipe.serve.model_dump(mode="json"), "search": {"enabled": False}}})
     with pytest.raises(GateError, match="enabled is false"):
-        ps.search_serve_profile(off, MODEL, output_dir=tmp_path, probe=threshold_probe(40, calls))
+        ps.search_serve_profile(off, MODEL, probe=threshold_probe(40, calls))
 
 
 def test_recipe_search_section_is_strict():
@@ -256,11 +258,11 @@ def test_plot_search_writes_a_png(tmp_path):
 
 
 def test_task_writes_profile_and_chart(tmp_path, monkeypatch):
-    from quantize_serve.profile_output import PROFILE_FILE
+    from quantize_serve.serve_profile.output import PROFILE_FILE
     from tasks.profile import PLOT_FILE, search_serve_profile
 
     def spec_for(serve):
-        return capacity_spec(RECIPE.model_copy(update={"serve": serve}), Boot.W4A16_FP8KV, MODEL)
+        return capacity_spec(RECIPE.model_copy(update={"serve": serve}), Boot.PRODUCTION, MODEL)
 
     monkeypatch.setattr(profile_probe, "vllm_probe",
                         lambda *a, **k: threshold_probe(13, [], spec_for=spec_for))
@@ -278,7 +280,7 @@ def test_task_writes_profile_and_chart(tmp_path, monkeypatch):
 def test_task_starts_a_gpu_search_at_the_planners_recommendation_for_this_gpu(tmp_path, monkeypatch):
     """On a GPU the flow's search starts where the planner puts this GPU (it started at the range's
     low end when the task left the device's memory out: "KV 0 tokens", seen on the H200)."""
-    from quantize_serve import gpu
+    from quantize_serve.serving import gpu
     from tasks.profile import search_serve_profile
 
     calls: list[ServeSection] = []
@@ -311,11 +313,11 @@ def test_emitted_profile_starts_vllm_with_exactly_the_found_settings(awq_recipe,
     ckpt = Path(awq_checkpoint.checkpoint_dir)
 
     def spec_for(serve):  # what the real probe boots, without booting it here
-        return capacity_spec(awq_recipe.model_copy(update={"serve": serve}), Boot.W4A16_FP8KV, ckpt)
+        return capacity_spec(awq_recipe.model_copy(update={"serve": serve}), Boot.PRODUCTION, ckpt)
 
     recipe = awq_recipe.model_copy(update={"serve": awq_recipe.serve.model_copy(
         update={"search": ProfileSearch(min_num_seqs=4, max_num_seqs=32, step=4)})})
-    result = ps.search_serve_profile(recipe, ckpt, output_dir=tmp_path,
+    result = ps.search_serve_profile(recipe, ckpt,
                                      probe=threshold_probe(13, [], spec_for=spec_for), log=lambda _: None)
     found = result.found
     assert 9 < found.max_num_seqs <= 13 and found.spec is not None

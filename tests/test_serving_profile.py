@@ -1,4 +1,4 @@
-"""serve-profile.yaml pins the KV cache the gates validated (quantize_serve/serving_profile.py).
+"""serve-profile.yaml pins the KV cache the gates validated (quantize_serve/serve_profile/pinned.py).
 
 The GPU figures are the 8B AWQ fp8-KV boot measured on the H200 (benchmarks/results/h200.json:
 122,155 blocks of 16 tokens, "Available KV cache memory: 119.29 GiB", utilization 0.90 of
@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quantize_serve.capacity import GIB, Boot, CapacityConfig
-from quantize_serve.planner import GPU_MEMORY_BYTES
-from quantize_serve.recipe import ServeSection
-from quantize_serve.server import ServerSpec
-from quantize_serve.serving_profile import block_bytes, pinned_spec, write_serving_profile
+from quantize_serve.capacity.measure import GIB, CapacityConfig
+from quantize_serve.serving.boot import Boot
+from quantize_serve.capacity.planner import GPU_MEMORY_BYTES
+from quantize_serve.recipe.model import ServeSection
+from quantize_serve.serving.server import ServerSpec
+from quantize_serve.serve_profile.pinned import block_bytes, pinned_spec, write_serving_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA8B = json.loads((ROOT / "benchmarks/configs/llama-3-8b.json").read_text())
@@ -26,7 +27,7 @@ H200 = 150109880320  # what CUDA sees of the lent H200 (NVML total less the driv
 
 @pytest.fixture
 def h200_fp8() -> CapacityConfig:
-    return CapacityConfig(name=Boot.W4A16_FP8KV, kv_cache_dtype="fp8", weights_bytes=int(5.46 * GIB),
+    return CapacityConfig(name=Boot.PRODUCTION, kv_cache_dtype="fp8", weights_bytes=int(5.46 * GIB),
                           kv_cache_memory_bytes=int(119.29 * GIB), kv_cache_tokens=1_954_480, num_blocks=122_155,
                           block_size=16, max_model_len=8192, max_concurrency=238.58, boot_seconds=60.0)
 

@@ -14,11 +14,11 @@ from huggingface_hub import HfApi
 from huggingface_hub import constants as hf_constants
 
 from localhub.server import start_local_hub
-from quantize_serve.boot import Boot
-from quantize_serve.capacity import capacity_spec, checkpoint_tensor_bytes
+from quantize_serve.serving.boot import Boot
+from quantize_serve.capacity.measure import capacity_spec, checkpoint_tensor_bytes
 from quantize_serve.cli import main
-from quantize_serve.settings import get_settings
-from quantize_serve.shape_capacity import quantization_config
+from quantize_serve.core.settings import get_settings
+from quantize_serve.capacity.shape import quantization_config
 from tests.conftest import ROOT, use_local_hub_client, vllm_processes_of
 
 TINY = ROOT / "models" / "tiny-llama"
@@ -115,7 +115,7 @@ def test_preflight_stops_the_flow_before_the_weights_are_downloaded(hub_base, tm
     would stop the run earlier on a CPU without AVX-512 is the one thing set aside (its own tests:
     tests/test_cpu_support.py), and there vLLM refuses the fp8 boot for that reason instead."""
     from flows.pipeline import quantize_serve
-    from quantize_serve import cpu_support
+    from quantize_serve.serving import host as cpu_support
 
     monkeypatch.setattr(cpu_support, "quantized_serving_gap", lambda *a, **k: None)
     overrides = {"model.id": hub_base, "hub.token_env": "QS_SHAPE_TEST_TOKEN", "serve.preflight": "measure",

@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 import yaml
 
-from quantize_serve.decision import decide, soak_row
-from quantize_serve.errors import RecipeErrors
-from quantize_serve.recipe import MIN_SOAK_SAMPLES, SoakGate, parse_recipe
-from quantize_serve.soak import (
+from quantize_serve.gates.decision import decide, soak_row
+from quantize_serve.core.errors import RecipeErrors
+from quantize_serve.recipe.load import parse_recipe
+from quantize_serve.recipe.gates import MIN_SOAK_SAMPLES, SoakGate
+from quantize_serve.gates.soak import (
     MIB,
     SoakResult,
     SoakTraffic,
@@ -269,8 +270,9 @@ def test_soak_passes_on_the_production_boot(awq_fp8_server, awq_recipe, awq_chec
 @pytest.mark.e2e
 @pytest.mark.timeout(240)
 def test_soak_fails_on_a_real_leak(awq_recipe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from quantize_serve.capacity import Boot, capacity_spec
-    from quantize_serve.server import vllm_server
+    from quantize_serve.capacity.measure import capacity_spec
+    from quantize_serve.serving.boot import Boot
+    from quantize_serve.serving.server import vllm_server
 
     site = tmp_path / "leak-site"
     site.mkdir()

@@ -20,16 +20,18 @@ from pathlib import Path
 import psutil
 import pytest
 
-from quantize_serve.processes import process_tree
-from quantize_serve.recipe import StressProfile, load_recipe
-from quantize_serve.server import ServerSpec, vllm_server
-from quantize_serve.stress import StressResult, ThroughputFigures, judge, plan_traffic, run_stress_test
+from quantize_serve.core.processes import process_tree
+from quantize_serve.recipe.load import load_recipe
+from quantize_serve.recipe.gates import StressProfile
+from quantize_serve.serving.server import ServerSpec, vllm_server
+from quantize_serve.gates.stress import StressResult, judge, plan_traffic, run_stress_test
+from quantize_serve.traffic.bench import ThroughputFigures
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml")
 MODEL = ROOT / "models" / "tiny-llama"
 # The base model with a 16-bit KV cache, which vLLM serves on every CPU (fp8 KV needs AVX-512 there:
-# quantize_serve/cpu_support.py); the production fp8 boot is stressed by the flow's gate.
+# quantize_serve/serving/host.py); the production fp8 boot is stressed by the flow's gate.
 KV_BYTES = 12_000_000  # ~11.6k tokens: 22 requests of max_model_len 512, above max_num_seqs 16
 BLOCK_BYTES = 128 * 1024  # CPU block of 128 tokens x 1,024 KV bytes per token (4 layers, 2 KV heads of 32, bf16)
 

@@ -1,0 +1,336 @@
+"""Capacity stage: how much memory quantization freed and how much larger a batch now fits.
+
+Three configurations under the same memory budget: (a) base model, 16-bit KV; (b) quantized,
+16-bit KV; (c) quantized, fp8 KV. Each boot's capacity is read from vLLM itself: the labels of
+``vllm:cache_config_info`` on ``/metrics``.
+
+Two ways to hold the budget equal:
+- GPU (``serve.memory_budget`` unset): vLLM's own accounting. Every boot gets
+  ``gpu_memory_utilization`` x device memory; vLLM profiles weights and activations and gives
+  the rest to the KV cache. Weight memory is what vLLM logs as "Model loading took X GiB".
+- fixed budget (``serve.memory_budget`` set; what CPU runs use): the budget is the device
+  memory the configurations share; each boot gets ``--kv-cache-memory-bytes`` = budget minus its
+  weights, where weights = the tensor bytes in the checkpoint's safetensors files (exactly what
+  vLLM loads: packed int4 + scales + zero points for W4A16, bf16 for the base). This is how
+  freed weight memory shows up as KV memory on a GPU, without the CPU allocator's noise (the
+  automatic CPU mode reads a node total that moves between boots on a shared machine).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from quantize_serve.capacity import planner
+from quantize_serve.serving.boot import Boot
+from quantize_serve.core.errors import GateError
+from quantize_serve.serving.metrics import read_labels
+from quantize_serve.recipe.model import Recipe
+from quantize_serve.serving.server import RunningServer, ServerSpec, vllm_server
+
+GIB = 1024**3
+METHOD_FIXED = (
+    "fixed budget: every configuration shares serve.memory_budget; each boot gets "
+    "--kv-cache-memory-bytes = budget - weights, weights = tensor bytes of the checkpoint's "
+    "safetensors files (what vLLM loads). KV figures are vLLM's own (vllm:cache_config_info)."
+)
+METHOD_GPU = (
+    "device accounting: every boot gets gpu_memory_utilization x device memory; vLLM profiles "
+    "weights (\"Model loading took\") and activations and gives the rest to the KV cache. KV "
+    "figures are vLLM's own (vllm:cache_config_info)."
+)
+
+
+class CapacityConfig(BaseModel):
+    name: Boot
+    tensor_parallel_size: int = 1  # the base may boot at a larger TP than the recipe's (BaseBoot)
+    kv_cache_dtype: str
+    weights_bytes: int
+    kv_cache_memory_bytes: int
+    kv_cache_tokens: int
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    max_concurrency: float
+    boot_seconds: float
+
+
+class PlannerCheck(BaseModel):
+    name: Boot
+    predicted_kv_tokens: int
+    measured_kv_tokens: int
+    error_pct: float
+
+
+class CapacityReport(BaseModel):
+    method: str
+    base_boot: str | None = None  # why the base booted at another TP than the recipe's (BaseBoot.reason)
+    budget_bytes: int | None
+    configs: list[CapacityConfig]
+    freed_weight_bytes: int
+    fp8_token_ratio: float
+    gain_quantized: float
+    gain_fp8: float
+    planner: list[PlannerCheck]
+
+    def by_name(self, name: Boot) -> CapacityConfig:
+        return next(c for c in self.configs if c.name == name)
+
+    def markdown(self) -> str:
+        rows = [
+            "| configuration | KV dtype | weights GiB | KV cache GiB | KV tokens | max concurrency | "
+            "planner KV tokens (error) |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
+        checks = {p.name: p for p in self.planner}
+        for c in self.configs:
+            p = checks.get(c.name)
+            tp = f" (TP {c.tensor_parallel_size})" if c.tensor_parallel_size != self.configs[-1].tensor_parallel_size else ""
+            rows.append(
+                f"| {c.name}{tp} | {c.kv_cache_dtype} | {c.weights_bytes / GIB:.4f} | "
+                f"{c.kv_cache_memory_bytes / GIB:.4f} | {c.kv_cache_tokens:,} | "
+                f"{c.max_concurrency:.2f}x @ {c.max_model_len:,} | "
+                + (f"{p.predicted_kv_tokens:,} ({p.error_pct:+.2f}%) |" if p else "- |")
+            )
+        rows += [
+            "",
+            f"Memory freed by quantization: {self.freed_weight_bytes / GIB:.4f} GiB "
+            f"({self.freed_weight_bytes:,} bytes). Capacity over {Boot.BASE}: {Boot.QUANTIZED_16BIT_KV} "
+            f"x{self.gain_quantized:.2f}, {Boot.QUANTIZED_16BIT_KV} + fp8 KV x{self.gain_fp8:.2f}; fp8/16-bit KV "
+            f"tokens x{self.fp8_token_ratio:.3f}.",
+            "",
+            f"Method: {self.method}",
+        ]
+        if self.base_boot:
+            rows += ["", f"Base boot: {self.base_boot}"]
+        return "\n".join(rows)
+
+
+def capacity_spec(recipe: Recipe, boot: Boot, model_dir: Path, *, weights_bytes: int | None = None,
+                  tensor_parallel_size: int | None = None) -> ServerSpec:
+    """The boot spec of one configuration under the recipe's (shared) budget. ``weights_bytes``: what
+    the boot's weights take (default: the checkpoint's tensor bytes; a dummy boot has no checkpoint).
+    ``tensor_parallel_size``: another TP than the recipe's (the base, when it needs more GPUs: BaseBoot)."""
+    kv_dtype = sixteen_bit_kv_dtype(model_dir) if Boot(boot).sixteen_bit_kv else recipe.serve.kv_cache_dtype
+    kv_bytes = None
+    if recipe.serve.memory_budget is not None:
+        weights = checkpoint_tensor_bytes(model_dir) if weights_bytes is None else weights_bytes
+        kv_bytes = int(recipe.serve.memory_budget) - weights
+        if kv_bytes <= 0:
+            kv_bytes = 1  # let vLLM refuse it with its own message (and our remedy)
+    serve = recipe.serve
+    if tensor_parallel_size is not None and tensor_parallel_size != serve.tensor_parallel_size:
+        serve = serve.model_copy(update={"tensor_parallel_size": tensor_parallel_size})
+    return ServerSpec(model_dir=str(model_dir), serve=serve, kv_cache_dtype=kv_dtype,
+                      kv_cache_memory_bytes=kv_bytes)
+
+
+class BaseBoot(BaseModel):
+    """The TP the base model boots at: the recipe's, or (on GPUs, where the bf16 base does not fit
+    the recipe's TP) the smallest that fits this host, with the reason."""
+
+    tensor_parallel_size: int
+    reason: str | None = None
+
+
+def base_boot(recipe: Recipe, base_config: dict, *, device_memory_bytes: int | None,
+              gpu_count: int) -> BaseBoot:
+    """Where the base boots (capacity row (a) and the accuracy baseline). A release that only fits
+    quantized (a 70B on one H200) still needs its base served for the accuracy gate: at the smallest
+    TP that fits, when this host has that many GPUs. Otherwise it raises GateError naming what the
+    base needs, before anything is quantized. CPU runs (``serve.memory_budget``) keep the recipe's TP."""
+    tp = recipe.serve.tensor_parallel_size
+    if recipe.serve.memory_budget is not None or not device_memory_bytes:
+        return BaseBoot(tensor_parallel_size=tp)
+    plan = plan_for(recipe, base_config, Boot.BASE, block_size=planner.BLOCK_SIZE_GPU,
+                    device_memory_bytes=device_memory_bytes)
+    if plan.fits:
+        return BaseBoot(tensor_parallel_size=tp)
+    why = f"the bf16 base does not fit at TP {tp}: {plan.reason}"
+    heads = planner.ModelShape.from_config(base_config).num_heads
+    fitting = [t for t in planner.TP_SIZES if t > tp and heads % t == 0 and plan_for(
+        recipe, base_config, Boot.BASE, block_size=planner.BLOCK_SIZE_GPU, device_memory_bytes=device_memory_bytes,
+        tensor_parallel_size=t).fits]
+    if fitting and fitting[0] <= gpu_count:
+        return BaseBoot(tensor_parallel_size=fitting[0], reason=f"{why}; measured at TP {fitting[0]}, the smallest "
+                        f"that fits (the planner), on {fitting[0]} of this host's {gpu_count} GPUs")
+    fits_at = f"it fits at TP {fitting[0]}" if fitting else f"it fits at no TP up to {planner.TP_SIZES[-1]}"
+    raise GateError(f"{why}; {fits_at}, and this host has {gpu_count} GPU(s). The accuracy gate compares "
+                    "the release with its base served the same way, so the base must be served. Nothing was "
+                    f"quantized. Fix: run on a host with at least {fitting[0] if fitting else 'more'} GPUs (the "
+                    f"release keeps serve.tensor_parallel_size {tp}), or lower serve.max_model_len")
+
+
+def published_model(recipe: Recipe, checkpoint_dir: str | Path) -> str:
+    """How a published command or profile names the model: the Hub repo id, or (no hub section)
+    the checkpoint folder's name; never this machine's path."""
+    return recipe.hub.repo_id if recipe.hub else Path(checkpoint_dir).name
+
+
+def published_serve_command(recipe: Recipe, checkpoint_dir: str | Path) -> str:
+    """The published `vllm serve <repo id> ...` of the production boot."""
+    spec = capacity_spec(recipe, Boot.PRODUCTION, Path(checkpoint_dir))
+    return spec.serve_command(published_model(recipe, checkpoint_dir))
+
+
+def sixteen_bit_kv_dtype(model_dir: Path) -> str:
+    """The --kv-cache-dtype that gives a 16-bit KV cache for this checkpoint.
+
+    vLLM resolves "auto" to fp8 when the checkpoint carries calibrated KV scales
+    (quantization_config.kv_cache_scheme), so such a checkpoint needs its 16-bit dtype named.
+    """
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    if (config.get("quantization_config") or {}).get("kv_cache_scheme"):
+        dtype = str(config.get("dtype") or config.get("torch_dtype") or "bfloat16")
+        return dtype if dtype in ("bfloat16", "float16") else "bfloat16"
+    return "auto"
+
+
+def checkpoint_tensor_bytes(model_dir: Path) -> int:
+    """Sum of tensor data bytes in a folder's safetensors files (read from their headers)."""
+    total = 0
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        with f.open("rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        total += sum(end - start for k, v in header.items() if k != "__metadata__"
+                     for start, end in [v["data_offsets"]])
+    return total
+
+
+MODEL_LOADING = re.compile(r"Model loading took ([\d.]+) GiB")
+AVAILABLE_KV = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+
+
+def label_number(info: dict[str, str], key: str) -> float | None:
+    """A numeric label of vllm:cache_config_info, or None when vLLM left it unset.
+
+    Unset fields are exported as the string "None": on CUDA, kv_cache_memory_bytes is unset
+    whenever the cache is sized from gpu_memory_utilization (vLLM 0.26).
+    """
+    try:
+        return float(info[key])
+    except (KeyError, ValueError):
+        return None
+
+
+def read_cache_info(metrics_text: str) -> dict[str, str]:
+    """The labels of ``vllm:cache_config_info`` (vLLM's capacity figures) on ``/metrics``."""
+    info = read_labels(metrics_text, "vllm:cache_config_info")
+    if info is None:
+        raise GateError("vLLM's /metrics has no vllm:cache_config_info; is this a vLLM >= 0.10 server?")
+    return info
+
+
+def measure_capacity(server: RunningServer, spec: ServerSpec, *, name: Boot) -> CapacityConfig:
+    """Read one boot's KV capacity from vLLM's /metrics and its weight memory (see module doc)."""
+    info = read_cache_info(server.get("/metrics"))
+    num_blocks = int(info["num_gpu_blocks"])
+    block_size = int(info["block_size"])
+    tokens = int(label_number(info, "kv_cache_size_tokens") or num_blocks * block_size)
+    max_len = spec.serve.max_model_len
+    log_text = "" if spec.kv_cache_memory_bytes is not None else Path(server.log_path).read_text(errors="replace")
+    if spec.kv_cache_memory_bytes is not None:
+        weights = checkpoint_tensor_bytes(Path(spec.model_dir))
+    else:
+        found = MODEL_LOADING.findall(log_text)
+        weights = int(float(found[-1]) * GIB) if found else checkpoint_tensor_bytes(Path(spec.model_dir))
+    kv_bytes = label_number(info, "kv_cache_memory_bytes") or spec.kv_cache_memory_bytes
+    if kv_bytes is None:  # sized by vLLM from gpu_memory_utilization: its log says how much
+        found = AVAILABLE_KV.findall(log_text)
+        kv_bytes = float(found[-1]) * GIB if found else 0
+    return CapacityConfig(
+        name=Boot(name),
+        tensor_parallel_size=spec.serve.tensor_parallel_size,
+        kv_cache_dtype=info.get("cache_dtype", spec.effective_kv_dtype),
+        weights_bytes=weights,
+        kv_cache_memory_bytes=int(kv_bytes),
+        kv_cache_tokens=tokens,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_model_len=max_len,
+        max_concurrency=round(label_number(info, "kv_cache_max_concurrency") or tokens / max_len, 2),
+        boot_seconds=server.boot_seconds,
+    )
+
+
+def plan_for(recipe: Recipe, base_config: dict, name: Boot, *, block_size: int,
+             device_memory_bytes: int | None = None, tensor_parallel_size: int | None = None) -> planner.CapacityPlan:
+    """The planner's prediction for one configuration, in the same mode as the measurement
+    (``tensor_parallel_size``: another TP than the recipe's)."""
+    boot = Boot(name)
+    kv = "auto" if boot.sixteen_bit_kv else recipe.serve.kv_cache_dtype
+    scheme = recipe.quantization.scheme if boot.quantized else "bf16"
+    fixed = recipe.serve.memory_budget is not None
+    return planner.plan_capacity(
+        planner.ModelShape.from_config(base_config),
+        scheme=scheme, kv_cache_dtype=kv,
+        device_memory_bytes=int(recipe.serve.memory_budget) if fixed else int(device_memory_bytes or 0),
+        gpu_memory_utilization=1.0 if fixed else recipe.serve.gpu_memory_utilization,
+        max_model_len=recipe.serve.max_model_len,
+        max_num_batched_tokens=recipe.serve.max_num_batched_tokens or 8192,
+        block_size=block_size,
+        tensor_parallel_size=tensor_parallel_size or recipe.serve.tensor_parallel_size,
+        mode="fixed_budget" if fixed else "gpu",
+        group_size=recipe.quantization.group_size,
+        ignore=tuple(recipe.quantization.ignore),
+    )
+
+
+def summarize_capacity(recipe: Recipe, configs: list[CapacityConfig], base_config: dict,
+                       *, device_memory_bytes: int | None = None, base_boot: str | None = None) -> CapacityReport:
+    """Derived figures and the planner's predictions beside the measured ones."""
+    by = {c.name: c for c in configs}
+    a, b, c = by[Boot.BASE], by[Boot.QUANTIZED_16BIT_KV], by[Boot.PRODUCTION]
+    checks = []
+    for cfg in configs:
+        plan = plan_for(recipe, base_config, cfg.name, block_size=cfg.block_size,
+                        device_memory_bytes=device_memory_bytes, tensor_parallel_size=cfg.tensor_parallel_size)
+        err = 100.0 * (plan.kv_cache_tokens - cfg.kv_cache_tokens) / max(cfg.kv_cache_tokens, 1)
+        checks.append(PlannerCheck(name=cfg.name, predicted_kv_tokens=plan.kv_cache_tokens,
+                                   measured_kv_tokens=cfg.kv_cache_tokens, error_pct=round(err, 3)))
+    return CapacityReport(
+        method=METHOD_FIXED if recipe.serve.memory_budget is not None else METHOD_GPU,
+        base_boot=base_boot,
+        budget_bytes=int(recipe.serve.memory_budget) if recipe.serve.memory_budget is not None else None,
+        configs=[a, b, c],
+        freed_weight_bytes=a.weights_bytes - b.weights_bytes,
+        fp8_token_ratio=round(c.kv_cache_tokens / max(b.kv_cache_tokens, 1), 4),
+        gain_quantized=round(b.kv_cache_tokens / max(a.kv_cache_tokens, 1), 4),
+        gain_fp8=round(c.kv_cache_tokens / max(a.kv_cache_tokens, 1), 4),
+        planner=checks,
+    )
+
+
+def measure_boot(recipe: Recipe, boot: Boot, model_dir: str | Path, *, log_path: Path,
+                 log: Callable[[str], None] = lambda _: None,
+                 while_up: Callable[[RunningServer, CapacityConfig], None] | None = None) -> CapacityConfig:
+    """The capacity stage for one configuration on its own: boot it, measure it, (``while_up``:
+    use the same server for more, e.g. a stress test), stop it. The flow measures the same way on
+    the boots it shares with the gates (``measure_capacity`` on a ``capacity_spec`` boot)."""
+    spec = capacity_spec(recipe, boot, Path(model_dir))
+    log(f"capacity {boot}: {spec.serve_command()}")
+    with vllm_server(spec, log_path=log_path) as server:
+        measured = measure_capacity(server, spec, name=boot)
+        if while_up is not None:
+            while_up(server, measured)
+    return measured
+
+
+def run_capacity_stage(recipe: Recipe, base_dir: str | Path, checkpoint_dir: str | Path, *, log_dir: Path,
+                       device_memory_bytes: int | None = None,
+                       log: Callable[[str], None] = lambda _: None) -> CapacityReport:
+    """The capacity stage with a boot of its own per configuration (what the flow does while it
+    shares those boots with the gates): the three boots in order, then the summary."""
+    configs = []
+    for boot in Boot:
+        configs.append(measure_boot(recipe, boot, boot.model_dir(base_dir, checkpoint_dir),
+                                    log_path=Path(log_dir) / f"vllm-{boot}.log", log=log))
+        log(f"capacity {boot}: {configs[-1]}")
+    base_config = json.loads((Path(base_dir) / "config.json").read_text())
+    return summarize_capacity(recipe, configs, base_config, device_memory_bytes=device_memory_bytes)

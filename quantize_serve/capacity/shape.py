@@ -1,0 +1,198 @@
+"""Measured capacity of a model shape before its weights are downloaded (``--load-format dummy``).
+
+A planner is arithmetic; a boot is the engine's own accounting. This stage boots vLLM from the
+model's config.json and tokenizer alone, with random weights of the real shapes, for the three
+configurations the flow compares: the base in 16 bits, the recipe's W4A16 scheme (config.json
+then carries the compressed-tensors ``quantization_config`` llm-compressor writes for it, so vLLM
+picks the same int4 kernel it will pick for the real checkpoint), and W4A16 with the recipe's KV
+dtype. A configuration vLLM refuses (the weights leave no room for one request of max_model_len)
+is a row with vLLM's reason, not a crash. Each row stands beside the planner's prediction.
+
+On a GPU vLLM profiles the dummy weights and activations exactly as it will the real ones, so the
+KV figures are what the real checkpoint gets (weights are random, sizes are not). On CPU
+(``serve.memory_budget`` set) the budget is fixed: each boot gets budget - weights, with the
+weights the planner's bytes for the shape (no checkpoint exists to read them from); the boot then
+measures vLLM's block and per-token accounting.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from quantize_serve.capacity import planner
+from quantize_serve.serving.boot import Boot
+from quantize_serve.capacity.chart import capacity_chart
+from quantize_serve.capacity.measure import (
+    GIB,
+    METHOD_FIXED,
+    METHOD_GPU,
+    CapacityConfig,
+    capacity_spec,
+    measure_capacity,
+    plan_for,
+)
+from quantize_serve.core.errors import RecipeError, ServerBootError
+from quantize_serve.quantize.run import CHECKPOINT_FORMAT, weight_scheme
+from quantize_serve.recipe.model import Recipe
+from quantize_serve.recipe.quantization import QuantizationSection
+from quantize_serve.serving.server import vllm_server
+
+WEIGHT_SUFFIXES = {".safetensors", ".bin", ".pth", ".pt", ".gguf"}
+
+
+def quantization_config(q: QuantizationSection) -> dict:
+    """The ``quantization_config`` llm-compressor writes into a checkpoint of this scheme
+    (compressed-tensors, pack-quantized int4), built by compressed-tensors itself."""
+    if q.llmcompressor_recipe is not None:
+        raise RecipeError("recipe", "quantization.llmcompressor_recipe", "(a raw recipe)",
+                          "a raw llm-compressor recipe does not say which checkpoint format it writes, so "
+                          "its shape cannot be booted without weights",
+                          "describe the scheme with quantization.scheme/group_size/ignore to measure "
+                          "capacity before quantizing, or run the flow without serve.preflight")
+    scheme, fmt = weight_scheme(q), CHECKPOINT_FORMAT[q.scheme]
+    groups = {name: {**group, "format": fmt} for name, group in scheme["config_groups"].items()}
+    return checkpoint_quantization_config(groups, ignore=scheme["ignore"], format=fmt)
+
+
+def checkpoint_quantization_config(config_groups: dict, *, ignore: list[str], format: str) -> dict:
+    """A compressed-tensors ``QuantizationConfig`` of these groups, as compressed-tensors'
+    ModelCompressor.update_config writes it into a saved checkpoint's config.json."""
+    import compressed_tensors
+    from compressed_tensors.quantization import QuantizationConfig
+
+    config = QuantizationConfig(config_groups=config_groups, ignore=ignore, format=format,
+                                quantization_status="compressed")
+    return {"version": compressed_tensors.__version__, "quant_method": "compressed-tensors",
+            "sparsity_config": {}, "transform_config": {}, **config.model_dump(exclude=["quant_method"])}
+
+
+def weightless_folder(base_dir: Path, folder: Path, *, quantization_config: dict | None = None) -> Path:
+    """``folder`` (made afresh) with ``base_dir``'s config.json and tokenizer files but no weights,
+    config.json carrying ``quantization_config`` when given: what a dummy-weights boot reads."""
+    base_dir, folder = Path(base_dir), Path(folder)
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    for f in base_dir.iterdir():
+        if f.is_file() and f.suffix not in WEIGHT_SUFFIXES and f.name != "config.json":
+            shutil.copyfile(f, folder / f.name)
+    config = json.loads((base_dir / "config.json").read_text())
+    if quantization_config is not None:
+        config["quantization_config"] = quantization_config
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def shape_folders(base_dir: Path, q: QuantizationSection, out_dir: Path) -> dict[Boot, Path]:
+    """A weightless model folder per boot: the base's, and for the quantized boots the same with the
+    scheme's quantization_config."""
+    base = weightless_folder(base_dir, Path(out_dir) / "shape-base")
+    quantized = weightless_folder(base_dir, Path(out_dir) / "shape-w4a16", quantization_config=quantization_config(q))
+    return {boot: quantized if boot.quantized else base for boot in Boot}
+
+
+class ShapeRow(BaseModel):
+    """One configuration: measured (or refused by vLLM, with its reason) beside the planner."""
+
+    name: Boot
+    kv_cache_dtype: str
+    tensor_parallel_size: int
+    measured: CapacityConfig | None = None
+    refused: str | None = None
+    planned: planner.CapacityPlan
+    error_pct: float | None = None
+
+
+class ShapeCapacity(BaseModel):
+    model: str
+    method: str
+    rows: list[ShapeRow]
+
+    def configs(self) -> list[CapacityConfig]:
+        return [r.measured for r in self.rows if r.measured]
+
+    def row(self, name: Boot) -> ShapeRow:
+        return next(r for r in self.rows if r.name == name)
+
+    def markdown(self) -> str:
+        tp = self.rows[0].tensor_parallel_size
+        max_len = self.rows[0].planned.max_model_len
+        lines = [
+            f"| configuration (TP {tp}) | weights GiB per GPU | KV tokens | max concurrency @ {max_len:,} | "
+            "planner KV tokens (error) |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for r in self.rows:
+            p = r.planned
+            plan = f"{p.kv_cache_tokens:,}" if p.fits else f"does not fit: {p.reason}"
+            if r.measured:
+                m = r.measured
+                err = f" ({r.error_pct:+.2f}%)" if r.error_pct is not None else ""
+                lines.append(f"| {r.name} ({r.kv_cache_dtype}) | {m.weights_bytes / GIB:.2f} | "
+                             f"{m.kv_cache_tokens:,} | {m.max_concurrency:.2f}x | {plan}{err} |")
+            else:
+                what = f"refused by vLLM: {r.refused}" if r.refused else "not booted: production was refused first"
+                lines.append(f"| {r.name} ({r.kv_cache_dtype}) | {p.weights_bytes / GIB:.2f} (planned) | "
+                             f"{what} | - | {plan} |")
+        lines += ["", f"Model shape: {self.model}. Weights are random (vLLM --load-format dummy); sizes, "
+                  "kernels and memory accounting are the real ones. Method: " + self.method]
+        return "\n".join(lines)
+
+
+def measure_shape(recipe: Recipe, base_dir: str | Path, *, out_dir: Path, model: str,
+                  device_memory_bytes: int | None = None, production_first: bool = False,
+                  log: Callable[[str], None] = lambda _: None) -> ShapeCapacity:
+    """Boot the three configurations of ``base_dir``'s shape with dummy weights, one at a time,
+    and measure each like the flow's capacity stage does (``capacity.measure_capacity``).
+
+    ``production_first`` (the flow's preflight): boot the production configuration first and boot
+    no other when vLLM refuses it, since the run stops there anyway; rows keep the Boot order."""
+    folders = shape_folders(Path(base_dir), recipe.quantization, out_dir)
+    base_config = json.loads((Path(base_dir) / "config.json").read_text())
+    fixed = recipe.serve.memory_budget is not None
+    block = planner.BLOCK_SIZE_CPU if fixed else planner.BLOCK_SIZE_GPU
+    tp = recipe.serve.tensor_parallel_size
+    specs, rows = {}, {}
+    for boot in Boot:
+        planned = plan_for(recipe, base_config, boot, block_size=block, device_memory_bytes=device_memory_bytes)
+        specs[boot] = capacity_spec(recipe, boot, folders[boot], weights_bytes=planned.weights_bytes
+                                    ).model_copy(update={"load_format": "dummy", "warm_up": False})
+        rows[boot] = ShapeRow(name=boot, kv_cache_dtype=specs[boot].effective_kv_dtype, planned=planned,
+                              tensor_parallel_size=tp)
+    order = [Boot.PRODUCTION, *(b for b in Boot if b is not Boot.PRODUCTION)] if production_first else list(Boot)
+    for boot in order:
+        spec, row, planned = specs[boot], rows[boot], rows[boot].planned
+        log(f"shape capacity {boot}: {spec.serve_command()}")
+        try:
+            with vllm_server(spec, log_path=out_dir / f"vllm-shape-{boot}.log") as server:
+                measured = measure_capacity(server, spec, name=boot)
+        except ServerBootError as exc:
+            row.refused = str(exc).splitlines()[0]
+            log(f"shape capacity {boot}: refused: {row.refused}")
+        else:
+            if fixed:  # no checkpoint to read: the budget was split with the planner's weight bytes
+                measured = measured.model_copy(update={"weights_bytes": planned.weights_bytes})
+            row.measured = measured
+            row.error_pct = round(100.0 * (planned.kv_cache_tokens - measured.kv_cache_tokens)
+                                  / max(measured.kv_cache_tokens, 1), 3)
+            log(f"shape capacity {boot}: {measured.kv_cache_tokens:,} KV tokens "
+                f"(planner {planned.kv_cache_tokens:,})")
+        if production_first and boot is Boot.PRODUCTION and row.refused:
+            break  # the run stops here: the other rows stay planned only
+    return ShapeCapacity(model=model, method=METHOD_FIXED if fixed else METHOD_GPU, rows=[rows[b] for b in Boot])
+
+
+def write_files(result: ShapeCapacity, folder: Path) -> dict[str, Path]:
+    """shape-capacity.json, .md and (when a configuration booted) the flow's capacity chart."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {"json": folder / "shape-capacity.json", "markdown": folder / "shape-capacity.md"}
+    paths["json"].write_text(result.model_dump_json(indent=2))
+    paths["markdown"].write_text(result.markdown() + "\n")
+    if result.configs():
+        paths["chart"] = capacity_chart(result.configs(), folder / "shape-capacity.png")
+    return paths

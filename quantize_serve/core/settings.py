@@ -1,0 +1,46 @@
+"""Process-level settings (paths, ports, timeouts), separate from a run's recipe.
+
+They describe *where* the pipeline runs, not *what* it does, so they come from the environment
+(prefix ``QS_``) and never from a recipe file.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="QS_", extra="ignore")
+
+    serving_python: Path = Field(
+        default=PROJECT_ROOT / ".venv-serve" / "bin" / "python",
+        description="Python of the serving environment (the one with vLLM installed). Point it at "
+        "an existing vLLM install, e.g. QS_SERVING_PYTHON=/opt/venv/bin/python in a vLLM image.",
+    )
+    pipeline_python: Path = Field(
+        default=Path(sys.executable),
+        description="Python that runs llm-compressor in its child process (this environment).",
+    )
+    runs_dir: Path = Field(default=PROJECT_ROOT / "runs", description="Where run folders go.")
+    work_dir: Path = Field(
+        default=PROJECT_ROOT / ".cache" / "work",
+        description="Checkpoints and caches, keyed by their inputs, reused across runs.",
+    )
+    server_host: str = "127.0.0.1"
+    server_boot_timeout_s: float = Field(default=600.0, gt=0)
+    server_stop_timeout_s: float = Field(default=20.0, gt=0)
+    gpu_concurrency_limit: str = Field(
+        default="gpu", description="Prefect global concurrency limit that serialises GPU stages."
+    )
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

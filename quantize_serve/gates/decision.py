@@ -1,0 +1,109 @@
+"""The promotion decision: a pure function of what was measured and the recipe's thresholds.
+
+One row per check with its reason. A check that could not run (its stage raised, or it has no
+data) is a failed row, never a skip: a release is promoted only on evidence.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from quantize_serve.gates.accuracy import AccuracyCheck
+from quantize_serve.gates.soak import SoakResult
+from quantize_serve.gates.stress import StressResult
+
+
+class CheckRow(BaseModel):
+    check: str
+    passed: bool
+    reason: str
+
+
+class Decision(BaseModel):
+    passed: bool
+    checks: list[CheckRow]
+
+    @property
+    def reasons(self) -> list[str]:
+        """The failed checks' reasons (what a rejection records)."""
+        return [f"{c.check}: {c.reason}" for c in self.checks if not c.passed]
+
+    def markdown(self) -> str:
+        rows = ["| check | result | reason |", "|---|---|---|"]
+        rows += [f"| {c.check} | {'pass' if c.passed else '**FAIL**'} | {c.reason} |" for c in self.checks]
+        return "\n".join(rows)
+
+
+def decide(accuracy: list[AccuracyCheck] | BaseException | None,
+           stress: StressResult | BaseException | None,
+           soak: SoakResult | BaseException | None = None, *, soak_required: bool = False) -> Decision:
+    """soak_required: the recipe sets gates.soak, so a soak that did not run is a failed row."""
+    rows = accuracy_rows(accuracy) + [stress_row(stress)]
+    if soak_required or soak is not None:
+        rows.append(soak_row(soak))
+    return Decision(passed=all(r.passed for r in rows), checks=rows)
+
+
+def accuracy_rows(accuracy: list[AccuracyCheck] | BaseException | None) -> list[CheckRow]:
+    if isinstance(accuracy, BaseException):
+        return [CheckRow(check="accuracy", passed=False, reason=f"could not run: {_first_line(accuracy)}")]
+    if not accuracy:
+        return [CheckRow(check="accuracy", passed=False,
+                         reason="no accuracy result: add tasks under gates.accuracy.tasks")]
+    rows = []
+    for c in accuracy:
+        if c.recovery is None:
+            reason = c.reason
+        else:  # the comparison is the point's; a check failed for its interval says so in the warning
+            cmp = ">=" if c.recovery >= c.threshold else "<"
+            reason = (f"recovery {c.recovery_text} {cmp} {c.threshold:.2f} "
+                      f"(base {c.base:.4g}, quantized {c.quantized:.4g}"
+                      f"{', lower is better' if c.higher_is_better is False else ''})")
+            if c.warning:  # a passing point that failed: gates.accuracy.on_uncertain is 'fail'
+                failed_for_it = not c.passed and c.recovery >= c.threshold
+                cause = "failed (gates.accuracy.on_uncertain: fail)" if failed_for_it else "warning"
+                reason += f"; {cause}: {c.warning}"
+        rows.append(CheckRow(check=f"accuracy {c.task} {c.metric}", passed=c.passed, reason=reason))
+    return rows
+
+
+def _failed_row(check: str, result: StressResult | SoakResult | BaseException | None,
+                not_run: str) -> CheckRow | None:
+    """The failed row of a load gate that raised, did not run, or failed; None when it passed."""
+    if isinstance(result, BaseException):
+        return CheckRow(check=check, passed=False, reason=f"could not run: {_first_line(result)}")
+    if result is None:
+        return CheckRow(check=check, passed=False, reason=not_run)
+    if result.failures:
+        return CheckRow(check=check, passed=False, reason="; ".join(result.failures))
+    return None
+
+
+def stress_row(stress: StressResult | BaseException | None) -> CheckRow:
+    failed = _failed_row("stress", stress, "the stress test did not run")
+    if failed:
+        return failed
+    usage = f"{stress.peak_kv_cache_usage:.0%}" if stress.peak_kv_cache_usage is not None else "n/a"
+    return CheckRow(check="stress", passed=True, reason=(
+        f"{stress.completed}/{stress.requests - stress.overlong_expected} requests completed with the "
+        f"requested tokens at concurrency up to {max(stress.concurrency_steps, default=0)}, "
+        f"{stress.rejected_overlong}/{stress.overlong_expected} over-long prompts rejected with 400, "
+        f"{stress.preemptions} preemptions, peak KV usage {usage}, no 5xx, no timeouts"))
+
+
+def soak_row(soak: SoakResult | BaseException | None) -> CheckRow:
+    failed = _failed_row("soak", soak, "the soak test did not run (gates.soak is set)")
+    if failed:
+        return failed
+    f = soak.figures
+    gpu = "" if f.gpu_slope_mib_per_min is None else f", GPU memory {f.gpu_slope_mib_per_min:+.1f} MiB/min"
+    return CheckRow(check="soak", passed=True, reason=(
+        f"{soak.traffic.completed} requests over {soak.measured_s:g} s at concurrency {soak.concurrency}: "
+        f"RSS {f.rss_slope_mib_per_min:+.1f} MiB/min after the {soak.warmup_s:g} s warm-up{gpu} "
+        f"(limit {soak.max_memory_growth_mib_per_min:g}), {f.preemptions_after_warmup} preemptions after "
+        "warm-up, no failed requests"))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"

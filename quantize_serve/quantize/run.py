@@ -1,0 +1,293 @@
+"""Quantization stage: llm-compressor's oneshot (AWQ or GPTQ) in a child process.
+
+The parent never imports torch for this: the child loads the model, calibrates, saves the
+compressed-tensors checkpoint and exits, so on a GPU host every byte of device memory is returned
+before vLLM boots. The parent streams the child's output into the logs, then writes a manifest
+(file sizes and sha256, engine versions, calibration fingerprint, seconds).
+
+The checkpoint folder is keyed by everything that determines it (base model identity, the
+llm-compressor recipe, the calibration fingerprint, the engine versions), so a rerun with the same
+inputs, for example after a late failure in the flow, reuses it instead of quantizing again.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections import deque
+from pathlib import Path
+from typing import Callable
+
+import yaml
+from pydantic import BaseModel
+
+from quantize_serve.core.digest import file_sha256
+from quantize_serve.core.errors import QuantizationError
+from quantize_serve.core.log_stream import stream_lines
+from quantize_serve.recipe.model import Recipe
+from quantize_serve.recipe.quantization import QuantizationSection
+from quantize_serve.core.settings import PROJECT_ROOT, get_settings
+
+MANIFEST = "quantize_manifest.json"
+RECIPE_FILE = "llmcompressor_recipe.yaml"
+ENGINE_PACKAGES = ("llmcompressor", "compressed-tensors", "torch", "transformers", "datasets")
+
+
+class QuantizeResult(BaseModel):
+    checkpoint_dir: str
+    method: str
+    scheme: str
+    seconds: float
+    base_bytes: int
+    quantized_bytes: int
+    calibration_fingerprint: str
+    engine_versions: dict[str, str]
+    cached: bool = False
+    source_checkpoint: str | None = None  # an existing checkpoint used as it is (existing_checkpoint.py)
+    format: str = "compressed-tensors"  # config.json's quantization_config.quant_method
+
+
+def build_llmcompressor_recipe(q: QuantizationSection) -> str:
+    """The llm-compressor recipe (YAML) for the quantization section: what actually runs.
+
+    The scheme is written out as a config group rather than a preset name so the saved recipe
+    states every number (bits, symmetry, group size), including non-default group sizes.
+    """
+    if q.llmcompressor_recipe is not None:
+        raw = q.llmcompressor_recipe
+        if isinstance(raw, str) and Path(raw).is_file():
+            return Path(raw).read_text()
+        return raw if isinstance(raw, str) else yaml.safe_dump(raw, sort_keys=False)
+    scheme = weight_scheme(q)
+    if q.method == "gptq":
+        modifiers = {"GPTQModifier": {**scheme, "dampening_frac": q.dampening_frac}}
+    elif q.method == "smoothquant-gptq":  # INT8 W8A8: move activation outliers into the weights, then GPTQ
+        modifiers = {"SmoothQuantModifier": {"smoothing_strength": q.smoothing_strength},
+                     "GPTQModifier": {**scheme, "dampening_frac": q.dampening_frac}}
+    elif q.method == "rtn":  # FP8_DYNAMIC: per-channel weights rounded, activations scaled per token at run time
+        modifiers = {"QuantizationModifier": scheme}
+    else:
+        modifiers = {
+            "AWQModifier": {"duo_scaling": True},
+            "QuantizationModifier": scheme,
+        }
+    return yaml.safe_dump({"quant_stage": {"quant_modifiers": modifiers}}, sort_keys=False)
+
+
+# compressed-tensors' presets, written out (compressed_tensors.quantization.quant_scheme): the
+# 8-bit schemes quantize weights per output channel and activations per token at run time.
+EIGHT_BIT = {
+    "W8A8": {"weights": {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True, "dynamic": False},
+             "input_activations": {"num_bits": 8, "type": "int", "strategy": "token", "symmetric": True,
+                                   "dynamic": True}},
+    "FP8_DYNAMIC": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True,
+                                "dynamic": False},
+                    "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "symmetric": True,
+                                          "dynamic": True}},
+}
+# The checkpoint format llm-compressor saves each scheme in (config.json's quantization_config.format).
+CHECKPOINT_FORMAT = {"W4A16": "pack-quantized", "W4A16_ASYM": "pack-quantized", "W8A8": "int-quantized",
+                     "FP8_DYNAMIC": "float-quantized"}
+
+
+def weight_scheme(q: QuantizationSection) -> dict:
+    """The scheme of the quantization section as llm-compressor's modifiers take it (config
+    groups, ignore, and the KV-cache scheme when scales are calibrated)."""
+    if q.scheme in EIGHT_BIT:
+        group = {"targets": list(q.targets), **EIGHT_BIT[q.scheme]}
+    else:
+        group = {"targets": list(q.targets),
+                 "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": q.group_size,
+                             "symmetric": q.scheme == "W4A16", "dynamic": False}}
+    scheme: dict = {"config_groups": {"group_0": group}, "ignore": list(q.ignore)}
+    if q.kv_cache_scales:
+        scheme["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "strategy": "tensor",
+                                     "dynamic": False, "symmetric": True}
+    return scheme
+
+
+def checkpoint_key(recipe: Recipe, *, base_identity: str, calibration_fingerprint: str) -> str:
+    """Everything that determines the checkpoint, hashed."""
+    payload = {
+        "base": base_identity,
+        "llmcompressor_recipe": build_llmcompressor_recipe(recipe.quantization),
+        "model": recipe.model.model_dump(mode="json", exclude={"id"}),
+        "calibration": recipe.calibration.model_dump(mode="json", exclude={"dataset", "files"}),
+        "calibration_fingerprint": calibration_fingerprint,
+        "engines": engine_versions(),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def quantize_model(
+    recipe: Recipe,
+    base_model_dir: Path,
+    *,
+    base_identity: str,
+    calibration_fingerprint: str,
+    work_dir: Path | None = None,
+    log: Callable[[str], None] = print,
+) -> QuantizeResult:
+    """Quantize the base model per the recipe, or reuse the checkpoint made from the same inputs."""
+    work_dir = work_dir or get_settings().work_dir
+    key = checkpoint_key(recipe, base_identity=base_identity, calibration_fingerprint=calibration_fingerprint)
+    out = work_dir / "checkpoints" / f"{recipe.quantization.method}-{key}"  # recipes that differ elsewhere share it
+    if (out / MANIFEST).is_file() and verify_manifest(out):
+        log(f"reusing checkpoint {out} (same base, recipe, calibration data and engines)")
+        return QuantizeResult.model_validate({**json.loads((out / MANIFEST).read_text())["result"], "cached": True})
+
+    partial = out.with_name(out.name + ".partial")
+    try:
+        return _quantize_into(partial, out, recipe, base_model_dir, base_identity=base_identity,
+                              calibration_fingerprint=calibration_fingerprint, log=log)
+    except BaseException as exc:
+        shutil.rmtree(partial, ignore_errors=True)  # never leave half a checkpoint on the disk
+        if not disk_full(exc):
+            raise
+        failure = exc
+    raise QuantizationError(  # outside the except block: the message says it all
+        f"the disk is full: no space left on the device under {work_dir} (QS_WORK_DIR) while writing "
+        f"the quantized checkpoint ({_free_space(work_dir)} free there; the base model's weights take "
+        f"{weights_bytes_on_disk(base_model_dir) / 1e6:.1f} MB and the checkpoint needs up to as much). "
+        "The half-written checkpoint was removed, so nothing partial can be reused. Fix: free space "
+        "there, or set QS_WORK_DIR to a folder on a disk with room, and re-run.\n"
+        f"--- what failed ---\n{_last_lines(str(failure), 4)}")
+
+
+def _quantize_into(partial: Path, out: Path, recipe: Recipe, base_model_dir: Path, *, base_identity: str,
+                   calibration_fingerprint: str, log: Callable[[str], None]) -> QuantizeResult:
+    """Quantize into ``partial``, write the manifest, then rename it to ``out`` (complete or absent)."""
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    spec = {
+        "recipe": recipe.model_dump(mode="json"),
+        "base_model_dir": str(base_model_dir),
+        "output_dir": str(partial),
+        "llmcompressor_recipe": build_llmcompressor_recipe(recipe.quantization),
+    }
+    spec_path = partial / "quantize_spec.json"
+    spec_path.write_text(json.dumps(spec, indent=2))
+
+    started = time.monotonic()
+    worker_report = _run_child(spec_path, log=log)
+    seconds = round(time.monotonic() - started, 2)
+    spec_path.unlink()
+    if worker_report["calibration_fingerprint"] != calibration_fingerprint:
+        raise QuantizationError(
+            "the calibration data changed while quantizing (fingerprint "
+            f"{worker_report['calibration_fingerprint'][:12]} != {calibration_fingerprint[:12]}); rerun")
+
+    result = QuantizeResult(
+        checkpoint_dir=str(out),
+        method=recipe.quantization.method,
+        scheme=recipe.quantization.scheme,
+        seconds=seconds,
+        base_bytes=weights_bytes_on_disk(base_model_dir),
+        quantized_bytes=weights_bytes_on_disk(partial),
+        calibration_fingerprint=calibration_fingerprint,
+        engine_versions=worker_report["engine_versions"],
+    )
+    write_manifest(partial, result, extra={"base_identity": base_identity,
+                                           "device": worker_report.get("device"),
+                                           "workarounds": worker_report.get("workarounds", [])})
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)  # the folder appears complete or not at all
+    return result
+
+
+# Progress bars in the child: tqdm redraws at most every 5 s (its own setting; AWQ's grid search
+# still redraws on every step through set_postfix), the Hub client's download bars are off, and
+# stream_lines collapses what is left to a line per bar (see quantize_serve/core/log_stream.py).
+CHILD_ENV = {"PYTHONUNBUFFERED": "1", "TQDM_MININTERVAL": "5", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
+
+def _run_child(spec_path: Path, *, log: Callable[[str], None]) -> dict:
+    settings = get_settings()
+    env = {**os.environ, **CHILD_ENV}
+    cmd = [str(settings.pipeline_python), "-m", "quantize_serve.quantize.worker", str(spec_path)]
+    tail: deque[str] = deque(maxlen=60)
+
+    def emit(line: str) -> None:
+        tail.append(line)
+        log(line)
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=env, cwd=str(PROJECT_ROOT),
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        stream_lines(proc.stdout, emit)
+        code = proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    if code != 0:
+        raise QuantizationError(
+            f"llm-compressor exited with code {code}.\n--- last lines of its output ---\n" + "\n".join(tail))
+    report_path = spec_path.with_name("worker_report.json")
+    report = json.loads(report_path.read_text())
+    report_path.unlink()
+    return report
+
+
+DISK_FULL = re.compile(r"No space left on device|\[Errno 28\]|os error 28|Disk quota exceeded")
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Did ``exc`` (ours, with the child's output, or an OSError here) come from a full disk?"""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return isinstance(exc, (OSError, QuantizationError)) and bool(DISK_FULL.search(str(exc)))
+
+
+def _free_space(folder: Path) -> str:
+    for path in (folder, *folder.parents):
+        if path.exists():
+            return f"{shutil.disk_usage(path).free / 1e6:.1f} MB"
+    return "unknown"
+
+
+def _last_lines(text: str, n: int) -> str:
+    return "\n".join(text.strip().splitlines()[-n:])
+
+
+def weights_bytes_on_disk(model_dir: Path) -> int:
+    return sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
+
+
+def write_manifest(folder: Path, result: QuantizeResult, *, extra: dict) -> None:
+    files = {
+        f.name: {"bytes": f.stat().st_size, "sha256": file_sha256(f)}
+        for f in sorted(folder.iterdir()) if f.is_file() and f.name != MANIFEST
+    }
+    manifest = {"result": result.model_dump(exclude={"cached"}), "files": files, **extra}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2))
+
+
+def verify_manifest(folder: Path) -> bool:
+    """A cached checkpoint is reused only if every file is still what the manifest says."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    for name, meta in manifest["files"].items():
+        f = folder / name
+        if not f.is_file() or f.stat().st_size != meta["bytes"] or file_sha256(f) != meta["sha256"]:
+            return False
+    return True
+
+
+def engine_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ENGINE_PACKAGES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not installed"
+    return out

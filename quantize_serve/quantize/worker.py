@@ -1,0 +1,91 @@
+"""Child process of the quantization stage: load, calibrate with llm-compressor, save, exit.
+
+Run as ``python -m quantize_serve.quantize.worker SPEC.json``. Everything heavy (torch,
+transformers, llmcompressor) is imported here only, and the process exits when done, so the
+device memory it used goes back to the driver before vLLM boots.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from quantize_serve.quantize.calibration import fingerprint, load_calibration, render_texts, select_samples
+from quantize_serve.quantize.run import RECIPE_FILE, engine_versions
+from quantize_serve.recipe.model import Recipe
+
+
+def skip_pinning_without_accelerator() -> bool:
+    """Workaround for llm-compressor 0.14: AWQ's IntermediatesCache pins CPU tensors with
+    ``pin_memory()`` unconditionally, which raises "Cannot access accelerator device when none is
+    available" on a machine without one. Pinned memory only speeds host-to-device copies, so
+    without an accelerator skipping it changes nothing else.
+
+    Narrow on purpose: patched only when no accelerator exists and only that one method; on a GPU
+    host llm-compressor runs untouched. tests/test_quantize.py checks that upstream still needs
+    it; remove this function when that test reports the fix.
+    """
+    import torch
+    from llmcompressor.pipelines.cache import IntermediatesCache
+
+    if torch.accelerator.is_available():
+        return False
+    IntermediatesCache._pin_intermediate = classmethod(lambda cls, intermediate: None)
+    return True
+
+
+def main(spec_path: str) -> None:
+    started = time.monotonic()
+    spec = json.loads(Path(spec_path).read_text())
+    recipe = Recipe.model_validate(spec["recipe"])
+    out = Path(spec["output_dir"])
+
+    import torch
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    workarounds = ["skip pin_memory without accelerator"] if skip_pinning_without_accelerator() else []
+    device = torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else "cpu"
+    print(f"[quantize] {recipe.quantization.method} {recipe.quantization.scheme} on {device}", flush=True)
+
+    base = spec["base_model_dir"]
+    trust = recipe.model.trust_remote_code
+    tokenizer = AutoTokenizer.from_pretrained(base, trust_remote_code=trust)
+    rows = select_samples(recipe, load_calibration(recipe))
+    texts = render_texts(recipe, rows, tokenizer)
+    chat = recipe.calibration.messages_field is not None
+    encoded = tokenizer(texts, truncation=True, max_length=recipe.calibration.max_seq_len,
+                        add_special_tokens=not chat)
+    dataset = Dataset.from_dict({"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]})
+    print(f"[quantize] {len(texts)} calibration samples, "
+          f"{sum(len(x) for x in encoded['input_ids'])} tokens", flush=True)
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=recipe.model.dtype, trust_remote_code=trust)
+    oneshot(
+        model=model,
+        dataset=dataset,
+        recipe=spec["llmcompressor_recipe"],
+        num_calibration_samples=recipe.calibration.num_samples,
+        max_seq_length=recipe.calibration.max_seq_len,
+        batch_size=recipe.calibration.batch_size,
+        shuffle_calibration_samples=False,  # already shuffled with the recipe's seed
+    )
+    model.save_pretrained(out, save_compressed=True)
+    tokenizer.save_pretrained(out)
+    (out / RECIPE_FILE).write_text(spec["llmcompressor_recipe"])
+    report = {
+        "engine_versions": engine_versions(),
+        "calibration_fingerprint": fingerprint(render_texts(recipe, rows)),
+        "device": device,
+        "workarounds": workarounds,
+        "seconds": round(time.monotonic() - started, 2),
+    }
+    Path(spec_path).with_name("worker_report.json").write_text(json.dumps(report))
+    print(f"[quantize] saved {out} in {report['seconds']} s", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,189 @@
+"""The recipe's ``gates`` section: accuracy (tasks, recovery thresholds), stress and soak."""
+
+from __future__ import annotations
+from typing import Annotated, Literal
+from pydantic import (
+    AfterValidator,
+    Field,
+    PositiveInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from quantize_serve.core.errors import RecipeError, RecipeErrors
+from quantize_serve.recipe.section import DEFAULT_RECOVERY_RANGE, METRIC_RECOVERY_MAX, MIN_SAMPLES_RANGE, RECIPE_SOURCE, Section
+
+
+def _metric_recovery(value: float) -> float:
+    if not 0 < value <= METRIC_RECOVERY_MAX:
+        raise ValueError(
+            f"a per-metric recovery must be above 0 and at most {METRIC_RECOVERY_MAX} (quantized / base: "
+            f"above 1.0 demands that the metric improve; above {METRIC_RECOVERY_MAX} no quantized model "
+            "could pass). Fix: use e.g. 0.93, or at most 1.0 unless the metric is noisy")
+    return value
+
+
+class AccuracyTask(Section):
+    task: str = Field(description="lm-eval task name, or a path to a task YAML.")
+    num_fewshot: int = Field(default=0, ge=0)
+    limit: PositiveInt | float | None = Field(default=None, description="Docs per task (int or fraction).")
+    recovery: dict[str, Annotated[float, AfterValidator(_metric_recovery)]] = Field(
+        default_factory=dict, description="Per-metric recovery threshold overrides "
+        f"(0 < recovery <= {METRIC_RECOVERY_MAX}).",
+    )
+
+    @field_validator("limit")
+    @classmethod
+    def _limit(cls, value: int | float | None) -> int | float | None:
+        if isinstance(value, float) and not 0 < value <= 1:
+            raise ValueError("a limit is a whole number of documents (at least 1) or a fraction of the "
+                             "task in (0, 1]. Fix: write e.g. 500 (documents) or 0.25 (a quarter)")
+        return value
+
+
+class AccuracyGate(Section):
+    tasks: list[AccuracyTask] = Field(default_factory=list)
+    default_recovery: float = Field(
+        default=0.95, description="Recovery (quantized / base) every metric must reach unless its task "
+        f"overrides it; between {DEFAULT_RECOVERY_RANGE[0]} and {DEFAULT_RECOVERY_RANGE[1]}.")
+    batch_size: PositiveInt = 8
+    num_concurrent: PositiveInt = 4
+    on_uncertain: Literal["warn", "fail"] = Field(
+        default="warn", description="What a check whose ~95% recovery interval crosses its threshold "
+        "does (lower end below it while the point passes, or upper end above it while the point fails): "
+        "'warn' keeps the point decision and carries a warning to the report and decision; 'fail' fails "
+        "the check. See docs/gates.md.")
+    min_samples: int | None = Field(
+        default=None, description="Fewest documents a task must be evaluated on; a task with fewer fails "
+        f"the gate (raise its limit). Unset: no minimum. Between {MIN_SAMPLES_RANGE[0]} and "
+        f"{MIN_SAMPLES_RANGE[1]}.")
+
+    @field_validator("min_samples")
+    @classmethod
+    def _min_samples(cls, value: int | None) -> int | None:
+        lo, hi = MIN_SAMPLES_RANGE
+        if value is not None and not lo <= value <= hi:
+            raise ValueError(
+                f"must be between {lo} and {hi} documents per task (or unset for no minimum). Fix: use "
+                "e.g. 200; the recovery interval narrows with the square root of the documents evaluated")
+        return value
+
+    @model_validator(mode="after")
+    def _limits_reach_min_samples(self) -> AccuracyGate:
+        """A whole-number limit below min_samples would fail the gate on every run: say so at load."""
+        if self.min_samples is None:
+            return self
+        problems = [
+            RecipeError(RECIPE_SOURCE, f"gates.accuracy.tasks.{i}.limit", t.limit,
+                        f"evaluates {t.limit} documents, fewer than gates.accuracy.min_samples "
+                        f"({self.min_samples}), so the accuracy gate would fail on every run",
+                        f"raise the limit to at least {self.min_samples} (or unset it: the whole task), "
+                        "or lower gates.accuracy.min_samples")
+            for i, t in enumerate(self.tasks)
+            if isinstance(t.limit, int) and t.limit < self.min_samples
+        ]
+        if problems:
+            raise RecipeErrors(problems)
+        return self
+
+    @field_validator("default_recovery")
+    @classmethod
+    def _default_recovery(cls, value: float) -> float:
+        lo, hi = DEFAULT_RECOVERY_RANGE
+        if not lo <= value <= hi:
+            raise ValueError(
+                f"must be between {lo} and {hi}: above {hi} every metric would have to improve after "
+                f"quantization, below {lo} a model that lost half its score passes. Fix: use e.g. 0.95 "
+                f"(llm-compressor's default); give a noisy metric its own tasks[].recovery (up to "
+                f"{METRIC_RECOVERY_MAX}) instead")
+        return value
+
+
+class StressProfile(Section):
+    """The batched traffic the release promises to survive."""
+
+    concurrency: PositiveInt | None = Field(
+        default=None, description="Target concurrency; defaults to serve.max_num_seqs."
+    )
+    num_requests: PositiveInt = 64
+    max_duration_s: float = Field(default=600, gt=0)
+    prompt_tokens: list[PositiveInt] = Field(default_factory=lambda: [32, 128, 512])
+    output_tokens: list[PositiveInt] = Field(default_factory=lambda: [16, 64, 128])
+    long_prompt_share: float = Field(default=0.1, ge=0, le=1)
+    overlong_prompts: int = Field(default=2, ge=0)
+    max_preemptions: int = Field(default=0, ge=0)
+    request_timeout_s: float = Field(default=120, gt=0)
+
+
+# gates.soak bounds: (lowest, highest, why). Inclusive; the message names the field, value and range.
+SOAK_BOUNDS: dict[str, tuple[float, float, str]] = {
+    "duration_s": (10, 86_400, "a shorter soak cannot tell a leak from allocator noise; a longer one is "
+                   "production monitoring, not a release gate"),
+    "warmup_s": (0, 86_400, "the start left out of the trend while pools, caches and kernels settle"),
+    "sample_interval_s": (0.2, 600, "each sample reads /health, /metrics and the process tree, so faster "
+                          "sampling measures the sampler; slower leaves too few points to fit"),
+    "concurrency": (1, 4_096, "requests kept in flight the whole time"),
+    "max_memory_growth_mib_per_min": (0.1, 10_240, "below 0.1 MiB/min is allocator noise; above 10 GiB/min "
+                                      "a leak kills the server before any trend is needed"),
+    "max_preemptions_after_warmup": (0, 1_000_000, "a count of preemptions"),
+    "request_timeout_s": (1, 3_600, "seconds one request may take"),
+}
+MIN_SOAK_SAMPLES = 5  # samples after warm-up that a memory trend is fitted to; fewer fit noise
+
+
+class SoakGate(Section):
+    """gates.soak: sustained traffic for a long time against the production boot (off when absent).
+
+    Catches the failure that comes hours into production: memory that keeps growing (RSS of the
+    server's process tree; GPU memory through NVML on GPU hosts) and a scheduler that keeps
+    preempting after warm-up. See quantize_serve/gates/soak.py. Prompts come from the stress test's
+    generator; their sizes default to gates.stress's.
+    """
+
+    duration_s: float = Field(default=3600, description="How long the sustained traffic runs.")
+    warmup_s: float = Field(default=300, description="The start left out of the memory trend and the "
+                            "preemption count (allocator pools, caches and kernels settle).")
+    sample_interval_s: float = Field(default=10, description="Seconds between samples of /metrics, RSS "
+                                     "and GPU memory.")
+    concurrency: int | None = Field(default=None, description="Requests in flight the whole time; "
+                                    "defaults to serve.max_num_seqs.")
+    prompt_tokens: list[PositiveInt] | None = Field(default=None, min_length=1, description="Prompt "
+                                                    "sizes drawn from; defaults to gates.stress.prompt_tokens.")
+    output_tokens: list[PositiveInt] | None = Field(default=None, min_length=1, description="Output "
+                                                    "sizes drawn from; defaults to gates.stress.output_tokens.")
+    max_memory_growth_mib_per_min: float = Field(default=10, description="Largest allowed least-squares "
+                                                 "slope of memory after warm-up (RSS, and GPU memory where "
+                                                 "NVML sees it); 10 MiB/min is 0.6 GiB an hour.")
+    max_preemptions_after_warmup: int = Field(default=0, description="Preemptions "
+                                              "(vllm:num_preemptions_total) allowed after warm-up.")
+    request_timeout_s: float = Field(default=120, description="Seconds one request may take.")
+
+    @field_validator(*SOAK_BOUNDS)
+    @classmethod
+    def _in_bounds(cls, value: float | None, info: ValidationInfo) -> float | None:
+        lo, hi, why = SOAK_BOUNDS[info.field_name]
+        if value is not None and not lo <= value <= hi:
+            raise ValueError(f"must be between {lo:g} and {hi:g} ({why}); set gates.soak.{info.field_name} "
+                             "inside that range")
+        return value
+
+    @model_validator(mode="after")
+    def _enough_samples(self) -> SoakGate:
+        if self.warmup_s >= self.duration_s:
+            raise ValueError(f"gates.soak.warmup_s ({self.warmup_s:g}) is not below gates.soak.duration_s "
+                             f"({self.duration_s:g}), so nothing would be measured; lower warmup_s or raise "
+                             "duration_s")
+        samples = int((self.duration_s - self.warmup_s) / self.sample_interval_s)
+        if samples < MIN_SOAK_SAMPLES:
+            raise ValueError(f"gates.soak gives {samples} sample(s) after warm-up ((duration_s {self.duration_s:g}"
+                             f" - warmup_s {self.warmup_s:g}) / sample_interval_s {self.sample_interval_s:g}); "
+                             f"a memory trend needs at least {MIN_SOAK_SAMPLES}: raise duration_s or lower "
+                             "warmup_s or sample_interval_s")
+        return self
+
+
+class GatesSection(Section):
+    accuracy: AccuracyGate = Field(default_factory=AccuracyGate)
+    stress: StressProfile = Field(default_factory=StressProfile)
+    soak: SoakGate | None = Field(default=None, description="Sustained-traffic memory and preemption "
+                                  "gate on the production boot (quantize_serve/gates/soak.py); off when absent.")

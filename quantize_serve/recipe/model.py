@@ -1,0 +1,358 @@
+"""The recipe: one typed description of a release, loaded and validated once, before heavy work.
+
+A YAML file becomes a pydantic ``Recipe`` with ``extra="forbid"`` everywhere, so a misspelled key
+fails at load time (llm-compressor's own recipes work the same way). Every rule that needs only the
+recipe runs at load: rules inside one section in that section's validators, rules that span sections
+in ONE model validator on ``Recipe`` (:func:`cross_section_problems`). The sections live beside this
+module (``quantization``, ``gates``; the smaller ones here); loading and error translation in
+``recipe.load``; checks that look at files (the model's ``config.json``, the calibration data) in
+``recipe.inputs``: they read small files only and never load weights.
+
+Relative paths in a recipe file are resolved against the recipe file's folder, so a recipe means
+the same thing whatever the working directory is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import string
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
+
+from quantize_serve.core.errors import RecipeError, RecipeErrors
+from quantize_serve.recipe.gates import GatesSection
+from quantize_serve.recipe.quantization import QuantizationSection
+from quantize_serve.recipe.section import CANDIDATE_BRANCH, COMMIT_MESSAGE_FIELDS, GIT_REF_NAME, LONG_PROMPT_MARGIN, MAX_SEARCH_BOOTS, RECIPE_SOURCE, REJECTION_TAG_PREFIX, REPO_ID, RESERVED_VLLM_FLAGS, Section, looks_local
+
+
+class ModelSection(Section):
+    """The base model: a local folder or a Hub repo id (pinned to a commit at run time)."""
+
+    id: str = Field(description="Local folder (e.g. ../models/tiny-llama) or Hub repo id (org/name).")
+    revision: str | None = Field(default=None, description="Hub branch, tag or commit sha.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    trust_remote_code: bool = False
+
+
+class CalibrationSection(Section):
+    """Calibration data: a Hub dataset id or local json/jsonl/csv/parquet/text file(s)."""
+
+    dataset: str = Field(description="Hub dataset id, or a local file / list of files.")
+    files: list[str] = Field(default_factory=list, description="More local files, same format.")
+    subset: str | None = Field(default=None, description="Hub dataset configuration name.")
+    split: str = "train"
+    text_field: str | None = Field(default=None, description="Column holding plain text.")
+    messages_field: str | None = Field(
+        default=None, description="Column holding chat messages, rendered with the chat template."
+    )
+    num_samples: PositiveInt = 256
+    max_seq_len: PositiveInt = 2048
+    shuffle_seed: int = 42
+    batch_size: PositiveInt = Field(
+        default=1,
+        description="Calibration batch size (llm-compressor's; batches are truncated to their "
+        "shortest sample, so keep it small unless samples have similar lengths).",
+    )
+
+    @model_validator(mode="after")
+    def _one_field(self) -> CalibrationSection:
+        if (self.text_field is None) == (self.messages_field is None):
+            raise ValueError(
+                "set exactly one of calibration.text_field (plain text column) or "
+                "calibration.messages_field (chat messages column)"
+            )
+        return self
+
+
+class ProfileSearch(Section):
+    """serve.search: find the largest max_num_seqs the stress profile survives, with real boots.
+
+    See quantize_serve/serve_profile/search.py: it starts at the planner's recommendation, brackets
+    (grows or shrinks) and bisects until the largest passing and the smallest failing value are at
+    most ``step`` apart, or ``max_boots`` boots are spent.
+    """
+
+    enabled: bool = True
+    max_boots: PositiveInt = Field(default=6, description="vLLM boots the max_num_seqs search may spend "
+                                   f"(at most {MAX_SEARCH_BOOTS}).")
+    min_num_seqs: PositiveInt = Field(default=1, description="Lower end of the searched range.")
+    max_num_seqs: PositiveInt | None = Field(
+        default=None,
+        description="Upper end of the searched range; default: the planner's max concurrency "
+        "(KV tokens / max_model_len).",
+    )
+    step: PositiveInt = Field(
+        default=4, description="Search resolution in sequences: the search stops when the largest "
+        "passing and the smallest failing max_num_seqs are at most this far apart.",
+    )
+    max_model_len_search: bool = Field(
+        default=False,
+        description="Then search the largest max_model_len at the found max_num_seqs (its own "
+        "max_boots; resolution: one KV block).",
+    )
+
+    @field_validator("max_boots")
+    @classmethod
+    def _max_boots(cls, value: int) -> int:
+        if value > MAX_SEARCH_BOOTS:
+            raise ValueError(
+                f"is more than {MAX_SEARCH_BOOTS}: each boot is a vLLM start plus a stress test (minutes on a "
+                f"GPU), and {MAX_SEARCH_BOOTS} already bisect any max_num_seqs range to one sequence. Fix: "
+                f"use at most {MAX_SEARCH_BOOTS} (6 is the default), or narrow min_num_seqs..max_num_seqs")
+        return value
+
+    @model_validator(mode="after")
+    def _range(self) -> ProfileSearch:
+        if self.max_num_seqs is not None and self.max_num_seqs < self.min_num_seqs:
+            raise ValueError(
+                f"serve.search.max_num_seqs ({self.max_num_seqs}) is below serve.search.min_num_seqs "
+                f"({self.min_num_seqs}); raise max_num_seqs or lower min_num_seqs"
+            )
+        return self
+
+
+class ServeSection(Section):
+    """How vLLM serves the model: the production settings the gates prove."""
+
+    max_model_len: PositiveInt = 4096
+    gpu_memory_utilization: float = Field(default=0.90, gt=0, le=1)
+    max_num_seqs: PositiveInt = 256
+    max_num_batched_tokens: PositiveInt | None = None
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "fp8"
+    tensor_parallel_size: PositiveInt = 1
+    enforce_eager: bool = False
+    dtype: Literal["auto", "bfloat16", "float16"] = "auto"
+    memory_budget: ByteSize | None = Field(
+        default=None,
+        description="CPU runs: device memory the compared configurations share; each gets "
+        "KV cache = budget - its weights (what a GPU does with gpu_memory_utilization).",
+    )
+    extra_args: list[str] = Field(default_factory=list, description="More vLLM server flags.")
+    search: ProfileSearch | None = Field(
+        default=None, description="Search the largest stable max_num_seqs with real boots "
+        "(quantize_serve/serve_profile/search.py); off when absent.",
+    )
+    preflight: Literal["off", "measure"] = Field(
+        default="off", description="measure: before the base model's weights are downloaded, boot its "
+        "shape with dummy weights (config.json and tokenizer only) in the three configurations, and stop "
+        "the run with vLLM's reason when the production configuration does not fit "
+        "(quantize_serve/capacity/shape.py). `quantize-serve plan RECIPE --measure` does the same alone.",
+    )
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_reserved(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            flag = arg.split("=", 1)[0].replace("_", "-")
+            if flag in RESERVED_VLLM_FLAGS:
+                raise ValueError(
+                    f"{flag} is set by its own serve.* field; remove it from extra_args and set "
+                    f"serve.{flag[2:].replace('-', '_')} instead"
+                )
+        return args
+
+    @model_validator(mode="after")
+    def _batched_tokens(self) -> ServeSection:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"serve.max_num_batched_tokens ({self.max_num_batched_tokens}) is below "
+                f"serve.max_num_seqs ({self.max_num_seqs}); raise it or lower max_num_seqs"
+            )
+        return self
+
+
+class HubSection(Section):
+    """Where the release goes. The token never comes from here: environment or a Prefect Secret."""
+
+    repo_id: str
+    private: bool = True
+    release_ref: str = "production"
+    release_ref_kind: Literal["tag", "branch"] = "tag"
+    commit_message: str = "quantize-serve: {method} {scheme} of {base_model}@{base_revision}"
+    token_env: str = "HF_TOKEN"
+    token_secret_block: str | None = Field(
+        default=None, description="Name of a Prefect Secret block holding the token."
+    )
+
+    @field_validator("repo_id")
+    @classmethod
+    def _repo_id(cls, value: str) -> str:
+        if not REPO_ID.match(value):
+            raise ValueError("not a Hub repo id. Fix: write it as 'org/name', e.g. your-org/Llama-3-8B-AWQ")
+        return value
+
+    @field_validator("release_ref")
+    @classmethod
+    def _release_ref(cls, value: str) -> str:
+        if value == CANDIDATE_BRANCH:
+            raise ValueError(
+                f"'{CANDIDATE_BRANCH}' is the branch every candidate is committed to (a tag of that name "
+                "would make the revision ambiguous), so promotion could not point it at a gated commit. "
+                "Fix: name the release ref something else, e.g. production")
+        if value.startswith(REJECTION_TAG_PREFIX):
+            raise ValueError(
+                f"names starting with '{REJECTION_TAG_PREFIX}' are the tags this pipeline writes on "
+                f"rejected candidates ({REJECTION_TAG_PREFIX}<sha>). Fix: name the release ref something "
+                "else, e.g. production")
+        if not GIT_REF_NAME.match(value):
+            raise ValueError(
+                "not a valid tag or branch name. Fix: use letters, digits, '.', '_', '-' and '/', e.g. "
+                "production or release/v1")
+        return value
+
+    @field_validator("commit_message")
+    @classmethod
+    def _commit_message(cls, value: str) -> str:
+        allowed = ", ".join("{" + f + "}" for f in COMMIT_MESSAGE_FIELDS)
+        try:
+            names = [name for _, name, _, _ in string.Formatter().parse(value) if name is not None]
+        except ValueError as exc:
+            raise ValueError(f"is not a valid message template ({exc}). Fix: write literal braces as "
+                             f"{{{{ and }}}}; placeholders are {allowed}") from None
+        unknown = [n or "{}" for n in names if n not in COMMIT_MESSAGE_FIELDS]
+        if unknown:
+            raise ValueError(f"unknown placeholder(s) {', '.join(unknown)}. Fix: use only {allowed}")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_token(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "token" in data:
+            raise RecipeError(
+                RECIPE_SOURCE, "hub.token", "<hidden>",
+                "a token never goes in a recipe file (recipes are committed and shared)",
+                "remove hub.token and set the environment variable named by hub.token_env "
+                "(default HF_TOKEN) or hub.token_secret_block")
+        return data
+
+
+class Recipe(BaseModel):
+    """A whole release: what to quantize, how to serve it, what it must pass, where it goes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", description="Lowercase, digits, dashes.")
+    model: ModelSection
+    calibration: CalibrationSection
+    quantization: QuantizationSection
+    serve: ServeSection = Field(default_factory=ServeSection)
+    gates: GatesSection = Field(default_factory=GatesSection)
+    hub: HubSection | None = None
+    approval: Literal["auto", "manual"] = "auto"
+    base_dir: str = Field(
+        default=".", description="Folder that relative paths resolve against (the recipe's folder)."
+    )
+
+    def path(self, value: str) -> Path:
+        """Resolve a recipe path against the recipe's folder."""
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else (Path(self.base_dir) / p).resolve()
+
+    def is_local(self, value: str) -> bool:
+        """Does a model-like recipe value (model.id, a checkpoint) name a local folder, not a Hub repo?"""
+        return looks_local(value) or self.path(value).exists()
+
+    @property
+    def model_is_local(self) -> bool:
+        return self.is_local(self.model.id)
+
+    @property
+    def calibration_is_local(self) -> bool:
+        d = self.calibration.dataset
+        return looks_local(d) or self.path(d).exists() or Path(d).suffix in DATA_FORMATS
+
+    def calibration_files(self) -> list[Path]:
+        return [self.path(f) for f in [self.calibration.dataset, *self.calibration.files]]
+
+    def fingerprint(self) -> str:
+        """sha256 of the canonical recipe (paths as written): identical inputs, identical key."""
+        payload = self.model_dump(mode="json", exclude={"base_dir"})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+    @model_validator(mode="after")
+    def _cross_section(self) -> Recipe:
+        problems = cross_section_problems(self)
+        if problems:
+            raise RecipeErrors(problems)
+        return self
+
+
+def cross_section_problems(recipe: Recipe) -> list[RecipeError]:
+    """Every rule that spans sections and needs only the recipe (no files), checked at load.
+
+    Each of these used to surface only after quantizing and booting vLLM. One problem per rule,
+    naming the field to change; the source is filled in by :func:`parse_recipe`.
+    """
+    problems: list[RecipeError] = []
+
+    def problem(field: str, value: object, text: str, fix: str) -> None:
+        problems.append(RecipeError(RECIPE_SOURCE, field, value, text, fix))
+
+    serve, stress = recipe.serve, recipe.gates.stress
+    search = serve.search if serve.search is not None and serve.search.enabled else None
+    limit = serve.max_model_len
+    # The stress test (quantize_serve/gates/stress.py plan_traffic) sends every prompt size with every
+    # output size, and long requests of prompt + output = max_model_len - LONG_PROMPT_MARGIN.
+    longest_in, longest_out = max(stress.prompt_tokens), max(stress.output_tokens)
+    if longest_in + longest_out > limit:
+        problem("gates.stress.prompt_tokens", stress.prompt_tokens,
+                f"the longest prompt ({longest_in}) plus the longest output ({longest_out}) is "
+                f"{longest_in + longest_out} tokens, over serve.max_model_len ({limit}); the stress test "
+                "would fail on requests the server must refuse",
+                f"keep max(prompt_tokens) + max(output_tokens) <= {limit}: lower gates.stress.prompt_tokens "
+                "or gates.stress.output_tokens, or raise serve.max_model_len")
+    elif limit - longest_out - LONG_PROMPT_MARGIN < 1:
+        problem("gates.stress.output_tokens", stress.output_tokens,
+                f"leaves no room for the stress test's long prompts (max_model_len {limit} - longest output "
+                f"{longest_out} - {LONG_PROMPT_MARGIN} tokens of margin)",
+                f"keep max(output_tokens) below {limit - LONG_PROMPT_MARGIN}, or raise serve.max_model_len")
+    # vLLM runs at most max_num_seqs requests at once and queues the rest: a stress concurrency
+    # above it would report a batch size the server never ran.
+    if stress.concurrency is not None:
+        if search is None and stress.concurrency > serve.max_num_seqs:
+            problem("gates.stress.concurrency", stress.concurrency,
+                    f"is above serve.max_num_seqs ({serve.max_num_seqs}); vLLM runs at most max_num_seqs "
+                    "requests at once and queues the rest, so the gate would not test the concurrency it "
+                    "reports",
+                    f"set gates.stress.concurrency to at most {serve.max_num_seqs} (or leave it unset: it "
+                    "defaults to serve.max_num_seqs), or raise serve.max_num_seqs")
+        elif search is not None and search.max_num_seqs is not None and stress.concurrency > search.max_num_seqs:
+            problem("gates.stress.concurrency", stress.concurrency,
+                    f"is above serve.search.max_num_seqs ({search.max_num_seqs}); no max_num_seqs the "
+                    "search can choose runs that many requests at once",
+                    "leave gates.stress.concurrency unset (the gates then run at the max_num_seqs the search "
+                    f"finds) or set it to at most {search.max_num_seqs}")
+    rule = recipe.quantization.choose
+    if rule is not None:
+        if rule.concurrency is not None and search is None and rule.concurrency > serve.max_num_seqs:
+            problem("quantization.choose.concurrency", rule.concurrency,
+                    f"is above serve.max_num_seqs ({serve.max_num_seqs}); vLLM would queue the extra requests "
+                    "and the throughput would be measured at a concurrency it never ran",
+                    f"set it to at most {serve.max_num_seqs}, or raise serve.max_num_seqs")
+        if rule.input_tokens and rule.output_tokens and rule.input_tokens + rule.output_tokens > limit:
+            problem("quantization.choose.input_tokens", rule.input_tokens,
+                    f"plus output_tokens ({rule.output_tokens}) is {rule.input_tokens + rule.output_tokens} "
+                    f"tokens, over serve.max_model_len ({limit}); the server would refuse every request",
+                    f"keep input_tokens + output_tokens <= {limit}")
+    return problems
+
+
+DATA_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
+
+
+# --------------------------------------------------------------------------------------------
+# Checks that look at files (small reads only: config.json and the calibration data).
+# --------------------------------------------------------------------------------------------
+
+

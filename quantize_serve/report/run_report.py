@@ -1,0 +1,188 @@
+"""The run report: one typed object, written as report.json, report.md and a capacity chart.
+
+The same content feeds the Prefect UI (artifacts) and the model card, so the three never disagree.
+Accuracy tasks are named as lm-eval names them and their data by dataset id (:func:`eval_task_ref`),
+not by the recipe's task file path; the run carries the vLLM version it served with and, when
+Prefect has a UI, the run's page.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from quantize_serve.gates.accuracy import AccuracyCheck
+from quantize_serve.capacity.chart import CHART, capacity_chart
+from quantize_serve.capacity.measure import CapacityReport
+from quantize_serve.gates.decision import Decision
+from quantize_serve.formats.choose import CHART as FORMATS_CHART
+from quantize_serve.formats.choose import FormatChoice
+from quantize_serve.hub.client import PushResult
+from quantize_serve.core.portable import portable_path
+from quantize_serve.report.provenance import describe_hardware, eval_task_refs, serving_vllm_version
+from quantize_serve.serve_profile.search import ProfileSearchResult
+from quantize_serve.quantize.run import QuantizeResult
+from quantize_serve.serve_profile.pinned import ServingProfile
+from quantize_serve.capacity.shape import ShapeCapacity
+from quantize_serve.gates.soak import SoakResult
+from quantize_serve.gates.stress import StressResult
+from quantize_serve.validate.preflight import BaseModelRef
+
+
+class Release(BaseModel):
+    status: Literal["promoted", "rejected", "not-published"]
+    repo_id: str | None = None
+    ref: str | None = None
+    commit_sha: str | None = None
+    candidate_sha: str | None = None
+    rejection_tag: str | None = None
+    url: str | None = None
+    approved_by: str | None = None
+
+
+class RunReport(BaseModel):
+    run_id: str
+    recipe: str
+    recipe_source: str
+    recipe_sha256: str
+    overrides: dict[str, Any] = Field(default_factory=dict)  # recipe fields the run's parameters changed
+    base: BaseModelRef
+    checkpoint: QuantizeResult
+    candidate: PushResult | None = None
+    capacity: CapacityReport | None = None
+    preflight: ShapeCapacity | None = None  # serve.preflight: measure - the shape with dummy weights
+    profile: ProfileSearchResult | None = None
+    formats: FormatChoice | None = None  # quantization.candidates: every format measured, the rule's choice
+    accuracy: list[AccuracyCheck] = Field(default_factory=list)
+    stress: StressResult | None = None
+    soak: SoakResult | None = None  # only when the recipe sets gates.soak
+    decision: Decision
+    release: Release | None = None
+    approval_note: str = ""  # approval: manual - the reviewer's note on the sign-off form
+    serving_command: str
+    serving_profile: ServingProfile | None = None  # serve-profile.yaml: the validated boot, KV cache pinned
+    hardware: str = Field(default_factory=lambda: describe_hardware())
+    vllm_version: str | None = None  # the serving environment's; write_report fills it in
+    run_url: str | None = None  # the Prefect UI page of the run; None without a UI (ephemeral API)
+    report_dir: str = ""
+
+
+
+def stress_summary(stress: StressResult | None) -> dict:
+    if stress is None:
+        return {}
+    keys = ("requests", "completed", "rejected_overlong", "errors_5xx", "timeouts", "server_restarts",
+            "peak_kv_cache_usage", "preemptions", "peak_rss_bytes", "peak_gpu_memory_bytes", "duration_s")
+    out = {k: getattr(stress, k) for k in keys}
+    if stress.throughput:
+        out.update(request_throughput=stress.throughput.request_throughput,
+                   output_throughput=stress.throughput.output_throughput,
+                   p99_ttft_ms=stress.throughput.p99_ttft_ms)
+    return out
+
+
+def image_markdown(alt: str, path: Path, *, embed: bool = False) -> str:
+    """A markdown image: a link relative to the report (report.md, the model card, which ship the
+    PNG beside them), or with ``embed`` the PNG itself as a data URI, for the Prefect UI's markdown
+    artifact, which has no folder to resolve a relative link against (its renderer allows
+    ``data:image/`` sources on images)."""
+    if embed and path.is_file():
+        return f"![{alt}](data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()})"
+    return f"![{alt}]({path.name})"
+
+
+def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
+    """The report as markdown; ``embed_images`` inlines the charts (see ``image_markdown``)."""
+    folder = Path(r.report_dir) if r.report_dir else None
+    embed = embed_images and folder is not None
+    verdict = "PASSED" if r.decision.passed else "FAILED"
+    rel = r.release
+    lines = [
+        f"# quantize-serve: {r.recipe}",
+        "",
+        f"**Decision: {verdict}**" + (f" - release {rel.status}" if rel else ""),
+        "",
+        "## Summary",
+        f"- base model: `{r.base.repo_id or portable_path(r.base.local_dir)}` at `{r.base.sha[:12]}`",
+        (f"- quantized: {r.checkpoint.method} {r.checkpoint.scheme}, {r.checkpoint.base_bytes:,} -> "
+         f"{r.checkpoint.quantized_bytes:,} bytes on disk ({r.checkpoint.seconds:.0f} s"
+         f"{', reused' if r.checkpoint.cached else ''})"),
+        (f"- recipe: `{_recipe_source(r.recipe_source)}` (sha256 `{r.recipe_sha256[:12]}`), run `{r.run_id}`"
+         + (f" ({r.run_url})" if r.run_url else "") + f", {r.hardware}"),
+        f"- served with vLLM {r.vllm_version or 'unknown'}",
+    ]
+    if r.overrides:  # the deployment's parameters changed the recipe file: say how, next to it
+        lines.append("- the run's parameters changed the recipe: "
+                     + "; ".join(f"`{k}` = `{json.dumps(v)}`" for k, v in r.overrides.items()))
+    if rel and rel.repo_id:
+        lines.append(f"- Hub: `{rel.repo_id}` candidate `{(rel.candidate_sha or '')[:12]}`"
+                     + (f", `{rel.ref}` -> `{(rel.commit_sha or '')[:12]}`" if rel.status == "promoted" else "")
+                     + (f", rejection recorded as tag `{rel.rejection_tag}`" if rel.rejection_tag else "")
+                     + (f" ({rel.url})" if rel.url else ""))
+    lines += ["", "## Decision", r.decision.markdown(), ""]
+    if r.capacity:
+        lines += ["## Capacity (same memory budget)", r.capacity.markdown(), "",
+                  image_markdown("capacity", (folder or Path()) / CHART, embed=embed), ""]
+    if r.preflight:
+        lines += ["## Capacity before download (the model's shape, dummy weights)", r.preflight.markdown(), ""]
+    if r.formats:
+        lines += ["## Release format (every candidate, production serving settings)", r.formats.markdown(), ""]
+        lines += [image_markdown("release formats", (folder or Path()) / FORMATS_CHART, embed=embed), ""]
+    if r.profile:
+        lines += ["## Serving profile search (largest stable max_num_seqs)", r.profile.markdown(), ""]
+        if r.profile.plot_path:
+            lines += [image_markdown("profile search", Path(r.profile.plot_path), embed=embed), ""]
+    if r.accuracy:
+        lines += ["## Accuracy", "| task | dataset | metric | base | quantized | recovery | threshold | result |",
+                  "|---|---|---|---:|---:|---:|---:|---|"]
+        recipe_dir = Path(r.recipe_source).parent if not r.recipe_source.startswith("<") else Path()
+        refs = eval_task_refs([c.task for c in r.accuracy], base_dir=recipe_dir, report_dir=r.report_dir)
+        for c in r.accuracy:
+            ref = refs[c.task]
+            lines.append(f"| {ref.task} | {ref.dataset} | {c.metric} | {_num(c.base)} | {_num(c.quantized)} | "
+                         f"{c.recovery_text} | {c.threshold:.2f} | {'pass' if c.passed else '**FAIL**'}"
+                         f"{', uncertain' if c.warning else ''} |")
+        lines += ["", "Recovery is shown with its ~95% interval (lm-eval's stderr, delta method; none where "
+                  "lm-eval reports no stderr, as for perplexities). `uncertain`: the interval crosses the "
+                  "threshold (see the Decision's reason and docs/gates.md).", ""]
+    if r.stress:
+        lines += ["## Stress test (quantized, production serving settings)",
+                  "| figure | value |", "|---|---|"]
+        lines += [f"| {k} | {_num(v)} |" for k, v in stress_summary(r.stress).items()]
+        lines.append("")
+    if r.soak:  # the chart lies beside the report when the flow's soak writes into the run folder
+        lines += ["## Soak test (sustained traffic, production serving settings)", "| figure | value |", "|---|---|"]
+        lines += [f"| {k} | {_num(v)} |" for k, v in r.soak.summary().items()]
+        lines += [""] + ([f"![soak]({Path(r.soak.chart_path).name})", ""] if r.soak.chart_path else [])
+    lines += ["## Validated vLLM command", "```", r.serving_command, "```", ""]
+    if r.serving_profile:
+        lines += [r.serving_profile.markdown(), ""]
+    return "\n".join(lines)
+
+
+def _recipe_source(source: str) -> str:
+    """The recipe file relative to the project (a flow run gets it as an absolute path)."""
+    return source if source.startswith("<") else portable_path(source)
+
+
+def _num(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "n/a" if v is None else f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def write_report(report: RunReport, run_dir: Path) -> dict[str, Path]:
+    """report.json, report.md and the chart; records the serving vLLM version if not yet known."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    report.vllm_version = report.vllm_version or serving_vllm_version()
+    paths = {"json": run_dir / "report.json", "markdown": run_dir / "report.md"}
+    report.report_dir = str(run_dir)
+    if report.capacity:
+        paths["chart"] = capacity_chart(report.capacity.configs, run_dir / CHART)
+    paths["json"].write_text(json.dumps(report.model_dump(mode="json"), indent=2))
+    paths["markdown"].write_text(render_markdown(report))
+    return paths

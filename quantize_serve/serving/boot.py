@@ -1,0 +1,30 @@
+"""The boots the pipeline compares, as one type: every outward name of a boot derives from it."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+
+class Boot(StrEnum):
+    """The three boots the capacity stage compares. The values name them in run folders
+    (``vllm-<boot>.log``), report.json, artifacts and benchmark results.
+
+    Members are named by role; the values are the names results have always carried (a candidate of
+    any scheme, FP8 or INT8 too, has its 16-bit-KV boot under "w4a16")."""
+
+    BASE = "base"  # the base model, 16-bit KV
+    QUANTIZED_16BIT_KV = "w4a16"  # the quantized checkpoint, 16-bit KV
+    PRODUCTION = "w4a16-fp8kv"  # the quantized checkpoint, the recipe's KV dtype: the boot the gates prove
+
+    @property
+    def quantized(self) -> bool:
+        return self is not Boot.BASE
+
+    @property
+    def sixteen_bit_kv(self) -> bool:
+        return self is not Boot.PRODUCTION
+
+    def model_dir(self, base_dir: str | Path, checkpoint_dir: str | Path) -> Path:
+        """The folder this boot serves: the base model's or the quantized checkpoint's."""
+        return Path(checkpoint_dir if self.quantized else base_dir)

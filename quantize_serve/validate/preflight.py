@@ -1,0 +1,221 @@
+"""Validate stage and base-model resolution: everything checked before anything heavy runs.
+
+``validate_recipe`` loads the recipe (pydantic), checks the calibration data (field, row count)
+and, for a local base model, its config.json against the recipe. ``resolve_base`` pins the base
+model: a local folder is identified by the sha256 of its files, a Hub repo id is resolved to a
+commit sha and that exact revision is downloaded.
+
+``check_recipe`` is the command line's ``quantize-serve validate``: the same recipe and input checks
+without `datasets`, torch or Prefect (so it answers in well under a second), every model and
+calibration problem reported together, and a note for each input it cannot check offline (a Hub
+model's config.json unless asked to fetch it, a Hub dataset's columns and rows).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from quantize_serve.core.errors import RecipeError, RecipeErrors
+from quantize_serve.gates.accuracy import TASK_FILE_SUFFIXES
+from quantize_serve.core.model_files import check_model_files, folder_digest
+from quantize_serve.hub.download import download_base, fetch_model_config
+from quantize_serve.quantize.existing_checkpoint import check_checkpoint
+from quantize_serve.serving.host import serving_host_gap
+from quantize_serve.quantize.calibration import calibration_fingerprint, peek_calibration
+from quantize_serve.recipe.model import Recipe
+from quantize_serve.recipe.inputs import check_model, check_model_config, show_path
+from quantize_serve.recipe.load import apply_overrides, load_recipe, parse_recipe
+
+
+
+
+class ValidatedRecipe(BaseModel):
+    recipe: Recipe
+    source: str
+    recipe_sha256: str
+    calibration_fingerprint: str
+    overrides: dict[str, Any] = {}  # the run's parameters that changed the recipe file (dotted keys)
+
+
+class BaseModelRef(BaseModel):
+    """The exact base model a run used: where it is on disk and what identifies it."""
+
+    local_dir: str
+    repo_id: str | None = None
+    revision: str | None = None
+    sha: str
+
+    @property
+    def identity(self) -> str:
+        return f"{self.repo_id}@{self.sha}" if self.repo_id else f"local:{self.sha}"
+
+
+def validate_recipe(recipe: Recipe | str | Path | dict,
+                    overrides: dict[str, Any] | None = None) -> ValidatedRecipe:
+    """The recipe, with ``overrides`` (dotted keys, recipe.apply_overrides) applied, validated."""
+    overrides = overrides or {}
+    if isinstance(recipe, (str, Path)):
+        source = str(recipe)
+        recipe = load_recipe(recipe, overrides)
+    elif isinstance(recipe, dict):
+        source = "<parameters>"
+        recipe = parse_recipe(apply_overrides(recipe, overrides, source=source), source=source,
+                              base_dir=Path.cwd())
+    else:
+        source = f"<recipe {recipe.name}>"
+        if overrides:
+            data = apply_overrides(recipe.model_dump(mode="json"), overrides, source=source)
+            recipe = parse_recipe(data, source=source)
+    if recipe.model_is_local:
+        check_local_checkpoints(recipe, check_local_model(recipe, source=source), source=source)
+    return ValidatedRecipe(
+        recipe=recipe,
+        source=source,
+        recipe_sha256=recipe.fingerprint(),
+        calibration_fingerprint=calibration_fingerprint(recipe, source=source),
+        overrides=overrides,
+    )
+
+
+def check_local_checkpoints(recipe: Recipe, base_config: dict[str, Any], *, source: str) -> None:
+    """Existing checkpoints given as folders (``quantization.checkpoint``, a candidate's ``checkpoint``):
+    each a quantized checkpoint of the base model (existing_checkpoint.check_checkpoint), before any
+    download, quantization or boot. Hub checkpoints are checked when fetched (flows/formats.py)."""
+    q = recipe.quantization
+    named = [("quantization.checkpoint", q.checkpoint)] if q.checkpoint else []
+    named += [(f"quantization.candidates[{i}].checkpoint", c.checkpoint) for i, c in enumerate(q.candidates)
+              if c.checkpoint]
+    for field, value in named:
+        if recipe.is_local(value):
+            folder = recipe.path(value)
+            if not folder.is_dir():
+                raise RecipeError(source, field, value, f"no such folder ({show_path(folder)})",
+                                  "point it at a checkpoint folder (relative paths resolve against the recipe's "
+                                  "folder) or at a Hub repo id such as org/name")
+            check_checkpoint(folder, base_config, source=source, field=field, value=value)
+
+
+def check_serving_host(recipe: Recipe, *, source: str) -> None:
+    """A run serves on this machine: with no GPU here, vLLM serves on this CPU, which must have the
+    kernels the quantized boots need (quantize_serve/serving/host.py). Checked before any heavy work."""
+    gap = serving_host_gap()
+    if gap:
+        raise RecipeError(source, "serve", f"vLLM on this machine's CPU ({recipe.quantization.scheme}, "
+                          f"KV {recipe.serve.kv_cache_dtype})", gap,
+                          "run on a GPU host (the production path: `prefect deployment run quantize-serve/llama3`) "
+                          "or on an x86 CPU with AVX-512; `quantize-serve validate` and `quantize-serve plan` "
+                          "work on any machine")
+
+
+def check_local_model(recipe: Recipe, *, source: str) -> dict[str, Any]:
+    """A local base model folder: its files (header reads only), then its config.json against the
+    recipe. Returns the config."""
+    model_dir = Path(show_path(recipe.path(recipe.model.id)))  # messages show it as a person would
+    check_model_files(model_dir, source=source, value=recipe.model.id)  # first: config.json parses
+    return check_model(recipe, model_dir, source=source)
+
+
+class RecipeCheck(BaseModel):
+    """What ``quantize-serve validate`` checked for one recipe, and what it could not check."""
+
+    recipe: Recipe
+    source: str
+    checked: list[str]
+    not_checked: list[str]
+
+
+def check_recipe(path: str | Path, *, remote: bool = False) -> RecipeCheck:
+    """Every recipe and input check that needs no heavy import; all problems raised together.
+
+    Local inputs are read (the model folder's files and config.json, the calibration files' columns
+    and rows, accuracy task files). A Hub model's config.json is fetched only with ``remote`` (one
+    small download); a Hub dataset is never loaded here. What was not checked is listed, so a
+    passing offline check never claims more than it saw.
+    """
+    source = str(path)
+    recipe = load_recipe(path)
+    checked = ["recipe: every field and cross-section rule"]
+    not_checked: list[str] = []
+    errors: list[RecipeError] = []
+
+    def collect(check: Any) -> Any:
+        try:
+            return check()
+        except RecipeErrors as exc:
+            errors.extend(exc.errors)
+        except RecipeError as exc:
+            errors.append(exc)
+        return None
+
+    if recipe.model_is_local:
+        config = collect(lambda: check_local_model(recipe, source=source))
+        if config is not None:
+            checked.append(f"model {show_path(recipe.path(recipe.model.id))}: files, config.json")
+            before = len(errors)
+            collect(lambda: check_local_checkpoints(recipe, config, source=source))
+            q = recipe.quantization
+            if len(errors) == before and (q.checkpoint or any(c.checkpoint for c in q.candidates)):
+                checked.append("existing checkpoints: format, scheme, same base model (local folders)")
+    elif remote:
+        token_env = recipe.hub.token_env if recipe.hub else "HF_TOKEN"
+        config = fetch_model_config(recipe.model.id, revision=recipe.model.revision,
+                                    token=os.environ.get(token_env) or None, token_env=token_env)
+        before = len(errors)
+        collect(lambda: check_model_config(recipe, config, source=source))
+        if len(errors) == before:
+            checked.append(f"model {recipe.model.id}: config.json (fetched from the Hub)")
+    else:
+        not_checked.append(
+            f"model.id {recipe.model.id!r} is a Hub repo: its config.json (group size, max_model_len, "
+            "tensor_parallel_size) is checked when a run resolves it, or now with --remote")
+    c = recipe.calibration
+    if recipe.calibration_is_local:
+        peeked = collect(lambda: peek_calibration(recipe, source=source))
+        if peeked is not None:
+            checked.append(f"calibration data: {peeked[1]} rows, field {c.text_field or c.messages_field!r}")
+    else:
+        not_checked.append(
+            f"calibration.dataset {c.dataset!r} is a Hub dataset: its columns and row count are checked "
+            "by the run's validate stage, which loads it")
+    for i, task in enumerate(recipe.gates.accuracy.tasks):
+        if task.task.endswith(TASK_FILE_SUFFIXES) and not recipe.path(task.task).is_file():
+            errors.append(RecipeError(
+                source, f"gates.accuracy.tasks.{i}.task", task.task,
+                f"no such task file ({show_path(recipe.path(task.task))})",
+                "give the path of an lm-eval task YAML relative to the recipe's folder, or an lm-eval "
+                "task name"))
+    if errors:
+        raise RecipeErrors(errors) if len(errors) > 1 else errors[0]
+    return RecipeCheck(recipe=recipe, source=source, checked=checked, not_checked=not_checked)
+
+
+def resolve_base(validated: ValidatedRecipe, *, cache_dir: Path | None = None) -> BaseModelRef:
+    """Pin the base model. A Hub repo is downloaded (only what quantizing and serving read) into
+    ``cache_dir``, by default the work cache's hub/ folder (``QS_WORK_DIR``), with the token from
+    the recipe's hub section (``hub.token_env``, then ``hub.token_secret_block``); without a hub
+    section, HF_TOKEN or a login on this machine. The token is read here, so it is never a
+    parameter a caller (or Prefect) records."""
+    recipe = validated.recipe
+    if recipe.model_is_local:
+        local = recipe.path(recipe.model.id)
+        return BaseModelRef(local_dir=str(local), sha=folder_digest(local))
+    resolved = download_base(recipe, cache_dir=cache_dir)
+    check_model_files(Path(resolved.local_dir), source=validated.source, value=recipe.model.id)
+    check_model(recipe, Path(resolved.local_dir), source=validated.source)
+    return BaseModelRef(local_dir=str(resolved.local_dir), repo_id=recipe.model.id,
+                        revision=recipe.model.revision, sha=resolved.sha)
+
+
+
+def model_shape_dir(recipe: Recipe) -> Path:
+    """The base model's config.json and tokenizer without its weights (what a dummy-weights boot
+    reads): the local folder, or only those files of the Hub repo."""
+    if recipe.model_is_local:
+        return recipe.path(recipe.model.id)
+    return Path(download_base(recipe, weights=False).local_dir)
+
+
