@@ -62,8 +62,8 @@ def try_boot(folder: Path, kv_cache_dtype: str, log_path: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from quantize_serve.serving.host import AVX512_FLAGS, cpu_flags, quantized_serving_gap
     from quantize_serve.core.portable import write_json_result
+    from quantize_serve.serving.host import AVX512_FLAGS, cpu_flags, quantized_serving_gap
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/cpu_schemes.json")

@@ -357,10 +357,10 @@ def error_text(exc: BaseException) -> str:
 
 def stage_capacity(ctx: dict, *, with_stress: bool) -> None:
     from quantize_serve.capacity.measure import capacity_spec, measure_boot, plan_for, summarize_capacity
-    from quantize_serve.serving.boot import Boot
+    from quantize_serve.gates.stress import run_stress_test
     from quantize_serve.recipe.load import parse_recipe
     from quantize_serve.report.run_report import stress_summary
-    from quantize_serve.gates.stress import run_stress_test
+    from quantize_serve.serving.boot import Boot
 
     res, nvml, profile, model_dir = ctx["results"], ctx["nvml"], ctx["profile"], ctx["model_dir"]
     quant = res.data.get("quantize", {})
@@ -553,9 +553,9 @@ def boot_pinned_profile(report: Any, recipe: Any) -> dict[str, Any]:
     pointed at the local checkpoint) and compare its KV cache with the one the gates validated."""
     import yaml
 
-    from quantize_serve.serving.boot import Boot
     from quantize_serve.capacity.measure import read_cache_info
     from quantize_serve.serve_profile.output import ProfileFileSpec
+    from quantize_serve.serving.boot import Boot
     from quantize_serve.serving.server import ServerSpec, vllm_server
 
     profile = report.serving_profile
@@ -654,9 +654,9 @@ def dry_run(profile: dict, model_dir: Path, res: Results) -> None:
 
     from quantize_serve.capacity import planner
     from quantize_serve.capacity.measure import plan_for
-    from quantize_serve.serving.boot import Boot
-    from quantize_serve.recipe.load import parse_recipe
     from quantize_serve.gates.stress import plan_traffic
+    from quantize_serve.recipe.load import parse_recipe
+    from quantize_serve.serving.boot import Boot
 
     for mod in ("quantize_serve.quantize.run", "quantize_serve.capacity.measure", "quantize_serve.serving.server",
                 "quantize_serve.gates.stress", "quantize_serve.validate.preflight", "flows.pipeline"):

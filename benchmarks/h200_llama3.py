@@ -116,8 +116,8 @@ def cmd_run(args: argparse.Namespace) -> None:
     from huggingface_hub import HfApi
 
     from localhub.datasets import publish_ultrachat
-    from quantize_serve.recipe.load import load_recipe
     from quantize_serve.core.settings import get_settings
+    from quantize_serve.recipe.load import load_recipe
     from scripts.local_stack import local_stack
 
     state = Path(args.state).resolve()

@@ -58,8 +58,8 @@ def shape_folder(config: Path, scheme: str | None, work: Path) -> Path:
     as llm-compressor writes it (benchmarks/cpu_schemes.py's pattern)."""
     from compressed_tensors.quantization import preset_name_to_scheme
 
-    from quantize_serve.quantize.run import CHECKPOINT_FORMAT
     from quantize_serve.capacity.shape import checkpoint_quantization_config, weightless_folder
+    from quantize_serve.quantize.run import CHECKPOINT_FORMAT
 
     base = work / "base"
     if not (base / "config.json").is_file():
@@ -99,9 +99,9 @@ def boot_spec(recipe, folder: Path, scheme: str | None, kv: str, *, warm_up: boo
 def measure(recipe, args, *, name: str, scheme: str | None, method: str, kv: str, settings, platform: str,
             reference: bool, bench: bool = True):
     """One boot: (its FormatRow, the boot facts). Failures are recorded in the row, never raised."""
+    from quantize_serve.capacity.measure import measure_capacity
     from quantize_serve.formats import choose as formats
     from quantize_serve.serving.boot import Boot
-    from quantize_serve.capacity.measure import measure_capacity
     from quantize_serve.serving.server import vllm_server
 
     folder = shape_folder(args.config, scheme, args.work / "folders")
@@ -149,11 +149,11 @@ def measure(recipe, args, *, name: str, scheme: str | None, method: str, kv: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    from quantize_serve.formats import choose as formats
-    from quantize_serve.serving import gpu
     from quantize_serve.core.portable import write_json_result
+    from quantize_serve.formats import choose as formats
     from quantize_serve.recipe.load import load_recipe
     from quantize_serve.recipe.quantization import FormatRule
+    from quantize_serve.serving import gpu
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/h200_schemes.json")

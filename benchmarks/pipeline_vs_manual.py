@@ -20,7 +20,6 @@ each manual path, and the vLLM boots of each.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

@@ -4,7 +4,7 @@ GPUs and write ``benchmarks/results/plan.json``.
 Why: it answers "how much memory does 4-bit quantization free, and how many more
 max-length requests fit" for the production GPU sizes without booting anything; the
 H200 row for the 8B can be checked against the measured figures quoted in
-``tests/test_planner.py`` (H200 runs on the host of ``scripts/gpu/README.md``; the planner is
+``tests/unit/test_planner.py`` (H200 runs on the host of ``scripts/gpu/README.md``; the planner is
 calibrated on them).
 
 Run from the repository root in the pipeline venv (no GPU, no torch needed)::
@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from a checkout, not an installed package
     sys.path.insert(0, str(ROOT))
 
-from quantize_serve.capacity.planner import GPU_MEMORY_BYTES, ModelShape, format_table, plan_table  # noqa: E402
+from quantize_serve.capacity.plan_table import format_table, plan_table  # noqa: E402
+from quantize_serve.capacity.planner import GPU_MEMORY_BYTES, ModelShape
 from quantize_serve.core.portable import write_json_result  # noqa: E402
 
 GPUS: dict[str, float] = {  # labels as in results/plan.json; sizes: the planner's presets (`--gpu`)

@@ -13,7 +13,6 @@ gates.json (lm-eval's word/byte perplexity).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile

@@ -32,15 +32,15 @@ RECIPE = ROOT / "recipes" / "tiny-llama-formats.yaml"
 
 def main() -> None:
     from flows.pipeline import quantize_serve
-    from quantize_serve.serving import host as cpu_support
-    from quantize_serve.formats import choose as formats_module
     from quantize_serve.core.portable import write_json_result
+    from quantize_serve.formats import choose as formats_module
     from quantize_serve.recipe.load import parse_recipe
     from quantize_serve.recipe.quantization import FormatRule
     from quantize_serve.report.run_report import RunReport
+    from quantize_serve.serving import host as cpu_support
 
     data = yaml.safe_load(RECIPE.read_text())
-    data.pop("hub")  # the choice and the gates; publishing is tested elsewhere (tests/test_formats.py)
+    data.pop("hub")  # the choice and the gates; publishing is tested elsewhere (tests/flows/test_formats.py)
     recipe = parse_recipe(data, source=str(RECIPE), base_dir=RECIPE.parent)
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
     t0 = time.monotonic()

@@ -57,11 +57,11 @@ def point_row(p, model: str) -> dict:
 
 
 def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
+    from quantize_serve.capacity.measure import published_model
+    from quantize_serve.quantize.run import quantize_model
     from quantize_serve.serve_profile import output as profile_output
     from quantize_serve.serve_profile import search as ps
     from quantize_serve.serve_profile.probe import vllm_probe
-    from quantize_serve.capacity.measure import published_model
-    from quantize_serve.quantize.run import quantize_model
     from quantize_serve.validate.preflight import resolve_base, validate_recipe
 
     started = time.monotonic()

@@ -49,10 +49,10 @@ def shape_folder(name: str, work: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from quantize_serve.serving import gpu
+    from quantize_serve.capacity.shape import measure_shape, write_files
     from quantize_serve.core.portable import write_json_result
     from quantize_serve.recipe.load import load_recipe
-    from quantize_serve.capacity.shape import measure_shape, write_files
+    from quantize_serve.serving import gpu
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/h200x2_shape.json")

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from prefect import flow
 
-from quantize_serve.serving.boot import Boot
 from quantize_serve.core.errors import GateError
 from quantize_serve.formats.choose import BenchSettings, FormatChoice
+from quantize_serve.serving.boot import Boot
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
 from tasks.accuracy import run_accuracy
 from tasks.decide import compare_accuracy

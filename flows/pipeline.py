@@ -22,10 +22,10 @@ from prefect import flow
 from prefect.states import Failed, State
 
 from flows.formats import choose_format
-from quantize_serve.serving.boot import Boot
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.release.publish import release_reasons
 from quantize_serve.report.run_report import RunReport
+from quantize_serve.serving.boot import Boot
 from tasks.accuracy import run_accuracy
 from tasks.decide import compare_accuracy, decide_release
 from tasks.formats import with_candidate

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from quantize_serve.capacity import planner
+from quantize_serve.capacity import plan_table, planner
 from quantize_serve.capacity import shape as shape_capacity
 from quantize_serve.core.errors import USER_ERRORS, QuantizeServeError, RecipeError, RecipeErrors
 from quantize_serve.core.settings import get_settings
@@ -172,7 +172,7 @@ def plan_command(args: argparse.Namespace) -> int:
         mode, memory, block, utilization = "fixed_budget", int(serve.memory_budget), planner.BLOCK_SIZE_CPU, 1.0
     else:
         mode, memory, block = "gpu", planner.GPU_MEMORY_BYTES[DEFAULT_GPU], planner.BLOCK_SIZE_GPU
-    table = planner.plan_table(
+    table = plan_table.plan_table(
         shape,
         device_memory_bytes=memory,
         gpu_memory_utilization=utilization,
@@ -189,7 +189,7 @@ def plan_command(args: argparse.Namespace) -> int:
         ignore=tuple(quant.ignore) if quant else ("lm_head",),
         model=model,
     )
-    print(table.model_dump_json(indent=2) if args.json else planner.format_table(table))
+    print(table.model_dump_json(indent=2) if args.json else plan_table.format_table(table))
     return EXIT_OK
 
 
@@ -380,7 +380,7 @@ def _fraction(text: str) -> float:
 
 def _gpu(text: str) -> float:
     try:
-        return planner.gpu_memory_bytes(text)
+        return plan_table.gpu_memory_bytes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

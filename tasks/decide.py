@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from prefect import task
 
-from quantize_serve.gates import accuracy
-from quantize_serve.gates import decision
-from quantize_serve.recipe.gates import AccuracyGate
+from quantize_serve.gates import accuracy, decision, recovery
 from quantize_serve.gates.soak import SoakResult
 from quantize_serve.gates.stress import StressResult
+from quantize_serve.recipe.gates import AccuracyGate
 
 
 @task(name="compare-accuracy")
@@ -17,7 +16,7 @@ def compare_accuracy(base: accuracy.AccuracyRun | BaseException, quantized: accu
     for run in (base, quantized):
         if isinstance(run, BaseException):
             return run  # the check could not run: decide() turns it into a failed row
-    return accuracy.compare_accuracy(base, quantized, gate)
+    return recovery.compare_accuracy(base, quantized, gate)
 
 
 @task(name="decide-release")

@@ -10,12 +10,12 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from quantize_serve.capacity import measure as capacity
-from quantize_serve.quantize import existing_checkpoint
 from quantize_serve.formats import choose as formats
-from quantize_serve.serving import gpu
 from quantize_serve.gates.accuracy import AccuracyCheck
-from quantize_serve.serving.server import RunningServer, ServerSpec
 from quantize_serve.gates.stress import StressResult
+from quantize_serve.quantize import existing_checkpoint
+from quantize_serve.serving import gpu
+from quantize_serve.serving.server import RunningServer, ServerSpec
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
 from tasks.quantize import checkpoint_folder
 

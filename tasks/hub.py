@@ -15,11 +15,11 @@ from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 from prefect.logging import get_run_logger
 
-from quantize_serve.release import publish as rel
 from quantize_serve.hub.client import PushResult
-from quantize_serve.serve_profile.search import ProfileSearchResult
 from quantize_serve.quantize.run import QuantizeResult
+from quantize_serve.release import publish as rel
 from quantize_serve.report.run_report import Release, RunReport
+from quantize_serve.serve_profile.search import ProfileSearchResult
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
 
 

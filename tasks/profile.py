@@ -10,11 +10,11 @@ from prefect.cache_policies import NO_CACHE
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
 
-from quantize_serve.serving import gpu
+from quantize_serve.recipe.model import Recipe
 from quantize_serve.serve_profile import output as profile_output
 from quantize_serve.serve_profile import probe as profile_probe
 from quantize_serve.serve_profile import search as profile_search
-from quantize_serve.recipe.model import Recipe
+from quantize_serve.serving import gpu
 from quantize_serve.validate.preflight import ValidatedRecipe
 
 PLOT_FILE = "serve-profile-search.png"

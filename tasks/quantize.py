@@ -7,10 +7,10 @@ from pathlib import Path
 from prefect import task
 from prefect.logging import get_run_logger
 
+from quantize_serve.hub.download import download_model
 from quantize_serve.quantize import existing_checkpoint
 from quantize_serve.quantize import run as quantize
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
-from quantize_serve.hub.download import download_model
 
 
 @task(name="quantize-model")

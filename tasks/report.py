@@ -18,8 +18,8 @@ from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 from prefect.utilities.urls import url_for
 
-from quantize_serve.report.run_report import RunReport, render_markdown, stress_summary, write_report
 from quantize_serve.core.settings import get_settings
+from quantize_serve.report.run_report import RunReport, render_markdown, stress_summary, write_report
 from quantize_serve.validate.preflight import ValidatedRecipe
 
 STAGES = ("validated", "base resolved", "quantized", "candidate pushed", "base served",

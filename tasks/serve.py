@@ -13,13 +13,13 @@ from prefect.concurrency.sync import concurrency
 from prefect.logging import get_run_logger
 
 from quantize_serve.capacity import measure as capacity
-from quantize_serve.serving import gpu
-from quantize_serve.serve_profile import output as profile_output
-from quantize_serve.serve_profile import pinned as serving_profile
 from quantize_serve.capacity import shape as shape_capacity
 from quantize_serve.core.errors import GateError
-from quantize_serve.serving.server import RunningServer, ServerSpec, vllm_server
 from quantize_serve.core.settings import get_settings
+from quantize_serve.serve_profile import output as profile_output
+from quantize_serve.serve_profile import pinned as serving_profile
+from quantize_serve.serving import gpu
+from quantize_serve.serving.server import RunningServer, ServerSpec, vllm_server
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe, model_shape_dir
 
 

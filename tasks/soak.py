@@ -11,8 +11,8 @@ from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
 
 from quantize_serve.gates import soak
-from quantize_serve.recipe.model import ServeSection
 from quantize_serve.recipe.gates import SoakGate, StressProfile
+from quantize_serve.recipe.model import ServeSection
 from quantize_serve.serving.server import RunningServer
 
 

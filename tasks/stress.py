@@ -11,8 +11,8 @@ from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
 
 from quantize_serve.gates import stress
-from quantize_serve.recipe.model import ServeSection
 from quantize_serve.recipe.gates import StressProfile
+from quantize_serve.recipe.model import ServeSection
 from quantize_serve.serving.server import RunningServer
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from prefect import task
 
-from quantize_serve.validate import preflight as validate
 from quantize_serve.recipe.model import Recipe
+from quantize_serve.validate import preflight as validate
 
 
 @task(name="validate-recipe")

@@ -4,9 +4,12 @@ shared by every test that needs them; checkpoints are cached by their inputs und
 
 from __future__ import annotations
 
+import json
 import os
+import platform
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -32,31 +35,26 @@ os.environ.pop("PREFECT_API_URL", None)
 QUANTIZED_SERVING_GAP = serving_host_gap()
 
 
+TIERS = ("unit", "engines", "flows")  # tests/<tier>/: the tier is the folder, and so the marker
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``quantized_serving`` (and every test of the production boot, ``awq_fp8_server``)
+    """Each test gets its tier's marker from its folder: ``unit`` (no engine, no server),
+    ``engines`` (the real vLLM, llm-compressor, lm-eval, the Hub client against the local Hub) and
+    ``flows`` (Prefect flows against a throwaway Prefect server, tests/flows/conftest.py).
+
+    Tests marked ``quantized_serving`` (and every test of the production boot, ``awq_fp8_server``)
     serve a W4A16 checkpoint or an fp8 KV cache with the real vLLM. Where this CPU's vLLM has no such
-    kernels they are skipped with the reason, and tests/test_cpu_support.py checks that the product
-    refuses such a host up front; everything else runs."""
-    if not QUANTIZED_SERVING_GAP:
-        return
+    kernels they are skipped with the reason, and tests/unit/test_cpu_support.py checks that the
+    product refuses such a host up front; everything else runs."""
     skip = pytest.mark.skip(reason=f"vLLM cannot serve quantized models here: {QUANTIZED_SERVING_GAP}")
     for item in items:
-        if item.get_closest_marker("quantized_serving") or "awq_fp8_server" in getattr(item, "fixturenames", ()):
+        tier = next((part for part in Path(item.fspath).relative_to(ROOT / "tests").parts if part in TIERS), None)
+        if tier:
+            item.add_marker(getattr(pytest.mark, tier))
+        if QUANTIZED_SERVING_GAP and (item.get_closest_marker("quantized_serving")
+                                      or "awq_fp8_server" in getattr(item, "fixturenames", ())):
             item.add_marker(skip)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def prefect_api():
-    """One throwaway Prefect server (SQLite in a temporary folder) for the whole session.
-
-    Stopped at session end, inside pytest, so it can never outlive the suite (an ephemeral server
-    stopped from an atexit hook was seen orphaned after a run).
-    """
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-    shutil.rmtree(TEST_PREFECT_HOME, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -192,3 +190,46 @@ def use_local_hub_client(monkeypatch: pytest.MonkeyPatch, endpoint: str, hf_cach
                         endpoint + "/{repo_id}/resolve/{revision}/{filename}")
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(hf_cache))
     monkeypatch.delenv("HF_TOKEN", raising=False)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--durations-json", metavar="PATH", default=None,
+                     help="write each test's seconds (setup + call + teardown), its tier and outcome to PATH")
+
+
+DURATIONS: dict[str, dict] = {}
+SESSION_STARTED: list[float] = []
+
+
+def pytest_sessionstart(session):
+    SESSION_STARTED.append(time.monotonic())
+
+
+def pytest_runtest_logreport(report):
+    row = DURATIONS.setdefault(report.nodeid, {"seconds": 0.0, "outcome": "passed"})
+    row["seconds"] = round(row["seconds"] + report.duration, 2)
+    if report.outcome != "passed" and (report.when == "call" or report.outcome == "failed"):
+        row["outcome"] = report.outcome
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = session.config.getoption("--durations-json")
+    if not path or not DURATIONS:
+        return
+    tiers = {tier: round(sum(r["seconds"] for n, r in DURATIONS.items() if n.startswith(f"tests/{tier}/")), 1)
+             for tier in TIERS}
+    tests = dict(sorted(DURATIONS.items(), key=lambda kv: -kv[1]["seconds"]))
+    Path(path).write_text(json.dumps({
+        "what": "seconds per test of the last `make test` (setup + call + teardown; session fixtures are "
+                "charged to the first test that uses them)",
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "wall_s": round(time.monotonic() - SESSION_STARTED[0], 1),
+        "total_s": round(sum(r["seconds"] for r in DURATIONS.values()), 1),
+        "tiers_s": tiers,
+        "count": len(DURATIONS),
+        "outcomes": {o: sum(1 for r in DURATIONS.values() if r["outcome"] == o) for o in ("passed", "failed", "skipped")},
+        "tests": tests}, indent=1) + "\n")
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(TEST_PREFECT_HOME, ignore_errors=True)

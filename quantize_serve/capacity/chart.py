@@ -6,7 +6,6 @@ from pathlib import Path
 
 from quantize_serve.capacity.measure import GIB, CapacityConfig
 
-
 CHART = "capacity.png"
 
 

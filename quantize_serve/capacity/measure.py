@@ -27,10 +27,10 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from quantize_serve.capacity import planner
-from quantize_serve.serving.boot import Boot
 from quantize_serve.core.errors import GateError
-from quantize_serve.serving.metrics import read_labels
 from quantize_serve.recipe.model import Recipe
+from quantize_serve.serving.boot import Boot
+from quantize_serve.serving.metrics import read_labels
 from quantize_serve.serving.server import RunningServer, ServerSpec, vllm_server
 
 GIB = 1024**3

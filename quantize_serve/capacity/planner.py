@@ -19,7 +19,7 @@ Two accounting modes, because the project measures capacity two ways:
     The activation peak is what vLLM's profiling run (a forward pass of
     ``max_num_batched_tokens`` dummy tokens) leaves as the torch allocator's peak; it is
     modelled in :func:`activation_peak_bytes` and calibrated on an H200 (the host is described
-    in ``scripts/gpu/README.md``; the measured figures are quoted in ``tests/test_planner.py``). The non-torch overhead (cuBLAS workspaces and other
+    in ``scripts/gpu/README.md``; the measured figures are quoted in ``tests/unit/test_planner.py``). The non-torch overhead (cuBLAS workspaces and other
     allocations outside the torch caching allocator that appear during profiling) is a
     constant calibrated on the same machine.
 
@@ -43,8 +43,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from quantize_serve.serving.boot import Boot
 
 __all__ = [
     "GiB",
@@ -104,7 +102,7 @@ PlanMode = Literal["gpu", "fixed_budget"]
 ACTIVATION_TENSORS_PER_TOKEN: tuple[int, int] = (3, 3)  # (x intermediate, x hidden)
 
 # Memory that vLLM counts as "non-torch increase" during profiling on one GPU. Derived from
-# the three H200 runs (scripts/gpu/README.md; figures in tests/test_planner.py): budget (0.90 x 139.8 GiB) minus
+# the three H200 runs (scripts/gpu/README.md; figures in tests/unit/test_planner.py): budget (0.90 x 139.8 GiB) minus
 # weights minus KV minus the modelled 1.69 GiB activation peak at 16,384 tokens leaves
 # 0.26 / 0.24 / 0.27 GiB (bf16 / W4A16 / W4A16+fp8); 0.25 GiB is their mean.
 NON_TORCH_OVERHEAD_BYTES: int = int(0.25 * GiB)
@@ -527,160 +525,3 @@ def plan_capacity(
     )
 
 
-class ConfigGain(BaseModel):
-    """What a configuration gains over the ``base`` (bf16 weights, 16-bit KV) row."""
-
-    extra_kv_cache_bytes: int
-    extra_kv_tokens: int
-    kv_tokens_ratio: float | None = Field(
-        description="tokens / base tokens; None when the base holds no KV cache at all"
-    )
-    extra_max_concurrency: float
-
-
-class PlanTable(BaseModel):
-    """The three configurations the project compares, with what quantization frees."""
-
-    model: str
-    rows: dict[str, CapacityPlan] = Field(description="keys: base, w4a16, w4a16-fp8kv")
-    fits_at_tp: dict[str, int | None] = Field(
-        default_factory=dict, description="for a row that does not fit: the smallest tensor_parallel_size "
-        f"(up to {max(TP_SIZES)}) at which it would, or None")
-    freed_weight_bytes: int = Field(description="whole checkpoint: base - w4a16 weights")
-    freed_weight_bytes_per_gpu: int
-    gains: dict[str, ConfigGain] = Field(description="keys: w4a16, w4a16-fp8kv")
-
-
-def smallest_fitting_tp(shape: ModelShape, **plan: Any) -> int | None:
-    """The smallest TP in TP_SIZES that divides the attention heads and at which ``plan_capacity``
-    (same arguments, ``tensor_parallel_size`` aside) says the configuration fits; None if none does."""
-    plan.pop("tensor_parallel_size", None)
-    for tp in TP_SIZES:
-        if shape.num_heads % tp == 0 and plan_capacity(shape, tensor_parallel_size=tp, **plan).fits:
-            return tp
-    return None
-
-
-def _gain(row: CapacityPlan, base: CapacityPlan) -> ConfigGain:
-    return ConfigGain(
-        extra_kv_cache_bytes=max(0, row.kv_cache_memory_bytes) - max(0, base.kv_cache_memory_bytes),
-        extra_kv_tokens=row.kv_cache_tokens - base.kv_cache_tokens,
-        kv_tokens_ratio=(row.kv_cache_tokens / base.kv_cache_tokens) if base.kv_cache_tokens else None,
-        extra_max_concurrency=row.max_concurrency - base.max_concurrency,
-    )
-
-
-def gpu_memory_bytes(gpu: str) -> float:
-    """Device memory of a GPU preset (``h200``, ``h100-80gb``) or a size (``150109880320``,
-    ``80GiB``, ``141GB``), in bytes. Raises ValueError naming the accepted forms."""
-    key = gpu.strip().lower()
-    if key in GPU_MEMORY_BYTES:
-        return GPU_MEMORY_BYTES[key]
-    from pydantic import ByteSize, TypeAdapter, ValidationError
-
-    try:
-        size = TypeAdapter(ByteSize).validate_python(gpu.strip())
-    except ValidationError:
-        size = 0
-    if size <= 0:
-        raise ValueError(f"unknown GPU {gpu!r}: use one of {', '.join(GPU_MEMORY_BYTES)} or a memory size "
-                         "in bytes (e.g. 150109880320 or 80GiB)")
-    return float(size)
-
-
-def plan_table(
-    shape: ModelShape,
-    *,
-    device_memory_bytes: int | float,
-    gpu_memory_utilization: float = 0.90,
-    max_model_len: int = 8192,
-    max_num_batched_tokens: int = 8192,
-    block_size: int = 16,
-    tensor_parallel_size: int = 1,
-    mode: PlanMode = "gpu",
-    quant_scheme: Literal["W4A16", "W4A16_ASYM"] = "W4A16",
-    fp8_kv_cache_dtype: KVCacheDtype = "fp8",
-    group_size: int | None = 128,
-    ignore: tuple[str, ...] | list[str] = ("lm_head",),
-    model: str = "model",
-) -> PlanTable:
-    """Plan (a) ``base`` bf16 + 16-bit KV, (b) ``w4a16`` + 16-bit KV and (c)
-    ``w4a16-fp8kv`` + fp8 KV under identical settings, and derive the freed weight bytes
-    and the capacity gains of (b) and (c) over (a)."""
-    common: dict[str, Any] = dict(
-        device_memory_bytes=device_memory_bytes,
-        gpu_memory_utilization=gpu_memory_utilization,
-        max_model_len=max_model_len,
-        max_num_batched_tokens=max_num_batched_tokens,
-        block_size=block_size,
-        tensor_parallel_size=tensor_parallel_size,
-        mode=mode,
-        group_size=group_size,
-        ignore=ignore,
-    )
-    settings = {boot: dict(scheme=quant_scheme if boot.quantized else "bf16",
-                           kv_cache_dtype="auto" if boot.sixteen_bit_kv else fp8_kv_cache_dtype, **common)
-                for boot in Boot}
-    rows = {boot: plan_capacity(shape, **settings[boot]) for boot in Boot}
-    base = rows[Boot.BASE]
-    return PlanTable(
-        model=model,
-        rows=rows,
-        fits_at_tp={boot: smallest_fitting_tp(shape, **settings[boot]) for boot in Boot if not rows[boot].fits},
-        freed_weight_bytes=base.total_weights_bytes - rows[Boot.QUANTIZED_16BIT_KV].total_weights_bytes,
-        freed_weight_bytes_per_gpu=base.weights_bytes - rows[Boot.QUANTIZED_16BIT_KV].weights_bytes,
-        gains={k: _gain(rows[k], base) for k in Boot if k.quantized},
-    )
-
-
-def _gib(n: int | float) -> str:
-    return f"{n / GiB:.2f}"
-
-
-def format_table(table: PlanTable, *, title: str | None = None) -> str:
-    """Render a :class:`PlanTable` as a markdown table (GiB with 2 decimals, tokens with
-    thousands separators), followed by the freed memory and the gains over ``base``."""
-    first = next(iter(table.rows.values()))
-    head = title or (
-        f"{table.model}: {first.device_memory_bytes / GiB:.1f} GiB x {first.gpu_memory_utilization:.2f}, "
-        f"TP {first.tensor_parallel_size}, max_model_len {first.max_model_len:,}, "
-        f"mode {first.mode}"
-        + (f", max_num_batched_tokens {first.max_num_batched_tokens:,}" if first.mode == "gpu" else "")
-    )
-    lines = [
-        f"### {head}",
-        "",
-        "| config | weights GiB/GPU | activ. GiB | overhead GiB | KV GiB/GPU | KV B/token (model) | "
-        "KV tokens | max concurrency | rec. max_num_seqs | fits |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for name, r in table.rows.items():
-        fits = "yes" if r.fits else f"NO (max_model_len <= {r.largest_max_model_len:,})"
-        kv_gib = _gib(r.kv_cache_memory_bytes)  # negative: that much over budget
-        lines.append(
-            f"| {name} | {_gib(r.weights_bytes)} | {_gib(r.activation_bytes)} | "
-            f"{_gib(r.overhead_bytes)} | {kv_gib} | {r.kv_bytes_per_token:,} | "
-            f"{r.kv_cache_tokens:,} | {r.max_concurrency:.1f} | {r.recommended_max_num_seqs:,} | {fits} |"
-        )
-    lines.append("")
-    lines.append(
-        f"Freed by quantization: {_gib(table.freed_weight_bytes)} GiB of weights "
-        f"({_gib(table.freed_weight_bytes_per_gpu)} GiB per GPU)."
-    )
-    for name, g in table.gains.items():
-        ratio = "ratio n/a: base does not fit"
-        if g.kv_tokens_ratio is not None:
-            ratio = f"x{g.kv_tokens_ratio:.2f}"
-        lines.append(
-            f"- {name} vs base: {g.extra_kv_tokens:+,} KV tokens ({ratio}), "
-            f"{g.extra_max_concurrency:+.1f} concurrent max-length requests"
-        )
-    for name, r in table.rows.items():
-        if r.reason:
-            tp = table.fits_at_tp.get(name)
-            where = (f"; fits at TP {tp}" if tp else f"; fits at no TP up to {max(TP_SIZES)}"
-                     ) if name in table.fits_at_tp else ""
-            lines.append(f"- {name} does not fit at TP {r.tensor_parallel_size}: {r.reason}{where}")
-    notes = dict.fromkeys(n for r in table.rows.values() for n in r.notes)
-    lines.extend(f"- note: {n}" for n in notes)
-    return "\n".join(lines)

@@ -25,7 +25,6 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from quantize_serve.capacity import planner
-from quantize_serve.serving.boot import Boot
 from quantize_serve.capacity.chart import capacity_chart
 from quantize_serve.capacity.measure import (
     GIB,
@@ -40,6 +39,7 @@ from quantize_serve.core.errors import RecipeError, ServerBootError
 from quantize_serve.quantize.run import CHECKPOINT_FORMAT, weight_scheme
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.recipe.quantization import QuantizationSection
+from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.server import vllm_server
 
 WEIGHT_SUFFIXES = {".safetensors", ".bin", ".pth", ".pt", ".gguf"}

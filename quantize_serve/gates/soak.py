@@ -39,11 +39,11 @@ from pydantic import BaseModel, Field
 
 from quantize_serve.core.errors import GateError
 from quantize_serve.core.processes import process_alive
-from quantize_serve.recipe.model import ServeSection
 from quantize_serve.recipe.gates import MIN_SOAK_SAMPLES, SoakGate, StressProfile
+from quantize_serve.recipe.model import ServeSection
 from quantize_serve.serving.server import RunningServer
-from quantize_serve.traffic.sampler import Sampler
 from quantize_serve.traffic.requests import Probe, answer_failures, race, send_probe, token_prompts
+from quantize_serve.traffic.sampler import Sampler
 
 MIB = 2**20
 SAMPLES_FILE = "soak-samples.jsonl"

@@ -37,6 +37,11 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from quantize_serve.core.errors import GateError
+from quantize_serve.core.processes import process_alive
+from quantize_serve.recipe.gates import StressProfile
+from quantize_serve.recipe.model import ServeSection
+from quantize_serve.recipe.section import LONG_PROMPT_MARGIN as LONG_MARGIN
+from quantize_serve.serving.server import RunningServer
 from quantize_serve.traffic.bench import (
     BENCH_KEYS,
     BENCH_MIN_TIMEOUT_S,
@@ -47,11 +52,6 @@ from quantize_serve.traffic.bench import (
 )
 from quantize_serve.traffic.requests import Probe, answer_failures, race, run_steps, token_prompts
 from quantize_serve.traffic.sampler import SAMPLE_EVERY_S, Sampler
-from quantize_serve.core.processes import process_alive
-from quantize_serve.recipe.section import LONG_PROMPT_MARGIN as LONG_MARGIN
-from quantize_serve.recipe.model import ServeSection
-from quantize_serve.recipe.gates import StressProfile
-from quantize_serve.serving.server import RunningServer
 
 
 class StressResult(BaseModel):

@@ -10,9 +10,7 @@ from pathlib import Path
 
 from quantize_serve.core.errors import HubError
 from quantize_serve.core.settings import get_settings
-from quantize_serve.recipe.model import Recipe
 from quantize_serve.hub.client import (
-    resolve_token,
     DEFAULT_RETRY,
     SHA40,
     ResolvedModel,
@@ -21,7 +19,9 @@ from quantize_serve.hub.client import (
     _Call,
     _chain,
     _run,
+    resolve_token,
 )
+from quantize_serve.recipe.model import Recipe
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from quantize_serve.core.errors import RecipeError
-from quantize_serve.recipe.model import DATA_FORMATS, Recipe
 from quantize_serve.recipe.inputs import check_calibration_rows, show_path
+from quantize_serve.recipe.model import DATA_FORMATS, Recipe
 
 
 def load_calibration(recipe: Recipe, *, source: str = "<recipe>") -> Any:

@@ -30,9 +30,9 @@ from pydantic import BaseModel
 from quantize_serve.core.digest import file_sha256
 from quantize_serve.core.errors import QuantizationError
 from quantize_serve.core.log_stream import stream_lines
+from quantize_serve.core.settings import PROJECT_ROOT, get_settings
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.recipe.quantization import QuantizationSection
-from quantize_serve.core.settings import PROJECT_ROOT, get_settings
 
 MANIFEST = "quantize_manifest.json"
 RECIPE_FILE = "llmcompressor_recipe.yaml"

@@ -24,7 +24,7 @@ def skip_pinning_without_accelerator() -> bool:
     without an accelerator skipping it changes nothing else.
 
     Narrow on purpose: patched only when no accelerator exists and only that one method; on a GPU
-    host llm-compressor runs untouched. tests/test_quantize.py checks that upstream still needs
+    host llm-compressor runs untouched. tests/engines/test_quantize.py checks that upstream still needs
     it; remove this function when that test reports the fix.
     """
     import torch

@@ -1,7 +1,9 @@
 """The recipe's ``gates`` section: accuracy (tasks, recovery thresholds), stress and soak."""
 
 from __future__ import annotations
+
 from typing import Annotated, Literal
+
 from pydantic import (
     AfterValidator,
     Field,
@@ -10,8 +12,15 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
 from quantize_serve.core.errors import RecipeError, RecipeErrors
-from quantize_serve.recipe.section import DEFAULT_RECOVERY_RANGE, METRIC_RECOVERY_MAX, MIN_SAMPLES_RANGE, RECIPE_SOURCE, Section
+from quantize_serve.recipe.section import (
+    DEFAULT_RECOVERY_RANGE,
+    METRIC_RECOVERY_MAX,
+    MIN_SAMPLES_RANGE,
+    RECIPE_SOURCE,
+    Section,
+)
 
 
 def _metric_recovery(value: float) -> float:

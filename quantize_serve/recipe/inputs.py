@@ -2,10 +2,12 @@
 the recipe, the calibration data's columns and row count."""
 
 from __future__ import annotations
+
 import json
 import os
 from pathlib import Path
 from typing import Any
+
 from quantize_serve.core.errors import RecipeError, RecipeErrors
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.recipe.quantization import QuantizationSection

@@ -2,19 +2,21 @@
 ours (field, value, fix, "did you mean")."""
 
 from __future__ import annotations
+
 import difflib
 import re
 from pathlib import Path
 from typing import Any, get_args
+
 import yaml
 from pydantic import (
     BaseModel,
     ValidationError,
 )
+
 from quantize_serve.core.errors import RecipeError, RecipeErrors
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.recipe.section import RECIPE_SOURCE
-
 
 FIXES = {
     "extra_forbidden": "remove the key or check its spelling against the recipe reference in README.md",

@@ -33,7 +33,19 @@ from pydantic import (
 from quantize_serve.core.errors import RecipeError, RecipeErrors
 from quantize_serve.recipe.gates import GatesSection
 from quantize_serve.recipe.quantization import QuantizationSection
-from quantize_serve.recipe.section import CANDIDATE_BRANCH, COMMIT_MESSAGE_FIELDS, GIT_REF_NAME, LONG_PROMPT_MARGIN, MAX_SEARCH_BOOTS, RECIPE_SOURCE, REJECTION_TAG_PREFIX, REPO_ID, RESERVED_VLLM_FLAGS, Section, looks_local
+from quantize_serve.recipe.section import (
+    CANDIDATE_BRANCH,
+    COMMIT_MESSAGE_FIELDS,
+    GIT_REF_NAME,
+    LONG_PROMPT_MARGIN,
+    MAX_SEARCH_BOOTS,
+    RECIPE_SOURCE,
+    REJECTION_TAG_PREFIX,
+    REPO_ID,
+    RESERVED_VLLM_FLAGS,
+    Section,
+    looks_local,
+)
 
 
 class ModelSection(Section):

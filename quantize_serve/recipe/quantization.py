@@ -2,15 +2,17 @@
 to choose from by measurement (and the rule that chooses)."""
 
 from __future__ import annotations
+
 from typing import Any, Literal
+
 from pydantic import (
     Field,
     PositiveInt,
     field_validator,
     model_validator,
 )
-from quantize_serve.recipe.section import Method, Scheme, Section
 
+from quantize_serve.recipe.section import Method, Scheme, Section
 
 # quantization.scheme -> the methods that make it (llm-compressor modifiers, quantize.py):
 # awq/gptq: 4-bit weights; rtn: llm-compressor's QuantizationModifier alone (round to nearest, no

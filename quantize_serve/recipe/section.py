@@ -2,13 +2,14 @@
 stages read (Hub ref names, bounds, the stress test's long-prompt margin)."""
 
 from __future__ import annotations
+
 import re
 from typing import Literal
+
 from pydantic import (
     BaseModel,
     ConfigDict,
 )
-
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 

@@ -26,10 +26,10 @@ from quantize_serve.gates.accuracy import format_recovery
 from quantize_serve.quantize.calibration import describe
 from quantize_serve.quantize.existing_checkpoint import checkpoint_group_size
 from quantize_serve.quantize.run import QuantizeResult
+from quantize_serve.recipe.section import REPO_ID, looks_local
 from quantize_serve.report.provenance import describe_hardware, eval_task_refs, public_url
 from quantize_serve.report.run_report import RunReport, stress_summary
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
-from quantize_serve.recipe.section import REPO_ID, looks_local
 
 if TYPE_CHECKING:
     from huggingface_hub import ModelCard

@@ -13,16 +13,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from quantize_serve.capacity.chart import CHART
 from quantize_serve.hub import publish as hub
 from quantize_serve.hub.client import resolve_token
-from quantize_serve.release.card import card_inputs, render_model_card, report_card_inputs
-from quantize_serve.serve_profile.output import PROFILE_FILE
-from quantize_serve.serve_profile.search import ProfileSearchResult
 from quantize_serve.quantize.run import QuantizeResult
 from quantize_serve.recipe.model import Recipe
-from quantize_serve.capacity.chart import CHART
+from quantize_serve.release.card import card_inputs, render_model_card, report_card_inputs
 from quantize_serve.report.provenance import serving_vllm_version
 from quantize_serve.report.run_report import Release, RunReport
+from quantize_serve.serve_profile.output import PROFILE_FILE
+from quantize_serve.serve_profile.search import ProfileSearchResult
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
 
 

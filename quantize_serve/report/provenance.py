@@ -14,13 +14,14 @@ import urllib.parse
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
 import yaml
 from pydantic import BaseModel
+
 from quantize_serve.core.digest import file_sha256
 from quantize_serve.core.settings import get_settings
 from quantize_serve.gates.accuracy import TASK_FILE_SUFFIXES
 from quantize_serve.serving.gpu import describe_devices
-
 
 # Where the flow keeps lm-eval's raw results (its `configs` say which dataset each task read).
 ACCURACY_DIRS = ("accuracy-quantized", "accuracy-base")

@@ -15,21 +15,21 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quantize_serve.gates.accuracy import AccuracyCheck
 from quantize_serve.capacity.chart import CHART, capacity_chart
 from quantize_serve.capacity.measure import CapacityReport
-from quantize_serve.gates.decision import Decision
+from quantize_serve.capacity.shape import ShapeCapacity
+from quantize_serve.core.portable import portable_path
 from quantize_serve.formats.choose import CHART as FORMATS_CHART
 from quantize_serve.formats.choose import FormatChoice
-from quantize_serve.hub.client import PushResult
-from quantize_serve.core.portable import portable_path
-from quantize_serve.report.provenance import describe_hardware, eval_task_refs, serving_vllm_version
-from quantize_serve.serve_profile.search import ProfileSearchResult
-from quantize_serve.quantize.run import QuantizeResult
-from quantize_serve.serve_profile.pinned import ServingProfile
-from quantize_serve.capacity.shape import ShapeCapacity
+from quantize_serve.gates.accuracy import AccuracyCheck
+from quantize_serve.gates.decision import Decision
 from quantize_serve.gates.soak import SoakResult
 from quantize_serve.gates.stress import StressResult
+from quantize_serve.hub.client import PushResult
+from quantize_serve.quantize.run import QuantizeResult
+from quantize_serve.report.provenance import describe_hardware, eval_task_refs, serving_vllm_version
+from quantize_serve.serve_profile.pinned import ServingProfile
+from quantize_serve.serve_profile.search import ProfileSearchResult
 from quantize_serve.validate.preflight import BaseModelRef
 
 

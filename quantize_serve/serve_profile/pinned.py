@@ -21,9 +21,9 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from quantize_serve.capacity import planner
-from quantize_serve.serving.boot import Boot
 from quantize_serve.capacity.measure import GIB, CapacityConfig
 from quantize_serve.serve_profile.output import write_profile
+from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.server import ServerSpec
 
 TAKEN_SHARE = 0.25  # "this GPU, partly taken": a quarter of it held by another process at boot

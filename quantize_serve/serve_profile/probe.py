@@ -8,16 +8,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from quantize_serve.serving.boot import Boot
 from quantize_serve.capacity.measure import capacity_spec
 from quantize_serve.core.errors import ServerBootError
 from quantize_serve.gates.stress import run_stress_test
-from quantize_serve.serve_profile.search import Probe, SearchPoint
-from quantize_serve.recipe.model import Recipe, ServeSection
 from quantize_serve.recipe.gates import StressProfile
+from quantize_serve.recipe.model import Recipe, ServeSection
+from quantize_serve.serve_profile.search import Probe, SearchPoint
+from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.server import vllm_server
-
-
 
 
 def search_stress_profile(profile: StressProfile, serve: ServeSection) -> StressProfile:

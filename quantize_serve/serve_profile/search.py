@@ -37,10 +37,10 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from quantize_serve.capacity import planner
-from quantize_serve.serving.boot import Boot
 from quantize_serve.capacity.measure import plan_for
 from quantize_serve.core.errors import GateError
 from quantize_serve.recipe.model import ProfileSearch, Recipe, ServeSection
+from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.server import ServerSpec
 
 # The max_num_batched_tokens a candidate gets when the recipe leaves it unset: the same default the

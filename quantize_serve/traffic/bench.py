@@ -2,6 +2,7 @@
 the format choice)."""
 
 from __future__ import annotations
+
 import asyncio
 import contextlib
 import json
@@ -9,13 +10,14 @@ import os
 import signal
 import statistics
 from pathlib import Path
-from pydantic import BaseModel
-from quantize_serve.recipe.section import LONG_PROMPT_MARGIN as LONG_MARGIN
-from quantize_serve.recipe.model import ServeSection
-from quantize_serve.recipe.gates import StressProfile
-from quantize_serve.serving.server import SERVED_NAME, RunningServer, serving_env, tail
-from quantize_serve.core.settings import get_settings
 
+from pydantic import BaseModel
+
+from quantize_serve.core.settings import get_settings
+from quantize_serve.recipe.gates import StressProfile
+from quantize_serve.recipe.model import ServeSection
+from quantize_serve.recipe.section import LONG_PROMPT_MARGIN as LONG_MARGIN
+from quantize_serve.serving.server import SERVED_NAME, RunningServer, serving_env, tail
 
 BENCH_MIN_TIMEOUT_S = 120.0  # the bench starts its own Python (~10-15 s on a small CPU)
 

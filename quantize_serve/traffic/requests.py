@@ -2,6 +2,7 @@
 answer classified, and a coroutine raced against the server's death (stress and soak)."""
 
 from __future__ import annotations
+
 import asyncio
 import contextlib
 import json
@@ -10,7 +11,9 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal
+
 import aiohttp
+
 from quantize_serve.core.errors import GateError
 from quantize_serve.serving.server import SERVED_NAME
 

@@ -2,17 +2,19 @@
 queue), its process tree's memory and GPU memory (stress and soak)."""
 
 from __future__ import annotations
+
 import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+
 import aiohttp
 import psutil
+
+from quantize_serve.core.processes import process_tree
 from quantize_serve.serving import gpu
 from quantize_serve.serving.metrics import read_gauges
-from quantize_serve.core.processes import process_tree
 from quantize_serve.serving.server import RunningServer
-
 
 # long requests: prompt + output = max_model_len - LONG_MARGIN (the recipe checks the same at load)
 SAMPLE_EVERY_S = 0.2  # short requests on a fast CPU finish between slower samples

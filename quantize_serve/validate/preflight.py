@@ -20,17 +20,15 @@ from typing import Any
 from pydantic import BaseModel
 
 from quantize_serve.core.errors import RecipeError, RecipeErrors
-from quantize_serve.gates.accuracy import TASK_FILE_SUFFIXES
 from quantize_serve.core.model_files import check_model_files, folder_digest
+from quantize_serve.gates.accuracy import TASK_FILE_SUFFIXES
 from quantize_serve.hub.download import download_base, fetch_model_config
-from quantize_serve.quantize.existing_checkpoint import check_checkpoint
-from quantize_serve.serving.host import serving_host_gap
 from quantize_serve.quantize.calibration import calibration_fingerprint, peek_calibration
-from quantize_serve.recipe.model import Recipe
+from quantize_serve.quantize.existing_checkpoint import check_checkpoint
 from quantize_serve.recipe.inputs import check_model, check_model_config, show_path
 from quantize_serve.recipe.load import apply_overrides, load_recipe, parse_recipe
-
-
+from quantize_serve.recipe.model import Recipe
+from quantize_serve.serving.host import serving_host_gap
 
 
 class ValidatedRecipe(BaseModel):

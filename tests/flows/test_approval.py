@@ -1,0 +1,310 @@
+"""Manual sign-off (approval: manual): the run pauses with a form and promotes only on approval.
+
+Two tiers. The fast ones call the sign-off and the release step directly (a toy flow, a fake
+report). The full ones run the WHOLE quantize-serve flow on the tiny AWQ recipe, in-process in a
+thread against the session's Prefect API, pushing to a local Hub; the run pauses at the form and a
+reviewer answers it through ``resume_flow_run``: approve -> the release ref on the Hub points at
+the gated commit on top of the pushed candidate; reject -> nothing promoted, the rejection (with
+the reviewer's reason) on the Hub and in the report, the run Failed.
+
+One flow run cannot prove both answers (a run is resumed once), so there are two; each costs the
+flow's three vLLM boots, on a shrunken copy of the recipe: one perplexity task on 10 documents (the
+stress profile is kept). The approved run also takes production's inputs: a private base model and
+an UltraChat-shaped calibration dataset from the Hub (so it quantizes); the rejected one reuses the
+session's cached AWQ checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from prefect import flow
+
+from quantize_serve.gates.decision import Decision
+from quantize_serve.quantize.run import QuantizeResult
+from quantize_serve.report.run_report import RunReport
+from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
+from tasks.report import request_approval
+from tests.conftest import ROOT
+
+TOKEN = "hf_ApprovalTestToken0123456789abcdefgh"
+REVIEW = {"reviewer": "ana", "note": "p99 TTFT too high for the chat tier"}
+
+
+def fake_report(passed: bool) -> RunReport:
+    return RunReport(
+        run_id="r", recipe="tiny-llama-awq", recipe_source="x.yaml", recipe_sha256="0" * 64,
+        base=BaseModelRef(local_dir="/m", sha="1" * 64),
+        checkpoint=QuantizeResult(checkpoint_dir="/c", method="awq", scheme="W4A16_ASYM", seconds=1.0,
+                                  base_bytes=2, quantized_bytes=1, calibration_fingerprint="2" * 64,
+                                  engine_versions={}),
+        decision=Decision(passed=passed, checks=[]), serving_command="vllm serve /c")
+
+
+@pytest.fixture
+def manual_recipe(awq_recipe):
+    recipe = awq_recipe.model_copy(update={"approval": "manual"})
+    return ValidatedRecipe(recipe=recipe, source="x.yaml", recipe_sha256="0" * 64,
+                           calibration_fingerprint="2" * 64)
+
+
+@pytest.fixture(scope="module")
+def local_hub(tmp_path_factory):
+    """A local Hub (token required) that this process and the processes it starts (the quantization
+    worker loads the calibration data) reach as the Hub; runs go to a temporary folder."""
+    from localhub.client import hub_client_env
+    from localhub.server import start_local_hub
+    from quantize_serve.core.settings import get_settings
+
+    with start_local_hub(tmp_path_factory.mktemp("hub"), tokens=(TOKEN,)) as hub, \
+            hub_client_env(hub.endpoint, cache_dir=tmp_path_factory.mktemp("hf-cache")), \
+            pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_TOKEN", TOKEN)
+        mp.setenv("QS_RUNS_DIR", str(tmp_path_factory.mktemp("runs")))
+        get_settings.cache_clear()
+        try:
+            yield hub
+        finally:
+            get_settings.cache_clear()
+
+
+def hub_repo(hub, repo_id: str) -> dict:
+    """The local Hub's record of a repo: branches, and tags with the message each was made with."""
+    return json.loads((Path(hub.root) / "models" / repo_id / "repo.json").read_text())
+
+
+def hub_file(hub, repo_id: str, revision: str, filename: str) -> str:
+    from huggingface_hub import HfApi
+
+    return Path(HfApi(endpoint=hub.endpoint, token=TOKEN).hf_hub_download(
+        repo_id, filename, revision=revision, cache_dir=Path(hub.root).parent / "dl")).read_text()
+
+
+# --------------------------------------------------------------------------------------------
+# Fast: the sign-off pause alone, and the release step of a reviewer's answer
+# --------------------------------------------------------------------------------------------
+
+
+@flow(name="sign-off")
+def sign_off(validated: ValidatedRecipe, report: RunReport) -> list:
+    return [*request_approval(validated, report), report.approval_note]
+
+
+def wait_for_pause(flow_run_name: str, alive, timeout_s: float):
+    """The flow run named ``flow_run_name`` once it is Paused (None if ``alive()`` turns false first)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline and alive():
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name])))
+            if runs and runs[0].state and runs[0].state.is_paused():
+                return runs[0]
+            time.sleep(1)
+    return None
+
+
+def test_manual_sign_off_pauses_until_a_person_answers(manual_recipe):
+    """One answer is enough here (approve defaults to False, so True proves the answer got through);
+    the full-flow tests below answer both ways."""
+    from prefect.flow_runs import resume_flow_run
+
+    approve, name = True, f"sign-off-{time.monotonic_ns()}"
+    result: dict = {}
+    worker = threading.Thread(target=lambda: result.update(
+        out=sign_off.with_options(flow_run_name=name)(manual_recipe, fake_report(True))))
+    worker.start()
+    paused = wait_for_pause(name, worker.is_alive, timeout_s=60)
+    assert paused, "the run never paused for sign-off"
+    assert paused.state.state_details.run_input_keyset, "paused without the sign-off form"
+    resume_flow_run(paused.id, run_input={"approve": approve, **REVIEW})
+    worker.join(timeout=120)
+    assert result["out"] == [approve, "ana", REVIEW["note"]]
+
+
+def test_failed_gates_need_no_sign_off(manual_recipe):
+    assert sign_off(manual_recipe, fake_report(False)) == [False, None, ""]
+
+
+def test_a_reviewer_rejection_is_recorded_with_the_reason(local_hub, manual_recipe, tmp_path):
+    """Gates passed, the reviewer said no: the rejected card and tag say who and why (no failed
+    gate to quote: the card once refused to render, 'rejected needs rejection_reasons')."""
+    from quantize_serve.release import publish as release
+
+    repo_id = f"quantize-serve/signoff-unit-{time.monotonic_ns()}"
+    recipe = manual_recipe.recipe.model_copy(
+        update={"hub": manual_recipe.recipe.hub.model_copy(update={"repo_id": repo_id})})
+    validated = manual_recipe.model_copy(update={"recipe": recipe})
+    ckpt = tmp_path / "checkpoint"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    (ckpt / "model.safetensors").write_bytes(b"weights" * 100)
+    report = fake_report(True).model_copy(update={
+        "base": BaseModelRef(local_dir=str(ROOT / "models" / "tiny-llama"), sha="1" * 64),
+        "checkpoint": fake_report(True).checkpoint.model_copy(update={"checkpoint_dir": str(ckpt)}),
+        "report_dir": str(tmp_path / "run"), "approval_note": REVIEW["note"]})
+    report.candidate = release.push_release_candidate(validated, report.base, report.checkpoint,
+                                                      report.serving_command, tmp_path / "run")
+
+    outcome = release.promote_or_reject(validated, report, approved=False, approved_by="ana")
+
+    reason = f"not approved by ana: {REVIEW['note']}"
+    assert outcome.status == "rejected" and outcome.approved_by == "ana" and outcome.ref is None
+    assert release.release_reasons(report, False, "ana") == [reason]
+    tags = hub_repo(local_hub, repo_id)["tags"]
+    assert "production" not in tags
+    assert tags[outcome.rejection_tag]["commit"] == report.candidate.commit_sha
+    assert reason in tags[outcome.rejection_tag]["message"]
+    assert reason in hub_file(local_hub, repo_id, "main", "README.md")
+
+
+# --------------------------------------------------------------------------------------------
+# Full flow: the whole pipeline pauses at the form; approve promotes, reject records and fails
+# --------------------------------------------------------------------------------------------
+
+
+HUB_BASE, HUB_CHATS = "meta-llama/tiny-llama-private", "HuggingFaceH4/ultrachat_200k"
+
+
+def signoff_recipe(folder: Path, repo_id: str, *, hub_inputs: dict[str, str] | None = None) -> Path:
+    """The tiny AWQ recipe with approval: manual, its own Hub repo and the accuracy gate shrunk to
+    what proves it ran. Local inputs by default (the session's cached checkpoint is reused);
+    ``hub_inputs`` {"model": repo id, "calibration": dataset id}: the base model and an
+    UltraChat-shaped chat dataset (split train_sft, messages rendered with the chat template) come
+    from the Hub, as in production."""
+    data = yaml.safe_load((ROOT / "recipes" / "tiny-llama-awq.yaml").read_text())
+    data["name"] = "tiny-llama-awq-signoff"
+    data["approval"] = "manual"
+    data["model"]["id"] = str(ROOT / "models" / "tiny-llama")
+    data["calibration"]["dataset"] = str(ROOT / "data" / "calibration" / "tiny_calibration.jsonl")
+    if hub_inputs:
+        data["model"]["id"] = hub_inputs["model"]
+        data["calibration"] = {**data["calibration"], "dataset": hub_inputs["calibration"], "split": "train_sft",
+                               "messages_field": "messages", "text_field": None}
+    data["gates"]["accuracy"] = {"tasks": [{"task": str(ROOT / "evals" / "tasks" / "qs_heldout_ppl.yaml"),
+                                            "limit": 10}],
+                                 "default_recovery": 0.5}  # the gates must pass: sign-off is the subject
+    # gates.stress stays the recipe's: 8 short requests finished between two /metrics samples
+    # (0.2 s) in one run, and the stress gate rightly failed it ("measured an idle server")
+    data["hub"]["repo_id"] = repo_id
+    path = folder / f"{repo_id.split('/')[1]}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_flow_to_sign_off(recipe: Path, answer: dict):
+    """Run the whole flow in a thread; once it pauses at the form, answer it. (state, paused run)."""
+    from prefect.flow_runs import resume_flow_run
+
+    from flows.pipeline import quantize_serve
+
+    name = f"{recipe.stem}-{time.monotonic_ns()}"
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["state"] = quantize_serve.with_options(flow_run_name=name)(str(recipe), return_state=True)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            result["error"] = exc
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    paused = wait_for_pause(name, worker.is_alive, timeout_s=900)
+    assert paused, f"the flow never paused for sign-off: {result}"
+    assert paused.state.state_details.run_input_keyset, "paused without the sign-off form"
+    resume_flow_run(paused.id, run_input=answer)
+    worker.join(timeout=300)
+    assert not worker.is_alive(), "the flow did not finish after the answer"
+    assert "error" not in result, result["error"]
+    return result["state"], paused
+
+
+def run_artifacts(flow_run_id) -> dict[str, str]:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return {a.key: a.data for a in client.read_artifacts() if a.flow_run_id == flow_run_id}
+
+
+def run_report(flow_run_id) -> dict:
+    """report.json of the run (its folder ends with the run id's first 8 characters)."""
+    from quantize_serve.core.settings import get_settings
+
+    (path,) = get_settings().runs_dir.glob(f"tiny-llama-awq-signoff-*-{str(flow_run_id)[:8]}/report.json")
+    return json.loads(path.read_text())
+
+
+def final_state(flow_run_id):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id).state
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.quantized_serving
+def test_full_flow_from_hub_inputs_approved_by_the_reviewer_is_promoted(local_hub, tmp_path):
+    """Production's shape end to end: a private Hub base model (read with the recipe's token) and a
+    Hub chat dataset for calibration; the reviewer approves; the release is promoted."""
+    from huggingface_hub import HfApi
+
+    from localhub.datasets import publish_ultrachat
+
+    api = HfApi(endpoint=local_hub.endpoint, token=TOKEN)
+    api.create_repo(HUB_BASE, private=True, exist_ok=True)
+    base_sha = api.upload_folder(repo_id=HUB_BASE, folder_path=ROOT / "models" / "tiny-llama").oid
+    publish_ultrachat(api, repo_id=HUB_CHATS, train_sft=128, test_sft=8)
+    before = {p for p in (ROOT, Path.cwd(), tmp_path) if (p / "None").exists()}
+    repo_id = "quantize-serve/tiny-llama-awq-signoff-approve"
+    state, paused = run_flow_to_sign_off(
+        signoff_recipe(tmp_path, repo_id, hub_inputs={"model": HUB_BASE, "calibration": HUB_CHATS}),
+        {"approve": True, "reviewer": "ana", "note": "looks good"})
+
+    assert state.is_completed(), state.message
+    assert final_state(paused.id).is_completed()
+    report = run_report(paused.id)
+    assert report["base"]["repo_id"] == HUB_BASE and report["base"]["sha"] == base_sha
+    assert {p for p in (ROOT, Path.cwd(), tmp_path) if (p / "None").exists()} == before == set()
+    assert report["decision"]["passed"] and report["approval_note"] == "looks good"
+    rel = report["release"]
+    assert rel["status"] == "promoted" and rel["approved_by"] == "ana" and rel["ref"] == "production"
+    assert rel["candidate_sha"] == report["candidate"]["commit_sha"]
+    # the release tag points at the gated card commit made on top of the pushed candidate
+    repo = hub_repo(local_hub, repo_id)
+    assert repo["tags"]["production"]["commit"] == rel["commit_sha"] != rel["candidate_sha"]
+    commit = json.loads((Path(local_hub.root) / "models" / repo_id / "commits" / f"{rel['commit_sha']}.json")
+                        .read_text())
+    assert commit["parent"] == rel["candidate_sha"]
+    assert not any(t.startswith("rejected-") for t in repo["tags"])
+    artifacts = run_artifacts(paused.id)
+    assert "tiny-llama-awq-signoff-pending-approval" in artifacts  # the report the reviewer read
+    assert "tiny-llama-awq-signoff-report" in artifacts
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.quantized_serving
+def test_full_flow_rejected_by_the_reviewer_promotes_nothing(local_hub, awq_checkpoint, tmp_path):
+    repo_id = "quantize-serve/tiny-llama-awq-signoff-reject"
+    state, paused = run_flow_to_sign_off(signoff_recipe(tmp_path, repo_id), {"approve": False, **REVIEW})
+
+    assert state.is_failed() and state.message == f"release rejected: not approved by ana: {REVIEW['note']}", \
+        f"{state.type}: {state.message}"
+    assert final_state(paused.id).is_failed()
+    report = run_report(paused.id)
+    assert report["decision"]["passed"], "the gates passed: only the reviewer said no"
+    rel = report["release"]
+    assert rel["status"] == "rejected" and rel["approved_by"] == "ana" and rel["ref"] is None
+    assert report["approval_note"] == REVIEW["note"]
+    reason = f"not approved by ana: {REVIEW['note']}"
+    repo = hub_repo(local_hub, repo_id)
+    assert "production" not in repo["tags"]
+    assert repo["tags"][rel["rejection_tag"]]["commit"] == rel["candidate_sha"] == report["candidate"]["commit_sha"]
+    assert reason in repo["tags"][rel["rejection_tag"]]["message"]
+    assert reason in hub_file(local_hub, repo_id, "main", "README.md")  # the rejected card says why
+    assert "tiny-llama-awq-signoff-pending-approval" in run_artifacts(paused.id)

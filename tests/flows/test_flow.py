@@ -1,0 +1,206 @@
+"""The flow end to end through a real Prefect server and process worker, deployed from
+prefect.yaml, publishing to the local Hub endpoint: the promotion path and the rejection path."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scripts.local_stack import local_stack
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.quantized_serving]
+TOKEN = "hf_flowtest_local_token_0123456789"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, awq_checkpoint):  # the checkpoint fixture warms the shared cache
+    home = tmp_path_factory.mktemp("stack")
+    runs = home / "runs"
+    with local_stack(home, hub_token=TOKEN, extra_env={"QS_RUNS_DIR": str(runs)}) as s:
+        s.runs = runs
+        yield s
+
+
+def reports(runs: Path, name: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(runs.glob(f"{name}-*/report.json"))]
+
+
+@contextmanager
+def client_for(stack):
+    """A Prefect client of the stack's server (not the test session's own API)."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+        yield client
+
+
+def release_events(stack, kind: str) -> list:
+    from prefect.events.filters import EventFilter, EventNameFilter
+
+    with client_for(stack) as client:
+        for _ in range(30):
+            page = client.read_events(
+                filter=EventFilter(event=EventNameFilter(name=[f"quantize-serve.release.{kind}"])), limit=50)
+            if page.events:
+                return page.events
+            time.sleep(1)
+    return []
+
+
+def hub_file(stack, repo_id: str, filename: str, revision: str) -> str:
+    from unittest import mock
+
+    from huggingface_hub import constants, hf_hub_download
+
+    with mock.patch.object(constants, "HF_HUB_OFFLINE", False):  # the session runs offline; this is loopback
+        return Path(hf_hub_download(repo_id, filename, revision=revision, endpoint=stack.hub_endpoint,
+                                    token=TOKEN, cache_dir=stack.runs.parent / "hub-downloads")).read_text()
+
+
+def hub_tags(stack, repo_id: str) -> dict[str, str]:
+    from unittest import mock
+
+    from huggingface_hub import HfApi, constants
+
+    api = HfApi(endpoint=stack.hub_endpoint, token=TOKEN)
+    with mock.patch.object(constants, "HF_HUB_OFFLINE", False):  # the session runs offline; this is loopback
+        return {t.name: t.target_commit for t in api.list_repo_refs(repo_id).tags}
+
+
+def test_deployment_run_promotes(stack):
+    rc, output, run_id = stack.run_deployment("tiny-awq")
+    assert rc == 0, output[-5000:]
+    assert TOKEN not in output
+
+    with client_for(stack) as client:
+        run = client.read_flow_run(run_id)
+        assert run.state.is_completed()
+        artifacts = [a for a in client.read_artifacts() if a.flow_run_id == run.id]
+    writes = Counter(a.key for a in artifacts)
+    keys = set(writes)
+    for suffix in ("report", "decision", "capacity", "accuracy", "stress", "hub-revision", "progress"):
+        assert f"tiny-llama-awq-{suffix}" in keys, keys
+    assert set(writes.values()) == {1}, writes  # each key once per run: the final report, no draft
+    report_md = next(a.data for a in artifacts if a.key == "tiny-llama-awq-report")
+    assert "![capacity](data:image/png;base64," in report_md  # the chart shows in the UI
+
+    (report,) = reports(stack.runs, "tiny-llama-awq")
+    folder = Path(report["report_dir"])
+    assert {"report.json", "report.md", "capacity.png"} <= {p.name for p in folder.iterdir()}
+    assert report["decision"]["passed"] and report["release"]["status"] == "promoted"
+    assert hub_tags(stack, "quantize-serve/tiny-llama-awq-w4a16")["production"] == report["release"]["commit_sha"]
+    # serve-profile.yaml pins the KV cache the gates validated: the fp8 boot's blocks x 128 tokens x
+    # 512 bytes (2 x 4 layers x 2 KV heads x 32 dims x 1 byte); it ships with the promoted card
+    fp8 = next(c for c in report["capacity"]["configs"] if c["name"] == "w4a16-fp8kv")
+    profile = yaml.safe_load((folder / "serve-profile.yaml").read_text())
+    assert profile["kv-cache-memory-bytes"] == fp8["num_blocks"] * 128 * 512 == \
+        report["serving_profile"]["kv_cache_memory_bytes"]
+    assert profile["model"] == "quantize-serve/tiny-llama-awq-w4a16" and profile["max-num-seqs"] == 16
+    assert f"--kv-cache-memory-bytes {profile['kv-cache-memory-bytes']} " in report["serving_command"]
+    assert hub_file(stack, "quantize-serve/tiny-llama-awq-w4a16", "serve-profile.yaml",
+                    report["release"]["commit_sha"]) == (folder / "serve-profile.yaml").read_text()
+    for path in folder.rglob("*"):
+        if path.is_file() and path.suffix in {".md", ".json", ".log", ".txt"}:
+            assert TOKEN not in path.read_text(errors="replace"), path
+    assert release_events(stack, "promoted")
+
+
+def test_a_harmful_quantization_is_rejected_on_its_own_and_moves_nothing(stack):
+    """recipes/tiny-llama-sparse-gptq.yaml (50% SparseGPT, then GPTQ W4A16: a real llm-compressor
+    recipe that vLLM serves) fails the accuracy gate at the default thresholds, on held-out
+    perplexity; nothing else is changed. The run fails, `production` is not created, and the
+    candidate is tagged `rejected-<sha>` with the reasons (README: what a rejection looks like)."""
+    recipe = ROOT / "recipes/tiny-llama-sparse-gptq.yaml"
+    rc, output, run_id = stack.run_deployment("tiny-awq", params={"recipe": str(recipe)})
+    assert rc != 0, "a rejected release must fail the run"
+    (report,) = reports(stack.runs, "tiny-llama-sparse-gptq")
+    assert not report["decision"]["passed"] and report["release"]["status"] == "rejected"
+    failed = {c["check"]: c["reason"] for c in report["decision"]["checks"] if not c["passed"]}
+    word_ppl = "accuracy ../evals/tasks/qs_heldout_ppl.yaml word_perplexity"
+    assert word_ppl in failed and "< 0.95" in failed[word_ppl] and "lower is better" in failed[word_ppl]
+    assert all(c["threshold"] == 0.95 for c in report["accuracy"])  # the defaults, untouched
+    assert all(c["passed"] for c in report["decision"]["checks"] if c["check"] == "stress")
+    tags = hub_tags(stack, "quantize-serve/tiny-llama-sparse-gptq-w4a16")
+    assert "production" not in tags
+    assert tags[report["release"]["rejection_tag"]] == report["release"]["candidate_sha"]
+    events = release_events(stack, "rejected")
+    assert events and any("word_perplexity" in json.dumps(e.payload) for e in events)
+
+
+def run_vllm_processes(stack) -> list:
+    """Live vLLM processes booted by flow runs of this stack (their logs lie under its runs folder)."""
+    from tests.conftest import vllm_processes_of
+
+    found = []
+    for p in vllm_processes_of():
+        try:
+            if p.environ().get("QS_SERVER_LOG", "").startswith(str(stack.runs)):
+                found.append(p)
+        except Exception:  # noqa: BLE001 - it ended while we looked
+            continue
+    return found
+
+
+@pytest.mark.timeout(600)
+def test_cancel_from_the_ui_stops_vllm_and_promotes_nothing(stack):
+    """Fault matrix (see tests/engines/test_faults.py): the run is cancelled from the UI while vLLM serves.
+
+    The UI's Cancel sets the run's state to Cancelling; the worker then stops the run's process,
+    whose vLLM server must go with it. Nothing is promoted and the `gpu` slot is given back.
+    """
+    import threading
+
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Cancelling
+
+    repo = "quantize-serve/tiny-llama-awq-w4a16"
+    try:
+        release_before = hub_tags(stack, repo).get("production")
+    except Exception:  # noqa: BLE001 - run alone: the repo does not exist yet
+        release_before = None
+    outcome: dict = {}
+    runner = threading.Thread(target=lambda: outcome.update(
+        zip(("rc", "output", "run_id"), stack.run_deployment("tiny-awq", timeout=540))), daemon=True)
+    started = time.monotonic()
+    runner.start()
+    while runner.is_alive() and not run_vllm_processes(stack) and time.monotonic() - started < 400:
+        time.sleep(0.5)
+    booting = run_vllm_processes(stack)
+    assert booting, f"no vLLM process of the run appeared: {outcome.get('output', '')[-3000:]}"
+    seen, vllm_log = time.monotonic(), Path(booting[0].environ()["QS_SERVER_LOG"])
+
+    with client_for(stack) as client:
+        running = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))
+        assert len(running) == 1, running
+        run_id = running[0].id
+        client.set_flow_run_state(run_id, Cancelling())  # what the UI's Cancel button sends
+        cancelled = time.monotonic()
+        runner.join(timeout=300)
+        assert not runner.is_alive(), "the cancelled run did not end"
+        state = client.read_flow_run(run_id).state
+    while run_vllm_processes(stack) and time.monotonic() - cancelled < 60:
+        time.sleep(0.5)
+    left = run_vllm_processes(stack)
+    print(f"vLLM ({vllm_log.relative_to(stack.runs)}) seen {seen - started:.0f} s after the start; run ended "
+          f"{time.monotonic() - cancelled:.0f} s after the cancel; state {state.type.value}")
+
+    assert state.is_cancelled(), f"{state.type}: {state.message}"
+    assert outcome["rc"] != 0 and TOKEN not in outcome["output"]
+    assert not left, f"vLLM processes of the cancelled run survived: {[p.pid for p in left]}"
+    assert hub_tags(stack, repo).get("production") == release_before  # nothing promoted
+    with client_for(stack) as client:
+        deadline = time.monotonic() + 30
+        while (slots := client.read_global_concurrency_limit_by_name("gpu").active_slots) and \
+                time.monotonic() < deadline:
+            time.sleep(1)
+    assert slots == 0, "the cancelled run still holds the `gpu` slot: the next run would wait for it"

@@ -1,0 +1,119 @@
+"""The architecture's rules, checked on every change (the contracts are in pyproject.toml).
+
+- Imports only go down: quantize_serve.cli, flows, tasks, then the package's concepts from the
+  release down to core (import-linter's layers contract).
+- Nothing below tasks imports Prefect, but for the one import named in the contract.
+- No import loop among the project's modules, and no import of a project module inside a function
+  (such an import hides a loop instead of removing it), but for the one named in ALLOWED_LATE.
+- One definition per constant: a module-level constant with the same name and value is defined once.
+- No module over MAX_LINES lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+PACKAGES = ("quantize_serve", "flows", "tasks")
+# `quantize-serve run` imports the flow (and so Prefect, ~3 s) only when it runs one: `validate` and
+# `plan` answer in a fraction of a second. The CLI is the top layer, so this import goes down.
+ALLOWED_LATE = {("quantize_serve.cli", "flows.pipeline")}
+MAX_LINES = 600
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def project_imports(path: Path, name: str, known: dict[str, Path]) -> list[tuple[str, bool]]:
+    """(imported project module, imported inside a function) for every import in the file."""
+    tree = ast.parse(path.read_text())
+    late = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            targets = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+        else:
+            continue
+        for target in targets:
+            if target in known and target != name:
+                out.append((target, id(node) in late))
+                break
+    return out
+
+
+def test_import_layers_and_prefect_contracts_are_kept() -> None:
+    lint = Path(sys.executable).parent / "lint-imports"
+    done = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "2 kept, 0 broken" in done.stdout
+
+
+def test_no_import_loop_and_no_project_import_inside_a_function() -> None:
+    known = modules()
+    graph: dict[str, set[str]] = {}
+    late = []
+    for name, path in known.items():
+        edges = project_imports(path, name, known)
+        graph[name] = {target for target, _ in edges}
+        late += [(name, target) for target, inside in edges if inside and (name, target) not in ALLOWED_LATE]
+    assert not late, f"imports of project modules inside functions: {late}"
+
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    loops = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                loops.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert not loops, f"import loops: {loops}"
+
+
+def test_each_constant_is_defined_once() -> None:
+    definitions = defaultdict(list)
+    for name, path in modules().items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                constant = node.targets[0].id
+                if constant.isupper() and len(constant) > 1:
+                    definitions[(constant, ast.dump(node.value))].append(name)
+    twice = {key[0]: where for key, where in definitions.items() if len(where) > 1}
+    assert not twice, f"constants defined in several modules: {twice}"
+
+
+def test_no_module_is_over_the_size_limit() -> None:
+    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"

@@ -1,0 +1,116 @@
+"""Capacity stage with real vLLM boots: the three configurations, failed and cancelled boots."""
+
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from quantize_serve.capacity.measure import (
+    capacity_spec,
+    published_serve_command,
+)
+from quantize_serve.serving.boot import Boot
+from quantize_serve.serving.server import ServerSpec, remedy_for
+from tests.conftest import ROOT
+
+
+def test_remedies_match_what_vllm_says():
+    assert "largest max_model_len that fits is 384" in remedy_for(
+        "... Based on the available memory, the estimated maximum model length is 384. Try ...")
+    assert "raise serve.gpu_memory_utilization" in remedy_for("No available memory for the cache blocks.")
+    assert "enforce_eager" in remedy_for("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate")
+
+
+def test_serve_command_is_what_runs(awq_recipe, base_model_dir):
+    spec = capacity_spec(awq_recipe, Boot.PRODUCTION, base_model_dir)
+    cmd = spec.serve_command()
+    assert cmd.startswith("vllm serve ") and "--kv-cache-dtype fp8" in cmd and "--max-model-len 512" in cmd
+    # The budget less the bf16 tiny Llama's weights, by hand: per layer q 128x128 + k 64x128 +
+    # v 64x128 + o 128x128 + gate/up/down 3 x 384x128 = 196,608, plus 2 norms of 128 = 196,864;
+    # 4 layers = 787,456; embeddings and LM head 2 x 1024x128 = 262,144; final norm 128;
+    # 1,049,728 parameters x 2 B = 2,099,456 B. memory_budget 8 MiB = 8,388,608 B.
+    assert spec.kv_cache_memory_bytes == 8_388_608 - 2_099_456 == 6_289_152
+
+
+def test_boot_names_are_the_run_folder_and_report_names():
+    assert [str(b) for b in Boot] == ["base", "w4a16", "w4a16-fp8kv"]  # log files, report.json, results
+    assert json.dumps({Boot.PRODUCTION: Boot.BASE}) == '{"w4a16-fp8kv": "base"}'
+
+
+def test_argv_and_command_derive_from_one_config(awq_recipe, base_model_dir):
+    serve = awq_recipe.serve.model_copy(update={"extra_args": ["--seed=7", "--enable-prefix-caching"]})
+    spec = ServerSpec(model_dir=str(base_model_dir), serve=serve, kv_cache_memory_bytes=4096,
+                      tokenizer_dir=str(base_model_dir))
+    config = spec.vllm_config()
+    assert config["model"] == str(base_model_dir) and config["max-model-len"] == 512
+    assert config["kv-cache-memory-bytes"] == 4096 and config["seed"] == 7
+    assert config["enable-prefix-caching"] is True and "gpu-memory-utilization" not in config
+    argv = spec.vllm_args()
+    assert argv[:2] == ["--model", str(base_model_dir)] and argv[argv.index("--seed") + 1] == "7"
+    assert spec.serve_command() == "vllm serve " + " ".join(argv[1:])
+
+
+def test_published_command_names_the_repo_not_the_machine(awq_recipe, tmp_path):
+    ckpt = tmp_path / "checkpoints" / "awq-0123abcd"  # an absolute path on this machine
+    ckpt.mkdir(parents=True)
+    (ckpt / "config.json").write_text((ROOT / "models/tiny-llama/config.json").read_text())
+    command = published_serve_command(awq_recipe, ckpt)
+    assert command.startswith(f"vllm serve {awq_recipe.hub.repo_id} --served-model-name model ")
+    assert "--kv-cache-dtype fp8" in command and "--max-model-len 512" in command
+    assert str(tmp_path) not in command and " /" not in command
+    no_hub = awq_recipe.model_copy(update={"hub": None})
+    command = published_serve_command(no_hub, ckpt)
+    assert command.startswith("vllm serve awq-0123abcd ") and " /" not in command
+
+
+H200 = 150109880320  # what CUDA sees of the lent H200
+
+
+LLAMA = {size: json.loads((ROOT / f"benchmarks/configs/llama-3-{size}.json").read_text()) for size in ("8b", "70b")}
+
+
+def test_a_base_too_large_for_the_recipes_gpus_boots_at_the_smallest_tp_that_fits_or_stops():
+    """Issue 14's table: the 70B bf16 base needs 131.4 GiB per GPU, more than 0.90 x 139.8 GiB, at TP 1;
+    the W4A16 release fits one H200, its base needs two. CPU runs keep the recipe's TP."""
+    from quantize_serve.capacity.measure import base_boot
+    from quantize_serve.core.errors import GateError
+    from quantize_serve.recipe.load import load_recipe
+
+    recipe = load_recipe(ROOT / "recipes/llama3-8b-instruct-awq.yaml")
+    assert base_boot(recipe, LLAMA["8b"], device_memory_bytes=H200, gpu_count=1).tensor_parallel_size == 1
+    two = base_boot(recipe, LLAMA["70b"], device_memory_bytes=H200, gpu_count=2)
+    assert two.tensor_parallel_size == 2
+    assert "the bf16 base does not fit at TP 1: weights 131.42 GiB/GPU" in two.reason
+    assert "exceed the 125.82 GiB budget" in two.reason and "measured at TP 2" in two.reason
+    with pytest.raises(GateError, match=r"it fits at TP 2, and this host has 1 GPU\(s\).*Nothing was quantized"):
+        base_boot(recipe, LLAMA["70b"], device_memory_bytes=H200, gpu_count=1)
+    cpu = load_recipe(ROOT / "recipes/tiny-llama-awq.yaml")
+    assert base_boot(cpu, LLAMA["70b"], device_memory_bytes=H200, gpu_count=1).tensor_parallel_size == 1
+
+
+def test_the_base_boot_at_another_tp_is_labelled_in_the_capacity_table(awq_recipe, base_model_dir):
+    from quantize_serve.capacity.measure import CapacityConfig, CapacityReport
+
+    spec = capacity_spec(awq_recipe, Boot.BASE, base_model_dir, tensor_parallel_size=2)
+    assert spec.vllm_config()["tensor-parallel-size"] == 2 and awq_recipe.serve.tensor_parallel_size == 1
+    rows = [CapacityConfig(name=b, tensor_parallel_size=tp, kv_cache_dtype="auto", weights_bytes=1, kv_cache_memory_bytes=1,
+                           kv_cache_tokens=1, num_blocks=1, block_size=16, max_model_len=1, max_concurrency=1,
+                           boot_seconds=1) for b, tp in zip(Boot, (2, 1, 1))]
+    report = CapacityReport(method="m", budget_bytes=None, base_boot="the bf16 base does not fit at TP 1: ...", configs=rows,
+                            freed_weight_bytes=0, fp8_token_ratio=1, gain_quantized=1, gain_fp8=1, planner=[])
+    text = report.markdown()
+    assert "| base (TP 2) | auto |" in text and "| w4a16 | auto |" in text
+    assert "Base boot: the bf16 base does not fit at TP 1" in text
+
+
+def test_cache_info_is_read_with_prometheus_parser():
+    from quantize_serve.capacity.measure import read_cache_info
+
+    text = ('# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n'
+            '# TYPE vllm:cache_config_info gauge\n'
+            'vllm:cache_config_info{block_size="128",cache_dtype="fp8",note="a \\"quoted\\" }",'
+            'num_gpu_blocks="41"} 1.0\n')
+    info = read_cache_info(text)
+    assert info["num_gpu_blocks"] == "41" and info["cache_dtype"] == "fp8" and info["note"] == 'a "quoted" }'

@@ -1,0 +1,212 @@
+"""Recipe validation: bad input fails before any model is loaded, naming file, field, value, fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from quantize_serve.core.errors import RecipeError, RecipeErrors
+from quantize_serve.quantize.run import build_llmcompressor_recipe
+from quantize_serve.recipe.load import load_recipe
+from quantize_serve.validate.preflight import validate_recipe
+from tests.conftest import ROOT
+
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+
+
+def write_recipe(tmp_path: Path, base: str = "tiny-llama-awq.yaml", **changes) -> Path:
+    """Copy a shipped recipe next to the project's files, with dotted-key changes applied."""
+    data = yaml.safe_load((ROOT / "recipes" / base).read_text())
+    for dotted, value in changes.items():
+        node = data
+        *parents, leaf = dotted.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        if value is ...:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    path = ROOT / "recipes" / f".test-{tmp_path.name}.yaml"  # same folder: relative paths hold
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture
+def recipe_file(tmp_path):
+    made = []
+
+    def make(**changes):
+        made.append(write_recipe(tmp_path, **changes))
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_shipped_recipes_validate(path):
+    recipe = load_recipe(path)
+    assert recipe.name == path.stem
+    assert recipe.gates.accuracy.tasks, "every shipped recipe names accuracy tasks"
+    build_llmcompressor_recipe(recipe.quantization)
+
+
+@pytest.mark.parametrize("path", [p for p in RECIPES if "tiny" in p.name], ids=lambda p: p.name)
+def test_tiny_recipes_validate_against_their_files(path):
+    validated = validate_recipe(path)
+    assert len(validated.calibration_fingerprint) == 64
+
+
+def expect_error(path, field) -> RecipeError:
+    with pytest.raises((RecipeError, RecipeErrors)) as info:
+        validate_recipe(path)
+    err = info.value
+    errors = err.errors if isinstance(err, RecipeErrors) else [err]
+    match = [e for e in errors if e.field == field]
+    assert match, f"no error for {field}: {err}"
+    text = str(match[0])
+    assert str(path) in text and field in text and "Fix:" in text
+    return match[0]
+
+
+def test_unknown_key(recipe_file):
+    err = expect_error(recipe_file(quantization__bits=4), "quantization.bits")
+    assert "unknown key" in str(err) and "group_size" in str(err)  # the allowed keys are listed
+
+
+def test_unknown_method(recipe_file):
+    err = expect_error(recipe_file(quantization__method="smoothquant"), "quantization.method")
+    assert "'smoothquant'" in str(err) and "'awq'" in str(err) and "'gptq'" in str(err)
+
+
+def test_unknown_scheme(recipe_file):
+    err = expect_error(recipe_file(quantization__scheme="W3A16"), "quantization.scheme")
+    assert "'W4A16_ASYM'" in str(err)
+
+
+def test_missing_model_path(recipe_file):
+    err = expect_error(recipe_file(model__id="../models/no-such-model"), "model.id")
+    assert "no-such-model" in str(err) and "config.json" in str(err)
+
+
+def test_calibration_field_missing_lists_fields(recipe_file):
+    err = expect_error(recipe_file(calibration__text_field="content"), "calibration.text_field")
+    assert "'content'" in str(err) and "text" in str(err).split("it has:")[1]
+
+
+def test_too_few_rows_says_both_numbers(recipe_file):
+    rows = sum(1 for _ in (ROOT / "data/calibration/tiny_calibration.jsonl").open())
+    err = expect_error(recipe_file(calibration__num_samples=rows + 1), "calibration.num_samples")
+    assert str(rows + 1) in str(err) and f"only {rows} rows" in str(err)
+
+
+@pytest.mark.parametrize("field", ["num_samples", "max_seq_len"])
+@pytest.mark.parametrize("value", [0, -3])
+def test_non_positive_sizes(recipe_file, field, value):
+    err = expect_error(recipe_file(**{f"calibration__{field}": value}), f"calibration.{field}")
+    assert str(value) in str(err)
+
+
+def test_group_size_must_divide_model_dims(recipe_file):
+    err = expect_error(recipe_file(quantization__group_size=96), "quantization.group_size")
+    assert "hidden_size=128" in str(err) and "32" in str(err)
+
+
+def test_max_model_len_beyond_model(recipe_file):
+    config = json.loads((ROOT / "models/tiny-llama/config.json").read_text())
+    err = expect_error(recipe_file(serve__max_model_len=4096), "serve.max_model_len")
+    assert "4096" in str(err) and str(config["max_position_embeddings"]) in str(err)
+
+
+def test_token_never_in_recipe(recipe_file):
+    with pytest.raises(RecipeErrors) as info:
+        validate_recipe(recipe_file(hub__token="hf_secret_value_123"))
+    assert "token_env" in str(info.value)
+
+
+def test_reserved_vllm_flag_in_extra_args(recipe_file):
+    err = expect_error(recipe_file(serve__extra_args=["--max-model-len=99"]), "serve.extra_args")
+    assert "serve.max_model_len" in str(err)
+
+
+def test_llmcompressor_recipe_states_every_number():
+    recipe = load_recipe(ROOT / "recipes/tiny-llama-awq.yaml")
+    built = yaml.safe_load(build_llmcompressor_recipe(recipe.quantization))
+    mods = built["quant_stage"]["quant_modifiers"]
+    assert set(mods) == {"AWQModifier", "QuantizationModifier"}
+    weights = mods["QuantizationModifier"]["config_groups"]["group_0"]["weights"]
+    assert weights == {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128,
+                       "symmetric": False, "dynamic": False}
+    assert mods["QuantizationModifier"]["kv_cache_scheme"]["type"] == "float"
+    gptq = load_recipe(ROOT / "recipes/tiny-llama-gptq.yaml")
+    mods = yaml.safe_load(build_llmcompressor_recipe(gptq.quantization))["quant_stage"]["quant_modifiers"]
+    assert list(mods) == ["GPTQModifier"]
+    assert mods["GPTQModifier"]["config_groups"]["group_0"]["weights"]["symmetric"] is True
+
+
+def test_run_overrides_change_the_recipe_and_are_validated_like_the_file():
+    """A deployment's `overrides` parameter: dotted keys, list items by index; the result is checked
+    like the file, and the validated recipe records what was changed."""
+    llama3 = ROOT / "recipes/llama3-8b-instruct-awq.yaml"
+    overrides = {"gates.accuracy.tasks": [{"task": "../evals/tasks/qs_heldout_ppl.yaml", "limit": 20}],
+                 "gates.stress.num_requests": 64, "serve.enforce_eager": True}
+    recipe = load_recipe(llama3, overrides)
+    assert [t.task for t in recipe.gates.accuracy.tasks] == ["../evals/tasks/qs_heldout_ppl.yaml"]
+    assert (recipe.gates.stress.num_requests, recipe.serve.enforce_eager) == (64, True)
+    assert load_recipe(llama3, {"gates.accuracy.tasks.0.limit": 7}).gates.accuracy.tasks[0].limit == 7
+    assert load_recipe(llama3).gates.accuracy.tasks[0].task == "gsm8k"  # the file itself is untouched
+
+    with pytest.raises(RecipeErrors) as misspelled:
+        load_recipe(llama3, {"serve.max_num_seq": 8})
+    assert "serve.max_num_seq" in str(misspelled.value) and "did you mean 'max_num_seqs'" in str(misspelled.value)
+    with pytest.raises(RecipeError) as no_item:
+        load_recipe(llama3, {"gates.accuracy.tasks.9.limit": 7})
+    message = str(no_item.value)
+    assert "overrides.gates.accuracy.tasks.9.limit" in message and "has no entry '9'" in message
+    with pytest.raises(RecipeErrors) as bad_value:
+        load_recipe(llama3, {"serve.max_model_len": -1})
+    assert "serve.max_model_len" in str(bad_value.value)
+
+
+def test_validated_recipe_records_the_overrides():
+    tiny = ROOT / "recipes/tiny-llama-awq.yaml"
+    validated = validate_recipe(tiny, {"gates.stress.num_requests": 12})
+    assert validated.overrides == {"gates.stress.num_requests": 12}
+    assert validated.recipe.gates.stress.num_requests == 12
+    assert validated.recipe_sha256 != validate_recipe(tiny).recipe_sha256  # the run's recipe, not the file's
+
+
+# --------------------------------------------------------------------------------------------
+# gates.accuracy: on_uncertain and min_samples (see docs/gates.md)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, -5, 10_000_001])
+def test_min_samples_out_of_range(recipe_file, value):
+    err = expect_error(recipe_file(gates__accuracy__min_samples=value), "gates.accuracy.min_samples")
+    assert str(value) in str(err) and "between 1 and 10000000" in str(err)
+
+
+def test_on_uncertain_misspelled(recipe_file):
+    err = expect_error(recipe_file(gates__accuracy__on_uncertain="fial"), "gates.accuracy.on_uncertain")
+    assert "'fial'" in str(err) and "did you mean 'fail'" in str(err)
+
+
+def test_min_samples_above_a_task_limit_fails_at_load(recipe_file):
+    tasks = [{"task": "../evals/tasks/qs_facts_mc.yaml", "limit": 40},
+             {"task": "../evals/tasks/qs_heldout_ppl.yaml"}]
+    err = expect_error(recipe_file(gates__accuracy__tasks=tasks, gates__accuracy__min_samples=100),
+                       "gates.accuracy.tasks.0.limit")
+    assert "40" in str(err) and "min_samples (100)" in str(err)
+    assert "raise the limit to at least 100" in str(err)
+
+
+def test_on_uncertain_and_min_samples_load(recipe_file):
+    gate = validate_recipe(recipe_file(gates__accuracy__on_uncertain="fail",
+                                       gates__accuracy__min_samples=20)).recipe.gates.accuracy
+    assert (gate.on_uncertain, gate.min_samples) == ("fail", 20)
+    assert load_recipe(ROOT / "recipes/tiny-llama-awq.yaml").gates.accuracy.on_uncertain == "warn"

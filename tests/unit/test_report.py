@@ -1,0 +1,187 @@
+"""The report's charts: a relative link on disk (report.md, the model card ship the PNG beside it),
+the PNG itself inline for the Prefect UI's markdown artifact, which has no folder to resolve a link."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+from quantize_serve.capacity.chart import CHART
+from quantize_serve.capacity.measure import CapacityConfig, CapacityReport
+from quantize_serve.gates.decision import Decision
+from quantize_serve.quantize.run import QuantizeResult
+from quantize_serve.report.run_report import RunReport, render_markdown, write_report
+from quantize_serve.validate.preflight import BaseModelRef
+
+
+def report_with_capacity() -> RunReport:
+    configs = [CapacityConfig(name=name, kv_cache_dtype=dtype, weights_bytes=w, kv_cache_memory_bytes=kv,
+                              kv_cache_tokens=t, num_blocks=t // 16, block_size=16, max_model_len=512,
+                              max_concurrency=t / 512, boot_seconds=20.0)
+               for name, dtype, w, kv, t in [("base", "auto", 2_000_000, 6_000_000, 6016),
+                                             ("w4a16", "bfloat16", 900_000, 7_000_000, 7168),
+                                             ("w4a16-fp8kv", "fp8", 900_000, 7_000_000, 14464)]]
+    return RunReport(
+        run_id="r", recipe="tiny-llama-awq", recipe_source="recipes/x.yaml", recipe_sha256="0" * 64,
+        base=BaseModelRef(local_dir="models/tiny-llama", sha="1" * 64),
+        checkpoint=QuantizeResult(checkpoint_dir="c", method="awq", scheme="W4A16_ASYM", seconds=1.0,
+                                  base_bytes=2, quantized_bytes=1, calibration_fingerprint="2" * 64,
+                                  engine_versions={}),
+        capacity=CapacityReport(method="fixed budget", budget_bytes=8_000_000, configs=configs,
+                                freed_weight_bytes=1_100_000, fp8_token_ratio=2.0, gain_quantized=1.19,
+                                gain_fp8=2.4, planner=[]),
+        decision=Decision(passed=True, checks=[]), serving_command="vllm serve c")
+
+
+def test_report_on_disk_links_the_chart_and_the_ui_copy_embeds_it(tmp_path):
+    report = report_with_capacity()
+    paths = write_report(report, tmp_path)
+
+    assert f"![capacity]({CHART})" in paths["markdown"].read_text()
+    inline = render_markdown(report, embed_images=True)
+    m = re.search(r"!\[capacity\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", inline)
+    assert m and base64.b64decode(m.group(1)) == (tmp_path / CHART).read_bytes()
+    assert inline.replace(m.group(0), f"![capacity]({CHART})") == paths["markdown"].read_text()
+
+
+def test_nothing_to_embed_keeps_the_link():
+    report = report_with_capacity()  # never written: no report folder, no chart file
+    assert f"![capacity]({CHART})" in render_markdown(report, embed_images=True)
+
+
+def test_pushed_card_names_no_machine_path(awq_recipe, tmp_path):
+    """The card that goes to the Hub: local folders (the base model, the checkpoint under the work
+    dir) appear by repo id, project-relative path or folder name, never as this machine's path."""
+    from quantize_serve.capacity.measure import published_serve_command
+    from quantize_serve.core.settings import PROJECT_ROOT
+    from quantize_serve.release.card import render_model_card, report_card_inputs
+    from quantize_serve.validate.preflight import ValidatedRecipe
+
+    ckpt = tmp_path / "work" / "checkpoints" / "tiny-llama-awq-0123abcd"
+    validated = ValidatedRecipe(recipe=awq_recipe, source=str(PROJECT_ROOT / "recipes/tiny-llama-awq.yaml"),
+                                recipe_sha256="0" * 64, calibration_fingerprint="2" * 64)
+    report = report_with_capacity().model_copy(update={
+        "base": BaseModelRef(local_dir=str(PROJECT_ROOT / "models/tiny-llama"), sha="1" * 64),
+        "checkpoint": report_with_capacity().checkpoint.model_copy(update={"checkpoint_dir": str(ckpt)}),
+        "serving_command": published_serve_command(awq_recipe, ckpt)})
+    for status in ("candidate", "promoted"):
+        card = str(render_model_card(report_card_inputs(validated, report, status=status)))
+        assert str(PROJECT_ROOT) not in card and str(tmp_path) not in card, card
+        assert "vllm serve quantize-serve/tiny-llama-awq-w4a16" in card
+    assert str(PROJECT_ROOT) not in render_markdown(report)
+
+
+# --------------------------------------------------------------------------------------------
+# What the card and the report name: lm-eval task names and dataset ids, the serving vLLM, the run
+# --------------------------------------------------------------------------------------------
+
+
+def accuracy_checks(*tasks: str) -> list:
+    from quantize_serve.gates.accuracy import AccuracyCheck
+
+    return [AccuracyCheck(task=t, metric="acc", base=0.5, quantized=0.25, recovery=0.5, threshold=0.95,
+                          passed=False, higher_is_better=True, reason="recovery quantized/base = 0.5000 < 0.95")
+            for t in tasks]
+
+
+def write_lm_eval_results(folder, configs: dict, groups: dict | None = None) -> None:
+    """lm-eval's raw results as run_accuracy leaves them (only the keys the report reads)."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "lm_eval_x.json").write_text(json.dumps({"configs": configs, "group_subtasks": groups or {}}))
+
+
+def test_a_task_file_is_named_by_its_task_and_its_data_by_id_and_content():
+    from quantize_serve.core.digest import file_sha256
+    from quantize_serve.core.settings import PROJECT_ROOT
+    from quantize_serve.report.provenance import eval_task_ref
+
+    ref = eval_task_ref("../evals/tasks/qs_facts_mc.yaml", base_dir=PROJECT_ROOT / "recipes")
+    assert (ref.task, ref.dataset, ref.dataset_split) == ("qs_facts_mc", "local:facts_mc", "test")
+    assert ref.dataset_revision == file_sha256(PROJECT_ROOT / "data/evals/facts_mc.jsonl")
+
+
+def test_a_named_task_takes_its_dataset_from_what_lm_eval_ran(tmp_path):
+    from quantize_serve.report.provenance import eval_task_refs
+
+    write_lm_eval_results(tmp_path / "accuracy-quantized", {
+        "gsm8k": {"task": "gsm8k", "dataset_path": "openai/gsm8k", "dataset_name": "main", "test_split": "test"},
+        **{f"mmlu_{s}": {"dataset_path": "cais/mmlu", "dataset_name": s, "test_split": "test"}
+           for s in ("anatomy", "virology")}}, groups={"mmlu": ["mmlu_anatomy", "mmlu_virology"]})
+    refs = eval_task_refs(["gsm8k", "mmlu", "hellaswag"], base_dir=tmp_path, report_dir=str(tmp_path))
+    assert refs["gsm8k"].model_dump() == {"task": "gsm8k", "dataset": "openai/gsm8k", "dataset_config": "main",
+                                          "dataset_split": "test", "dataset_revision": None}
+    assert (refs["mmlu"].dataset, refs["mmlu"].dataset_config) == ("cais/mmlu", None)  # a group, one dataset
+    assert refs["hellaswag"].dataset == "hellaswag"  # no record of what ran: the task's own name, no guess
+
+
+def test_a_run_url_on_this_machine_is_not_published():
+    from quantize_serve.report.provenance import public_url
+
+    assert public_url("https://prefect.example.com/runs/flow-run/1") == "https://prefect.example.com/runs/flow-run/1"
+    assert public_url("http://127.0.0.1:4200/runs/flow-run/1") is None
+    assert public_url("http://localhost:4200/runs/flow-run/1") is None and public_url(None) is None
+
+
+def test_run_url_is_prefects_ui_page_of_the_flow_run_or_none(monkeypatch):
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
+
+    from tasks import report as report_tasks
+
+    monkeypatch.setattr(report_tasks.flow_run, "get_id", lambda: "0b7e")
+    with temporary_settings({PREFECT_UI_URL: "https://prefect.example.com", PREFECT_API_URL: None}):
+        assert report_tasks.run_url() == "https://prefect.example.com/runs/flow-run/0b7e"
+    with temporary_settings(restore_defaults={PREFECT_UI_URL, PREFECT_API_URL}):  # ephemeral API: no UI
+        assert report_tasks.run_url() is None
+    monkeypatch.setattr(report_tasks.flow_run, "get_id", lambda: None)
+    assert report_tasks.run_url() is None
+
+
+def test_report_names_tasks_the_serving_vllm_and_the_run(tmp_path, monkeypatch):
+    from quantize_serve.report import run_report as report_module
+
+    monkeypatch.setattr(report_module, "serving_vllm_version", lambda: "0.32.0")
+    report = report_with_capacity().model_copy(update={
+        "recipe_source": "recipes/tiny-llama-awq.yaml", "accuracy": accuracy_checks("../evals/tasks/qs_facts_mc.yaml"),
+        "run_url": "https://prefect.example.com/runs/flow-run/r"})
+    text = write_report(report, tmp_path)["markdown"].read_text()
+    assert report.vllm_version == "0.32.0" and "- served with vLLM 0.32.0" in text
+    assert "run `r` (https://prefect.example.com/runs/flow-run/r)" in text
+    assert "| qs_facts_mc | local:facts_mc | acc |" in text and "evals/tasks" not in text
+
+
+def test_gated_card_names_tasks_and_datasets_never_paths(awq_recipe, tmp_path):
+    """The card of a rejected run: model-index, the table and the reasons say `qs_facts_mc` and
+    `openai/gsm8k`, not the recipe's `../evals/tasks/qs_facts_mc.yaml`."""
+    from quantize_serve.gates.decision import CheckRow, Decision
+    from quantize_serve.release.card import render_model_card, report_card_inputs
+    from quantize_serve.validate.preflight import ValidatedRecipe
+
+    validated = ValidatedRecipe(recipe=awq_recipe, source="recipes/tiny-llama-awq.yaml", recipe_sha256="0" * 64,
+                                calibration_fingerprint="2" * 64)
+    write_lm_eval_results(tmp_path / "accuracy-quantized", {
+        "gsm8k": {"dataset_path": "openai/gsm8k", "dataset_name": "main", "test_split": "test"}})
+    spelled = "../evals/tasks/qs_facts_mc.yaml"
+    report = report_with_capacity().model_copy(update={
+        "accuracy": accuracy_checks(spelled, "gsm8k"), "report_dir": str(tmp_path), "vllm_version": "0.32.0",
+        "run_url": "http://127.0.0.1:4200/runs/flow-run/r",
+        "decision": Decision(passed=False, checks=[CheckRow(check=f"accuracy {spelled} acc", passed=False,
+                                                            reason="recovery 0.5 < 0.95")])})
+    card = render_model_card(report_card_inputs(validated, report, status="rejected"))
+    results = {(r.task_name, r.dataset_type, r.dataset_split) for r in card.data.eval_results}
+    assert results == {("qs_facts_mc", "local:facts_mc", "test"), ("gsm8k", "openai/gsm8k", "test")}
+    assert "evals/tasks" not in card.content and "qs_facts_mc.yaml" not in card.content
+    assert "- accuracy qs_facts_mc acc: recovery 0.5 < 0.95" in card.text
+    assert "measured on vLLM 0.32.0" in card.text
+    assert "127.0.0.1" not in card.content and "| run | - |" in card.text  # a local UI is not linked
+    assert card.data.base_model is None and "names no `base_model`" in card.text  # a local base folder
+
+
+def test_report_says_which_recipe_fields_the_run_parameters_changed(tmp_path):
+    overrides = {"gates.accuracy.tasks": [{"task": "../evals/tasks/qs_heldout_ppl.yaml"}]}
+    text = write_report(report_with_capacity().model_copy(update={"overrides": overrides}), tmp_path)["markdown"]
+    assert ("the run's parameters changed the recipe: `gates.accuracy.tasks` = "
+            '`[{"task": "../evals/tasks/qs_heldout_ppl.yaml"}]`') in text.read_text()
+    plain = write_report(report_with_capacity(), tmp_path / "plain")["markdown"].read_text()
+    assert "parameters changed" not in plain

@@ -1,0 +1,68 @@
+"""End-to-end stress gate on the real vLLM CPU server and the tiny model.
+
+Two boots: (a) the recipe's profile on the recipe's serve settings passes; (b) then that same
+server, killed in the middle of a second run, fails the gate quickly, with the reason, and leaves no
+vLLM process behind; (c) a KV budget smaller than the profile's concurrency needs (its own boot)
+fails the gate with the reason.
+"""
+
+
+from __future__ import annotations
+
+import pytest
+
+from quantize_serve.gates.stress import StressResult, judge, plan_traffic
+from quantize_serve.recipe.load import load_recipe
+from quantize_serve.traffic.bench import ThroughputFigures
+from tests.conftest import ROOT
+
+RECIPE = load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml")
+
+
+MODEL = ROOT / "models" / "tiny-llama"
+
+
+def test_plan_is_seeded_with_exact_lengths() -> None:
+    """No boot: the plan the three tests below send (token ids of exact counts, the ramp, the mix)."""
+    profile, serve = RECIPE.gates.stress, RECIPE.serve
+    plan = plan_traffic(profile, serve, str(MODEL), seed=0)
+    assert plan == plan_traffic(profile, serve, str(MODEL), seed=0) != plan_traffic(profile, serve, str(MODEL), seed=1)
+    assert [c for c, _ in plan] == [1, 4, 8, 16]
+    probes = [p for _, ps in plan for p in ps]
+    kinds = [p.kind for p in probes]
+    assert len(probes) == profile.num_requests + profile.overlong_prompts
+    assert kinds.count("long") == round(profile.long_prompt_share * profile.num_requests)
+    assert all(p.kind == "overlong" for p in probes if len(p.prompt) > serve.max_model_len)
+    assert kinds.count("overlong") == profile.overlong_prompts and "overlong" in [p.kind for p in plan[-1][1]]
+    for p in probes:
+        if p.kind == "long":
+            assert len(p.prompt) + p.max_tokens == serve.max_model_len - 4
+        elif p.kind == "normal":
+            assert len(p.prompt) in profile.prompt_tokens and p.max_tokens in profile.output_tokens
+
+
+def clean_result(**changes) -> StressResult:
+    """A stress result with nothing wrong in it, except ``changes``."""
+    n = RECIPE.gates.stress.num_requests
+    fields = dict(
+        requests=n + 2, completed=n, rejected_overlong=2, overlong_expected=2, errors_5xx=0, other_errors=0,
+        timeouts=0, wrong_token_counts=0, aborted=0, server_restarts=0, server_died=False,
+        peak_kv_cache_usage=0.3, preemptions=0, peak_running=12, peak_waiting=0, peak_rss_bytes=2**30,
+        peak_gpu_memory_bytes=None, duration_s=10.0, concurrency_steps=[1, 4, 8, 16], failures=[],
+        error_samples=[], output_dir="stress",
+        throughput=ThroughputFigures(command="vllm bench serve", result_path="bench.json", input_len=8,
+                                     output_len=8, num_prompts=n, completed=n, failed=0,
+                                     request_throughput=1.0, output_throughput=8.0))
+    return StressResult(**(fields | changes))
+
+
+def test_clean_result_passes() -> None:
+    assert judge(clean_result(), RECIPE.gates.stress, traffic="done", death_reason="", bench_error="") == []
+
+
+@pytest.mark.parametrize("peak", [0, None])
+def test_sampler_that_saw_no_running_request_fails_the_check(peak) -> None:
+    """A measurement that captured nothing (requests outran the sampler) is a failure, never a pass."""
+    failures = judge(clean_result(peak_running=peak, peak_kv_cache_usage=0.0), RECIPE.gates.stress,
+                     traffic="done", death_reason="", bench_error="")
+    assert len(failures) == 1 and "saw no running request" in failures[0], failures
