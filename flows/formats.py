@@ -16,11 +16,10 @@ from pathlib import Path
 
 from prefect import flow
 
+from flows.boots import serve_base, serve_quantized
 from quantize_serve.core.errors import GateError
 from quantize_serve.formats.choose import BenchSettings, FormatChoice
-from quantize_serve.serving.boot import Boot
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
-from tasks.accuracy import run_accuracy
 from tasks.decide import compare_accuracy
 from tasks.formats import (
     check_candidate_checkpoints,
@@ -31,8 +30,7 @@ from tasks.formats import (
     with_stress,
 )
 from tasks.quantize import quantize_model
-from tasks.serve import gpu_slot, measure_capacity, served
-from tasks.stress import run_stress_test
+from tasks.serve import gpu_slot
 
 FORMATS_DIR = "formats"
 
@@ -49,31 +47,24 @@ def choose_format(validated: ValidatedRecipe, base: BaseModelRef, run_dir: Path,
         v = with_candidate(validated, c.name, schemes.get(c.name))
         made[c.name] = (v, quantize_model(v, base))
     out = run_dir / FORMATS_DIR
-    accuracy = dict(gate=r.gates.accuracy, max_length=r.serve.max_model_len, base_dir=Path(r.base_dir),
-                    return_state=True)
+
+    def format_row(name: str, method: str, scheme: str, reference: bool = False):
+        return lambda server, spec, cap: measure_format(server, spec, cap, name=name, method=method, scheme=scheme,
+                                                        settings=settings, output_dir=out / name, reference=reference)
+
     with gpu_slot():
-        with served(validated, Boot.BASE, base.local_dir, out / "base", tensor_parallel_size=base_tp) as (server, spec):
-            cap = measure_capacity(server, spec, Boot.BASE)
-            rows = [measure_format(server, spec, cap, name="base", method="base", scheme="bf16", settings=settings,
-                                   output_dir=out / "base", reference=True)]
-            acc_base = run_accuracy(server.base_url, tokenizer_dir=base.local_dir,
-                                    output_dir=out / "base" / "accuracy", **accuracy)
+        base_served = serve_base(validated, base.local_dir, out / "base", accuracy_dir=out / "base" / "accuracy",
+                       tensor_parallel_size=base_tp, also=format_row("base", "base", "bf16", reference=True))
+        rows = [base_served.also]
         for name, (v, made_by) in made.items():
-            sixteen = None
-            if r.serve.kv_cache_dtype != "auto":  # the same checkpoint with a 16-bit KV cache
-                with served(v, Boot.QUANTIZED_16BIT_KV, made_by.checkpoint_dir, out / name) as (server, spec):
-                    sixteen = measure_capacity(server, spec, Boot.QUANTIZED_16BIT_KV)
-            with served(v, Boot.PRODUCTION, made_by.checkpoint_dir, out / name) as (server, spec):
-                cap = measure_capacity(server, spec, Boot.PRODUCTION)
-                row = measure_format(server, spec, cap, name=name, method=made_by.method, scheme=made_by.scheme,
-                                     settings=settings, output_dir=out / name)
-                acc = run_accuracy(server.base_url, tokenizer_dir=made_by.checkpoint_dir,
-                                   output_dir=out / name / "accuracy", **accuracy)
-                stress = run_stress_test(server, r.gates.stress, r.serve, tokenizer_dir=made_by.checkpoint_dir,
-                                         output_dir=out / name / "stress", return_state=True)
-            checks = compare_accuracy(acc_base.result(raise_on_failure=False), acc.result(raise_on_failure=False),
-                                      r.gates.accuracy)
-            row = with_stress(with_accuracy(row, checks), stress.result(raise_on_failure=False))
+            quantized = serve_quantized(v, made_by.checkpoint_dir, out / name, accuracy_dir=out / name / "accuracy",
+                                stress_dir=out / name / "stress",
+                                sixteen_bit_kv=r.serve.kv_cache_dtype != "auto",  # else (b) is (c)
+                                also=format_row(name, made_by.method, made_by.scheme))
+            checks = compare_accuracy(base_served.accuracy.result(raise_on_failure=False),
+                                      quantized.accuracy.result(raise_on_failure=False), r.gates.accuracy)
+            row = with_stress(with_accuracy(quantized.also, checks), quantized.stress.result(raise_on_failure=False))
+            sixteen = quantized.capacity_16bit_kv
             rows.append(row.model_copy(update={"kv_cache_tokens_16bit": sixteen.kv_cache_tokens if sixteen else None}))
     choice = choose_format_task(validated, rows, settings, run_dir)
     if choice.winner is None:

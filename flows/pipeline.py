@@ -3,14 +3,14 @@
 validate -> resolve base -> [choose the format: flows/formats.py] -> quantize -> push candidate ->
 measure capacity -> accuracy gate -> stress gate -> decide -> promote or reject -> report.
 
-vLLM boots three times, each once: (a) the base model serves capacity and the base accuracy;
-(b) the quantized model with 16-bit KV serves capacity only; (c) the quantized model with the
-production settings (fp8 KV) serves capacity, accuracy, the stress test and, when the recipe sets
-gates.soak, the soak test (sustained traffic; memory growth and preemptions). All boots run inside
-the `gpu` global concurrency limit, so two runs never share a GPU.
+vLLM boots three times, each once (flows/boots.py, shared with the format choice): (a) the base
+model serves capacity and the base accuracy; (b) the quantized model with 16-bit KV serves capacity
+only; (c) the quantized model with the production settings (fp8 KV) serves capacity, the serving
+profile, accuracy, the stress test and, when the recipe sets gates.soak, the soak test (sustained
+traffic; memory growth and preemptions). All boots run inside the `gpu` global concurrency limit, so
+two runs never share a GPU.
 
 Run locally (ephemeral Prefect API, no server needed):  quantize-serve run RECIPE
-(or python -m flows.pipeline RECIPE: the same command line, quantize_serve/cli.py)
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from typing import Any
 from prefect import flow
 from prefect.states import Failed, State
 
+from flows.boots import serve_base, serve_quantized
 from flows.formats import choose_format
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.release.publish import release_reasons
+from quantize_serve.report.provenance import ACCURACY_BASE_DIR, ACCURACY_QUANTIZED_DIR
 from quantize_serve.report.run_report import RunReport
-from quantize_serve.serving.boot import Boot
-from tasks.accuracy import run_accuracy
 from tasks.decide import compare_accuracy, decide_release
 from tasks.formats import with_candidate
 from tasks.hub import promote_or_reject, push_candidate
@@ -35,17 +35,13 @@ from tasks.quantize import quantize_model
 from tasks.report import Progress, publish_report, request_approval, run_folder, run_id, write_report_files
 from tasks.serve import (
     gpu_slot,
-    measure_capacity,
     measure_shape_capacity,
     plan_base_boot,
     published_model,
     published_serve_command,
-    served,
     summarize_capacity,
     write_serving_profile,
 )
-from tasks.soak import run_soak_test
-from tasks.stress import run_stress_test
 from tasks.validate import resolve_base_model, validate_recipe
 
 
@@ -62,67 +58,54 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     validated = validate_recipe(recipe, overrides)
     progress = Progress(validated.recipe.name)
     progress.done("validated")
-    r, run_dir = validated.recipe, run_folder(validated)
+    run_dir = run_folder(validated)
     preflight = None
-    if r.serve.preflight == "measure":  # the shape's capacity, before the weights are downloaded
+    if validated.recipe.serve.preflight == "measure":  # the shape's capacity, before any weights download
         with gpu_slot():
             preflight = measure_shape_capacity(validated, run_dir)
     base = resolve_base_model(validated)
     base_boot = plan_base_boot(validated, base)  # a base too large for the recipe's GPUs: more, or stop here
     progress.done("base resolved")
     formats = None
-    if r.quantization.candidates:  # several formats: measure each, continue with the rule's choice
+    if validated.recipe.quantization.candidates:  # several formats: measure each, keep the rule's choice
         formats = choose_format(validated, base, run_dir, base_tp=base_boot.tensor_parallel_size)
         validated = with_candidate(validated, formats.winner, formats.row(formats.winner).scheme)
-        r = validated.recipe
     checkpoint = quantize_model(validated, base)
     progress.done("quantized")
     profile = None
-    if r.serve.search and r.serve.search.enabled:  # the largest stable batch replaces serve.max_num_seqs
+    if validated.recipe.serve.search and validated.recipe.serve.search.enabled:  # the largest stable batch
         with gpu_slot():
-            profile = search_serve_profile(r, checkpoint.checkpoint_dir, output_dir=run_dir,
+            profile = search_serve_profile(validated.recipe, checkpoint.checkpoint_dir, output_dir=run_dir,
                                            model=published_model(validated, checkpoint.checkpoint_dir))
-        validated = with_found_profile(validated, profile)
-        r = validated.recipe
+        validated = with_found_profile(validated, profile)  # replaces serve.max_num_seqs
     serving_command = (profile.serve_command if profile
                        else published_serve_command(validated, checkpoint.checkpoint_dir))
     candidate = push_candidate(validated, base, checkpoint, serving_command, run_dir, profile)
     progress.done("candidate pushed")
     with gpu_slot():
-        with served(validated, Boot.BASE, base.local_dir, run_dir,
-                    tensor_parallel_size=base_boot.tensor_parallel_size) as (server, spec):
-            cap_base = measure_capacity(server, spec, Boot.BASE)
-            acc_base = run_accuracy(server.base_url, r.gates.accuracy, tokenizer_dir=base.local_dir,
-                                    max_length=r.serve.max_model_len, base_dir=Path(r.base_dir),
-                                    output_dir=run_dir / "accuracy-base", return_state=True)
+        base_served = serve_base(validated, base.local_dir, run_dir, accuracy_dir=run_dir / ACCURACY_BASE_DIR,
+                                 tensor_parallel_size=base_boot.tensor_parallel_size)
         progress.done("base served")
-        with served(validated, Boot.QUANTIZED_16BIT_KV, checkpoint.checkpoint_dir, run_dir) as (server, spec):
-            cap_w4 = measure_capacity(server, spec, Boot.QUANTIZED_16BIT_KV)
-        progress.done("quantized served")
-        with served(validated, Boot.PRODUCTION, checkpoint.checkpoint_dir, run_dir) as (server, spec):
-            cap_fp8 = measure_capacity(server, spec, Boot.PRODUCTION)
-            production = write_serving_profile(validated, base, spec, cap_fp8, checkpoint.checkpoint_dir, run_dir)
-            acc_quant = run_accuracy(server.base_url, r.gates.accuracy, tokenizer_dir=checkpoint.checkpoint_dir,
-                                     max_length=r.serve.max_model_len, base_dir=Path(r.base_dir),
-                                     output_dir=run_dir / "accuracy-quantized", return_state=True)
-            stress = run_stress_test(server, r.gates.stress, r.serve, tokenizer_dir=checkpoint.checkpoint_dir,
-                                     output_dir=run_dir / "stress", return_state=True)
-            soak = (run_soak_test(server, r.gates.soak, r.serve, stress=r.gates.stress,  # soak.png beside report.md
-                                  tokenizer_dir=checkpoint.checkpoint_dir, output_dir=run_dir,
-                                  return_state=True) if r.gates.soak else None)  # gates.soak is optional
-        progress.done("fp8 served")
-    capacity = summarize_capacity(validated, base, [cap_base, cap_w4, cap_fp8], base_boot)
-    checks = compare_accuracy(outcome(acc_base), outcome(acc_quant), r.gates.accuracy)
-    decision = decide_release(checks, outcome(stress), outcome(soak) if soak else None,
-                              soak_required=r.gates.soak is not None)
+        quantized = serve_quantized(
+            validated, checkpoint.checkpoint_dir, run_dir, accuracy_dir=run_dir / ACCURACY_QUANTIZED_DIR,
+            stress_dir=run_dir / "stress", soak_dir=run_dir, progress=progress,  # soak.png beside report.md
+            also=lambda server, spec, cap: write_serving_profile(validated, base, spec, cap,
+                                                                 checkpoint.checkpoint_dir, run_dir))
+    production, gates = quantized.also, validated.recipe.gates
+    capacity = summarize_capacity(
+        validated, base, [base_served.capacity, quantized.capacity_16bit_kv, quantized.capacity], base_boot)
+    checks = compare_accuracy(outcome(base_served.accuracy), outcome(quantized.accuracy), gates.accuracy)
+    soak = outcome(quantized.soak) if quantized.soak else None
+    decision = decide_release(checks, outcome(quantized.stress), soak, soak_required=gates.soak is not None)
     progress.done("decided")
     report = write_report_files(RunReport(
-        run_id=run_id(), recipe=r.name, recipe_source=validated.source, recipe_sha256=validated.recipe_sha256,
-        overrides=validated.overrides,
+        run_id=run_id(), recipe=validated.recipe.name, recipe_source=validated.source,
+        recipe_sha256=validated.recipe_sha256, overrides=validated.overrides,
         base=base, checkpoint=checkpoint, candidate=candidate, capacity=capacity, preflight=preflight,
         profile=profile, formats=formats,
-        accuracy=checks if isinstance(checks, list) else [], stress=outcome(stress) if stress.is_completed() else None,
-        soak=outcome(soak) if soak and soak.is_completed() else None,
+        accuracy=checks if isinstance(checks, list) else [],
+        stress=outcome(quantized.stress) if quantized.stress.is_completed() else None,
+        soak=soak if quantized.soak and quantized.soak.is_completed() else None,
         decision=decision, serving_command=production.command, serving_profile=production), run_dir)
     approved, approved_by = request_approval(validated, report)
     report.release = promote_or_reject(validated, report, approved, approved_by)

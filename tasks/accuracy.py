@@ -10,11 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import task
-from prefect.exceptions import MissingContextError
-from prefect.logging import get_run_logger
 
 from quantize_serve.gates import accuracy
 from quantize_serve.recipe.gates import AccuracyGate
+from tasks.run_log import run_log
 
 
 @task(name="run-accuracy")
@@ -35,10 +34,7 @@ def run_accuracy(
         base_dir=base_dir,
         output_dir=output_dir,
     )
-    try:
-        log = get_run_logger().info
-    except MissingContextError:  # called as run_accuracy.fn(...) outside a run
-        log = print
+    log = run_log()
     for run in result.tasks.values():  # a line per task for a person following the run
         log(f"lm-eval {run.task}: {run.num_docs} documents in {run.seconds:.0f} s: "
             + ", ".join(f"{k} {m.value:.4g}" for k, m in run.metrics.items()))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from prefect import task
@@ -33,7 +32,7 @@ def with_candidate(validated: ValidatedRecipe, name: str, scheme: str | None = N
 def check_candidate_checkpoints(validated: ValidatedRecipe, base: BaseModelRef) -> dict[str, str]:
     """Each existing-checkpoint candidate's scheme, checked (format, scheme, same base model) before
     anything is quantized or booted. Hub checkpoints are downloaded here."""
-    base_config = json.loads((Path(base.local_dir) / "config.json").read_text())
+    base_config = base.config
     schemes = {}
     for i, c in enumerate(validated.recipe.quantization.candidates):
         if c.checkpoint:

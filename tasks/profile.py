@@ -7,8 +7,6 @@ from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect.exceptions import MissingContextError
-from prefect.logging import get_run_logger
 
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.serve_profile import output as profile_output
@@ -16,6 +14,7 @@ from quantize_serve.serve_profile import probe as profile_probe
 from quantize_serve.serve_profile import search as profile_search
 from quantize_serve.serving import gpu
 from quantize_serve.validate.preflight import ValidatedRecipe
+from tasks.run_log import run_log
 
 PLOT_FILE = "serve-profile-search.png"
 
@@ -36,10 +35,7 @@ def search_serve_profile(
     The result's ``profile_path``, ``serve_command`` and ``plot_path`` say where they went; when
     nothing passed there is no profile (``found`` is None) and the chart still shows why.
     """
-    try:
-        log = get_run_logger().info
-    except MissingContextError:  # called as search_serve_profile.fn(...) outside a run
-        log = print
+    log = run_log()
     output_dir = Path(output_dir)
     probe = profile_probe.vllm_probe(recipe, Path(checkpoint_dir), tokenizer_dir=tokenizer_dir or checkpoint_dir,
                                      output_dir=output_dir / "profile-search", log=log)

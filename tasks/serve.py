@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,11 +50,6 @@ def ensure_concurrency_limit(name: str, limit: int = 1) -> None:
                 pass
 
 
-def production_spec(validated: ValidatedRecipe, checkpoint_dir: str) -> ServerSpec:
-    """The boot the gates prove: the quantized model with the recipe's serving settings."""
-    return capacity.capacity_spec(validated.recipe, capacity.Boot.PRODUCTION, Path(checkpoint_dir))
-
-
 def published_model(validated: ValidatedRecipe, checkpoint_dir: str) -> str:
     """The model's name in what is published: the Hub repo id (see capacity.published_model)."""
     return capacity.published_model(validated.recipe, checkpoint_dir)
@@ -70,7 +64,7 @@ def published_serve_command(validated: ValidatedRecipe, checkpoint_dir: str) -> 
 def plan_base_boot(validated: ValidatedRecipe, base: BaseModelRef) -> capacity.BaseBoot:
     """The TP the base boots at: the recipe's, or the smallest that fits this host when the bf16 base
     does not fit the recipe's GPUs; fails, before quantizing, when this host has too few (capacity.base_boot)."""
-    config = json.loads((Path(base.local_dir) / "config.json").read_text())
+    config = base.config
     boot = capacity.base_boot(validated.recipe, config, device_memory_bytes=gpu.usable_memory_bytes(),
                               gpu_count=len(gpu.device_handles()))
     if boot.reason:
@@ -100,7 +94,7 @@ def measure_capacity(server: RunningServer, spec: ServerSpec, name: capacity.Boo
 @task(name="summarize-capacity")
 def summarize_capacity(validated: ValidatedRecipe, base: BaseModelRef, configs: list[capacity.CapacityConfig],
                        base_boot: capacity.BaseBoot | None = None) -> capacity.CapacityReport:
-    config = json.loads((Path(base.local_dir) / "config.json").read_text())
+    config = base.config
     return capacity.summarize_capacity(validated.recipe, configs, config, device_memory_bytes=gpu.usable_memory_bytes(),
                                        base_boot=base_boot.reason if base_boot else None)
 
@@ -110,7 +104,7 @@ def write_serving_profile(validated: ValidatedRecipe, base: BaseModelRef, spec: 
                           config: capacity.CapacityConfig, checkpoint_dir: str,
                           run_dir: Path) -> serving_profile.ServingProfile:
     """serve-profile.yaml for the boot the gates validated, its KV cache pinned (serving_profile.py)."""
-    base_config = json.loads((Path(base.local_dir) / "config.json").read_text())
+    base_config = base.config
     profile = serving_profile.write_serving_profile(
         spec, config, base_config, run_dir / profile_output.PROFILE_FILE,
         model=published_model(validated, checkpoint_dir), device_memory_bytes=gpu.usable_memory_bytes())

@@ -7,13 +7,12 @@ from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect.exceptions import MissingContextError
-from prefect.logging import get_run_logger
 
 from quantize_serve.gates import soak
 from quantize_serve.recipe.gates import SoakGate, StressProfile
 from quantize_serve.recipe.model import ServeSection
 from quantize_serve.serving.server import RunningServer
+from tasks.run_log import run_log
 
 
 @task(name="run-soak-test", cache_policy=NO_CACHE)
@@ -28,10 +27,7 @@ def run_soak_test(
     server_process_alive: Callable[[], bool] | None = None,
 ) -> soak.SoakResult:
     """Soak the live server; the result's ``failures`` say why it did not pass."""
-    try:
-        log = get_run_logger().info
-    except MissingContextError:  # called as run_soak_test.fn(...) outside a run
-        log = print
+    log = run_log()
     return soak.run_soak_test(
         server, gate, serve, stress=stress, tokenizer_dir=tokenizer_dir, output_dir=Path(output_dir),
         server_process_alive=server_process_alive, log=log,

@@ -7,13 +7,12 @@ from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect.exceptions import MissingContextError
-from prefect.logging import get_run_logger
 
 from quantize_serve.gates import stress
 from quantize_serve.recipe.gates import StressProfile
 from quantize_serve.recipe.model import ServeSection
 from quantize_serve.serving.server import RunningServer
+from tasks.run_log import run_log
 
 
 @task(name="run-stress-test", cache_policy=NO_CACHE)
@@ -27,10 +26,7 @@ def run_stress_test(
     server_process_alive: Callable[[], bool] | None = None,
 ) -> stress.StressResult:
     """Run the profile against the live server; the result's ``failures`` say why it did not pass."""
-    try:
-        log = get_run_logger().info
-    except MissingContextError:  # called as run_stress_test.fn(...) outside a run
-        log = print
+    log = run_log()
     return stress.run_stress_test(
         server, profile, serve, tokenizer_dir=tokenizer_dir, output_dir=Path(output_dir),
         server_process_alive=server_process_alive, log=log,

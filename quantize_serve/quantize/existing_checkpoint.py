@@ -96,11 +96,10 @@ def check_checkpoint(folder: Path, base_config: dict[str, Any], *, source: str, 
     return scheme
 
 
-def use_checkpoint(recipe: Recipe, folder: Path, base_dir: Path, *, source: str,
+def use_checkpoint(recipe: Recipe, folder: Path, base_dir: Path, base_config: dict[str, Any], *, source: str,
                    identity: str | None = None) -> QuantizeResult:
     """The quantize stage's result for an existing checkpoint (nothing is quantized)."""
     q = recipe.quantization
-    base_config = json.loads((Path(base_dir) / "config.json").read_text())
     scheme = check_checkpoint(folder, base_config, source=source, field="quantization.checkpoint",
                               value=q.checkpoint or str(folder))
     fmt = json.loads((Path(folder) / "config.json").read_text())["quantization_config"]["quant_method"]

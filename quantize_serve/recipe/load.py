@@ -101,7 +101,9 @@ def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Re
         raise RecipeError(str(path), "<file>", str(path), "not a UTF-8 text file",
                           "pass the path of a YAML recipe, e.g. recipes/tiny-llama-awq.yaml") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except _DuplicateKey as exc:
+        raise duplicate_key_error(str(path), text, exc) from None
     except yaml.MarkedYAMLError as exc:
         raise yaml_error(str(path), text, exc) from None
     except yaml.YAMLError as exc:
@@ -110,6 +112,40 @@ def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Re
     if overrides:
         data = apply_overrides(data, overrides, source=str(path))
     return parse_recipe(data, source=str(path), base_dir=path.resolve().parent)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, first: yaml.Mark, second: yaml.Mark) -> None:
+        super().__init__(key)
+        self.key, self.first, self.second = key, first, second
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key written twice in one mapping is an error: plain YAML
+    keeps the last one silently, so a recipe with ``name:`` twice would run with a setting its
+    author may not have meant."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` may be overridden on purpose
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise _DuplicateKey(key, seen[key], key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep)
+
+
+def duplicate_key_error(source: str, text: str, exc: _DuplicateKey) -> RecipeError:
+    """Both lines of a key written twice in one mapping."""
+    lines = text.splitlines()
+    first, second = exc.first.line, exc.second.line
+    return RecipeError(source, str(exc.key), exc.key,
+                       f"the key is written twice in one mapping: line {first + 1} "
+                       f"({lines[first].strip()!r}) and line {second + 1} ({lines[second].strip()!r})",
+                       f"keep one of the two lines ({first + 1} or {second + 1}); YAML would silently use "
+                       "the last")
 
 
 def yaml_error(source: str, text: str, exc: yaml.MarkedYAMLError) -> RecipeError:

@@ -24,7 +24,8 @@ from quantize_serve.gates.accuracy import TASK_FILE_SUFFIXES
 from quantize_serve.serving.gpu import describe_devices
 
 # Where the flow keeps lm-eval's raw results (its `configs` say which dataset each task read).
-ACCURACY_DIRS = ("accuracy-quantized", "accuracy-base")
+ACCURACY_BASE_DIR, ACCURACY_QUANTIZED_DIR = "accuracy-base", "accuracy-quantized"
+ACCURACY_DIRS = (ACCURACY_QUANTIZED_DIR, ACCURACY_BASE_DIR)
 
 
 # `dataset_path` values that are `datasets` builders for local files, not Hub dataset ids.

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from quantize_serve.core.errors import RecipeError, RecipeErrors
 from quantize_serve.core.model_files import check_model_files, folder_digest
@@ -25,7 +25,7 @@ from quantize_serve.gates.accuracy import TASK_FILE_SUFFIXES
 from quantize_serve.hub.download import download_base, fetch_model_config
 from quantize_serve.quantize.calibration import calibration_fingerprint, peek_calibration
 from quantize_serve.quantize.existing_checkpoint import check_checkpoint
-from quantize_serve.recipe.inputs import check_model, check_model_config, show_path
+from quantize_serve.recipe.inputs import check_model, check_model_config, read_model_config, show_path
 from quantize_serve.recipe.load import apply_overrides, load_recipe, parse_recipe
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.serving.host import serving_host_gap
@@ -46,6 +46,9 @@ class BaseModelRef(BaseModel):
     repo_id: str | None = None
     revision: str | None = None
     sha: str
+    # Its config.json, read once when the base is resolved and carried to every stage that needs it
+    # (not written to report.json: the base is identified by its sha).
+    config: dict[str, Any] = Field(default_factory=dict, exclude=True)
 
     @property
     def identity(self) -> str:
@@ -200,12 +203,12 @@ def resolve_base(validated: ValidatedRecipe, *, cache_dir: Path | None = None) -
     recipe = validated.recipe
     if recipe.model_is_local:
         local = recipe.path(recipe.model.id)
-        return BaseModelRef(local_dir=str(local), sha=folder_digest(local))
+        return BaseModelRef(local_dir=str(local), sha=folder_digest(local), config=read_model_config(local))
     resolved = download_base(recipe, cache_dir=cache_dir)
     check_model_files(Path(resolved.local_dir), source=validated.source, value=recipe.model.id)
-    check_model(recipe, Path(resolved.local_dir), source=validated.source)
+    config = check_model(recipe, Path(resolved.local_dir), source=validated.source)
     return BaseModelRef(local_dir=str(resolved.local_dir), repo_id=recipe.model.id,
-                        revision=recipe.model.revision, sha=resolved.sha)
+                        revision=recipe.model.revision, sha=resolved.sha, config=config)
 
 
 

@@ -210,3 +210,17 @@ def test_on_uncertain_and_min_samples_load(recipe_file):
                                        gates__accuracy__min_samples=20)).recipe.gates.accuracy
     assert (gate.on_uncertain, gate.min_samples) == ("fail", 20)
     assert load_recipe(ROOT / "recipes/tiny-llama-awq.yaml").gates.accuracy.on_uncertain == "warn"
+
+
+def test_a_key_written_twice_is_an_error_that_shows_both_lines(tmp_path) -> None:
+    text = (ROOT / "recipes" / "tiny-llama-awq.yaml").read_text()
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("name:"))
+    path = tmp_path / "twice.yaml"
+    path.write_text(text + "\nname: another-name\n")
+    with pytest.raises(RecipeError) as err:
+        load_recipe(path)
+    assert err.value.field == "name"
+    assert (f"line {first + 1} ({lines[first]!r}) and line {len(lines) + 2} ('name: another-name')"
+            in err.value.problem)
+    assert "keep one of the two lines" in err.value.fix

@@ -1,0 +1,93 @@
+"""The boots a release is measured with, written once: the pipeline and the format choice compose them.
+
+serve_base        (a) the base model, 16-bit KV: capacity and the base accuracy.
+serve_quantized   (b) the quantized model, 16-bit KV: capacity; then (c) the production boot (the
+                  recipe's KV dtype): capacity, the accuracy gate, the stress gate and, when asked,
+                  the soak test.
+
+Each boot is served once and stopped before the next starts (one GPU's memory, one boot at a time);
+the caller holds the `gpu` slot around them. ``also`` runs on a boot right after its capacity is read
+(the format choice's kernel check and bench; the pipeline's serving profile), with the live server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect.states import State
+
+from quantize_serve.capacity.measure import CapacityConfig
+from quantize_serve.serving.boot import Boot
+from quantize_serve.serving.server import RunningServer, ServerSpec
+from quantize_serve.validate.preflight import ValidatedRecipe
+from tasks.accuracy import run_accuracy
+from tasks.report import Progress
+from tasks.serve import measure_capacity, served
+from tasks.soak import run_soak_test
+from tasks.stress import run_stress_test
+
+Also = Callable[[RunningServer, ServerSpec, CapacityConfig], Any]
+
+
+@dataclass
+class BaseServed:
+    capacity: CapacityConfig
+    accuracy: State
+    also: Any = None
+
+
+@dataclass
+class QuantizedServed:
+    capacity_16bit_kv: CapacityConfig | None
+    capacity: CapacityConfig  # the production boot's
+    accuracy: State
+    stress: State
+    soak: State | None = None
+    also: Any = None
+
+
+def serve_base(validated: ValidatedRecipe, model_dir: str, log_dir: Path, *, accuracy_dir: Path,
+               tensor_parallel_size: int | None = None, also: Also | None = None) -> BaseServed:
+    """(a): ``tensor_parallel_size`` when the base needs more GPUs than the recipe's (plan-base-boot)."""
+    r = validated.recipe
+    boot = served(validated, Boot.BASE, model_dir, log_dir, tensor_parallel_size=tensor_parallel_size)
+    with boot as (server, spec):
+        capacity = measure_capacity(server, spec, Boot.BASE)
+        extra = also(server, spec, capacity) if also else None
+        accuracy = run_accuracy(server.base_url, r.gates.accuracy, tokenizer_dir=model_dir,
+                                max_length=r.serve.max_model_len, base_dir=Path(r.base_dir),
+                                output_dir=accuracy_dir, return_state=True)
+    return BaseServed(capacity=capacity, accuracy=accuracy, also=extra)
+
+
+def serve_quantized(validated: ValidatedRecipe, checkpoint_dir: str, log_dir: Path, *, accuracy_dir: Path,
+                    stress_dir: Path, sixteen_bit_kv: bool = True, soak_dir: Path | None = None,
+                    also: Also | None = None, progress: Progress | None = None) -> QuantizedServed:
+    """(b) when ``sixteen_bit_kv``, then (c). ``soak_dir``: run the soak test too (gates.soak), its
+    files there. ``progress`` is told when each boot is done."""
+    r = validated.recipe
+    sixteen = None
+    if sixteen_bit_kv:
+        with served(validated, Boot.QUANTIZED_16BIT_KV, checkpoint_dir, log_dir) as (server, spec):
+            sixteen = measure_capacity(server, spec, Boot.QUANTIZED_16BIT_KV)
+        if progress:
+            progress.done("quantized served")
+    with served(validated, Boot.PRODUCTION, checkpoint_dir, log_dir) as (server, spec):
+        capacity = measure_capacity(server, spec, Boot.PRODUCTION)
+        extra = also(server, spec, capacity) if also else None
+        accuracy = run_accuracy(server.base_url, r.gates.accuracy, tokenizer_dir=checkpoint_dir,
+                                max_length=r.serve.max_model_len, base_dir=Path(r.base_dir),
+                                output_dir=accuracy_dir, return_state=True)
+        stress = run_stress_test(server, r.gates.stress, r.serve, tokenizer_dir=checkpoint_dir,
+                                 output_dir=stress_dir, return_state=True)
+        soak = None
+        if soak_dir is not None and r.gates.soak:  # gates.soak is optional
+            soak = run_soak_test(server, r.gates.soak, r.serve, stress=r.gates.stress,
+                                 tokenizer_dir=checkpoint_dir, output_dir=soak_dir, return_state=True)
+    if progress:
+        progress.done("fp8 served")
+    return QuantizedServed(capacity_16bit_kv=sixteen, capacity=capacity, accuracy=accuracy, stress=stress,
+                           soak=soak, also=extra)
