@@ -30,7 +30,6 @@ from quantize_serve.report.run_report import RunReport
 from tasks.decide import compare_accuracy, decide_release
 from tasks.formats import with_candidate
 from tasks.hub import promote_or_reject, push_candidate
-from tasks.profile import search_serve_profile, with_found_profile
 from tasks.quantize import quantize_model
 from tasks.report import Progress, publish_report, request_approval, run_folder, run_id, write_report_files
 from tasks.serve import (
@@ -42,6 +41,7 @@ from tasks.serve import (
     summarize_capacity,
     write_serving_profile,
 )
+from tasks.serve_profile import search_serve_profile, with_found_profile
 from tasks.validate import resolve_base_model, validate_recipe
 
 

@@ -9,7 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from quantize_serve.gates import soak
-from quantize_serve.recipe.gates import SoakGate, StressProfile
+from quantize_serve.recipe.gates import SoakGate, StressGate
 from quantize_serve.recipe.model import ServeSection
 from quantize_serve.serving.server import RunningServer
 from tasks.run_log import run_log
@@ -21,7 +21,7 @@ def run_soak_test(
     gate: SoakGate,
     serve: ServeSection,
     *,
-    stress: StressProfile | None = None,
+    stress: StressGate | None = None,
     tokenizer_dir: str,
     output_dir: Path,
     server_process_alive: Callable[[], bool] | None = None,

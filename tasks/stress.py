@@ -9,7 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from quantize_serve.gates import stress
-from quantize_serve.recipe.gates import StressProfile
+from quantize_serve.recipe.gates import StressGate
 from quantize_serve.recipe.model import ServeSection
 from quantize_serve.serving.server import RunningServer
 from tasks.run_log import run_log
@@ -18,7 +18,7 @@ from tasks.run_log import run_log
 @task(name="run-stress-test", cache_policy=NO_CACHE)
 def run_stress_test(
     server: RunningServer,
-    profile: StressProfile,
+    profile: StressGate,
     serve: ServeSection,
     *,
     tokenizer_dir: str,

@@ -39,7 +39,7 @@ from pydantic import BaseModel, Field
 
 from quantize_serve.core.errors import GateError
 from quantize_serve.core.processes import process_alive
-from quantize_serve.recipe.gates import MIN_SOAK_SAMPLES, SoakGate, StressProfile
+from quantize_serve.recipe.gates import MIN_SOAK_SAMPLES, SoakGate, StressGate
 from quantize_serve.recipe.model import ServeSection
 from quantize_serve.serving.server import RunningServer
 from quantize_serve.traffic.requests import Probe, answer_failures, race, send_probe, token_prompts
@@ -236,7 +236,7 @@ def run_soak_test(
     gate: SoakGate,
     serve: ServeSection,
     *,
-    stress: StressProfile | None = None,
+    stress: StressGate | None = None,
     tokenizer_dir: str,
     output_dir: Path,
     server_process_alive: Callable[[], bool] | None = None,
@@ -251,7 +251,7 @@ def run_soak_test(
     """
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    stress = stress or StressProfile()
+    stress = stress or StressGate()
     prompts, outputs = gate.prompt_tokens or stress.prompt_tokens, gate.output_tokens or stress.output_tokens
     if max(prompts) + max(outputs) > serve.max_model_len:
         raise GateError(f"gates.soak: the largest prompt ({max(prompts)}) + the largest output ({max(outputs)}) "

@@ -38,7 +38,7 @@ from pydantic import BaseModel
 
 from quantize_serve.core.errors import GateError
 from quantize_serve.core.processes import process_alive
-from quantize_serve.recipe.gates import StressProfile
+from quantize_serve.recipe.gates import StressGate
 from quantize_serve.recipe.model import ServeSection
 from quantize_serve.recipe.section import LONG_PROMPT_MARGIN as LONG_MARGIN
 from quantize_serve.serving.server import RunningServer
@@ -93,7 +93,7 @@ def concurrency_steps(target: int) -> list[int]:
     return sorted({1, max(1, target // 4), max(1, target // 2), target})
 
 
-def plan_traffic(profile: StressProfile, serve: ServeSection, tokenizer_dir: str, *,
+def plan_traffic(profile: StressGate, serve: ServeSection, tokenizer_dir: str, *,
                  seed: int) -> list[tuple[int, list[Probe]]]:
     """(concurrency, requests) per step; over-long prompts go into the peak step."""
     max_len, max_out = serve.max_model_len, max(profile.output_tokens)
@@ -157,7 +157,7 @@ def plan_traffic(profile: StressProfile, serve: ServeSection, tokenizer_dir: str
 
 def run_stress_test(
     server: RunningServer,
-    profile: StressProfile,
+    profile: StressGate,
     serve: ServeSection,
     *,
     tokenizer_dir: str,
@@ -187,7 +187,7 @@ def run_stress_test(
         return pool.submit(asyncio.run, coro).result()
 
 
-async def _stress(server: RunningServer, profile: StressProfile, serve: ServeSection,
+async def _stress(server: RunningServer, profile: StressGate, serve: ServeSection,
                   schedule: list[tuple[int, list[Probe]]], alive: Callable[[], bool], tokenizer_dir: str,
                   output_dir: Path, seed: int, log: Callable[[str], None]) -> StressResult:
     t0 = time.monotonic()
@@ -268,7 +268,7 @@ async def _stress(server: RunningServer, profile: StressProfile, serve: ServeSec
     return result
 
 
-def judge(r: StressResult, profile: StressProfile, *, traffic: str, death_reason: str,
+def judge(r: StressResult, profile: StressGate, *, traffic: str, death_reason: str,
           bench_error: str) -> list[str]:
     """One line per violated condition; empty means passed."""
     f = []

@@ -108,7 +108,7 @@ class AccuracyGate(Section):
         return value
 
 
-class StressProfile(Section):
+class StressGate(Section):
     """The batched traffic the release promises to survive."""
 
     concurrency: PositiveInt | None = Field(
@@ -193,6 +193,6 @@ class SoakGate(Section):
 
 class GatesSection(Section):
     accuracy: AccuracyGate = Field(default_factory=AccuracyGate)
-    stress: StressProfile = Field(default_factory=StressProfile)
+    stress: StressGate = Field(default_factory=StressGate)
     soak: SoakGate | None = Field(default=None, description="Sustained-traffic memory and preemption "
                                   "gate on the production boot (quantize_serve/gates/soak.py); off when absent.")

@@ -11,14 +11,14 @@ from pathlib import Path
 from quantize_serve.capacity.measure import capacity_spec
 from quantize_serve.core.errors import ServerBootError
 from quantize_serve.gates.stress import run_stress_test
-from quantize_serve.recipe.gates import StressProfile
+from quantize_serve.recipe.gates import StressGate
 from quantize_serve.recipe.model import Recipe, ServeSection
 from quantize_serve.serve_profile.search import Probe, SearchPoint
 from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.server import vllm_server
 
 
-def search_stress_profile(profile: StressProfile, serve: ServeSection) -> StressProfile:
+def search_stress_profile(profile: StressGate, serve: ServeSection) -> StressGate:
     """The recipe's stress profile at concurrency = the candidate max_num_seqs.
 
     num_requests is raised to the concurrency where it is lower, so the traffic's peak step (not
@@ -26,7 +26,7 @@ def search_stress_profile(profile: StressProfile, serve: ServeSection) -> Stress
     """
     data = profile.model_dump()
     data.update(concurrency=serve.max_num_seqs, num_requests=max(profile.num_requests, serve.max_num_seqs))
-    return StressProfile.model_validate(data)
+    return StressGate.model_validate(data)
 
 
 def vllm_probe(recipe: Recipe, checkpoint_dir: Path, *, tokenizer_dir: str, output_dir: Path,

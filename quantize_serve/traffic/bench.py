@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from quantize_serve.core.settings import get_settings
-from quantize_serve.recipe.gates import StressProfile
+from quantize_serve.recipe.gates import StressGate
 from quantize_serve.recipe.model import ServeSection
 from quantize_serve.recipe.section import LONG_PROMPT_MARGIN as LONG_MARGIN
 from quantize_serve.serving.server import SERVED_NAME, RunningServer, serving_env, tail
@@ -71,7 +71,7 @@ class ThroughputFigures(BaseModel):
     p99_tpot_ms: float | None = None
 
 
-def bench_lengths(profile: StressProfile, serve: ServeSection) -> tuple[int, int]:
+def bench_lengths(profile: StressGate, serve: ServeSection) -> tuple[int, int]:
     """The profile's typical (mean) lengths, kept inside max_model_len."""
     out = round(statistics.mean(profile.output_tokens))
     inp = min(round(statistics.mean(profile.prompt_tokens)), serve.max_model_len - out - LONG_MARGIN)

@@ -23,7 +23,7 @@ import pytest
 
 from quantize_serve.core.processes import process_tree
 from quantize_serve.gates.stress import run_stress_test
-from quantize_serve.recipe.gates import StressProfile
+from quantize_serve.recipe.gates import StressGate
 from quantize_serve.recipe.load import load_recipe
 from quantize_serve.serving.server import ServerSpec, vllm_server
 from tests.conftest import ROOT
@@ -142,7 +142,7 @@ def test_killed_server_fails_fast_and_leaves_nothing(recipe_boot: Boot, tmp_path
 def test_profile_beyond_kv_budget_fails_with_preemptions(tmp_path: Path) -> None:
     # 8 KV blocks of 128 tokens hold 2 requests of 508 tokens; the profile runs 16 at once that
     # grow to 272-508 tokens each, so the scheduler must preempt.
-    profile = StressProfile(concurrency=16, num_requests=16, max_duration_s=240, prompt_tokens=[16],
+    profile = StressGate(concurrency=16, num_requests=16, max_duration_s=240, prompt_tokens=[16],
                             output_tokens=[256], long_prompt_share=0.5, overlong_prompts=1,
                             max_preemptions=0, request_timeout_s=180)
     with vllm_server(spec(8 * BLOCK_BYTES + 1000), log_path=tmp_path / "vllm.log") as server:

@@ -249,7 +249,7 @@ def test_plot_search_writes_a_png(tmp_path):
 
 def test_task_writes_profile_and_chart(tmp_path, monkeypatch):
     from quantize_serve.serve_profile.output import PROFILE_FILE
-    from tasks.profile import PLOT_FILE, search_serve_profile
+    from tasks.serve_profile import PLOT_FILE, search_serve_profile
 
     def spec_for(serve):
         return capacity_spec(RECIPE.model_copy(update={"serve": serve}), Boot.PRODUCTION, MODEL)
@@ -271,7 +271,7 @@ def test_task_starts_a_gpu_search_at_the_planners_recommendation_for_this_gpu(tm
     """On a GPU the flow's search starts where the planner puts this GPU (it started at the range's
     low end when the task left the device's memory out: "KV 0 tokens", seen on the H200)."""
     from quantize_serve.serving import gpu
-    from tasks.profile import search_serve_profile
+    from tasks.serve_profile import search_serve_profile
 
     calls: list[ServeSection] = []
     monkeypatch.setattr(profile_probe, "vllm_probe", lambda *a, **k: threshold_probe(100, calls))
