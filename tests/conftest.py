@@ -10,10 +10,13 @@ import platform
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from localhub.server import LocalHub
 from quantize_serve.serving.host import serving_host_gap
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,6 +149,36 @@ def vllm_processes_of(log_path: str = "") -> list:
     return found
 
 
+@contextmanager
+def local_hub(root: Path, *, tokens: tuple[str, ...] = (), read_tokens: tuple[str, ...] = (),
+              online: bool = False) -> Iterator[LocalHub]:
+    """The one way tests start a local Hub (localhub/, the Hub's HTTP protocol) under ``root``.
+
+    ``tokens`` may write, ``read_tokens`` only read (none: anyone may). ``online``: this process and
+    the processes it starts (the quantization worker loads the calibration data) reach it as the Hub,
+    with HF_TOKEN the first token and a private HF cache, and runs go to ``hub.runs`` (root/runs), as a
+    whole flow run needs."""
+    from localhub.client import hub_client_env
+    from localhub.server import start_local_hub
+    from quantize_serve.core.settings import get_settings
+
+    with start_local_hub(root / "hub", tokens=tokens, read_tokens=read_tokens) as hub:
+        if not online:
+            yield hub
+            return
+        with hub_client_env(hub.endpoint, cache_dir=root / "hf-cache"), pytest.MonkeyPatch.context() as mp:
+            if tokens:
+                mp.setenv("HF_TOKEN", tokens[0])
+            hub.runs = root / "runs"
+            hub.runs.mkdir(parents=True, exist_ok=True)
+            mp.setenv("QS_RUNS_DIR", str(hub.runs))
+            get_settings.cache_clear()
+            try:
+                yield hub
+            finally:
+                get_settings.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def datasets_hub(tmp_path_factory):
     """A local hub holding the datasets the shipped recipes name, made by localhub.datasets:
@@ -155,10 +188,9 @@ def datasets_hub(tmp_path_factory):
 
     from localhub.client import hub_client_env
     from localhub.datasets import publish_gsm8k, publish_ultrachat
-    from localhub.server import start_local_hub
 
     root = tmp_path_factory.mktemp("datasets-hub")
-    with start_local_hub(root / "hub") as hub:
+    with local_hub(root) as hub:
         with hub_client_env(hub.endpoint, cache_dir=root / "publish-cache"):
             api = HfApi(endpoint=hub.endpoint)
             publish_gsm8k(api)

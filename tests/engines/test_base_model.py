@@ -7,7 +7,6 @@ never a task parameter), only the files quantizing and serving read, into the wo
 from __future__ import annotations
 
 import errno
-import inspect
 import logging
 import shutil
 import uuid
@@ -18,13 +17,14 @@ import pytest
 from huggingface_hub import HfApi
 from huggingface_hub import constants as hf_constants
 
-from localhub.server import LocalHub, start_local_hub
+from localhub.server import LocalHub
 from quantize_serve.core.errors import HubAuthError, HubError, HubNotFoundError
 from quantize_serve.core.settings import get_settings
 from quantize_serve.hub.client import RetryPolicy
 from quantize_serve.hub.download import BASE_MODEL_FILES, base_model_patterns, resolve_base_model
 from quantize_serve.validate.preflight import ValidatedRecipe, resolve_base
 from tests.conftest import ROOT, use_local_hub_client
+from tests.conftest import local_hub as local_hub_server
 
 TINY = ROOT / "models" / "tiny-llama"
 WRITE = "hf_WriteTokenForBaseModelTests012345678"
@@ -42,7 +42,7 @@ Usage = namedtuple("Usage", "total used free")
 
 @pytest.fixture(scope="module")
 def local_hub(tmp_path_factory: pytest.TempPathFactory):
-    with start_local_hub(tmp_path_factory.mktemp("hub"), tokens=(WRITE,), read_tokens=(READ,)) as hub:
+    with local_hub_server(tmp_path_factory.mktemp("hub"), tokens=(WRITE,), read_tokens=(READ,)) as hub:
         yield hub
 
 
@@ -193,48 +193,6 @@ def test_private_base_model_uses_the_recipe_token_env(local_hub: LocalHub, base_
     for text in (out, errout, caplog.text):
         assert WRONG not in text and READ not in text
     assert_no_none_folder(tmp_path)
-
-
-def test_base_model_token_from_a_prefect_secret_block(local_hub: LocalHub, base_repo: str, awq_recipe):
-    from prefect.blocks.system import Secret
-
-    block = f"qs-base-token-{uuid.uuid4().hex[:8]}"
-    Secret(value=READ).save(block, overwrite=True)
-    validated = validated_for(awq_recipe, base_repo, token_env="QS_TEST_UNSET_TOKEN",
-                              token_secret_block=block)
-    base = resolve_base(validated)
-    assert files_in(Path(base.local_dir)) == NEEDED
-
-
-def test_the_task_reads_the_token_itself_and_tries_a_4xx_once(local_hub: LocalHub, base_repo: str,
-                                                              awq_recipe, monkeypatch: pytest.MonkeyPatch,
-                                                              caplog: pytest.LogCaptureFixture):
-    """Prefect records a task's inputs: the token is no parameter of resolve-base-model, which
-    reads it itself; a 401 or 404 costs exactly one request (no task or client retry)."""
-    from prefect import flow
-
-    from tasks.validate import resolve_base_model as resolve_task
-
-    assert list(inspect.signature(resolve_task.fn).parameters) == ["validated"]
-    caplog.set_level(logging.DEBUG)
-
-    @flow(name="resolve-base-model-token")
-    def resolve(validated: ValidatedRecipe):
-        return resolve_task(validated)
-
-    monkeypatch.setenv("QS_TEST_BASE_TOKEN", WRONG)
-    for repo_id, error in ((base_repo, HubAuthError), ("org/does-not-exist", HubNotFoundError)):
-        if error is HubNotFoundError:
-            monkeypatch.setenv("QS_TEST_BASE_TOKEN", READ)
-        mark = len(local_hub.requests)
-        state = resolve(validated_for(awq_recipe, repo_id, token_env="QS_TEST_BASE_TOKEN"), return_state=True)
-        assert state.is_failed()
-        with pytest.raises(error):
-            state.result()
-        assert len([r for r in local_hub.requests[mark:] if repo_id in r.path]) == 1
-    base = resolve(validated_for(awq_recipe, base_repo, token_env="QS_TEST_BASE_TOKEN"))
-    assert base.repo_id == base_repo and files_in(Path(base.local_dir)) == NEEDED
-    assert WRONG not in caplog.text and READ not in caplog.text
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import httpx
 import pytest
 from huggingface_hub import HfApi, ModelCard, snapshot_download
 
-from localhub.server import LocalHub, start_local_hub
+from localhub.server import LocalHub
 from quantize_serve.core.errors import HubAuthError, HubError, HubNotFoundError
 from quantize_serve.hub.client import RetryPolicy, resolve_token
 from quantize_serve.hub.download import resolve_base_model
@@ -38,6 +38,7 @@ from quantize_serve.hub.publish import (
 from quantize_serve.recipe.model import HubSection
 from quantize_serve.release.card import AccuracyRow, ModelCardInputs, Provenance, render_model_card
 from tests.conftest import ROOT, use_local_hub_client
+from tests.conftest import local_hub as local_hub_server
 
 WRITE = "hf_WriteTokenForLocalHubTests0123456789"
 READ = "hf_ReadOnlyTokenForLocalHubTests01234567"
@@ -46,14 +47,14 @@ FAST = RetryPolicy(attempts=4, base_s=0.01, max_s=0.05)
 
 
 # --------------------------------------------------------------------------------------------
-# Fixtures (kept in this module: tests/conftest.py belongs to the lead)
+# Fixtures
 # --------------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def local_hub(tmp_path_factory: pytest.TempPathFactory):
     """One local hub for the module; each test uses its own repo, faults are cleared per test."""
-    with start_local_hub(tmp_path_factory.mktemp("hub"), tokens=(WRITE,), read_tokens=(READ,)) as hub:
+    with local_hub_server(tmp_path_factory.mktemp("hub"), tokens=(WRITE,), read_tokens=(READ,)) as hub:
         yield hub
 
 

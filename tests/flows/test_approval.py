@@ -31,6 +31,7 @@ from quantize_serve.report.run_report import RunReport
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
 from tasks.report import request_approval
 from tests.conftest import ROOT
+from tests.conftest import local_hub as local_hub_server
 
 TOKEN = "hf_ApprovalTestToken0123456789abcdefgh"
 REVIEW = {"reviewer": "ana", "note": "p99 TTFT too high for the chat tier"}
@@ -57,20 +58,8 @@ def manual_recipe(awq_recipe):
 def local_hub(tmp_path_factory):
     """A local Hub (token required) that this process and the processes it starts (the quantization
     worker loads the calibration data) reach as the Hub; runs go to a temporary folder."""
-    from localhub.client import hub_client_env
-    from localhub.server import start_local_hub
-    from quantize_serve.core.settings import get_settings
-
-    with start_local_hub(tmp_path_factory.mktemp("hub"), tokens=(TOKEN,)) as hub, \
-            hub_client_env(hub.endpoint, cache_dir=tmp_path_factory.mktemp("hf-cache")), \
-            pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_TOKEN", TOKEN)
-        mp.setenv("QS_RUNS_DIR", str(tmp_path_factory.mktemp("runs")))
-        get_settings.cache_clear()
-        try:
-            yield hub
-        finally:
-            get_settings.cache_clear()
+    with local_hub_server(tmp_path_factory.mktemp("hub"), tokens=(TOKEN,), online=True) as hub:
+        yield hub
 
 
 def hub_repo(hub, repo_id: str) -> dict:

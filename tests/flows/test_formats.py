@@ -14,7 +14,7 @@ import json
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, local_hub
 from tests.unit.test_formats import recipe_with
 
 RECIPE = ROOT / "recipes" / "tiny-llama-formats.yaml"
@@ -34,25 +34,11 @@ def formats_hub(tmp_path_factory):
     """A local Hub holding the AutoAWQ checkpoint as a repo; runs go to a temporary folder."""
     from huggingface_hub import HfApi
 
-    from localhub.client import hub_client_env
-    from localhub.server import start_local_hub
-    from quantize_serve.core.settings import get_settings
-
-    with start_local_hub(tmp_path_factory.mktemp("hub"), tokens=(TOKEN,)) as hub, \
-            hub_client_env(hub.endpoint, cache_dir=tmp_path_factory.mktemp("hf-cache")), \
-            pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_TOKEN", TOKEN)
-        runs = tmp_path_factory.mktemp("runs")
-        mp.setenv("QS_RUNS_DIR", str(runs))
-        get_settings.cache_clear()
+    with local_hub(tmp_path_factory.mktemp("hub"), tokens=(TOKEN,), online=True) as hub:
         api = HfApi(endpoint=hub.endpoint, token=TOKEN)
         api.create_repo("community/tiny-llama-awq", private=True)
         api.upload_folder(repo_id="community/tiny-llama-awq", folder_path=str(AUTOAWQ))
-        hub.runs = runs
-        try:
-            yield hub
-        finally:
-            get_settings.cache_clear()
+        yield hub
 
 
 @pytest.mark.quantized_serving

@@ -36,7 +36,7 @@ import pytest
 from quantize_serve.core.errors import (
     HubError,
 )
-from tests.conftest import ROOT
+from tests.conftest import ROOT, local_hub
 
 MODEL = ROOT / "models" / "tiny-llama"
 
@@ -90,7 +90,6 @@ def small_disk(tmp_path: Path, size: str) -> Iterator[Path]:
 def test_disk_full_during_base_download_is_a_hub_error_without_token(tmp_path, monkeypatch, capfd, caplog):
     from huggingface_hub import constants as hf_constants
 
-    from localhub.server import start_local_hub
     from quantize_serve.hub.client import RetryPolicy
     from quantize_serve.hub.download import resolve_base_model
     from quantize_serve.hub.publish import push_candidate
@@ -98,7 +97,7 @@ def test_disk_full_during_base_download_is_a_hub_error_without_token(tmp_path, m
 
     monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)  # the session is offline; this is loopback
-    with start_local_hub(tmp_path / "hub", tokens=(TOKEN,)) as hub:
+    with local_hub(tmp_path, tokens=(TOKEN,)) as hub:
         repo = HubSection(repo_id="org/tiny-base", private=True, release_ref="production")
         push_candidate(repo, MODEL, commit_message="base model", token=TOKEN, endpoint=hub.endpoint)
         with small_disk(tmp_path, "512k") as disk:  # the weights are 2.1 MB
