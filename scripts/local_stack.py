@@ -27,8 +27,7 @@ from quantize_serve.serving.server import (  # every process here leads its own 
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-# the environment's `prefect` command; where packages were installed with --target (a GPU image), the
-# one on PATH (scripts/gpu/host.sh puts the pipeline set's bin/ there)
+# the environment's `prefect` command (make setup's .venv), else the one on PATH
 PREFECT = str(BIN / "prefect") if (BIN / "prefect").exists() else (shutil.which("prefect") or "prefect")
 # pool -> `prefect work-pool create` arguments. gpu-k8s is there because `prefect deploy --all` fails on
 # a deployment whose pool does not exist (llama3-k8s); nothing runs on it here.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 H200 = "GPU 0: NVIDIA H200 (UUID: GPU-5a1f0c3e-0000-0000-0000-000000000000)"
 
 
