@@ -33,8 +33,8 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import aiohttp
 from pydantic import BaseModel, Field
 
 from quantize_serve.core.errors import GateError
@@ -44,6 +44,9 @@ from quantize_serve.recipe.model import ServeSection
 from quantize_serve.serving.server import RunningServer
 from quantize_serve.traffic.requests import Probe, answer_failures, race, send_probe, token_prompts
 from quantize_serve.traffic.sampler import Sampler
+
+if TYPE_CHECKING:
+    pass
 
 MIB = 2**20
 SAMPLES_FILE = "soak-samples.jsonl"
@@ -319,6 +322,8 @@ async def _soak(server: RunningServer, gate: SoakGate, draw: Callable[[], tuple[
 
 
 async def _sample_every(sampler: Sampler, interval_s: float, stop: asyncio.Event) -> None:
+    import aiohttp  # heavy (~0.15 s): imported where requests are sent
+
     """The stress test's sampler at the soak's own cadence (one tick per interval, from t = 0)."""
     async with aiohttp.ClientSession() as session:
         while not stop.is_set() and not sampler.dead.is_set():
@@ -330,6 +335,8 @@ async def _sample_every(sampler: Sampler, interval_s: float, stop: asyncio.Event
 
 async def _sustain(base_url: str, draw: Callable[[], tuple[list[int], int]], concurrency: int, gate: SoakGate,
                    t0: float, traffic: SoakTraffic) -> None:
+    import aiohttp  # heavy (~0.15 s): imported where requests are sent
+
     """Keep ``concurrency`` requests in flight until cancelled (race() ends it at duration_s)."""
     url, index = base_url + "/v1/completions", itertools.count()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:

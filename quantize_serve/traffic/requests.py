@@ -10,12 +10,13 @@ import random
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal
-
-import aiohttp
+from typing import TYPE_CHECKING, Any, Literal
 
 from quantize_serve.core.errors import GateError
 from quantize_serve.serving.server import SERVED_NAME
+
+if TYPE_CHECKING:
+    import aiohttp
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ def token_prompts(tokenizer_dir: str, rng: random.Random) -> Callable[[int], lis
 
 
 async def send_probe(session: aiohttp.ClientSession, url: str, probe: Probe, timeout_s: float) -> dict:
+    import aiohttp  # heavy (~0.15 s): imported where requests are sent
+
     rec: dict[str, Any] = {"index": probe.index, "kind": probe.kind, "prompt_tokens": len(probe.prompt),
                            "max_tokens": probe.max_tokens}
     body = {"model": SERVED_NAME, "prompt": probe.prompt, "max_tokens": probe.max_tokens,
@@ -86,6 +89,8 @@ def classify(probe: Probe, rec: dict) -> str:
 
 async def run_steps(base_url: str, schedule: list[tuple[int, list[Probe]]], timeout_s: float,
                     records: dict[int, dict], log: Callable[[str], None]) -> None:
+    import aiohttp  # heavy (~0.15 s): imported where requests are sent
+
     url = base_url + "/v1/completions"
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         for concurrency, probes in schedule:

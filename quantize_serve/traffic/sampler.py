@@ -7,8 +7,8 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import aiohttp
 import psutil
 
 from quantize_serve.core.processes import process_tree
@@ -16,10 +16,10 @@ from quantize_serve.serving import gpu
 from quantize_serve.serving.metrics import read_gauges
 from quantize_serve.serving.server import RunningServer
 
-# long requests: prompt + output = max_model_len - LONG_MARGIN (the recipe checks the same at load)
+if TYPE_CHECKING:
+    import aiohttp
+
 SAMPLE_EVERY_S = 0.2  # short requests on a fast CPU finish between slower samples
-
-
 HEALTH_FAILURES_DEAD = 3  # consecutive /health failures that mean "dead"
 
 
@@ -41,6 +41,8 @@ class Sampler:
         self.baseline = asyncio.Event()
 
     async def tick(self, session: aiohttp.ClientSession) -> None:
+        import aiohttp  # heavy (~0.15 s): imported where requests are sent
+
         now = {"t": round(time.monotonic(), 2)}
         if not self.alive():
             return self.die(f"the server process (pid {self.server.pid}) is gone")
@@ -85,6 +87,8 @@ class Sampler:
             self.dead.set()
 
     async def run(self, stop: asyncio.Event) -> None:
+        import aiohttp  # heavy (~0.15 s): imported where requests are sent
+
         try:
             async with aiohttp.ClientSession() as session:
                 while not stop.is_set() and not self.dead.is_set():
