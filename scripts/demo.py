@@ -17,10 +17,27 @@ from scripts.local_stack import ROOT, local_stack
 
 HOME = ROOT / ".demo"
 DEMO_TOKEN = "hf_demo_local_endpoint_token"  # the local endpoint's own token, not a Hub secret
+RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"  # what the tiny-awq deployment runs
+# Where this CPU's vLLM serves neither W4A16 nor an fp8 KV cache (quantize_serve/serving/host.py),
+# the deployment runs the same recipe as INT8 W8A8 with a 16-bit KV cache, under a name and Hub repo
+# that say so; the run's parameters carry the change, so its report lists it.
+W8A8_NAMES = {"name": "tiny-llama-w8a8", "hub.repo_id": "quantize-serve/tiny-llama-w8a8"}
 
 
-def latest_report() -> Path | None:
-    reports = sorted((ROOT / "runs").glob("tiny-llama-awq-*/report.json"), key=lambda p: p.stat().st_mtime)
+def demo_overrides() -> tuple[dict, str | None]:
+    """The recipe overrides the demo runs with on this machine, and the one line that says why (None:
+    the recipe as it is)."""
+    from quantize_serve.serving.host import servable_overrides
+
+    overrides, why = servable_overrides()
+    if not overrides:
+        return {}, None
+    return {**overrides, **W8A8_NAMES}, (
+        f"demo: {why}; so the demo quantizes INT8 W8A8 (SmoothQuant + GPTQ) and serves it with a 16-bit KV cache")
+
+
+def latest_report(name: str = "tiny-llama-awq") -> Path | None:
+    reports = sorted((ROOT / "runs").glob(f"{name}-*/report.json"), key=lambda p: p.stat().st_mtime)
     return reports[-1] if reports else None
 
 
@@ -33,11 +50,16 @@ def main() -> int:
     from quantize_serve.cli import render_error
     from quantize_serve.core.errors import RecipeError
     from quantize_serve.recipe.load import load_recipe
-    from quantize_serve.validate.preflight import check_serving_host
+    from quantize_serve.validate.preflight import check_quantize_host, check_serving_host
 
-    recipe = ROOT / "recipes" / "tiny-llama-awq.yaml"
-    try:  # before any server starts: a CPU whose vLLM cannot serve the quantized boots says so at once
-        check_serving_host(load_recipe(recipe), source=str(recipe.relative_to(ROOT)))
+    overrides, switched = demo_overrides()
+    if switched:
+        print(switched, flush=True)
+    source = str(RECIPE.relative_to(ROOT))
+    try:  # before any server starts: a host that cannot quantize or serve the recipe says so at once
+        recipe = load_recipe(RECIPE, overrides)
+        check_quantize_host(recipe, source=source)
+        check_serving_host(recipe, source=source)
     except RecipeError as exc:
         print(f"demo: this machine cannot run the demo\n{render_error(exc)}", file=sys.stderr)
         return 2
@@ -46,11 +68,12 @@ def main() -> int:
         print(f"demo: Prefect API {stack.api_url}, local Hub {stack.hub_endpoint}", flush=True)
         print("demo: prefect deployment run quantize-serve/tiny-awq --watch  (the run's logs as they come)",
               flush=True)
-        rc, output, run_id = stack.run_deployment("tiny-awq", echo=echo)
+        rc, output, run_id = stack.run_deployment(
+            "tiny-awq", echo=echo, params={"overrides": json.dumps(overrides)} if overrides else None)
         if rc:
             print(output.split("\n--- worker ---\n", 1)[-1][-4000:])  # the worker's own output
         refs = ""
-        report_path = latest_report()
+        report_path = latest_report(recipe.name)
         if report_path:
             report = json.loads(report_path.read_text())
             release = report.get("release") or {}

@@ -17,7 +17,7 @@ from quantize_serve.core.errors import GateError
 from quantize_serve.core.settings import get_settings
 from quantize_serve.serve_profile import output as profile_output
 from quantize_serve.serve_profile import pinned as serving_profile
-from quantize_serve.serving import gpu
+from quantize_serve.serving import gpu, host
 from quantize_serve.serving.server import RunningServer, ServerSpec, vllm_server
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe, model_shape_dir
 
@@ -96,7 +96,8 @@ def summarize_capacity(validated: ValidatedRecipe, base: BaseModelRef, configs: 
                        base_boot: capacity.BaseBoot | None = None) -> capacity.CapacityReport:
     config = base.config
     return capacity.summarize_capacity(validated.recipe, configs, config, device_memory_bytes=gpu.usable_memory_bytes(),
-                                       base_boot=base_boot.reason if base_boot else None)
+                                       base_boot=base_boot.reason if base_boot else None,
+                                       fp8_kv_unavailable=host.serving_host_gap(None, "fp8"))
 
 
 @task(name="write-serving-profile")

@@ -15,6 +15,7 @@ from quantize_serve.validate import preflight as validate
 def validate_recipe(recipe: Recipe | str | Path,
                     overrides: dict[str, Any] | None = None) -> validate.ValidatedRecipe:
     validated = validate.validate_recipe(recipe, overrides)
+    validate.check_quantize_host(validated.recipe, source=validated.source)
     validate.check_serving_host(validated.recipe, source=validated.source)
     return validated
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from localhub.server import LocalHub
-from quantize_serve.serving.host import serving_host_gap
+from quantize_serve.serving.host import servable_overrides, serving_host_gap
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,8 +34,26 @@ os.environ["PREFECT_HOME"] = TEST_PREFECT_HOME
 os.environ.pop("PREFECT_API_URL", None)
 
 
-# Why vLLM cannot serve the quantized boots on this machine's CPU (x86 without AVX-512), or None.
-QUANTIZED_SERVING_GAP = serving_host_gap()
+# What this machine's vLLM serves (quantize_serve/serving/host.py). Where its CPU has no AVX-512, the
+# session's checkpoint and production boot (awq_recipe, awq_checkpoint, awq_fp8_server) are the
+# shipped recipe as INT8 W8A8 with a 16-bit KV cache (SERVING_OVERRIDES, as `make demo` runs there),
+# and only the tests about W4A16 kernels or the fp8 KV cache skip, each with the reason (its gap).
+SERVING_OVERRIDES, _ = servable_overrides()
+SERVING_GAPS = {"w4a16_serving": ("W4A16 kernels", serving_host_gap("W4A16", None)),
+                "fp8_kv_serving": ("the fp8 KV cache", serving_host_gap(None, "fp8"))}
+# The flags of an AVX2-only x86 CPU (seen: an AMD EPYC of family 25), for tests that fake one.
+AVX2_ONLY = frozenset("fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma bmi2".split())
+
+
+@pytest.fixture
+def avx2_host(monkeypatch):
+    """This machine as an AVX2-only x86 CPU host (no GPU), as quantize_serve/serving/host.py sees it."""
+    from quantize_serve.serving import gpu, host
+
+    monkeypatch.setattr(host, "cpu_flags", lambda cpuinfo=None: AVX2_ONLY)
+    monkeypatch.setattr(host.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(gpu, "usable_memory_bytes", lambda index=0: None)
+    monkeypatch.setattr(gpu, "describe_devices", lambda: None)
 
 
 TIERS = ("unit", "engines", "flows")  # tests/<tier>/: the tier is the folder, and so the marker
@@ -46,25 +64,25 @@ def pytest_collection_modifyitems(config, items):
     ``engines`` (the real vLLM, llm-compressor, lm-eval, the Hub client against the local Hub) and
     ``flows`` (Prefect flows against a throwaway Prefect server, tests/flows/conftest.py).
 
-    Tests marked ``quantized_serving`` (and every test of the production boot, ``awq_fp8_server``)
-    serve a W4A16 checkpoint or an fp8 KV cache with the real vLLM. Where this CPU's vLLM has no such
-    kernels they are skipped with the reason, and tests/unit/test_cpu_support.py checks that the
-    product refuses such a host up front; everything else runs."""
-    skip = pytest.mark.skip(reason=f"vLLM cannot serve quantized models here: {QUANTIZED_SERVING_GAP}")
+    Tests marked ``w4a16_serving`` or ``fp8_kv_serving`` serve a W4A16 checkpoint or an fp8 KV cache
+    with the real vLLM on purpose. Where this CPU's vLLM has no such kernels they are skipped with
+    the reason (SERVING_GAPS), and tests/unit/test_cpu_support.py checks that the product refuses
+    such a recipe up front; everything else runs, the session's quantized boots included."""
     for item in items:
         tier = next((part for part in Path(item.fspath).relative_to(ROOT / "tests").parts if part in TIERS), None)
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
-        if QUANTIZED_SERVING_GAP and (item.get_closest_marker("quantized_serving")
-                                      or "awq_fp8_server" in getattr(item, "fixturenames", ())):
-            item.add_marker(skip)
+        for marker, (about, gap) in SERVING_GAPS.items():
+            if gap and item.get_closest_marker(marker):
+                item.add_marker(pytest.mark.skip(reason=f"about {about}, which vLLM cannot serve here: {gap}"))
+                break
 
 
 @pytest.fixture(scope="session")
 def awq_recipe():
     from quantize_serve.recipe.load import load_recipe
 
-    return load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml")
+    return load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml", SERVING_OVERRIDES)
 
 
 @pytest.fixture(scope="session")
@@ -84,11 +102,11 @@ def quantize_logs() -> dict[str, list[str]]:
     return QUANTIZE_LOGS
 
 
-def _quantize(recipe_path: Path, log=lambda _: None):
+def _quantize(recipe_path: Path, log=lambda _: None, overrides: dict | None = None):
     from quantize_serve.quantize.run import quantize_model
     from quantize_serve.validate.preflight import resolve_base, validate_recipe
 
-    validated = validate_recipe(recipe_path)
+    validated = validate_recipe(recipe_path, overrides)
     base = resolve_base(validated)
     return quantize_model(validated.recipe, Path(base.local_dir), base_identity=base.identity,
                           calibration_fingerprint=validated.calibration_fingerprint, log=log)
@@ -96,7 +114,8 @@ def _quantize(recipe_path: Path, log=lambda _: None):
 
 @pytest.fixture(scope="session")
 def awq_checkpoint():
-    return _quantize(ROOT / "recipes" / "tiny-llama-awq.yaml", log=QUANTIZE_LOGS.setdefault("awq", []).append)
+    return _quantize(ROOT / "recipes" / "tiny-llama-awq.yaml", log=QUANTIZE_LOGS.setdefault("awq", []).append,
+                     overrides=SERVING_OVERRIDES)
 
 
 @pytest.fixture(scope="session")
@@ -124,7 +143,8 @@ def base_server(awq_recipe, base_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def awq_fp8_server(awq_recipe, awq_checkpoint, tmp_path_factory):
-    """(c) the AWQ checkpoint with fp8 KV, the production settings: capacity, accuracy, stress."""
+    """(c) the session's checkpoint in the production settings (AWQ with fp8 KV; INT8 W8A8 with 16-bit
+    KV where this CPU serves neither, SERVING_OVERRIDES): capacity, accuracy, stress."""
     from quantize_serve.capacity.measure import capacity_spec
     from quantize_serve.serving.boot import Boot
     from quantize_serve.serving.server import vllm_server

@@ -14,6 +14,10 @@ Two ways to hold the budget equal:
   vLLM loads: packed int4 + scales + zero points for W4A16, bf16 for the base). This is how
   freed weight memory shows up as KV memory on a GPU, without the CPU allocator's noise (the
   automatic CPU mode reads a node total that moves between boots on a shared machine).
+
+Where the host's vLLM has no fp8 KV cache (a CPU without AVX-512: serving/host.py), a run serves
+its production boot with a 16-bit KV cache (serve.kv_cache_dtype auto); the table then shows the
+fp8-KV row as not available on this CPU, with the reason, instead of a measurement.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from quantize_serve.capacity import planner
 from quantize_serve.core.errors import GateError
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.serving.boot import Boot
+from quantize_serve.serving.host import serving_host_gap
 from quantize_serve.serving.metrics import read_labels
 from quantize_serve.serving.server import RunningServer, ServerSpec, vllm_server
 
@@ -44,6 +49,7 @@ METHOD_GPU = (
     "weights (\"Model loading took\") and activations and gives the rest to the KV cache. KV "
     "figures are vLLM's own (vllm:cache_config_info)."
 )
+FP8_UNAVAILABLE = "not available on this CPU"
 
 
 class CapacityConfig(BaseModel):
@@ -73,10 +79,13 @@ class CapacityReport(BaseModel):
     budget_bytes: int | None
     configs: list[CapacityConfig]
     freed_weight_bytes: int
-    fp8_token_ratio: float
+    fp8_token_ratio: float | None  # None: fp8_kv_unavailable
     gain_quantized: float
-    gain_fp8: float
+    gain_fp8: float | None
     planner: list[PlannerCheck]
+    # Why this host's vLLM has no fp8 KV cache (a CPU without AVX-512), when the production boot
+    # therefore serves a 16-bit one: the table's fp8-KV row says so instead of a measurement.
+    fp8_kv_unavailable: str | None = None
 
     def by_name(self, name: Boot) -> CapacityConfig:
         return next(c for c in self.configs if c.name == name)
@@ -97,12 +106,18 @@ class CapacityReport(BaseModel):
                 f"{c.max_concurrency:.2f}x @ {c.max_model_len:,} | "
                 + (f"{p.predicted_kv_tokens:,} ({p.error_pct:+.2f}%) |" if p else "- |")
             )
+        if self.fp8_kv_unavailable:
+            rows.append(f"| {Boot.PRODUCTION} | fp8 | - | - | {FP8_UNAVAILABLE}: {self.fp8_kv_unavailable} | - | - |")
+            fp8 = (f"fp8 KV {FP8_UNAVAILABLE}; the production boot serves the 16-bit KV cache of the "
+                   f"{Boot.QUANTIZED_16BIT_KV} row.")
+        else:
+            fp8 = (f"{Boot.QUANTIZED_16BIT_KV} + fp8 KV x{self.gain_fp8:.2f}; fp8/16-bit KV tokens "
+                   f"x{self.fp8_token_ratio:.3f}.")
         rows += [
             "",
             f"Memory freed by quantization: {self.freed_weight_bytes / GIB:.4f} GiB "
             f"({self.freed_weight_bytes:,} bytes). Capacity over {Boot.BASE}: {Boot.QUANTIZED_16BIT_KV} "
-            f"x{self.gain_quantized:.2f}, {Boot.QUANTIZED_16BIT_KV} + fp8 KV x{self.gain_fp8:.2f}; fp8/16-bit KV "
-            f"tokens x{self.fp8_token_ratio:.3f}.",
+            f"x{self.gain_quantized:.2f}, {fp8}",
             "",
             f"Method: {self.method}",
         ]
@@ -283,10 +298,18 @@ def plan_for(recipe: Recipe, base_config: dict, name: Boot, *, block_size: int,
 
 
 def summarize_capacity(recipe: Recipe, configs: list[CapacityConfig], base_config: dict,
-                       *, device_memory_bytes: int | None = None, base_boot: str | None = None) -> CapacityReport:
-    """Derived figures and the planner's predictions beside the measured ones."""
+                       *, device_memory_bytes: int | None = None, base_boot: str | None = None,
+                       fp8_kv_unavailable: str | None = None) -> CapacityReport:
+    """Derived figures and the planner's predictions beside the measured ones.
+
+    ``fp8_kv_unavailable``: why this host cannot serve an fp8 KV cache (serving.host). When the
+    production boot (c) served a 16-bit KV cache for that reason, it measured the configuration of
+    (b) again: the report keeps (a) and (b) and shows the fp8-KV row as not available, with the reason."""
     by = {c.name: c for c in configs}
     a, b, c = by[Boot.BASE], by[Boot.QUANTIZED_16BIT_KV], by[Boot.PRODUCTION]
+    if c.kv_cache_dtype.startswith("fp8"):
+        fp8_kv_unavailable = None  # measured after all (a GPU, or a CPU that has it)
+    configs = [a, b] if fp8_kv_unavailable else [a, b, c]
     checks = []
     for cfg in configs:
         plan = plan_for(recipe, base_config, cfg.name, block_size=cfg.block_size,
@@ -298,12 +321,13 @@ def summarize_capacity(recipe: Recipe, configs: list[CapacityConfig], base_confi
         method=METHOD_FIXED if recipe.serve.memory_budget is not None else METHOD_GPU,
         base_boot=base_boot,
         budget_bytes=int(recipe.serve.memory_budget) if recipe.serve.memory_budget is not None else None,
-        configs=[a, b, c],
+        configs=configs,
         freed_weight_bytes=a.weights_bytes - b.weights_bytes,
-        fp8_token_ratio=round(c.kv_cache_tokens / max(b.kv_cache_tokens, 1), 4),
+        fp8_token_ratio=None if fp8_kv_unavailable else round(c.kv_cache_tokens / max(b.kv_cache_tokens, 1), 4),
         gain_quantized=round(b.kv_cache_tokens / max(a.kv_cache_tokens, 1), 4),
-        gain_fp8=round(c.kv_cache_tokens / max(a.kv_cache_tokens, 1), 4),
+        gain_fp8=None if fp8_kv_unavailable else round(c.kv_cache_tokens / max(a.kv_cache_tokens, 1), 4),
         planner=checks,
+        fp8_kv_unavailable=fp8_kv_unavailable,
     )
 
 
@@ -333,4 +357,5 @@ def run_capacity_stage(recipe: Recipe, base_dir: str | Path, checkpoint_dir: str
                                     log_path=Path(log_dir) / f"vllm-{boot}.log", log=log))
         log(f"capacity {boot}: {configs[-1]}")
     base_config = json.loads((Path(base_dir) / "config.json").read_text())
-    return summarize_capacity(recipe, configs, base_config, device_memory_bytes=device_memory_bytes)
+    return summarize_capacity(recipe, configs, base_config, device_memory_bytes=device_memory_bytes,
+                              fp8_kv_unavailable=serving_host_gap(None, "fp8"))

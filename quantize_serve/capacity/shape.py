@@ -56,6 +56,9 @@ def quantization_config(q: QuantizationSection) -> dict:
                           "capacity before quantizing, or run the flow without serve.preflight")
     scheme, fmt = weight_scheme(q), CHECKPOINT_FORMAT[q.scheme]
     groups = {name: {**group, "format": fmt} for name, group in scheme["config_groups"].items()}
+    if q.method in ("gptq", "smoothquant-gptq"):  # GPTQModifier writes its default activation ordering
+        groups = {name: {**group, "weights": {**group["weights"], "actorder": "static"}}
+                  for name, group in groups.items()}
     return checkpoint_quantization_config(groups, ignore=scheme["ignore"], format=fmt)
 
 

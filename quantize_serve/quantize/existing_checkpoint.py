@@ -16,7 +16,7 @@ from typing import Any
 
 from quantize_serve.core.errors import RecipeError
 from quantize_serve.core.model_files import folder_digest
-from quantize_serve.quantize.run import QuantizeResult, engine_versions, weights_bytes_on_disk
+from quantize_serve.quantize.run import NOT_QUANTIZED, QuantizeResult, engine_versions, weights_bytes_on_disk
 from quantize_serve.recipe.model import Recipe
 
 FORMATS = ("awq", "gptq", "compressed-tensors")
@@ -107,4 +107,4 @@ def use_checkpoint(recipe: Recipe, folder: Path, base_dir: Path, base_config: di
         checkpoint_dir=str(folder), method=f"existing {fmt} checkpoint", scheme=scheme, seconds=0.0,
         base_bytes=weights_bytes_on_disk(base_dir), quantized_bytes=weights_bytes_on_disk(folder),
         calibration_fingerprint="", engine_versions=engine_versions(), cached=True,
-        source_checkpoint=identity or f"local:{folder_digest(folder)}", format=fmt)
+        source_checkpoint=identity or f"local:{folder_digest(folder)}", format=fmt, device=NOT_QUANTIZED)

@@ -36,6 +36,7 @@ from quantize_serve.recipe.quantization import QuantizationSection
 
 MANIFEST = "quantize_manifest.json"
 RECIPE_FILE = "llmcompressor_recipe.yaml"
+NOT_QUANTIZED = "n/a (not quantized again)"  # the device of an existing checkpoint used as it is
 ENGINE_PACKAGES = ("llmcompressor", "compressed-tensors", "torch", "transformers", "datasets")
 
 
@@ -51,6 +52,9 @@ class QuantizeResult(BaseModel):
     cached: bool = False
     source_checkpoint: str | None = None  # an existing checkpoint used as it is (existing_checkpoint.py)
     format: str = "compressed-tensors"  # config.json's quantization_config.quant_method
+    # Where llm-compressor ran (the worker's torch device: ``cpu``, ``cuda:0 NVIDIA H200``), NOT_QUANTIZED
+    # for an existing checkpoint; None: a checkpoint made before the device was recorded.
+    device: str | None = None
 
 
 def build_llmcompressor_recipe(q: QuantizationSection) -> str:
@@ -140,7 +144,10 @@ def quantize_model(
     out = work_dir / "checkpoints" / f"{recipe.quantization.method}-{key}"  # recipes that differ elsewhere share it
     if (out / MANIFEST).is_file() and verify_manifest(out):
         log(f"reusing checkpoint {out} (same base, recipe, calibration data and engines)")
-        return QuantizeResult.model_validate({**json.loads((out / MANIFEST).read_text())["result"], "cached": True})
+        manifest = json.loads((out / MANIFEST).read_text())
+        result = manifest["result"]  # older manifests keep the device beside the result only
+        return QuantizeResult.model_validate({**result, "device": result.get("device") or manifest.get("device"),
+                                              "cached": True})
 
     partial = out.with_name(out.name + ".partial")
     try:
@@ -192,6 +199,7 @@ def _quantize_into(partial: Path, out: Path, recipe: Recipe, base_model_dir: Pat
         quantized_bytes=weights_bytes_on_disk(partial),
         calibration_fingerprint=calibration_fingerprint,
         engine_versions=worker_report["engine_versions"],
+        device=worker_report.get("device"),
     )
     write_manifest(partial, result, extra={"base_identity": base_identity,
                                            "device": worker_report.get("device"),

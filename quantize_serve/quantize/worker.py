@@ -36,6 +36,17 @@ def skip_pinning_without_accelerator() -> bool:
     return True
 
 
+def describe_device(torch) -> str:
+    """Where llm-compressor computes: ``cpu``, or the accelerator torch offers with its index and, on
+    CUDA, its name (``cuda:0 NVIDIA H200``)."""
+    if not torch.accelerator.is_available():
+        return "cpu"
+    kind = torch.accelerator.current_accelerator().type
+    index = torch.accelerator.current_device_index()
+    name = torch.cuda.get_device_name(index) if kind == "cuda" else ""
+    return f"{kind}:{index} {name}".strip()
+
+
 def main(spec_path: str) -> None:
     started = time.monotonic()
     spec = json.loads(Path(spec_path).read_text())
@@ -48,7 +59,7 @@ def main(spec_path: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     workarounds = ["skip pin_memory without accelerator"] if skip_pinning_without_accelerator() else []
-    device = torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else "cpu"
+    device = describe_device(torch)
     print(f"[quantize] {recipe.quantization.method} {recipe.quantization.scheme} on {device}", flush=True)
 
     base = spec["base_model_dir"]

@@ -105,6 +105,8 @@ class ModelCardInputs(BaseModel):
     group_size: int | None  # None: per output channel (the 8-bit schemes)
     source_checkpoint: str | None = None  # an existing checkpoint released as it is (not quantized here)
     checkpoint_format: str = "compressed-tensors"  # awq, gptq or compressed-tensors
+    quantization_device: str | None = Field(
+        default=None, description="where llm-compressor ran (cpu, cuda:0 NVIDIA H200, ...); None: not recorded")
     calibration: dict[str, Any] = Field(default_factory=dict)
     calibration_fingerprint: str = ""
     status: Status = "candidate"
@@ -200,6 +202,7 @@ def render_model_card(inputs: ModelCardInputs) -> ModelCard:
            "names no `base_model` (and the Hub's model tree shows no link to it)."),
         "## Quantization\n\n" + _table(["setting", "value"], [
             ["method", i.method], ["scheme", i.scheme], ["group size", i.group_size or "per channel"],
+            ["quantization device", i.quantization_device or "not recorded"],
             *[[f"calibration {k}", v] for k, v in sorted(i.calibration.items())],
             ["calibration fingerprint",
              f"`{i.calibration_fingerprint}`" if i.calibration_fingerprint else "-"],
@@ -272,6 +275,7 @@ def card_inputs(validated: ValidatedRecipe, base: BaseModelRef, checkpoint: Quan
         group_size=(checkpoint_group_size(Path(checkpoint.checkpoint_dir)) if checkpoint.source_checkpoint
                     else q.group_size if checkpoint.scheme.startswith("W4") else None),
         source_checkpoint=checkpoint.source_checkpoint, checkpoint_format=checkpoint.format,
+        quantization_device=checkpoint.device,
         calibration={} if checkpoint.source_checkpoint else calibration_summary(validated),
         calibration_fingerprint=checkpoint.calibration_fingerprint,
         status="candidate" if status == "not-published" else status,

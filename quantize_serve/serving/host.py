@@ -5,21 +5,36 @@ has the int4 GEMM behind every W4A16 checkpoint (``cpu_gemm_wna16``) and the fp8
 path; its AVX2 build has neither. On an x86 CPU without AVX-512 (seen: an AMD EPYC of family 25,
 AVX2 only) a W4A16 boot answers /health and then fails its first request (``'_C' object has no
 attribute 'cpu_gemm_wna16'``), and an fp8 KV boot refuses to start ("FP8 KV cache on CPU requires
-x86 with AVX-512 or AMX"). vLLM's AMD path (zentorch) is only taken with AVX-512 too.
+x86 with AVX-512 or AMX"). vLLM's AMD path (zentorch) is only taken with AVX-512 too. The same AVX2
+build does serve INT8 W8A8 (CPUInt8ScaledMMLinearKernel) and FP8_DYNAMIC weights with a 16-bit KV
+cache (benchmarks/results/cpu_schemes.json).
 
-So a pipeline run that serves on such a CPU is stopped at validation, with this reason, instead of
-after quantizing. GPU hosts (the production path) are not affected.
+So a run that asks such a CPU for W4A16 weights or an fp8 KV cache is stopped at validation, with
+this reason, instead of after quantizing; the demo and the test suite switch their default to what
+it serves (``servable_overrides``). GPU hosts (the production path) are not affected.
 """
 
 from __future__ import annotations
 
 import platform
 from pathlib import Path
+from typing import Any
 
 from quantize_serve.serving import gpu
 
 # torch.cpu._is_avx512_supported(), which vLLM asks, wants these four.
 AVX512_FLAGS = frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl"})
+# Weight schemes (recipe vocabulary) vLLM's AVX2 build serves; everything else needs AVX-512 there.
+AVX2_SCHEMES = ("W8A8", "FP8_DYNAMIC")
+# What the shipped W4A16 + fp8-KV recipes become on a CPU whose vLLM serves neither: INT8 W8A8
+# (SmoothQuant, then GPTQ) with a 16-bit KV cache, and no calibrated fp8 KV scales in the checkpoint
+# (with them, vLLM resolves kv_cache_dtype "auto" to fp8).
+AVX2_OVERRIDES: dict[str, Any] = {
+    "quantization.method": "smoothquant-gptq",
+    "quantization.scheme": "W8A8",
+    "quantization.kv_cache_scales": False,
+    "serve.kv_cache_dtype": "auto",
+}
 
 
 def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
@@ -34,21 +49,45 @@ def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
     return frozenset()
 
 
-def quantized_serving_gap(flags: frozenset[str] | None = None, *, machine: str | None = None) -> str | None:
-    """Why vLLM cannot serve W4A16 and fp8 KV on this CPU, or None when it can (or when this is not
-    an x86 CPU whose flags say so: other architectures are left to vLLM)."""
+def cpu_serving_gap(scheme: str | None, kv_cache_dtype: str | None, flags: frozenset[str] | None = None, *,
+                    machine: str | None = None) -> str | None:
+    """Why vLLM cannot serve ``scheme`` weights (None: no quantized weights) with a ``kv_cache_dtype``
+    KV cache (None: not asked) on this CPU, or None when it can (or when this is not an x86 CPU whose
+    flags say so: other architectures are left to vLLM)."""
     machine = machine or platform.machine()
     if machine not in ("x86_64", "AMD64"):
         return None
     flags = cpu_flags() if flags is None else flags
     if not flags or AVX512_FLAGS <= flags or "amx_tile" in flags:
         return None
+    needs = []
+    if scheme is not None and scheme not in AVX2_SCHEMES:
+        needs.append(f"{scheme} checkpoints")
+    if kv_cache_dtype is not None and kv_cache_dtype.startswith("fp8"):
+        needs.append("fp8 KV caches")
+    if not needs:
+        return None
     return ("this CPU has no AVX-512 (" + ", ".join(sorted(AVX512_FLAGS - flags)) + " missing): vLLM's CPU "
-            "backend serves W4A16 checkpoints and fp8 KV caches only with its AVX-512 kernels, so the "
-            "quantized boots cannot run here")
+            f"backend serves {' and '.join(needs)} only with its AVX-512 kernels (its AVX2 build serves "
+            f"{' and '.join(AVX2_SCHEMES)} weights with a 16-bit KV cache)")
 
 
-def serving_host_gap() -> str | None:
-    """``quantized_serving_gap`` where vLLM serves on this CPU, that is where there is no GPU; None on
-    a GPU host."""
-    return None if gpu.usable_memory_bytes() is not None else quantized_serving_gap()
+def quantized_serving_gap(flags: frozenset[str] | None = None, *, machine: str | None = None) -> str | None:
+    """Why vLLM cannot serve W4A16 and fp8 KV (the shipped recipes' production boot) on this CPU, or
+    None when it can."""
+    return cpu_serving_gap("W4A16", "fp8", flags, machine=machine)
+
+
+def serving_host_gap(scheme: str | None = "W4A16", kv_cache_dtype: str | None = "fp8") -> str | None:
+    """``cpu_serving_gap`` where vLLM serves on this CPU, that is where there is no GPU; None on a
+    GPU host. By default: for W4A16 weights with an fp8 KV cache."""
+    if gpu.usable_memory_bytes() is not None:
+        return None
+    return cpu_serving_gap(scheme, kv_cache_dtype)
+
+
+def servable_overrides() -> tuple[dict[str, Any], str | None]:
+    """Recipe overrides (dotted keys) that make the shipped W4A16 + fp8-KV recipes servable here, and
+    why: none on a GPU host or a CPU that serves them; ``AVX2_OVERRIDES`` on a CPU without AVX-512."""
+    gap = serving_host_gap()
+    return (dict(AVX2_OVERRIDES), gap) if gap else ({}, None)

@@ -9,10 +9,16 @@ commit sha and that exact revision is downloaded.
 without `datasets`, torch or Prefect (so it answers in well under a second), every model and
 calibration problem reported together, and a note for each input it cannot check offline (a Hub
 model's config.json unless asked to fetch it, a Hub dataset's columns and rows).
+
+Two checks of the host, before anything heavy: ``check_serving_host`` (a CPU whose vLLM lacks the
+kernels the run's quantized boots need) and ``check_quantize_host`` (a GPU host whose pipeline
+environment's torch has no CUDA, so the quantization would run on the CPU; `validate` and `run` say
+so too).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -24,7 +30,8 @@ from quantize_serve.core.model_files import check_model_files, folder_digest
 from quantize_serve.gates.accuracy import TASK_FILE_SUFFIXES
 from quantize_serve.hub.download import download_base, fetch_model_config
 from quantize_serve.quantize.calibration import calibration_fingerprint, peek_calibration
-from quantize_serve.quantize.existing_checkpoint import check_checkpoint
+from quantize_serve.quantize.device import quantize_device_gap
+from quantize_serve.quantize.existing_checkpoint import check_checkpoint, checkpoint_scheme
 from quantize_serve.recipe.inputs import check_model, check_model_config, read_model_config, show_path
 from quantize_serve.recipe.load import apply_overrides, load_recipe, parse_recipe
 from quantize_serve.recipe.model import Recipe
@@ -102,14 +109,68 @@ def check_local_checkpoints(recipe: Recipe, base_config: dict[str, Any], *, sour
 
 def check_serving_host(recipe: Recipe, *, source: str) -> None:
     """A run serves on this machine: with no GPU here, vLLM serves on this CPU, which must have the
-    kernels the quantized boots need (quantize_serve/serving/host.py). Checked before any heavy work."""
-    gap = serving_host_gap()
-    if gap:
-        raise RecipeError(source, "serve", f"vLLM on this machine's CPU ({recipe.quantization.scheme}, "
-                          f"KV {recipe.serve.kv_cache_dtype})", gap,
+    kernels the quantized boots need (quantize_serve/serving/host.py): every checkpoint the run
+    serves (the method's, each candidate's) and the production KV cache. Checked before any heavy work."""
+    kv = production_kv_dtype(recipe)
+    for where, scheme in served_schemes(recipe):
+        gap = serving_host_gap(scheme or "W4A16", kv)
+        if not gap:
+            continue
+        if scheme is None and not serving_host_gap(None, kv):  # only the Hub checkpoint's unknown scheme
+            raise RecipeError(source, where, "a Hub checkpoint", "its scheme is read only once it is "
+                              f"downloaded, and {gap}", "download it and name its folder (its scheme is then "
+                              "checked here), or run on a GPU host or an x86 CPU with AVX-512")
+        raise RecipeError(source, "serve", f"vLLM on this machine's CPU ({scheme or where}, KV {kv})", gap,
                           "run on a GPU host (the production path: `prefect deployment run quantize-serve/llama3`) "
-                          "or on an x86 CPU with AVX-512; `quantize-serve validate` and `quantize-serve plan` "
-                          "work on any machine")
+                          "or on an x86 CPU with AVX-512; on this CPU, quantize to what its vLLM serves "
+                          "(quantization.method smoothquant-gptq with scheme W8A8, or rtn with FP8_DYNAMIC) with "
+                          "serve.kv_cache_dtype auto and quantization.kv_cache_scales false, as `make demo` does "
+                          "here by itself; `quantize-serve validate` and `quantize-serve plan` work on any machine")
+
+
+def served_schemes(recipe: Recipe) -> list[tuple[str, str | None]]:
+    """(recipe field, scheme) of every quantized checkpoint a run of ``recipe`` serves: the method's
+    scheme, each candidate's, an existing local checkpoint's (read from its config.json); None for a
+    Hub checkpoint, whose scheme is known once downloaded."""
+    q = recipe.quantization
+    named = [("quantization", q.method, q.scheme, q.checkpoint)] if not q.candidates else [
+        (f"quantization.candidates.{i}", c.method, c.scheme or q.scheme, c.checkpoint)
+        for i, c in enumerate(q.candidates)]
+    out: list[tuple[str, str | None]] = []
+    for where, method, scheme, checkpoint in named:
+        if method or not checkpoint:
+            out.append((where, scheme))
+        elif not recipe.is_local(checkpoint):
+            out.append((f"{where}.checkpoint", None))
+        else:
+            config = recipe.path(checkpoint) / "config.json"
+            try:
+                out.append((f"{where}.checkpoint", checkpoint_scheme(
+                    json.loads(config.read_text()).get("quantization_config") or {})))
+            except (OSError, ValueError):
+                pass  # not a checkpoint the pipeline serves: check_local_checkpoints says why
+    return out
+
+
+def production_kv_dtype(recipe: Recipe) -> str:
+    """The KV dtype of the production boot: the recipe's, where ``auto`` means fp8 for a checkpoint
+    that carries calibrated KV scales (quantization.kv_cache_scales: vLLM resolves it so)."""
+    kv = recipe.serve.kv_cache_dtype
+    return "fp8" if kv == "auto" and recipe.quantization.kv_cache_scales else kv
+
+
+def check_quantize_host(recipe: Recipe, *, source: str) -> None:
+    """A run that quantizes on a host with an NVIDIA GPU quantizes on it: the pipeline environment's
+    torch must be a CUDA build (quantize_serve/quantize/device.py). Reads no torch."""
+    q = recipe.quantization
+    if not (q.method or any(c.method for c in q.candidates)):
+        return  # existing checkpoints only: nothing is quantized here
+    gap = quantize_device_gap()
+    if gap:
+        raise RecipeError(source, "quantization", q.method or "candidates", gap,
+                          "run `make setup` on this host: it detects the GPU and installs the CUDA build of torch "
+                          "that the pinned vLLM uses (`QS_DEVICE=cuda make setup` where it does not detect it), "
+                          "or point QS_PIPELINE_PYTHON at an environment whose torch has CUDA")
 
 
 def check_local_model(recipe: Recipe, *, source: str) -> dict[str, Any]:
@@ -189,6 +250,7 @@ def check_recipe(path: str | Path, *, remote: bool = False) -> RecipeCheck:
                 f"no such task file ({show_path(recipe.path(task.task))})",
                 "give the path of an lm-eval task YAML relative to the recipe's folder, or an lm-eval "
                 "task name"))
+    collect(lambda: check_quantize_host(recipe, source=source))  # a GPU host quantizes on its GPU
     if errors:
         raise RecipeErrors(errors) if len(errors) > 1 else errors[0]
     return RecipeCheck(recipe=recipe, source=source, checked=checked, not_checked=not_checked)

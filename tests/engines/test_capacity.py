@@ -25,6 +25,7 @@ from quantize_serve.serving.server import ServerSpec, vllm_server
 from tests.conftest import ROOT, vllm_processes_of
 
 
+@pytest.mark.fp8_kv_serving  # the third configuration is the fp8 KV cache
 def test_three_configurations_same_budget(awq_recipe, awq_checkpoint, base_server, awq_fp8_server, tmp_path):
     ckpt = Path(awq_checkpoint.checkpoint_dir)
     base, base_spec = base_server

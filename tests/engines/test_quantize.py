@@ -13,24 +13,30 @@ import pytest
 
 from quantize_serve.core.log_stream import parse_bar
 from quantize_serve.quantize.run import MANIFEST, RECIPE_FILE, verify_manifest
+from tests.conftest import SERVING_OVERRIDES
 
 
 def assert_checkpoint(result, scheme: str, method: str) -> dict:
     ckpt = Path(result.checkpoint_dir)
     config = json.loads((ckpt / "config.json").read_text())
     q = config["quantization_config"]
-    assert q["quant_method"] == "compressed-tensors" and q["format"] == "pack-quantized"
     weights = q["config_groups"]["group_0"]["weights"]
-    assert weights["num_bits"] == 4 and weights["group_size"] == 128
-    assert weights["symmetric"] is (scheme == "W4A16")
-    assert q["kv_cache_scheme"]["type"] == "float" and q["kv_cache_scheme"]["num_bits"] == 8
+    if scheme == "W8A8":  # SmoothQuant + GPTQ, int8 per channel, no fp8 KV scales (SERVING_OVERRIDES)
+        assert q["quant_method"] == "compressed-tensors" and q["format"] == "int-quantized"
+        assert weights["num_bits"] == 8 and weights["strategy"] == "channel" and not q.get("kv_cache_scheme")
+        assert "SmoothQuantModifier" in (ckpt / RECIPE_FILE).read_text()
+    else:
+        assert q["quant_method"] == "compressed-tensors" and q["format"] == "pack-quantized"
+        assert weights["num_bits"] == 4 and weights["group_size"] == 128
+        assert weights["symmetric"] is (scheme == "W4A16")
+        assert q["kv_cache_scheme"]["type"] == "float" and q["kv_cache_scheme"]["num_bits"] == 8
     manifest = json.loads((ckpt / MANIFEST).read_text())
     assert {"model.safetensors", "config.json", "tokenizer.json", RECIPE_FILE} <= set(manifest["files"])
     assert manifest["result"]["calibration_fingerprint"] == result.calibration_fingerprint
     assert manifest["result"]["engine_versions"]["llmcompressor"].startswith("0.14")
     assert verify_manifest(ckpt)
-    assert method.upper() + "Modifier" in (ckpt / RECIPE_FILE).read_text()
-    assert 0 < result.quantized_bytes < 0.6 * result.base_bytes
+    assert method.split("-")[-1].upper() + "Modifier" in (ckpt / RECIPE_FILE).read_text()
+    assert 0 < result.quantized_bytes < (0.8 if scheme == "W8A8" else 0.6) * result.base_bytes
     return manifest
 
 
@@ -49,22 +55,27 @@ def assert_readable_log(lines: list[str], result) -> None:
 
 
 def test_awq_quantizes_on_cpu(awq_checkpoint, quantize_logs):
-    manifest = assert_checkpoint(awq_checkpoint, "W4A16_ASYM", "awq")
-    assert manifest["device"] == "cpu"
+    """The session's checkpoint: AWQ W4A16_ASYM, or INT8 W8A8 where this CPU's vLLM serves no W4A16
+    (tests/conftest.py SERVING_OVERRIDES)."""
+    scheme, method = ("W8A8", "smoothquant-gptq") if SERVING_OVERRIDES else ("W4A16_ASYM", "awq")
+    manifest = assert_checkpoint(awq_checkpoint, scheme, method)
+    assert awq_checkpoint.device == "cpu" == manifest["device"]  # the worker's torch device, in the result too
     assert manifest["workarounds"] == ["skip pin_memory without accelerator"]
     assert_readable_log(quantize_logs["awq"], awq_checkpoint)
 
 
 def test_gptq_quantizes_on_cpu(gptq_checkpoint, quantize_logs):
     assert_checkpoint(gptq_checkpoint, "W4A16", "gptq")
+    assert gptq_checkpoint.device == "cpu"
     assert_readable_log(quantize_logs["gptq"], gptq_checkpoint)
 
 
 def test_rerun_reuses_checkpoint(awq_checkpoint):
     from tests.conftest import ROOT, _quantize
 
-    again = _quantize(ROOT / "recipes" / "tiny-llama-awq.yaml")
+    again = _quantize(ROOT / "recipes" / "tiny-llama-awq.yaml", overrides=SERVING_OVERRIDES)
     assert again.cached and again.checkpoint_dir == awq_checkpoint.checkpoint_dir
+    assert again.device == awq_checkpoint.device == "cpu"  # where it was made, kept in its manifest
 
 
 def complete(server, prompt: str) -> dict:
@@ -83,7 +94,8 @@ def test_vllm_serves_awq_checkpoint(awq_fp8_server):
     assert "CompressedTensors" in Path(server.log_path).read_text() or "WNA16" in Path(server.log_path).read_text()
 
 
-@pytest.mark.quantized_serving
+@pytest.mark.w4a16_serving
+@pytest.mark.fp8_kv_serving
 def test_vllm_serves_gptq_checkpoint(gptq_recipe, gptq_checkpoint, tmp_path):
     from quantize_serve.capacity.measure import capacity_spec
     from quantize_serve.serving.server import vllm_server

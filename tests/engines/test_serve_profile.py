@@ -34,7 +34,7 @@ NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$", re.M)
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.quantized_serving
+@pytest.mark.fp8_kv_serving
 def test_emitted_profile_starts_vllm_with_exactly_the_found_settings(awq_recipe, awq_checkpoint, tmp_path):
     ckpt = Path(awq_checkpoint.checkpoint_dir)
 

@@ -22,7 +22,8 @@ TINY = ROOT / "models" / "tiny-llama"
 RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
 
 
-@pytest.mark.quantized_serving
+@pytest.mark.w4a16_serving
+@pytest.mark.fp8_kv_serving
 @pytest.mark.timeout(420)
 def test_plan_measure_boots_the_shape_without_weights(awq_recipe, awq_checkpoint, tmp_path, capsys):
     out = tmp_path / "plan"

@@ -27,10 +27,11 @@ from prefect import flow
 
 from quantize_serve.gates.decision import Decision
 from quantize_serve.quantize.run import QuantizeResult
+from quantize_serve.recipe.load import apply_overrides
 from quantize_serve.report.run_report import RunReport
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
 from tasks.report import request_approval
-from tests.conftest import ROOT
+from tests.conftest import ROOT, SERVING_OVERRIDES
 from tests.conftest import local_hub as local_hub_server
 
 TOKEN = "hf_ApprovalTestToken0123456789abcdefgh"
@@ -168,6 +169,7 @@ def signoff_recipe(folder: Path, repo_id: str, *, hub_inputs: dict[str, str] | N
     UltraChat-shaped chat dataset (split train_sft, messages rendered with the chat template) come
     from the Hub, as in production."""
     data = yaml.safe_load((ROOT / "recipes" / "tiny-llama-awq.yaml").read_text())
+    data = apply_overrides(data, SERVING_OVERRIDES, source="signoff")  # what this host serves (tests/conftest.py)
     data["name"] = "tiny-llama-awq-signoff"
     data["approval"] = "manual"
     data["model"]["id"] = str(ROOT / "models" / "tiny-llama")
@@ -237,7 +239,6 @@ def final_state(flow_run_id):
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.quantized_serving
 def test_full_flow_from_hub_inputs_approved_by_the_reviewer_is_promoted(local_hub, tmp_path):
     """Production's shape end to end: a private Hub base model (read with the recipe's token) and a
     Hub chat dataset for calibration; the reviewer approves; the release is promoted."""
@@ -277,7 +278,6 @@ def test_full_flow_from_hub_inputs_approved_by_the_reviewer_is_promoted(local_hu
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.quantized_serving
 def test_full_flow_rejected_by_the_reviewer_promotes_nothing(local_hub, awq_checkpoint, tmp_path):
     repo_id = "quantize-serve/tiny-llama-awq-signoff-reject"
     state, paused = run_flow_to_sign_off(signoff_recipe(tmp_path, repo_id), {"approve": False, **REVIEW})

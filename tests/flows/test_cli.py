@@ -25,7 +25,7 @@ def test_run_a_user_error_inside_the_flow_fails_the_run_and_prints_one_screen(tm
     # (which stops `run` earlier on a CPU without AVX-512, tests/unit/test_cpu_support.py) is set aside.
     from quantize_serve.serving import host as cpu_support
 
-    monkeypatch.setattr(cpu_support, "quantized_serving_gap", lambda *a, **k: None)
+    monkeypatch.setattr(cpu_support, "cpu_serving_gap", lambda *a, **k: None)
     calibration = tmp_path / "blank.jsonl"
     calibration.write_text("\n".join(json.dumps({"text": ""}) for _ in range(64)) + "\n")
     data = recipe_data(tmp_path)

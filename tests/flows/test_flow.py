@@ -15,7 +15,7 @@ import yaml
 from scripts.local_stack import local_stack
 from tests.conftest import ROOT
 
-pytestmark = [pytest.mark.quantized_serving]
+pytestmark = [pytest.mark.w4a16_serving, pytest.mark.fp8_kv_serving]  # the tiny-awq deployment as shipped
 TOKEN = "hf_flowtest_local_token_0123456789"
 
 

@@ -41,7 +41,8 @@ def formats_hub(tmp_path_factory):
         yield hub
 
 
-@pytest.mark.quantized_serving
+@pytest.mark.w4a16_serving
+@pytest.mark.fp8_kv_serving
 @pytest.mark.timeout(1500)
 def test_the_flow_compares_formats_and_releases_the_best_one_that_passes(formats_hub, tmp_path):
     from flows.pipeline import quantize_serve
@@ -91,7 +92,8 @@ def test_the_flow_compares_formats_and_releases_the_best_one_that_passes(formats
     assert "not quantized again" in (run_dir / "release" / "README.md").read_text()
 
 
-@pytest.mark.quantized_serving
+@pytest.mark.w4a16_serving
+@pytest.mark.fp8_kv_serving
 @pytest.mark.timeout(900)
 def test_when_no_candidate_passes_the_run_fails_before_anything_is_pushed(formats_hub, tmp_path):
     """Every candidate measured, none within the recipe's latency limit: the run fails with the table,

@@ -52,7 +52,7 @@ def test_preflight_stops_the_flow_before_the_weights_are_downloaded(hub_base, tm
     from flows.pipeline import quantize_serve
     from quantize_serve.serving import host as cpu_support
 
-    monkeypatch.setattr(cpu_support, "quantized_serving_gap", lambda *a, **k: None)
+    monkeypatch.setattr(cpu_support, "cpu_serving_gap", lambda *a, **k: None)
     overrides = {"model.id": hub_base, "hub.token_env": "QS_SHAPE_TEST_TOKEN", "serve.preflight": "measure",
                  "serve.memory_budget": "1MiB"}
     state = quantize_serve(str(RECIPE), overrides, return_state=True)

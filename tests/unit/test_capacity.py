@@ -26,7 +26,8 @@ def test_remedies_match_what_vllm_says():
 def test_serve_command_is_what_runs(awq_recipe, base_model_dir):
     spec = capacity_spec(awq_recipe, Boot.PRODUCTION, base_model_dir)
     cmd = spec.serve_command()
-    assert cmd.startswith("vllm serve ") and "--kv-cache-dtype fp8" in cmd and "--max-model-len 512" in cmd
+    kv = awq_recipe.serve.kv_cache_dtype  # fp8; auto where this CPU serves no fp8 KV (tests/conftest.py)
+    assert cmd.startswith("vllm serve ") and f"--kv-cache-dtype {kv}" in cmd and "--max-model-len 512" in cmd
     # The budget less the bf16 tiny Llama's weights, by hand: per layer q 128x128 + k 64x128 +
     # v 64x128 + o 128x128 + gate/up/down 3 x 384x128 = 196,608, plus 2 norms of 128 = 196,864;
     # 4 layers = 787,456; embeddings and LM head 2 x 1024x128 = 262,144; final norm 128;
@@ -58,7 +59,7 @@ def test_published_command_names_the_repo_not_the_machine(awq_recipe, tmp_path):
     (ckpt / "config.json").write_text((ROOT / "models/tiny-llama/config.json").read_text())
     command = published_serve_command(awq_recipe, ckpt)
     assert command.startswith(f"vllm serve {awq_recipe.hub.repo_id} --served-model-name model ")
-    assert "--kv-cache-dtype fp8" in command and "--max-model-len 512" in command
+    assert f"--kv-cache-dtype {awq_recipe.serve.kv_cache_dtype}" in command and "--max-model-len 512" in command
     assert str(tmp_path) not in command and " /" not in command
     no_hub = awq_recipe.model_copy(update={"hub": None})
     command = published_serve_command(no_hub, ckpt)

@@ -185,3 +185,38 @@ def test_report_says_which_recipe_fields_the_run_parameters_changed(tmp_path):
             '`[{"task": "../evals/tasks/qs_heldout_ppl.yaml"}]`') in text.read_text()
     plain = write_report(report_with_capacity(), tmp_path / "plain")["markdown"].read_text()
     assert "parameters changed" not in plain
+
+
+def test_report_and_card_name_the_quantization_device(awq_recipe):
+    """Where llm-compressor ran (the worker's torch device) is in report.md and the card's
+    Quantization table; an existing checkpoint was not quantized again; an old one did not record it."""
+    from quantize_serve.quantize.run import NOT_QUANTIZED
+    from quantize_serve.release.card import render_model_card, report_card_inputs
+    from quantize_serve.validate.preflight import ValidatedRecipe
+
+    validated = ValidatedRecipe(recipe=awq_recipe, source="recipes/tiny-llama-awq.yaml", recipe_sha256="0" * 64,
+                                calibration_fingerprint="2" * 64)
+    for device, shown in [("cuda:0 NVIDIA H200", "cuda:0 NVIDIA H200"), ("cpu", "cpu"),
+                          (NOT_QUANTIZED, "n/a (not quantized again)"), (None, "not recorded")]:
+        base = report_with_capacity()
+        report = base.model_copy(update={"checkpoint": base.checkpoint.model_copy(update={"device": device})})
+        assert f"- quantization device: {shown}\n" in render_markdown(report)
+        card = render_model_card(report_card_inputs(validated, report, status="promoted"))
+        assert f"| quantization device | {shown} |" in card.text
+    stored = report.checkpoint.model_copy(update={"device": "cuda:0 NVIDIA H200"}).model_dump_json()
+    assert QuantizeResult.model_validate_json(stored).device == "cuda:0 NVIDIA H200"  # report.json keeps it
+
+
+def test_the_capacity_table_shows_the_fp8_row_unavailable_with_the_reason(tmp_path):
+    """A CPU whose vLLM has no fp8 KV cache: the production boot serves a 16-bit one, and the table,
+    the summary line, the chart and report.json say that instead of measuring fp8 (no crash)."""
+    base = report_with_capacity()
+    why = "this CPU has no AVX-512 (avx512f missing): vLLM's CPU backend serves fp8 KV caches only with ..."
+    capacity = base.capacity.model_copy(update={"configs": base.capacity.configs[:2], "fp8_token_ratio": None,
+                                                "gain_fp8": None, "fp8_kv_unavailable": why})
+    paths = write_report(base.model_copy(update={"capacity": capacity}), tmp_path)
+    text = paths["markdown"].read_text()
+    assert f"| w4a16-fp8kv | fp8 | - | - | not available on this CPU: {why} | - | - |" in text
+    assert "fp8 KV not available on this CPU; the production boot serves the 16-bit KV cache of the w4a16 row" in text
+    assert (tmp_path / CHART).stat().st_size > 0
+    assert '"fp8_kv_unavailable": "this CPU has no AVX-512' in paths["json"].read_text()

@@ -1,0 +1,119 @@
+"""Quantize where the model can be quantized: on a host with an NVIDIA GPU, a pipeline environment
+whose torch has no CUDA stops the run at validation (`validate`, `run`, the flow's validate stage),
+with the reason and the fix, instead of quantizing on the CPU for hours. The GPU and the torch build
+are given, not read (this machine has neither a GPU nor a CUDA torch)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quantize_serve.cli import main
+from quantize_serve.core.errors import RecipeError
+from quantize_serve.quantize import device
+from quantize_serve.quantize.device import TorchBuild, parse_build, torch_build
+from quantize_serve.recipe.load import load_recipe
+from quantize_serve.serving import gpu
+from quantize_serve.validate.preflight import check_quantize_host
+from tests.conftest import ROOT
+
+RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
+CPU_TORCH_VERSION_PY = ("__all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip', 'rocm', 'xpu']\n"
+                        "__version__ = '2.13.0+cpu'\ndebug = False\ncuda: Optional[str] = None\n")
+CUDA_TORCH_VERSION_PY = "__version__ = '2.11.0+cu130'\ndebug = False\ncuda: Optional[str] = '13.0'\n"
+
+
+@pytest.mark.parametrize("version, version_py, cuda", [
+    ("2.13.0+cpu", CPU_TORCH_VERSION_PY, None),
+    ("2.11.0+cu130", CUDA_TORCH_VERSION_PY, "13.0"),
+    ("2.13.0+cpu", None, None),  # no version.py: the local label decides
+    ("2.9.0+cu128", None, "12.8"),
+    ("2.9.0+rocm6.4", None, None),
+    ("2.9.0", None, "unknown (no local version label)"),  # PyPI's Linux default is a CUDA build
+])
+def test_the_torch_build_is_read_without_importing_torch(version, version_py, cuda):
+    assert parse_build("py", version, version_py).cuda == cuda
+
+
+def test_this_pipeline_environment_and_another_interpreter_are_read(tmp_path):
+    here = torch_build(Path(sys.executable))  # in-process: importlib.metadata and torch/version.py
+    assert here.version and here.version.endswith("+cpu") and here.cuda is None
+    code = ("import sys; from quantize_serve.quantize.device import torch_build; torch_build(); "
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "False", done.stderr[-2000:]  # read, not imported
+    serve_python = ROOT / ".venv-serve" / "bin" / "python"
+    if serve_python.is_file():  # another interpreter reads its own with the standard library alone
+        other = torch_build(serve_python)
+        assert other.python == str(serve_python) and other.version and other.cuda is None
+    missing = tmp_path / "python"
+    missing.write_text("#!/bin/sh\nexit 1\n")
+    missing.chmod(0o755)
+    assert torch_build(missing).version is None
+
+
+@pytest.fixture
+def gpu_host_with_cpu_torch(monkeypatch):
+    """A host with an H200 whose pipeline environment holds torch 2.13.0+cpu."""
+    monkeypatch.setattr(gpu, "describe_devices", lambda: "1 x NVIDIA H200")
+    monkeypatch.setattr(gpu, "usable_memory_bytes", lambda index=0: 150_109_880_320)
+    build = TorchBuild(python="/opt/pipeline/bin/python", version="2.13.0+cpu", cuda=None)
+    monkeypatch.setattr(device, "torch_build", lambda python=None: build)
+    return build
+
+
+def test_a_gpu_host_with_cpu_torch_stops_at_validation(gpu_host_with_cpu_torch):
+    with pytest.raises(RecipeError) as info:
+        check_quantize_host(load_recipe(RECIPE), source="r.yaml")
+    message = str(info.value)
+    assert "NVIDIA GPU (1 x NVIDIA H200)" in message and "torch 2.13.0+cpu, a build without CUDA" in message
+    assert "would quantize on the CPU" in message
+    assert "run `make setup` on this host" in message and "QS_DEVICE=cuda make setup" in message
+
+
+def test_cli_validate_and_run_stop_with_the_reason_and_the_fix(gpu_host_with_cpu_torch, capsys):
+    assert main(["validate", str(RECIPE)]) == 2
+    err = capsys.readouterr().err
+    assert "build without CUDA" in err and "make setup" in err
+    assert main(["run", str(RECIPE)]) == 2  # before Prefect is imported
+    assert "build without CUDA" in capsys.readouterr().err
+
+
+def test_the_flow_validate_stage_checks_it_too(gpu_host_with_cpu_torch):
+    from tasks.validate import validate_recipe
+
+    with pytest.raises(RecipeError, match="build without CUDA"):
+        validate_recipe.fn(str(RECIPE))
+
+
+def test_a_cuda_torch_no_gpu_or_nothing_to_quantize_passes(gpu_host_with_cpu_torch, monkeypatch):
+    existing = load_recipe(RECIPE, {"quantization.method": None,
+                                    "quantization.checkpoint": "../tests/fixtures/tiny-llama-autoawq"})
+    check_quantize_host(existing, source="r.yaml")  # an existing checkpoint: nothing is quantized here
+    monkeypatch.setattr(device, "torch_build", lambda python=None: TorchBuild(
+        python="p", version="2.11.0+cu130", cuda="13.0"))
+    check_quantize_host(load_recipe(RECIPE), source="r.yaml")
+    monkeypatch.setattr(device, "torch_build", lambda python=None: TorchBuild(python="p", version=None, cuda=None))
+    with pytest.raises(RecipeError, match="has no torch"):
+        check_quantize_host(load_recipe(RECIPE), source="r.yaml")
+    monkeypatch.setattr(gpu, "describe_devices", lambda: None)  # a CPU host: the CPU is where it quantizes
+    check_quantize_host(load_recipe(RECIPE), source="r.yaml")
+
+
+def test_the_worker_names_the_device_it_quantized_on():
+    from types import SimpleNamespace
+
+    from quantize_serve.quantize.worker import describe_device
+
+    def fake_torch(kind):
+        accelerator = SimpleNamespace(is_available=lambda: kind is not None,
+                                      current_accelerator=lambda: SimpleNamespace(type=kind),
+                                      current_device_index=lambda: 0)
+        return SimpleNamespace(accelerator=accelerator, cuda=SimpleNamespace(get_device_name=lambda i: "NVIDIA H200"))
+
+    assert describe_device(fake_torch(None)) == "cpu"
+    assert describe_device(fake_torch("cuda")) == "cuda:0 NVIDIA H200"
+    assert describe_device(fake_torch("xpu")) == "xpu:0"
