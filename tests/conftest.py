@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from localhub.server import LocalHub
+from quantize_serve.serving import gpu
 from quantize_serve.serving.host import servable_overrides, serving_host_gap
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,13 +57,17 @@ def avx2_host(monkeypatch):
     monkeypatch.setattr(gpu, "describe_devices", lambda: None)
 
 
-TIERS = ("unit", "engines", "flows")  # tests/<tier>/: the tier is the folder, and so the marker
+TIERS = ("unit", "engines", "flows", "gpu")  # tests/<tier>/: the tier is the folder, and so the marker
+# The gpu tier needs an NVIDIA GPU (NVML); elsewhere it is skipped with this reason.
+NO_GPU = None if gpu.usable_memory_bytes() else ("no NVIDIA GPU here (NVML finds none): the gpu tier runs on a "
+                                                 "GPU host, where `make test` includes it")
 
 
 def pytest_collection_modifyitems(config, items):
     """Each test gets its tier's marker from its folder: ``unit`` (no engine, no server),
     ``engines`` (the real vLLM, llm-compressor, lm-eval, the Hub client against the local Hub) and
-    ``flows`` (Prefect flows against a throwaway Prefect server, tests/flows/conftest.py).
+    ``flows`` (Prefect flows against a throwaway Prefect server, tests/flows/conftest.py) and ``gpu``
+    (what only a GPU host proves; skipped elsewhere with the reason).
 
     Tests marked ``w4a16_serving`` or ``fp8_kv_serving`` serve a W4A16 checkpoint or an fp8 KV cache
     with the real vLLM on purpose. Where this CPU's vLLM has no such kernels they are skipped with
@@ -72,10 +77,26 @@ def pytest_collection_modifyitems(config, items):
         tier = next((part for part in Path(item.fspath).relative_to(ROOT / "tests").parts if part in TIERS), None)
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
+        if tier == "gpu" and NO_GPU:
+            item.add_marker(pytest.mark.skip(reason=NO_GPU))
         for marker, (about, gap) in SERVING_GAPS.items():
             if gap and item.get_closest_marker(marker):
                 item.add_marker(pytest.mark.skip(reason=f"about {about}, which vLLM cannot serve here: {gap}"))
                 break
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """One throwaway Prefect server (SQLite in a temporary folder), for the tests that run flows
+    (the flows tier uses it for every test: tests/flows/conftest.py).
+
+    Stopped at session end, inside pytest, so it can never outlive the suite (an ephemeral server
+    stopped from an atexit hook was seen orphaned after a run).
+    """
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""The accuracy gate: recovery arithmetic (pure), task resolution, and lm-eval against real vLLM."""
+"""The accuracy gate against the real vLLM CPU server: lm-eval's tasks on the base and the quantized
+model, served as production serves them (the arithmetic: tests/unit/test_accuracy.py)."""
 
 
 from __future__ import annotations

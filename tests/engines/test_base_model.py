@@ -7,6 +7,7 @@ never a task parameter), only the files quantizing and serving read, into the wo
 from __future__ import annotations
 
 import errno
+import inspect
 import logging
 import shutil
 import uuid
@@ -246,3 +247,46 @@ def test_a_download_that_fills_the_disk_shares_the_message(local_hub: LocalHub, 
     message = str(info.value)
     assert "failed: the disk is full" in message and "QS_WORK_DIR" in message and "Fix:" in message, message
     assert info.value.__context__ is None and WRITE not in message
+
+
+def test_base_model_token_from_a_prefect_secret_block(prefect_api, local_hub: LocalHub, base_repo: str,
+                                                      awq_recipe):
+    from prefect.blocks.system import Secret
+
+    block = f"qs-base-token-{uuid.uuid4().hex[:8]}"
+    Secret(value=READ).save(block, overwrite=True)
+    validated = validated_for(awq_recipe, base_repo, token_env="QS_TEST_UNSET_TOKEN",
+                              token_secret_block=block)
+    base = resolve_base(validated)
+    assert files_in(Path(base.local_dir)) == NEEDED
+
+
+def test_the_task_reads_the_token_itself_and_tries_a_4xx_once(prefect_api, local_hub: LocalHub, base_repo: str,
+                                                              awq_recipe, monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture):
+    """Prefect records a task's inputs: the token is no parameter of resolve-base-model, which
+    reads it itself; a 401 or 404 costs exactly one request (no task or client retry)."""
+    from prefect import flow
+
+    from tasks.validate import resolve_base_model as resolve_task
+
+    assert list(inspect.signature(resolve_task.fn).parameters) == ["validated"]
+    caplog.set_level(logging.DEBUG)
+
+    @flow(name="resolve-base-model-token")
+    def resolve(validated: ValidatedRecipe):
+        return resolve_task(validated)
+
+    monkeypatch.setenv("QS_TEST_BASE_TOKEN", WRONG)
+    for repo_id, error in ((base_repo, HubAuthError), ("org/does-not-exist", HubNotFoundError)):
+        if error is HubNotFoundError:
+            monkeypatch.setenv("QS_TEST_BASE_TOKEN", READ)
+        mark = len(local_hub.requests)
+        state = resolve(validated_for(awq_recipe, repo_id, token_env="QS_TEST_BASE_TOKEN"), return_state=True)
+        assert state.is_failed()
+        with pytest.raises(error):
+            state.result()
+        assert len([r for r in local_hub.requests[mark:] if repo_id in r.path]) == 1
+    base = resolve(validated_for(awq_recipe, base_repo, token_env="QS_TEST_BASE_TOKEN"))
+    assert base.repo_id == base_repo and files_in(Path(base.local_dir)) == NEEDED
+    assert WRONG not in caplog.text and READ not in caplog.text

@@ -1,5 +1,5 @@
-"""Serving-profile search: the bracketing/bisection logic with an injected probe (no boots), the
-serve-profile.yaml emission, and one end-to-end boot of vLLM from the emitted file (`--config`)."""
+"""The serving-profile search's output booted for real: vLLM started from the emitted
+serve-profile.yaml gets exactly the found settings (the search logic: tests/unit/test_serve_profile.py)."""
 
 
 from __future__ import annotations

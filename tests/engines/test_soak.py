@@ -1,12 +1,4 @@
-"""Soak gate: the trend fit and the verdict on synthetic series, the recipe section, the decision
-row; then the real vLLM CPU server: a short soak on the production boot passes, and the same soak
-against a server with a real injected leak (a thread in the API-server process that holds more
-memory every second) fails with the measured slope.
-
-The e2e verdicts do not depend on machine speed: the leak is paced by the clock (MiB per second),
-and its rate (5 MiB/s = 300 MiB/min) is six times the threshold (50 MiB/min), which a server
-without a leak stays far below.
-"""
+"""The soak gate on the real vLLM CPU server (the trend fit and the verdict: tests/unit/test_soak.py)."""
 
 
 from __future__ import annotations

@@ -1,10 +1,4 @@
-"""The quantize-serve command line: one screen per user error (field, value, fix; exit 2, no
-traceback), validate without Prefect or torch, the planner's table, and `run` failing before Prefect
-starts. Unit tier: no vLLM, no Prefect server of its own, no network (a local Hub endpoint at most).
-
-Most cases call ``main([...])`` in-process (fast); a few go through the installed console script in
-a subprocess, which tests the entry point for real.
-"""
+"""`quantize-serve run`: a user error inside the flow fails the run and prints one screen."""
 
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""A CPU vLLM cannot serve the quantized boots on (x86 without AVX-512): the run stops at validation
-with the reason, before anything is quantized or booted. Runs on every machine: the CPU's flags are
-given, not read."""
+"""A CPU whose vLLM cannot serve a recipe's quantized boots: the flow stops at validation, before
+any heavy work (the host checks: tests/unit/test_cpu_support.py)."""
 
 
 from __future__ import annotations

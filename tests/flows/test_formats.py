@@ -1,10 +1,6 @@
-"""Choosing the release format by measurement (quantization.candidates; quantize_serve/formats/choose.py).
-
-The rules (recipe, kernel check, choice, Pareto frontier, existing checkpoints) on their own, then
-the whole flow on CPU with the real engines: an INT8 W8A8 candidate llm-compressor makes
-(SmoothQuant + GPTQ) and an AutoAWQ checkpoint from the Hub (made by the autoawq package:
-tests/fixtures/tiny-llama-autoawq), compared, the better one validated and promoted.
-"""
+"""The format choice in the flow (quantization.candidates): every candidate measured with real
+boots, the best that passes released; none passing stops the run before anything is pushed
+(the rule and its table without boots: tests/unit/test_formats.py)."""
 
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Capacity of a model shape before its weights are downloaded: REAL vLLM boots with
-``--load-format dummy`` (config.json and tokenizer only), from the command line
-(``quantize-serve plan RECIPE --measure``) and as the flow's ``serve.preflight: measure``.
-"""
+"""`serve.preflight: measure` in the flow, from a Hub base model: the shape's capacity measured
+with dummy weights before the weights are downloaded."""
 
 
 from __future__ import annotations

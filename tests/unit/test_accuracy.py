@@ -1,4 +1,5 @@
-"""The accuracy gate: recovery arithmetic (pure), task resolution, and lm-eval against real vLLM."""
+"""The accuracy gate without a server: recovery arithmetic, task resolution and data paths, and what
+an unreachable server gives (tests/engines/test_accuracy.py runs lm-eval against real vLLM)."""
 
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Capacity stage with real vLLM boots: the three configurations, failed and cancelled boots."""
+"""The capacity stage's arithmetic and specs without a boot (tests/engines/test_capacity.py boots)."""
 
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
 """The quantize-serve command line: one screen per user error (field, value, fix; exit 2, no
-traceback), validate without Prefect or torch, the planner's table, and `run` failing before Prefect
-starts. Unit tier: no vLLM, no Prefect server of its own, no network (a local Hub endpoint at most).
-
-Most cases call ``main([...])`` in-process (fast); a few go through the installed console script in
-a subprocess, which tests the entry point for real.
-"""
+traceback), `validate` and `plan` (tests/flows/test_cli.py: `run` through the flow)."""
 
 
 from __future__ import annotations

@@ -1,24 +1,5 @@
-"""The fault matrix: one real fault per test, injected into the real engines (issue 11, item 7).
-
-Each test proves four things: what the user sees (a clear error naming the cause and the fix), that
-nothing is left running (no vLLM process of that boot, no child process of this test), that nothing
-is promoted or left for a rerun to trust, and that no token is printed where a token is involved.
-
-Faults proven elsewhere (not repeated here):
-- API server killed during the stress test:
-  tests/engines/test_stress.py::test_killed_server_fails_fast_and_leaves_nothing
-- a boot that cannot fit its memory:
-  tests/engines/test_capacity.py::test_boot_that_cannot_fit_names_the_remedy_and_leaves_nothing
-- a cancelled or killed boot: tests/engines/test_capacity.py::test_cancelled_boot_leaves_no_process
-- Hub 401/403/404/5xx, dropped upload, lost commit answer, rerun: tests/engines/test_hub.py
-- a rerun reuses the checkpoint: tests/engines/test_quantize.py::test_rerun_reuses_checkpoint
-- the flow run cancelled from the UI while vLLM runs (it needs the flow tests' Prefect server and
-  worker): tests/flows/test_flow.py::test_cancel_from_the_ui_stops_vllm_and_promotes_nothing
-
-vLLM boots are the expensive part (20-30 s each on a 2-core CPU), so one boot serves the accuracy
-and capacity faults (the accuracy test kills it, the capacity test then meets the dead server);
-the engine-worker faults need a boot each, since each one ends its boot.
-"""
+"""Fault-matrix rows that need no engine (disk full during a download, ...): the matrix and its
+rules are described in tests/engines/test_faults.py."""
 
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Capacity of a model shape before its weights are downloaded: REAL vLLM boots with
-``--load-format dummy`` (config.json and tokenizer only), from the command line
-(``quantize-serve plan RECIPE --measure``) and as the flow's ``serve.preflight: measure``.
-"""
+"""Capacity of a model shape before its weights are downloaded, without a boot: the folders with
+dummy-weight configs (the boots: tests/engines/test_shape_capacity.py, the flow's preflight:
+tests/flows/test_shape_capacity.py)."""
 
 
 from __future__ import annotations

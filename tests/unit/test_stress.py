@@ -1,10 +1,4 @@
-"""End-to-end stress gate on the real vLLM CPU server and the tiny model.
-
-Two boots: (a) the recipe's profile on the recipe's serve settings passes; (b) then that same
-server, killed in the middle of a second run, fails the gate quickly, with the reason, and leaves no
-vLLM process behind; (c) a KV budget smaller than the profile's concurrency needs (its own boot)
-fails the gate with the reason.
-"""
+"""The stress gate's plan and verdict without a server (the real traffic: tests/engines/test_stress.py)."""
 
 
 from __future__ import annotations

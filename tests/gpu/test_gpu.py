@@ -1,0 +1,90 @@
+"""On the GPU: llm-compressor quantizes on CUDA, the three capacity boots under vLLM's GPU accounting
+(each boot's memory given back before the next), the whole flow on the tiny recipe, and the
+Llama-3-8B shape measured with dummy weights (random weights: capacity, not accuracy)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from quantize_serve.capacity.measure import run_capacity_stage
+from quantize_serve.capacity.shape import measure_shape
+from quantize_serve.quantize.run import quantize_model
+from quantize_serve.recipe.load import load_recipe
+from quantize_serve.serving import gpu
+from quantize_serve.serving.boot import Boot
+from quantize_serve.validate.preflight import resolve_base, validate_recipe
+from tests.conftest import ROOT, local_hub
+from tests.gpu.conftest import GPU_MODE, assert_memory_given_back, gpu_recipe
+
+LLAMA3_8B = ROOT / "benchmarks" / "configs" / "llama-3-8b.json"
+TOKENIZER = ROOT / "models" / "tiny-llama"  # a dummy boot needs a tokenizer; any will do
+
+
+@pytest.fixture(scope="module")
+def gpu_checkpoint(tmp_path_factory):
+    """The tiny model quantized (AWQ W4A16) on this host's GPU."""
+    validated = validate_recipe(gpu_recipe())
+    base = resolve_base(validated)
+    return quantize_model(validated.recipe, Path(base.local_dir), base_identity=base.identity,
+                          calibration_fingerprint=validated.calibration_fingerprint, log=print)
+
+
+def test_quantization_ran_on_the_gpu(gpu_checkpoint):
+    assert gpu_checkpoint.device.startswith("cuda"), gpu_checkpoint.device
+
+
+@pytest.mark.timeout(900)
+def test_three_capacity_boots_under_gpu_accounting_give_their_memory_back(gpu_checkpoint, idle_gpu_memory,
+                                                                          tmp_path):
+    recipe = gpu_recipe()
+    report = run_capacity_stage(recipe, ROOT / "models" / "tiny-llama", gpu_checkpoint.checkpoint_dir,
+                                log_dir=tmp_path, device_memory_bytes=gpu.usable_memory_bytes(), log=print)
+    rows = {c.name: c for c in report.configs}
+    assert list(rows) == list(Boot)
+    assert all(c.kv_cache_tokens > 0 for c in rows.values())
+    assert rows[Boot.QUANTIZED_16BIT_KV].weights_bytes < rows[Boot.BASE].weights_bytes
+    ratio = rows[Boot.PRODUCTION].kv_cache_tokens / rows[Boot.QUANTIZED_16BIT_KV].kv_cache_tokens
+    assert 1.9 < ratio < 2.1, ratio  # fp8 KV: half the bytes per token
+    assert_memory_given_back(idle_gpu_memory)
+
+
+@pytest.mark.timeout(1200)
+def test_the_whole_flow_on_the_tiny_recipe_promotes_on_the_gpu(prefect_api, idle_gpu_memory, tmp_path):
+    from flows.pipeline import quantize_serve
+    from quantize_serve.report.run_report import RunReport
+
+    token = "hf_GpuTierToken0123456789abcdefghij"
+    with local_hub(tmp_path, tokens=(token,), online=True):
+        state = quantize_serve(str(ROOT / "recipes" / "tiny-llama-awq.yaml"), overrides=GPU_MODE,
+                               return_state=True)
+    report = state.result(raise_on_failure=False)
+    assert state.is_completed(), state.message
+    assert isinstance(report, RunReport)
+    assert report.decision.passed and report.release.status == "promoted"
+    assert report.checkpoint.device.startswith("cuda")
+    assert "GPU KV cache" in (Path(report.report_dir) / f"vllm-{Boot.PRODUCTION}.log").read_text()
+    assert_memory_given_back(idle_gpu_memory)
+
+
+@pytest.mark.timeout(1200)
+def test_llama3_8b_shape_with_dummy_weights_is_measured_beside_the_planner(idle_gpu_memory, tmp_path):
+    shape = tmp_path / "llama-3-8b"
+    shape.mkdir()
+    shutil.copyfile(LLAMA3_8B, shape / "config.json")
+    for f in TOKENIZER.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copyfile(f, shape / f.name)
+    recipe = load_recipe(ROOT / "recipes" / "llama3-8b-instruct-awq.yaml", {
+        "model.id": str(shape), "serve.enforce_eager": True, "quantization.kv_cache_scales": False})
+    result = measure_shape(recipe, shape, out_dir=tmp_path / "out", model="Llama-3-8B",
+                           device_memory_bytes=gpu.usable_memory_bytes(), log=print)
+    rows = {r.name: r for r in result.rows}
+    assert all(r.measured is not None and r.refused is None for r in rows.values()), result.markdown()
+    for r in rows.values():
+        assert abs(r.error_pct) <= 1.0, result.markdown()  # the planner beside each measured row
+    w4 = rows[Boot.QUANTIZED_16BIT_KV].measured.kv_cache_tokens
+    assert rows[Boot.PRODUCTION].measured.kv_cache_tokens > 1.9 * w4 > 1.9 * rows[Boot.BASE].measured.kv_cache_tokens
+    assert_memory_given_back(idle_gpu_memory)
