@@ -86,6 +86,11 @@ def serving_host_gap(scheme: str | None = "W4A16", kv_cache_dtype: str | None = 
     return cpu_serving_gap(scheme, kv_cache_dtype)
 
 
+# A shipped CPU recipe on a GPU host: without serve.memory_budget (the CPU runs' explicit budget) vLLM
+# sizes each boot's KV cache from gpu_memory_utilization, as production does (the demo, the gpu tier).
+GPU_OVERRIDES: dict[str, Any] = {"serve.memory_budget": None}
+
+
 def servable_overrides() -> tuple[dict[str, Any], str | None]:
     """Recipe overrides (dotted keys) that make the shipped W4A16 + fp8-KV recipes servable here, and
     why: none on a GPU host or a CPU that serves them; ``AVX2_OVERRIDES`` on a CPU without AVX-512."""

@@ -11,13 +11,12 @@ import pytest
 from quantize_serve.recipe.load import load_recipe
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.serving import gpu
+from quantize_serve.serving.host import GPU_OVERRIDES
 from tests.conftest import ROOT
-
-GPU_MODE = {"serve.memory_budget": None}
 
 
 def gpu_recipe(name: str = "tiny-llama-awq") -> Recipe:
-    return load_recipe(ROOT / "recipes" / f"{name}.yaml", GPU_MODE)
+    return load_recipe(ROOT / "recipes" / f"{name}.yaml", GPU_OVERRIDES)
 
 
 @pytest.fixture

@@ -15,9 +15,10 @@ from quantize_serve.quantize.run import quantize_model
 from quantize_serve.recipe.load import load_recipe
 from quantize_serve.serving import gpu
 from quantize_serve.serving.boot import Boot
+from quantize_serve.serving.host import GPU_OVERRIDES
 from quantize_serve.validate.preflight import resolve_base, validate_recipe
 from tests.conftest import ROOT, local_hub
-from tests.gpu.conftest import GPU_MODE, assert_memory_given_back, gpu_recipe
+from tests.gpu.conftest import assert_memory_given_back, gpu_recipe
 
 LLAMA3_8B = ROOT / "benchmarks" / "configs" / "llama-3-8b.json"
 TOKENIZER = ROOT / "models" / "tiny-llama"  # a dummy boot needs a tokenizer; any will do
@@ -58,7 +59,7 @@ def test_the_whole_flow_on_the_tiny_recipe_promotes_on_the_gpu(prefect_api, idle
 
     token = "hf_GpuTierToken0123456789abcdefghij"
     with local_hub(tmp_path, tokens=(token,), online=True):
-        state = quantize_serve(str(ROOT / "recipes" / "tiny-llama-awq.yaml"), overrides=GPU_MODE,
+        state = quantize_serve(str(ROOT / "recipes" / "tiny-llama-awq.yaml"), overrides=GPU_OVERRIDES,
                                return_state=True)
     report = state.result(raise_on_failure=False)
     assert state.is_completed(), state.message
