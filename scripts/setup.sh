@@ -21,7 +21,10 @@
 #   QS_SETUP_DRY_RUN=1    (or --plan) print what would be installed and from where; change nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+# The host's Python (PYTHON overrides), never one of the environments set-up makes: a PATH with
+# .venv/bin first (scripts/gpu/host.sh's jobs have one) would otherwise make .venv its own host.
+PY=${PYTHON:-$(PATH=$(tr ':' '\n' <<<"$PATH" | grep -v -x -e "$PWD/.venv/bin" -e "$PWD/.venv-serve/bin" \
+  | paste -sd: -) command -v python3)}
 TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 PLAN=${QS_SETUP_DRY_RUN:-0}
 [[ ${1:-} == --plan ]] && PLAN=1
@@ -68,7 +71,7 @@ fi
 # HOST_SITES: the host interpreter's site-packages folders, when its torch is the pinned CUDA build.
 HOST_SITES="" TORCH_MODE=install TORCH_LINE=""
 if [[ $DEVICE == cuda ]]; then
-  host=$("$PY" - "${TORCH_PIN#torch==}" <<'PYEOF' 2>/dev/null || true
+  host=$("$PY" - "${TORCH_PIN#torch==}" "$PWD" <<'PYEOF' 2>/dev/null || true
 import site, sys
 from importlib import metadata
 try:
@@ -85,7 +88,8 @@ if version.split("+")[0] == sys.argv[1] and not cuda:  # a build whose CUDA libr
         pass
 if version.split("+")[0] == sys.argv[1] and cuda:
     where = str(dist.locate_file(""))
-    sites = [p for p in site.getsitepackages() if p != where]
+    root = sys.argv[2]  # never the project's own environments
+    sites = [p for p in site.getsitepackages() if p != where and not p.startswith(root + "/")]
     print(version, where, *sites, sep="\n")
 else:
     print(f"other {version}{'' if cuda else ' (no CUDA)'}")

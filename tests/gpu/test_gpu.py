@@ -46,7 +46,8 @@ def test_three_capacity_boots_under_gpu_accounting_give_their_memory_back(gpu_ch
     rows = {c.name: c for c in report.configs}
     assert list(rows) == list(Boot)
     assert all(c.kv_cache_tokens > 0 for c in rows.values())
-    assert rows[Boot.QUANTIZED_16BIT_KV].weights_bytes < rows[Boot.BASE].weights_bytes
+    # the weights freed go to the KV cache (vLLM logs the tiny model's weights as 0.00 GiB; its tokens tell)
+    assert rows[Boot.QUANTIZED_16BIT_KV].kv_cache_tokens > rows[Boot.BASE].kv_cache_tokens
     ratio = rows[Boot.PRODUCTION].kv_cache_tokens / rows[Boot.QUANTIZED_16BIT_KV].kv_cache_tokens
     assert 1.9 < ratio < 2.1, ratio  # fp8 KV: half the bytes per token
     assert_memory_given_back(idle_gpu_memory)

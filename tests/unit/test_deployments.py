@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import sysconfig
 
 import pytest
 import yaml
@@ -29,9 +28,11 @@ LOAD = ("import sys\n"  # what the worker's flow-run process does (load_flow_fro
 
 @pytest.mark.parametrize("entrypoint", sorted({d["entrypoint"] for d in DEPLOYMENTS}))
 def test_entrypoint_loads_without_an_editable_install(entrypoint: str):
-    site_packages = sysconfig.get_paths()["purelib"]
+    # this interpreter's package folders (a GPU host's reused torch folder too), without the editable
+    # install's finder, which -S leaves out
+    site_packages = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
     done = subprocess.run([sys.executable, "-S", "-c", LOAD, entrypoint], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env={"PYTHONPATH": f"{site_packages}:{ROOT}",
+                          text=True, timeout=120, env={"PYTHONPATH": ":".join([*site_packages, str(ROOT)]),
                                                       "PREFECT_HOME": str(ROOT / ".cache" / "prefect-load-test")})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "quantize-serve"

@@ -38,9 +38,18 @@ def test_the_torch_build_is_read_without_importing_torch(version, version_py, cu
     assert parse_build("py", version, version_py).cuda == cuda
 
 
+def torch_build_by_import(python: Path):
+    """What the interpreter's torch says of itself when imported (the slow way torch_build avoids)."""
+    done = subprocess.run([str(python), "-c", "import importlib.metadata as m, torch; "
+                           "print(m.version('torch')); print(torch.version.cuda)"],
+                          capture_output=True, text=True, timeout=120, check=True)
+    version, cuda = done.stdout.split()[-2:]
+    return torch_build(python).model_copy(update={"version": version, "cuda": None if cuda == "None" else cuda})
+
+
 def test_this_pipeline_environment_and_another_interpreter_are_read(tmp_path):
     here = torch_build(Path(sys.executable))  # in-process: importlib.metadata and torch/version.py
-    assert here.version and here.version.endswith("+cpu") and here.cuda is None
+    assert here == torch_build_by_import(Path(sys.executable))
     code = ("import sys; from quantize_serve.quantize.device import torch_build; torch_build(); "
             "print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -48,7 +57,7 @@ def test_this_pipeline_environment_and_another_interpreter_are_read(tmp_path):
     serve_python = ROOT / ".venv-serve" / "bin" / "python"
     if serve_python.is_file():  # another interpreter reads its own with the standard library alone
         other = torch_build(serve_python)
-        assert other.python == str(serve_python) and other.version and other.cuda is None
+        assert other.python == str(serve_python) and other == torch_build_by_import(serve_python)
     missing = tmp_path / "python"
     missing.write_text("#!/bin/sh\nexit 1\n")
     missing.chmod(0o755)

@@ -62,7 +62,10 @@ def plan(project: Path, tmp_path: Path, *, gpu: str | None = None, python: Path 
     bin_dir = tmp_path / "bin"
     fake_nvidia_smi(bin_dir, gpu)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("QS_", "PIP_", "VIRTUAL_ENV"))}
-    full_env = {**base, "PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": str(python or sys.executable),
+    if python is None:  # a host without torch: this test's Python may see one (a GPU host's, reused)
+        (tmp_path / "bare-host").mkdir(exist_ok=True)
+        python = fake_host_python(tmp_path / "bare-host", None)
+    full_env = {**base, "PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": str(python),
                 "QS_SETUP_DRY_RUN": "1", **env}
     if via_make:
         args = ["make", "-s", "-C", str(project), "setup", *(f"{k}={v}" for k, v in env.items())]
