@@ -54,13 +54,13 @@ def choose_format(validated: ValidatedRecipe, base: BaseModelRef, run_dir: Path,
 
     with gpu_slot():
         base_served = serve_base(validated, base.local_dir, out / "base", accuracy_dir=out / "base" / "accuracy",
-                       tensor_parallel_size=base_tp, also=format_row("base", "base", "bf16", reference=True))
+                                 tensor_parallel_size=base_tp, also=format_row("base", "base", "bf16", reference=True))
         rows = [base_served.also]
         for name, (v, made_by) in made.items():
             quantized = serve_quantized(v, made_by.checkpoint_dir, out / name, accuracy_dir=out / name / "accuracy",
-                                stress_dir=out / name / "stress",
-                                sixteen_bit_kv=r.serve.kv_cache_dtype != "auto",  # else (b) is (c)
-                                also=format_row(name, made_by.method, made_by.scheme))
+                                        stress_dir=out / name / "stress",
+                                        sixteen_bit_kv=r.serve.kv_cache_dtype != "auto",  # else (b) is (c)
+                                        also=format_row(name, made_by.method, made_by.scheme))
             checks = compare_accuracy(base_served.accuracy.result(raise_on_failure=False),
                                       quantized.accuracy.result(raise_on_failure=False), r.gates.accuracy)
             row = with_stress(with_accuracy(quantized.also, checks), quantized.stress.result(raise_on_failure=False))
