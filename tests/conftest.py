@@ -281,8 +281,8 @@ def pytest_sessionstart(session):
 def pytest_runtest_logreport(report):
     row = DURATIONS.setdefault(report.nodeid, {"seconds": 0.0, "outcome": "passed"})
     row["seconds"] = round(row["seconds"] + report.duration, 2)
-    if report.outcome != "passed" and (report.when == "call" or report.outcome == "failed"):
-        row["outcome"] = report.outcome
+    if report.outcome == "failed" or (report.outcome == "skipped" and row["outcome"] == "passed"):
+        row["outcome"] = report.outcome  # a skip is reported at setup, a failure at any phase
 
 
 def pytest_sessionfinish(session, exitstatus):
