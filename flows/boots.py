@@ -49,17 +49,23 @@ class QuantizedServed:
     also: Any = None
 
 
+def accuracy_gate(validated: ValidatedRecipe, server: RunningServer, *, tokenizer_dir: str,
+                  output_dir: Path) -> State:
+    """The recipe's accuracy tasks against the live server (its final state, failed or not)."""
+    r = validated.recipe
+    return run_accuracy(server.base_url, r.gates.accuracy, tokenizer_dir=tokenizer_dir,
+                        max_length=r.serve.max_model_len, base_dir=Path(r.base_dir), output_dir=output_dir,
+                        return_state=True)
+
+
 def serve_base(validated: ValidatedRecipe, model_dir: str, log_dir: Path, *, accuracy_dir: Path,
                tensor_parallel_size: int | None = None, also: Also | None = None) -> BaseServed:
     """(a): ``tensor_parallel_size`` when the base needs more GPUs than the recipe's (plan-base-boot)."""
-    r = validated.recipe
     boot = served(validated, Boot.BASE, model_dir, log_dir, tensor_parallel_size=tensor_parallel_size)
     with boot as (server, spec):
         capacity = measure_capacity(server, spec, Boot.BASE)
         extra = also(server, spec, capacity) if also else None
-        accuracy = run_accuracy(server.base_url, r.gates.accuracy, tokenizer_dir=model_dir,
-                                max_length=r.serve.max_model_len, base_dir=Path(r.base_dir),
-                                output_dir=accuracy_dir, return_state=True)
+        accuracy = accuracy_gate(validated, server, tokenizer_dir=model_dir, output_dir=accuracy_dir)
     return BaseServed(capacity=capacity, accuracy=accuracy, also=extra)
 
 
@@ -78,9 +84,7 @@ def serve_quantized(validated: ValidatedRecipe, checkpoint_dir: str, log_dir: Pa
     with served(validated, Boot.PRODUCTION, checkpoint_dir, log_dir) as (server, spec):
         capacity = measure_capacity(server, spec, Boot.PRODUCTION)
         extra = also(server, spec, capacity) if also else None
-        accuracy = run_accuracy(server.base_url, r.gates.accuracy, tokenizer_dir=checkpoint_dir,
-                                max_length=r.serve.max_model_len, base_dir=Path(r.base_dir),
-                                output_dir=accuracy_dir, return_state=True)
+        accuracy = accuracy_gate(validated, server, tokenizer_dir=checkpoint_dir, output_dir=accuracy_dir)
         stress = run_stress_test(server, r.gates.stress, r.serve, tokenizer_dir=checkpoint_dir,
                                  output_dir=stress_dir, return_state=True)
         soak = None
