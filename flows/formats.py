@@ -17,8 +17,7 @@ from pathlib import Path
 from prefect import flow
 
 from flows.boots import serve_base, serve_quantized
-from quantize_serve.core.errors import GateError
-from quantize_serve.formats.choose import BenchSettings, FormatChoice
+from quantize_serve.formats.choose import BenchSettings, FormatChoice, release_format
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
 from tasks.decide import compare_accuracy
 from tasks.formats import (
@@ -67,7 +66,5 @@ def choose_format(validated: ValidatedRecipe, base: BaseModelRef, run_dir: Path,
             sixteen = quantized.capacity_16bit_kv
             rows.append(row.model_copy(update={"kv_cache_tokens_16bit": sixteen.kv_cache_tokens if sixteen else None}))
     choice = choose_format_task(validated, rows, settings, run_dir)
-    if choice.winner is None:
-        raise GateError("no release format passed every check, so nothing is pushed or released:\n"
-                        + choice.markdown())
+    release_format(choice)  # none passing: the run stops here, with the table
     return choice

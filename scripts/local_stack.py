@@ -29,11 +29,11 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 # the environment's `prefect` command (make setup's .venv), else the one on PATH
 PREFECT = str(BIN / "prefect") if (BIN / "prefect").exists() else (shutil.which("prefect") or "prefect")
-# pool -> `prefect work-pool create` arguments. gpu-k8s is there because `prefect deploy --all` fails on
-# a deployment whose pool does not exist (llama3-k8s); nothing runs on it here.
-WORK_POOLS = {"local-cpu": ["--type", "process"], "gpu": ["--type", "process"],
-              "gpu-k8s": ["--type", "kubernetes", "--base-job-template",
-                          str(ROOT / "deploy" / "k8s" / "gpu-k8s-job-template.json")]}
+# pool -> (type, base job template file or None for the type's default), as `prefect work-pool create`
+# takes them. gpu-k8s is there because `prefect deploy --all` fails on a deployment whose pool does not
+# exist (llama3-k8s); nothing runs on it here.
+WORK_POOLS = {"local-cpu": ("process", None), "gpu": ("process", None),
+              "gpu-k8s": ("kubernetes", ROOT / "deploy" / "k8s" / "gpu-k8s-job-template.json")}
 
 
 def wait_http(url: str, timeout_s: float, proc: subprocess.Popen, log: Path) -> None:
@@ -125,6 +125,37 @@ class Stack:
         return rc, "".join(lines)
 
 
+def create_pools_and_limit(api_url: str) -> None:
+    """The work pools and the `gpu` concurrency limit (limit 1), where missing: what `prefect
+    work-pool create` and `prefect gcl create` do, through one client (each CLI call is one more
+    interpreter importing Prefect, seconds apiece on a small machine)."""
+    import asyncio
+    import json
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.workers.utilities import get_default_base_job_template_for_infrastructure_type
+
+    async def create() -> None:
+        async with get_client() as client:
+            try:
+                await client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name="gpu", limit=1))
+            except ObjectAlreadyExists:
+                pass
+            for pool, (kind, template) in WORK_POOLS.items():
+                job = (json.loads(template.read_text()) if template
+                       else await get_default_base_job_template_for_infrastructure_type(kind))
+                try:
+                    await client.create_work_pool(WorkPoolCreate(name=pool, type=kind, base_job_template=job))
+                except ObjectAlreadyExists:
+                    pass
+
+    with temporary_settings({PREFECT_API_URL: api_url}):
+        asyncio.run(create())
+
+
 @contextmanager
 def local_stack(home: Path, *, hub_token: str, deploy: bool = True,
                 extra_env: dict[str, str] | None = None) -> Iterator[Stack]:
@@ -162,11 +193,7 @@ def local_stack(home: Path, *, hub_token: str, deploy: bool = True,
             start_new_session=True))
         wait_http(f"{env['PREFECT_API_URL']}/health", 120, stack.procs[0], server_log)
         wait_http(f"{env['HF_ENDPOINT']}/api/models/local/health", 30, stack.procs[1], hub_log)
-        if stack.prefect("gcl", "inspect", "gpu", check=False).returncode != 0:
-            stack.prefect("gcl", "create", "gpu", "--limit", "1")
-        for pool, create_args in WORK_POOLS.items():
-            if stack.prefect("work-pool", "inspect", pool, check=False).returncode != 0:
-                stack.prefect("work-pool", "create", pool, *create_args)
+        create_pools_and_limit(stack.api_url)
         if deploy:
             stack.prefect("--no-prompt", "deploy", "--all")
         yield stack

@@ -33,6 +33,14 @@ os.environ.setdefault("QS_WORK_DIR", str(ROOT / ".cache" / "test-work"))
 TEST_PREFECT_HOME = tempfile.mkdtemp(prefix="qs-test-prefect-")
 os.environ["PREFECT_HOME"] = TEST_PREFECT_HOME
 os.environ.pop("PREFECT_API_URL", None)
+# vLLM's process layout for the suite's boots: the API server and the engine core, with the model
+# worker inside the engine core, as vLLM serves a one-GPU model (TP 1) in production. On a CPU, vLLM
+# otherwise starts the worker as a third process (its default there: VLLM_ENABLE_V1_MULTIPROCESSING=1),
+# which costs every boot one more interpreter importing torch and vLLM: about 10 s of a 27 s boot on
+# a 2-core machine, and the suite boots vLLM about 35 times. The tests about that third process (a
+# worker crash, tests/engines/test_faults.py) boot vLLM's CPU default; every boot's processes are
+# still a process group that must leave nothing behind (API server + engine core at least).
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
 # What this machine's vLLM serves (quantize_serve/serving/host.py). Where its CPU has no AVX-512, the

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from quantize_serve.core.errors import GateError
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.recipe.quantization import FormatRule
 from quantize_serve.serving.server import RunningServer
@@ -305,6 +306,15 @@ def choose(rows: list[FormatRow], rule: FormatRule, bench: BenchSettings, platfo
                   + f"; {len(passing)} of {sum(not r.reference for r in rows)} candidates passed.")
     return FormatChoice(rule=rule, bench=bench, platform=platform, rows=rows, pareto=pareto_front(rows),
                         winner=winner.name if winner else None, reason=reason)
+
+
+def release_format(choice: FormatChoice) -> str:
+    """The chosen candidate. None passing is a GateError with the table: the flow stops there, before
+    anything is quantized again, pushed or released."""
+    if choice.winner is None:
+        raise GateError("no release format passed every check, so nothing is pushed or released:\n"
+                        + choice.markdown())
+    return choice.winner
 
 
 def write_files(choice: FormatChoice, out_dir: Path) -> None:

@@ -195,11 +195,13 @@ def engine_process(server_pid: int, name: str) -> psutil.Process:
 @pytest.mark.parametrize("target, sig", [("VLLM::EngineCore", signal.SIGKILL),
                                          ("VLLM::Worker", signal.SIGILL)],
                          ids=["engine-core-SIGKILL", "worker-SIGILL"])
-def test_engine_death_during_stress_fails_the_check_and_leaves_nothing(tmp_path, target, sig):
+def test_engine_death_during_stress_fails_the_check_and_leaves_nothing(tmp_path, monkeypatch, target, sig):
     """SIGKILL of the engine core is what the OOM killer does to the biggest process; SIGILL of the
-    worker is the CPU crash seen on AMX machines (see WARMUP_PROMPT in quantize_serve/serving/server.py)."""
+    worker is the CPU crash seen on AMX machines (see WARMUP_PROMPT in quantize_serve/serving/server.py).
+    vLLM's own CPU layout, with the worker as a process of its own (tests/conftest.py)."""
     from quantize_serve.gates.stress import run_stress_test
 
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     boot = Boot(spec(), tmp_path / "vllm.log")
     try:
         server = boot.server

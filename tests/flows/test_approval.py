@@ -1,17 +1,16 @@
 """Manual sign-off (approval: manual): the run pauses with a form and promotes only on approval.
 
 Two tiers. The fast ones call the sign-off and the release step directly (a toy flow, a fake
-report). The full ones run the WHOLE quantize-serve flow on the tiny AWQ recipe, in-process in a
+report). The full one runs the WHOLE quantize-serve flow on the tiny AWQ recipe, in-process in a
 thread against the session's Prefect API, pushing to a local Hub; the run pauses at the form and a
-reviewer answers it through ``resume_flow_run``: approve -> the release ref on the Hub points at
-the gated commit on top of the pushed candidate; reject -> nothing promoted, the rejection (with
+reviewer answers it through ``resume_flow_run``: reject -> nothing promoted, the rejection (with
 the reviewer's reason) on the Hub and in the report, the run Failed.
 
-One flow run cannot prove both answers (a run is resumed once), so there are two; each costs the
-flow's three vLLM boots, on a shrunken copy of the recipe: one perplexity task on 10 documents (the
-stress profile is kept). The approved run also takes production's inputs: a private base model and
-an UltraChat-shaped calibration dataset from the Hub (so it quantizes); the rejected one reuses the
-session's cached AWQ checkpoint.
+One flow run cannot prove both answers (a run is resumed once), so there are two. The approved one
+is the deployment run of tests/flows/test_flow.py (production's inputs from the Hub, approved by a
+reviewer, promoted). The rejected one is here: the whole flow on a shrunken copy of the recipe (one
+perplexity task on 10 documents; the stress profile is kept) that releases the session's AWQ
+checkpoint as an existing checkpoint.
 """
 
 from __future__ import annotations
@@ -159,25 +158,18 @@ def test_a_reviewer_rejection_is_recorded_with_the_reason(local_hub, manual_reci
 # --------------------------------------------------------------------------------------------
 
 
-HUB_BASE, HUB_CHATS = "meta-llama/tiny-llama-private", "HuggingFaceH4/ultrachat_200k"
-
-
-def signoff_recipe(folder: Path, repo_id: str, *, hub_inputs: dict[str, str] | None = None) -> Path:
-    """The tiny AWQ recipe with approval: manual, its own Hub repo and the accuracy gate shrunk to
-    what proves it ran. Local inputs by default (the session's cached checkpoint is reused);
-    ``hub_inputs`` {"model": repo id, "calibration": dataset id}: the base model and an
-    UltraChat-shaped chat dataset (split train_sft, messages rendered with the chat template) come
-    from the Hub, as in production."""
+def signoff_recipe(folder: Path, repo_id: str, checkpoint: str) -> Path:
+    """The tiny AWQ recipe with approval: manual, its own Hub repo, the accuracy gate shrunk to what
+    proves it ran, and an existing checkpoint to release (the session's, validated and served as it
+    is, not quantized again: the path a format choice's winner takes through the pipeline)."""
     data = yaml.safe_load((ROOT / "recipes" / "tiny-llama-awq.yaml").read_text())
-    data = apply_overrides(data, SERVING_OVERRIDES, source="signoff")  # what this host serves (tests/conftest.py)
+    serve = {k: v for k, v in SERVING_OVERRIDES.items() if k.startswith("serve.")}
+    data = apply_overrides(data, serve, source="signoff")  # what this host serves (tests/conftest.py)
     data["name"] = "tiny-llama-awq-signoff"
     data["approval"] = "manual"
     data["model"]["id"] = str(ROOT / "models" / "tiny-llama")
     data["calibration"]["dataset"] = str(ROOT / "data" / "calibration" / "tiny_calibration.jsonl")
-    if hub_inputs:
-        data["model"]["id"] = hub_inputs["model"]
-        data["calibration"] = {**data["calibration"], "dataset": hub_inputs["calibration"], "split": "train_sft",
-                               "messages_field": "messages", "text_field": None}
+    data["quantization"] = {"checkpoint": checkpoint}
     data["gates"]["accuracy"] = {"tasks": [{"task": str(ROOT / "evals" / "tasks" / "qs_heldout_ppl.yaml"),
                                             "limit": 10}],
                                  "default_recovery": 0.5}  # the gates must pass: sign-off is the subject
@@ -239,48 +231,12 @@ def final_state(flow_run_id):
 
 
 @pytest.mark.timeout(1200)
-def test_full_flow_from_hub_inputs_approved_by_the_reviewer_is_promoted(local_hub, tmp_path):
-    """Production's shape end to end: a private Hub base model (read with the recipe's token) and a
-    Hub chat dataset for calibration; the reviewer approves; the release is promoted."""
-    from huggingface_hub import HfApi
-
-    from localhub.datasets import publish_ultrachat
-
-    api = HfApi(endpoint=local_hub.endpoint, token=TOKEN)
-    api.create_repo(HUB_BASE, private=True, exist_ok=True)
-    base_sha = api.upload_folder(repo_id=HUB_BASE, folder_path=ROOT / "models" / "tiny-llama").oid
-    publish_ultrachat(api, repo_id=HUB_CHATS, train_sft=128, test_sft=8)
-    before = {p for p in (ROOT, Path.cwd(), tmp_path) if (p / "None").exists()}
-    repo_id = "quantize-serve/tiny-llama-awq-signoff-approve"
-    state, paused = run_flow_to_sign_off(
-        signoff_recipe(tmp_path, repo_id, hub_inputs={"model": HUB_BASE, "calibration": HUB_CHATS}),
-        {"approve": True, "reviewer": "ana", "note": "looks good"})
-
-    assert state.is_completed(), state.message
-    assert final_state(paused.id).is_completed()
-    report = run_report(paused.id)
-    assert report["base"]["repo_id"] == HUB_BASE and report["base"]["sha"] == base_sha
-    assert {p for p in (ROOT, Path.cwd(), tmp_path) if (p / "None").exists()} == before == set()
-    assert report["decision"]["passed"] and report["approval_note"] == "looks good"
-    rel = report["release"]
-    assert rel["status"] == "promoted" and rel["approved_by"] == "ana" and rel["ref"] == "production"
-    assert rel["candidate_sha"] == report["candidate"]["commit_sha"]
-    # the release tag points at the gated card commit made on top of the pushed candidate
-    repo = hub_repo(local_hub, repo_id)
-    assert repo["tags"]["production"]["commit"] == rel["commit_sha"] != rel["candidate_sha"]
-    commit = json.loads((Path(local_hub.root) / "models" / repo_id / "commits" / f"{rel['commit_sha']}.json")
-                        .read_text())
-    assert commit["parent"] == rel["candidate_sha"]
-    assert not any(t.startswith("rejected-") for t in repo["tags"])
-    artifacts = run_artifacts(paused.id)
-    assert "tiny-llama-awq-signoff-pending-approval" in artifacts  # the report the reviewer read
-    assert "tiny-llama-awq-signoff-report" in artifacts
-
-
-@pytest.mark.timeout(1200)
 def test_full_flow_rejected_by_the_reviewer_promotes_nothing(local_hub, awq_checkpoint, tmp_path):
+    """The whole flow on an existing checkpoint; the gates pass, the reviewer says no. (The reviewer
+    approving: tests/flows/test_flow.py::test_deployment_run_promotes.)"""
     repo_id = "quantize-serve/tiny-llama-awq-signoff-reject"
-    state, paused = run_flow_to_sign_off(signoff_recipe(tmp_path, repo_id), {"approve": False, **REVIEW})
+    recipe = signoff_recipe(tmp_path, repo_id, awq_checkpoint.checkpoint_dir)
+    state, paused = run_flow_to_sign_off(recipe, {"approve": False, **REVIEW})
 
     assert state.is_failed() and state.message == f"release rejected: not approved by ana: {REVIEW['note']}", \
         f"{state.type}: {state.message}"
@@ -297,3 +253,7 @@ def test_full_flow_rejected_by_the_reviewer_promotes_nothing(local_hub, awq_chec
     assert reason in repo["tags"][rel["rejection_tag"]]["message"]
     assert reason in hub_file(local_hub, repo_id, "main", "README.md")  # the rejected card says why
     assert "tiny-llama-awq-signoff-pending-approval" in run_artifacts(paused.id)
+    # the existing checkpoint was released as it is: validated, served and carded, not quantized again
+    assert report["checkpoint"]["method"].startswith("existing ") and report["checkpoint"]["seconds"] == 0.0
+    assert report["checkpoint"]["source_checkpoint"].startswith("local:")  # a digest, not a path
+    assert "(not quantized again)" in hub_file(local_hub, repo_id, "main", "README.md")

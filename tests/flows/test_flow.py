@@ -1,13 +1,16 @@
 """The flow end to end through a real Prefect server and process worker, deployed from
-prefect.yaml, publishing to the local Hub endpoint: the promotion path and the rejection path."""
+prefect.yaml, publishing to the local Hub endpoint: the promotion path (one promoted run, read by
+the tests below), the rejection path and a cancel from the UI."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -17,15 +20,66 @@ from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.w4a16_serving, pytest.mark.fp8_kv_serving]  # the tiny-awq deployment as shipped
 TOKEN = "hf_flowtest_local_token_0123456789"
+HUB_BASE, HUB_CHATS = "meta-llama/tiny-llama-private", "HuggingFaceH4/ultrachat_200k"
+APPROVAL = {"approve": True, "reviewer": "ana", "note": "looks good"}
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, awq_checkpoint):  # the checkpoint fixture warms the shared cache
     home = tmp_path_factory.mktemp("stack")
     runs = home / "runs"
-    with local_stack(home, hub_token=TOKEN, extra_env={"QS_RUNS_DIR": str(runs)}) as s:
+    # datasets online: the promoted run's calibration data comes from the stack's Hub
+    with local_stack(home, hub_token=TOKEN, extra_env={"QS_RUNS_DIR": str(runs), "HF_DATASETS_OFFLINE": "0"}) as s:
         s.runs = runs
         yield s
+
+
+@pytest.fixture(scope="module")
+def promoted(stack):
+    """The one promoted run, read by several tests: the shipped deployment (`tiny-awq`) run as a
+    release process runs it, with production's inputs (a private base model and an UltraChat-shaped
+    chat dataset for calibration, from the Hub, so it quantizes) and a reviewer's sign-off
+    (``approval: manual``), all given as the run's ``overrides`` parameter."""
+    from huggingface_hub import HfApi
+
+    from localhub.datasets import publish_ultrachat
+
+    with hub_online():
+        api = HfApi(endpoint=stack.hub_endpoint, token=TOKEN)
+        api.create_repo(HUB_BASE, private=True, exist_ok=True)
+        base_sha = api.upload_folder(repo_id=HUB_BASE, folder_path=ROOT / "models" / "tiny-llama").oid
+        publish_ultrachat(api, repo_id=HUB_CHATS, train_sft=128, test_sft=8)
+    overrides = {"approval": "manual", "model.id": HUB_BASE, "calibration.dataset": HUB_CHATS,
+                 "calibration.split": "train_sft", "calibration.messages_field": "messages",
+                 "calibration.text_field": None}
+    reviewer: dict = {}
+    answering = threading.Thread(target=lambda: reviewer.update(run=approve_when_paused(stack, APPROVAL)),
+                                 daemon=True)
+    answering.start()
+    rc, output, run_id = stack.run_deployment("tiny-awq", params={"overrides": json.dumps(overrides)})
+    answering.join(timeout=60)
+    return SimpleNamespace(rc=rc, output=output, run_id=run_id, base_sha=base_sha, paused=reviewer.get("run"))
+
+
+def approve_when_paused(stack, answer: dict, timeout_s: float = 900):
+    """What a reviewer does in the UI: wait for the run to pause at the sign-off form, then answer it.
+    The paused run (None if none paused in time)."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+    from prefect.flow_runs import resume_flow_run
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    paused = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PAUSED])))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with client_for(stack) as client:
+            runs = client.read_flow_runs(flow_run_filter=paused)
+        if runs:
+            with temporary_settings({PREFECT_API_URL: stack.api_url}):
+                resume_flow_run(runs[0].id, run_input=answer)
+            return runs[0]
+        time.sleep(1)
+    return None
 
 
 def reports(runs: Path, name: str) -> list[dict]:
@@ -55,28 +109,38 @@ def release_events(stack, kind: str) -> list:
     return []
 
 
-def hub_file(stack, repo_id: str, filename: str, revision: str) -> str:
+def hub_online():
+    """huggingface_hub online in this process (the session runs offline; the stack's Hub is loopback)."""
     from unittest import mock
 
-    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub import constants
 
-    with mock.patch.object(constants, "HF_HUB_OFFLINE", False):  # the session runs offline; this is loopback
+    return mock.patch.object(constants, "HF_HUB_OFFLINE", False)
+
+
+def hub_file(stack, repo_id: str, filename: str, revision: str) -> str:
+    from huggingface_hub import hf_hub_download
+
+    with hub_online():
         return Path(hf_hub_download(repo_id, filename, revision=revision, endpoint=stack.hub_endpoint,
                                     token=TOKEN, cache_dir=stack.runs.parent / "hub-downloads")).read_text()
 
 
 def hub_tags(stack, repo_id: str) -> dict[str, str]:
-    from unittest import mock
-
-    from huggingface_hub import HfApi, constants
+    from huggingface_hub import HfApi
 
     api = HfApi(endpoint=stack.hub_endpoint, token=TOKEN)
-    with mock.patch.object(constants, "HF_HUB_OFFLINE", False):  # the session runs offline; this is loopback
+    with hub_online():
         return {t.name: t.target_commit for t in api.list_repo_refs(repo_id).tags}
 
 
-def test_deployment_run_promotes(stack):
-    rc, output, run_id = stack.run_deployment("tiny-awq")
+def hub_repo(stack, repo_id: str) -> dict:
+    """The stack's Hub record of a repo: its tags (with the message each was made with) and commits."""
+    return json.loads((stack.home / "hub" / "models" / repo_id / "repo.json").read_text())
+
+
+def test_deployment_run_promotes(promoted, stack):
+    rc, output, run_id = promoted.rc, promoted.output, promoted.run_id
     assert rc == 0, output[-5000:]
     assert TOKEN not in output
 
@@ -86,7 +150,8 @@ def test_deployment_run_promotes(stack):
         artifacts = [a for a in client.read_artifacts() if a.flow_run_id == run.id]
     writes = Counter(a.key for a in artifacts)
     keys = set(writes)
-    for suffix in ("report", "decision", "capacity", "accuracy", "stress", "hub-revision", "progress"):
+    for suffix in ("report", "decision", "capacity", "accuracy", "stress", "hub-revision", "progress",
+                   "pending-approval"):  # pending-approval: the report the reviewer read
         assert f"tiny-llama-awq-{suffix}" in keys, keys
     assert set(writes.values()) == {1}, writes  # each key once per run: the final report, no draft
     report_md = next(a.data for a in artifacts if a.key == "tiny-llama-awq-report")
@@ -111,6 +176,29 @@ def test_deployment_run_promotes(stack):
         if path.is_file() and path.suffix in {".md", ".json", ".log", ".txt"}:
             assert TOKEN not in path.read_text(errors="replace"), path
     assert release_events(stack, "promoted")
+
+
+def test_the_reviewer_approved_the_release_from_hub_inputs(promoted, stack):
+    """Production's shape: a private Hub base model (read with the token) and a Hub chat dataset for
+    calibration; the run paused for sign-off and the reviewer's approval promoted it. (The reviewer
+    rejecting: tests/flows/test_approval.py::test_full_flow_rejected_by_the_reviewer_promotes_nothing.)"""
+    assert promoted.paused, f"the run never paused for sign-off: {promoted.output[-3000:]}"
+    assert promoted.paused.state.state_details.run_input_keyset, "paused without the sign-off form"
+    (report,) = reports(stack.runs, "tiny-llama-awq")
+    assert report["base"]["repo_id"] == HUB_BASE and report["base"]["sha"] == promoted.base_sha
+    assert report["overrides"]["calibration.dataset"] == HUB_CHATS and not report["checkpoint"].get("cached")
+    assert not (ROOT / "None").exists() and not (stack.runs / "None").exists()  # no path made of a None
+    assert report["decision"]["passed"] and report["approval_note"] == APPROVAL["note"]
+    rel = report["release"]
+    assert rel["status"] == "promoted" and rel["approved_by"] == "ana" and rel["ref"] == "production"
+    assert rel["candidate_sha"] == report["candidate"]["commit_sha"]
+    # the release tag points at the gated card commit made on top of the pushed candidate
+    repo = hub_repo(stack, "quantize-serve/tiny-llama-awq-w4a16")
+    assert repo["tags"]["production"]["commit"] == rel["commit_sha"] != rel["candidate_sha"]
+    commit = json.loads((stack.home / "hub" / "models" / "quantize-serve/tiny-llama-awq-w4a16" / "commits" /
+                         f"{rel['commit_sha']}.json").read_text())
+    assert commit["parent"] == rel["candidate_sha"]
+    assert not any(t.startswith("rejected-") for t in repo["tags"])
 
 
 def test_a_harmful_quantization_is_rejected_on_its_own_and_moves_nothing(stack):
