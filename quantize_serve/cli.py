@@ -2,7 +2,7 @@
 
     quantize-serve validate RECIPE...      every recipe and input check; exit 0 (all valid) or 2
     quantize-serve plan (RECIPE | --model DIR_OR_HUB_ID) [--gpu h200|h100-80gb|BYTES] [--tp N]
-                        [--max-model-len N] [--kv-cache-dtype D]
+                        [--max-model-len N] [--kv-cache-dtype D] [--enforce-eager | --cudagraph-memory SIZE]
     quantize-serve plan RECIPE --measure [--out DIR] [--tp N] ...
                                            the same table measured: vLLM boots the shape with dummy
                                            weights (config.json and tokenizer only) on this machine
@@ -100,6 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-utilization", type=_fraction, metavar="F")
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES,
                    help="KV dtype of the production row (default: the recipe's, else fp8)")
+    graphs = p.add_mutually_exclusive_group()
+    graphs.add_argument("--enforce-eager", action="store_true", default=None,
+                        help="plan vLLM without CUDA graphs (default: the recipe's serve.enforce_eager, else "
+                        "graphs on, as vLLM serves by default)")
+    graphs.add_argument("--cudagraph-memory", type=_byte_size, metavar="SIZE",
+                        help="CUDA-graph memory vLLM takes from the KV budget per GPU, e.g. 0.72GiB: the "
+                        "'(estimated)' figure of a measured boot's 'CUDA graph pool memory' line (default: "
+                        "the planner's estimate, said so in the table's notes)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
     p.add_argument("--measure", action="store_true",
                    help="measure instead of predict: boot vLLM on this machine with dummy weights of the "
@@ -162,7 +170,7 @@ def plan_command(args: argparse.Namespace) -> int:
         recipe, config, model = _recipe_model(args.recipe)
     else:
         config, model = _model_config(args.model, revision=args.revision), args.model
-    shape = planner.ModelShape.from_config(config)
+    shape = planner.ModelShape.from_config(config, source=_config_source(model))
     serve, quant = (recipe.serve, recipe.quantization) if recipe else (None, None)
     utilization = args.gpu_memory_utilization or (serve.gpu_memory_utilization if serve else 0.90)
     if args.gpu is not None:
@@ -187,6 +195,8 @@ def plan_command(args: argparse.Namespace) -> int:
         fp8_kv_cache_dtype=args.kv_cache_dtype or (serve.kv_cache_dtype if serve else "fp8"),
         group_size=quant.group_size if quant else 128,
         ignore=tuple(quant.ignore) if quant else ("lm_head",),
+        enforce_eager=bool(args.enforce_eager or (serve.enforce_eager if serve else False)),
+        cudagraph_memory_bytes=args.cudagraph_memory,
         model=model,
     )
     print(table.model_dump_json(indent=2) if args.json else plan_table.format_table(table))
@@ -231,6 +241,11 @@ def _recipe_model(path: str) -> tuple[Any, dict[str, Any], str]:
                          token_env=recipe.hub.token_env if recipe.hub else "HF_TOKEN")
     check_model_config(recipe, config, source=path)
     return recipe, config, recipe.model.id
+
+
+def _config_source(model: str) -> str:
+    """How a message names the config.json of ``model`` (a folder, a .json file or a Hub repo id)."""
+    return model if model.endswith(".json") else f"{model.rstrip('/')}/config.json"
 
 
 def _model_config(model: str, *, revision: str | None) -> dict[str, Any]:
@@ -376,6 +391,17 @@ def _fraction(text: str) -> float:
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in (0, 1]")
     return value
+
+
+def _byte_size(text: str) -> int:
+    """A memory size: bytes (``770703360``) or with a unit (``0.72GiB``, ``735MiB``)."""
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    try:
+        return int(TypeAdapter(ByteSize).validate_python(text.strip()))
+    except ValidationError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a memory size (e.g. 0.72GiB or 770703360)"
+                                         ) from None
 
 
 def _gpu(text: str) -> float:

@@ -294,6 +294,7 @@ def plan_for(recipe: Recipe, base_config: dict, name: Boot, *, block_size: int,
         mode="fixed_budget" if fixed else "gpu",
         group_size=recipe.quantization.group_size,
         ignore=tuple(recipe.quantization.ignore),
+        enforce_eager=recipe.serve.enforce_eager,  # CUDA graphs: vLLM's estimate leaves the KV budget
     )
 
 

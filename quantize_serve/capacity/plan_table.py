@@ -31,10 +31,33 @@ class ConfigGain(BaseModel):
     extra_max_concurrency: float
 
 
+class ModelSummary(BaseModel):
+    """What the plan says about the model itself: its parameters and, for a mixture of experts, how
+    they are routed."""
+
+    architecture: str
+    total_parameters: int
+    active_parameters: int = Field(description="per token; = total_parameters for a dense model")
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    num_moe_layers: int = 0
+    shared_expert_intermediate_size: int = 0
+    num_layers: int
+
+    @classmethod
+    def of(cls, shape: ModelShape) -> ModelSummary:
+        return cls(architecture=shape.architecture, total_parameters=shape.num_parameters(),
+                   active_parameters=shape.num_active_parameters(), num_experts=shape.num_experts,
+                   num_experts_per_tok=shape.num_experts_per_tok, num_moe_layers=shape.num_moe_layers,
+                   shared_expert_intermediate_size=shape.shared_expert_intermediate_size,
+                   num_layers=shape.num_layers)
+
+
 class PlanTable(BaseModel):
     """The three configurations the project compares, with what quantization frees."""
 
     model: str
+    summary: ModelSummary | None = None
     rows: dict[str, CapacityPlan] = Field(description="keys: base, w4a16, w4a16-fp8kv")
     fits_at_tp: dict[str, int | None] = Field(
         default_factory=dict, description="for a row that does not fit: the smallest tensor_parallel_size "
@@ -95,6 +118,8 @@ def plan_table(
     fp8_kv_cache_dtype: KVCacheDtype = "fp8",
     group_size: int | None = 128,
     ignore: tuple[str, ...] | list[str] = ("lm_head",),
+    enforce_eager: bool = False,
+    cudagraph_memory_bytes: int | None = None,
     model: str = "model",
 ) -> PlanTable:
     """Plan (a) ``base`` bf16 + 16-bit KV, (b) ``w4a16`` + 16-bit KV and (c)
@@ -110,6 +135,8 @@ def plan_table(
         mode=mode,
         group_size=group_size,
         ignore=ignore,
+        enforce_eager=enforce_eager,
+        cudagraph_memory_bytes=cudagraph_memory_bytes,
     )
     settings = {boot: dict(scheme=quant_scheme if boot.quantized else "bf16",
                            kv_cache_dtype="auto" if boot.sixteen_bit_kv else fp8_kv_cache_dtype, **common)
@@ -118,6 +145,7 @@ def plan_table(
     base = rows[Boot.BASE]
     return PlanTable(
         model=model,
+        summary=ModelSummary.of(shape),
         rows=rows,
         fits_at_tp={boot: smallest_fitting_tp(shape, **settings[boot]) for boot in Boot if not rows[boot].fits},
         freed_weight_bytes=base.total_weights_bytes - rows[Boot.QUANTIZED_16BIT_KV].total_weights_bytes,
@@ -128,6 +156,36 @@ def plan_table(
 
 def _gib(n: int | float) -> str:
     return f"{n / GiB:.2f}"
+
+
+def _graphs(row: CapacityPlan) -> str:
+    """The CUDA-graph term: 'off' (eager or a fixed budget), or its GiB, marked when estimated."""
+    if row.cudagraph_source == "off":
+        return "off"
+    return _gib(row.cudagraph_bytes) + (" (est.)" if row.cudagraph_source == "estimate" else "")
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M" if n >= 1e6 else f"{n:,}"
+
+
+def _model_lines(table: PlanTable) -> list[str]:
+    """Parameters (total and active) and, for a mixture of experts, its routing and expert bytes."""
+    m = table.summary
+    if m is None:
+        return []
+    if not m.num_moe_layers:
+        return [f"Model: {m.architecture}, {_count(m.total_parameters)} parameters (dense)."]
+    shared = ", and a shared expert" if m.shared_expert_intermediate_size else ""
+    lines = [f"Model: {m.architecture}, mixture of experts: {_count(m.total_parameters)} parameters, "
+             f"{_count(m.active_parameters)} active per token ({m.num_experts} experts in "
+             f"{m.num_moe_layers} of {m.num_layers} layers, {m.num_experts_per_tok} routed per token{shared})."]
+    parts = [r.weights for r in table.rows.values() if r.weights is not None]
+    by_scheme = dict.fromkeys(f"{_gib(w.experts)} GiB {w.scheme}" for w in parts)
+    router = parts[0].router if parts else 0
+    lines.append(f"Expert weights (routed and shared, whole checkpoint): {', '.join(by_scheme)}; "
+                 f"router gates {_gib(router)} GiB, kept 16-bit.")
+    return lines
 
 
 def format_table(table: PlanTable, *, title: str | None = None) -> str:
@@ -143,19 +201,20 @@ def format_table(table: PlanTable, *, title: str | None = None) -> str:
     lines = [
         f"### {head}",
         "",
-        "| config | weights GiB/GPU | activ. GiB | overhead GiB | KV GiB/GPU | KV B/token (model) | "
-        "KV tokens | max concurrency | rec. max_num_seqs | fits |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| config | weights GiB/GPU | activ. GiB | overhead GiB | CUDA graphs GiB | KV GiB/GPU | "
+        "KV B/token (model) | KV tokens | max concurrency | rec. max_num_seqs | fits |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, r in table.rows.items():
         fits = "yes" if r.fits else f"NO (max_model_len <= {r.largest_max_model_len:,})"
         kv_gib = _gib(r.kv_cache_memory_bytes)  # negative: that much over budget
         lines.append(
             f"| {name} | {_gib(r.weights_bytes)} | {_gib(r.activation_bytes)} | "
-            f"{_gib(r.overhead_bytes)} | {kv_gib} | {r.kv_bytes_per_token:,} | "
+            f"{_gib(r.overhead_bytes)} | {_graphs(r)} | {kv_gib} | {r.kv_bytes_per_token:,} | "
             f"{r.kv_cache_tokens:,} | {r.max_concurrency:.1f} | {r.recommended_max_num_seqs:,} | {fits} |"
         )
     lines.append("")
+    lines.extend(_model_lines(table))
     lines.append(
         f"Freed by quantization: {_gib(table.freed_weight_bytes)} GiB of weights "
         f"({_gib(table.freed_weight_bytes_per_gpu)} GiB per GPU)."

@@ -14,14 +14,25 @@ Two accounting modes, because the project measures capacity two ways:
     What vLLM does on CUDA when it sizes the cache itself::
 
         budget = device_memory * gpu_memory_utilization
-        kv     = budget - weights/TP - activation_peak - non_torch_overhead    (per GPU)
+        kv     = budget - weights/TP - activation_peak - non_torch_overhead
+                 - cuda_graph_estimate (CUDA graphs on, i.e. enforce_eager false)     (per GPU)
 
     The activation peak is what vLLM's profiling run (a forward pass of
     ``max_num_batched_tokens`` dummy tokens) leaves as the torch allocator's peak; it is
     modelled in :func:`activation_peak_bytes` and calibrated on an H200 (the host is described
-    in ``scripts/gpu/README.md``; the measured figures are quoted in ``tests/unit/test_planner.py``). The non-torch overhead (cuBLAS workspaces and other
-    allocations outside the torch caching allocator that appear during profiling) is a
-    constant calibrated on the same machine.
+    in ``scripts/gpu/README.md``; the measured figures are quoted in ``tests/unit/test_planner.py``).
+    The non-torch overhead (cuBLAS workspaces and other allocations outside the torch caching
+    allocator that appear during profiling) is a constant calibrated on the same machine.
+
+    The CUDA-graph term is not arithmetic: vLLM (0.21 and later, ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``
+    on by default) *measures* it at boot, by capturing the first graphs of each mode and extrapolating
+    to every capture size (``GPUModelRunner.profile_cudagraph_memory``), and subtracts that estimate
+    from the KV budget. The planner therefore takes it as an input (``cudagraph_memory_bytes``, the
+    "(estimated)" figure of a measured boot's "CUDA graph pool memory" line) and otherwise uses
+    :data:`CUDAGRAPH_BYTES_PER_LAYER_ESTIMATE`, and says which in the plan's notes. Only the estimate
+    changes the KV tokens: the graph pool itself (the "(actual)" figure, e.g. 1.57 GiB for Qwen2-72B
+    against a 0.72 GiB estimate) is captured after the KV cache is allocated, and what it takes beyond
+    the estimate must be free above the budget.
 
 ``"fixed_budget"``
     What the project's CPU measurement does: vLLM is started with
@@ -36,13 +47,19 @@ including the pipeline venv on a CPU-only machine.
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from quantize_serve.capacity.model_shape import ModelShape
+from quantize_serve.capacity.weights import (
+    Scheme,
+    WeightBytes,
+    allocator_rounding_bytes,
+    weight_breakdown,
+    weight_bytes,
+)
 
 __all__ = [
     "GiB",
@@ -51,7 +68,10 @@ __all__ = [
     "PlanMode",
     "ModelShape",
     "CapacityPlan",
+    "WeightBytes",
     "weight_bytes",
+    "weight_breakdown",
+    "cudagraph_bytes",
     "kv_bytes_per_token",
     "kv_bytes_per_token_per_gpu",
     "activation_peak_bytes",
@@ -62,6 +82,7 @@ __all__ = [
     "ACTIVATION_TENSORS_PER_TOKEN",
     "NON_TORCH_OVERHEAD_BYTES",
     "NON_TORCH_OVERHEAD_BYTES_TP",
+    "CUDAGRAPH_BYTES_PER_LAYER_ESTIMATE",
     "RECOMMENDED_SEQS_FRACTION",
     "TP_SIZES",
 ]
@@ -80,7 +101,6 @@ GPU_MEMORY_BYTES: dict[str, float] = {
 BLOCK_SIZE_GPU, BLOCK_SIZE_CPU = 16, 128
 TP_SIZES = (1, 2, 4, 8)  # the tensor-parallel sizes smallest_fitting_tp tries (the GPUs of one host)
 
-Scheme = Literal["bf16", "W4A16", "W4A16_ASYM", "W8A8", "FP8_DYNAMIC"]
 KVCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 PlanMode = Literal["gpu", "fixed_budget"]
 
@@ -108,6 +128,15 @@ NON_TORCH_OVERHEAD_BYTES: int = int(0.25 * GiB)
 # both TP-2 rows.
 NON_TORCH_OVERHEAD_BYTES_TP: int = int(0.065 * GiB)
 
+# CUDA-graph memory vLLM takes from the KV budget when graphs are on, per decoder layer, for a plan given
+# no measured figure. vLLM measures this at boot (module docstring), so it is an estimate, not a model.
+# Seen on the H200 (vLLM 0.26, max_num_seqs 256, the same weights with graphs on and in eager mode):
+# Llama-3-8B bf16 1,872 fewer KV tokens of 128 KiB = 0.229 GiB (benchmarks/results/h200.json against
+# h200_schemes.json), 7.31 MiB per layer; Qwen2-72B W4A16 + fp8 KV 4,704 fewer tokens of 160 KiB =
+# 0.718 GiB (issue 25; vLLM's "peak activation" 2.57 against 1.85 GiB), 9.19 MiB per layer. The larger
+# is taken, so a shape without a measurement is planned with less KV rather than more.
+CUDAGRAPH_BYTES_PER_LAYER_ESTIMATE: int = 9_633_792  # 4,704 x 163,840 B / 80 layers
+
 # recommended_max_num_seqs = floor(RECOMMENDED_SEQS_FRACTION x max_concurrency).
 # max_concurrency counts how many requests of the full max_model_len fit in the KV cache at
 # once; keeping 10 % below it leaves room for the planner's own error (about 1 % against
@@ -115,196 +144,6 @@ NON_TORCH_OVERHEAD_BYTES_TP: int = int(0.065 * GiB)
 # tokens each), and for a few pages held by prefix caching, so a batch of worst-case
 # requests does not trigger preemption. Shorter requests let vLLM admit more than this.
 RECOMMENDED_SEQS_FRACTION: float = 0.9
-
-_LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-_DTYPE_BYTES = {
-    "bfloat16": 2,
-    "float16": 2,
-    "half": 2,
-    "float32": 4,
-    "float": 4,
-    "float64": 8,
-}
-
-
-class ModelShape(BaseModel):
-    """The few numbers of a decoder-only (Llama-like) model that decide its memory.
-
-    Only dense Llama-style blocks are modelled (q/k/v/o attention projections, a gated
-    MLP, two RMSNorms per layer, a final norm, token embeddings and an LM head).
-    Mixture-of-experts, multi-latent attention and sliding-window caches are out of scope.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    num_layers: int = Field(gt=0, description="num_hidden_layers")
-    num_heads: int = Field(gt=0, description="num_attention_heads")
-    num_kv_heads: int = Field(gt=0, description="num_key_value_heads (GQA); = heads if absent")
-    head_dim: int = Field(gt=0, description="head_dim, or hidden_size // num_attention_heads")
-    hidden_size: int = Field(gt=0)
-    intermediate_size: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
-    tie_word_embeddings: bool = False
-    max_position_embeddings: int = Field(gt=0)
-    dtype: str = "bfloat16"
-    attention_bias: bool = False
-    mlp_bias: bool = False
-
-    @property
-    def dtype_bytes(self) -> int:
-        """Bytes per element of the checkpoint's dtype (2 for bf16/fp16)."""
-        return _DTYPE_BYTES.get(self.dtype.removeprefix("torch."), 2)
-
-    @classmethod
-    def from_config(cls, config: str | Path | Mapping[str, Any]) -> ModelShape:
-        """Build a shape from a HF ``config.json`` (a path to the file, to the model
-        folder holding it, or the already-parsed dict).
-
-        Multimodal configs that nest the language model under ``text_config`` are read
-        from there. ``torch_dtype`` (transformers 4) and ``dtype`` (transformers 5) are
-        both accepted.
-        """
-        if isinstance(config, (str, Path)):
-            path = Path(config)
-            if path.is_dir():
-                path = path / "config.json"
-            data: Mapping[str, Any] = json.loads(path.read_text())
-        else:
-            data = config
-        if "num_hidden_layers" not in data and isinstance(data.get("text_config"), Mapping):
-            outer = data
-            data = {**data["text_config"]}
-            for key in ("tie_word_embeddings", "torch_dtype", "dtype"):
-                if key not in data and key in outer:
-                    data[key] = outer[key]
-        heads = int(data["num_attention_heads"])
-        hidden = int(data["hidden_size"])
-        head_dim = data.get("head_dim") or hidden // heads
-        dtype = data.get("dtype") or data.get("torch_dtype") or "bfloat16"
-        return cls(
-            num_layers=int(data["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(data.get("num_key_value_heads") or heads),
-            head_dim=int(head_dim),
-            hidden_size=hidden,
-            intermediate_size=int(data["intermediate_size"]),
-            vocab_size=int(data["vocab_size"]),
-            tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(data.get("max_position_embeddings", 2048)),
-            dtype=str(dtype),
-            attention_bias=bool(data.get("attention_bias", False)),
-            mlp_bias=bool(data.get("mlp_bias", False)),
-        )
-
-    def layer_linears(self) -> list[tuple[str, int, int]]:
-        """``(name, out_features, in_features)`` of the Linear layers in one block.
-
-        These are the layers ``GPTQModifier(targets="Linear")`` quantizes.
-        """
-        q_out = self.num_heads * self.head_dim
-        kv_out = self.num_kv_heads * self.head_dim
-        h, i = self.hidden_size, self.intermediate_size
-        return [
-            ("q_proj", q_out, h),
-            ("k_proj", kv_out, h),
-            ("v_proj", kv_out, h),
-            ("o_proj", h, q_out),
-            ("gate_proj", i, h),
-            ("up_proj", i, h),
-            ("down_proj", h, i),
-        ]
-
-    def num_parameters(self) -> int:
-        """Total parameter count, tied embeddings counted once."""
-        per_layer = sum(o * i for _, o, i in self.layer_linears())
-        per_layer += 2 * self.hidden_size  # input_layernorm + post_attention_layernorm
-        per_layer += self._bias_elements_per_layer()
-        embed = self.vocab_size * self.hidden_size
-        lm_head = 0 if self.tie_word_embeddings else embed
-        return self.num_layers * per_layer + self.hidden_size + embed + lm_head
-
-    def _bias_elements_per_layer(self) -> int:
-        n = 0
-        for name, out, _ in self.layer_linears():
-            if self.attention_bias and name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                n += out
-            if self.mlp_bias and name in ("gate_proj", "up_proj", "down_proj"):
-                n += out
-        return n
-
-
-def _packed_int4_linear_bytes(out_f: int, in_f: int, *, group_size: int | None, asym: bool) -> int:
-    """Bytes of one Linear stored by compressed-tensors ``pack-quantized`` at 4 bits.
-
-    Layout (compressed-tensors ``PackedQuantizationCompressor.compression_param_info``):
-    ``weight_packed`` int32 ``[out, ceil(in/8)]``; ``weight_scale`` in the model dtype
-    (16-bit) ``[out, ceil(in/group)]``; ``weight_shape`` int32 ``[2]``; and, only for
-    asymmetric group/channel quantization, ``weight_zero_point`` int32
-    ``[ceil(out/8), ceil(in/group)]`` (zero points packed 8 per int32 along the output dim).
-    ``group_size`` None or <= 0 means per-channel (one group per row).
-    """
-    groups = 1 if not group_size or group_size <= 0 else math.ceil(in_f / group_size)
-    packed = out_f * math.ceil(in_f / 8) * 4
-    scales = out_f * groups * 2
-    shape = 2 * 4
-    zero_points = math.ceil(out_f / 8) * groups * 4 if asym else 0
-    return packed + scales + shape + zero_points
-
-
-def _channel_int8_linear_bytes(out_f: int, in_f: int) -> int:
-    """Bytes of one Linear stored by compressed-tensors ``int-quantized``/``float-quantized`` at 8
-    bits, per output channel (W8A8, FP8_DYNAMIC): the 8-bit weight plus one scale per row (fp32 at
-    most; 4 bytes taken, the row is thousands of bytes)."""
-    return out_f * in_f + out_f * 4
-
-
-def _quantized_linear_bytes(out_f: int, in_f: int, *, scheme: Scheme, group_size: int | None) -> int:
-    if scheme in ("W8A8", "FP8_DYNAMIC"):
-        return _channel_int8_linear_bytes(out_f, in_f)
-    return _packed_int4_linear_bytes(out_f, in_f, group_size=group_size, asym=scheme == "W4A16_ASYM")
-
-
-def weight_bytes(
-    shape: ModelShape,
-    *,
-    scheme: Scheme,
-    group_size: int | None = 128,
-    ignore: tuple[str, ...] | list[str] = ("lm_head",),
-) -> int:
-    """Bytes of the model's weights as stored in the checkpoint and loaded by vLLM.
-
-    ``bf16``: every parameter at 2 bytes (embeddings, LM head unless tied, norms).
-    ``W4A16``/``W4A16_ASYM``: the seven Linear layers of every block at 4 bits packed, one
-    16-bit scale per ``group_size`` inputs (plus packed 4-bit zero points for ``_ASYM``),
-    see :func:`_packed_int4_linear_bytes`; ``W8A8``/``FP8_DYNAMIC``: 8 bits per weight plus a scale
-    per output channel (:func:`_channel_int8_linear_bytes`). Embeddings, norms, biases and the LM head stay
-    16-bit; a module name in ``ignore`` (``"lm_head"``, ``"down_proj"``...) stays 16-bit too.
-    A tied LM head is the embedding matrix and is never quantized (it is not a Linear).
-
-    Measured on the H200 for Llama-3-8B: 14.96 GiB (bf16) and 5.32 GiB (W4A16); this gives
-    14.96 and 5.31 GiB (the checkpoint was 5.70 GB; vLLM's Marlin repacking adds a little).
-    """
-    b16 = 2  # 16-bit weights; fp32 checkpoints are served in 16-bit by vLLM's dtype="auto"
-    ignored = set(ignore)
-    h, v = shape.hidden_size, shape.vocab_size
-    embed = v * h * b16
-    norms = (2 * shape.num_layers + 1) * h * b16
-    biases = shape.num_layers * shape._bias_elements_per_layer() * b16
-    if shape.tie_word_embeddings:
-        lm_head = 0
-    elif scheme == "bf16" or "lm_head" in ignored:
-        lm_head = v * h * b16
-    else:
-        lm_head = _quantized_linear_bytes(v, h, scheme=scheme, group_size=group_size)
-    per_layer = 0
-    for name, out_f, in_f in shape.layer_linears():
-        if scheme == "bf16" or name in ignored:
-            per_layer += out_f * in_f * b16
-        else:
-            per_layer += _quantized_linear_bytes(out_f, in_f, scheme=scheme, group_size=group_size)
-    return embed + lm_head + norms + biases + shape.num_layers * per_layer
-
 
 def _kv_elem_bytes(kv_cache_dtype: KVCacheDtype, model_dtype_bytes: int) -> int:
     if kv_cache_dtype == "auto":
@@ -354,11 +193,43 @@ def activation_peak_bytes(
     (0.84 GiB at 8,192; 1.72 GiB at 16,384). The model gives 0.84 and 1.69 GiB for the 8B:
     within 0.01 and 0.03 GiB. The sampler's dummy run (logits for max_num_seqs rows) is
     smaller than this for these models and is not modelled.
+
+    A sparse layer replaces the MLP's term by :func:`moe_activation_elements_per_token`; the peak is
+    the larger of the two kinds of layer.
     """
     k_i, k_h = ACTIVATION_TENSORS_PER_TOKEN
-    inter_per_gpu = math.ceil(shape.intermediate_size / tensor_parallel_size)
-    per_token = dtype_bytes * (k_i * inter_per_gpu + k_h * shape.hidden_size)
-    return max_num_batched_tokens * per_token
+    per_token = 0
+    if shape.num_dense_layers:
+        inter_per_gpu = math.ceil(shape.intermediate_size / tensor_parallel_size)
+        per_token = k_i * inter_per_gpu + k_h * shape.hidden_size
+    if shape.is_moe:
+        moe = moe_activation_elements_per_token(shape, tensor_parallel_size=tensor_parallel_size)
+        per_token = max(per_token, moe)
+    return max_num_batched_tokens * dtype_bytes * per_token
+
+
+def moe_activation_elements_per_token(shape: ModelShape, *, tensor_parallel_size: int = 1) -> int:
+    """Elements per batched token alive in a sparse layer during vLLM's profiling pass: the fused-MoE
+    workspaces, as vLLM's Triton and Marlin MoE experts size them (``workspace_shapes``: ``topk x
+    max(I, H)`` and ``topk x max(2I, H)`` per token, plus the ``H`` output; ``I`` the expert width per
+    GPU), the shared expert's gated MLP (3 x its width per GPU) and the three hidden-sized tensors of
+    :data:`ACTIVATION_TENSORS_PER_TOKEN`.
+
+    Modelled from vLLM's code, not calibrated: no measurement yet separates an MoE's activation peak
+    from its CUDA-graph estimate (the Qwen3-30B-A3B rows of issue 25 were taken with graphs on).
+    """
+    _, k_h = ACTIVATION_TENSORS_PER_TOKEN
+    h, tp = shape.hidden_size, tensor_parallel_size
+    expert = math.ceil(shape.moe_intermediate_size / tp)
+    workspaces = shape.num_experts_per_tok * (max(expert, h) + max(2 * expert, h)) + h
+    shared = 3 * math.ceil(shape.shared_expert_intermediate_size / tp)
+    return workspaces + shared + k_h * h
+
+
+def cudagraph_bytes(shape: ModelShape) -> int:
+    """The planner's stand-in for vLLM's CUDA-graph memory estimate of this shape, per GPU, when no
+    measured figure is given: :data:`CUDAGRAPH_BYTES_PER_LAYER_ESTIMATE` x layers."""
+    return CUDAGRAPH_BYTES_PER_LAYER_ESTIMATE * shape.num_layers
 
 
 class CapacityPlan(BaseModel):
@@ -380,10 +251,22 @@ class CapacityPlan(BaseModel):
     max_model_len: int
     max_num_batched_tokens: int
     block_size: int
-    weights_bytes: int = Field(description="per GPU: total_weights_bytes / TP")
-    total_weights_bytes: int
+    weights_bytes: int = Field(description="per GPU, as vLLM counts it: total_weights_bytes / TP, plus (mode "
+                               "gpu) allocator_rounding_bytes")
+    total_weights_bytes: int = Field(description="the checkpoint's tensors")
+    allocator_rounding_bytes: int = Field(0, description="per GPU: the CUDA caching allocator's rounding of "
+                                          "large weight tensors (weights.allocator_rounding_bytes)")
     activation_bytes: int
     overhead_bytes: int
+    enforce_eager: bool = False
+    cudagraph_bytes: int = Field(0, description="per GPU: vLLM's CUDA-graph estimate, taken from the KV "
+                                 "budget")
+    cudagraph_source: Literal["off", "given", "estimate"] = Field(
+        "off", description="off: eager or fixed_budget; given: a measured figure; estimate: the planner's "
+        "stand-in")
+    weights: WeightBytes | None = Field(None, description="whole checkpoint, by part (experts, router...)")
+    total_parameters: int = 0
+    active_parameters: int = Field(0, description="per token; = total_parameters for a dense model")
     kv_cache_memory_bytes: int = Field(description="per GPU; negative when over budget")
     kv_bytes_per_token: int
     kv_bytes_per_token_per_gpu: int
@@ -412,6 +295,8 @@ def plan_capacity(
     group_size: int | None = 128,
     ignore: tuple[str, ...] | list[str] = ("lm_head",),
     overhead_bytes: int | None = None,
+    enforce_eager: bool = False,
+    cudagraph_memory_bytes: int | None = None,
 ) -> CapacityPlan:
     """Predict how much KV cache vLLM will allocate and how many requests it can batch.
 
@@ -421,6 +306,10 @@ def plan_capacity(
     (``NON_TORCH_OVERHEAD_BYTES`` or ``_TP``). The blocks
     vLLM allocates per rank = floor(rank KV bytes / (block_size x rank bytes per token)),
     which equals vLLM's floor(available / page_size / num_layers).
+
+    CUDA graphs (``enforce_eager`` False, vLLM's default, mode ``gpu`` only): ``cudagraph_memory_bytes``
+    per GPU is taken from the KV budget, as vLLM takes its measured estimate; None uses
+    :func:`cudagraph_bytes` and the plan's notes say it is an estimate.
 
     ``fits`` is False, with a ``reason`` naming the largest ``max_model_len`` that would
     fit, when the cache cannot hold one request of ``max_model_len`` tokens: vLLM refuses
@@ -433,8 +322,11 @@ def plan_capacity(
     tp = tensor_parallel_size
     dtype_b = 2  # weights and activations are served in 16-bit
     budget = int(device_memory_bytes * gpu_memory_utilization)
-    total_w = weight_bytes(shape, scheme=scheme, group_size=group_size, ignore=ignore)
-    w_gpu = math.ceil(total_w / tp)
+    parts = weight_breakdown(shape, scheme=scheme, group_size=group_size, ignore=ignore)
+    total_w = parts.total
+    rounding = allocator_rounding_bytes(shape, scheme=scheme, group_size=group_size, ignore=ignore,
+                                        tensor_parallel_size=tp) if mode == "gpu" else 0
+    w_gpu = math.ceil(total_w / tp) + rounding
     if mode == "gpu":
         act = activation_peak_bytes(
             shape, max_num_batched_tokens=max_num_batched_tokens, tensor_parallel_size=tp,
@@ -446,7 +338,11 @@ def plan_capacity(
         act, ovh = 0, 0
     else:
         raise ValueError(f"unknown mode {mode!r}")
-    kv_mem = budget - w_gpu - act - ovh
+    graphs, graphs_source = 0, "off"
+    if mode == "gpu" and not enforce_eager:  # --kv-cache-memory-bytes (fixed_budget) skips vLLM's profiling
+        graphs_source = "estimate" if cudagraph_memory_bytes is None else "given"
+        graphs = cudagraph_bytes(shape) if cudagraph_memory_bytes is None else int(cudagraph_memory_bytes)
+    kv_mem = budget - w_gpu - act - ovh - graphs
 
     kv_tok_full = kv_bytes_per_token(shape, kv_cache_dtype=kv_cache_dtype, model_dtype_bytes=dtype_b)
     heads_gpu = math.ceil(shape.num_kv_heads / tp)
@@ -471,13 +367,28 @@ def plan_capacity(
     if mode == "gpu" and tp > 1:
         notes.append(f"TP {tp}: NCCL takes ~0.95 GiB per GPU before vLLM starts counting; it must be free "
                      "at start, on top of the budget")
+    if graphs_source == "estimate":
+        per_layer = CUDAGRAPH_BYTES_PER_LAYER_ESTIMATE / 2**20
+        notes.append(
+            f"CUDA graphs on (enforce_eager false): {graphs / GiB:.2f} GiB/GPU taken from the KV budget is "
+            f"an ESTIMATE ({per_layer:.2f} MiB x {shape.num_layers} layers, from H200 boots of other shapes): "
+            "vLLM measures it at boot; give the '(estimated)' figure of a boot's 'CUDA graph pool memory' "
+            "line (--cudagraph-memory) to plan with it, or plan with --enforce-eager")
+    elif graphs_source == "given":
+        notes.append(f"CUDA graphs on: {graphs / GiB:.2f} GiB/GPU taken from the KV budget, as given (a "
+                     "measured estimate of vLLM's)")
+    if shape.is_moe and mode == "gpu":
+        notes.append("mixture of experts: the activation peak is modelled from vLLM's fused-MoE workspaces, "
+                     "not yet calibrated against a measured boot")
 
     reason: str | None = None
     if not fits:
         if kv_mem <= 0:
             reason = (
                 f"weights {w_gpu / GiB:.2f} GiB/GPU + activations {act / GiB:.2f} GiB + "
-                f"overhead {ovh / GiB:.2f} GiB exceed the {budget / GiB:.2f} GiB budget "
+                f"overhead {ovh / GiB:.2f} GiB"
+                + (f" + CUDA graphs {graphs / GiB:.2f} GiB" if graphs else "")
+                + f" exceed the {budget / GiB:.2f} GiB budget "
                 f"({gpu_memory_utilization:.2f} x {device_memory_bytes / GiB:.2f} GiB): "
                 f"no KV cache left; largest max_model_len that fits: 0"
             )
@@ -503,8 +414,15 @@ def plan_capacity(
         block_size=block_size,
         weights_bytes=w_gpu,
         total_weights_bytes=total_w,
+        allocator_rounding_bytes=rounding,
         activation_bytes=act,
         overhead_bytes=ovh,
+        enforce_eager=enforce_eager,
+        cudagraph_bytes=graphs,
+        cudagraph_source=graphs_source,
+        weights=parts,
+        total_parameters=shape.num_parameters(),
+        active_parameters=shape.num_active_parameters(),
         kv_cache_memory_bytes=kv_mem,
         kv_bytes_per_token=kv_tok_full,
         kv_bytes_per_token_per_gpu=kv_tok_gpu,

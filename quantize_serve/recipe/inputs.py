@@ -13,6 +13,10 @@ from quantize_serve.recipe.model import Recipe
 from quantize_serve.recipe.quantization import QuantizationSection
 
 
+# The config.json keys whose value is the in_features of a down projection (0 or absent: no such MLP).
+MLP_WIDTHS = ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size")
+
+
 def show_path(path: Path) -> str:
     """A path as a person wants it in a message: relative to the working directory when inside it."""
     try:
@@ -50,14 +54,14 @@ def check_model_config(recipe: Recipe, config: dict[str, Any], *, source: str) -
     """Check the recipe against the base model's parsed config.json (a local or a Hub model)."""
     errors: list[RecipeError] = []
     q = recipe.quantization
-    hidden = int(config.get("hidden_size", 0))
-    intermediate = int(config.get("intermediate_size", 0))
-    heads = int(config.get("num_attention_heads", 1))
+    hidden = int(config.get("hidden_size") or 0)
+    heads = int(config.get("num_attention_heads") or 1)
     head_dim = int(config.get("head_dim") or hidden // max(heads, 1))
     # in_features of the quantized linears: q/k/v/gate/up take hidden, o takes heads*head_dim,
-    # down takes intermediate. Each must split into whole groups.
-    dims = {"hidden_size": hidden, "intermediate_size": intermediate,
-            "num_attention_heads*head_dim": heads * head_dim}
+    # down takes intermediate: the dense MLP's, each routed expert's (moe_intermediate_size; Mixtral's
+    # experts use intermediate_size) and the shared expert's. Each must split into whole groups.
+    dims = {"hidden_size": hidden, "num_attention_heads*head_dim": heads * head_dim}
+    dims |= {key: int(config.get(key) or 0) for key in MLP_WIDTHS}
     for field, group_size in grouped_sizes(q):  # 8-bit schemes are per channel: no groups
         bad = {k: v for k, v in dims.items() if v and v % group_size}
         if bad and q.llmcompressor_recipe is None:

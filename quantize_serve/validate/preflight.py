@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from quantize_serve.capacity.model_shape import ModelShape
 from quantize_serve.core.errors import RecipeError, RecipeErrors
 from quantize_serve.core.model_files import check_model_files, folder_digest
 from quantize_serve.gates.accuracy import TASK_FILE_SUFFIXES
@@ -178,7 +179,16 @@ def check_local_model(recipe: Recipe, *, source: str) -> dict[str, Any]:
     recipe. Returns the config."""
     model_dir = Path(show_path(recipe.path(recipe.model.id)))  # messages show it as a person would
     check_model_files(model_dir, source=source, value=recipe.model.id)  # first: config.json parses
-    return check_model(recipe, model_dir, source=source)
+    config = check_model(recipe, model_dir, source=source)
+    check_plannable(config, config_source=show_path(model_dir / "config.json"))
+    return config
+
+
+def check_plannable(config: dict[str, Any], *, config_source: str) -> None:
+    """The capacity stage plans every boot from config.json (capacity.model_shape). A model the planner
+    cannot model (multi-latent attention, a sliding-window cache, an architecture it does not know)
+    stops here, naming the config's field, before anything is quantized or booted."""
+    ModelShape.from_config(config, source=config_source)
 
 
 class RecipeCheck(BaseModel):
@@ -228,6 +238,7 @@ def check_recipe(path: str | Path, *, remote: bool = False) -> RecipeCheck:
                                     token=os.environ.get(token_env) or None, token_env=token_env)
         before = len(errors)
         collect(lambda: check_model_config(recipe, config, source=source))
+        collect(lambda: check_plannable(config, config_source=f"{recipe.model.id}/config.json"))
         if len(errors) == before:
             checked.append(f"model {recipe.model.id}: config.json (fetched from the Hub)")
     else:
@@ -269,6 +280,7 @@ def resolve_base(validated: ValidatedRecipe, *, cache_dir: Path | None = None) -
     resolved = download_base(recipe, cache_dir=cache_dir)
     check_model_files(Path(resolved.local_dir), source=validated.source, value=recipe.model.id)
     config = check_model(recipe, Path(resolved.local_dir), source=validated.source)
+    check_plannable(config, config_source=f"{recipe.model.id}/config.json")
     return BaseModelRef(local_dir=str(resolved.local_dir), repo_id=recipe.model.id,
                         revision=recipe.model.revision, sha=resolved.sha, config=config)
 

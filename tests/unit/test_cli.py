@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -313,3 +314,74 @@ def test_plan_takes_a_bare_config_json_and_says_where_the_base_fits(capsys) -> N
     assert main(["plan", "--model", str(ROOT / "benchmarks" / "configs" / "llama-3-70b.json")]) == 0
     out = capsys.readouterr().out
     assert "- base does not fit at TP 1: weights 131.42 GiB/GPU" in out and "; fits at TP 2" in out
+
+
+FIXTURE_CONFIGS = ROOT / "tests" / "fixtures" / "configs"
+
+
+def test_plan_of_an_moe_config_prints_the_moe_plan(capsys) -> None:
+    rc, text = run_main(capsys, "plan", "--model", str(FIXTURE_CONFIGS / "qwen3-30b-a3b.json"))
+    assert rc == 0, text
+    for needle in ("mixture of experts: 30.53 B parameters, 3.35 B active per token", "128 experts in 48 of 48",
+                   "Expert weights (routed and shared, whole checkpoint): 54.00 GiB bf16, 13.92 GiB W4A16",
+                   "| base | 56.87 |", "(est.)"):
+        assert needle in text, text
+    rc, text = run_main(capsys, "plan", "--model", str(FIXTURE_CONFIGS / "qwen3-30b-a3b.json"), "--json")
+    table = plan_table.PlanTable.model_validate_json(text)
+    assert table.summary is not None and table.summary.active_parameters == 3_353_032_704
+    w4a16 = table.rows["w4a16"].weights
+    assert w4a16 is not None and w4a16.routed_experts == 14_948_646_912
+
+
+def test_plan_cuda_graph_options(capsys) -> None:
+    config = str(FIXTURE_CONFIGS / "qwen2-72b.json")
+    rc, text = run_main(capsys, "plan", "--model", config, "--enforce-eager", "--json")
+    rows = plan_table.PlanTable.model_validate_json(text).rows.values()
+    assert rc == 0 and all(r.cudagraph_source == "off" for r in rows)
+    rc, text = run_main(capsys, "plan", "--model", config, "--cudagraph-memory", "0.72GiB")
+    assert rc == 0 and "| 0.72 |" in text and "as given" in text and "ESTIMATE" not in text, text
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "--model", config, "--enforce-eager", "--cudagraph-memory", "1GiB"])
+    assert info.value.code == 2 and "not allowed with" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "--model", config, "--cudagraph-memory", "lots"])
+    assert info.value.code == 2 and "is not a memory size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, field", [("deepseek-v3.json", "kv_lora_rank"),
+                                         ("mistral-7b-v0.1.json", "sliding_window"),
+                                         ("gemma-2-9b.json", "sliding_window"),
+                                         ("no-intermediate", "intermediate_size")])
+def test_plan_of_a_config_it_cannot_model_exits_2_with_one_screen(name: str, field: str, tmp_path: Path,
+                                                                   capsys) -> None:
+    path = FIXTURE_CONFIGS / name
+    if name == "no-intermediate":  # the KeyError traceback of issue 25
+        config = json.loads((ROOT / "benchmarks/configs/llama-3-8b.json").read_text())
+        del config["intermediate_size"]
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(config))
+    rc, text = run_main(capsys, "plan", "--model", str(path))
+    assert rc == 2 and "Traceback" not in text and "KeyError" not in text, text
+    assert f"  {field} = " in text and "fix: " in text and str(path) in text, text
+    assert len(text.splitlines()) <= MAX_LINES_ONE_ERROR, text
+
+
+def test_console_script_refuses_an_unplannable_config() -> None:
+    done = cli("plan", "--model", str(FIXTURE_CONFIGS / "deepseek-v3.json"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "kv_lora_rank = 512" in done.stderr
+
+
+def test_validate_refuses_a_base_model_the_planner_cannot_model(tmp_path: Path, capsys) -> None:
+    """Every run plans its boots from config.json: a model the planner cannot model stops at validation,
+    not at the capacity stage after quantizing."""
+    model = tmp_path / "model"
+    shutil.copytree(ROOT / "models" / "tiny-llama", model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "sliding_window": 256}))
+    data = recipe_data(tmp_path)
+    data["model"]["id"] = "model"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(data))
+    rc, text = run_main(capsys, "validate", str(recipe))
+    assert rc == 2 and "Traceback" not in text, text
+    assert text.count("fix: ") == 1 and "config.json: 1 problem\n  sliding_window = 256: " in text, text

@@ -2,7 +2,10 @@
 
 The H200 figures were measured on the host described in scripts/gpu/README.md: a
 Llama-3-8B-shaped model, vLLM 0.26, ``LLM()`` (max_num_batched_tokens 16384), max_model_len
-8192, gpu_memory_utilization 0.90 of 139.8 GiB.
+8192, gpu_memory_utilization 0.90 of 139.8 GiB. Those runs and issue 14's Llama-3-70B runs were
+planned and measured without CUDA graphs (``enforce_eager``): the non-torch overhead derived from the
+8B runs (0.25 GiB) is what the 70B eager boots logged (0.22), which leaves no room for vLLM's
+CUDA-graph estimate. Production boots (graphs on) are the ``*_graphs_on`` tests.
 """
 
 from __future__ import annotations
@@ -16,14 +19,21 @@ import pytest
 
 from quantize_serve.capacity.plan_table import format_table, plan_table
 from quantize_serve.capacity.planner import (
+    CUDAGRAPH_BYTES_PER_LAYER_ESTIMATE,
     RECOMMENDED_SEQS_FRACTION,
+    CapacityPlan,
     GiB,
     ModelShape,
     activation_peak_bytes,
     kv_bytes_per_token,
     plan_capacity,
+    weight_breakdown,
     weight_bytes,
 )
+from quantize_serve.capacity.weights import allocator_rounding_bytes
+from quantize_serve.core.errors import RecipeError, RecipeErrors
+from quantize_serve.recipe.inputs import check_model_config
+from quantize_serve.recipe.load import load_recipe
 from tests.conftest import ROOT
 
 CONFIGS = ROOT / "benchmarks" / "configs"
@@ -121,7 +131,7 @@ def test_h200_tokens_gpu_mode_8192(llama8b: ModelShape, name: str) -> None:
     activation peak leaves ~0.85 GiB more KV room, so the planner is expected to be about
     0.8 % above these figures; the brief's tolerance is 3 %."""
     table = plan_table(llama8b, device_memory_bytes=H200, gpu_memory_utilization=0.90,
-                       max_model_len=8192, max_num_batched_tokens=8192)
+                       max_model_len=8192, max_num_batched_tokens=8192, enforce_eager=True)
     tokens = table.rows[name].kv_cache_tokens
     assert tokens == pytest.approx(MEASURED_TOKENS[name], rel=0.03)
     assert tokens > MEASURED_TOKENS[name]  # more room than LLM() at 16384, as the README says
@@ -131,7 +141,7 @@ def test_h200_tokens_gpu_mode_8192(llama8b: ModelShape, name: str) -> None:
 def test_h200_tokens_like_for_like_16384(llama8b: ModelShape, name: str) -> None:
     """Same entry point settings as the measurement (max_num_batched_tokens 16384)."""
     table = plan_table(llama8b, device_memory_bytes=H200, gpu_memory_utilization=0.90,
-                       max_model_len=8192, max_num_batched_tokens=16384)
+                       max_model_len=8192, max_num_batched_tokens=16384, enforce_eager=True)
     row = table.rows[name]
     assert row.kv_cache_tokens == pytest.approx(MEASURED_TOKENS[name], rel=0.005)
     assert row.max_concurrency == pytest.approx(MEASURED_TOKENS[name] / 8192, rel=0.005)
@@ -191,7 +201,7 @@ MEASURED_70B = {("bf16", "auto", 2): 386_544, ("W4A16", "auto", 1): 285_440, ("W
 def test_70b_on_h200s_within_0_1_percent(llama70b: ModelShape, scheme: str, kv: str, tp: int) -> None:
     plan = plan_capacity(llama70b, scheme=scheme, kv_cache_dtype=kv, device_memory_bytes=150_109_880_320,
                          gpu_memory_utilization=0.90, max_model_len=8192, max_num_batched_tokens=8192,
-                         tensor_parallel_size=tp)
+                         tensor_parallel_size=tp, enforce_eager=True)
     measured = MEASURED_70B[scheme, kv, tp]
     assert abs(plan.kv_cache_tokens - measured) / measured <= 0.001, (plan.kv_cache_tokens, measured)
 
@@ -199,7 +209,8 @@ def test_70b_on_h200s_within_0_1_percent(llama70b: ModelShape, scheme: str, kv: 
 def test_70b_bf16_on_one_h200_is_refused_like_vllm(llama70b: ModelShape) -> None:
     """vLLM: "No available memory for the cache blocks" with KV at -7.54 GiB."""
     plan = plan_capacity(llama70b, scheme="bf16", kv_cache_dtype="auto", device_memory_bytes=150_109_880_320,
-                         gpu_memory_utilization=0.90, max_model_len=8192, max_num_batched_tokens=8192)
+                         gpu_memory_utilization=0.90, max_model_len=8192, max_num_batched_tokens=8192,
+                         enforce_eager=True)
     assert not plan.fits and plan.kv_cache_memory_bytes / GiB == pytest.approx(-7.54, abs=0.02)
     assert plan.reason is not None and "131.42 GiB/GPU" in plan.reason and "125.82 GiB budget" in plan.reason
 
@@ -216,7 +227,7 @@ def test_a_row_that_does_not_fit_says_at_which_tp_it_would(llama70b: ModelShape)
 
 
 def test_recommended_max_num_seqs_and_gains(llama8b: ModelShape) -> None:
-    table = plan_table(llama8b, device_memory_bytes=H200, max_model_len=8192)
+    table = plan_table(llama8b, device_memory_bytes=H200, max_model_len=8192, enforce_eager=True)
     # Requests of 8192 tokens that fit, and 90 % of that rounded down, by hand:
     #   base         899,216 tokens / 8192 = 109.77 -> 0.9 x 109.77 =  98.79 ->  98
     #   w4a16        978,256 tokens / 8192 = 119.42 -> 0.9 x 119.42 = 107.47 -> 107
@@ -243,7 +254,7 @@ def test_recommended_max_num_seqs_and_gains(llama8b: ModelShape) -> None:
 
 def test_format_table(llama8b: ModelShape) -> None:
     text = format_table(plan_table(llama8b, device_memory_bytes=H200, max_model_len=8192,
-                                   max_num_batched_tokens=16384, model="Llama-3-8B"))
+                                   max_num_batched_tokens=16384, model="Llama-3-8B", enforce_eager=True))
     for needle in ("| base |", "| w4a16 |", "| w4a16-fp8kv |", "14.96", "892,304", "Freed by quantization"):
         assert needle in text
 
@@ -258,3 +269,300 @@ def test_plan_script_writes_json(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert {d["model"] for d in data} == {"Llama-3-8B", "Llama-3-70B"}
     assert all(set(d["rows"]) == {"base", "w4a16", "w4a16-fp8kv"} for d in data)
+
+
+# --------------------------------------------------------------------------------------------
+# Mixtures of experts, Qwen2, CUDA graphs, and the configs the planner refuses (issue 25)
+# --------------------------------------------------------------------------------------------
+
+FIXTURES = ROOT / "tests" / "fixtures" / "configs"  # public configs' values, written by hand
+PLANNABLE = ("qwen3-30b-a3b", "mixtral-8x7b", "qwen2-72b", "qwen1.5-moe-a2.7b")
+H200_CUDA = 150_109_880_320  # what CUDA reports on the lent H200 (issue 25's rows were taken on it)
+MiB = 2**20
+
+
+def fixture(name: str) -> dict:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+def h200_plan(shape: ModelShape, scheme: str, kv: str, **settings) -> CapacityPlan:
+    """Issue 25's settings: one H200, max_model_len 8192, gpu_memory_utilization 0.90, max_num_batched_tokens
+    8192, TP 1, CUDA graphs on unless enforce_eager is given."""
+    return plan_capacity(shape, scheme=scheme, kv_cache_dtype=kv, device_memory_bytes=H200_CUDA,
+                         gpu_memory_utilization=0.90, max_model_len=8192, max_num_batched_tokens=8192, **settings)
+
+
+def transformers_parameter_count(config: dict) -> int:
+    """What transformers' own model of this config holds, built on the meta device (no memory)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    hf_config = transformers.AutoConfig.for_model(config["model_type"],
+                                                  **{k: v for k, v in config.items() if k != "model_type"})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf_config)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", PLANNABLE)
+def test_parameter_counts_are_transformers_own(name: str) -> None:
+    """Every tensor counted once, experts, routers, shared experts, q/k norms and Qwen2's biases included."""
+    config = fixture(name)
+    assert ModelShape.from_config(config).num_parameters() == transformers_parameter_count(config)
+
+
+def test_sparse_layers_follow_decoder_sparse_step_and_mlp_only_layers() -> None:
+    """Layer i routes to experts when it is not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0,
+    as transformers builds it; the other layers get a dense MLP of intermediate_size."""
+    small = {**fixture("qwen3-30b-a3b"), "num_hidden_layers": 6, "hidden_size": 64, "intermediate_size": 96,
+             "moe_intermediate_size": 32, "head_dim": 16, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "num_experts": 4, "num_experts_per_tok": 2, "vocab_size": 100, "decoder_sparse_step": 2,
+             "mlp_only_layers": [3]}
+    shape = ModelShape.from_config(small)
+    assert (shape.num_moe_layers, shape.num_dense_layers) == (2, 4)  # layers 1 and 5 (3 is dense)
+    assert shape.num_parameters() == transformers_parameter_count(small)
+    dense_only = ModelShape.from_config({**small, "num_experts": 0})  # no experts: a dense Qwen3
+    assert not dense_only.is_moe and dense_only.num_parameters() == dense_only.num_active_parameters()
+
+
+def test_total_and_active_parameters() -> None:
+    """The published totals and activated counts (embeddings and LM head included, as published)."""
+    counts = {name: (round(s.num_parameters() / 1e9, 2), round(s.num_active_parameters() / 1e9, 2))
+              for name in PLANNABLE for s in [ModelShape.from_config(fixture(name))]}
+    assert counts == {"qwen3-30b-a3b": (30.53, 3.35),  # "30.5B, 3.3B activated"
+                      "mixtral-8x7b": (46.70, 12.88),  # "46.7B, 12.9B active"
+                      "qwen2-72b": (72.71, 72.71),  # dense
+                      "qwen1.5-moe-a2.7b": (14.32, 2.69)}  # "14.3B, 2.7B activated", a shared expert each layer
+    qwen3 = ModelShape.from_config(fixture("qwen3-30b-a3b"))
+    # By hand, per layer: attention 4096x2048 + 2 x 512x2048 + 2048x4096 = 18,874,368; router 128 x 2048;
+    # norms 2 x 2048 + q/k norms 2 x 128; 8 of 128 experts of 3 x 768 x 2048. Plus 2 x 151936 x 2048 and
+    # the final norm.
+    per_layer = 18_874_368 + 128 * 2048 + 2 * 2048 + 2 * 128
+    assert qwen3.num_active_parameters() == 48 * (per_layer + 8 * 3 * 768 * 2048) + 2 * 151_936 * 2048 + 2048
+
+
+def test_expert_bytes_per_format_by_hand() -> None:
+    """Qwen3-30B-A3B's 48 x 128 experts, each gate/up 768x2048 and down 2048x768 (group 128):
+    W4A16: packed int32 out x in/8, a 16-bit scale per group, int32 weight_shape[2]; W8A8 and FP8: a byte
+    per weight and a 4-byte scale per output channel; bf16: 2 bytes. The router stays 16-bit in every format."""
+    shape = ModelShape.from_config(fixture("qwen3-30b-a3b"))
+    gate_or_up = 768 * 256 * 4 + 768 * 16 * 2 + 8
+    down = 2048 * 96 * 4 + 2048 * 6 * 2 + 8
+    w4 = weight_breakdown(shape, scheme="W4A16")
+    assert w4.routed_experts == 48 * 128 * (2 * gate_or_up + down) == 14_948_646_912
+    assert weight_breakdown(shape, scheme="bf16").routed_experts == 48 * 128 * 3 * 768 * 2048 * 2
+    for eight_bit in ("W8A8", "FP8_DYNAMIC"):
+        parts = weight_breakdown(shape, scheme=eight_bit)
+        assert parts.routed_experts == 48 * 128 * (2 * (768 * 2048 + 768 * 4) + 2048 * 768 + 2048 * 4)
+    for scheme in ("bf16", "W4A16", "W8A8"):
+        parts = weight_breakdown(shape, scheme=scheme)
+        assert parts.router == 48 * 128 * 2048 * 2 and parts.shared_experts == 0 and parts.dense_mlp == 0
+        assert parts.total == weight_bytes(shape, scheme=scheme)
+    # ignore keeps experts 16-bit: all of them, or one Linear of every expert
+    assert weight_breakdown(shape, scheme="W4A16", ignore=("lm_head", "experts")).routed_experts == (
+        weight_breakdown(shape, scheme="bf16").routed_experts)
+    assert weight_breakdown(shape, scheme="W4A16", ignore=("lm_head", "down_proj")).routed_experts == (
+        48 * 128 * (2 * gate_or_up + 2048 * 768 * 2))
+    shared = ModelShape.from_config(fixture("qwen1.5-moe-a2.7b"))  # a shared expert of 5632 and its gate
+    parts = weight_breakdown(shared, scheme="W4A16")
+    gate_or_up, down = 5632 * 256 * 4 + 5632 * 16 * 2 + 8, 2048 * 704 * 4 + 2048 * 44 * 2 + 8
+    assert parts.shared_experts == 24 * (2 * gate_or_up + down)
+    assert parts.router == 24 * (60 + 1) * 2048 * 2
+
+
+# Weights measured on one H200 (issue 25; vLLM 0.26, "Model loading took", dummy weights, TP 1):
+# (fixture, scheme, KV dtype) -> GiB as vLLM prints it (2 decimals).
+MEASURED_WEIGHTS_GIB = {("qwen3-30b-a3b", "bf16", "auto"): 56.88, ("qwen3-30b-a3b", "W4A16", "auto"): 15.55,
+                        ("qwen3-30b-a3b", "W4A16", "fp8"): 15.59, ("qwen2-72b", "W4A16", "auto"): 38.53,
+                        ("qwen2-72b", "W4A16", "fp8"): 38.56}
+
+
+@pytest.mark.parametrize("name, scheme, kv", list(MEASURED_WEIGHTS_GIB))
+def test_weights_match_the_h200(name: str, scheme: str, kv: str) -> None:
+    """Tolerances, and why:
+    - 0.02 GiB (16-bit KV rows): vLLM prints 2 decimals (+-0.005), and the Llama-3 rows measured before
+      (8B 5.32 against 5.31, 70B 36.80 against 36.79) show ~0.01 GiB more than the tensors, not modelled.
+    - +0.05 GiB more for the fp8-KV rows: every shape measured so far loads 0.03-0.04 GiB more with an fp8 KV
+      cache than the same weights with a 16-bit one (Llama-3-8B 5.83/5.86, Llama-3-70B 36.80/36.83, these
+      15.55/15.59 and 38.53/38.56): vLLM's, not the model's.
+    - Qwen2-72B, 0.06 GiB more: its int4 gate_up (231 MiB) and down (115.5 MiB) tensors leave 1 and 0.5 MiB of
+      their 2 MiB-rounded allocator segments, 0.117 GiB the planner adds (allocator_rounding_bytes); about
+      0.05 GiB stays unexplained (its 1-10 MiB scale tensors share 20 MiB segments, which is not modelled).
+      Before issue 25 the planner was 0.17-0.20 GiB under; its parameter count is transformers' own (above)."""
+    plan = h200_plan(ModelShape.from_config(fixture(name)), scheme, kv)
+    tolerance = 0.02 + (0.05 if kv == "fp8" else 0) + (0.06 if name == "qwen2-72b" else 0)
+    measured = MEASURED_WEIGHTS_GIB[name, scheme, kv]
+    assert plan.weights_bytes / GiB == pytest.approx(measured, abs=tolerance)
+    assert plan.weights_bytes / GiB <= measured + 0.005  # never above what vLLM counted
+
+
+def test_qwen2_biases_vocabulary_and_allocator_rounding() -> None:
+    qwen2 = ModelShape.from_config(fixture("qwen2-72b"))
+    assert qwen2.qkv_bias and not qwen2.attention_bias  # q/k/v biased, o_proj not (vLLM and transformers)
+    assert qwen2.bias_elements_per_layer() == 8192 + 1024 + 1024
+    assert (qwen2.vocab_size, qwen2.tie_word_embeddings) == (152_064, False)
+    parts = weight_breakdown(qwen2, scheme="W4A16")
+    assert parts.embeddings == parts.lm_head == 152_064 * 8192 * 2  # both 16-bit, untied
+    assert parts.norms_and_biases == (80 * (2 * 8192 + 10_240) + 8192) * 2
+    # int4 gate_up 59136 x 8192/8 int32 = 231 MiB and down 8192 x 29568/8 int32 = 115.5 MiB per layer
+    assert allocator_rounding_bytes(qwen2, scheme="W4A16") == 80 * (MiB + MiB // 2)
+    assert allocator_rounding_bytes(qwen2, scheme="bf16") == 0  # 924 and 462 MiB: whole 2 MiB multiples
+    for llama in ("llama-3-8b", "llama-3-70b"):  # nothing for Llama-3 at TP 1, as measured
+        shape = ModelShape.from_config(CONFIGS / f"{llama}.json")
+        assert all(allocator_rounding_bytes(shape, scheme=s) == 0 for s in ("bf16", "W4A16"))
+    fixed = plan_capacity(qwen2, scheme="W4A16", kv_cache_dtype="fp8", device_memory_bytes=60 * GiB,
+                          gpu_memory_utilization=1.0, max_model_len=8192, mode="fixed_budget")
+    assert fixed.weights_bytes == fixed.total_weights_bytes  # CPU runs: the checkpoint's bytes, no allocator
+    llama_style = qwen2.model_copy(update={"qkv_bias": False, "attention_bias": True})
+    assert llama_style.bias_elements_per_layer() == 8192 + 1024 + 1024 + 8192  # attention_bias: o too
+
+
+# Issue 25's KV tokens on one H200 (vLLM 0.26, CUDA graphs on unless eager), and Llama-3-8B in production
+# settings (benchmarks/results/h200_schemes.json: graphs on, max_num_seqs 256, dummy weights).
+MEASURED_GRAPHS_ON = {("llama-3-8b", "bf16", "auto"): 897_280, ("llama-3-8b", "W4A16", "auto"): 976_256,
+                      ("llama-3-8b", "W4A16", "fp8"): 1_952_016}
+
+
+def shape_of(name: str) -> ModelShape:
+    path = CONFIGS / f"{name}.json" if name.startswith("llama") else FIXTURES / f"{name}.json"
+    return ModelShape.from_config(path)
+
+
+@pytest.mark.parametrize("name, scheme, kv", list(MEASURED_GRAPHS_ON))
+def test_8b_graphs_on_within_0_1_percent(name: str, scheme: str, kv: str) -> None:
+    """Production settings: the CUDA-graph estimate (9.19 MiB a layer, from the Qwen2-72B boots) on a shape it
+    was not taken from (Llama-3-8B's own figure is 7.31 MiB a layer)."""
+    plan = h200_plan(shape_of(name), scheme, kv)
+    assert plan.cudagraph_source == "estimate" and plan.cudagraph_bytes == 32 * CUDAGRAPH_BYTES_PER_LAYER_ESTIMATE
+    measured = MEASURED_GRAPHS_ON[name, scheme, kv]
+    assert abs(plan.kv_cache_tokens - measured) / measured <= 0.001, (plan.kv_cache_tokens, measured)
+
+
+def test_cuda_graph_term_follows_vllm_accounting() -> None:
+    """vLLM takes its profiled CUDA-graph estimate from the KV budget when graphs are on; with enforce_eager,
+    or a fixed --kv-cache-memory-bytes budget (no profiling), there is none."""
+    qwen2 = shape_of("qwen2-72b")
+    eager = h200_plan(qwen2, "W4A16", "fp8", enforce_eager=True)
+    graphs = h200_plan(qwen2, "W4A16", "fp8")
+    assert (eager.cudagraph_bytes, eager.cudagraph_source) == (0, "off")
+    assert not any("CUDA graphs" in n for n in eager.notes)
+    # measured: 558,256 KV tokens eager, 553,552 with graphs (4,704 tokens of 160 KiB = 0.718 GiB)
+    assert eager.kv_cache_tokens - graphs.kv_cache_tokens == pytest.approx(558_256 - 553_552, abs=16)
+    assert any("ESTIMATE" in n and "--cudagraph-memory" in n for n in graphs.notes)
+    given = h200_plan(qwen2, "W4A16", "fp8", cudagraph_memory_bytes=int(0.5 * GiB))
+    assert (given.cudagraph_bytes, given.cudagraph_source) == (int(0.5 * GiB), "given")
+    assert given.kv_cache_memory_bytes == eager.kv_cache_memory_bytes - int(0.5 * GiB)
+    assert any("as given" in n for n in given.notes) and not any("ESTIMATE" in n for n in given.notes)
+    fixed = plan_capacity(qwen2, scheme="W4A16", kv_cache_dtype="fp8", device_memory_bytes=60 * GiB,
+                          gpu_memory_utilization=1.0, max_model_len=8192, mode="fixed_budget")
+    assert (fixed.cudagraph_bytes, fixed.cudagraph_source) == (0, "off")
+    for row, measured in ((eager, 558_256), (graphs, 553_552)):  # the rest: weights 0.05, activation 0.12 GiB
+        assert 0 < (row.kv_cache_tokens - measured) / measured < 0.004
+
+
+@pytest.mark.parametrize("scheme, kv, measured, was", [("bf16", "auto", 732_496, 1_299_504),
+                                                         ("W4A16", "auto", 1_183_088, 1_340_544),
+                                                         ("W4A16", "fp8", 2_365_536, 2_681_088)])
+def test_moe_is_planned_as_an_moe(scheme: str, kv: str, measured: int, was: int) -> None:
+    """Qwen3-30B-A3B on one H200 (issue 25, graphs on). Planned as a dense model it was +13% to +77%. Now
+    within 1%: the rest (~0.6 GiB, the plan is above) is the MoE's activation peak and CUDA-graph estimate,
+    which no measurement separates yet; a GPU boot in eager mode will."""
+    plan = h200_plan(shape_of("qwen3-30b-a3b"), scheme, kv)
+    assert abs(plan.kv_cache_tokens - measured) / measured < 0.01, (plan.kv_cache_tokens, measured)
+    assert abs(plan.kv_cache_tokens - measured) < abs(was - measured) / 10
+    assert (plan.total_parameters, plan.active_parameters) == (30_532_122_624, 3_353_032_704)
+    assert plan.weights is not None and plan.weights.experts / plan.total_weights_bytes > 0.85  # experts dominate
+
+
+def test_moe_activation_uses_the_fused_moe_workspaces() -> None:
+    """Per token: topk x (max(I, H) + max(2I, H)) + H, plus three hidden-sized tensors (Qwen3-30B-A3B:
+    8 x (2048 + 2048) + 2048 + 3 x 2048 elements of 2 bytes); a dense model keeps its MLP term."""
+    qwen3 = shape_of("qwen3-30b-a3b")
+    assert activation_peak_bytes(qwen3, max_num_batched_tokens=8192) == 8192 * 2 * (8 * 4096 + 2048 + 3 * 2048)
+    mixtral = shape_of("mixtral-8x7b")  # I 14336 > H: 2 x (14336 + 28672) + 4096 + 3 x 4096
+    assert activation_peak_bytes(mixtral, max_num_batched_tokens=1000) == 1000 * 2 * (2 * 43_008 + 4 * 4096)
+    assert activation_peak_bytes(mixtral, max_num_batched_tokens=1000, tensor_parallel_size=2) == (
+        1000 * 2 * (2 * (7168 + 14336) + 4 * 4096))
+
+
+def test_the_plan_table_prints_the_moe() -> None:
+    text = format_table(plan_table(shape_of("qwen3-30b-a3b"), device_memory_bytes=H200_CUDA,
+                                   model="Qwen3-30B-A3B"))
+    for needle in ("Qwen3MoeForCausalLM, mixture of experts: 30.53 B parameters, 3.35 B active per token",
+                   "128 experts in 48 of 48 layers, 8 routed per token",
+                   "Expert weights (routed and shared, whole checkpoint): 54.00 GiB bf16, 13.92 GiB W4A16",
+                   "router gates 0.02 GiB, kept 16-bit", "0.43 (est.)", "ESTIMATE"):
+        assert needle in text, text
+    dense = format_table(plan_table(shape_of("llama-3-8b"), device_memory_bytes=H200_CUDA, enforce_eager=True))
+    assert "LlamaForCausalLM, 8.03 B parameters (dense)." in dense and "| off |" in dense
+    assert "Expert weights" not in dense and "ESTIMATE" not in dense
+
+
+def refusal(config: dict) -> RecipeError | RecipeErrors:
+    with pytest.raises((RecipeError, RecipeErrors)) as info:
+        ModelShape.from_config(config, source="model/config.json")
+    return info.value
+
+
+def without(config: dict, *keys: str) -> dict:
+    return {k: v for k, v in config.items() if k not in keys}
+
+
+LLAMA = json.loads((CONFIGS / "llama-3-8b.json").read_text())
+REFUSED = {
+    "multi-latent attention": (fixture("deepseek-v3"), "kv_lora_rank", 512, "multi-latent attention"),
+    "sliding window (Mistral 7B v0.1)": (fixture("mistral-7b-v0.1"), "sliding_window", 4096, "sliding window"),
+    "interleaved sliding window (Gemma 2)": (fixture("gemma-2-9b"), "sliding_window", 4096, "Gemma2ForCausalLM"),
+    "use_sliding_window": ({**fixture("qwen2-72b"), "use_sliding_window": True, "max_window_layers": 28},
+                           "use_sliding_window", True, "max_window_layers (28)"),
+    "layer_types": ({**LLAMA, "layer_types": ["sliding_attention", "full_attention"] * 16}, "layer_types",
+                    ["sliding_attention"], "sliding window"),
+    "unknown architecture": ({**LLAMA, "architectures": ["Phi3ForCausalLM"]}, "architectures",
+                             ["Phi3ForCausalLM"], "no model of this architecture"),
+    "no architecture named": (without(LLAMA, "architectures", "model_type"), "architectures", None, "names no"),
+    "dense without intermediate_size": (without(LLAMA, "intermediate_size"), "intermediate_size", None,
+                                        "is missing"),
+    "MoE without moe_intermediate_size": (without(fixture("qwen3-30b-a3b"), "moe_intermediate_size"),
+                                          "moe_intermediate_size", None, "each routed expert"),
+    "Mixtral without intermediate_size": (without(fixture("mixtral-8x7b"), "intermediate_size"),
+                                          "intermediate_size", None, "each routed expert"),  # its experts' width
+    "more experts per token than experts": ({**fixture("mixtral-8x7b"), "num_experts_per_tok": 9},
+                                            "num_experts_per_tok", 9, "exceeds the 8 experts"),
+    "a size that is text": ({**LLAMA, "hidden_size": "4096"}, "hidden_size", "4096", "whole number"),
+    "decoder_sparse_step 0": ({**fixture("qwen3-30b-a3b"), "decoder_sparse_step": 0}, "decoder_sparse_step", 0,
+                              "whole number >= 1"),
+    "mlp_only_layers not a list": ({**fixture("qwen3-30b-a3b"), "mlp_only_layers": "0"}, "mlp_only_layers", "0",
+                                   "list of layer indices"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_a_config_it_cannot_model_is_refused_with_field_value_and_fix(case: str) -> None:
+    config, field, value, needle = REFUSED[case]
+    error = refusal(config)
+    assert isinstance(error, RecipeError), error
+    assert (error.source, error.field, error.value) == ("model/config.json", field, value)
+    assert needle in str(error) and "Fix: " in str(error), str(error)
+
+
+def test_several_missing_keys_are_reported_together_and_an_all_moe_config_needs_no_intermediate_size() -> None:
+    error = refusal(without(LLAMA, "intermediate_size", "vocab_size"))
+    assert isinstance(error, RecipeErrors)
+    assert [e.field for e in error.errors] == ["vocab_size", "intermediate_size"]
+    qwen3 = ModelShape.from_config(without(fixture("qwen3-30b-a3b"), "intermediate_size"))  # every layer sparse
+    assert qwen3.num_dense_layers == 0 and qwen3 == ModelShape.from_config(fixture("qwen3-30b-a3b")).model_copy(
+        update={"intermediate_size": 0})
+    disabled = ModelShape.from_config(fixture("qwen2-72b"))  # sliding_window 131072, use_sliding_window false
+    assert disabled.architecture == "Qwen2ForCausalLM"
+    by_type = ModelShape.from_config(without(fixture("mixtral-8x7b"), "architectures"))  # model_type names it
+    assert by_type.architecture == "MixtralForCausalLM" and by_type.num_experts == 8
+
+
+def test_group_size_is_checked_against_the_expert_width() -> None:
+    """quantization.group_size must divide moe_intermediate_size (the routed experts' down_proj inputs) and
+    shared_expert_intermediate_size, as it must divide intermediate_size."""
+    recipe = load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml")
+    check_model_config(recipe, fixture("qwen3-30b-a3b"), source="r.yaml")  # 768 = 6 x 128
+    for key, width in (("moe_intermediate_size", 1000), ("shared_expert_intermediate_size", 5000)):
+        with pytest.raises(RecipeError) as info:
+            check_model_config(recipe, {**fixture("qwen3-30b-a3b"), key: width}, source="r.yaml")
+        assert info.value.field == "quantization.group_size" and f"{key}={width}" in str(info.value)
