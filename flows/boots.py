@@ -4,6 +4,9 @@ serve_base        (a) the base model, 16-bit KV: capacity and the base accuracy.
 serve_quantized   (b) the quantized model, 16-bit KV: capacity; then (c) the production boot (the
                   recipe's KV dtype): capacity, the accuracy gate, the stress gate and, when asked,
                   the soak test.
+serve_release     (d) the release in production (hub.release_ref), when its recorded figures were
+                  measured under other conditions: the production boot's settings, capacity,
+                  accuracy and the stress test's throughput, for the regression gate.
 
 Each boot is served once and stopped before the next starts (one GPU's memory, one boot at a time);
 the caller holds the `gpu` slot around them. ``also`` runs on a boot right after its capacity is read
@@ -37,6 +40,13 @@ class BaseServed:
     capacity: CapacityConfig
     accuracy: State
     also: Any = None
+
+
+@dataclass
+class ReleaseServed:
+    capacity: CapacityConfig
+    accuracy: State
+    stress: State
 
 
 @dataclass
@@ -95,3 +105,16 @@ def serve_quantized(validated: ValidatedRecipe, checkpoint_dir: str, log_dir: Pa
         progress.done("fp8 served")
     return QuantizedServed(capacity_16bit_kv=sixteen, capacity=capacity, accuracy=accuracy, stress=stress,
                            soak=soak, also=extra)
+
+
+def serve_release(validated: ValidatedRecipe, model_dir: str, log_dir: Path, *, accuracy_dir: Path,
+                  stress_dir: Path) -> ReleaseServed:
+    """(d): the release the release ref serves, downloaded (release/baseline.py), booted with this run's
+    production settings, measured as the candidate's (c) is; its logs in ``log_dir``."""
+    r = validated.recipe
+    with served(validated, Boot.PRODUCTION, model_dir, log_dir) as (server, spec):
+        capacity = measure_capacity(server, spec, Boot.PRODUCTION)
+        accuracy = accuracy_gate(validated, server, tokenizer_dir=model_dir, output_dir=accuracy_dir)
+        stress = run_stress_test(server, r.gates.stress, r.serve, tokenizer_dir=model_dir,
+                                 output_dir=stress_dir, return_state=True)
+    return ReleaseServed(capacity=capacity, accuracy=accuracy, stress=stress)

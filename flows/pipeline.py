@@ -1,14 +1,16 @@
 """The quantize-serve flow: the pipeline's table of contents. Composition only.
 
 validate -> resolve base -> [choose the format: flows/formats.py] -> quantize -> push candidate ->
-measure capacity -> accuracy gate -> stress gate -> decide -> promote or reject -> report.
+find the release in production -> measure capacity -> accuracy gate -> stress gate -> [serve production
+again] -> compare with production -> decide -> promote or reject -> report (and the release history).
 
 vLLM boots three times, each once (flows/boots.py, shared with the format choice): (a) the base
 model serves capacity and the base accuracy; (b) the quantized model with 16-bit KV serves capacity
 only; (c) the quantized model with the production settings (fp8 KV) serves capacity, the serving
 profile, accuracy, the stress test and, when the recipe sets gates.soak, the soak test (sustained
-traffic; memory growth and preemptions). All boots run inside the `gpu` global concurrency limit, so
-two runs never share a GPU.
+traffic; memory growth and preemptions). A fourth boot, (d), serves the release already in production
+again when its recorded figures were measured under other conditions (the regression gate,
+gates.regression). All boots run inside the `gpu` global concurrency limit, so two runs never share a GPU.
 
 Run locally (ephemeral Prefect API, no server needed):  quantize-serve run RECIPE
 """
@@ -21,7 +23,7 @@ from typing import Any
 from prefect import flow
 from prefect.states import Failed, State
 
-from flows.boots import serve_base, serve_quantized
+from flows.boots import serve_base, serve_quantized, serve_release
 from flows.formats import choose_format
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.release.publish import release_reasons
@@ -31,6 +33,8 @@ from tasks.decide import compare_accuracy, decide_release
 from tasks.formats import with_candidate
 from tasks.hub import promote_or_reject, push_candidate
 from tasks.quantize import quantize_model
+from tasks.regression import compare_with_production, find_production_release, record_results
+from tasks.releases import publish_release_history
 from tasks.report import Progress, publish_report, request_approval, run_folder, run_id, write_report_files
 from tasks.serve import (
     gpu_slot,
@@ -81,6 +85,7 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     serving_command = (profile.serve_command if profile
                        else published_serve_command(validated, checkpoint.checkpoint_dir))
     candidate = push_candidate(validated, base, checkpoint, serving_command, run_dir, profile)
+    baseline = find_production_release(validated)  # the release in production: recorded figures, or its files
     progress.done("candidate pushed")
     with gpu_slot():
         base_served = serve_base(validated, base.local_dir, run_dir, accuracy_dir=run_dir / ACCURACY_BASE_DIR,
@@ -91,19 +96,31 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
             stress_dir=run_dir / "stress", soak_dir=run_dir, progress=progress,  # soak.png beside report.md
             also=lambda server, spec, cap: write_serving_profile(validated, base, spec, cap,
                                                                  checkpoint.checkpoint_dir, run_dir))
+        release_served = None
+        if baseline.local_dir:  # measured under other conditions: serve it again with this run's settings
+            release_served = serve_release(validated, baseline.local_dir, run_dir / "production-release",
+                                           accuracy_dir=run_dir / "production-release" / "accuracy",
+                                           stress_dir=run_dir / "production-release" / "stress")
     production, gates = quantized.also, validated.recipe.gates
     capacity = summarize_capacity(
         validated, base, [base_served.capacity, quantized.capacity_16bit_kv, quantized.capacity], base_boot)
     checks = compare_accuracy(outcome(base_served.accuracy), outcome(quantized.accuracy), gates.accuracy)
     soak = outcome(quantized.soak) if quantized.soak else None
-    decision = decide_release(checks, outcome(quantized.stress), soak, soak_required=gates.soak is not None)
+    results = record_results(validated, outcome(quantized.accuracy), quantized.capacity, outcome(quantized.stress))
+    regression = compare_with_production(
+        validated, baseline, results, base=record_results(validated, outcome(base_served.accuracy),
+                                                          base_served.capacity, None),
+        served_again=record_results(validated, outcome(release_served.accuracy), release_served.capacity,
+                                    outcome(release_served.stress)) if release_served else None)
+    decision = decide_release(checks, outcome(quantized.stress), soak, soak_required=gates.soak is not None,
+                              regression=regression)
     progress.done("decided")
     report = write_report_files(RunReport(
         run_id=run_id(), recipe=validated.recipe.name, recipe_source=validated.source,
         recipe_sha256=validated.recipe_sha256, overrides=validated.overrides,
         base=base, checkpoint=checkpoint, candidate=candidate, capacity=capacity, preflight=preflight,
         profile=profile, formats=formats,
-        accuracy=checks if isinstance(checks, list) else [],
+        accuracy=checks if isinstance(checks, list) else [], results=results, regression=regression,
         stress=outcome(quantized.stress) if quantized.stress.is_completed() else None,
         soak=soak if quantized.soak and quantized.soak.is_completed() else None,
         decision=decision, serving_command=production.command, serving_profile=production), run_dir)
@@ -111,6 +128,7 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     report.release = promote_or_reject(validated, report, approved, approved_by)
     progress.done("released")
     report = publish_report(report, run_dir)
+    publish_release_history(validated.recipe.hub)  # the Hub's history as a table in the UI
     progress.done("reported")
     if report.release.status == "rejected" or not report.decision.passed:
         # a rejected release is a failed run (red in the UI, non-zero for `deployment run --watch`)

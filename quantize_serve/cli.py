@@ -7,6 +7,10 @@
                                            the same table measured: vLLM boots the shape with dummy
                                            weights (config.json and tokenizer only) on this machine
     quantize-serve run RECIPE              the flow, locally
+    quantize-serve releases REPO           the release history from the Hub, as a table
+    quantize-serve rollback REPO [--to SHA]
+                                           the release ref back to an earlier gated commit (the
+                                           rollback flow, locally)
 
 A mistake in the input (``quantize_serve.core.errors.USER_ERRORS``: a recipe problem, a Hub repo or token
 the Hub refuses) prints one screen, each problem with its fix, and exits 2 without a traceback;
@@ -36,10 +40,13 @@ from quantize_serve.capacity import plan_table, planner
 from quantize_serve.capacity import shape as shape_capacity
 from quantize_serve.core.errors import USER_ERRORS, QuantizeServeError, RecipeError, RecipeErrors
 from quantize_serve.core.settings import get_settings
+from quantize_serve.hub.client import resolve_token
 from quantize_serve.hub.download import fetch_model_config
 from quantize_serve.recipe.inputs import check_model, check_model_config, read_model_config, show_path
 from quantize_serve.recipe.load import load_recipe
 from quantize_serve.recipe.section import looks_local
+from quantize_serve.release.history import release_history
+from quantize_serve.release.rollback import RollbackRequest, plan_rollback
 from quantize_serve.report.run_report import RunReport
 from quantize_serve.serving import gpu
 from quantize_serve.validate.preflight import check_recipe, check_serving_host, model_shape_dir
@@ -71,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="quantize-serve", parents=[debug],
         description="Quantize an LLM, prove it on vLLM, gate it and release it on the Hugging Face Hub.")
     parser.set_defaults(debug=False)
-    sub = parser.add_subparsers(dest="name", required=True, metavar="{validate,plan,run}")
+    sub = parser.add_subparsers(dest="name", required=True, metavar="{validate,plan,run,releases,rollback}")
 
     p = sub.add_parser("validate", parents=[debug], help="check recipes and their inputs (no heavy imports)",
                        description="Run every recipe and input check without starting anything: the "
@@ -124,6 +131,32 @@ def build_parser() -> argparse.ArgumentParser:
                        "rejected or a stage fails, 2 when the input is wrong.")
     p.add_argument("recipe", metavar="RECIPE")
     p.set_defaults(command=run_command)
+
+    hub_options = argparse.ArgumentParser(add_help=False)
+    hub_options.add_argument("repo", metavar="REPO", help="the Hub repo of the releases (org/name)")
+    hub_options.add_argument("--ref", default="production", help="the release ref (the recipe's hub.release_ref)")
+    hub_options.add_argument("--ref-kind", choices=("tag", "branch"), default="tag",
+                             help="the release ref's kind (the recipe's hub.release_ref_kind)")
+    hub_options.add_argument("--token-env", default="HF_TOKEN", metavar="VAR",
+                             help="the environment variable holding the Hub token (never the token itself)")
+    p = sub.add_parser("releases", parents=[debug, hub_options], help="the release history of a repo, from the Hub",
+                       description="Every gated commit of REPO (and every rejected candidate), newest first: "
+                       "its decision, recoveries, capacity, who approved it, when it was promoted or rolled "
+                       "back, and where the release ref points now. Reads the Hub only.")
+    p.add_argument("--json", action="store_true", help="print the history as JSON instead of a table")
+    p.set_defaults(command=releases_command)
+
+    p = sub.add_parser("rollback", parents=[debug, hub_options], help="move the release ref back to a gated commit",
+                       description="Point the release ref of REPO at an earlier gated commit (--to SHA; "
+                       "default: the newest gated commit older than the current one), note it on the card "
+                       "and emit the Prefect event quantize-serve.release.rolled-back (the rollback flow, run "
+                       "locally). Idempotent. A commit that was never gated or was rejected is refused "
+                       "(exit 2) before anything changes; a ref someone else moved in between is refused "
+                       "too (exit 1).")
+    p.add_argument("--to", metavar="SHA", help="the gated commit to go back to (full or at least 7 digits)")
+    p.add_argument("--reason", default="", help="why: noted on the card and in the event")
+    p.add_argument("--dry-run", action="store_true", help="print what would change, change nothing")
+    p.set_defaults(command=rollback_command)
     return parser
 
 
@@ -294,6 +327,47 @@ def run_command(args: argparse.Namespace) -> int:
         return report_failure(result, debug=args.debug, status=EXIT_FAILED)
     print(f"quantize-serve: the run ended {state.type.value}: {state.message}", file=sys.stderr)
     return EXIT_FAILED
+
+
+# --------------------------------------------------------------------------------------------
+# releases, rollback
+# --------------------------------------------------------------------------------------------
+
+
+def _rollback_request(args: argparse.Namespace, **more: Any) -> RollbackRequest:
+    return RollbackRequest(repo_id=args.repo, release_ref=args.ref, release_ref_kind=args.ref_kind,
+                           token_env=args.token_env, **more)
+
+
+def releases_command(args: argparse.Namespace) -> int:
+    """The history, read from the Hub (no Prefect)."""
+    hub = _rollback_request(args).hub(source="quantize-serve releases")
+    history = release_history(hub, token=resolve_token(hub))
+    print(history.model_dump_json(indent=1) if args.json else history.table())
+    return EXIT_OK
+
+
+def rollback_command(args: argparse.Namespace) -> int:
+    """Plan here (a refusal is one screen, exit 2, before Prefect starts), then run the rollback flow
+    on the planned target; the flow reads the Hub again and moves the ref only from where it points."""
+    request = _rollback_request(args, to=args.to, reason=args.reason)
+    hub = request.hub(source="quantize-serve rollback")
+    plan = plan_rollback(release_history(hub, token=resolve_token(hub)), args.to)
+    print(plan.summary())
+    if args.dry_run or plan.changes_nothing:
+        return EXIT_OK
+    from flows.rollback import rollback_release
+    if not args.debug:
+        quiet_user_tracebacks()
+    state = rollback_release(request.model_copy(update={"to": plan.target}), return_state=True)
+    result = state.result(raise_on_failure=False)
+    if isinstance(result, BaseException):
+        status = EXIT_INPUT if isinstance(result, USER_ERRORS) else EXIT_FAILED
+        return report_failure(result, debug=args.debug, status=status)
+    print(f"rolled back: {hub.release_ref_kind} {hub.release_ref!r} -> {plan.target}"
+          + (f"; noted on the card in {result.note_commit[:12]}" if result.note_commit else ""))
+    print(release_history(hub, token=resolve_token(hub)).table())
+    return EXIT_OK
 
 
 class _WithoutUserTraceback(logging.Formatter):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import task
 
 from quantize_serve.gates import accuracy, decision, recovery
+from quantize_serve.gates.regression import RegressionResult
 from quantize_serve.gates.soak import SoakResult
 from quantize_serve.gates.stress import StressResult
 from quantize_serve.recipe.gates import AccuracyGate
@@ -23,5 +24,6 @@ def compare_accuracy(base: accuracy.AccuracyRun | BaseException, quantized: accu
 def decide_release(checks: list[accuracy.AccuracyCheck] | BaseException,
                    stress: StressResult | BaseException,
                    soak: SoakResult | BaseException | None = None, *,
-                   soak_required: bool = False) -> decision.Decision:
-    return decision.decide(checks, stress, soak, soak_required=soak_required)
+                   soak_required: bool = False,
+                   regression: RegressionResult | BaseException | None = None) -> decision.Decision:
+    return decision.decide(checks, stress, soak, soak_required=soak_required, regression=regression)

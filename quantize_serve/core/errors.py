@@ -76,9 +76,19 @@ class HubNotFoundError(HubError, LookupError):
     """404: the repo or revision does not exist (or is private and the token cannot see it)."""
 
 
+class RefMovedError(HubError):
+    """The release ref no longer points where a rollback read it: someone else moved it in between.
+    Refused before anything changed."""
+
+
+class ReleaseRefusedError(QuantizeServeError, ValueError):
+    """A rollback target that is not a gated release of the repo (never gated, rejected, unknown)."""
+
+
 # Mistakes in the input that the person running the pipeline can fix (a recipe, a file it names, a
 # Hub repo id, a token): the command line prints them as one screen with the fix and exits 2.
-USER_ERRORS: tuple[type[QuantizeServeError], ...] = (RecipeError, RecipeErrors, HubAuthError, HubNotFoundError)
+USER_ERRORS: tuple[type[QuantizeServeError], ...] = (RecipeError, RecipeErrors, HubAuthError, HubNotFoundError,
+                                                     ReleaseRefusedError)
 
 
 def _show(value: object) -> str:

@@ -6,9 +6,12 @@ data) is a failed row, never a skip: a release is promoted only on evidence.
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel
 
 from quantize_serve.gates.accuracy import AccuracyCheck
+from quantize_serve.gates.regression import RegressionResult
 from quantize_serve.gates.soak import SoakResult
 from quantize_serve.gates.stress import StressResult
 
@@ -17,6 +20,7 @@ class CheckRow(BaseModel):
     check: str
     passed: bool
     reason: str
+    off: bool = False  # a check that did not apply (the regression gate with no release yet): shown as "off"
 
 
 class Decision(BaseModel):
@@ -30,17 +34,21 @@ class Decision(BaseModel):
 
     def markdown(self) -> str:
         rows = ["| check | result | reason |", "|---|---|---|"]
-        rows += [f"| {c.check} | {'pass' if c.passed else '**FAIL**'} | {c.reason} |" for c in self.checks]
+        rows += [f"| {c.check} | {'off' if c.off else 'pass' if c.passed else '**FAIL**'} | {c.reason} |"
+                 for c in self.checks]
         return "\n".join(rows)
 
 
 def decide(accuracy: list[AccuracyCheck] | BaseException | None,
            stress: StressResult | BaseException | None,
-           soak: SoakResult | BaseException | None = None, *, soak_required: bool = False) -> Decision:
-    """soak_required: the recipe sets gates.soak, so a soak that did not run is a failed row."""
+           soak: SoakResult | BaseException | None = None, *, soak_required: bool = False,
+           regression: RegressionResult | BaseException | None = None) -> Decision:
+    """soak_required: the recipe sets gates.soak, so a soak that did not run is a failed row.
+    ``regression``: the comparison with production (gates/regression.py), or why it was off."""
     rows = accuracy_rows(accuracy) + [stress_row(stress)]
     if soak_required or soak is not None:
         rows.append(soak_row(soak))
+    rows += regression_rows(regression)
     return Decision(passed=all(r.passed for r in rows), checks=rows)
 
 
@@ -107,3 +115,30 @@ def soak_row(soak: SoakResult | BaseException | None) -> CheckRow:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def regression_rows(result: RegressionResult | BaseException | None) -> list[CheckRow]:
+    """The decision's rows: one per kind (accuracy, capacity, throughput), or one ``off`` row."""
+    if isinstance(result, BaseException):
+        return [CheckRow(check="regression", passed=False,
+                         reason=f"could not run: {_first_line(result)}")]
+    if result is None:
+        return []
+    if result.off:
+        return [CheckRow(check="regression", passed=True, off=True, reason=f"off: {result.off}")]
+    rows = []
+    where = f"vs {result.release_ref} {(result.production_sha or '')[:12]} ({result.source})"
+    for kind in ("accuracy", "capacity", "throughput"):
+        mine = [r for r in result.rows if r.kind == kind]
+        if not mine:
+            continue
+        failed = [r for r in mine if not r.passed]
+        if failed:
+            reason = "; ".join(f"{r.measure}: {r.reason}" for r in failed)
+        elif kind == "accuracy":
+            worst = min(mine, key=lambda r: r.ratio if r.ratio is not None else math.inf)
+            reason = f"{len(mine)} metrics no worse than allowed; closest: {worst.measure}: {worst.reason}"
+        else:
+            reason = "; ".join(f"{r.measure}: {r.reason}" for r in mine)
+        rows.append(CheckRow(check=f"regression {kind}", passed=not failed, reason=f"{reason} [{where}]"))
+    return rows

@@ -226,3 +226,26 @@ def download_model(recipe: Recipe, repo_id: str, revision: str | None, *, cache_
                               token=resolve_token(hub) if hub else None, cache_dir=cache_dir,
                               token_env=hub.token_env if hub else "HF_TOKEN",
                               secret_block=hub.token_secret_block if hub else None, weights=weights)
+
+
+def resolve_dataset_commit(repo_id: str, *, revision: str | None, token: str | None,
+                           endpoint: str | None = None, token_env: str = "HF_TOKEN",
+                           retry: RetryPolicy = DEFAULT_RETRY) -> str | None:
+    """The commit sha a Hub dataset's ``revision`` (branch, tag, sha; None = main) points at now, so a
+    run loads exactly that commit and the card can name it (as the base model's). None offline
+    (HF_HUB_OFFLINE): the datasets cache is all there is, and no commit can be asked for."""
+    from huggingface_hub import constants, get_token
+
+    if constants.HF_HUB_OFFLINE:
+        return None
+    token = token or get_token()
+    api = _api(endpoint, token)
+    call = _Call("resolve the calibration dataset", repo_id, revision, token, token_env, None, retry, writes=False)
+
+    def attempt(_: int) -> str:
+        sha = api.dataset_info(repo_id, revision=revision).sha
+        if not sha or not SHA40.match(sha):
+            raise HubError(f"the Hub returned no commit sha for the dataset {repo_id}@{revision or 'main'}")
+        return sha
+
+    return _run(call, attempt)

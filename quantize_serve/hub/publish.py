@@ -133,7 +133,8 @@ def push_candidate(hub: HubSection, folder: str | Path, *, token: str | None, co
 
 def update_model_card(hub: HubSection, card_text: str, *, parent_commit: str, token: str | None,
                       files: dict[str, bytes] | None = None, commit_message: str = "Update model card",
-                      endpoint: str | None = None, retry: RetryPolicy = DEFAULT_RETRY) -> str:
+                      commit_description: str = "", endpoint: str | None = None,
+                      retry: RetryPolicy = DEFAULT_RETRY) -> str:
     """One commit on ``main`` that changes README.md (and the card's own ``files``, such as its
     chart) only; returns the new sha, or the parent when nothing changed.
 
@@ -161,7 +162,7 @@ def update_model_card(hub: HubSection, card_text: str, *, parent_commit: str, to
                 return commits[0].commit_id
         ops = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=data) for name, data in contents.items()]
         return api.create_commit(hub.repo_id, ops, commit_message=commit_message, revision="main",
-                                 parent_commit=parent_commit).oid
+                                 commit_description=commit_description, parent_commit=parent_commit).oid
 
     return _run(call, attempt)
 
@@ -228,15 +229,16 @@ def rejection_tag(commit_sha: str) -> str:
 
 
 def record_rejection(hub: HubSection, commit_sha: str, reasons: list[str], *, token: str | None,
-                     run_id: str, card_text: str | None = None, endpoint: str | None = None,
-                     retry: RetryPolicy = DEFAULT_RETRY) -> str:
+                     run_id: str, card_text: str | None = None, files: dict[str, bytes] | None = None,
+                     endpoint: str | None = None, retry: RetryPolicy = DEFAULT_RETRY) -> str:
     """Record that ``commit_sha`` failed its gates, without touching the release ref.
 
     Where a release engineer sees it: a tag ``rejected-<12-char sha>`` on that exact commit (listed
     in the repo's branch/tag menu and by ``list_repo_refs``) whose message lists the reasons and
     the run id, and, when ``card_text`` is given (a card rendered with status "rejected"), the
-    model card on ``main`` - but only if ``main`` is still that commit, so a newer candidate's card
-    is never overwritten. Idempotent: an existing tag is kept. Returns the tag name.
+    model card on ``main`` (with ``files``, such as the run's release-results.json) - but only if
+    ``main`` is still that commit, so a newer candidate's card is never overwritten. Idempotent: an
+    existing tag is kept. Returns the tag name.
     """
     _check_sha(commit_sha)
     if not reasons:
@@ -256,7 +258,7 @@ def record_rejection(hub: HubSection, commit_sha: str, reasons: list[str], *, to
     head = _run(call, attempt)
     if card_text is not None:
         if head == commit_sha:
-            update_model_card(hub, card_text, parent_commit=commit_sha, token=token, endpoint=endpoint,
+            update_model_card(hub, card_text, parent_commit=commit_sha, token=token, endpoint=endpoint, files=files,
                               commit_message=f"Model card: candidate {commit_sha[:12]} rejected",
                               retry=retry)
         else:

@@ -53,7 +53,7 @@ def load_hub_calibration(recipe: Recipe, *, source: str = "<recipe>") -> Any:
     c = recipe.calibration
     endpoint = datasets.config.HF_ENDPOINT
     try:
-        return datasets.load_dataset(c.dataset, c.subset, split=c.split)
+        return datasets.load_dataset(c.dataset, c.subset, split=c.split, revision=c.revision)
     except DatasetNotFoundError as exc:
         raise RecipeError(source, "calibration.dataset", c.dataset,
                           f"the Hub at {endpoint} has no such dataset, or not for this token ({_first_line(exc)})",
@@ -209,9 +209,19 @@ def calibration_fingerprint(recipe: Recipe, *, source: str = "<recipe>") -> str:
     return fingerprint(render_texts(recipe, rows))
 
 
+def pin_calibration(recipe: Recipe, commit_sha: str) -> Recipe:
+    """The recipe with ``calibration.revision`` set to the Hub dataset's commit sha the run resolved,
+    so every load (the validate stage's, the quantization worker's) reads that one commit."""
+    return recipe.model_copy(update={"calibration": recipe.calibration.model_copy(update={"revision": commit_sha})})
+
+
 def describe(recipe: Recipe) -> dict[str, Any]:
+    """The calibration data as the card names it; a Hub dataset with the revision the run loaded
+    (the commit sha once validate_recipe pinned it)."""
     c = recipe.calibration
+    hub = {} if recipe.calibration_is_local else {"revision": c.revision or "main (not pinned)"}
     return {
+        **hub,
         "dataset": c.dataset if not recipe.calibration_is_local else Path(c.dataset).name,
         "split": c.split,
         "field": c.text_field or c.messages_field,

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
+from filelock import FileLock
 from pydantic import BaseModel
 
 from quantize_serve.core.digest import file_sha256
@@ -122,7 +123,8 @@ def checkpoint_key(recipe: Recipe, *, base_identity: str, calibration_fingerprin
         "base": base_identity,
         "llmcompressor_recipe": build_llmcompressor_recipe(recipe.quantization),
         "model": recipe.model.model_dump(mode="json", exclude={"id"}),
-        "calibration": recipe.calibration.model_dump(mode="json", exclude={"dataset", "files"}),
+        # the data itself is the fingerprint's; its Hub revision adds nothing to the key
+        "calibration": recipe.calibration.model_dump(mode="json", exclude={"dataset", "files", "revision"}),
         "calibration_fingerprint": calibration_fingerprint,
         "engines": engine_versions(),
     }
@@ -138,17 +140,28 @@ def quantize_model(
     work_dir: Path | None = None,
     log: Callable[[str], None] = print,
 ) -> QuantizeResult:
-    """Quantize the base model per the recipe, or reuse the checkpoint made from the same inputs."""
+    """Quantize the base model per the recipe, or reuse the checkpoint made from the same inputs.
+
+    Two runs that need the same checkpoint at once (two GPUs, one work dir) make it once: the second
+    waits on the key's lock file and then reuses what the first made."""
     work_dir = work_dir or get_settings().work_dir
     key = checkpoint_key(recipe, base_identity=base_identity, calibration_fingerprint=calibration_fingerprint)
     out = work_dir / "checkpoints" / f"{recipe.quantization.method}-{key}"  # recipes that differ elsewhere share it
-    if (out / MANIFEST).is_file() and verify_manifest(out):
-        log(f"reusing checkpoint {out} (same base, recipe, calibration data and engines)")
-        manifest = json.loads((out / MANIFEST).read_text())
-        result = manifest["result"]  # older manifests keep the device beside the result only
-        return QuantizeResult.model_validate({**result, "device": result.get("device") or manifest.get("device"),
-                                              "cached": True})
+    locks = work_dir / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with FileLock(locks / f"{out.name}.lock"):
+        if (out / MANIFEST).is_file() and verify_manifest(out):
+            log(f"reusing checkpoint {out} (same base, recipe, calibration data and engines)")
+            manifest = json.loads((out / MANIFEST).read_text())
+            result = manifest["result"]  # older manifests keep the device beside the result only
+            return QuantizeResult.model_validate({**result, "device": result.get("device") or manifest.get("device"),
+                                                  "cached": True})
+        return _quantize_once(out, work_dir, recipe, base_model_dir, base_identity=base_identity,
+                              calibration_fingerprint=calibration_fingerprint, log=log)
 
+
+def _quantize_once(out: Path, work_dir: Path, recipe: Recipe, base_model_dir: Path, *, base_identity: str,
+                   calibration_fingerprint: str, log: Callable[[str], None]) -> QuantizeResult:
     partial = out.with_name(out.name + ".partial")
     try:
         return _quantize_into(partial, out, recipe, base_model_dir, base_identity=base_identity,

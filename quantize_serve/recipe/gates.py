@@ -1,4 +1,5 @@
-"""The recipe's ``gates`` section: accuracy (tasks, recovery thresholds), stress and soak."""
+"""The recipe's ``gates`` section: accuracy (tasks, recovery thresholds), stress, soak, and the regression
+gate against the release already in production."""
 
 from __future__ import annotations
 
@@ -191,8 +192,73 @@ class SoakGate(Section):
         return self
 
 
+# gates.regression bounds: (lowest, highest, why); inclusive.
+REGRESSION_BOUNDS: dict[str, tuple[float, float, str]] = {
+    "max_accuracy_drop": (0.0, 0.5, "a fraction of production's score (0.02 = 2%); above half the "
+                          "score the gate would pass anything"),
+    "min_capacity_ratio": (0.1, 2.0, "candidate / production KV tokens and max concurrency; 1.0 = no "
+                           "fewer concurrent requests than production serves"),
+    "min_throughput_ratio": (0.1, 2.0, "candidate / production output tokens per second at the stress "
+                             "concurrency; throughput is noisy, so leave some room below 1.0"),
+}
+
+
+class RegressionGate(Section):
+    """gates.regression: the candidate against the release the release ref (hub.release_ref) serves now.
+
+    On by default. It applies when hub.release_ref already points at a gated commit of the repo: the
+    candidate must then be no worse than that release, on every metric of the accuracy gate, on KV
+    tokens and max concurrency, and on throughput at the stress concurrency. The release's results are
+    the ones recorded with it on the Hub (release-results.json) when they were measured under the same
+    conditions (tasks, vLLM version, hardware, serve settings, stress profile); otherwise the release is
+    served again in this run, with this recipe's settings. With no release yet (a first release, or no
+    hub section) the gate is off and the report says so. See quantize_serve/gates/regression.py.
+    """
+
+    enabled: bool = Field(default=True, description="Compare with the release in production (when there "
+                          "is one). false: compare with the base model only.")
+    max_accuracy_drop: float = Field(
+        default=0.02, description="Largest drop of any accuracy metric against production, as a fraction "
+        "of production's score (lower-is-better metrics such as perplexity: a rise of that fraction). "
+        "0.02: at most 2% worse on every metric; 0: no worse at all.")
+    metric_max_drop: dict[str, float] = Field(
+        default_factory=dict, description="Per-metric overrides of max_accuracy_drop, by metric name as "
+        "lm-eval reports it (e.g. {word_perplexity: 0.03}).")
+    min_capacity_ratio: float = Field(
+        default=1.0, description="Smallest candidate / production ratio of KV tokens and of max "
+        "concurrency at max_model_len (the production boot of each). 1.0: no fewer tokens or requests.")
+    min_throughput_ratio: float = Field(
+        default=0.8, description="Smallest candidate / production ratio of output tokens per second at the "
+        "stress concurrency (vllm bench serve during the stress test). 0.8: at most 20% slower; two runs of "
+        "one checkpoint differed by up to ~13% on an H200, so a tighter limit rejects equal releases.")
+
+    @field_validator(*REGRESSION_BOUNDS)
+    @classmethod
+    def _in_bounds(cls, value: float, info: ValidationInfo) -> float:
+        lo, hi, why = REGRESSION_BOUNDS[info.field_name]
+        if not lo <= value <= hi:
+            raise ValueError(f"must be between {lo:g} and {hi:g} ({why}); set gates.regression.{info.field_name} "
+                             "inside that range")
+        return value
+
+    @field_validator("metric_max_drop")
+    @classmethod
+    def _metric_drops(cls, value: dict[str, float]) -> dict[str, float]:
+        lo, hi, why = REGRESSION_BOUNDS["max_accuracy_drop"]
+        bad = {k: v for k, v in value.items() if not lo <= v <= hi}
+        if bad:
+            raise ValueError(f"{bad}: each drop must be between {lo:g} and {hi:g} ({why}); fix those entries")
+        return value
+
+    def max_drop(self, metric: str) -> float:
+        return self.metric_max_drop.get(metric, self.max_accuracy_drop)
+
+
 class GatesSection(Section):
     accuracy: AccuracyGate = Field(default_factory=AccuracyGate)
     stress: StressGate = Field(default_factory=StressGate)
+    regression: RegressionGate = Field(
+        default_factory=RegressionGate, description="The candidate against the release in production "
+        "(hub.release_ref); on by default, off while no release exists (quantize_serve/gates/regression.py).")
     soak: SoakGate | None = Field(default=None, description="Sustained-traffic memory and preemption "
                                   "gate on the production boot (quantize_serve/gates/soak.py); off when absent.")

@@ -64,6 +64,9 @@ class CalibrationSection(Section):
     files: list[str] = Field(default_factory=list, description="More local files, same format.")
     subset: str | None = Field(default=None, description="Hub dataset configuration name.")
     split: str = "train"
+    revision: str | None = Field(
+        default=None, description="Hub dataset branch, tag or commit sha (None = main). A run pins it to "
+        "the commit sha it resolves to, loads exactly that commit, and the model card names the sha.")
     text_field: str | None = Field(default=None, description="Column holding plain text.")
     messages_field: str | None = Field(
         default=None, description="Column holding chat messages, rendered with the chat template."

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from quantize_serve.capacity.chart import CHART
 from quantize_serve.gates.accuracy import format_recovery
+from quantize_serve.hub.client import SHA40
 from quantize_serve.quantize.calibration import describe
 from quantize_serve.quantize.existing_checkpoint import checkpoint_group_size
 from quantize_serve.quantize.run import QuantizeResult
@@ -112,6 +113,8 @@ class ModelCardInputs(BaseModel):
     status: Status = "candidate"
     rejection_reasons: list[str] = Field(default_factory=list)
     capacity_markdown: str = ""
+    regression_markdown: str = Field(default="", description="base, production and candidate side by side "
+                                     "(the regression gate), or why it was off")
     accuracy: list[AccuracyRow] = Field(default_factory=list)
     stress: dict[str, Any] = Field(default_factory=dict)
     serving_command: str = ""
@@ -203,7 +206,8 @@ def render_model_card(inputs: ModelCardInputs) -> ModelCard:
         "## Quantization\n\n" + _table(["setting", "value"], [
             ["method", i.method], ["scheme", i.scheme], ["group size", i.group_size or "per channel"],
             ["quantization device", i.quantization_device or "not recorded"],
-            *[[f"calibration {k}", v] for k, v in sorted(i.calibration.items())],
+            *[[f"calibration {k}", f"`{v}`" if k == "revision" and SHA40.match(str(v)) else v]
+              for k, v in sorted(i.calibration.items())],
             ["calibration fingerprint",
              f"`{i.calibration_fingerprint}`" if i.calibration_fingerprint else "-"],
         ]),
@@ -217,6 +221,8 @@ def render_model_card(inputs: ModelCardInputs) -> ModelCard:
             + "\n\nTasks are lm-eval task names. Recovery is shown with its ~95% interval where lm-eval "
             "reports a standard error (delta method, base and quantized taken as independent: "
             "conservative, since both are scored on the same documents). " + EVAL_RESULTS_NOTE)
+    if i.regression_markdown.strip():
+        parts.append("## Against production (base, production, candidate)\n\n" + i.regression_markdown.strip())
     if i.capacity_markdown.strip():
         parts.append("## Memory and batch capacity\n\n" + i.capacity_markdown.strip())
     if i.stress:
@@ -267,7 +273,8 @@ def card_inputs(validated: ValidatedRecipe, base: BaseModelRef, checkpoint: Quan
                                      recovery_interval=c.recovery_interval, threshold=c.threshold,
                                      passed=c.passed)
                          for c in report.accuracy if None not in (c.base, c.quantized, c.recovery)],
-            "stress": stress_summary(report.stress)}
+            "stress": stress_summary(report.stress),
+            "regression_markdown": report.regression.markdown() if report.regression else ""}
     return ModelCardInputs(
         repo_id=recipe.hub.repo_id if recipe.hub else recipe.name,
         base_model=base.repo_id or recipe.model.id, base_revision_sha=base.sha,

@@ -19,7 +19,9 @@ from quantize_serve.hub.client import resolve_token
 from quantize_serve.quantize.run import QuantizeResult
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.release.card import card_inputs, render_model_card, report_card_inputs
+from quantize_serve.release.history import GATED_TITLE
 from quantize_serve.report.provenance import serving_vllm_version
+from quantize_serve.report.release_results import RELEASE_RESULTS_FILE, release_record, release_record_bytes
 from quantize_serve.report.run_report import Release, RunReport
 from quantize_serve.serve_profile.output import PROFILE_FILE
 from quantize_serve.serve_profile.search import ProfileSearchResult
@@ -92,16 +94,21 @@ def promote_or_reject(validated: ValidatedRecipe, report: RunReport, approved: b
     report.release = release
     reasons = release_reasons(report, approved, approved_by)
     card_text = str(render_model_card(report_card_inputs(validated, report, status=status, rejection_reasons=reasons)))
+    # the machine-readable record (decision, recoveries, figures, conditions): the release history and
+    # the next candidate's regression gate read it from the Hub
+    record = release_record(report, status=status, reasons=reasons, approval=recipe.approval, approved_by=approved_by)
+    results = {RELEASE_RESULTS_FILE: release_record_bytes(record)}
     if promote:
         folder = Path(report.report_dir)
         files = {name: (folder / name).read_bytes() for name in (CHART, PROFILE_FILE) if (folder / name).is_file()}
         gated = hub.update_model_card(recipe.hub, card_text, parent_commit=candidate.commit_sha, token=token,
-                                      files=files, commit_message=f"Gates passed (run {report.run_id})")
+                                      files={**files, **results},
+                                      commit_message=f"{GATED_TITLE} (run {report.run_id})")
         release.commit_sha = hub.promote_revision(recipe.hub, gated, token=token, run_id=report.run_id)
         release.ref = recipe.hub.release_ref
     else:
         release.rejection_tag = hub.record_rejection(recipe.hub, candidate.commit_sha,
-                                                     reasons,
+                                                     reasons, files=results,
                                                      token=token, run_id=report.run_id, card_text=card_text)
     return release
 

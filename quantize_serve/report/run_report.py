@@ -23,6 +23,7 @@ from quantize_serve.formats.choose import CHART as FORMATS_CHART
 from quantize_serve.formats.choose import FormatChoice
 from quantize_serve.gates.accuracy import AccuracyCheck
 from quantize_serve.gates.decision import Decision
+from quantize_serve.gates.regression import RegressionResult, ReleaseResults
 from quantize_serve.gates.soak import SoakResult
 from quantize_serve.gates.stress import StressResult
 from quantize_serve.hub.client import PushResult
@@ -61,6 +62,9 @@ class RunReport(BaseModel):
     stress: StressResult | None = None
     soak: SoakResult | None = None  # only when the recipe sets gates.soak
     decision: Decision
+    # the candidate's figures under this run's conditions (recorded with the release: release-results.json)
+    results: ReleaseResults | None = None
+    regression: RegressionResult | None = None  # the comparison with the release in production, or why off
     release: Release | None = None
     approval_note: str = ""  # approval: manual - the reviewer's note on the sign-off form
     serving_command: str
@@ -125,6 +129,8 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
                      + (f", rejection recorded as tag `{rel.rejection_tag}`" if rel.rejection_tag else "")
                      + (f" ({rel.url})" if rel.url else ""))
     lines += ["", "## Decision", r.decision.markdown(), ""]
+    if r.regression:
+        lines += ["## Against production (base, production, candidate)", r.regression.markdown(), ""]
     if r.capacity:
         lines += ["## Capacity (same memory budget)", r.capacity.markdown(), "",
                   image_markdown("capacity", (folder or Path()) / CHART, embed=embed), ""]

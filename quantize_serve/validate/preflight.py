@@ -26,11 +26,12 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from quantize_serve.capacity.model_shape import ModelShape
-from quantize_serve.core.errors import RecipeError, RecipeErrors
+from quantize_serve.core.errors import HubNotFoundError, RecipeError, RecipeErrors
 from quantize_serve.core.model_files import check_model_files, folder_digest
 from quantize_serve.gates.accuracy import TASK_FILE_SUFFIXES
-from quantize_serve.hub.download import download_base, fetch_model_config
-from quantize_serve.quantize.calibration import calibration_fingerprint, peek_calibration
+from quantize_serve.hub.client import resolve_token
+from quantize_serve.hub.download import download_base, fetch_model_config, resolve_dataset_commit
+from quantize_serve.quantize.calibration import calibration_fingerprint, peek_calibration, pin_calibration
 from quantize_serve.quantize.device import quantize_device_gap
 from quantize_serve.quantize.existing_checkpoint import check_checkpoint, checkpoint_scheme
 from quantize_serve.recipe.inputs import check_model, check_model_config, read_model_config, show_path
@@ -81,13 +82,33 @@ def validate_recipe(recipe: Recipe | str | Path | dict,
             recipe = parse_recipe(data, source=source)
     if recipe.model_is_local:
         check_local_checkpoints(recipe, check_local_model(recipe, source=source), source=source)
+    recipe_sha256 = recipe.fingerprint()  # the recipe as written (and overridden), before the pin below
+    if not recipe.calibration_is_local:
+        recipe = pin_calibration_commit(recipe, source=source)
     return ValidatedRecipe(
         recipe=recipe,
         source=source,
-        recipe_sha256=recipe.fingerprint(),
+        recipe_sha256=recipe_sha256,
         calibration_fingerprint=calibration_fingerprint(recipe, source=source),
         overrides=overrides,
     )
+
+
+def pin_calibration_commit(recipe: Recipe, *, source: str) -> Recipe:
+    """A Hub calibration dataset pinned to the commit its revision points at now (as the base model
+    is): every load of this run reads that commit, and the card names its sha. Offline it stays as
+    written (the datasets cache decides)."""
+    c = recipe.calibration
+    hub = recipe.hub
+    try:
+        sha = resolve_dataset_commit(c.dataset, revision=c.revision, token=resolve_token(hub) if hub else None,
+                                     token_env=hub.token_env if hub else "HF_TOKEN")
+    except HubNotFoundError as exc:
+        field, value = ("calibration.revision", c.revision) if c.revision else ("calibration.dataset", c.dataset)
+        raise RecipeError(source, field, value, f"the Hub cannot resolve it to a commit ({exc})",
+                          "give an existing dataset id (owner/name) and revision (branch, tag or full commit "
+                          "sha), and a token that can read it (HF_TOKEN or hub.token_env)") from None
+    return pin_calibration(recipe, sha) if sha else recipe
 
 
 def check_local_checkpoints(recipe: Recipe, base_config: dict[str, Any], *, source: str) -> None:
