@@ -335,6 +335,9 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def _rollback_request(args: argparse.Namespace, **more: Any) -> RollbackRequest:
+    from huggingface_hub.utils import disable_progress_bars
+
+    disable_progress_bars()  # reading each release's small record draws no bar on the terminal
     return RollbackRequest(repo_id=args.repo, release_ref=args.ref, release_ref_kind=args.ref_kind,
                            token_env=args.token_env, **more)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from quantize_serve.core.errors import HubNotFoundError
 from quantize_serve.gates.regression import MeasurementConditions, ReleaseResults, condition_differences
 from quantize_serve.hub.client import resolve_token
 from quantize_serve.hub.download import download_model
@@ -34,7 +35,11 @@ def find_baseline(recipe: Recipe, conditions: MeasurementConditions) -> Producti
     if hub is None:
         return ProductionBaseline(off="the recipe has no hub section, so no release is in production")
     ref = f"{hub.release_ref_kind} {hub.release_ref!r}"
-    history = release_history(hub, token=resolve_token(hub))
+    try:
+        history = release_history(hub, token=resolve_token(hub))
+    except HubNotFoundError:  # the flow pushes its candidate first, so only outside a run
+        return ProductionBaseline(off=f"no release to compare with: {hub.repo_id} does not exist yet (a first release)",
+                                  release_ref=hub.release_ref)
     entry = current_release(history)
     if entry is None:
         where = (f"points at {history.current[:12]}, which is no gated commit of {hub.repo_id}" if history.current

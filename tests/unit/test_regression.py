@@ -1,0 +1,237 @@
+"""The regression gate (gates.regression), the release history's reading of a repo, and the
+rollback's plan and card note: pure logic on realistic recorded figures (tests/release_fixtures.py).
+The same code against the local Hub with the real client: tests/engines/test_releases.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from quantize_serve.core.errors import RecipeErrors, ReleaseRefusedError
+from quantize_serve.gates.decision import decide
+from quantize_serve.gates.regression import (
+    compare_with_production,
+    condition_differences,
+    measurement_conditions,
+    regression_off,
+)
+from quantize_serve.gates.stress import StressResult
+from quantize_serve.hub.releases import HubCommit, RepoState
+from quantize_serve.recipe.gates import RegressionGate
+from quantize_serve.recipe.load import load_recipe, parse_recipe
+from quantize_serve.recipe.model import HubSection
+from quantize_serve.release.history import format_table, interpret, rollback_title
+from quantize_serve.release.rollback import NOTE_MARK, ROLLBACKS_HEADING, note_rollback, plan_rollback
+from quantize_serve.report.release_results import release_record, release_record_bytes
+from quantize_serve.report.run_report import render_markdown
+from tests.conftest import ROOT
+from tests.release_fixtures import CONDITIONS, KV_4BIT, KV_8BIT, base_results, results, run_report
+
+GATE = RegressionGate()
+RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
+
+
+def compare(candidate, production, gate=GATE):
+    return compare_with_production(candidate, production, gate, base=base_results(), release_ref="production",
+                                   production_sha="a" * 40, source="recorded")
+
+
+def stress() -> StressResult:
+    return StressResult(requests=50, completed=48, rejected_overlong=2, overlong_expected=2, errors_5xx=0,
+                        other_errors=0, timeouts=0, wrong_token_counts=0, aborted=0, server_restarts=0,
+                        server_died=False, peak_kv_cache_usage=0.5, preemptions=0, peak_running=8, peak_waiting=0,
+                        peak_rss_bytes=None, peak_gpu_memory_bytes=None, duration_s=10.0, throughput=None,
+                        concurrency_steps=[1, 2, 4, 8], failures=[], error_samples=[], output_dir="s")
+
+
+def test_a_release_that_beats_its_base_but_serves_fewer_requests_than_production_is_rejected():
+    """The issue's case: the 8-bit candidate recovers fine against its base, but holds 13,696 KV tokens
+    where production holds 14,464: 5% fewer concurrent requests, below min_capacity_ratio 1.0."""
+    result = compare(results(kv_tokens=KV_8BIT), results(kv_tokens=KV_4BIT))
+    decision = decide([], stress(), regression=result)
+    capacity = next(c for c in decision.checks if c.check == "regression capacity")
+    assert not decision.passed and not capacity.passed
+    assert "KV tokens: candidate 13,696 vs production 14,464: x0.947 < 1.00" in capacity.reason
+    assert "max concurrency" in capacity.reason and "gates.regression.min_capacity_ratio" in capacity.reason
+    assert any(r.startswith("regression capacity: KV tokens") for r in decision.reasons)
+    assert next(c for c in decision.checks if c.check == "regression accuracy").passed
+
+
+def test_a_release_at_least_as_good_as_production_passes_and_the_table_shows_all_three():
+    result = compare(results(kv_tokens=KV_4BIT, throughput=2_300.0), results(kv_tokens=KV_4BIT, throughput=2_400.0))
+    assert result.passed, result.markdown()
+    table = result.markdown()
+    assert "| measure | base | production | candidate |" in table
+    assert "| KV tokens | 6,016 | 14,464 | 14,464 | x1.0000 | >= x1.00 | pass |" in table
+    assert "its figures as recorded with it on the Hub (same conditions)" in table
+
+
+def test_accuracy_drop_counts_per_metric_and_in_the_right_direction():
+    """3% worse everywhere: the facts accuracy falls, the perplexity rises; both fail at 2%; a per-metric
+    override lets the perplexity through."""
+    result = compare(results(accuracy_scale=0.97), results())
+    failed = {r.measure for r in result.rows if not r.passed}
+    assert failed == {"../evals/tasks/qs_facts_mc.yaml acc", "../evals/tasks/qs_facts_mc.yaml acc_norm",
+                      "../evals/tasks/qs_heldout_ppl.yaml word_perplexity"}
+    ppl = next(r for r in result.rows if r.measure.endswith("word_perplexity"))
+    assert "lower is better" in ppl.reason and ppl.candidate > ppl.production
+    relaxed = compare(results(accuracy_scale=0.97), results(),
+                      RegressionGate(metric_max_drop={"word_perplexity": 0.05}))
+    assert next(r for r in relaxed.rows if r.measure.endswith("word_perplexity")).passed
+
+
+def test_throughput_and_missing_figures():
+    slow = compare(results(throughput=1_800.0), results(throughput=2_400.0))
+    row = next(r for r in slow.rows if r.kind == "throughput")
+    assert not row.passed and "x0.750 < 0.80" in row.reason and "@ concurrency 8" in row.measure
+    missing = compare(results().model_copy(update={"output_throughput": None}), results())
+    assert "not measured for the candidate" in next(r for r in missing.rows if r.kind == "throughput").reason
+
+
+def test_the_gate_off_is_a_row_that_says_so_and_passes():
+    decision = decide([], stress(), regression=regression_off("no release to compare with: the tag 'production' "
+                                                              "does not exist in org/m yet (a first release)"))
+    row = decision.checks[-1]
+    assert row.check == "regression" and row.passed and row.off
+    assert "| regression | off | off: no release to compare with" in decision.markdown()
+
+
+def test_conditions_name_what_differs():
+    recipe = load_recipe(RECIPE)
+    now = measurement_conditions(recipe, vllm_version="0.32.0", hardware="x86_64 2 CPUs, no GPU")
+    assert condition_differences(now, now) == []
+    other = load_recipe(RECIPE, {"serve.max_num_seqs": 4, "gates.stress.concurrency": 4})
+    later = measurement_conditions(other, vllm_version="0.33.0", hardware="x86_64 2 CPUs, no GPU")
+    diffs = condition_differences(now, later)
+    assert "vLLM 0.32.0 -> 0.33.0" in diffs
+    assert any(d.startswith("serve.max_num_seqs") for d in diffs) and any(d.startswith("gates.stress.concurrency")
+                                                                          for d in diffs)
+    assert not any("recovery" in d for d in condition_differences(
+        now, measurement_conditions(load_recipe(RECIPE, {"gates.accuracy.default_recovery": 0.9}),
+                                    vllm_version="0.32.0", hardware="x86_64 2 CPUs, no GPU")))
+
+
+def test_the_regression_section_is_on_by_default_and_checked_at_load():
+    recipe = load_recipe(RECIPE)
+    assert recipe.gates.regression.enabled and recipe.gates.regression.min_capacity_ratio == 1.0
+    data = recipe.model_dump(mode="json")
+    data["gates"]["regression"] = {"min_capacity_ratio": 5}
+    with pytest.raises(RecipeErrors) as err:
+        parse_recipe(data, source="x.yaml")
+    text = str(err.value)
+    assert "gates.regression.min_capacity_ratio" in text and "5" in text and "between 0.1 and 2" in text
+
+
+# --------------------------------------------------------------------------------------------
+# The history, read from a repo's state
+# --------------------------------------------------------------------------------------------
+
+HUB = HubSection(repo_id="org/m", release_ref="production")
+SHA = {name: (name * 40)[:40] for name in "abcdefgh"}
+
+
+def state(commits: list[tuple[str, str, str]], tags: dict[str, str]) -> RepoState:
+    """commits: (sha key, title, description), oldest first."""
+    listed = [HubCommit(sha=SHA[k], title=t, message=m, date=f"2026-12-0{i + 1}T10:00:00Z", authors=["alice"])
+              for i, (k, t, m) in enumerate(commits)]
+    for older, newer in zip(listed, listed[1:], strict=False):
+        newer.parent = older.sha
+    return RepoState(repo_id="org/m", tags=tags, commits=list(reversed(listed)))
+
+
+def record(key: str, kv: int, status: str = "promoted"):
+    report = run_report(repo_id="org/m", candidate_sha=SHA[key], run_id=f"run-{key}", kv_tokens=kv)
+    return release_record(report, status=status, reasons=[] if status == "promoted" else ["regression capacity"],
+                          approval="manual", approved_by="carol")
+
+
+def three_releases(**tags: str) -> RepoState:
+    return state([("a", "candidate 1", ""), ("b", "Gates passed (run 1)", ""),
+                  ("c", "candidate 2", ""), ("d", "Gates passed (run 2)", ""),
+                  ("e", "candidate 3", ""), ("f", "Model card: candidate eeeeeeeeeeee rejected", "")],
+                 {"production": SHA["d"], f"rejected-{SHA['e'][:12]}": SHA["e"], **tags})
+
+
+RECORDS = {SHA["b"]: record("a", KV_8BIT), SHA["d"]: record("c", KV_4BIT),
+           SHA["f"]: record("e", KV_8BIT, status="rejected")}
+
+
+def test_history_reads_gated_and_rejected_commits_with_their_figures():
+    history = interpret(HUB, three_releases(), RECORDS.get)
+    assert [(e.commit, e.status) for e in history.entries] == [(SHA["b"], "promoted"), (SHA["d"], "promoted"),
+                                                               (SHA["e"], "rejected")]
+    assert history.current == SHA["d"] and history.entry(SHA["d"]).current
+    rows = history.rows()
+    assert rows[1]["KV tokens"] == "14,464" and rows[1]["approved by"] == "carol" and rows[1]["now"] == "<- current"
+    assert rows[0]["decision"].startswith("rejected: regression capacity")
+    printed = history.table()
+    assert printed.startswith("org/m: tag 'production' -> dddddddddddd")
+    assert "commit" in printed.splitlines()[1] and "rolled back from here" in printed
+
+
+def test_rollback_defaults_to_the_gated_commit_before_the_current_and_refuses_the_rest():
+    history = interpret(HUB, three_releases(), RECORDS.get)
+    plan = plan_rollback(history)
+    assert (plan.current, plan.target, plan.move, plan.note) == (SHA["d"], SHA["b"], True, True)
+    assert plan_rollback(history, SHA["b"][:8]).target == SHA["b"]
+    for to, says in [(SHA["e"], "was rejected (regression capacity)"),
+                     (SHA["c"], f"use --to {SHA['d']}"),
+                     (SHA["f"], "never gated"), ("g" * 40, "not a commit sha"), ("1234567", "never gated")]:
+        with pytest.raises(ReleaseRefusedError) as err:
+            plan_rollback(history, to)
+        assert says in str(err.value), str(err.value)
+    oldest = interpret(HUB, three_releases(production=SHA["b"]), RECORDS.get)
+    with pytest.raises(ReleaseRefusedError, match="no gated commit is older"):
+        plan_rollback(oldest)
+
+
+def test_a_noted_rollback_is_in_the_history_and_a_rerun_changes_nothing():
+    rolled = three_releases(production=SHA["b"])
+    rolled.commits.insert(0, HubCommit(sha=SHA["g"], title=rollback_title("tag", "production", SHA["b"], SHA["d"]),
+                                       message="p99 latency doubled", date="2026-12-09T10:00:00Z",
+                                       authors=["bob"], parent=SHA["f"]))
+    history = interpret(HUB, rolled, RECORDS.get)
+    assert history.recorded_target() == SHA["b"]
+    entry_d, entry_b = history.entry(SHA["d"]), history.entry(SHA["b"])
+    assert entry_d.rolled_back_from[0].reason == "p99 latency doubled" and entry_b.current
+    assert "2026-12-09 10:00 (to bbbbbbbbbbbb by bob)" in history_row_text(history, SHA["d"])
+    assert plan_rollback(history, SHA["b"]).changes_nothing
+    moved_unnoted = interpret(HUB, three_releases(production=SHA["b"]), RECORDS.get)  # moved, note lost
+    plan = plan_rollback(moved_unnoted, SHA["b"])
+    assert (plan.move, plan.note, plan.previous) == (False, True, SHA["d"])
+
+
+def history_row_text(history, sha) -> str:
+    return " ".join(next(r for r in history.rows() if sha.startswith(r["commit"])).values())
+
+
+def test_the_card_note_is_on_top_once_and_listed_under_rollbacks():
+    history = interpret(HUB, three_releases(), RECORDS.get)
+    plan = plan_rollback(history)
+    card = "---\nlicense: mit\n---\n\n# m\n\n**Status: promoted.**\n"
+    once = note_rollback(card, plan, at="2026-12-09 10:00 UTC", reason="latency")
+    twice = note_rollback(once, plan, at="2026-12-10 10:00 UTC", reason="again")
+    assert twice.count(NOTE_MARK) == 1 and "since 2026-12-10 10:00 UTC" in twice
+    assert twice.index(NOTE_MARK) > twice.index("# m") and twice.count(ROLLBACKS_HEADING) == 1
+    assert twice.count(f"-> `{SHA['b']}` (was `{SHA['d']}`)") == 2
+
+
+def test_the_record_round_trips_and_the_report_shows_production_beside_base_and_candidate(tmp_path):
+    from quantize_serve.report.release_results import parse_release_record
+
+    report = run_report(repo_id="org/m", candidate_sha=SHA["a"], run_id="r",
+                        regression=compare(results(kv_tokens=KV_8BIT), results()))
+    rec = record("a", KV_4BIT)
+    assert parse_release_record(release_record_bytes(rec)) == rec
+    assert parse_release_record(b"{not json") is None
+    text = render_markdown(report)
+    assert "## Against production (base, production, candidate)" in text and "| KV tokens | 6,016 | 14,464 | 13,696 |" in text
+
+
+def test_a_table_pads_every_column():
+    text = format_table([{"a": "1", "bb": "22"}, {"a": "333", "bb": "4"}])
+    assert text.splitlines()[0] == "a    bb" and text.splitlines()[2] == "1    22"
+
+
+def test_conditions_of_the_fixture_match_what_the_recipe_would_record():
+    assert CONDITIONS.stress["concurrency"] == 8  # results() and run_report() agree with it
+    assert results().max_concurrency == KV_4BIT / 512
