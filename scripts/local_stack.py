@@ -5,6 +5,7 @@ process worker per run. Everything it starts, it stops; the Prefect database is 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -70,8 +71,8 @@ class Stack:
         return out
 
     def run_deployment(self, name: str, *, pool: str = "local-cpu", params: dict | None = None,
-                       timeout: float = 1800, echo: Callable[[str], None] | None = None,
-                       ) -> tuple[int, str, str | None]:
+                       job_variables: dict | None = None, timeout: float = 1800,
+                       echo: Callable[[str], None] | None = None) -> tuple[int, str, str | None]:
         """Run the deployment with --watch while a process worker serves the pool; (rc, output, run id).
 
         --watch prints the run's log lines and state changes as they happen; ``echo`` receives
@@ -88,6 +89,8 @@ class Stack:
             args = ["deployment", "run", f"quantize-serve/{name}", "--watch"]
             for k, v in (params or {}).items():
                 args += ["--param", f"{k}={v}"]
+            for k, v in (job_variables or {}).items():  # JSON values, as --job-variable parses them
+                args += ["--job-variable", f"{k}={json.dumps(v) if isinstance(v, dict | list) else v}"]
             rc, output = self.watch(args, timeout=timeout, echo=echo)
         finally:
             stop_process_group(worker, 30)
@@ -130,7 +133,6 @@ def create_pools_and_limit(api_url: str) -> None:
     work-pool create` and `prefect gcl create` do, through one client (each CLI call is one more
     interpreter importing Prefect, seconds apiece on a small machine)."""
     import asyncio
-    import json
 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, WorkPoolCreate

@@ -41,6 +41,13 @@ os.environ.pop("PREFECT_API_URL", None)
 # worker crash, tests/engines/test_faults.py) boot vLLM's CPU default; every boot's processes are
 # still a process group that must leave nothing behind (API server + engine core at least).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# `make test` runs two lanes on a CPU host (pytest-xdist, pytest_xdist_auto_num_workers below): the
+# flows tier in one, the engines tier in the other, the unit tier wherever there is room. Each lane's
+# vLLM computes on a core of its own (vLLM's CPU default binds every server to the first core).
+LANE = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1"; None when the suite runs in one process
+GPU_MEMORY = gpu.usable_memory_bytes()  # None: no NVIDIA GPU here
+if LANE and not GPU_MEMORY:
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(int(LANE[2:]) % (os.cpu_count() or 1)))
 
 
 # What this machine's vLLM serves (quantize_serve/serving/host.py). Where its CPU has no AVX-512, the
@@ -67,8 +74,14 @@ def avx2_host(monkeypatch):
 
 TIERS = ("unit", "engines", "flows", "gpu")  # tests/<tier>/: the tier is the folder, and so the marker
 # The gpu tier needs an NVIDIA GPU (NVML); elsewhere it is skipped with this reason.
-NO_GPU = None if gpu.usable_memory_bytes() else ("no NVIDIA GPU here (NVML finds none): the gpu tier runs on a "
+NO_GPU = None if GPU_MEMORY else ("no NVIDIA GPU here (NVML finds none): the gpu tier runs on a "
                                                  "GPU host, where `make test` includes it")
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (make test): two lanes on a CPU host, one process on a GPU host (one GPU serves one
+    vLLM at a time: its boots take most of its memory)."""
+    return 0 if GPU_MEMORY else 2
 
 
 def pytest_collection_modifyitems(config, items):
@@ -85,6 +98,8 @@ def pytest_collection_modifyitems(config, items):
         tier = next((part for part in Path(item.fspath).relative_to(ROOT / "tests").parts if part in TIERS), None)
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
+        if tier in ("engines", "flows"):  # a lane each (--dist loadgroup): their session boots stay shared
+            item.add_marker(pytest.mark.xdist_group(tier))
         if tier == "gpu" and NO_GPU:
             item.add_marker(pytest.mark.skip(reason=NO_GPU))
         for marker, (about, gap) in SERVING_GAPS.items():
@@ -295,7 +310,7 @@ def pytest_runtest_logreport(report):
 
 def pytest_sessionfinish(session, exitstatus):
     path = session.config.getoption("--durations-json")
-    if not path or not DURATIONS:
+    if not path or not DURATIONS or LANE:  # two lanes: the controller, which sees every report, writes it
         return
     tiers = {tier: round(sum(r["seconds"] for n, r in DURATIONS.items() if n.startswith(f"tests/{tier}/")), 1)
              for tier in TIERS}

