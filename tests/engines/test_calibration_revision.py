@@ -4,10 +4,12 @@ even after the dataset moves on, and the card names the sha (issue 26, item 4)."
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from huggingface_hub import HfApi
 
 from localhub.datasets import publish_parquet_dataset, ultrachat_rows
+from quantize_serve.core.errors import RecipeError
 from quantize_serve.quantize.calibration import calibration_fingerprint, describe, load_calibration
 from quantize_serve.recipe.load import parse_recipe
 from quantize_serve.release.card import calibration_summary, render_model_card
@@ -44,3 +46,12 @@ def test_the_calibration_dataset_is_pinned_to_its_commit_and_the_card_names_it(h
     card = render_model_card(card_inputs("org/m", calibration=calibration_summary(validated)))
     assert f"| calibration revision | `{first}` |" in card.text
     assert f"| calibration dataset | {REPO} |" in card.text
+
+
+def test_a_revision_the_dataset_does_not_have_names_the_field(hub_env):
+    publish_parquet_dataset(HfApi(endpoint=hub_env.endpoint), REPO, {"train_sft": ultrachat_rows(8, seed=3)},
+                            config=CONFIG)
+    with pytest.raises(RecipeError) as err:
+        pin_calibration_commit(recipe(revision="no-such-branch"), source="chat.yaml")
+    assert err.value.field == "calibration.revision" and err.value.value == "no-such-branch"
+    assert "Fix:" in str(err.value)

@@ -235,3 +235,17 @@ def test_a_table_pads_every_column():
 def test_conditions_of_the_fixture_match_what_the_recipe_would_record():
     assert CONDITIONS.stress["concurrency"] == 8  # results() and run_report() agree with it
     assert results().max_concurrency == KV_4BIT / 512
+
+
+def test_the_card_shows_production_beside_base_and_candidate(awq_recipe):
+    from quantize_serve.release.card import render_model_card, report_card_inputs
+    from quantize_serve.validate.preflight import ValidatedRecipe
+
+    validated = ValidatedRecipe(recipe=awq_recipe, source="recipes/tiny-llama-awq.yaml", recipe_sha256="0" * 64,
+                                calibration_fingerprint="2" * 64)
+    report = run_report(repo_id="org/m", candidate_sha=SHA["a"], run_id="r",
+                        regression=compare(results(kv_tokens=KV_8BIT), results()))
+    card = render_model_card(report_card_inputs(validated, report, status="rejected",
+                                                rejection_reasons=["regression capacity: KV tokens"]))
+    assert "## Against production (base, production, candidate)" in card.text
+    assert "| KV tokens | 6,016 | 14,464 | 13,696 | x0.9469 | >= x1.00 | **FAIL** |" in card.text
