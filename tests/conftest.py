@@ -84,6 +84,7 @@ def pytest_xdist_auto_num_workers(config):
     return 0 if GPU_MEMORY else 2
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the lane groups added here
 def pytest_collection_modifyitems(config, items):
     """Each test gets its tier's marker from its folder: ``unit`` (no engine, no server),
     ``engines`` (the real vLLM, llm-compressor, lm-eval, the Hub client against the local Hub) and
@@ -302,7 +303,8 @@ def pytest_sessionstart(session):
 
 
 def pytest_runtest_logreport(report):
-    row = DURATIONS.setdefault(report.nodeid, {"seconds": 0.0, "outcome": "passed"})
+    nodeid = report.nodeid.split("@")[0]  # in two lanes pytest-xdist appends "@<lane group>"
+    row = DURATIONS.setdefault(nodeid, {"seconds": 0.0, "outcome": "passed"})
     row["seconds"] = round(row["seconds"] + report.duration, 2)
     if report.outcome == "failed" or (report.outcome == "skipped" and row["outcome"] == "passed"):
         row["outcome"] = report.outcome  # a skip is reported at setup, a failure at any phase

@@ -249,3 +249,22 @@ def test_the_card_shows_production_beside_base_and_candidate(awq_recipe):
                                                 rejection_reasons=["regression capacity: KV tokens"]))
     assert "## Against production (base, production, candidate)" in card.text
     assert "| KV tokens | 6,016 | 14,464 | 13,696 | x0.9469 | >= x1.00 | **FAIL** |" in card.text
+
+
+def test_a_token_pasted_into_the_reason_is_masked_on_the_card():
+    from quantize_serve.release.card import scrub_secrets
+
+    history = interpret(HUB, three_releases(), RECORDS.get)
+    reason = scrub_secrets("rolled back by `HF_TOKEN=hf_abcdefghijklmnopqrstuvwx deploy`")
+    text = note_rollback("# m\n", plan_rollback(history), at="now", reason=reason)
+    assert "hf_abcdefghijklmnopqrstuvwx" not in text and "<redacted>" in text
+
+
+def test_a_bad_repo_or_ref_is_one_screen_naming_the_field(capsys):
+    from quantize_serve import cli
+
+    assert cli.main(["releases", "notarepo"]) == 2
+    err = capsys.readouterr().err
+    assert "REPO = 'notarepo': not a Hub repo id" in err and "fix: write it as 'org/name'" in err
+    assert cli.main(["rollback", "org/m", "--ref", "main"]) == 2
+    assert "--ref = 'main'" in capsys.readouterr().err
