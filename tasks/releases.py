@@ -65,12 +65,12 @@ def apply_release_rollback(hub: HubSection, plan: RollbackPlan, reason: str) -> 
     call completed a rollback (moved the ref, or wrote the note an earlier attempt could not)."""
     result = apply_rollback(hub, plan, token=resolve_token(hub), reason=reason)
     if not plan.changes_nothing:
-        emit_event(**rollback_event(hub, result, reason))
+        emit_event(**rollback_event(hub, result))
     get_run_logger().info("rollback done: %s", plan.summary())
     return result
 
 
-def rollback_event(hub: HubSection, result: RollbackResult, reason: str) -> dict[str, Any]:
+def rollback_event(hub: HubSection, result: RollbackResult) -> dict[str, Any]:
     plan = result.plan
     return {
         "event": ROLLED_BACK_EVENT,
@@ -78,5 +78,5 @@ def rollback_event(hub: HubSection, result: RollbackResult, reason: str) -> dict
                      "prefect.resource.name": hub.repo_id, "huggingface.revision": plan.target},
         "payload": {"ref": plan.release_ref, "ref_kind": plan.release_ref_kind, "to": plan.target,
                     "from": plan.previous, "moved": result.moved, "note_commit": result.note_commit,
-                    "reason": reason, "at": result.at},
+                    "reason": result.reason, "at": result.at},
     }

@@ -15,6 +15,7 @@ The release ref's target now is read from the repo's refs.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -123,7 +124,7 @@ def history_row(e: ReleaseEntry) -> dict[str, str]:
         "rolled back from here": "; ".join(f"{_day(v.at)} (to {v.to[:12]}{_by(v)})" for v in e.rolled_back_from) or "-",
         "rolled back to here": "; ".join(f"{_day(v.at)} (from {(v.previous or 'nothing')[:12]}{_by(v)})"
                                          for v in e.rolled_back_to) or "-",
-        "now": "<- " + "current" if e.current else "",
+        "now": "<- current" if e.current else "",
     }
 
 
@@ -152,7 +153,7 @@ def release_history(hub: HubSection, *, token: str | None, endpoint: str | None 
     return interpret(hub, state, record)
 
 
-def interpret(hub: HubSection, state: RepoState, record) -> ReleaseHistory:
+def interpret(hub: HubSection, state: RepoState, record: Callable[[str], ReleaseRecord | None]) -> ReleaseHistory:
     """The history from a repo's state (pure but for ``record(sha)``, which reads a commit's record)."""
     ref, kind = hub.release_ref, hub.release_ref_kind
     current = state.ref_target(ref, kind)

@@ -29,6 +29,7 @@ from quantize_serve.hub.client import CARD, DEFAULT_RETRY, RetryPolicy
 from quantize_serve.hub.publish import update_model_card
 from quantize_serve.hub.releases import move_release_ref, read_file_at, read_repo_state
 from quantize_serve.recipe.model import HubSection
+from quantize_serve.release.card import scrub_secrets
 from quantize_serve.release.history import ReleaseHistory, rollback_title
 
 SHORT_SHA = re.compile(r"^[0-9a-f]{7,40}$")
@@ -59,8 +60,9 @@ class RollbackRequest(BaseModel):
             error = exc.errors()[0]
             field = {"repo_id": "REPO", "release_ref": "--ref"}.get(str(error["loc"][0]), str(error["loc"][0]))
             value = getattr(self, str(error["loc"][0]), None)
-            raise RecipeError(source, field, value, str(error["msg"]).removeprefix("Value error, "),
-                              "see `quantize-serve releases --help`") from None
+            problem, _, fix = str(error["msg"]).removeprefix("Value error, ").partition(" Fix: ")
+            raise RecipeError(source, field, value, problem.rstrip("."),
+                              fix or "see `quantize-serve releases --help`") from None
 
 
 class RollbackPlan(BaseModel):
@@ -91,6 +93,7 @@ class RollbackResult(BaseModel):
     moved: bool
     note_commit: str | None = None
     at: str
+    reason: str = ""  # as noted on the card (anything that looks like a credential masked)
 
 
 def _refuse(history: ReleaseHistory, to: str, problem: str, fix: str) -> ReleaseRefusedError:
@@ -177,6 +180,7 @@ def apply_rollback(hub: HubSection, plan: RollbackPlan, *, token: str | None, re
                    endpoint: str | None = None, retry: RetryPolicy = DEFAULT_RETRY) -> RollbackResult:
     """Move the ref (only from ``plan.current``), then note the rollback on main's card."""
     at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    reason = scrub_secrets(reason.strip())  # a pasted command line must not publish a token
     if plan.move:
         move_release_ref(hub, plan.target, expected=plan.current, token=token, endpoint=endpoint, retry=retry,
                          message=f"quantize-serve: rolled back to {plan.target} (was {plan.current or 'nothing'})")
@@ -196,4 +200,4 @@ def apply_rollback(hub: HubSection, plan: RollbackPlan, *, token: str | None, re
                             f"({plan.target[:12]}), but the rollback is not noted on the card yet. Re-run "
                             f"`quantize-serve rollback {plan.repo_id} --to {plan.target}` (idempotent) to "
                             "write the note.") from None
-    return RollbackResult(plan=plan, moved=plan.move, note_commit=note_commit, at=at)
+    return RollbackResult(plan=plan, moved=plan.move, note_commit=note_commit, at=at, reason=reason)
