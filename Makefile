@@ -17,7 +17,7 @@ demo: setup
 	@scripts/demo.sh
 
 test: setup
-	@$(PY) -m pytest -v -n auto --dist loadgroup --durations=15 --durations-json=benchmarks/results/test_durations.json
+	@$(PY) -m pytest -v -n auto --durations=15 --durations-json=benchmarks/results/test_durations.json
 
 test-fast: setup
 	@$(PY) -m pytest tests/unit

@@ -84,7 +84,25 @@ def pytest_xdist_auto_num_workers(config):
     return 0 if GPU_MEMORY else 2
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the lane groups added here
+def tier_of(item) -> str | None:
+    return next((part for part in Path(item.fspath).relative_to(ROOT / "tests").parts if part in TIERS), None)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`make test`'s two lanes: the engines tier and the flows tier are one unit of work each, so each
+    runs in one process and keeps its session boots and flow runs shared; every unit test is a unit
+    of its own, run where there is room. (pytest-xdist's own --dist loadgroup would do this with a
+    marker, but with pytest 9 it cannot rename the tests it groups.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TierLanes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            tier = Path(nodeid.split("::")[0]).parts[1:2]
+            return tier[0] if tier and tier[0] in ("engines", "flows") else nodeid
+
+    return TierLanes(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     """Each test gets its tier's marker from its folder: ``unit`` (no engine, no server),
     ``engines`` (the real vLLM, llm-compressor, lm-eval, the Hub client against the local Hub) and
@@ -96,11 +114,9 @@ def pytest_collection_modifyitems(config, items):
     the reason (SERVING_GAPS), and tests/unit/test_cpu_support.py checks that the product refuses
     such a recipe up front; everything else runs, the session's quantized boots included."""
     for item in items:
-        tier = next((part for part in Path(item.fspath).relative_to(ROOT / "tests").parts if part in TIERS), None)
+        tier = tier_of(item)
         if tier:
             item.add_marker(getattr(pytest.mark, tier))
-        if tier in ("engines", "flows"):  # a lane each (--dist loadgroup): their session boots stay shared
-            item.add_marker(pytest.mark.xdist_group(tier))
         if tier == "gpu" and NO_GPU:
             item.add_marker(pytest.mark.skip(reason=NO_GPU))
         for marker, (about, gap) in SERVING_GAPS.items():
@@ -303,8 +319,7 @@ def pytest_sessionstart(session):
 
 
 def pytest_runtest_logreport(report):
-    nodeid = report.nodeid.split("@")[0]  # in two lanes pytest-xdist appends "@<lane group>"
-    row = DURATIONS.setdefault(nodeid, {"seconds": 0.0, "outcome": "passed"})
+    row = DURATIONS.setdefault(report.nodeid, {"seconds": 0.0, "outcome": "passed"})
     row["seconds"] = round(row["seconds"] + report.duration, 2)
     if report.outcome == "failed" or (report.outcome == "skipped" and row["outcome"] == "passed"):
         row["outcome"] = report.outcome  # a skip is reported at setup, a failure at any phase
