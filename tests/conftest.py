@@ -41,9 +41,9 @@ os.environ.pop("PREFECT_API_URL", None)
 # worker crash, tests/engines/test_faults.py) boot vLLM's CPU default; every boot's processes are
 # still a process group that must leave nothing behind (API server + engine core at least).
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-# `make test` runs two lanes on a CPU host (pytest-xdist, pytest_xdist_auto_num_workers below): the
-# flows tier in one, the engines tier in the other, the unit tier wherever there is room. Each lane's
-# vLLM computes on a core of its own (vLLM's CPU default binds every server to the first core).
+# `make test` runs two lanes on a CPU host (pytest-xdist, pytest_xdist_auto_num_workers and LANES
+# below). Each lane's vLLM computes on a core of its own (vLLM's CPU default binds every server to the
+# first core).
 LANE = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1"; None when the suite runs in one process
 GPU_MEMORY = gpu.usable_memory_bytes()  # None: no NVIDIA GPU here
 if LANE and not GPU_MEMORY:
@@ -88,19 +88,22 @@ def tier_of(item) -> str | None:
     return next((part for part in Path(item.fspath).relative_to(ROOT / "tests").parts if part in TIERS), None)
 
 
+# `make test`'s two lanes (pytest-xdist), by test file: each lane runs its files in one process, so its
+# session boots and flow runs stay shared; every other test is a unit of its own, run where there is
+# room. The split balances the lanes' seconds (benchmarks/results/test_durations.json).
+LANES = {"tests/engines/": "engines", "tests/flows/test_formats.py": "engines", "tests/flows/": "flows"}
+
+
 def pytest_xdist_make_scheduler(config, log):
-    """`make test`'s two lanes: the engines tier and the flows tier are one unit of work each, so each
-    runs in one process and keeps its session boots and flow runs shared; every unit test is a unit
-    of its own, run where there is room. (pytest-xdist's own --dist loadgroup would do this with a
-    marker, but with pytest 9 it cannot rename the tests it groups.)"""
+    """The lanes above as pytest-xdist work units (its own --dist loadgroup would group by a marker,
+    but under pytest 9 it cannot rename the tests it groups, and so does not group them)."""
     from xdist.scheduler import LoadScopeScheduling
 
-    class TierLanes(LoadScopeScheduling):
+    class Lanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            tier = Path(nodeid.split("::")[0]).parts[1:2]
-            return tier[0] if tier and tier[0] in ("engines", "flows") else nodeid
+            return next((lane for prefix, lane in LANES.items() if nodeid.startswith(prefix)), nodeid)
 
-    return TierLanes(config, log)
+    return Lanes(config, log)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import gc
 import subprocess
 import sys
@@ -37,12 +38,12 @@ def modules() -> dict[str, Path]:
     return found
 
 
+@functools.cache
 def parse(path: Path) -> ast.Module:
-    """ast.parse with the garbage collector held off. On CPython 3.11.7 (this project's), a finalizer
-    that the collector runs in the middle of the AST's construction (seen: an lm-eval progress bar
-    left open by an earlier test, printing as it was collected) fails the parse with "SystemError: AST
-    constructor recursion depth mismatch" (CPython gh-106905)."""
-    gc.collect()
+    """ast.parse with the garbage collector held off (each file once). On CPython 3.11.7 (this
+    project's), a finalizer that the collector runs in the middle of the AST's construction (seen: an
+    lm-eval progress bar left open by an earlier test, printing as it was collected) fails the parse
+    with "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905)."""
     gc.disable()
     try:
         return ast.parse(path.read_text())
