@@ -223,9 +223,10 @@ def compare_with_production(candidate: ReleaseResults, production: ReleaseResult
                            base.max_concurrency if base else None, gate.min_capacity_ratio,
                            "gates.regression.min_capacity_ratio"))
     concurrency = candidate.stress_concurrency or production.stress_concurrency
-    rows.append(_ratio_row("throughput", f"output tok/s @ concurrency {concurrency}", production.output_throughput,
-                           candidate.output_throughput, None, gate.min_throughput_ratio,
-                           "gates.regression.min_throughput_ratio"))
+    if gate.min_throughput_ratio is not None:  # null: throughput is not compared
+        rows.append(_ratio_row("throughput", f"output tok/s @ concurrency {concurrency}",
+                               production.output_throughput, candidate.output_throughput, None,
+                               gate.min_throughput_ratio, "gates.regression.min_throughput_ratio"))
     return RegressionResult(release_ref=release_ref, production_sha=production_sha, source=source,
                             differences=differences or [], rows=rows)
 

@@ -227,14 +227,18 @@ class RegressionGate(Section):
     min_capacity_ratio: float = Field(
         default=1.0, description="Smallest candidate / production ratio of KV tokens and of max "
         "concurrency at max_model_len (the production boot of each). 1.0: no fewer tokens or requests.")
-    min_throughput_ratio: float = Field(
+    min_throughput_ratio: float | None = Field(
         default=0.8, description="Smallest candidate / production ratio of output tokens per second at the "
         "stress concurrency (vllm bench serve during the stress test). 0.8: at most 20% slower; two runs of "
-        "one checkpoint differed by up to ~13% on an H200, so a tighter limit rejects equal releases.")
+        "one checkpoint differed by up to ~13% on an H200, so a tighter limit rejects equal releases. null: "
+        "throughput is not compared, for a host where it is noise (a CPU shared with other work: two runs "
+        "differed 4x on a 2-core machine running two test lanes).")
 
     @field_validator(*REGRESSION_BOUNDS)
     @classmethod
-    def _in_bounds(cls, value: float, info: ValidationInfo) -> float:
+    def _in_bounds(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is None and info.field_name == "min_throughput_ratio":
+            return None  # not compared
         lo, hi, why = REGRESSION_BOUNDS[info.field_name]
         if not lo <= value <= hi:
             raise ValueError(f"must be between {lo:g} and {hi:g} ({why}); set gates.regression.{info.field_name} "

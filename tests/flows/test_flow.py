@@ -33,10 +33,10 @@ W8A8 = {"quantization.method": "smoothquant-gptq", "quantization.scheme": "W8A8"
 # tests/engines/test_accuracy.py.
 ONE_TASK = {"gates.accuracy.tasks": [{"task": "../evals/tasks/qs_heldout_ppl.yaml", "limit": 20}]}
 # What "no worse than production" means for the releases after the first (a recipe's gates.regression):
-# two runs on one shared 2-core CPU (the suite runs two lanes) differ in throughput by more than the
-# default ratio 0.8 allows, and INT8 and 4-bit weights differ by a few percent in perplexity; the
+# throughput is not compared, since two runs on one 2-core CPU shared by the suite's two lanes differed
+# 4x (426 vs 96 output tok/s), and INT8 and 4-bit weights differ by a few percent in perplexity; the
 # subject is capacity, which vLLM reports exactly.
-NO_WORSE = {"gates.regression.min_throughput_ratio": 0.3, "gates.regression.max_accuracy_drop": 0.05}
+NO_WORSE = {"gates.regression.min_throughput_ratio": None, "gates.regression.max_accuracy_drop": 0.05}
 
 
 @pytest.fixture(scope="module")

@@ -85,6 +85,10 @@ def test_throughput_and_missing_figures():
     assert not row.passed and "x0.750 < 0.80" in row.reason and "@ concurrency 8" in row.measure
     missing = compare(results().model_copy(update={"output_throughput": None}), results())
     assert "not measured for the candidate" in next(r for r in missing.rows if r.kind == "throughput").reason
+    not_compared = compare(results(throughput=100.0), results(throughput=2_400.0),
+                           GATE.model_copy(update={"min_throughput_ratio": None}))
+    assert not any(r.kind == "throughput" for r in not_compared.rows) and not_compared.passed
+    assert RegressionGate(min_throughput_ratio=None).min_throughput_ratio is None  # null in a recipe
 
 
 def test_the_gate_off_is_a_row_that_says_so_and_passes():
