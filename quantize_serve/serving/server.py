@@ -30,7 +30,7 @@ from pydantic import BaseModel
 
 from quantize_serve.core.errors import ServerBootError, ServerUnavailableError
 from quantize_serve.core.processes import group_alive, process_alive
-from quantize_serve.core.settings import get_settings
+from quantize_serve.core.settings import Settings, get_settings
 from quantize_serve.recipe.model import ServeSection
 
 SERVED_NAME = "model"
@@ -340,30 +340,38 @@ def serving_env() -> dict[str, str]:
     return env
 
 
+# A free port is free when it is picked, not always when vLLM binds it a few seconds later: another
+# process on the host (another run, the other test lane) may take it in between. Such a boot starts
+# again on another port.
+PORT_TAKEN = "Address already in use"
+PORT_ATTEMPTS = 3
+
+
 @contextmanager
 def vllm_server(spec: ServerSpec, *, log_path: Path, boot_timeout_s: float | None = None) -> Iterator[RunningServer]:
     """Run a vLLM server for the duration of the block; it is always gone afterwards."""
     settings = get_settings()
     timeout = boot_timeout_s or settings.server_boot_timeout_s
-    host, port = settings.server_host, free_port(settings.server_host)
-    argv = [str(settings.serving_python), "-m", ENTRYPOINT, *spec.vllm_args(), "--host", host, "--port", str(port)]
     if not Path(settings.serving_python).exists():
         raise ServerBootError(f"serving Python {settings.serving_python} does not exist",
                               remedy="run `make setup`, or set QS_SERVING_PYTHON to a Python with vLLM")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    with log_path.open("w") as log:
-        log.write(f"$ {shlex.join(argv)}\n")
-        log.flush()
-        # QS_SERVER_LOG is inherited by every process vLLM starts: leak checks find them by it.
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**serving_env(), "QS_SERVER_LOG": str(log_path)},
-                                preexec_fn=_die_with_parent)
-    guardian = _guard(proc.pid, settings.server_stop_timeout_s)
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        proc, server = _start(spec, settings, log_path, append=attempt > 1)
+        guardian = _guard(proc.pid, settings.server_stop_timeout_s)
+        try:
+            _wait_healthy(proc, server, timeout)
+            break
+        except ServerBootError:
+            stop_process_group(proc, settings.server_stop_timeout_s)
+            guardian.kill()
+            guardian.wait()
+            if PORT_TAKEN not in tail(log_path, 400) or attempt == PORT_ATTEMPTS:
+                raise
+            with log_path.open("a") as log:
+                log.write(f"\n(port {server.port} was taken before vLLM bound it: starting again on another)\n")
     try:
-        server = RunningServer(base_url=f"http://{host}:{port}", port=port, pid=proc.pid,
-                               log_path=str(log_path), command=spec.serve_command(), boot_seconds=0.0)
-        _wait_healthy(proc, server, timeout)
         if spec.warm_up:
             server.warmup_prompt_tokens = _warm_up(proc, server, spec.serve.max_model_len)
         server.boot_seconds = round(time.monotonic() - started, 1)
@@ -372,6 +380,22 @@ def vllm_server(spec: ServerSpec, *, log_path: Path, boot_timeout_s: float | Non
         stop_process_group(proc, settings.server_stop_timeout_s)
         guardian.kill()  # the group is gone; the guardian has nothing left to watch
         guardian.wait()
+
+
+def _start(spec: ServerSpec, settings: Settings, log_path: Path, *,
+           append: bool) -> tuple[subprocess.Popen, RunningServer]:
+    """Start vLLM's OpenAI server on a free port, its output into ``log_path``."""
+    host, port = settings.server_host, free_port(settings.server_host)
+    argv = [str(settings.serving_python), "-m", ENTRYPOINT, *spec.vllm_args(), "--host", host, "--port", str(port)]
+    with log_path.open("a" if append else "w") as log:
+        log.write(f"$ {shlex.join(argv)}\n")
+        log.flush()
+        # QS_SERVER_LOG is inherited by every process vLLM starts: leak checks find them by it.
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**serving_env(), "QS_SERVER_LOG": str(log_path)},
+                                preexec_fn=_die_with_parent)
+    return proc, RunningServer(base_url=f"http://{host}:{port}", port=port, pid=proc.pid, log_path=str(log_path),
+                               command=spec.serve_command(), boot_seconds=0.0)
 
 
 def wait_ready(proc: subprocess.Popen, ready: Callable[[], bool], timeout_s: float,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -71,10 +72,27 @@ class Boot:
 
 @pytest.fixture(scope="module")
 def recipe_boot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Boot]:
-    """The recipe's serve settings: shared by the passing run and, after it, the kill test."""
-    boot = Boot(KV_BYTES, tmp_path_factory.mktemp("recipe-boot") / "vllm.log")
+    """The recipe's serve settings: shared by the passing run and, after it, the kill test. The first
+    port it is given is already taken, as when another process binds a free port before vLLM does:
+    the boot starts again on another (test_a_taken_port_starts_the_boot_again_on_another)."""
+    from quantize_serve.serving import server as serving
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports, real = iter([taken.getsockname()[1]]), serving.free_port
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(serving, "free_port", lambda host="127.0.0.1": next(ports, None) or real(host))
+        boot = Boot(KV_BYTES, tmp_path_factory.mktemp("recipe-boot") / "vllm.log")
+    taken.close()
     yield boot
     boot.close()
+
+
+def test_a_taken_port_starts_the_boot_again_on_another(recipe_boot: Boot) -> None:
+    log = Path(recipe_boot.server.log_path).read_text()
+    assert "Address already in use" in log and "was taken before vLLM bound it" in log
+    assert log.count("$ ") == 2 and recipe_boot.server.healthy()  # two starts; the second serves
 
 
 @pytest.mark.timeout(420)
