@@ -75,7 +75,7 @@ def avx2_host(monkeypatch):
 TIERS = ("unit", "engines", "flows", "gpu")  # tests/<tier>/: the tier is the folder, and so the marker
 # The gpu tier needs an NVIDIA GPU (NVML); elsewhere it is skipped with this reason.
 NO_GPU = None if GPU_MEMORY else ("no NVIDIA GPU here (NVML finds none): the gpu tier runs on a "
-                                                 "GPU host, where `make test` includes it")
+                                  "GPU host, where `make test` includes it")
 
 
 def pytest_xdist_auto_num_workers(config):
