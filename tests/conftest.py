@@ -76,6 +76,15 @@ TIERS = ("unit", "engines", "flows", "gpu")  # tests/<tier>/: the tier is the fo
 # The gpu tier needs an NVIDIA GPU (NVML); elsewhere it is skipped with this reason.
 NO_GPU = None if GPU_MEMORY else ("no NVIDIA GPU here (NVML finds none): the gpu tier runs on a "
                                   "GPU host, where `make test` includes it")
+# On a GPU host `make test` runs the unit and gpu tiers, and of the engines and flows tiers the tests
+# marked ``gpu_host``: those whose subject is how the engine behaves on the device (a boot that cannot
+# fit its KV cache, a refused setting, a cancelled or killed engine and the memory it must give back, a
+# stress test beyond the KV budget). A GPU boots vLLM in about a minute (compile, CUDA graphs) against
+# under half of that on a CPU, so the whole of those tiers would take about 40 minutes there; the rest of
+# them (orchestration, the Hub, the CLI, the gates' arithmetic) does not depend on the device and runs
+# wherever the CPU suite runs, as CI does.
+ON_GPU_HOST_ONLY_MARKED = ("proved by the CPU suite: its subject does not depend on the device (on a GPU "
+                           "host `make test` runs the unit and gpu tiers and the tests marked gpu_host)")
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -110,7 +119,8 @@ def pytest_collection_modifyitems(config, items):
     """Each test gets its tier's marker from its folder: ``unit`` (no engine, no server),
     ``engines`` (the real vLLM, llm-compressor, lm-eval, the Hub client against the local Hub) and
     ``flows`` (Prefect flows against a throwaway Prefect server, tests/flows/conftest.py) and ``gpu``
-    (what only a GPU host proves; skipped elsewhere with the reason).
+    (what only a GPU host proves; skipped elsewhere with the reason). On a GPU host only the engines
+    and flows tests marked ``gpu_host`` run (ON_GPU_HOST_ONLY_MARKED says why).
 
     Tests marked ``w4a16_serving`` or ``fp8_kv_serving`` serve a W4A16 checkpoint or an fp8 KV cache
     with the real vLLM on purpose. Where this CPU's vLLM has no such kernels they are skipped with
@@ -122,6 +132,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, tier))
         if tier == "gpu" and NO_GPU:
             item.add_marker(pytest.mark.skip(reason=NO_GPU))
+        if GPU_MEMORY and tier in ("engines", "flows") and not item.get_closest_marker("gpu_host"):
+            item.add_marker(pytest.mark.skip(reason=ON_GPU_HOST_ONLY_MARKED))
         for marker, (about, gap) in SERVING_GAPS.items():
             if gap and item.get_closest_marker(marker):
                 item.add_marker(pytest.mark.skip(reason=f"about {about}, which vLLM cannot serve here: {gap}"))

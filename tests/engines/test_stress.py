@@ -156,9 +156,10 @@ def test_killed_server_fails_fast_and_leaves_nothing(recipe_boot: Boot, tmp_path
     assert not leftovers, leftovers
 
 
+@pytest.mark.gpu_host
 @pytest.mark.timeout(420)
 def test_profile_beyond_kv_budget_fails_with_preemptions(tmp_path: Path) -> None:
-    # 8 KV blocks of 128 tokens hold 2 requests of 380 tokens; the profile runs 16 at once that
+    # 8 KV blocks of 128 tokens (64 of 16 on a GPU) hold 2 requests of 380 tokens; the profile runs 16 at once that
     # grow to 144-380 tokens each (2,300+ tokens in all), so the scheduler must preempt.
     profile = StressGate(concurrency=16, num_requests=16, max_duration_s=240, prompt_tokens=[16],
                             output_tokens=[128], long_prompt_share=0.5, overlong_prompts=1,

@@ -8,15 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from quantize_serve.recipe.load import load_recipe
-from quantize_serve.recipe.model import Recipe
 from quantize_serve.serving import gpu
-from quantize_serve.serving.host import GPU_OVERRIDES
-from tests.conftest import ROOT
-
-
-def gpu_recipe(name: str = "tiny-llama-awq") -> Recipe:
-    return load_recipe(ROOT / "recipes" / f"{name}.yaml", GPU_OVERRIDES)
 
 
 @pytest.fixture
