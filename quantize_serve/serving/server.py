@@ -244,11 +244,13 @@ REMEDIES: list[tuple[re.Pattern[str], str]] = [
 ]
 
 
-ERROR_LINE = re.compile(r"^(?:.*\] )?((?:[\w.]+Error|[\w.]+Exception): .+)$", re.M)
+# vLLM's multiprocess logs prefix each line with its process, e.g. "(APIServer pid=3179) ".
+PROCESS_PREFIX = r"(?:\(\w+ pid=\d+\) )?"
+ERROR_LINE = re.compile(r"^" + PROCESS_PREFIX + r"(?:.*\] )?((?:[\w.]+Error|[\w.]+Exception): .+)$", re.M)
 # argparse refusing a flag or a value: "api_server.py: error: unrecognized arguments: --x"
 ARGPARSE_ERROR = re.compile(r"^[\w.-]+: (error: .+)$", re.M)
 # pydantic puts the reason on the line after "N validation error(s) for ModelConfig"
-PYDANTIC_REASON = re.compile(r"\n\s+Value error, ([^\n]+?)(?:\. |\s*\[type=|\n|$)")
+PYDANTIC_REASON = re.compile(r"\n" + PROCESS_PREFIX + r"\s*Value error, ([^\n]+?)(?:\. |\s*\[type=|\n|$)")
 
 
 def root_cause(log_text: str) -> str:

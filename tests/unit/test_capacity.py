@@ -12,7 +12,7 @@ from quantize_serve.capacity.measure import (
     published_serve_command,
 )
 from quantize_serve.serving.boot import Boot
-from quantize_serve.serving.server import ServerSpec, remedy_for
+from quantize_serve.serving.server import ServerSpec, remedy_for, root_cause
 from tests.conftest import ROOT
 
 
@@ -21,6 +21,19 @@ def test_remedies_match_what_vllm_says():
         "... Based on the available memory, the estimated maximum model length is 384. Try ...")
     assert "raise serve.gpu_memory_utilization" in remedy_for("No available memory for the cache blocks.")
     assert "enforce_eager" in remedy_for("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate")
+
+
+def test_the_cause_is_found_under_vllms_process_prefix():
+    # vLLM 0.26 (CUDA) as the H200 logged a refused max_model_len: every line carries its process
+    log = ("(APIServer pid=3179)            ^^^^^^^^^^^^\n"
+           "(APIServer pid=3179) pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+           "(APIServer pid=3179)   Value error, User-specified max_model_len (2048) is greater than the derived "
+           "max_model_len (max_position_embeddings=1024.0 or model_max_length=None in model's config.json). "
+           "To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. [type=value_error]\n")
+    cause = root_cause(log)
+    assert cause.startswith("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig: "
+                            "User-specified max_model_len (2048) is greater than the derived"), cause
+    assert "at most 1024" in remedy_for(log)
 
 
 def test_serve_command_is_what_runs(awq_recipe, base_model_dir):
