@@ -165,7 +165,7 @@ def test_the_tiny_moe_reference_files_are_what_training_recorded():
 
 
 def test_the_tiny_moe_loads_and_knows_its_world():
-    """The committed weights, loaded by transformers, pick the right answer of the first 40 facts_mc rows
+    """The committed weights, loaded by transformers, pick the right answer of the first 16 facts_mc rows
     far more often than chance (0.25), scored as reference/train.py and lm-eval score them."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -173,8 +173,8 @@ def test_the_tiny_moe_loads_and_knows_its_world():
 
     model = transformers.AutoModelForCausalLM.from_pretrained(MOE_DIR, dtype=torch.bfloat16).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(MOE_DIR)
-    rows = [json.loads(line) for line in (ROOT / "data" / "evals" / "facts_mc.jsonl").read_text().splitlines()[:40]]
+    rows = [json.loads(line) for line in (ROOT / "data" / "evals" / "facts_mc.jsonl").read_text().splitlines()[:16]]
     with torch.no_grad():
         right = sum(max(range(len(r["choices"])), key=lambda i: continuation_logprob(
             model, tokenizer, r["query"], r["choices"][i])) == r["gold"] for r in rows)
-    assert right / len(rows) >= 0.6, right
+    assert right / len(rows) >= 0.75, right
