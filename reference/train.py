@@ -111,7 +111,7 @@ ARCHITECTURE = {
 # dense layer) and kept at the dense model's width, which group 128 also divides. The router's
 # load-balancing loss (coefficient 0.01) keeps every expert in use.
 MOE_ARCHITECTURE = {
-    **{k: v for k, v in ARCHITECTURE.items()},
+    **ARCHITECTURE,
     "moe_intermediate_size": 128,
     "num_experts": 8,
     "num_experts_per_tok": 2,
