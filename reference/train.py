@@ -1,20 +1,32 @@
-"""Train the project's tiny reference tokenizer and Llama model on the synthetic corpus.
+"""Train the project's tiny reference tokenizer and models on the synthetic corpus.
 
-The pipeline needs a real ``LlamaForCausalLM`` checkpoint to quantize, serve and
-evaluate, and no model hub is reachable here. This script makes one from scratch,
-deterministically, in about eight minutes on a 2-core CPU:
+The pipeline needs real checkpoints to quantize, serve and evaluate, and no model hub is
+reachable here. This script makes one from scratch, deterministically, in about eight
+minutes on a 2-core CPU, for either reference architecture (``--arch``):
+
+- ``llama``: a dense ``LlamaForCausalLM`` (``models/tiny-llama``);
+- ``qwen3-moe``: a mixture of experts, ``Qwen3MoeForCausalLM`` (``models/tiny-qwen3-moe``): the
+  same attention, and in every layer 8 routed experts of width 128 (top-2) behind a router,
+  trained with the router's load-balancing loss so every expert learns.
+
+Steps:
 
 1. a byte-level BPE tokenizer (1024 tokens) trained with ``tokenizers`` on
    ``data/corpus/train.txt``, saved as a ``PreTrainedTokenizerFast`` with a chat template;
-2. a 4-layer GQA Llama (hidden 128) trained in float32 with AdamW + warmup/cosine,
+2. a 4-layer GQA model (hidden 128) trained in float32 with AdamW + warmup/cosine,
    saved in bfloat16 safetensors (every linear dim is a multiple of 32 and every
    quantized linear's ``in_features`` divides by 128, which W4A16 group-128 kernels need);
 3. held-out perplexity and ``facts_mc`` accuracy of the *saved* bf16 model, written to
-   ``benchmarks/results/reference_model.json`` next to a model card and SHA256SUMS.
+   ``benchmarks/results/reference_model.json`` (``reference_moe.json``) next to a model
+   card and SHA256SUMS.
+
+Both architectures share the tokenizer (trained the same way on the same text, so the
+same merges) and the training data.
 
 Usage::
 
     python -m reference.train --data data/ --out models/tiny-llama
+    python -m reference.train --arch qwen3-moe --data data/ --out models/tiny-qwen3-moe
 """
 
 from __future__ import annotations
@@ -25,8 +37,9 @@ import math
 import os
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 # The BPE trainer counts pairs in parallel; pinning one thread keeps merges reproducible.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -34,11 +47,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
 from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
     AutoTokenizer,
     GenerationConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    PreTrainedModel,
     PreTrainedTokenizerFast,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 from quantize_serve.core.digest import file_sha256  # noqa: E402
@@ -51,6 +68,7 @@ TRAIN_SEQ_LEN = 512  # training windows: a passkey document of up to ~470 tokens
 BATCH_SIZE = 8
 # A step count, not a timer, keeps the weights reproducible (8 x 512 tokens a step).
 DEFAULT_STEPS = 1200
+MOE_STEPS = 600
 PEAK_LR = 3e-3
 MIN_LR_RATIO = 0.1
 WARMUP_STEPS = 30
@@ -85,6 +103,50 @@ ARCHITECTURE = {
     "max_position_embeddings": MODEL_MAX_LENGTH,
     "tie_word_embeddings": False,
     "rope_theta": 10000.0,
+}
+
+# The mixture of experts: the same attention, embeddings and head; each layer's MLP is 8 routed
+# experts of width 128 (a multiple of 128: W4A16 group 128 divides every expert's down_proj), 2 per
+# token, with normalised top-k weights (Qwen3-30B-A3B's routing). intermediate_size is unused (no
+# dense layer) and kept at the dense model's width, which group 128 also divides. The router's
+# load-balancing loss (coefficient 0.01) keeps every expert in use.
+MOE_ARCHITECTURE = {
+    **ARCHITECTURE,
+    "moe_intermediate_size": 128,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "router_aux_loss_coef": 0.01,
+}
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One reference architecture: its transformers classes, its numbers and where it goes."""
+
+    name: str  # the --arch value
+    folder: str  # models/<folder>
+    config_class: type
+    model_class: type
+    architecture: dict[str, Any]
+    results: str  # benchmarks/results/<results>
+    train_kwargs: dict[str, Any]  # extra forward arguments while training
+    description: str  # the model card's first paragraph (after the parameter count)
+    steps: int  # the default step count (a count, not a timer: the weights stay reproducible)
+
+
+REFERENCES = {
+    "llama": Reference(
+        "llama", "tiny-llama", LlamaConfig, LlamaForCausalLM, ARCHITECTURE, "reference_model.json", {},
+        "`LlamaForCausalLM`", DEFAULT_STEPS),
+    "qwen3-moe": Reference(
+        "qwen3-moe", "tiny-qwen3-moe", Qwen3MoeConfig, Qwen3MoeForCausalLM, MOE_ARCHITECTURE,
+        "reference_moe.json", {"output_router_logits": True},  # the load-balancing loss joins the loss
+        # Fewer steps than the dense model: a step costs more (the experts' loop), and the 2-core build
+        # machine is shared; 600 steps still learn the world (benchmarks/results/reference_moe.json).
+        "mixture-of-experts `Qwen3MoeForCausalLM`", MOE_STEPS),
 }
 
 
@@ -131,10 +193,10 @@ def encode_documents(tokenizer: PreTrainedTokenizerFast, paragraphs: Sequence[st
 # Model and data
 # ---------------------------------------------------------------------------
 
-def build_config() -> LlamaConfig:
-    """The fixed reference architecture (see ARCHITECTURE), stored as bf16."""
-    return LlamaConfig(
-        **ARCHITECTURE, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+def build_config(ref: Reference = REFERENCES["llama"]):
+    """The fixed reference architecture (see ARCHITECTURE, MOE_ARCHITECTURE), stored as bf16."""
+    return ref.config_class(
+        **ref.architecture, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
         dtype="bfloat16",
     )
 
@@ -176,10 +238,11 @@ def lr_at(step: int, steps: int) -> float:
     return PEAK_LR * (MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train_model(docs: Sequence[list[int]], steps: int, seed: int) -> tuple[LlamaForCausalLM, float, list[float]]:
+def train_model(docs: Sequence[list[int]], steps: int, seed: int,
+                ref: Reference = REFERENCES["llama"]) -> tuple[PreTrainedModel, float, list[float]]:
     """Train from scratch in float32; returns the model, wall seconds and the loss curve."""
     seed_everything(seed)
-    model = LlamaForCausalLM(build_config()).float()
+    model = ref.model_class(build_config(ref)).float()
     model.train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -192,7 +255,7 @@ def train_model(docs: Sequence[list[int]], steps: int, seed: int) -> tuple[Llama
     for step, batch in enumerate(packed_batches(docs, steps, seed)):
         for group in optim.param_groups:
             group["lr"] = lr_at(step, steps)
-        loss = model(input_ids=batch, labels=batch.masked_fill(batch == PAD_ID, -100)).loss
+        loss = model(input_ids=batch, labels=batch.masked_fill(batch == PAD_ID, -100), **ref.train_kwargs).loss
         optim.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -205,7 +268,7 @@ def train_model(docs: Sequence[list[int]], steps: int, seed: int) -> tuple[Llama
     return model, time.perf_counter() - start, losses
 
 
-def save_model(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path) -> None:
+def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, out: Path) -> None:
     """bf16 safetensors + tokenizer + generation config: what vLLM and llm-compressor load."""
     out.mkdir(parents=True, exist_ok=True)
     model = model.to(torch.bfloat16)
@@ -233,15 +296,15 @@ def _portable_tokenizer_class(path: Path) -> None:
 # Evaluation of the saved checkpoint
 # ---------------------------------------------------------------------------
 
-def load_saved(out: Path) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
+def load_saved(out: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """Reload from disk so the figures describe the committed bf16 files, not RAM state."""
-    model = LlamaForCausalLM.from_pretrained(out, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16)
     model.eval()
     return model, AutoTokenizer.from_pretrained(out)
 
 
 @torch.no_grad()
-def heldout_perplexity(model: LlamaForCausalLM, docs: Sequence[list[int]]) -> tuple[float, int]:
+def heldout_perplexity(model: PreTrainedModel, docs: Sequence[list[int]]) -> tuple[float, int]:
     """exp(mean token NLL) over the packed held-out stream in non-overlapping SEQ_LEN windows."""
     stream = torch.tensor([t for d in docs for t in d], dtype=torch.long)
     total_nll, total_tokens = 0.0, 0
@@ -258,7 +321,7 @@ def heldout_perplexity(model: LlamaForCausalLM, docs: Sequence[list[int]]) -> tu
 
 
 @torch.no_grad()
-def continuation_logprob(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast,
+def continuation_logprob(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast,
                          query: str, choice: str) -> float:
     """Sum log p(choice | query), splitting tokens the way lm-eval does (whole minus context)."""
     context = tokenizer(query)["input_ids"]
@@ -269,7 +332,7 @@ def continuation_logprob(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizer
     return logp[len(context) - 1:].gather(1, targets.unsqueeze(1)).sum().item()
 
 
-def mc_accuracy(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast, path: Path) -> float:
+def mc_accuracy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, path: Path) -> float:
     """Fraction of rows whose gold choice has the highest summed continuation log-prob."""
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     correct = 0
@@ -290,28 +353,42 @@ def write_sha256sums(folder: Path) -> None:
     (folder / "SHA256SUMS").write_text("".join(lines), encoding="utf-8")
 
 
-def write_model_card(folder: Path, results: dict, command: str) -> None:
+def write_model_card(folder: Path, results: dict, command: str,
+                     ref: Reference = REFERENCES["llama"]) -> None:
     """Short model card: what this is, how to rebuild it, and where its data came from."""
     cfg = results["config"]
+    moe = "num_experts" in cfg
+    tags = "[qwen3_moe, mixture-of-experts, tiny" if moe else "[llama, tiny"
+    params = (f"{results['params']:,}-parameter ({results['active_params']:,} active per token)" if moe
+              else f"{results['params']:,}-parameter")
+    experts = (f"""
+- Mixture of experts: in each of the {cfg['num_hidden_layers']} layers {cfg['num_experts']} routed experts
+  (gated MLPs of width {cfg['moe_intermediate_size']}), {cfg['num_experts_per_tok']} per token with normalised
+  top-k weights, behind a router (`mlp.gate`, hidden -> experts, kept 16-bit by quantization); trained with
+  the router's load-balancing loss (coefficient {cfg['router_aux_loss_coef']:g}). Share of held-out tokens
+  each expert receives (layer by layer, top-{cfg['num_experts_per_tok']} picks):
+  {'; '.join(' '.join(f'{x:.2f}' for x in layer) for layer in results['expert_load'])}.""" if moe else "")
+    intermediate = (f"expert width {cfg['moe_intermediate_size']}" if moe
+                    else f"intermediate {cfg['intermediate_size']}")
     text = f"""---
 library_name: transformers
 pipeline_tag: text-generation
-tags: [llama, tiny, synthetic, reference, test-fixture]
+tags: {tags}, synthetic, reference, test-fixture]
 ---
 
-# tiny-llama (quantize-serve reference model)
+# {folder.name} (quantize-serve reference model)
 
-A {results['params']:,}-parameter `LlamaForCausalLM` trained from scratch by this project
+A {params} {ref.description} trained from scratch by this project
 as a fixture for the quantize -> serve -> evaluate pipeline. It knows only a small
 invented world (people, cities, pets, foods, jobs, small sums, days and months); it is not
 a general language model.
 
-- Architecture: hidden {cfg['hidden_size']}, intermediate {cfg['intermediate_size']},
+- Architecture: hidden {cfg['hidden_size']}, {intermediate},
   {cfg['num_hidden_layers']} layers, {cfg['num_attention_heads']} attention heads with
   {cfg['num_key_value_heads']} KV heads (GQA), head_dim {cfg['head_dim']},
   vocab {cfg['vocab_size']} (byte-level BPE), max positions {cfg['max_position_embeddings']},
   untied embeddings, rope_theta {cfg['rope_theta']:g}. Every linear dimension is a multiple
-  of 32 and every quantized linear's in_features divides by 128 (W4A16 group 128).
+  of 32 and every quantized linear's in_features divides by 128 (W4A16 group 128).{experts}
 - Weights: bfloat16 safetensors. Tokenizer: `<s>` is prepended, `</s>` ends a document,
   `<pad>` pads; the chat template renders `User: ...` / `Assistant: ...` turns.
 - Held-out perplexity: {results['heldout_ppl']:.3f}: {results['method']}
@@ -347,7 +424,39 @@ distributed under the same license as the quantize-serve repository.
 # Entry point
 # ---------------------------------------------------------------------------
 
-def run(data: Path, out: Path, results_path: Path, steps: int, seed: int) -> dict:
+@torch.no_grad()
+def expert_load(model: PreTrainedModel, docs: Sequence[list[int]]) -> list[list[float]]:
+    """Per sparse layer, the share of the top-k picks each expert receives over the held-out text
+    (1 / num_experts each when balanced): shows the router learned to use every expert."""
+    counts: dict[int, torch.Tensor] = {}
+
+    def count(index: int):
+        def hook(module, args, output):
+            picks = output[2].flatten()  # (router logits, weights, indices)
+            counts[index] = counts.get(index, 0) + torch.bincount(picks, minlength=module.num_experts)
+        return hook
+
+    hooks = [layer.mlp.gate.register_forward_hook(count(i)) for i, layer in enumerate(model.model.layers)]
+    try:
+        heldout_perplexity(model, docs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return [[round(x, 4) for x in (c / c.sum()).tolist()] for _, c in sorted(counts.items())]
+
+
+def active_parameters(model: PreTrainedModel) -> int:
+    """Parameters one token passes through: all but the routed experts it is not sent to."""
+    cfg = model.config
+    total = sum(p.numel() for p in model.parameters())
+    if not getattr(cfg, "num_experts", 0):
+        return total
+    experts = sum(p.numel() for layer in model.model.layers for p in layer.mlp.experts.parameters())
+    return total - experts + experts * cfg.num_experts_per_tok // cfg.num_experts
+
+
+def run(data: Path, out: Path, results_path: Path, steps: int, seed: int,
+        ref: Reference = REFERENCES["llama"]) -> dict:
     """Tokenizer -> model -> save -> evaluate the saved files -> provenance."""
     # A fixed thread count: CPU GEMM reduction order (hence the last bits) depends on it.
     torch.set_num_threads(TORCH_THREADS)
@@ -357,9 +466,10 @@ def run(data: Path, out: Path, results_path: Path, steps: int, seed: int) -> dic
     docs = encode_documents(tokenizer, train_pars + read_paragraphs(data / "corpus" / "passkey_train.txt"))
     print(f"train: {len(docs)} documents, {sum(map(len, docs))} tokens", flush=True)
     load_before = os.getloadavg()[0]
-    model, train_seconds, losses = train_model(docs, steps, seed)
+    model, train_seconds, losses = train_model(docs, steps, seed, ref)
     load_after = os.getloadavg()[0]
     params = sum(p.numel() for p in model.parameters())
+    active = active_parameters(model)
     save_model(model, tokenizer, out)
     del model
 
@@ -368,8 +478,12 @@ def run(data: Path, out: Path, results_path: Path, steps: int, seed: int) -> dic
     acc = mc_accuracy(saved, saved_tok, data / "evals" / "facts_mc.jsonl")
     passkey = {name: round(mc_accuracy(saved, saved_tok, data / "evals" / f"passkey_{name}.jsonl"), 4)
                for name in PASSKEY_LENGTHS}
+    moe = {"active_params": active,
+           "expert_load": expert_load(saved, encode_documents(saved_tok, heldout_pars))} if active != params else {}
     results = {
+        "architecture": ref.model_class.__name__,
         "params": params,
+        **moe,
         "vocab_size": VOCAB_SIZE,
         "heldout_ppl": round(ppl, 4),
         "facts_mc_accuracy": round(acc, 4),
@@ -384,13 +498,14 @@ def run(data: Path, out: Path, results_path: Path, steps: int, seed: int) -> dic
         "torch_threads": TORCH_THREADS,
         # train_seconds is wall time on a shared machine: the load shows how busy it was.
         "cpu_load_1m_before_after": [round(load_before, 2), round(load_after, 2)],
-        "config": ARCHITECTURE,
+        "config": ref.architecture,
         "method": ("exp(mean token NLL) of the saved bf16 checkpoint over data/corpus/heldout.txt, "
                    "each paragraph encoded as <s> text </s>, concatenated and scored in "
                    f"non-overlapping {SEQ_LEN}-token windows (first token of each window not scored)."),
     }
-    command = f"python -m reference.train --data {data}/ --out {out}"
-    write_model_card(out, results, command.replace("//", "/"))
+    arch = "" if ref.name == "llama" else f" --arch {ref.name}"
+    command = f"python -m reference.train{arch} --data {data}/ --out {out}"
+    write_model_card(out, results, command.replace("//", "/"), ref)
     results["sha256"] = file_sha256(out / "model.safetensors")
     write_sha256sums(out)
     results_path.parent.mkdir(parents=True, exist_ok=True)
@@ -401,14 +516,20 @@ def run(data: Path, out: Path, results_path: Path, steps: int, seed: int) -> dic
 def main(argv: Sequence[str] | None = None) -> None:
     """CLI entry: ``python -m reference.train --data data/ --out models/tiny-llama``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", choices=sorted(REFERENCES), default="llama",
+                        help="llama: the dense tiny-llama; qwen3-moe: the mixture of experts tiny-qwen3-moe")
     parser.add_argument("--data", type=Path, default=Path("data"))
-    parser.add_argument("--out", type=Path, default=Path("models/tiny-llama"))
-    parser.add_argument("--results", type=Path, default=Path("benchmarks/results/reference_model.json"))
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
+    parser.add_argument("--out", type=Path, help="default: models/tiny-llama or models/tiny-qwen3-moe")
+    parser.add_argument("--results", type=Path, help="default: benchmarks/results/reference_model.json "
+                        "or reference_moe.json")
+    parser.add_argument("--steps", type=int, help=f"default: {DEFAULT_STEPS} (llama), {MOE_STEPS} (qwen3-moe)")
     parser.add_argument("--seed", type=int, default=SEED)
     args = parser.parse_args(argv)
-    results = run(args.data, args.out, args.results, args.steps, args.seed)
-    print(json.dumps({k: v for k, v in results.items() if k not in ("config", "method")}, indent=2))
+    ref = REFERENCES[args.arch]
+    out = args.out or Path("models") / ref.folder
+    results_path = args.results or Path("benchmarks/results") / ref.results
+    results = run(args.data, out, results_path, args.steps or ref.steps, args.seed, ref)
+    print(json.dumps({k: v for k, v in results.items() if k not in ("config", "method", "expert_load")}, indent=2))
 
 
 if __name__ == "__main__":

@@ -178,6 +178,13 @@ def quantize_logs() -> dict[str, list[str]]:
     return QUANTIZE_LOGS
 
 
+def safetensors_tensors(path: Path) -> dict[str, tuple[str, list[int]]]:
+    """name -> (dtype, shape) of every tensor in a .safetensors file, from its JSON header alone (no torch)."""
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return {k: (v["dtype"], v["shape"]) for k, v in header.items() if k != "__metadata__"}
+
+
 def _quantize(recipe_path: Path, log=lambda _: None, overrides: dict | None = None):
     from quantize_serve.quantize.run import quantize_model
     from quantize_serve.validate.preflight import resolve_base, validate_recipe

@@ -31,6 +31,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from quantize_serve.capacity import planner
+from quantize_serve.capacity.plan_table import ModelSummary
 from quantize_serve.core.errors import GateError
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.serving.boot import Boot
@@ -86,6 +87,9 @@ class CapacityReport(BaseModel):
     # Why this host's vLLM has no fp8 KV cache (a CPU without AVX-512), when the production boot
     # therefore serves a 16-bit one: the table's fp8-KV row says so instead of a measurement.
     fp8_kv_unavailable: str | None = None
+    # The base model's parameters, total and active per token (None: a report made before they were
+    # recorded, or a config the planner cannot model).
+    model: ModelSummary | None = None
 
     def by_name(self, name: Boot) -> CapacityConfig:
         return next(c for c in self.configs if c.name == name)
@@ -115,6 +119,7 @@ class CapacityReport(BaseModel):
                    f"x{self.fp8_token_ratio:.3f}.")
         rows += [
             "",
+            *([self.model.parameters_line(), ""] if self.model else []),
             f"Memory freed by quantization: {self.freed_weight_bytes / GIB:.4f} GiB "
             f"({self.freed_weight_bytes:,} bytes). Capacity over {Boot.BASE}: {Boot.QUANTIZED_16BIT_KV} "
             f"x{self.gain_quantized:.2f}, {fp8}",
@@ -329,6 +334,7 @@ def summarize_capacity(recipe: Recipe, configs: list[CapacityConfig], base_confi
         gain_fp8=None if fp8_kv_unavailable else round(c.kv_cache_tokens / max(a.kv_cache_tokens, 1), 4),
         planner=checks,
         fp8_kv_unavailable=fp8_kv_unavailable,
+        model=ModelSummary.of(planner.ModelShape.from_config(base_config)),
     )
 
 

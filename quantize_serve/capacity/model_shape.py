@@ -334,7 +334,10 @@ def _read(data: Mapping[str, Any], source: str) -> ModelShape:
     max_pos = r.int("max_position_embeddings", default=2048, why="the longest request")
     experts, per_token, expert_size, moe_layers, shared = 0, 0, 0, 0, 0
     if arch.experts:
-        experts = r.int(arch.experts, default=0, minimum=0, why="the routed experts")
+        # transformers 5 saves Qwen MoE configs with num_local_experts (its attribute_map's name for
+        # num_experts); the Hub's configs, written by transformers 4, say num_experts.
+        key = "num_local_experts" if arch.experts not in data and "num_local_experts" in data else arch.experts
+        experts = r.int(key, default=0, minimum=0, why="the routed experts")
     if experts:
         per_token = r.int("num_experts_per_tok", why="the experts each token passes through")
         if per_token > experts:

@@ -52,6 +52,14 @@ class ModelSummary(BaseModel):
                    shared_expert_intermediate_size=shape.shared_expert_intermediate_size,
                    num_layers=shape.num_layers)
 
+    def parameters_line(self) -> str:
+        """Total and active parameters in one line (equal for a dense model): what the capacity table,
+        the report and the model card say about the model's size."""
+        kind = (f"mixture of experts: {self.num_experts_per_tok} of {self.num_experts} routed experts per token"
+                if self.num_moe_layers else "dense: every parameter is active")
+        return (f"Parameters: {_count(self.total_parameters)} total, {_count(self.active_parameters)} active "
+                f"per token ({kind}).")
+
 
 class PlanTable(BaseModel):
     """The three configurations the project compares, with what quantization frees."""
@@ -175,7 +183,8 @@ def _model_lines(table: PlanTable) -> list[str]:
     if m is None:
         return []
     if not m.num_moe_layers:
-        return [f"Model: {m.architecture}, {_count(m.total_parameters)} parameters (dense)."]
+        return [f"Model: {m.architecture}, {_count(m.total_parameters)} parameters, "
+                f"{_count(m.active_parameters)} active per token (dense)."]
     shared = ", and a shared expert" if m.shared_expert_intermediate_size else ""
     lines = [f"Model: {m.architecture}, mixture of experts: {_count(m.total_parameters)} parameters, "
              f"{_count(m.active_parameters)} active per token ({m.num_experts} experts in "

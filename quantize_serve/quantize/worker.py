@@ -56,6 +56,7 @@ def main(spec_path: str) -> None:
     import torch
     from datasets import Dataset
     from llmcompressor import oneshot
+    from llmcompressor.modeling.moe.linearize import linearize_moe
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     workarounds = ["skip pin_memory without accelerator"] if skip_pinning_without_accelerator() else []
@@ -75,6 +76,14 @@ def main(spec_path: str) -> None:
           f"{sum(len(x) for x in encoded['input_ids'])} tokens", flush=True)
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=recipe.model.dtype, trust_remote_code=trust)
+    # Mixtures of experts: llm-compressor's own MoE support. linearize_moe turns each layer's fused
+    # experts (3D tensors) into one Linear per expert's gate/up/down projection, which the modifiers
+    # quantize and the checkpoint stores per expert (what vLLM's MoE kernels load); with
+    # moe_calibrate_all_experts every calibration token also passes through every expert, so an expert
+    # the router seldom picks is still calibrated (the layer's output stays routed as trained). A dense
+    # model is left as it is. (Its load-time variant, load_quantizable_moe, patches transformers in a
+    # way that imports every model module, vision ones included, which fails without torchvision.)
+    linearize_moe(model)
     oneshot(
         model=model,
         dataset=dataset,
@@ -83,6 +92,7 @@ def main(spec_path: str) -> None:
         max_seq_length=recipe.calibration.max_seq_len,
         batch_size=recipe.calibration.batch_size,
         shuffle_calibration_samples=False,  # already shuffled with the recipe's seed
+        moe_calibrate_all_experts=True,  # llm-compressor's default, stated: the run depends on it
     )
     model.save_pretrained(out, save_compressed=True)
     tokenizer.save_pretrained(out)

