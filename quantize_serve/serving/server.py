@@ -356,9 +356,11 @@ def compile_cache_root() -> Path:
 # vllm_server() for the same log path hands it its argv instead of starting a new process. It is
 # the same process vLLM's own entry point would be (`python -m ENTRYPOINT ...` = runpy of the
 # module), in its own process group, with the same environment, log and stop.
+PREPARED_MARK = "(quantize-serve: vLLM's server module imported ahead of this boot)"
 PREPARED = f"""\
 import json, runpy, sys
 import {ENTRYPOINT}
+print({PREPARED_MARK!r}, flush=True)
 line = sys.stdin.readline()
 if not line:
     sys.exit(0)
