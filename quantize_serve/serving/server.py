@@ -381,7 +381,9 @@ def prepare_server(log_path: Path) -> None:
     if not settings.prepare_boots or key in _prepared or not Path(settings.serving_python).exists():
         return
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("w") as log:  # the imports' warnings go at the top of the boot's log
+    log_path.write_text("")
+    # appending (O_APPEND): the boot's own lines, written later by the pipeline, are never overwritten
+    with log_path.open("a") as log:  # the imports' warnings go at the top of the boot's log
         _prepared[key] = subprocess.Popen(
             [str(settings.serving_python), "-c", PREPARED], stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.PIPE, env={**serving_env(), "QS_SERVER_LOG": key}, preexec_fn=_die_with_parent)
@@ -455,8 +457,13 @@ def _start(spec: ServerSpec, settings: Settings, log_path: Path, *,
         log.write(f"$ {shlex.join(argv)}\n")
         log.flush()
         if prepared is not None:  # imports done already (prepare_server): give it its command line
-            prepared.stdin.write((json.dumps(argv[3:]) + "\n").encode())
-            prepared.stdin.close()
+            try:
+                prepared.stdin.write((json.dumps(argv[3:]) + "\n").encode())
+                prepared.stdin.close()
+            except OSError:  # it ended since: start afresh below
+                stop_process_group(prepared, settings.server_stop_timeout_s)
+                prepared = None
+        if prepared is not None:
             return prepared, RunningServer(base_url=f"http://{host}:{port}", port=port, pid=prepared.pid,
                                            log_path=str(log_path), command=spec.serve_command(), boot_seconds=0.0)
         # QS_SERVER_LOG is inherited by every process vLLM starts: leak checks find them by it.
