@@ -103,6 +103,7 @@ def one_run(stack: Any, res: Results, name: str, *, overrides: dict[str, Any], e
         "tasks": [t.get("task") for t in overrides.get("gates.accuracy.tasks", [])],
         "accuracy_task_seconds": {},
         "boots": boot_logs(run_dir) if run_dir else [],
+        "boot_seconds": {c["name"]: c["boot_seconds"] for c in (report.get("capacity") or {}).get("configs", [])},
         "base_reused_from": report.get("base_reused_from"),
         "decision": "passed" if decision.get("passed") else ("rejected" if decision else None),
         "environment": env, "overrides": overrides,
