@@ -24,7 +24,7 @@ the host's load average during the measurement. Both paths share one ``VLLM_CACH
 by an untimed boot before the first round.
 
     .venv/bin/python benchmarks/pipeline_vs_manual.py --rounds 2    # the measurement
-    .venv/bin/python benchmarks/pipeline_vs_manual.py --rounds 1 --out /tmp/smoke.json   # a smoke run
+    .venv/bin/python benchmarks/pipeline_vs_manual.py --rounds 1 --out OUT.json    # a smoke run
 """
 
 from __future__ import annotations
