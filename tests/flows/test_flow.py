@@ -379,9 +379,19 @@ def test_cancel_from_the_ui_stops_vllm_and_promotes_nothing(stack):
         zip(("rc", "output", "run_id"), stack.run_deployment("tiny-awq", timeout=540))), daemon=True)
     started = time.monotonic()
     runner.start()
-    while runner.is_alive() and not run_vllm_processes(stack) and time.monotonic() - started < 400:
+    def booting_now() -> list:  # a boot under way, not a process only prepared ahead of its boot
+        found = []
+        for p in run_vllm_processes(stack):
+            try:
+                if "--served-model-name" in Path(p.environ()["QS_SERVER_LOG"]).read_text(errors="replace"):
+                    found.append(p)
+            except Exception:  # noqa: BLE001 - it ended while we looked
+                continue
+        return found
+
+    while runner.is_alive() and not booting_now() and time.monotonic() - started < 400:
         time.sleep(0.5)
-    booting = run_vllm_processes(stack)
+    booting = booting_now()
     assert booting, f"no vLLM process of the run appeared: {outcome.get('output', '')[-3000:]}"
     seen, vllm_log = time.monotonic(), Path(booting[0].environ()["QS_SERVER_LOG"])
 
