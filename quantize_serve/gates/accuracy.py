@@ -431,11 +431,12 @@ def extract_metrics(results: dict[str, Any], name: str) -> dict[str, MetricResul
     """Numeric metrics (with stderr and direction) of one lm-eval task or group from its results.
 
     A name with its own row (a task, or a group with aggregates) gives that row's metrics; a tag
-    or a group without aggregates gives every member's, as ``member/metric``.
+    or a group without aggregates gives every member's, as ``member/metric``. A group's aggregate
+    that lm-eval gives no direction (0.4.13: ``mmlu``'s ``acc``) takes the one all its members give.
     """
     rows: dict[str, dict[str, Any]] = results.get("results", {})
     directions: dict[str, dict[str, bool]] = results.get("higher_is_better", {})
-    own = _row_metrics(rows.get(name, {}), directions.get(name, {}))
+    own = _row_metrics(rows.get(name, {}), {**_member_directions(results, name), **directions.get(name, {})})
     if own:
         return own
     merged: dict[str, MetricResult] = {}
@@ -443,6 +444,23 @@ def extract_metrics(results: dict[str, Any], name: str) -> dict[str, MetricResul
         for metric, value in _row_metrics(row, directions.get(row_name, {})).items():
             merged[f"{row_name}/{metric}"] = value
     return merged
+
+
+def _member_directions(results: dict[str, Any], name: str) -> dict[str, bool]:
+    """The direction of each metric that every member of group ``name`` agrees on (none for a task)."""
+    subtasks: dict[str, list[str]] = results.get("group_subtasks", {})
+    directions: dict[str, dict[str, bool]] = results.get("higher_is_better", {})
+    members, todo = [], list(subtasks.get(name, []))
+    while todo:  # groups of groups: their tasks
+        member = todo.pop()
+        members.append(member)
+        todo += subtasks.get(member, [])
+    seen: dict[str, set[bool]] = {}
+    for member in members:
+        for metric, higher in directions.get(member, {}).items():
+            if higher is not None:
+                seen.setdefault(metric, set()).add(bool(higher))
+    return {metric: values.pop() for metric, values in seen.items() if len(values) == 1}
 
 
 def _row_metrics(row: dict[str, Any], directions: dict[str, bool]) -> dict[str, MetricResult]:
