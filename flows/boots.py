@@ -1,6 +1,7 @@
 """The boots a release is measured with, written once: the pipeline and the format choice compose them.
 
-serve_base        (a) the base model, 16-bit KV: capacity and the base accuracy.
+serve_base        (a) the base model, 16-bit KV: capacity and the base accuracy; reused_base instead
+                  when a previous run measured the same base under the same conditions.
 serve_quantized   (b) the quantized model, 16-bit KV: capacity; then (c) the production boot (the
                   recipe's KV dtype): capacity, the accuracy gate, the stress gate and, when asked,
                   the soak test.
@@ -20,15 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefect.states import State
+from prefect.states import Completed, State
 
 from quantize_serve.capacity.measure import CapacityConfig
+from quantize_serve.gates.accuracy import lm_eval_concurrency
+from quantize_serve.report.base_reference import BaseReference
 from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.server import RunningServer, ServerSpec
 from quantize_serve.validate.preflight import ValidatedRecipe
 from tasks.accuracy import run_accuracy
 from tasks.report import Progress
-from tasks.serve import measure_capacity, served
+from tasks.serve import measure_capacity, prepare_boot, served
 from tasks.soak import run_soak_test
 from tasks.stress import run_stress_test
 
@@ -65,18 +68,28 @@ def accuracy_gate(validated: ValidatedRecipe, server: RunningServer, *, tokenize
     r = validated.recipe
     return run_accuracy(server.base_url, r.gates.accuracy, tokenizer_dir=tokenizer_dir,
                         max_length=r.serve.max_model_len, base_dir=Path(r.base_dir), output_dir=output_dir,
-                        return_state=True)
+                        num_concurrent=lm_eval_concurrency(r.gates.accuracy, r.serve), return_state=True)
 
 
 def serve_base(validated: ValidatedRecipe, model_dir: str, log_dir: Path, *, accuracy_dir: Path,
-               tensor_parallel_size: int | None = None, also: Also | None = None) -> BaseServed:
-    """(a): ``tensor_parallel_size`` when the base needs more GPUs than the recipe's (plan-base-boot)."""
+               tensor_parallel_size: int | None = None, also: Also | None = None,
+               prepare_next: tuple[Boot, ...] = ()) -> BaseServed:
+    """(a): ``tensor_parallel_size`` when the base needs more GPUs than the recipe's (plan-base-boot).
+    ``prepare_next``: the boots that follow in ``log_dir``, their processes started once capacity is read."""
     boot = served(validated, Boot.BASE, model_dir, log_dir, tensor_parallel_size=tensor_parallel_size)
     with boot as (server, spec):
         capacity = measure_capacity(server, spec, Boot.BASE)
+        for name in prepare_next:  # their imports overlap this boot's accuracy run (nothing here is timed)
+            prepare_boot(log_dir, name)
         extra = also(server, spec, capacity) if also else None
         accuracy = accuracy_gate(validated, server, tokenizer_dir=model_dir, output_dir=accuracy_dir)
     return BaseServed(capacity=capacity, accuracy=accuracy, also=extra)
+
+
+def reused_base(reference: BaseReference) -> BaseServed:
+    """(a) not booted: a known base's figures, as the run that measured them recorded them
+    (report/base_reference.py says when they are reused)."""
+    return BaseServed(capacity=reference.capacity, accuracy=Completed(data=reference.accuracy))
 
 
 def serve_quantized(validated: ValidatedRecipe, checkpoint_dir: str, log_dir: Path, *, accuracy_dir: Path,
@@ -89,6 +102,7 @@ def serve_quantized(validated: ValidatedRecipe, checkpoint_dir: str, log_dir: Pa
     if sixteen_bit_kv:
         with served(validated, Boot.QUANTIZED_16BIT_KV, checkpoint_dir, log_dir) as (server, spec):
             sixteen = measure_capacity(server, spec, Boot.QUANTIZED_16BIT_KV)
+            prepare_boot(log_dir, Boot.PRODUCTION)  # (c)'s imports while (b) stops, unless started before
         if progress:
             progress.done("quantized served")
     with served(validated, Boot.PRODUCTION, checkpoint_dir, log_dir) as (server, spec):

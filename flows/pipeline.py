@@ -1,8 +1,10 @@
 """The quantize-serve flow: the pipeline's table of contents. Composition only.
 
-validate -> resolve base -> [choose the format: flows/formats.py] -> quantize -> push candidate ->
-find the release in production -> measure capacity -> accuracy gate -> stress gate -> [serve production
-again] -> compare with production -> decide -> promote or reject -> report (and the release history).
+validate -> resolve base -> [choose the format: flows/formats.py] -> quantize -> push candidate and
+find the release in production (both beside the boots: Hub I/O needs no device) -> measure capacity ->
+accuracy gate -> stress gate -> [serve production again] -> compare with production -> decide ->
+promote or reject -> report (and the release history). Each boot's vLLM process starts (its imports)
+while the device still works on the step before (tasks/serve.py prepare_boot).
 
 vLLM boots three times, each once (flows/boots.py, shared with the format choice): (a) the base
 model serves capacity and the base accuracy; (b) the quantized model with 16-bit KV serves capacity
@@ -23,9 +25,10 @@ from typing import Any
 from prefect import flow
 from prefect.states import Failed, State
 
-from flows.boots import serve_base, serve_quantized, serve_release
+from flows.boots import reused_base, serve_base, serve_quantized, serve_release
 from flows.formats import choose_format
 from quantize_serve.recipe.model import Recipe
+from quantize_serve.serving.boot import Boot
 from quantize_serve.release.publish import release_reasons
 from quantize_serve.report.provenance import ACCURACY_BASE_DIR, ACCURACY_QUANTIZED_DIR
 from quantize_serve.report.run_report import RunReport
@@ -37,11 +40,15 @@ from tasks.regression import compare_with_production, find_production_release, r
 from tasks.releases import publish_release_history
 from tasks.report import Progress, publish_report, request_approval, run_folder, run_id, write_report_files
 from tasks.serve import (
+    find_base_reference,
     gpu_slot,
     measure_shape_capacity,
     plan_base_boot,
+    prepare_boot,
+    prepared_boots,
     published_model,
     published_serve_command,
+    record_base_reference,
     summarize_capacity,
     write_serving_profile,
 )
@@ -74,33 +81,46 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     if validated.recipe.quantization.candidates:  # several formats: measure each, keep the rule's choice
         formats = choose_format(validated, base, run_dir, base_tp=base_boot.tensor_parallel_size)
         validated = with_candidate(validated, formats.winner, formats.row(formats.winner).scheme)
-    checkpoint = quantize_model(validated, base)
-    progress.done("quantized")
-    profile = None
-    if validated.recipe.serve.search and validated.recipe.serve.search.enabled:  # the largest stable batch
+    # a known base (same sha, tasks, serve settings, vLLM, hardware): its figures from the run that measured them
+    reference_key, reference = find_base_reference(validated, base, base_boot)
+    with prepared_boots():  # a boot's process starts while the device works on the one before
+        prepare_boot(run_dir, Boot.QUANTIZED_16BIT_KV if reference else Boot.BASE)  # imports while quantizing
+        checkpoint = quantize_model(validated, base)
+        progress.done("quantized")
+        profile = None
+        if validated.recipe.serve.search and validated.recipe.serve.search.enabled:  # the largest stable batch
+            with gpu_slot():
+                profile = search_serve_profile(validated.recipe, checkpoint.checkpoint_dir, output_dir=run_dir,
+                                               model=published_model(validated, checkpoint.checkpoint_dir))
+            validated = with_found_profile(validated, profile)  # replaces serve.max_num_seqs
+        serving_command = (profile.serve_command if profile
+                           else published_serve_command(validated, checkpoint.checkpoint_dir))
+        # Hub I/O needs no device: the push and the production release's download run beside the boots
+        pushed = push_candidate.submit(validated, base, checkpoint, serving_command, run_dir, profile)
+        in_production = find_production_release.submit(validated)  # its recorded figures, or its files
         with gpu_slot():
-            profile = search_serve_profile(validated.recipe, checkpoint.checkpoint_dir, output_dir=run_dir,
-                                           model=published_model(validated, checkpoint.checkpoint_dir))
-        validated = with_found_profile(validated, profile)  # replaces serve.max_num_seqs
-    serving_command = (profile.serve_command if profile
-                       else published_serve_command(validated, checkpoint.checkpoint_dir))
-    candidate = push_candidate(validated, base, checkpoint, serving_command, run_dir, profile)
-    baseline = find_production_release(validated)  # the release in production: recorded figures, or its files
+            if reference:
+                base_served = reused_base(reference)
+            else:
+                base_served = serve_base(validated, base.local_dir, run_dir, accuracy_dir=run_dir / ACCURACY_BASE_DIR,
+                                         tensor_parallel_size=base_boot.tensor_parallel_size,
+                                         prepare_next=(Boot.QUANTIZED_16BIT_KV, Boot.PRODUCTION))
+                record_base_reference(validated, base, reference_key, base_served.capacity,
+                                      outcome(base_served.accuracy), run_id(), run_dir)
+            progress.done("base served")
+            quantized = serve_quantized(
+                validated, checkpoint.checkpoint_dir, run_dir, accuracy_dir=run_dir / ACCURACY_QUANTIZED_DIR,
+                stress_dir=run_dir / "stress", soak_dir=run_dir, progress=progress,  # soak.png beside report.md
+                also=lambda server, spec, cap: write_serving_profile(validated, base, spec, cap,
+                                                                     checkpoint.checkpoint_dir, run_dir))
+            baseline = in_production.result()
+            release_served = None
+            if baseline.local_dir:  # measured under other conditions: serve it again with this run's settings
+                release_served = serve_release(validated, baseline.local_dir, run_dir / "production-release",
+                                               accuracy_dir=run_dir / "production-release" / "accuracy",
+                                               stress_dir=run_dir / "production-release" / "stress")
+    candidate = pushed.result()
     progress.done("candidate pushed")
-    with gpu_slot():
-        base_served = serve_base(validated, base.local_dir, run_dir, accuracy_dir=run_dir / ACCURACY_BASE_DIR,
-                                 tensor_parallel_size=base_boot.tensor_parallel_size)
-        progress.done("base served")
-        quantized = serve_quantized(
-            validated, checkpoint.checkpoint_dir, run_dir, accuracy_dir=run_dir / ACCURACY_QUANTIZED_DIR,
-            stress_dir=run_dir / "stress", soak_dir=run_dir, progress=progress,  # soak.png beside report.md
-            also=lambda server, spec, cap: write_serving_profile(validated, base, spec, cap,
-                                                                 checkpoint.checkpoint_dir, run_dir))
-        release_served = None
-        if baseline.local_dir:  # measured under other conditions: serve it again with this run's settings
-            release_served = serve_release(validated, baseline.local_dir, run_dir / "production-release",
-                                           accuracy_dir=run_dir / "production-release" / "accuracy",
-                                           stress_dir=run_dir / "production-release" / "stress")
     production, gates = quantized.also, validated.recipe.gates
     capacity = summarize_capacity(
         validated, base, [base_served.capacity, quantized.capacity_16bit_kv, quantized.capacity], base_boot)
@@ -119,7 +139,7 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
         run_id=run_id(), recipe=validated.recipe.name, recipe_source=validated.source,
         recipe_sha256=validated.recipe_sha256, overrides=validated.overrides,
         base=base, checkpoint=checkpoint, candidate=candidate, capacity=capacity, preflight=preflight,
-        profile=profile, formats=formats,
+        profile=profile, formats=formats, base_reused_from=reference.run_id if reference else None,
         accuracy=checks if isinstance(checks, list) else [], results=results, regression=regression,
         stress=outcome(quantized.stress) if quantized.stress.is_completed() else None,
         soak=soak if quantized.soak and quantized.soak.is_completed() else None,

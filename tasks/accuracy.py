@@ -25,6 +25,7 @@ def run_accuracy(
     max_length: int,
     base_dir: Path,
     output_dir: Path,
+    num_concurrent: int | None = None,
 ) -> accuracy.AccuracyRun:
     result = accuracy.run_accuracy(
         server_base_url,
@@ -33,6 +34,7 @@ def run_accuracy(
         max_length=max_length,
         base_dir=base_dir,
         output_dir=output_dir,
+        num_concurrent=num_concurrent,
     )
     log = run_log()
     for run in result.tasks.values():  # a line per task for a person following the run

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -14,11 +15,21 @@ from prefect.logging import get_run_logger
 from quantize_serve.capacity import measure as capacity
 from quantize_serve.capacity import shape as shape_capacity
 from quantize_serve.core.errors import GateError
+from quantize_serve.core.portable import portable_path
 from quantize_serve.core.settings import get_settings
+from quantize_serve.gates.accuracy import AccuracyRun
+from quantize_serve.report import base_reference
+from quantize_serve.report.provenance import describe_hardware, serving_vllm_version
 from quantize_serve.serve_profile import output as profile_output
 from quantize_serve.serve_profile import pinned as serving_profile
 from quantize_serve.serving import gpu, host
-from quantize_serve.serving.server import RunningServer, ServerSpec, vllm_server
+from quantize_serve.serving.server import (
+    RunningServer,
+    ServerSpec,
+    discard_prepared_servers,
+    prepare_server,
+    vllm_server,
+)
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe, model_shape_dir
 
 
@@ -80,10 +91,30 @@ def served(validated: ValidatedRecipe, name: capacity.Boot, model_dir: str, run_
     logger = get_run_logger()
     spec = capacity.capacity_spec(validated.recipe, name, Path(model_dir), tensor_parallel_size=tensor_parallel_size)
     logger.info("booting vLLM (%s): %s", name, spec.serve_command())
-    with vllm_server(spec, log_path=run_dir / f"vllm-{name}.log") as server:
+    with vllm_server(spec, log_path=boot_log(run_dir, name)) as server:
         logger.info("vLLM (%s) healthy at %s after %.0f s", name, server.base_url, server.boot_seconds)
         yield server, spec
     logger.info("vLLM (%s) stopped", name)
+
+
+def boot_log(run_dir: Path, name: capacity.Boot) -> Path:
+    """Where a boot's vLLM log goes (and what a prepared boot is known by)."""
+    return run_dir / f"vllm-{name}.log"
+
+
+def prepare_boot(run_dir: Path, name: capacity.Boot) -> None:
+    """Start that boot's vLLM process (imports only, no device) while the device works on something
+    else; ``served`` for the same boot then takes it (server.prepare_server)."""
+    prepare_server(boot_log(run_dir, name))
+
+
+@contextmanager
+def prepared_boots() -> Iterator[None]:
+    """Whatever happens inside, no prepared boot outlives the block (discard_prepared_servers)."""
+    try:
+        yield
+    finally:
+        discard_prepared_servers()
 
 
 @task(name="measure-capacity", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
@@ -131,3 +162,43 @@ def measure_shape_capacity(validated: ValidatedRecipe, run_dir: Path) -> shape_c
                         "downloaded or quantized. Fix: raise serve.tensor_parallel_size or "
                         "serve.gpu_memory_utilization, or lower serve.max_model_len")
     return result
+
+
+@task(name="find-base-reference", cache_policy=NO_CACHE)
+def find_base_reference(validated: ValidatedRecipe, base: BaseModelRef, base_boot: capacity.BaseBoot,
+                        ) -> tuple[str, base_reference.BaseReference | None]:
+    """(the key of this run's base figures, the reference a previous run stored under it, if any)."""
+    import importlib.metadata
+
+    spec = capacity.capacity_spec(validated.recipe, capacity.Boot.BASE, Path(base.local_dir),
+                                  tensor_parallel_size=base_boot.tensor_parallel_size)
+    try:
+        lm_eval_version = importlib.metadata.version("lm_eval")
+    except importlib.metadata.PackageNotFoundError:
+        lm_eval_version = None
+    factors = base_reference.reference_factors(
+        validated.recipe, base.identity, spec.vllm_config(), vllm_version=serving_vllm_version(),
+        hardware=describe_hardware(), lm_eval_version=lm_eval_version)
+    key = base_reference.reference_key(factors)
+    settings = get_settings()
+    found = base_reference.find_reference(settings.work_dir, key) if settings.reuse_base_reference else None
+    logger = get_run_logger()
+    if found:
+        logger.info("base %s: capacity row (%s) and base accuracy reused from run %s (same base sha, tasks, "
+                    "serve settings, vLLM version and hardware): the base is not booted", base.identity,
+                    capacity.Boot.BASE, found.run_id)
+    else:
+        logger.info("base %s: no reference under key %s, the base is served", base.identity, key)
+    return key, found
+
+
+@task(name="record-base-reference", cache_policy=NO_CACHE)
+def record_base_reference(validated: ValidatedRecipe, base: BaseModelRef, key: str, capacity_config: capacity.CapacityConfig,
+                          accuracy: Any, run_id: str, run_dir: Path) -> None:
+    """Keep the base's figures for later runs of the same base (only a completed accuracy run)."""
+    if not isinstance(accuracy, AccuracyRun):
+        return
+    factors = {"base": base.identity}
+    reference = base_reference.BaseReference(key=key, run_id=run_id, run_dir=portable_path(str(run_dir)),
+                                             capacity=capacity_config, accuracy=accuracy, factors=factors)
+    base_reference.save_reference(get_settings().work_dir, reference)

@@ -36,6 +36,13 @@ class Settings(BaseSettings):
     server_host: str = "127.0.0.1"
     server_boot_timeout_s: float = Field(default=600.0, gt=0)
     server_stop_timeout_s: float = Field(default=20.0, gt=0)
+    reuse_base_reference: bool = Field(
+        default=True, description="Take a known base's capacity row (a) and base accuracy from a previous "
+        "run when base sha, tasks, serve settings, vLLM version and hardware all match "
+        "(report/base_reference.py), instead of booting the base again.")
+    prepare_boots: bool = Field(
+        default=True, description="Start the next vLLM boot's process (its imports) while the device "
+        "works on something else (serving/server.py prepare_server).")
     gpu_concurrency_limit: str = Field(
         default="gpu", description="Prefect global concurrency limit that serialises GPU stages."
     )

@@ -65,6 +65,7 @@ from pydantic import BaseModel
 
 from quantize_serve.core.errors import GateError
 from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask
+from quantize_serve.recipe.model import ServeSection
 from quantize_serve.serving.server import SERVED_NAME
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,8 @@ TASK_FILE_SUFFIXES = (".yaml", ".yml")
 REQUEST_TIMEOUT_S = 600
 # lm-eval retries a failed request itself (tenacity, exponential backoff) this many times.
 REQUEST_ATTEMPTS = 3
+# lm-eval's concurrent requests when neither the caller nor the gate says (lm_eval_concurrency does).
+DEFAULT_CONCURRENT = 4
 # Two-sided ~95% normal quantile: the recovery interval is recovery +- Z_95 * se_recovery.
 Z_95 = 1.96
 
@@ -142,6 +145,12 @@ def format_recovery(recovery: float | None, interval: tuple[float, float] | None
 # --------------------------------------------------------------------------------------------
 
 
+def lm_eval_concurrency(gate: AccuracyGate, serve: ServeSection) -> int:
+    """lm-eval's concurrent requests: the gate's ``num_concurrent``, else the server's ``max_num_seqs``
+    (every sequence slot busy; fewer left the server idle between batches, more only queue)."""
+    return gate.num_concurrent or serve.max_num_seqs
+
+
 def run_accuracy(
     server_base_url: str,
     gate: AccuracyGate,
@@ -150,13 +159,15 @@ def run_accuracy(
     max_length: int,
     base_dir: Path,
     output_dir: Path,
+    num_concurrent: int | None = None,
 ) -> AccuracyRun:
     """Run every task of ``gate`` against the vLLM server at ``server_base_url``.
 
     ``tokenizer_dir`` is the served model's local tokenizer, ``max_length`` the server's
     ``max_model_len``, ``base_dir`` the recipe's folder (task YAML paths resolve against it).
     lm-eval's raw results go to ``output_dir/lm_eval_<task>.json``, the summary to
-    ``output_dir/accuracy_run.json``. Any failure raises :class:`GateError`.
+    ``output_dir/accuracy_run.json``. ``num_concurrent``: lm-eval's concurrent requests
+    (:func:`lm_eval_concurrency`; default the gate's, else 4). Any failure raises :class:`GateError`.
     """
     if not gate.tasks:
         raise GateError("the accuracy gate has no tasks, so it cannot run. Fix: list lm-eval task "
@@ -167,7 +178,8 @@ def run_accuracy(
     specs = [resolve_task(t, base_dir) for t in gate.tasks]  # file problems fail before any request
     check_server(server_base_url)
     task_manager = index_tasks(specs)
-    lm = completions_model(server_base_url, gate, tokenizer_dir=tokenizer_dir, max_length=max_length)
+    lm = completions_model(server_base_url, gate, tokenizer_dir=tokenizer_dir, max_length=max_length,
+                           num_concurrent=num_concurrent)
     runs: dict[str, TaskRun] = {}
     for spec in specs:
         t0 = time.monotonic()
@@ -204,7 +216,8 @@ def index_tasks(specs: list[_TaskSpec]) -> Any:
                         "check the task YAML files in those folders") from exc
 
 
-def completions_model(server_base_url: str, gate: AccuracyGate, *, tokenizer_dir: str, max_length: int) -> Any:
+def completions_model(server_base_url: str, gate: AccuracyGate, *, tokenizer_dir: str, max_length: int,
+                      num_concurrent: int | None = None) -> Any:
     """lm-eval's ``local-completions`` model, pointed at the served model."""
     from lm_eval.api.registry import get_model
 
@@ -215,7 +228,7 @@ def completions_model(server_base_url: str, gate: AccuracyGate, *, tokenizer_dir
         "tokenizer_backend": "huggingface",
         "tokenized_requests": True,
         "max_length": max_length,
-        "num_concurrent": gate.num_concurrent,
+        "num_concurrent": num_concurrent or gate.num_concurrent or DEFAULT_CONCURRENT,
         "max_retries": REQUEST_ATTEMPTS,
         "timeout": REQUEST_TIMEOUT_S,
     }
@@ -418,11 +431,12 @@ def extract_metrics(results: dict[str, Any], name: str) -> dict[str, MetricResul
     """Numeric metrics (with stderr and direction) of one lm-eval task or group from its results.
 
     A name with its own row (a task, or a group with aggregates) gives that row's metrics; a tag
-    or a group without aggregates gives every member's, as ``member/metric``.
+    or a group without aggregates gives every member's, as ``member/metric``. A group's aggregate
+    that lm-eval gives no direction (0.4.13: ``mmlu``'s ``acc``) takes the one all its members give.
     """
     rows: dict[str, dict[str, Any]] = results.get("results", {})
     directions: dict[str, dict[str, bool]] = results.get("higher_is_better", {})
-    own = _row_metrics(rows.get(name, {}), directions.get(name, {}))
+    own = _row_metrics(rows.get(name, {}), {**_member_directions(results, name), **directions.get(name, {})})
     if own:
         return own
     merged: dict[str, MetricResult] = {}
@@ -430,6 +444,23 @@ def extract_metrics(results: dict[str, Any], name: str) -> dict[str, MetricResul
         for metric, value in _row_metrics(row, directions.get(row_name, {})).items():
             merged[f"{row_name}/{metric}"] = value
     return merged
+
+
+def _member_directions(results: dict[str, Any], name: str) -> dict[str, bool]:
+    """The direction of each metric that every member of group ``name`` agrees on (none for a task)."""
+    subtasks: dict[str, list[str]] = results.get("group_subtasks", {})
+    directions: dict[str, dict[str, bool]] = results.get("higher_is_better", {})
+    members, todo = [], list(subtasks.get(name, []))
+    while todo:  # groups of groups: their tasks
+        member = todo.pop()
+        members.append(member)
+        todo += subtasks.get(member, [])
+    seen: dict[str, set[bool]] = {}
+    for member in members:
+        for metric, higher in directions.get(member, {}).items():
+            if higher is not None:
+                seen.setdefault(metric, set()).add(bool(higher))
+    return {metric: values.pop() for metric, values in seen.items() if len(values) == 1}
 
 
 def _row_metrics(row: dict[str, Any], directions: dict[str, bool]) -> dict[str, MetricResult]:

@@ -57,7 +57,10 @@ class AccuracyGate(Section):
         default=0.95, description="Recovery (quantized / base) every metric must reach unless its task "
         f"overrides it; between {DEFAULT_RECOVERY_RANGE[0]} and {DEFAULT_RECOVERY_RANGE[1]}.")
     batch_size: PositiveInt = 8
-    num_concurrent: PositiveInt = 4
+    num_concurrent: PositiveInt | None = Field(
+        default=None, description="lm-eval's concurrent requests to the server. Unset: the server's "
+        "serve.max_num_seqs, so lm-eval keeps every sequence slot of the server busy (the scores do not "
+        "depend on it; the time does).")
     on_uncertain: Literal["warn", "fail"] = Field(
         default="warn", description="What a check whose ~95% recovery interval crosses its threshold "
         "does (lower end below it while the point passes, or upper end above it while the point fails): "

@@ -55,6 +55,8 @@ class RunReport(BaseModel):
     checkpoint: QuantizeResult
     candidate: PushResult | None = None
     capacity: CapacityReport | None = None
+    # the run whose base figures (capacity row (a), base accuracy) this run reused (report/base_reference.py)
+    base_reused_from: str | None = None
     preflight: ShapeCapacity | None = None  # serve.preflight: measure - the shape with dummy weights
     profile: ProfileSearchResult | None = None
     formats: FormatChoice | None = None  # quantization.candidates: every format measured, the rule's choice
@@ -133,8 +135,12 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
     if r.regression:
         lines += ["## Against production (base, production, candidate)", r.regression.markdown(), ""]
     if r.capacity:
-        lines += ["## Capacity (same memory budget)", r.capacity.markdown(), "",
-                  image_markdown("capacity", (folder or Path()) / CHART, embed=embed), ""]
+        lines += ["## Capacity (same memory budget)", r.capacity.markdown(), ""]
+        if r.base_reused_from:
+            lines += [f"Row `base` and the base accuracy are reused from run `{r.base_reused_from}`: the same "
+                      "base sha, accuracy tasks, serve settings, vLLM version and hardware; the base was not "
+                      "booted again.", ""]
+        lines += [image_markdown("capacity", (folder or Path()) / CHART, embed=embed), ""]
     if r.preflight:
         lines += ["## Capacity before download (the model's shape, dummy weights)", r.preflight.markdown(), ""]
     if r.formats:

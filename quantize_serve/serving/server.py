@@ -336,10 +336,75 @@ def _guard(server_pid: int, stop_timeout_s: float) -> subprocess.Popen:
 def serving_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"))}
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # vLLM probes FlashInfer unconditionally
+    # One compile cache per work dir: every boot of a run, the serve-profile search, later runs and
+    # (with the same variable) production's first boot on this host read and fill the same cache.
+    # Its key is vLLM's own (version, model path, the serving settings, the code), so sharing the
+    # folder can only give hits where the compiled graphs are the same.
+    env.setdefault("VLLM_CACHE_ROOT", str(compile_cache_root()))
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("DO_NOT_TRACK", "1")
     env["HF_HUB_OFFLINE"] = "1"  # the server only ever reads local folders
     return env
+
+
+def compile_cache_root() -> Path:
+    """The vLLM cache (torch.compile artifacts) of this work dir (``VLLM_CACHE_ROOT``)."""
+    return get_settings().work_dir / "vllm-cache"
+
+
+# A boot prepared ahead: the serving Python started with vLLM's server module already imported (the
+# slow part of a boot before the device is touched: 20-50 s of imports), waiting on stdin for its
+# command line. prepare_server() starts one while the device is busy with something else;
+# vllm_server() for the same log path hands it its argv instead of starting a new process. It is
+# the same process vLLM's own entry point would be (`python -m ENTRYPOINT ...` = runpy of the
+# module), in its own process group, with the same environment, log and stop.
+PREPARED_MARK = "(quantize-serve: vLLM's server module imported ahead of this boot)"
+PREPARED = f"""\
+import json, runpy, sys
+import {ENTRYPOINT}
+print({PREPARED_MARK!r}, flush=True)
+line = sys.stdin.readline()
+if not line:
+    sys.exit(0)
+sys.argv = ["{ENTRYPOINT}", *json.loads(line)]
+sys.stdout.flush()
+runpy.run_module("{ENTRYPOINT}", run_name="__main__", alter_sys=True)
+"""
+_prepared: dict[str, subprocess.Popen] = {}
+
+
+def prepare_server(log_path: Path) -> None:
+    """Start the vLLM process of the boot that will log to ``log_path``, up to its imports, now.
+
+    Nothing touches a device until the command line arrives. Unused ones are stopped by
+    :func:`discard_prepared_servers` (and die with the pipeline, or when their stdin closes)."""
+    settings = get_settings()
+    key = str(log_path)
+    if not settings.prepare_boots or key in _prepared or not Path(settings.serving_python).exists():
+        return
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text("")
+    # appending (O_APPEND): the boot's own lines, written later by the pipeline, are never overwritten
+    with log_path.open("a") as log:  # the imports' warnings go at the top of the boot's log
+        _prepared[key] = subprocess.Popen(
+            [str(settings.serving_python), "-c", PREPARED], stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.PIPE, env={**serving_env(), "QS_SERVER_LOG": key}, preexec_fn=_die_with_parent)
+
+
+def discard_prepared_servers() -> None:
+    """Stop every prepared boot not used (they hold nothing but imports)."""
+    settings = get_settings()
+    while _prepared:
+        _, proc = _prepared.popitem()
+        stop_process_group(proc, settings.server_stop_timeout_s)
+
+
+def _take_prepared(log_path: Path) -> subprocess.Popen | None:
+    proc = _prepared.pop(str(log_path), None)
+    if proc is not None and proc.poll() is not None:  # it died while importing: start afresh
+        proc.wait()
+        return None
+    return proc
 
 
 # A free port is free when it is picked, not always when vLLM binds it a few seconds later: another
@@ -389,9 +454,20 @@ def _start(spec: ServerSpec, settings: Settings, log_path: Path, *,
     """Start vLLM's OpenAI server on a free port, its output into ``log_path``."""
     host, port = settings.server_host, free_port(settings.server_host)
     argv = [str(settings.serving_python), "-m", ENTRYPOINT, *spec.vllm_args(), "--host", host, "--port", str(port)]
-    with log_path.open("a" if append else "w") as log:
+    prepared = None if append else _take_prepared(log_path)
+    with log_path.open("a" if append or prepared else "w") as log:
         log.write(f"$ {shlex.join(argv)}\n")
         log.flush()
+        if prepared is not None:  # imports done already (prepare_server): give it its command line
+            try:
+                prepared.stdin.write((json.dumps(argv[3:]) + "\n").encode())
+                prepared.stdin.close()
+            except OSError:  # it ended since: start afresh below
+                stop_process_group(prepared, settings.server_stop_timeout_s)
+                prepared = None
+        if prepared is not None:
+            return prepared, RunningServer(base_url=f"http://{host}:{port}", port=port, pid=prepared.pid,
+                                           log_path=str(log_path), command=spec.serve_command(), boot_seconds=0.0)
         # QS_SERVER_LOG is inherited by every process vLLM starts: leak checks find them by it.
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**serving_env(), "QS_SERVER_LOG": str(log_path)},
@@ -401,7 +477,7 @@ def _start(spec: ServerSpec, settings: Settings, log_path: Path, *,
 
 
 def wait_ready(proc: subprocess.Popen, ready: Callable[[], bool], timeout_s: float,
-               *, interval_s: float = 1.0) -> Literal["ready", "exited", "timed out"]:
+               *, interval_s: float = 0.25) -> Literal["ready", "exited", "timed out"]:
     """Poll ``ready`` a bounded time: until it answers True, the process exits, or time runs out.
     The caller turns "exited" and "timed out" into its own error, with its own log and remedy."""
     deadline = time.monotonic() + timeout_s

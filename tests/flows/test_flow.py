@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from quantize_serve.serving.server import PREPARED_MARK
 from scripts.local_stack import local_stack
 from tests.conftest import ROOT
 
@@ -205,6 +206,8 @@ def test_deployment_run_promotes(promoted, stack):
     report = promoted_report(stack, promoted)
     folder = Path(report["report_dir"])
     assert {"report.json", "report.md", "capacity.png"} <= {p.name for p in folder.iterdir()}
+    for boot in ("w4a16", "w4a16-fp8kv"):  # their vLLM processes started while the device was busy before
+        assert PREPARED_MARK in (folder / f"vllm-{boot}.log").read_text(), boot
     assert report["decision"]["passed"] and report["release"]["status"] == "promoted"
     assert hub_tags(stack, REPO)["production"] == report["release"]["commit_sha"]  # (file order: the first)
     # serve-profile.yaml pins the KV cache the gates validated: the fp8 boot's blocks x 128 tokens x
@@ -272,6 +275,9 @@ def test_a_release_that_beats_its_base_but_loses_to_production_on_capacity_is_re
     assert "KV tokens: candidate" in failed[0]["reason"] and "vs production" in failed[0]["reason"]
     assert report["regression"]["source"] == "recorded"
     assert report["regression"]["production_sha"] == promoted_report(stack, promoted)["release"]["commit_sha"]
+    # the first release's base, tasks, serve settings, vLLM and host: the base's figures are reused, not measured
+    assert report["base_reused_from"] and not (Path(report["report_dir"]) / "vllm-base.log").exists()
+    assert f"reused from run `{report['base_reused_from']}`" in (Path(report["report_dir"]) / "report.md").read_text()
     tags = hub_tags(stack, REPO)
     assert tags[report["release"]["rejection_tag"]] == report["release"]["candidate_sha"]
     assert tags["production"] == report["regression"]["production_sha"]  # production did not move
@@ -373,9 +379,19 @@ def test_cancel_from_the_ui_stops_vllm_and_promotes_nothing(stack):
         zip(("rc", "output", "run_id"), stack.run_deployment("tiny-awq", timeout=540))), daemon=True)
     started = time.monotonic()
     runner.start()
-    while runner.is_alive() and not run_vllm_processes(stack) and time.monotonic() - started < 400:
+    def booting_now() -> list:  # a boot under way, not a process only prepared ahead of its boot
+        found = []
+        for p in run_vllm_processes(stack):
+            try:
+                if "--served-model-name" in Path(p.environ()["QS_SERVER_LOG"]).read_text(errors="replace"):
+                    found.append(p)
+            except Exception:  # noqa: BLE001 - it ended while we looked
+                continue
+        return found
+
+    while runner.is_alive() and not booting_now() and time.monotonic() - started < 400:
         time.sleep(0.5)
-    booting = run_vllm_processes(stack)
+    booting = booting_now()
     assert booting, f"no vLLM process of the run appeared: {outcome.get('output', '')[-3000:]}"
     seen, vllm_log = time.monotonic(), Path(booting[0].environ()["QS_SERVER_LOG"])
 

@@ -200,3 +200,18 @@ def test_unreachable_server_is_a_gate_error_through_the_prefect_task(tmp_path):
     with pytest.raises(GateError, match="did not answer"):
         run_accuracy_task.fn(url, gate, tokenizer_dir=str(MODEL_DIR), max_length=512,
                              base_dir=RECIPE.parent, output_dir=tmp_path)
+
+
+def test_a_group_aggregate_without_a_direction_takes_the_one_its_members_agree_on():
+    """lm-eval 0.4.13's mmlu: the group row has acc but no higher_is_better; its 57 tasks (in four
+    sub-groups) all say acc: True. Members that disagree give no direction (the check then fails)."""
+    results = {
+        "results": {"mmlu": {"alias": "mmlu", "acc,none": 0.25, "acc_stderr,none": "N/A"},
+                    "mmlu_anatomy": {"acc,none": 0.2}, "mmlu_virology": {"acc,none": 0.3}},
+        "group_subtasks": {"mmlu": ["mmlu_stem", "mmlu_other"], "mmlu_stem": ["mmlu_anatomy"],
+                           "mmlu_other": ["mmlu_virology"]},
+        "higher_is_better": {"mmlu_anatomy": {"acc": True}, "mmlu_virology": {"acc": True}},
+    }
+    assert extract_metrics(results, "mmlu")["acc"].higher_is_better is True
+    results["higher_is_better"]["mmlu_virology"] = {"acc": False}
+    assert extract_metrics(results, "mmlu")["acc"].higher_is_better is None

@@ -1,0 +1,136 @@
+"""A known base's reference: capacity row (a) and the base accuracy, measured once, reused by later runs.
+
+A re-release of the same base measures the same base again: the same weights (base sha), booted with
+the same serving settings by the same vLLM on the same hardware, scored on the same tasks. Its figures
+are then the ones the first run measured; the boot and the lm-eval run only cost device time. So a run
+that measured the base records them under a key of everything they depend on, and a later run with the
+same key takes them instead of booting the base (the report says so, and from which run).
+
+The key (:func:`reference_factors`): the base's identity (repo id and sha, or the local folder's
+content sha); the base boot's vLLM settings as vLLM gets them (ServerSpec.vllm_config without its
+folders: KV dtype and bytes, max_model_len, max_num_seqs, TP...); the accuracy tasks as the recipe
+gives them (task, num_fewshot, limit, recovery) with the bytes of each task file and of the data files
+it names; the serving vLLM's version, the hardware (CPU and GPU models), lm-eval's version. Anything
+else changing means a new key, and the base is served again.
+
+Stored as JSON in the work dir (``<work_dir>/base-references/<key>.json``), beside the checkpoint
+cache: the same place a platform team keeps between runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from quantize_serve.capacity.measure import CapacityConfig
+from quantize_serve.gates.accuracy import AccuracyRun
+from quantize_serve.recipe.model import Recipe
+
+FOLDER = "base-references"
+# vLLM settings that name folders of this host, not how the base is served
+PATH_KEYS = ("model", "tokenizer")
+
+
+class BaseReference(BaseModel):
+    """The base's figures as one run measured them, and what they depend on."""
+
+    key: str
+    run_id: str  # the run that measured them
+    run_dir: str
+    capacity: CapacityConfig
+    accuracy: AccuracyRun
+    factors: dict[str, Any]
+
+
+def reference_factors(recipe: Recipe, base_identity: str, vllm_config: dict[str, Any], *,
+                      vllm_version: str | None, hardware: str, lm_eval_version: str | None) -> dict[str, Any]:
+    """Everything the base's capacity and accuracy figures depend on (see the module's doc)."""
+    base_dir = Path(recipe.base_dir)
+    tasks = []
+    for t in recipe.gates.accuracy.tasks:
+        entry = t.model_dump(mode="json")
+        if t.task.endswith((".yaml", ".yml")):
+            entry["files_sha256"] = task_files_sha256(base_dir / t.task)
+        tasks.append(entry)
+    return {
+        "base": base_identity,
+        "serve": {k: v for k, v in vllm_config.items() if k not in PATH_KEYS},
+        "tasks": tasks,
+        "vllm_version": vllm_version,
+        "hardware": hardware,
+        "lm_eval_version": lm_eval_version,
+    }
+
+
+def reference_key(factors: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(factors, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def task_files_sha256(path: Path) -> str:
+    """sha256 over a task YAML, the files it includes and the data files it names (relative to it)."""
+    digest = hashlib.sha256()
+    for file in sorted(set(_task_files(path.resolve(), depth=0))):
+        digest.update(str(file.name).encode())
+        digest.update(file.read_bytes() if file.is_file() else b"<missing>")
+    return digest.hexdigest()
+
+
+class _AnyTagLoader(yaml.SafeLoader):
+    """lm-eval's task YAML, read for file names only (``!function`` and other tags become None)."""
+
+
+_AnyTagLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
+def _task_files(path: Path, *, depth: int) -> list[Path]:
+    files = [path]
+    if depth > 3 or not path.is_file():
+        return files
+    config = yaml.load(path.read_text(), Loader=_AnyTagLoader) or {}  # noqa: S506 - a SafeLoader subclass
+    if not isinstance(config, dict):
+        return files
+    include = config.get("include")
+    if isinstance(include, str):
+        files += _task_files(path.parent / include, depth=depth + 1)
+    data_files = (config.get("dataset_kwargs") or {}).get("data_files")
+    for name in _strings(data_files):
+        files.append((path.parent / name).resolve())
+    return files
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    return []
+
+
+def reference_path(work_dir: Path, key: str) -> Path:
+    return Path(work_dir) / FOLDER / f"{key}.json"
+
+
+def find_reference(work_dir: Path, key: str) -> BaseReference | None:
+    """The stored reference under ``key``, or None (none stored, or unreadable: measured again)."""
+    path = reference_path(work_dir, key)
+    try:
+        reference = BaseReference.model_validate_json(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return reference if reference.key == key else None
+
+
+def save_reference(work_dir: Path, reference: BaseReference) -> Path:
+    path = reference_path(work_dir, reference.key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_text(reference.model_dump_json(indent=2))
+    partial.replace(path)  # atomic: a reader never sees half a file
+    return path

@@ -1,0 +1,84 @@
+"""A known base's reference (report/base_reference.py): what its key depends on, and the store."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from quantize_serve.capacity.measure import CapacityConfig, capacity_spec
+from quantize_serve.gates.accuracy import AccuracyRun, lm_eval_concurrency
+from quantize_serve.recipe.load import load_recipe
+from quantize_serve.report.base_reference import (
+    BaseReference,
+    find_reference,
+    reference_factors,
+    reference_key,
+    save_reference,
+)
+from quantize_serve.serving.boot import Boot
+from tests.conftest import ROOT
+
+RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
+BASE = ROOT / "models" / "tiny-llama"
+
+
+def key_of(recipe, *, base: str = "local:abc", vllm: str | None = "0.32.0", hardware: str = "x86_64 2 CPUs, no GPU",
+           model_dir: Path = BASE) -> str:
+    spec = capacity_spec(recipe, Boot.BASE, model_dir)
+    return reference_key(reference_factors(recipe, base, spec.vllm_config(), vllm_version=vllm, hardware=hardware,
+                                           lm_eval_version="0.4.13"))
+
+
+def test_the_key_changes_with_each_thing_the_base_figures_depend_on(tmp_path):
+    recipe = load_recipe(RECIPE)
+    key = key_of(recipe)
+    assert key == key_of(recipe)  # deterministic
+    elsewhere = shutil.copytree(BASE, tmp_path / "tiny-llama")
+    assert key == key_of(recipe, model_dir=elsewhere)  # the folder is not the base: its sha is
+    assert key != key_of(recipe, base="local:abd")
+    assert key != key_of(recipe, vllm="0.33.0")
+    assert key != key_of(recipe, hardware="x86_64 16 CPUs, NVIDIA H200")
+    serve = recipe.model_copy(update={"serve": recipe.serve.model_copy(update={"max_model_len": 256})})
+    assert key != key_of(serve)
+    gate = recipe.gates.accuracy.model_copy(update={"tasks": recipe.gates.accuracy.tasks[:1]})
+    fewer = recipe.model_copy(update={"gates": recipe.gates.model_copy(update={"accuracy": gate})})
+    assert key != key_of(fewer)
+    # not in the key: what does not change the base's figures (the stress profile, the quantization)
+    stress = recipe.gates.stress.model_copy(update={"num_requests": 7})
+    assert key == key_of(recipe.model_copy(update={"gates": recipe.gates.model_copy(update={"stress": stress})}))
+
+
+def test_a_task_file_or_its_data_changing_changes_the_key(tmp_path):
+    tasks = tmp_path / "evals" / "tasks"
+    shutil.copytree(ROOT / "evals" / "tasks", tasks)
+    shutil.copytree(ROOT / "data" / "evals", tmp_path / "data" / "evals")
+    recipe = load_recipe(RECIPE).model_copy(update={"base_dir": str(tmp_path / "recipes")})
+    key = key_of(recipe)
+    data = tmp_path / "data" / "evals" / "heldout_ppl.jsonl"
+    data.write_text(data.read_text() + '{"text": "one more document"}\n')
+    assert key_of(recipe) != key
+    key = key_of(recipe)
+    template = tasks / "_qs_passkey_template_yaml"  # included by the passkey tasks
+    template.write_text(template.read_text() + "\n# changed\n")
+    assert key_of(recipe) != key
+
+
+def test_a_reference_is_found_under_its_key_only(tmp_path):
+    capacity = CapacityConfig(name=Boot.BASE, kv_cache_dtype="auto", weights_bytes=1, kv_cache_memory_bytes=2,
+                              kv_cache_tokens=3, num_blocks=4, block_size=5, max_model_len=6, max_concurrency=7.0,
+                              boot_seconds=8.0)
+    accuracy = AccuracyRun(server_base_url="http://127.0.0.1:1", tasks={}, seconds=1.0, lm_eval_version="0.4.13")
+    ref = BaseReference(key="k1", run_id="run-1", run_dir="run-1", capacity=capacity, accuracy=accuracy, factors={})
+    assert find_reference(tmp_path, "k1") is None
+    save_reference(tmp_path, ref)
+    assert find_reference(tmp_path, "k1") == ref and find_reference(tmp_path, "k2") is None
+    (tmp_path / "base-references" / "k1.json").write_text("{not json")
+    assert find_reference(tmp_path, "k1") is None  # unreadable: the base is measured again
+
+
+def test_lm_eval_concurrency_is_the_servers_batch_unless_the_gate_says():
+    recipe = load_recipe(RECIPE)
+    assert recipe.gates.accuracy.num_concurrent is None
+    assert lm_eval_concurrency(recipe.gates.accuracy, recipe.serve) == recipe.serve.max_num_seqs == 16
+    gate = recipe.gates.accuracy.model_copy(update={"num_concurrent": 3})
+    assert lm_eval_concurrency(gate, recipe.serve) == 3
