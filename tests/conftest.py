@@ -100,7 +100,8 @@ def tier_of(item) -> str | None:
 # `make test`'s two lanes (pytest-xdist), by test file: each lane runs its files in one process, so its
 # session boots and flow runs stay shared; every other test is a unit of its own, run where there is
 # room. The split balances the lanes' seconds (benchmarks/results/test_durations.json).
-LANES = {"tests/engines/": "engines", "tests/flows/test_formats.py": "engines", "tests/flows/": "flows"}
+LANES = {"tests/engines/test_moe.py": "flows",  # its own quantization, none of the engines' session boots
+         "tests/engines/": "engines", "tests/flows/test_formats.py": "engines", "tests/flows/": "flows"}
 
 
 def pytest_xdist_make_scheduler(config, log):
