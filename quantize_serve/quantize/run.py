@@ -56,6 +56,8 @@ class QuantizeResult(BaseModel):
     # Where llm-compressor ran (the worker's torch device: ``cpu``, ``cuda:0 NVIDIA H200``), NOT_QUANTIZED
     # for an existing checkpoint; None: a checkpoint made before the device was recorded.
     device: str | None = None
+    # Where the model and the calibration activations were (worker.placement), with the reason.
+    placement: str | None = None
 
 
 def build_llmcompressor_recipe(q: QuantizationSection) -> str:
@@ -213,6 +215,7 @@ def _quantize_into(partial: Path, out: Path, recipe: Recipe, base_model_dir: Pat
         calibration_fingerprint=calibration_fingerprint,
         engine_versions=worker_report["engine_versions"],
         device=worker_report.get("device"),
+        placement=worker_report.get("placement"),
     )
     write_manifest(partial, result, extra={"base_identity": base_identity,
                                            "device": worker_report.get("device"),

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 from quantize_serve.quantize.calibration import fingerprint, load_calibration, render_texts, select_samples
-from quantize_serve.quantize.run import RECIPE_FILE, engine_versions
+from quantize_serve.core.settings import get_settings
+from quantize_serve.quantize.run import RECIPE_FILE, engine_versions, weights_bytes_on_disk
 from quantize_serve.recipe.model import Recipe
 
 
@@ -47,6 +48,31 @@ def describe_device(torch) -> str:
     return f"{kind}:{index} {name}".strip()
 
 
+GIB = 1024**3
+# What calibration needs on the device beyond the weights and the activation cache: the layer being
+# calibrated with its observers, Hessians (GPTQ) or smoothing grid (AWQ), and CUDA's own context.
+CALIBRATION_HEADROOM_BYTES = 8 * GIB
+
+
+def placement(free_bytes: int | None, weights_bytes: int, activation_bytes: int) -> tuple[bool, str]:
+    """(whether the model and the calibration activations go on the device, the reason in words).
+
+    llm-compressor's sequential pipeline keeps the model where it was loaded and onloads one layer at
+    a time to the device, with the activations between layers offloaded to the CPU: right for a model
+    larger than the device, and only slower for one that fits (an 8B AWQ on an H200: the model fits
+    nine times over). So when the weights, the activations (their cache holds a layer's inputs and
+    outputs) and a headroom fit the free memory, everything stays on the device."""
+    if free_bytes is None:
+        return False, "no accelerator: the model and its activations on the CPU"
+    need = weights_bytes + 2 * activation_bytes + CALIBRATION_HEADROOM_BYTES
+    fits = need <= free_bytes
+    verdict = ("model and calibration activations on the device" if fits
+               else "model on the CPU, onloaded one layer at a time (llm-compressor's default)")
+    return fits, (f"{verdict}: needs {need / GIB:.1f} GiB (weights {weights_bytes / GIB:.1f}, activations "
+                  f"2 x {activation_bytes / GIB:.1f}, headroom {CALIBRATION_HEADROOM_BYTES / GIB:.0f}), "
+                  f"{free_bytes / GIB:.1f} GiB free")
+
+
 def main(spec_path: str) -> None:
     started = time.monotonic()
     spec = json.loads(Path(spec_path).read_text())
@@ -75,7 +101,17 @@ def main(spec_path: str) -> None:
     print(f"[quantize] {len(texts)} calibration samples, "
           f"{sum(len(x) for x in encoded['input_ids'])} tokens", flush=True)
 
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=recipe.model.dtype, trust_remote_code=trust)
+    tokens = sum(len(x) for x in encoded["input_ids"])
+    hidden = int(json.loads((Path(base) / "config.json").read_text()).get("hidden_size") or 0)
+    free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
+    if free is not None and not get_settings().quantize_on_device:
+        on_device, where = False, "model on the CPU, onloaded one layer at a time (QS_QUANTIZE_ON_DEVICE=false)"
+    else:
+        on_device, where = placement(free, weights_bytes_on_disk(Path(base)), tokens * hidden * 2)  # 16-bit
+    target = f"cuda:{torch.cuda.current_device()}" if on_device else None
+    print(f"[quantize] placement: {where}", flush=True)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=recipe.model.dtype, trust_remote_code=trust,
+                                                 device_map=target)
     # Mixtures of experts: llm-compressor's own MoE support. linearize_moe turns each layer's fused
     # experts (3D tensors) into one Linear per expert's gate/up/down projection, which the modifiers
     # quantize and the checkpoint stores per expert (what vLLM's MoE kernels load); with
@@ -93,6 +129,7 @@ def main(spec_path: str) -> None:
         batch_size=recipe.calibration.batch_size,
         shuffle_calibration_samples=False,  # already shuffled with the recipe's seed
         moe_calibrate_all_experts=True,  # llm-compressor's default, stated: the run depends on it
+        sequential_offload_device=target or "cpu",  # the activations between layers: beside the model
     )
     model.save_pretrained(out, save_compressed=True)
     tokenizer.save_pretrained(out)
@@ -101,6 +138,7 @@ def main(spec_path: str) -> None:
         "engine_versions": engine_versions(),
         "calibration_fingerprint": fingerprint(render_texts(recipe, rows)),
         "device": device,
+        "placement": where,
         "workarounds": workarounds,
         "seconds": round(time.monotonic() - started, 2),
     }

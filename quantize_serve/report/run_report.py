@@ -118,7 +118,8 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
         (f"- quantized: {r.checkpoint.method} {r.checkpoint.scheme}, {r.checkpoint.base_bytes:,} -> "
          f"{r.checkpoint.quantized_bytes:,} bytes on disk ({r.checkpoint.seconds:.0f} s"
          f"{', reused' if r.checkpoint.cached else ''})"),
-        f"- quantization device: {r.checkpoint.device or 'not recorded'}",
+        f"- quantization device: {r.checkpoint.device or 'not recorded'}"
+        + (f"; {r.checkpoint.placement}" if r.checkpoint.placement else ""),
         (f"- recipe: `{_recipe_source(r.recipe_source)}` (sha256 `{r.recipe_sha256[:12]}`), run `{r.run_id}`"
          + (f" ({r.run_url})" if r.run_url else "") + f", {r.hardware}"),
         f"- served with vLLM {r.vllm_version or 'unknown'}",

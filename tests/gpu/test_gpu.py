@@ -37,6 +37,7 @@ def test_the_whole_flow_on_the_tiny_recipe_promotes_on_the_gpu(prefect_api, idle
     assert isinstance(report, RunReport)
     assert report.decision.passed and report.release.status == "promoted"
     assert report.checkpoint.device.startswith("cuda"), report.checkpoint.device  # quantized on the GPU
+    assert report.checkpoint.placement.startswith("model and calibration activations on the device")
     # the three capacity boots, under vLLM's GPU accounting (no fixed budget: GPU_OVERRIDES)
     capacity = report.capacity
     assert capacity is not None and capacity.budget_bytes is None, capacity

@@ -126,3 +126,16 @@ def test_the_worker_names_the_device_it_quantized_on():
     assert describe_device(fake_torch(None)) == "cpu"
     assert describe_device(fake_torch("cuda")) == "cuda:0 NVIDIA H200"
     assert describe_device(fake_torch("xpu")) == "xpu:0"
+
+
+def test_a_model_that_fits_the_gpu_is_quantized_there_whole_and_a_larger_one_layer_by_layer():
+    from quantize_serve.quantize.worker import GIB, placement
+
+    # Llama-3-8B in bf16 (16.1 GB) with 256 x 1,104 calibration tokens of hidden 4,096 on a free H200
+    weights, activations, h200_free = 16_060_522_496, 256 * 1_104 * 4_096 * 2, 140 * GIB
+    on_device, why = placement(h200_free, weights, activations)
+    assert on_device and why.startswith("model and calibration activations on the device: needs 27."), why
+    # a 70B (141 GB in bf16) does not fit: llm-compressor's default, one layer at a time
+    on_device, why = placement(h200_free, 141 * 10**9, activations)
+    assert not on_device and "onloaded one layer at a time" in why and "140.0 GiB free" in why, why
+    assert placement(None, weights, activations) == (False, "no accelerator: the model and its activations on the CPU")
