@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quantize_serve.capacity.measure import GIB, CapacityConfig
+from quantize_serve.capacity.measure import CapacityConfig
+from quantize_serve.core.model_files import GIB
 
 CHART = "capacity.png"
 

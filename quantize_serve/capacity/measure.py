@@ -33,13 +33,13 @@ from pydantic import BaseModel
 from quantize_serve.capacity import planner
 from quantize_serve.capacity.plan_table import ModelSummary
 from quantize_serve.core.errors import GateError
+from quantize_serve.core.model_files import GIB
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.host import serving_host_gap
 from quantize_serve.serving.metrics import read_labels
 from quantize_serve.serving.server import RunningServer, ServerSpec, vllm_server
 
-GIB = 1024**3
 METHOD_FIXED = (
     "fixed budget: every configuration shares serve.memory_budget; each boot gets "
     "--kv-cache-memory-bytes = budget - weights, weights = tensor bytes of the checkpoint's "

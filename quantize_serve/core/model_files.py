@@ -19,6 +19,7 @@ from quantize_serve.core.errors import RecipeError
 INDEX = "model.safetensors.index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit on the header
+GIB = 1024**3  # bytes in a GiB: how sizes of weights and memory are shown
 
 
 def check_model_files(model_dir: Path, *, source: str, field: str = "model.id", value: str = "") -> None:

@@ -12,8 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from quantize_serve.quantize.calibration import fingerprint, load_calibration, render_texts, select_samples
+from quantize_serve.core.model_files import GIB
 from quantize_serve.core.settings import get_settings
+from quantize_serve.quantize.calibration import fingerprint, load_calibration, render_texts, select_samples
 from quantize_serve.quantize.run import RECIPE_FILE, engine_versions, weights_bytes_on_disk
 from quantize_serve.recipe.model import Recipe
 
@@ -48,7 +49,6 @@ def describe_device(torch) -> str:
     return f"{kind}:{index} {name}".strip()
 
 
-GIB = 1024**3
 # What calibration needs on the device beyond the weights and the activation cache: the layer being
 # calibrated with its observers, Hessians (GPTQ) or smoothing grid (AWQ), and CUDA's own context.
 CALIBRATION_HEADROOM_BYTES = 8 * GIB

@@ -21,7 +21,8 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from quantize_serve.capacity import planner
-from quantize_serve.capacity.measure import GIB, CapacityConfig
+from quantize_serve.capacity.measure import CapacityConfig
+from quantize_serve.core.model_files import GIB
 from quantize_serve.serve_profile.output import write_profile
 from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.server import ServerSpec
