@@ -13,7 +13,8 @@ the times are real):
 
 Three runs, one local stack (Prefect server, `gpu` pool, local Hub):
 1. ``baseline``: the product's speed-ups that a setting switches off are off (QS_PREPARE_BOOTS=false,
-   QS_REUSE_BASE_REFERENCE=false, lm-eval's concurrency at the recipe's former 16), a fresh work dir
+   QS_REUSE_BASE_REFERENCE=false, QS_QUANTIZE_ON_DEVICE=false, lm-eval's concurrency at the recipe's
+   former 16), a fresh work dir
    (an empty vLLM compile cache), its own Hub repo. What stays on: the Hub push beside the boots.
 2. ``first_release``: everything on, a fresh work dir, its own Hub repo: a base never released here.
 3. ``re_release``: everything on, the first release's work dir and Hub repo, a new calibration draw
@@ -64,7 +65,7 @@ TASKS = [{"task": "gsm8k", "num_fewshot": 5, "limit": 500}, {"task": "arc_challe
 SMOKE_LIMITS = {"gsm8k": 3, "arc_challenge": 3, "hellaswag": 3, "mmlu": 1}
 SMOKE_DATA = {"gsm8k_test": 10, "arc_test": 10, "hellaswag_validation": 10, "mmlu_test": 2}
 SMOKE_OVERRIDES = {k: v for k, v in REHEARSE_OVERRIDES.items() if k != "gates.accuracy.num_concurrent"}
-BASELINE_ENV = {"QS_PREPARE_BOOTS": "false", "QS_REUSE_BASE_REFERENCE": "false"}
+BASELINE_ENV = {"QS_PREPARE_BOOTS": "false", "QS_REUSE_BASE_REFERENCE": "false", "QS_QUANTIZE_ON_DEVICE": "false"}
 BASELINE_CONCURRENT = 16  # what recipes/llama3-8b-instruct-awq.yaml set before it was sized to max_num_seqs
 CALIBRATION_LINE = re.compile(r"\[quantize\] (\d+) calibration samples, (\d+) tokens")
 
