@@ -54,6 +54,14 @@ EXPECTED_KERNELS: dict[tuple[str, str], tuple[str, ...]] = {
     ("cpu", "int8"): ("CPUInt8ScaledMMLinearKernel",),
     ("cpu", "fp8"): ("ChannelWiseTorchFP8ScaledMMLinearKernel",),
 }
+# A mixture of experts' quantized experts (vLLM 0.26 CUDA logs "Using <method>" when it picks their
+# method): 4-bit experts should get Marlin MoE; CompressedTensorsWNA16MoEMethod is the Triton WNA16
+# fallback vLLM takes when Marlin cannot serve the layout (an odd group size, ...).
+MOE_METHOD_LINE = re.compile(r"Using (CompressedTensors\w+MoEMethod)\b")
+EXPECTED_MOE_METHODS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("cuda-fp8", "int4"): ("CompressedTensorsWNA16MarlinMoEMethod",),
+    ("cuda", "int4"): ("CompressedTensorsWNA16MarlinMoEMethod",),
+}
 CHART = "formats.png"
 FAMILY = {"W4A16": "int4", "W4A16_ASYM": "int4", "W8A8": "int8", "FP8_DYNAMIC": "fp8"}
 
@@ -68,6 +76,17 @@ def platform_of(compute_capability: tuple[int, int] | None) -> Platform:
 def boot_kernels(log_text: str) -> list[str]:
     """The linear kernels vLLM reported choosing, in order of first mention."""
     return list(dict.fromkeys(KERNEL_LINE.findall(log_text)))
+
+
+def moe_problem(scheme: str, platform: Platform, log_text: str) -> tuple[list[str], str | None]:
+    """(the MoE methods the boot log names, why they are not the ones ``scheme``'s experts should get)."""
+    methods = list(dict.fromkeys(MOE_METHOD_LINE.findall(log_text)))
+    expected = EXPECTED_MOE_METHODS.get((platform, FAMILY[scheme]))
+    wrong = [m for m in methods if expected and m not in expected]
+    if wrong:
+        return methods, (f"vLLM chose {', '.join(wrong)} for the {scheme} experts on {platform}, a fallback: they "
+                         f"should get {' or '.join(expected)} here (see the boot log for why)")
+    return methods, None
 
 
 def kernel_problem(scheme: str, platform: Platform, log_text: str) -> tuple[list[str], str | None]:
@@ -88,7 +107,8 @@ def kernel_problem(scheme: str, platform: Platform, log_text: str) -> tuple[list
     if fallback or not any(k in expected for k in kernels):
         return kernels, (f"vLLM chose {', '.join(fallback or kernels)} for {scheme} on {platform}, a fallback: the "
                          f"scheme should get {' or '.join(expected)} here (see the boot log for why)")
-    return kernels, None
+    methods, problem = moe_problem(scheme, platform, log_text)
+    return kernels + methods, problem
 
 
 class BenchSettings(BaseModel):

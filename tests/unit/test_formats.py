@@ -144,6 +144,11 @@ def test_a_checkpoint_of_another_model_or_an_unquantized_one_is_refused(tmp_path
     ("W8A8", "cpu", "Selected CPUInt8ScaledMMLinearKernel for CompressedTensorsW8A8Int8", True),
     ("W4A16_ASYM", "cpu", "Using CPUWNA16LinearKernel for AutoAWQMarlinLinearMethod", True),
     ("W8A8", "cpu", "no kernel named", False),
+    # a mixture of experts (vLLM 0.26 CUDA): the attention's linears and the experts each get their kernel
+    ("W4A16", "cuda-fp8", "Selected MacheteLinearKernel for CompressedTensorsWNA16\n"
+     "Using CompressedTensorsWNA16MarlinMoEMethod", True),
+    ("W4A16", "cuda-fp8", "Selected MacheteLinearKernel for CompressedTensorsWNA16\n"
+     "Using CompressedTensorsWNA16MoEMethod", False),
 ])
 def test_the_kernel_check_passes_the_expected_kernel_and_fails_a_fallback_with_its_reason(scheme, platform, log, ok):
     kernels, problem = formats.kernel_problem(scheme, platform, log)
