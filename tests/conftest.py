@@ -61,15 +61,20 @@ SERVING_GAPS = {"w4a16_serving": ("W4A16 kernels", serving_host_gap("W4A16", Non
 AVX2_ONLY = frozenset("fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma bmi2".split())
 
 
-@pytest.fixture
-def avx2_host(monkeypatch):
-    """This machine as an AVX2-only x86 CPU host (no GPU), as quantize_serve/serving/host.py sees it."""
+def as_cpu_host(monkeypatch, flags: frozenset[str]) -> None:
+    """This machine as an x86 CPU host with ``flags`` and no GPU, as quantize_serve/serving/host.py sees it."""
     from quantize_serve.serving import gpu, host
 
-    monkeypatch.setattr(host, "cpu_flags", lambda cpuinfo=None: AVX2_ONLY)
+    monkeypatch.setattr(host, "cpu_flags", lambda cpuinfo=None: flags)
     monkeypatch.setattr(host.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(gpu, "usable_memory_bytes", lambda index=0: None)
     monkeypatch.setattr(gpu, "describe_devices", lambda: None)
+
+
+@pytest.fixture
+def avx2_host(monkeypatch):
+    """This machine as an AVX2-only x86 CPU host (no GPU)."""
+    as_cpu_host(monkeypatch, AVX2_ONLY)
 
 
 TIERS = ("unit", "engines", "flows", "gpu")  # tests/<tier>/: the tier is the folder, and so the marker

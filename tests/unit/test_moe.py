@@ -18,11 +18,10 @@ from quantize_serve.core.errors import RecipeError
 from quantize_serve.recipe.inputs import check_model_config
 from quantize_serve.recipe.load import load_recipe
 from quantize_serve.serving import gpu
-from quantize_serve.serving import host as cpu_support
 from quantize_serve.serving.host import CPU_MOE_REFUSALS
 from quantize_serve.validate import preflight
 from quantize_serve.validate.preflight import check_serving_host, validate_recipe
-from tests.conftest import AVX2_ONLY, ROOT, safetensors_tensors
+from tests.conftest import AVX2_ONLY, ROOT, as_cpu_host, safetensors_tensors
 from tests.unit.test_cpu_support import capacity_row
 
 TINY_MOE = ROOT / "recipes" / "tiny-qwen3-moe-awq.yaml"
@@ -35,10 +34,7 @@ AVX512 = AVX2_ONLY | {"avx512f", "avx512bw", "avx512dq", "avx512vl"}
 @pytest.fixture
 def cpu_host(monkeypatch):
     """An AVX-512 x86 CPU and no GPU (this suite's usual machine, whatever runs it)."""
-    monkeypatch.setattr(cpu_support, "cpu_flags", lambda cpuinfo=None: AVX512)
-    monkeypatch.setattr(cpu_support.platform, "machine", lambda: "x86_64")
-    monkeypatch.setattr(gpu, "usable_memory_bytes", lambda index=0: None)
-    monkeypatch.setattr(gpu, "describe_devices", lambda: None)
+    as_cpu_host(monkeypatch, AVX512)
 
 
 @pytest.fixture
