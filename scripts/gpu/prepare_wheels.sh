@@ -18,7 +18,7 @@
 #                    environment markers (`; python_version > "3.11"`) with the Python that runs it, so
 #                    the closure is exact only when resolved by that version.
 #   --out            output folder (default .gpu-wheels, git-ignored).
-#   --chunk-mib      also tar the wheelhouse and split it into pieces of N MiB (default 56) for a
+#   --chunk-mib      also tar the wheelhouse and split it into pieces of N MiB (default 48) for a
 #                    channel that limits one transfer; --no-chunks skips that.
 #
 # Output:
@@ -35,7 +35,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-DEVICE=cuda PYVER=3.12 PLATFORM=manylinux_2_39_x86_64 HOST_FREEZE="" INTERP="" OUT=.gpu-wheels CHUNK_MIB=56
+DEVICE=cuda PYVER=3.12 PLATFORM=manylinux_2_39_x86_64 HOST_FREEZE="" INTERP="" OUT=.gpu-wheels CHUNK_MIB=48
 while [ $# -gt 0 ]; do
   case $1 in
     --device) DEVICE=$2; shift 2 ;;
