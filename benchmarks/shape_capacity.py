@@ -23,8 +23,14 @@ sys.path.insert(0, str(ROOT))
 
 RECIPE = ROOT / "recipes" / "llama3-8b-instruct-awq.yaml"
 TOKENIZER = ROOT / "models" / "tiny-llama"  # the reference tokenizer: a dummy boot needs one, any will do
+# The config.json of each shape measured here and in benchmarks/h200_shapes.py (the Qwen ones are the
+# models' published config.json, which the planner's tests use too), and the reference models' own.
 SHAPES = {"Llama-3-8B": ROOT / "benchmarks/configs/llama-3-8b.json",
-          "Llama-3-70B": ROOT / "benchmarks/configs/llama-3-70b.json"}
+          "Llama-3-70B": ROOT / "benchmarks/configs/llama-3-70b.json",
+          "Qwen2-72B": ROOT / "tests/fixtures/configs/qwen2-72b.json",
+          "Qwen3-30B-A3B": ROOT / "tests/fixtures/configs/qwen3-30b-a3b.json",
+          "tiny-llama": ROOT / "models/tiny-llama/config.json",
+          "tiny-qwen3-moe": ROOT / "models/tiny-qwen3-moe/config.json"}
 SERVE = {"serve.max_model_len": 8192, "serve.gpu_memory_utilization": 0.90, "serve.enforce_eager": True,
          "serve.max_num_batched_tokens": 8192, "serve.max_num_seqs": 256, "serve.kv_cache_dtype": "fp8",
          "quantization.scheme": "W4A16", "quantization.kv_cache_scales": False}
@@ -41,7 +47,7 @@ REHEARSE_RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
 def shape_folder(name: str, work: Path) -> Path:
     folder = work / name
     folder.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(SHAPES[name] if name in SHAPES else TOKENIZER / "config.json", folder / "config.json")
+    shutil.copyfile(SHAPES[name], folder / "config.json")
     for f in TOKENIZER.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
             shutil.copyfile(f, folder / f.name)
@@ -57,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/h200x2_shape.json")
     p.add_argument("--work", type=Path, default=Path("/tmp/qs-shape"))
-    p.add_argument("--models", default=",".join(SHAPES))
+    p.add_argument("--models", default="Llama-3-8B,Llama-3-70B")
     p.add_argument("--tp", default="1,2")
     p.add_argument("--rehearse", action="store_true", help="CPU: the reference model's shape, TP 1")
     args = p.parse_args(argv)

@@ -280,9 +280,11 @@ def measure_capacity(server: RunningServer, spec: ServerSpec, *, name: Boot) -> 
 
 
 def plan_for(recipe: Recipe, base_config: dict, name: Boot, *, block_size: int,
-             device_memory_bytes: int | None = None, tensor_parallel_size: int | None = None) -> planner.CapacityPlan:
+             device_memory_bytes: int | None = None, tensor_parallel_size: int | None = None,
+             cudagraph_memory_bytes: int | None = None) -> planner.CapacityPlan:
     """The planner's prediction for one configuration, in the same mode as the measurement
-    (``tensor_parallel_size``: another TP than the recipe's)."""
+    (``tensor_parallel_size``: another TP than the recipe's; ``cudagraph_memory_bytes``: vLLM's
+    CUDA-graph estimate from a boot's log, instead of the planner's stand-in)."""
     boot = Boot(name)
     kv = "auto" if boot.sixteen_bit_kv else recipe.serve.kv_cache_dtype
     scheme = recipe.quantization.scheme if boot.quantized else "bf16"
@@ -300,6 +302,7 @@ def plan_for(recipe: Recipe, base_config: dict, name: Boot, *, block_size: int,
         group_size=recipe.quantization.group_size,
         ignore=tuple(recipe.quantization.ignore),
         enforce_eager=recipe.serve.enforce_eager,  # CUDA graphs: vLLM's estimate leaves the KV budget
+        cudagraph_memory_bytes=cudagraph_memory_bytes,
     )
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -107,6 +107,7 @@ class ShapeRow(BaseModel):
     tensor_parallel_size: int
     measured: CapacityConfig | None = None
     refused: str | None = None
+    not_booted: str | None = None  # why this configuration was not booted (it stays planned only)
     planned: planner.CapacityPlan
     error_pct: float | None = None
 
@@ -139,7 +140,8 @@ class ShapeCapacity(BaseModel):
                 lines.append(f"| {r.name} ({r.kv_cache_dtype}) | {m.weights_bytes / GIB:.2f} | "
                              f"{m.kv_cache_tokens:,} | {m.max_concurrency:.2f}x | {plan}{err} |")
             else:
-                what = f"refused by vLLM: {r.refused}" if r.refused else "not booted: production was refused first"
+                why = r.not_booted or "production was refused first"  # a report made before not_booted
+                what = f"refused by vLLM: {r.refused}" if r.refused else f"not booted: {why}"
                 lines.append(f"| {r.name} ({r.kv_cache_dtype}) | {p.weights_bytes / GIB:.2f} (planned) | "
                              f"{what} | - | {plan} |")
         lines += ["", f"Model shape: {self.model}. Weights are random (vLLM --load-format dummy); sizes, "
@@ -149,12 +151,15 @@ class ShapeCapacity(BaseModel):
 
 def measure_shape(recipe: Recipe, base_dir: str | Path, *, out_dir: Path, model: str,
                   device_memory_bytes: int | None = None, production_first: bool = False,
+                  boots: Collection[Boot] | None = None,
                   log: Callable[[str], None] = lambda _: None) -> ShapeCapacity:
     """Boot the three configurations of ``base_dir``'s shape with dummy weights, one at a time,
     and measure each like the flow's capacity stage does (``capacity.measure_capacity``).
 
     ``production_first`` (the flow's preflight): boot the production configuration first and boot
-    no other when vLLM refuses it, since the run stops there anyway; rows keep the Boot order."""
+    no other when vLLM refuses it, since the run stops there anyway; rows keep the Boot order.
+    ``boots``: boot only these configurations (a benchmark measuring row by row); the others are
+    rows planned only."""
     folders = shape_folders(Path(base_dir), recipe.quantization, out_dir)
     base_config = json.loads((Path(base_dir) / "config.json").read_text())
     fixed = recipe.serve.memory_budget is not None
@@ -170,6 +175,9 @@ def measure_shape(recipe: Recipe, base_dir: str | Path, *, out_dir: Path, model:
     order = [Boot.PRODUCTION, *(b for b in Boot if b is not Boot.PRODUCTION)] if production_first else list(Boot)
     for boot in order:
         spec, row, planned = specs[boot], rows[boot], rows[boot].planned
+        if boots is not None and boot not in boots:
+            row.not_booted = "not asked for"
+            continue
         log(f"shape capacity {boot}: {spec.serve_command()}")
         try:
             with vllm_server(spec, log_path=out_dir / f"vllm-shape-{boot}.log") as server:
@@ -186,7 +194,10 @@ def measure_shape(recipe: Recipe, base_dir: str | Path, *, out_dir: Path, model:
             log(f"shape capacity {boot}: {measured.kv_cache_tokens:,} KV tokens "
                 f"(planner {planned.kv_cache_tokens:,})")
         if production_first and boot is Boot.PRODUCTION and row.refused:
-            break  # the run stops here: the other rows stay planned only
+            for other in Boot:  # the run stops here: the other rows stay planned only
+                if other is not boot:
+                    rows[other].not_booted = "production was refused first"
+            break
     return ShapeCapacity(model=model, method=METHOD_FIXED if fixed else METHOD_GPU, rows=[rows[b] for b in Boot])
 
 

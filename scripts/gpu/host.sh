@@ -15,6 +15,10 @@
 #   bash scripts/gpu/host.sh launch-llama3 [ARGS...]        start job llama3: benchmarks/h200_llama3.py
 #   bash scripts/gpu/host.sh launch-shape [ARGS...]         start job shape: benchmarks/shape_capacity.py
 #   bash scripts/gpu/host.sh launch-schemes [ARGS...]       start job schemes: benchmarks/h200_schemes.py
+#   bash scripts/gpu/host.sh launch-shapes [ARGS...]        start job shapes: benchmarks/h200_shapes.py (adds to
+#                                                           STATE/h200_shapes.json, first seeded from the checkout's
+#                                                           benchmarks/results/h200_shapes.json: --resume continues it)
+#   bash scripts/gpu/host.sh launch-moe [ARGS...]           start job moe: benchmarks/h200_moe.py
 #   bash scripts/gpu/host.sh collect DEST                   copy results, logs and the freeze to DEST
 # The benchmarks run from the project's environments (`make setup` first): .venv/bin/python, and
 # .venv-serve for vLLM (the package's default serving Python).
@@ -95,8 +99,8 @@ status)
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader 2>/dev/null || true
   # the drivers' own lines, Prefect's log lines, and `prefect deployment run --watch`'s (▪ log, ● event)
   log=$STATE/$job.log
-  if grep -a -q -E '^\[(h200|shape|schemes|llama3)|\| (INFO|WARNING|ERROR) |^(▪|●) ' "$log" 2>/dev/null; then
-    grep -a -E '^\[(h200|shape|schemes|llama3)|\| (INFO|WARNING|ERROR) |^(▪|●) ' "$log" | cut -c1-300 | tail -n 45
+  if grep -a -q -E '^\[(h200|shape|schemes|llama3|moe)|\| (INFO|WARNING|ERROR) |^(▪|●) ' "$log" 2>/dev/null; then
+    grep -a -E '^\[(h200|shape|schemes|llama3|moe)|\| (INFO|WARNING|ERROR) |^(▪|●) ' "$log" | cut -c1-300 | tail -n 45
   else
     tail -n 45 "$log" 2>/dev/null | cut -c1-300
   fi
@@ -122,6 +126,20 @@ launch-schemes)
   start_job schemes .venv/bin/python benchmarks/h200_schemes.py --out "$STATE/h200_schemes.json" \
     --work "$STATE/schemes" "$@"
   ;;
+launch-shapes)
+  shift; need_setup
+  # The rows measured in an earlier session came back in the checkout: this session adds to them.
+  if [ ! -f "$STATE/h200_shapes.json" ] && [ -f benchmarks/results/h200_shapes.json ]; then
+    cp benchmarks/results/h200_shapes.json "$STATE/h200_shapes.json"
+    echo "host.sh: $STATE/h200_shapes.json seeded from benchmarks/results/h200_shapes.json (--resume skips its rows)"
+  fi
+  start_job shapes .venv/bin/python benchmarks/h200_shapes.py --out "$STATE/h200_shapes.json" \
+    --work "$STATE/shapes" "$@"
+  ;;
+launch-moe)
+  shift; need_setup
+  start_job moe .venv/bin/python benchmarks/h200_moe.py --out "$STATE/h200_moe.json" --work "$STATE/moe" "$@"
+  ;;
 collect)
   DEST=${2:?destination folder}; mkdir -p "$DEST"
   for f in "$STATE"/*.json "$STATE"/host-freeze.txt "$STATE"/llama3-watch.log "$STATE"/*.rc "$STATE"/*.started; do
@@ -130,7 +148,8 @@ collect)
   for f in "$STATE"/*.log; do [ -f "$f" ] && tail -c 4000000 "$f" > "$DEST/$(basename "$f")"; done
   cp benchmarks/results/test_durations.json "$DEST/" 2>/dev/null || true  # make test's, here
   (cd "$STATE" && tar -czf "$DEST/logs.tar.gz" --exclude='*.safetensors' --exclude='*.parquet' work/logs work/stress \
-      work/flow_result.json runs llama3-stack/runs llama3-stack/*.log shape schemes 2>/dev/null) || true
+      work/flow_result.json runs llama3-stack/runs llama3-stack/*.log shape schemes shapes/boots moe/runs \
+      2>/dev/null) || true
   (tar -czf "$DEST/runs.tar.gz" --exclude='*.safetensors' runs 2>/dev/null) || true  # make demo's runs
   echo "collected into $DEST: $(ls "$DEST" | tr '\n' ' ')"
   ;;

@@ -39,3 +39,58 @@ def test_measure_needs_a_recipe_and_no_gpu_preset(capsys):
     assert "needs a RECIPE" in err and "quantize-serve plan RECIPE --measure" in err
     assert main(["plan", str(RECIPE), "--measure", "--gpu", "h200"]) == 2
     assert "--gpu only applies to a prediction" in capsys.readouterr().err
+
+
+def fake_boots(monkeypatch, *, refuse: set[str] = frozenset()) -> list[str]:
+    """measure_shape's boots without vLLM: each boot's name is recorded; a boot in ``refuse`` is refused."""
+    from contextlib import contextmanager
+
+    from quantize_serve.capacity import shape
+    from quantize_serve.capacity.measure import CapacityConfig
+    from quantize_serve.core.errors import ServerBootError
+
+    booted: list[str] = []
+
+    @contextmanager
+    def server(spec, *, log_path):
+        name = log_path.stem.removeprefix("vllm-shape-")
+        booted.append(name)
+        if name in refuse:
+            raise ServerBootError("vLLM exited with code 1 before it became healthy: No available memory")
+        yield spec
+
+    def measure(server, spec, *, name):
+        return CapacityConfig(name=name, kv_cache_dtype=spec.effective_kv_dtype, weights_bytes=1,
+                              kv_cache_memory_bytes=1, kv_cache_tokens=4096, num_blocks=32, block_size=128,
+                              max_model_len=512, max_concurrency=8.0, boot_seconds=1.0)
+
+    monkeypatch.setattr(shape, "vllm_server", server)
+    monkeypatch.setattr(shape, "measure_capacity", measure)
+    return booted
+
+
+def test_a_shape_can_be_measured_one_configuration_at_a_time(monkeypatch, tmp_path, awq_recipe):
+    """``boots``: a benchmark measures row by row (benchmarks/h200_shapes.py); the rows not asked for are
+    planned only and say why."""
+    from quantize_serve.capacity.shape import measure_shape
+    from quantize_serve.serving.boot import Boot
+
+    booted = fake_boots(monkeypatch)
+    result = measure_shape(awq_recipe, TINY, out_dir=tmp_path, model="tiny", boots={Boot.PRODUCTION})
+    assert booted == [Boot.PRODUCTION]
+    rows = {r.name: r for r in result.rows}
+    assert rows[Boot.PRODUCTION].measured.kv_cache_tokens == 4096 and rows[Boot.PRODUCTION].not_booted is None
+    for other in (Boot.BASE, Boot.QUANTIZED_16BIT_KV):
+        assert rows[other].measured is None and rows[other].not_booted == "not asked for"
+    assert result.markdown().count("not booted: not asked for") == 2
+
+
+def test_the_preflight_boots_nothing_after_production_is_refused(monkeypatch, tmp_path, awq_recipe):
+    from quantize_serve.capacity.shape import measure_shape
+    from quantize_serve.serving.boot import Boot
+
+    booted = fake_boots(monkeypatch, refuse={str(Boot.PRODUCTION)})
+    result = measure_shape(awq_recipe, TINY, out_dir=tmp_path, model="tiny", production_first=True)
+    assert booted == [Boot.PRODUCTION]
+    assert result.row(Boot.PRODUCTION).refused.endswith("No available memory")
+    assert result.markdown().count("not booted: production was refused first") == 2
