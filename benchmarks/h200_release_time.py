@@ -20,6 +20,10 @@ Three runs, one local stack (Prefect server, `gpu` pool, local Hub):
 3. ``re_release``: everything on, the first release's work dir and Hub repo, a new calibration draw
    (calibration.shuffle_seed + 1, so the model is quantized again): a known base's next release.
 
+``--runs`` picks some of them, in that order, when one session cannot hold all three: the runs not
+picked stay in --out as an earlier session measured them (each run records when). ``re_release`` needs
+``first_release`` in the same invocation: it re-releases that run's base from its work dir and Hub repo.
+
 Recorded per run: flow wall and per-stage seconds (the run's "stage done" marks), calibration samples
 and tokens (the quantize worker's own line), the task set, the vLLM boots with their compile-cache
 hits or compiles (from each boot's log), whether the base reference was reused and from which run,
@@ -66,6 +70,7 @@ SMOKE_LIMITS = {"gsm8k": 3, "arc_challenge": 3, "hellaswag": 3, "mmlu": 1}
 SMOKE_DATA = {"gsm8k_test": 10, "arc_test": 10, "hellaswag_validation": 10, "mmlu_test": 2}
 SMOKE_OVERRIDES = {k: v for k, v in REHEARSE_OVERRIDES.items() if k != "gates.accuracy.num_concurrent"}
 BASELINE_ENV = {"QS_PREPARE_BOOTS": "false", "QS_REUSE_BASE_REFERENCE": "false", "QS_QUANTIZE_ON_DEVICE": "false"}
+RUNS = ("baseline", "first_release", "re_release")
 BASELINE_CONCURRENT = 16  # what recipes/llama3-8b-instruct-awq.yaml set before it was sized to max_num_seqs
 CALIBRATION_LINE = re.compile(r"\[quantize\] (\d+) calibration samples, (\d+) tokens")
 
@@ -99,7 +104,7 @@ def one_run(stack: Any, res: Results, name: str, *, overrides: dict[str, Any], e
     calibration = CALIBRATION_LINE.search(output)
     decision = report.get("decision") or {}
     res.data["runs"][name] = {
-        "exit_code": rc, "wall_seconds": wall, "flow": flow, "stage_seconds": stages,
+        "measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "exit_code": rc, "wall_seconds": wall, "flow": flow, "stage_seconds": stages,
         "calibration": {"samples": int(calibration[1]), "tokens": int(calibration[2])} if calibration else None,
         "tasks": [t.get("task") for t in overrides.get("gates.accuracy.tasks", [])],
         "accuracy_task_seconds": {},
@@ -133,8 +138,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     shutil.rmtree(home, ignore_errors=True)
     runs = home / "runs"
     res = Results(Path(args.out), roots=(state, get_settings().serving_python.parent))
-    res.data.clear()
-    res.data.update(errors={}, runs={})
+    kept = {name: run for name, run in res.data.get("runs", {}).items() if name not in args.runs}
+    res.data.clear()  # the runs not asked for this time stay as an earlier session measured them
+    res.data.update(errors={}, runs=kept)
     recipe = load_recipe(ROOT / "recipes/llama3-8b-instruct-awq.yaml")
     limits = SMOKE_LIMITS if args.cpu_smoke else {}
     tasks = [{**t, "limit": limits.get(t["task"], t["limit"])} for t in TASKS]
@@ -182,6 +188,8 @@ def cmd_run(args: argparse.Namespace) -> None:
              {**env, "QS_WORK_DIR": str(home / "work")}),
         ]
         for name, overrides, run_env in plan:
+            if name not in args.runs:
+                continue
             try:
                 one_run(stack, res, name, overrides=overrides, env=run_env, runs=runs, timeout_s=args.timeout_s)
             except Exception as exc:  # noqa: BLE001 - recorded; the next run still tells something
@@ -207,7 +215,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--keep-model", action="store_true", help="keep the built weights after publishing them")
     p.add_argument("--build-timeout-s", type=float, default=900)
     p.add_argument("--timeout-s", type=float, default=3000)
+    p.add_argument("--runs", default=",".join(RUNS),
+                   help="which runs, in order (a session may not hold all three: the others are kept from --out)")
     args = p.parse_args(argv)
+    args.runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+    if unknown := [r for r in args.runs if r not in RUNS]:
+        p.error(f"--runs: unknown {', '.join(unknown)}; choose from {', '.join(RUNS)}")
+    if "re_release" in args.runs and "first_release" not in args.runs:
+        p.error("--runs: re_release needs first_release in the same invocation (it re-releases that run's "
+                "base from its work dir and Hub repo, which live only as long as this host's scratch folder)")
     if not args.cpu_smoke and not args.model_dir:
         p.error("--model-dir is required on a GPU host (or --cpu-smoke)")
     cmd_run(args)

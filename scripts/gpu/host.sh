@@ -19,6 +19,9 @@
 #                                                           STATE/h200_shapes.json, first seeded from the checkout's
 #                                                           benchmarks/results/h200_shapes.json: --resume continues it)
 #   bash scripts/gpu/host.sh launch-moe [ARGS...]           start job moe: benchmarks/h200_moe.py
+#   bash scripts/gpu/host.sh launch-release-time [ARGS...]  start job release: benchmarks/h200_release_time.py (adds
+#                                                           to STATE/h200_release_time.json, seeded like launch-shapes;
+#                                                           --runs picks the runs of this session)
 #   bash scripts/gpu/host.sh collect DEST                   copy results, logs and the freeze to DEST
 # The benchmarks run from the project's environments (`make setup` first): .venv/bin/python, and
 # .venv-serve for vLLM (the package's default serving Python).
@@ -139,6 +142,15 @@ launch-shapes)
 launch-moe)
   shift; need_setup
   start_job moe .venv/bin/python benchmarks/h200_moe.py --out "$STATE/h200_moe.json" --work "$STATE/moe" "$@"
+  ;;
+launch-release-time)
+  shift; need_setup
+  if [ ! -f "$STATE/h200_release_time.json" ] && [ -f benchmarks/results/h200_release_time.json ]; then
+    cp benchmarks/results/h200_release_time.json "$STATE/h200_release_time.json"
+    echo "host.sh: $STATE/h200_release_time.json seeded from benchmarks/results/h200_release_time.json"
+  fi
+  start_job release .venv/bin/python benchmarks/h200_release_time.py --state "$STATE" --model-dir "$STATE/model" \
+    --out "$STATE/h200_release_time.json" "$@"
   ;;
 collect)
   DEST=${2:?destination folder}; mkdir -p "$DEST"
