@@ -86,13 +86,15 @@ class CalibrationSection(Section):
         description="llm-compressor's calibration pipeline. independent (its default): one layer-by-layer "
         "pass per modifier (AWQ: the smoothing pass, then the quantizer's pass for the fp8 KV scales); "
         "sequential: every modifier in one layer-by-layer pass; basic: the whole model at once, every "
-        "layer's calibration state held at the same time. Unset: independent.",
+        "layer's calibration state held at the same time. Unset: sequential for awq, independent otherwise "
+        "(benchmarks/results/quantize_speed.json; before, independent for every method).",
     )
     propagate_error: bool | None = Field(
         default=None,
         description="llm-compressor's propagate_error: feed each layer the previous layer's outputs after "
         "quantization (true, its default: a second forward pass per layer) or those seen while calibrating "
-        "(false). Unset: true.",
+        "(false). Unset: false for awq and gptq, true otherwise (benchmarks/results/quantize_speed.json; "
+        "before, true for every method).",
     )
     sequential_targets_per_subgraph: PositiveInt = Field(
         default=1,

@@ -115,10 +115,11 @@ class QuantizationSection(Section):
     )
     dampening_frac: float = Field(default=0.01, gt=0, lt=1, description="GPTQ only.")
     n_grid: int = Field(
-        default=20, ge=4, le=100,
+        default=5, ge=4, le=100,
         description="awq only: AWQModifier.n_grid, the points of the smoothing-scale grid search per "
-        "mapping (llm-compressor's default 20). Each point is a forward pass of the mapping's parent module "
-        "over all the calibration data: where AWQ spends its time.",
+        "mapping. Each point is a forward pass of the mapping's parent module over all the calibration "
+        "data: where AWQ spends its time. 5 by measurement (benchmarks/results/quantize_speed.json); "
+        "llm-compressor's default, used before, is 20.",
     )
     duo_scaling: bool | Literal["both"] = Field(
         default=True,
