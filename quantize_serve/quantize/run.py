@@ -92,15 +92,13 @@ def build_llmcompressor_recipe(q: QuantizationSection) -> str:
     return yaml.safe_dump({"quant_stage": {"quant_modifiers": modifiers}}, sort_keys=False)
 
 
-# llm-compressor's calibration pipeline (oneshot's pipeline and propagate_error) for the methods whose
-# choice was measured on the reference model (benchmarks/quantize_speed.py): AWQ's two modifiers in one
-# layer-by-layer pass instead of two, and neither method's second forward per layer. Every other method,
-# and a raw llmcompressor_recipe, keeps llm-compressor's defaults: SmoothQuant + GPTQ must not share a
-# pass (GPTQ would take its Hessians before the smoothing), round-to-nearest needs no data.
-MEASURED_PIPELINES = {
-    "awq": {"pipeline": "sequential", "propagate_error": False},
-    "gptq": {"pipeline": "independent", "propagate_error": False},
-}
+# llm-compressor's calibration pipeline (oneshot's pipeline and propagate_error) chosen by measurement on
+# the reference model (benchmarks/quantize_speed.py): AWQ's two modifiers in one layer-by-layer pass
+# instead of two, without the second forward per layer. Every other method, and a raw
+# llmcompressor_recipe, keeps llm-compressor's defaults: GPTQ's error compensation needs the quantized
+# layers' outputs (and saved only noise without them), SmoothQuant + GPTQ must not share a pass (GPTQ
+# would take its Hessians before the smoothing), round-to-nearest needs no data.
+MEASURED_PIPELINES = {"awq": {"pipeline": "sequential", "propagate_error": False}}
 LLMCOMPRESSOR_PIPELINE = {"pipeline": "independent", "propagate_error": True}
 
 

@@ -93,7 +93,7 @@ class CalibrationSection(Section):
         default=None,
         description="llm-compressor's propagate_error: feed each layer the previous layer's outputs after "
         "quantization (true, its default: a second forward pass per layer) or those seen while calibrating "
-        "(false). Unset: false for awq and gptq, true otherwise (benchmarks/results/quantize_speed.json; "
+        "(false). Unset: false for awq, true otherwise (benchmarks/results/quantize_speed.json; "
         "before, true for every method).",
     )
     sequential_targets_per_subgraph: PositiveInt = Field(

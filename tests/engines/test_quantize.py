@@ -36,10 +36,10 @@ def assert_checkpoint(result, scheme: str, method: str) -> dict:
     assert manifest["result"]["engine_versions"]["llmcompressor"].startswith("0.14")
     assert verify_manifest(ckpt)
     assert method.split("-")[-1].upper() + "Modifier" in (ckpt / RECIPE_FILE).read_text()
-    # the calibration pipeline measured for AWQ and GPTQ (benchmarks/results/quantize_speed.json);
+    # the calibration pipeline measured for AWQ (benchmarks/results/quantize_speed.json);
     # llm-compressor's own defaults for the rest
     p = manifest["calibration_pipeline"]
-    expected = {"awq": ("sequential", False), "gptq": ("independent", False)}.get(method, ("independent", True))
+    expected = ("sequential", False) if method == "awq" else ("independent", True)
     assert (p["pipeline"], p["propagate_error"]) == expected
     assert list(manifest["result"]["stage_seconds"]) == ["prepare", "load", "calibrate", "save"]
     assert 0 < result.quantized_bytes < (0.8 if scheme == "W8A8" else 0.6) * result.base_bytes
@@ -100,7 +100,7 @@ def test_speed_options_reach_llmcompressor():
     assert (modifiers["AWQModifier"].n_grid, modifiers["AWQModifier"].duo_scaling) == (5, True)
     assert pipeline == ("sequential", False, "SequentialPipeline")  # AWQ and the quantizer: one pass
     _, pipeline = arrive("tiny-llama-gptq.yaml")
-    assert pipeline == ("independent", False, "IndependentPipeline")
+    assert pipeline == ("independent", True, "IndependentPipeline")  # GPTQ: llm-compressor's defaults
     # a recipe that sets them gets what it sets: llm-compressor's defaults, as before the measurement
     before = {"quantization.n_grid": 20, "calibration.pipeline": "independent", "calibration.propagate_error": True}
     modifiers, pipeline = arrive("tiny-llama-awq.yaml", before)

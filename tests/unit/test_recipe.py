@@ -150,7 +150,7 @@ def test_llmcompressor_recipe_states_every_number():
 
 def test_speed_options_default_to_the_measured_choice():
     """benchmarks/results/quantize_speed.json: AWQ with a 5-point grid and one pass without the second
-    forward per layer, GPTQ without it; methods not measured and raw llm-compressor recipes keep
+    forward per layer; GPTQ keeps its error propagation; methods not measured and raw llm-compressor recipes keep
     llm-compressor's defaults; a recipe that sets an option gets it."""
     from quantize_serve.quantize.run import calibration_pipeline
 
@@ -162,7 +162,7 @@ def test_speed_options_default_to_the_measured_choice():
     built = yaml.safe_load(build_llmcompressor_recipe(awq.quantization))["quant_stage"]["quant_modifiers"]
     assert built["AWQModifier"] == {"duo_scaling": True, "n_grid": 5}
     assert resolved("tiny-llama-awq.yaml") == ("sequential", False, 1)
-    assert resolved("tiny-llama-gptq.yaml") == ("independent", False, 1)
+    assert resolved("tiny-llama-gptq.yaml") == ("independent", True, 1)
     assert resolved("tiny-llama-sparse-gptq.yaml") == ("independent", True, 1)  # a raw llm-compressor recipe
     formats = load_recipe(ROOT / "recipes/tiny-llama-formats.yaml")
     int8 = formats.model_copy(update={"quantization": formats.quantization.candidate("int8-w8a8")})
