@@ -58,6 +58,11 @@ class QuantizeResult(BaseModel):
     device: str | None = None
     # Where the model and the calibration activations were (worker.placement), with the reason.
     placement: str | None = None
+    # The worker's wall seconds per stage: prepare (imports, tokenizer, data), load, calibrate
+    # (llm-compressor's oneshot), save (compress and write), and its CPU seconds (all threads) per stage,
+    # which a busy machine inflates less; empty for a checkpoint made before they were recorded.
+    stage_seconds: dict[str, float] = {}
+    stage_cpu_seconds: dict[str, float] = {}
 
 
 def build_llmcompressor_recipe(q: QuantizationSection) -> str:
@@ -81,10 +86,31 @@ def build_llmcompressor_recipe(q: QuantizationSection) -> str:
         modifiers = {"QuantizationModifier": scheme}
     else:
         modifiers = {
-            "AWQModifier": {"duo_scaling": True},
+            "AWQModifier": {"duo_scaling": q.duo_scaling, "n_grid": q.n_grid},
             "QuantizationModifier": scheme,
         }
     return yaml.safe_dump({"quant_stage": {"quant_modifiers": modifiers}}, sort_keys=False)
+
+
+# llm-compressor's calibration pipeline (oneshot's pipeline and propagate_error) chosen by measurement on
+# the reference model (benchmarks/quantize_speed.py): AWQ's two modifiers in one layer-by-layer pass
+# instead of two, without the second forward per layer. Every other method, and a raw
+# llmcompressor_recipe, keeps llm-compressor's defaults: GPTQ's error compensation needs the quantized
+# layers' outputs (and saved only noise without them), SmoothQuant + GPTQ must not share a pass (GPTQ
+# would take its Hessians before the smoothing), round-to-nearest needs no data.
+MEASURED_PIPELINES = {"awq": {"pipeline": "sequential", "propagate_error": False}}
+LLMCOMPRESSOR_PIPELINE = {"pipeline": "independent", "propagate_error": True}
+
+
+def calibration_pipeline(recipe: Recipe) -> dict:
+    """oneshot's pipeline arguments for the recipe: what its calibration section sets, else the measured
+    choice for its method (MEASURED_PIPELINES), else llm-compressor's defaults."""
+    c, q = recipe.calibration, recipe.quantization
+    measured = MEASURED_PIPELINES.get(q.method or "", {}) if q.llmcompressor_recipe is None else {}
+    chosen = {**LLMCOMPRESSOR_PIPELINE, **measured}
+    return {"pipeline": c.pipeline or chosen["pipeline"],
+            "propagate_error": chosen["propagate_error"] if c.propagate_error is None else c.propagate_error,
+            "sequential_targets_per_subgraph": c.sequential_targets_per_subgraph}
 
 
 # compressed-tensors' presets, written out (compressed_tensors.quantization.quant_scheme): the
@@ -128,6 +154,7 @@ def checkpoint_key(recipe: Recipe, *, base_identity: str, calibration_fingerprin
         # the data itself is the fingerprint's; its Hub revision adds nothing to the key
         "calibration": recipe.calibration.model_dump(mode="json", exclude={"dataset", "files", "revision"}),
         "calibration_fingerprint": calibration_fingerprint,
+        "calibration_pipeline": calibration_pipeline(recipe),  # as resolved: a new default re-quantizes
         "engines": engine_versions(),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
@@ -216,8 +243,11 @@ def _quantize_into(partial: Path, out: Path, recipe: Recipe, base_model_dir: Pat
         engine_versions=worker_report["engine_versions"],
         device=worker_report.get("device"),
         placement=worker_report.get("placement"),
+        stage_seconds=worker_report.get("stage_seconds", {}),
+        stage_cpu_seconds=worker_report.get("stage_cpu_seconds", {}),
     )
     write_manifest(partial, result, extra={"base_identity": base_identity,
+                                           "calibration_pipeline": calibration_pipeline(recipe),
                                            "device": worker_report.get("device"),
                                            "workarounds": worker_report.get("workarounds", [])})
     shutil.rmtree(out, ignore_errors=True)

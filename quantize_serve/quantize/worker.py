@@ -15,7 +15,12 @@ from pathlib import Path
 from quantize_serve.core.model_files import GIB
 from quantize_serve.core.settings import get_settings
 from quantize_serve.quantize.calibration import fingerprint, load_calibration, render_texts, select_samples
-from quantize_serve.quantize.run import RECIPE_FILE, engine_versions, weights_bytes_on_disk
+from quantize_serve.quantize.run import (
+    RECIPE_FILE,
+    calibration_pipeline,
+    engine_versions,
+    weights_bytes_on_disk,
+)
 from quantize_serve.recipe.model import Recipe
 
 
@@ -73,8 +78,33 @@ def placement(free_bytes: int | None, weights_bytes: int, activation_bytes: int)
                   f"{free_bytes / GIB:.1f} GiB free")
 
 
+def calibration_arguments(recipe: Recipe, target: str | None) -> dict:
+    """oneshot's calibration arguments for the recipe (llm-compressor's own names), with ``target`` the
+    device the model was placed on (None: the CPU)."""
+    c = recipe.calibration
+    return {
+        "num_calibration_samples": c.num_samples,
+        "max_seq_length": c.max_seq_len,
+        "batch_size": c.batch_size,
+        "shuffle_calibration_samples": False,  # already shuffled with the recipe's seed
+        "moe_calibrate_all_experts": True,  # llm-compressor's default, stated: the run depends on it
+        "sequential_offload_device": target or "cpu",  # the activations between layers: beside the model
+        **calibration_pipeline(recipe),
+    }
+
+
 def main(spec_path: str) -> None:
-    started = time.monotonic()
+    started = last = time.monotonic()
+    last_cpu = time.process_time()
+    stages: dict[str, float] = {}  # wall seconds per stage, in order
+    stages_cpu: dict[str, float] = {}  # this process's CPU seconds (all its threads) per stage
+
+    def mark(stage: str) -> None:
+        nonlocal last, last_cpu
+        now, now_cpu = time.monotonic(), time.process_time()
+        stages[stage], stages_cpu[stage] = round(now - last, 2), round(now_cpu - last_cpu, 2)
+        last, last_cpu = now, now_cpu
+
     spec = json.loads(Path(spec_path).read_text())
     recipe = Recipe.model_validate(spec["recipe"])
     out = Path(spec["output_dir"])
@@ -110,6 +140,7 @@ def main(spec_path: str) -> None:
         on_device, where = placement(free, weights_bytes_on_disk(Path(base)), tokens * hidden * 2)  # 16-bit
     target = f"cuda:{torch.cuda.current_device()}" if on_device else None
     print(f"[quantize] placement: {where}", flush=True)
+    mark("prepare")  # imports, tokenizer, calibration data
     model = AutoModelForCausalLM.from_pretrained(base, dtype=recipe.model.dtype, trust_remote_code=trust,
                                                  device_map=target)
     # Mixtures of experts: llm-compressor's own MoE support. linearize_moe turns each layer's fused
@@ -120,20 +151,14 @@ def main(spec_path: str) -> None:
     # model is left as it is. (Its load-time variant, load_quantizable_moe, patches transformers in a
     # way that imports every model module, vision ones included, which fails without torchvision.)
     linearize_moe(model)
-    oneshot(
-        model=model,
-        dataset=dataset,
-        recipe=spec["llmcompressor_recipe"],
-        num_calibration_samples=recipe.calibration.num_samples,
-        max_seq_length=recipe.calibration.max_seq_len,
-        batch_size=recipe.calibration.batch_size,
-        shuffle_calibration_samples=False,  # already shuffled with the recipe's seed
-        moe_calibrate_all_experts=True,  # llm-compressor's default, stated: the run depends on it
-        sequential_offload_device=target or "cpu",  # the activations between layers: beside the model
-    )
+    mark("load")
+    oneshot(model=model, dataset=dataset, recipe=spec["llmcompressor_recipe"],
+            **calibration_arguments(recipe, target))
+    mark("calibrate")
     model.save_pretrained(out, save_compressed=True)
     tokenizer.save_pretrained(out)
     (out / RECIPE_FILE).write_text(spec["llmcompressor_recipe"])
+    mark("save")  # compress and write
     report = {
         "engine_versions": engine_versions(),
         "calibration_fingerprint": fingerprint(render_texts(recipe, rows)),
@@ -141,6 +166,8 @@ def main(spec_path: str) -> None:
         "placement": where,
         "workarounds": workarounds,
         "seconds": round(time.monotonic() - started, 2),
+        "stage_seconds": stages,
+        "stage_cpu_seconds": stages_cpu,
     }
     Path(spec_path).with_name("worker_report.json").write_text(json.dumps(report))
     print(f"[quantize] saved {out} in {report['seconds']} s", flush=True)

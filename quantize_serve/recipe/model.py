@@ -79,6 +79,28 @@ class CalibrationSection(Section):
         description="Calibration batch size (llm-compressor's; batches are truncated to their "
         "shortest sample, so keep it small unless samples have similar lengths).",
     )
+    # llm-compressor's calibration pipeline: oneshot's arguments of the same names. Unset, they take the
+    # value chosen by measurement for the method (quantize/run.py: calibration_pipeline).
+    pipeline: Literal["independent", "sequential", "basic"] | None = Field(
+        default=None,
+        description="llm-compressor's calibration pipeline. independent (its default): one layer-by-layer "
+        "pass per modifier (AWQ: the smoothing pass, then the quantizer's pass for the fp8 KV scales); "
+        "sequential: every modifier in one layer-by-layer pass; basic: the whole model at once, every "
+        "layer's calibration state held at the same time. Unset: sequential for awq, independent otherwise "
+        "(benchmarks/results/quantize_speed.json; before, independent for every method).",
+    )
+    propagate_error: bool | None = Field(
+        default=None,
+        description="llm-compressor's propagate_error: feed each layer the previous layer's outputs after "
+        "quantization (true, its default: a second forward pass per layer) or those seen while calibrating "
+        "(false). Unset: false for awq, true otherwise (benchmarks/results/quantize_speed.json; "
+        "before, true for every method).",
+    )
+    sequential_targets_per_subgraph: PositiveInt = Field(
+        default=1,
+        description="llm-compressor's sequential_targets_per_subgraph (its default 1): decoder layers "
+        "calibrated together, fewer and larger steps for more device memory.",
+    )
 
     @model_validator(mode="after")
     def _one_field(self) -> CalibrationSection:

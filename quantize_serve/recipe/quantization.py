@@ -114,6 +114,19 @@ class QuantizationSection(Section):
         description="Calibrate static fp8 KV-cache scales into the checkpoint (vLLM uses 1.0 without).",
     )
     dampening_frac: float = Field(default=0.01, gt=0, lt=1, description="GPTQ only.")
+    n_grid: int = Field(
+        default=5, ge=4, le=100,
+        description="awq only: AWQModifier.n_grid, the points of the smoothing-scale grid search per "
+        "mapping. Each point is a forward pass of the mapping's parent module over all the calibration "
+        "data: where AWQ spends its time. 5 by measurement (benchmarks/results/quantize_speed.json); "
+        "llm-compressor's default, used before, is 20.",
+    )
+    duo_scaling: bool | Literal["both"] = Field(
+        default=True,
+        description="awq only: AWQModifier.duo_scaling, the scales from activations and weights (true, "
+        "llm-compressor's default), activations alone (false), or half the grid each way (both). The grid "
+        "has n_grid points in every mode.",
+    )
     smoothing_strength: float = Field(default=0.8, gt=0, lt=1, description="smoothquant-gptq only (SmoothQuant alpha).")
     checkpoint: str | None = Field(default=None, description="An already-quantized checkpoint (local folder "
                                    "or Hub repo id) of the base model, validated without re-quantizing.")

@@ -36,6 +36,12 @@ def assert_checkpoint(result, scheme: str, method: str) -> dict:
     assert manifest["result"]["engine_versions"]["llmcompressor"].startswith("0.14")
     assert verify_manifest(ckpt)
     assert method.split("-")[-1].upper() + "Modifier" in (ckpt / RECIPE_FILE).read_text()
+    # the calibration pipeline measured for AWQ (benchmarks/results/quantize_speed.json);
+    # llm-compressor's own defaults for the rest
+    p = manifest["calibration_pipeline"]
+    expected = ("sequential", False) if method == "awq" else ("independent", True)
+    assert (p["pipeline"], p["propagate_error"]) == expected
+    assert list(manifest["result"]["stage_seconds"]) == ["prepare", "load", "calibrate", "save"]
     assert 0 < result.quantized_bytes < (0.8 if scheme == "W8A8" else 0.6) * result.base_bytes
     return manifest
 
@@ -68,6 +74,38 @@ def test_gptq_quantizes_on_cpu(gptq_checkpoint, quantize_logs):
     assert_checkpoint(gptq_checkpoint, "W4A16", "gptq")
     assert gptq_checkpoint.device == "cpu"
     assert_readable_log(quantize_logs["gptq"], gptq_checkpoint)
+
+
+def test_speed_options_reach_llmcompressor():
+    """The recipe's speed options arrive as llm-compressor's own objects: n_grid and duo_scaling on the
+    AWQModifier its recipe parser builds; pipeline and propagate_error in the DatasetArguments its oneshot
+    parser makes of the worker's arguments, and the calibration pipeline it picks from them."""
+    from llmcompressor.args import parse_args
+    from llmcompressor.pipelines import CalibrationPipeline
+    from llmcompressor.recipe import Recipe as LlmcompressorRecipe
+
+    from quantize_serve.quantize.run import build_llmcompressor_recipe
+    from quantize_serve.quantize.worker import calibration_arguments
+    from quantize_serve.recipe.load import load_recipe
+    from tests.conftest import ROOT
+
+    def arrive(name: str, overrides: dict | None = None):
+        recipe = load_recipe(ROOT / "recipes" / name, overrides)
+        modifiers = LlmcompressorRecipe.create_instance(build_llmcompressor_recipe(recipe.quantization)).modifiers
+        _, args, _, _ = parse_args(model="unused", **calibration_arguments(recipe, None))
+        pipeline = type(CalibrationPipeline.from_modifiers(modifiers, user=args.pipeline)).__name__
+        return {type(m).__name__: m for m in modifiers}, (args.pipeline, args.propagate_error, pipeline)
+
+    modifiers, pipeline = arrive("tiny-llama-awq.yaml")
+    assert (modifiers["AWQModifier"].n_grid, modifiers["AWQModifier"].duo_scaling) == (5, True)
+    assert pipeline == ("sequential", False, "SequentialPipeline")  # AWQ and the quantizer: one pass
+    _, pipeline = arrive("tiny-llama-gptq.yaml")
+    assert pipeline == ("independent", True, "IndependentPipeline")  # GPTQ: llm-compressor's defaults
+    # a recipe that sets them gets what it sets: llm-compressor's defaults, as before the measurement
+    before = {"quantization.n_grid": 20, "calibration.pipeline": "independent", "calibration.propagate_error": True}
+    modifiers, pipeline = arrive("tiny-llama-awq.yaml", before)
+    assert modifiers["AWQModifier"].n_grid == 20
+    assert pipeline == ("independent", True, "IndependentPipeline")
 
 
 def test_rerun_reuses_checkpoint(awq_checkpoint):

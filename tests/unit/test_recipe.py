@@ -148,6 +148,38 @@ def test_llmcompressor_recipe_states_every_number():
     assert mods["GPTQModifier"]["config_groups"]["group_0"]["weights"]["symmetric"] is True
 
 
+def test_speed_options_default_to_the_measured_choice():
+    """benchmarks/results/quantize_speed.json: AWQ with a 5-point grid and one pass without the second
+    forward per layer; GPTQ keeps its error propagation; methods not measured and raw llm-compressor recipes keep
+    llm-compressor's defaults; a recipe that sets an option gets it."""
+    from quantize_serve.quantize.run import calibration_pipeline
+
+    def resolved(name: str, overrides: dict | None = None) -> tuple:
+        p = calibration_pipeline(load_recipe(ROOT / "recipes" / name, overrides))
+        return p["pipeline"], p["propagate_error"], p["sequential_targets_per_subgraph"]
+
+    awq = load_recipe(ROOT / "recipes/tiny-llama-awq.yaml")
+    built = yaml.safe_load(build_llmcompressor_recipe(awq.quantization))["quant_stage"]["quant_modifiers"]
+    assert built["AWQModifier"] == {"duo_scaling": True, "n_grid": 5}
+    assert resolved("tiny-llama-awq.yaml") == ("sequential", False, 1)
+    assert resolved("tiny-llama-gptq.yaml") == ("independent", True, 1)
+    assert resolved("tiny-llama-sparse-gptq.yaml") == ("independent", True, 1)  # a raw llm-compressor recipe
+    formats = load_recipe(ROOT / "recipes/tiny-llama-formats.yaml")
+    int8 = formats.model_copy(update={"quantization": formats.quantization.candidate("int8-w8a8")})
+    assert calibration_pipeline(int8)["pipeline"] == "independent"  # SmoothQuant must run before GPTQ sees data
+    assert resolved("tiny-llama-awq.yaml", {"calibration.pipeline": "basic", "calibration.propagate_error": True,
+                                            "calibration.sequential_targets_per_subgraph": 4}) == ("basic", True, 4)
+
+
+@pytest.mark.parametrize("dotted,value", [("quantization.n_grid", 3), ("quantization.duo_scaling", "half"),
+                                          ("calibration.pipeline", "parallel"),
+                                          ("calibration.sequential_targets_per_subgraph", 0)])
+def test_speed_options_out_of_range(dotted, value):
+    with pytest.raises((RecipeError, RecipeErrors)) as info:
+        load_recipe(ROOT / "recipes/tiny-llama-awq.yaml", {dotted: value})
+    assert dotted in str(info.value)
+
+
 def test_run_overrides_change_the_recipe_and_are_validated_like_the_file():
     """A deployment's `overrides` parameter: dotted keys, list items by index; the result is checked
     like the file, and the validated recipe records what was changed."""
