@@ -87,9 +87,12 @@ def plan_base_boot(validated: ValidatedRecipe, base: BaseModelRef) -> capacity.B
 def served(validated: ValidatedRecipe, name: capacity.Boot, model_dir: str, run_dir: Path, *,
            tensor_parallel_size: int | None = None) -> Iterator[tuple[RunningServer, ServerSpec]]:
     """Boot one capacity configuration for the duration of the block (always stopped after);
-    ``tensor_parallel_size``: another TP than the recipe's (the base's, see plan_base_boot)."""
+    ``tensor_parallel_size``: another TP than the recipe's (the base's, see plan_base_boot). The
+    production settings name the model as the published profile does (its Hub repo id): such a boot
+    fills the compile-cache entry production's first boot on this host reads."""
     logger = get_run_logger()
-    spec = capacity.capacity_spec(validated.recipe, name, Path(model_dir), tensor_parallel_size=tensor_parallel_size)
+    spec = capacity.capacity_spec(validated.recipe, name, Path(model_dir), tensor_parallel_size=tensor_parallel_size,
+                                  as_published=name is capacity.Boot.PRODUCTION)
     logger.info("booting vLLM (%s): %s", name, spec.serve_command())
     with vllm_server(spec, log_path=boot_log(run_dir, name)) as server:
         logger.info("vLLM (%s) healthy at %s after %.0f s", name, server.base_url, server.boot_seconds)

@@ -234,12 +234,13 @@ def base_server(awq_recipe, base_model_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def awq_fp8_server(awq_recipe, awq_checkpoint, tmp_path_factory):
     """(c) the session's checkpoint in the production settings (AWQ with fp8 KV; INT8 W8A8 with 16-bit
-    KV where this CPU serves neither, SERVING_OVERRIDES): capacity, accuracy, stress."""
+    KV where this CPU serves neither, SERVING_OVERRIDES), named by its repo id as the flow boots it:
+    capacity, accuracy, stress."""
     from quantize_serve.capacity.measure import capacity_spec
     from quantize_serve.serving.boot import Boot
     from quantize_serve.serving.server import vllm_server
 
-    spec = capacity_spec(awq_recipe, Boot.PRODUCTION, Path(awq_checkpoint.checkpoint_dir))
+    spec = capacity_spec(awq_recipe, Boot.PRODUCTION, Path(awq_checkpoint.checkpoint_dir), as_published=True)
     with vllm_server(spec, log_path=tmp_path_factory.mktemp("vllm-awq-fp8") / "vllm.log") as server:
         yield server, spec
 

@@ -132,10 +132,13 @@ class CapacityReport(BaseModel):
 
 
 def capacity_spec(recipe: Recipe, boot: Boot, model_dir: Path, *, weights_bytes: int | None = None,
-                  tensor_parallel_size: int | None = None) -> ServerSpec:
+                  tensor_parallel_size: int | None = None, as_published: bool = False) -> ServerSpec:
     """The boot spec of one configuration under the recipe's (shared) budget. ``weights_bytes``: what
     the boot's weights take (default: the checkpoint's tensor bytes; a dummy boot has no checkpoint).
-    ``tensor_parallel_size``: another TP than the recipe's (the base, when it needs more GPUs: BaseBoot)."""
+    ``tensor_parallel_size``: another TP than the recipe's (the base, when it needs more GPUs: BaseBoot).
+    ``as_published``: the model named as the published profile names it, by the recipe's Hub repo id
+    (``ServerSpec.repo_id``; without a hub section, the folder): the boot's compile-cache entry is then
+    the one production's first ``vllm serve <repo id>`` on this host reads (serving/repo_layout.py)."""
     kv_dtype = sixteen_bit_kv_dtype(model_dir) if Boot(boot).sixteen_bit_kv else recipe.serve.kv_cache_dtype
     kv_bytes = None
     if recipe.serve.memory_budget is not None:
@@ -146,8 +149,9 @@ def capacity_spec(recipe: Recipe, boot: Boot, model_dir: Path, *, weights_bytes:
     serve = recipe.serve
     if tensor_parallel_size is not None and tensor_parallel_size != serve.tensor_parallel_size:
         serve = serve.model_copy(update={"tensor_parallel_size": tensor_parallel_size})
+    repo_id = recipe.hub.repo_id if as_published and recipe.hub else None
     return ServerSpec(model_dir=str(model_dir), serve=serve, kv_cache_dtype=kv_dtype,
-                      kv_cache_memory_bytes=kv_bytes)
+                      kv_cache_memory_bytes=kv_bytes, repo_id=repo_id)
 
 
 class BaseBoot(BaseModel):
@@ -346,8 +350,9 @@ def measure_boot(recipe: Recipe, boot: Boot, model_dir: str | Path, *, log_path:
                  while_up: Callable[[RunningServer, CapacityConfig], None] | None = None) -> CapacityConfig:
     """The capacity stage for one configuration on its own: boot it, measure it, (``while_up``:
     use the same server for more, e.g. a stress test), stop it. The flow measures the same way on
-    the boots it shares with the gates (``measure_capacity`` on a ``capacity_spec`` boot)."""
-    spec = capacity_spec(recipe, boot, Path(model_dir))
+    the boots it shares with the gates (``measure_capacity`` on a ``capacity_spec`` boot; the
+    production boot named as published)."""
+    spec = capacity_spec(recipe, boot, Path(model_dir), as_published=boot is Boot.PRODUCTION)
     log(f"capacity {boot}: {spec.serve_command()}")
     with vllm_server(spec, log_path=log_path) as server:
         measured = measure_capacity(server, spec, name=boot)

@@ -10,7 +10,7 @@ import yaml
 
 from quantize_serve.core.errors import GateError
 from quantize_serve.serve_profile.search import ProfileSearchResult, SearchPoint
-from quantize_serve.serving.server import ServerSpec, serve_command
+from quantize_serve.serving.server import BOOT_VLLM_DEFAULTS, ServerSpec, serve_command, serving_env
 
 PROFILE_FILE = "serve-profile.yaml"  # the run folder's and the release's serving profile
 
@@ -19,6 +19,16 @@ def profile_config(spec: ServerSpec, *, model: str | None = None) -> dict[str, A
     """The boot's vLLM config (``ServerSpec.vllm_config``) as ``serve-profile.yaml`` holds it;
     ``model`` gives the published form (``ServerSpec.published_config``)."""
     return spec.published_config(model) if model else spec.vllm_config()
+
+
+def compile_cache_note() -> list[str]:
+    """What makes production's first boot on the host that ran the gates read the graphs the validated
+    boot compiled: the same compile cache and the same vLLM variables (both in vLLM's key)."""
+    env = serving_env()
+    variables = " ".join(f"{k}={env[k]}" for k in BOOT_VLLM_DEFAULTS)
+    return ["Compiled graphs: on the host that ran the gates, with its VLLM_CACHE_ROOT (by default the",
+            f"vllm-cache of QS_WORK_DIR) and its VLLM_* variables ({variables}), the first boot loads",
+            "what the validated boot compiled instead of compiling again."]
 
 
 class ProfileFileSpec(ServerSpec):
@@ -52,12 +62,15 @@ def write_serve_profile(found: SearchPoint, path: str | Path, *,
 def write_profile(spec: ServerSpec, path: str | Path, *, model: str | None = None,
                   header: list[str]) -> tuple[Path, str]:
     """Write ``spec``'s vLLM config as a file for ``vllm serve --config`` under a comment ``header``;
-    return (path, the equivalent command)."""
+    return (path, the equivalent command). When the boot compiled (no enforce-eager) and named the model as
+    the file does (its repo id), the file also says what makes production's first boot read those graphs."""
     mapping = profile_config(spec, model=model)
     command = serve_command(mapping)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [*header, f"Use: vllm serve --config {path.name}", f"Same as: {command}"]
+    if model is not None and model == spec.repo_id and not spec.serve.enforce_eager:
+        lines += compile_cache_note()
     path.write_text("".join(f"# {line}\n" for line in lines) + yaml.safe_dump(mapping, sort_keys=False))
     return path, command
 

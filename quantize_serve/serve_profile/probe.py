@@ -33,14 +33,16 @@ def vllm_probe(recipe: Recipe, checkpoint_dir: Path, *, tokenizer_dir: str, outp
                log: Callable[[str], None] = print) -> Probe:
     """The real probe: boot the production configuration with the candidate serve settings, run the
     stress profile against it, stop it. A boot that fails is a failed point (its reason is the
-    boot error), since a setting vLLM refuses or runs out of memory on is not a stable one."""
+    boot error), since a setting vLLM refuses or runs out of memory on is not a stable one. Each boot
+    names the model as the published profile does (capacity_spec ``as_published``): the found setting's
+    compiled graphs are then the ones the production boot (c), with the same settings, reads again."""
     counter = itertools.count(1)
 
     def probe(serve: ServeSection) -> SearchPoint:
         i = next(counter)
         folder = Path(output_dir) / f"boot-{i:02d}-seqs{serve.max_num_seqs}-len{serve.max_model_len}"
         spec = capacity_spec(recipe.model_copy(update={"serve": serve}), Boot.PRODUCTION,
-                             Path(checkpoint_dir))
+                             Path(checkpoint_dir), as_published=True)
         base = dict(max_num_seqs=serve.max_num_seqs, max_num_batched_tokens=serve.max_num_batched_tokens,
                     max_model_len=serve.max_model_len, spec=spec, log_path=str(folder / "vllm.log"))
         log(f"profile search: boot {i}: {spec.serve_command()}")

