@@ -48,6 +48,10 @@ LANE = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1"; None when the suit
 GPU_MEMORY = gpu.usable_memory_bytes()  # None: no NVIDIA GPU here
 if LANE and not GPU_MEMORY:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(int(LANE[2:]) % (os.cpu_count() or 1)))
+    # and one OpenMP thread for every other process a lane starts (the quantization worker's torch): two
+    # threads next to the other lane's busy core spin-wait, and llm-compressor's calibration then ran up to
+    # 15x slower (benchmarks/results/quantize_speed.json, "rule": 4.5 s quiet, 70 s beside another job)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 # What this machine's vLLM serves (quantize_serve/serving/host.py). Where its CPU has no AVX-512, the
