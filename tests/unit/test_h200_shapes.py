@@ -12,7 +12,7 @@ from quantize_serve.capacity.measure import CapacityConfig
 from quantize_serve.capacity.shape import ShapeRow
 from quantize_serve.serving.boot import Boot
 
-H200 = 150_109_880_320  # what CUDA reports on the lent H200 (../shared/STACK.md)
+H200 = 150_109_880_320  # what CUDA reports on an H200 (bytes)
 GIB = 1024**3
 
 # vLLM 0.26's lines as the project has quoted them (the "Actual usage" line of benchmarks/results/h200.json,
