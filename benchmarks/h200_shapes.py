@@ -52,7 +52,13 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.h200 import GIB, Results, versions
 from benchmarks.shape_capacity import SHAPES, shape_folder
-from quantize_serve.capacity.planner import BLOCK_SIZE_CPU, BLOCK_SIZE_GPU, GPU_MEMORY_BYTES, CapacityPlan
+from quantize_serve.capacity.planner import (
+    BLOCK_SIZE_CPU,
+    BLOCK_SIZE_GPU,
+    GPU_MEMORY_BYTES,
+    CapacityPlan,
+    kv_error_pct,
+)
 from quantize_serve.capacity.shape import ShapeRow
 from quantize_serve.formats import choose as formats
 from quantize_serve.serving.boot import Boot
@@ -172,11 +178,6 @@ def estimate_seconds(model: str, boot: Boot, not_booted: str | None) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def error_pct(planned: int, measured: int) -> float:
-    """The planner's error on KV tokens, in % of the measured figure (positive: the plan is high)."""
-    return round(100.0 * (planned - measured) / max(measured, 1), 3)
-
-
 def _last_float(pattern: re.Pattern, text: str, group: int = 1) -> float | None:
     found = [m.group(group) for m in pattern.finditer(text)]
     return float(found[-1]) if found else None
@@ -224,7 +225,7 @@ def boot_kernels(log_text: str, scheme: str, platform: str) -> dict[str, Any]:
 def plan_figures(plan: CapacityPlan, measured: int | None, err: float | None = None) -> dict[str, Any]:
     """A plan's figures beside a measured row; ``err``: its error as already computed (measure_shape's)."""
     if err is None and measured:
-        err = error_pct(plan.kv_cache_tokens, measured)
+        err = kv_error_pct(plan.kv_cache_tokens, measured)
     return {"kv_tokens": plan.kv_cache_tokens, "weights_gib": round(plan.weights_bytes / GIB, 3),
             "activation_gib": round(plan.activation_bytes / GIB, 3),
             "overhead_gib": round(plan.overhead_bytes / GIB, 3),

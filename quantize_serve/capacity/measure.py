@@ -327,9 +327,9 @@ def summarize_capacity(recipe: Recipe, configs: list[CapacityConfig], base_confi
     for cfg in configs:
         plan = plan_for(recipe, base_config, cfg.name, block_size=cfg.block_size,
                         device_memory_bytes=device_memory_bytes, tensor_parallel_size=cfg.tensor_parallel_size)
-        err = 100.0 * (plan.kv_cache_tokens - cfg.kv_cache_tokens) / max(cfg.kv_cache_tokens, 1)
         checks.append(PlannerCheck(name=cfg.name, predicted_kv_tokens=plan.kv_cache_tokens,
-                                   measured_kv_tokens=cfg.kv_cache_tokens, error_pct=round(err, 3)))
+                                   measured_kv_tokens=cfg.kv_cache_tokens,
+                                   error_pct=planner.kv_error_pct(plan.kv_cache_tokens, cfg.kv_cache_tokens)))
     return CapacityReport(
         method=METHOD_FIXED if recipe.serve.memory_budget is not None else METHOD_GPU,
         base_boot=base_boot,

@@ -280,6 +280,11 @@ class CapacityPlan(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
+def kv_error_pct(planned_tokens: int, measured_tokens: int) -> float:
+    """The planner's error on KV tokens, in % of the measured figure, to 0.001 (positive: the plan is high)."""
+    return round(100.0 * (planned_tokens - measured_tokens) / max(measured_tokens, 1), 3)
+
+
 def plan_capacity(
     shape: ModelShape,
     *,

@@ -189,8 +189,7 @@ def measure_shape(recipe: Recipe, base_dir: str | Path, *, out_dir: Path, model:
             if fixed:  # no checkpoint to read: the budget was split with the planner's weight bytes
                 measured = measured.model_copy(update={"weights_bytes": planned.weights_bytes})
             row.measured = measured
-            row.error_pct = round(100.0 * (planned.kv_cache_tokens - measured.kv_cache_tokens)
-                                  / max(measured.kv_cache_tokens, 1), 3)
+            row.error_pct = planner.kv_error_pct(planned.kv_cache_tokens, measured.kv_cache_tokens)
             log(f"shape capacity {boot}: {measured.kv_cache_tokens:,} KV tokens "
                 f"(planner {planned.kv_cache_tokens:,})")
         if production_first and boot is Boot.PRODUCTION and row.refused:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import h200_shapes as hs
+from quantize_serve.capacity.planner import kv_error_pct
 from quantize_serve.capacity.measure import CapacityConfig
 from quantize_serve.capacity.shape import ShapeRow
 from quantize_serve.serving.boot import Boot
@@ -132,7 +133,7 @@ def test_a_measured_row_carries_both_plans_and_their_error(tmp_path):
                      cudagraph_memory_bytes=hs.graph_estimate_bytes(hs.vllm_memory(LOG_72B_FP8)))
     assert given.cudagraph_source == "given" and given.cudagraph_bytes == int(0.72 * GIB)
     m = measured(Boot.PRODUCTION, 553_552, 38.56, "fp8")
-    err = hs.error_pct(plan.kv_cache_tokens, m.kv_cache_tokens)
+    err = kv_error_pct(plan.kv_cache_tokens, m.kv_cache_tokens)
     assert err == round(100 * (plan.kv_cache_tokens - 553_552) / 553_552, 3) and 0 < err < 1
     row = ShapeRow(name=Boot.PRODUCTION, kv_cache_dtype="fp8", tensor_parallel_size=1, measured=m, planned=plan,
                    error_pct=err)
@@ -145,7 +146,7 @@ def test_a_measured_row_carries_both_plans_and_their_error(tmp_path):
     assert (p["kv_tokens"], p["error_pct"], p["cuda_graph_source"]) == (plan.kv_cache_tokens, err, "estimate")
     assert p["cuda_graph_gib"] == round(80 * 9_633_792 / GIB, 3) and p["within_target"] is (abs(err) <= 0.1)
     g = out["planner_given_vllm_graph_estimate"]
-    assert g["cuda_graph_source"] == "given" and g["error_pct"] == hs.error_pct(given.kv_cache_tokens, 553_552)
+    assert g["cuda_graph_source"] == "given" and g["error_pct"] == kv_error_pct(given.kv_cache_tokens, 553_552)
     assert out["vllm_memory"]["cuda_graph_pool_actual_gib"] == 1.57
     assert out["kernels"]["kernels"] == ["MacheteLinearKernel"] and out["kernels"]["kernel_check"] == "passed"
     assert hs.plan_figures(plan, 553_552, 0.05)["within_target"] is True  # measure_shape's error, when given
