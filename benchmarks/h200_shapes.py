@@ -215,7 +215,7 @@ def boot_kernels(log_text: str, scheme: str, platform: str) -> dict[str, Any]:
     if scheme in formats.FAMILY:
         kernels, problem = formats.kernel_problem(scheme, platform, log_text)
     return {"kernels": kernels,
-            "moe_methods": list(dict.fromkeys(formats.MOE_METHOD_LINE.findall(log_text))),
+            "moe_methods": formats.moe_methods(log_text),
             "moe_backends": list(dict.fromkeys(" ".join(x for x in m if x).strip()
                                                for m in MOE_BACKEND_LINE.findall(log_text))),
             "experts": list(dict.fromkeys(EXPERTS_LINE.findall(log_text))),

@@ -78,9 +78,14 @@ def boot_kernels(log_text: str) -> list[str]:
     return list(dict.fromkeys(KERNEL_LINE.findall(log_text)))
 
 
+def moe_methods(log_text: str) -> list[str]:
+    """The MoE methods vLLM reported choosing for a mixture of experts' experts, in order of first mention."""
+    return list(dict.fromkeys(MOE_METHOD_LINE.findall(log_text)))
+
+
 def moe_problem(scheme: str, platform: Platform, log_text: str) -> tuple[list[str], str | None]:
     """(the MoE methods the boot log names, why they are not the ones ``scheme``'s experts should get)."""
-    methods = list(dict.fromkeys(MOE_METHOD_LINE.findall(log_text)))
+    methods = moe_methods(log_text)
     expected = EXPECTED_MOE_METHODS.get((platform, FAMILY[scheme]))
     wrong = [m for m in methods if expected and m not in expected]
     if wrong:
