@@ -104,7 +104,8 @@ def one_run(stack: Any, res: Results, name: str, *, overrides: dict[str, Any], e
     calibration = CALIBRATION_LINE.search(output)
     decision = report.get("decision") or {}
     res.data["runs"][name] = {
-        "measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "exit_code": rc, "wall_seconds": wall, "flow": flow, "stage_seconds": stages,
+        "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "exit_code": rc, "wall_seconds": wall, "flow": flow, "stage_seconds": stages,
         "calibration": {"samples": int(calibration[1]), "tokens": int(calibration[2])} if calibration else None,
         "tasks": [t.get("task") for t in overrides.get("gates.accuracy.tasks", [])],
         "accuracy_task_seconds": {},
