@@ -71,8 +71,7 @@ def as_cpu_host(monkeypatch, flags: frozenset[str]) -> None:
 
     monkeypatch.setattr(host, "cpu_flags", lambda cpuinfo=None: flags)
     monkeypatch.setattr(host.platform, "machine", lambda: "x86_64")
-    monkeypatch.setattr(gpu, "usable_memory_bytes", lambda index=0: None)
-    monkeypatch.setattr(gpu, "describe_devices", lambda: None)
+    monkeypatch.setattr(gpu, "nvml", lambda: None)  # no NVML: every figure of quantize_serve/serving/gpu.py
 
 
 @pytest.fixture
