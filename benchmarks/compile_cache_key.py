@@ -12,11 +12,11 @@ asks the serving environment's vLLM for the first two, no server started:
 - the flow's boots: the specs the flow builds (capacity_spec, as tasks/serve.py and the profile search's
   probe call it), in a process started as the flow starts a boot: its environment (server.boot_env:
   HF_HUB_OFFLINE=1, the boot's own Hub cache), the checkpoint laid out in that cache as vllm_server lays it
-  out (repo_layout.laid_out_as_hub_cache), and the bootstrap's KEEP_MODEL_NAME;
-- production: the serve-profile.yaml the flow writes (serve_profile.output.write_profile, the model named
-  by its repo id), read by a process online against a Hub (a local one, localhub/, that holds the pushed
-  checkpoint and a `production` tag), with a download cache of its own and the VLLM_* variables the profile
-  names.
+  out (repo_layout.laid_out_as_hub_cache, at the spec's revision), and the bootstrap's KEEP_MODEL_NAME;
+- production: the serve-profile.yaml the flow writes (serve_profile.output.write_profile: the model named
+  by its repo id, the revision by the recipe's hub.release_ref), read by a process online against a Hub (a
+  local one, localhub/, that holds the pushed checkpoint and the release ref pointing at it, as after
+  promotion), with a download cache of its own and the VLLM_* variables the profile names.
 
     .venv/bin/python benchmarks/compile_cache_key.py --checkpoint DIR   # a W4A16 checkpoint of the tiny model
 
@@ -118,44 +118,48 @@ def measure(checkpoint: Path, tmp: Path) -> dict:
 
     production_c = capacity_spec(recipe, Boot.PRODUCTION, checkpoint, as_published=True)  # tasks/serve.py
     release_ref = recipe.hub.release_ref
+    assert production_c.revision == release_ref, "the flow's (c) is not served at the release ref"
+    unnamed_c = production_c.model_copy(update={"revision": None})  # before: the profile named no revision
     probe_at_c = recipe.model_copy(update={"serve": candidate_serve(recipe.serve,
                                                                     max_num_seqs=recipe.serve.max_num_seqs)})
+    name_c = f"flow (c) production settings, as the flow boots it (repo id at {release_ref})"
+    prod = f"production: vllm serve --config serve-profile.yaml (revision: {release_ref})"
     flow = {
         "flow (b) quantized, 16-bit KV": argv(capacity_spec(recipe, Boot.QUANTIZED_16BIT_KV, checkpoint)),
-        "flow (c) production settings, as the flow boots it (repo id)": argv(production_c),
+        name_c: argv(production_c),
         "flow (c) served from the checkpoint folder (before)": argv(
             capacity_spec(recipe, Boot.PRODUCTION, checkpoint)),
+        "flow (c) under the repo id at no revision (before)": argv(unnamed_c),
         "flow (c), another KV budget (kv-cache-memory-bytes)": argv(
             {**production_c.vllm_config(), "kv-cache-memory-bytes": 1234567}),
         "profile search probe at (c)'s settings": argv(  # as serve_profile/probe.py builds it
             capacity_spec(probe_at_c, Boot.PRODUCTION, checkpoint, as_published=True)),
         "profile search probe, max_num_seqs 13": argv(
             capacity_spec(with_serve(max_num_seqs=13), Boot.PRODUCTION, checkpoint, as_published=True)),
-        f"flow (c) with serve.extra_args --revision {release_ref}": argv(capacity_spec(
-            with_serve(extra_args=["--revision", release_ref]), Boot.PRODUCTION, checkpoint,
-            as_published=True)),
     }
     log = tmp / "run" / "vllm-w4a16-fp8kv.log"  # the flow's (c) boot log; its Hub cache derives from it
     for revision in (None, release_ref):  # what vllm_server lays out for each boot's revision
         lay_out_as_hub_cache(checkpoint, repo_id, boot_hub_cache(log), revision=revision)
     flow_env = boot_env(log)
     found = hashes(serving_python, flow, flow_env, prelude=KEEP_MODEL_NAME)["boots"]
-    name_c = "flow (c) production settings, as the flow boots it (repo id)"
     offline = "flow (c) as the flow boots it, without KEEP_MODEL_NAME (vLLM's offline mode)"
     found[offline] = hashes(serving_python, {offline: flow[name_c]}, flow_env)["boots"][offline]
 
-    with start_local_hub(tmp / "hub") as hub:  # production's Hub: the candidate, its release ref
+    with start_local_hub(tmp / "hub") as hub:  # production's Hub: the candidate, the release ref on it
         with hub_client_env(hub.endpoint, cache_dir=tmp / "publish-cache"):
             api = HfApi(endpoint=hub.endpoint)
             api.create_repo(repo_id, private=False, exist_ok=True)
             commit = api.upload_folder(folder_path=str(checkpoint), repo_id=repo_id).oid
-            api.create_tag(repo_id, tag=release_ref, revision=commit)
+            if recipe.hub.release_ref_kind == "tag":
+                api.create_tag(repo_id, tag=release_ref, revision=commit)
+            else:
+                api.create_branch(repo_id, branch=release_ref, revision=commit)
         profile, _ = write_profile(production_c, tmp / "release" / "serve-profile.yaml", model=repo_id,
                                    header=[])
+        unnamed, _ = write_profile(unnamed_c, tmp / "before" / "serve-profile.yaml", model=repo_id, header=[])
         production = {
-            "production: vllm serve --config serve-profile.yaml": ["--config", str(profile)],
-            f"production: vllm serve --config serve-profile.yaml --revision {release_ref}": [
-                "--config", str(profile), "--revision", release_ref],
+            prod: ["--config", str(profile)],
+            "production: the profile naming no revision (before)": ["--config", str(unnamed)],
         }
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "VLLM_", "QS_"))}
         env |= {"HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1",
@@ -164,18 +168,14 @@ def measure(checkpoint: Path, tmp: Path) -> dict:
     found |= online["boots"]
     variables = " ".join(f"{k}={v}" for k, v in BOOT_VLLM_DEFAULTS.items())
     without = f"production without {variables} (vLLM's defaults)"
-    found[without] = {**online["boots"]["production: vllm serve --config serve-profile.yaml"],
-                      "env_hash": online["env_hash_without"]}
+    found[without] = {**online["boots"][prod], "env_hash": online["env_hash_without"]}
 
     def key(name: str) -> tuple[str, str]:
         return found[name]["env_hash"], found[name]["config_hash"]
 
-    prod = "production: vllm serve --config serve-profile.yaml"
-    prod_ref = f"production: vllm serve --config serve-profile.yaml --revision {release_ref}"
     boots = {name: {**h, "same_entry_as_flow_c": key(name) == key(name_c),
-                    "same_entry_as_production": key(name) == key(prod),
-                    f"same_entry_as_production_at_{release_ref}": key(name) == key(prod_ref)}
-             for name, h in found.items()}
+                    "same_entry_as_production": key(name) == key(prod)} for name, h in found.items()}
+    assert found[prod]["revision"] == release_ref, "production's profile does not name the release ref"
     assert boots[name_c]["same_entry_as_production"], "the flow's (c) does not write production's entry"
     return {
         "vllm": "serving environment (QS_SERVING_PYTHON)",
@@ -184,8 +184,9 @@ def measure(checkpoint: Path, tmp: Path) -> dict:
                 "config_hash (VllmConfig.compute_hash); the traced code and the compiler are the same for "
                 "every boot in one serving environment. Flow rows: the flow's specs in a process started as "
                 "the flow starts a boot (boot_env, the boot's Hub-cache layout, KEEP_MODEL_NAME). Production "
-                "rows: the serve-profile.yaml the flow writes, read online against a Hub holding the pushed "
-                "checkpoint, with a download cache of its own. CHECKPOINT: the --checkpoint folder; work/: "
+                "rows: the serve-profile.yaml the flow writes (revision: the release ref), read online "
+                "against a Hub holding the pushed checkpoint with the release ref on it (as after "
+                "promotion), with a download cache of its own. CHECKPOINT: the --checkpoint folder; work/: "
                 "the flow's work dir",
         "boots": boots,
         "finding": "vLLM keys a compile-cache entry on the model's name (its folder, or its repo id), the "
@@ -194,9 +195,10 @@ def measure(checkpoint: Path, tmp: Path) -> dict:
                    "entry. Served under the repo id from a Hub-cache layout it does, but only because the "
                    "boot keeps the repo id as the model's name: vLLM's offline mode (HF_HUB_OFFLINE=1) "
                    "otherwise replaces it with the layout's snapshot folder and keys on that. Production "
-                   "online keys on the revision as named (the default branch when the profile names none, "
-                   "as today's does); the flow lays out the revision the profile names, and a pinned "
-                   "--revision gives one entry on both sides. Production needs the flow's VLLM_* variables "
+                   "online keys on the revision as named: the profile names the release ref, and the flow's "
+                   "(c) and the search's probes are served at that ref (the layout's refs/<ref> names the "
+                   "checkpoint's snapshot), so both sides have one entry; a profile naming no revision (as "
+                   "before) is keyed on main, another entry. Production needs the flow's VLLM_* variables "
                    "too (VLLM_USE_FLASHINFER_SAMPLER=0): with vLLM's defaults the env part of the key "
                    "differs. The search's probe at (c)'s settings writes (c)'s entry, so (c) reads what "
                    "the found probe compiled.",

@@ -559,7 +559,8 @@ def boot_pinned_profile(report: Any, recipe: Any) -> dict[str, Any]:
     from quantize_serve.serving.server import ServerSpec, vllm_server
 
     profile = report.serving_profile
-    mapping = yaml.safe_load(Path(profile.path).read_text()) | {"model": report.checkpoint.checkpoint_dir}
+    mapping = {k: v for k, v in yaml.safe_load(Path(profile.path).read_text()).items() if k != "revision"}
+    mapping |= {"model": report.checkpoint.checkpoint_dir}  # a folder: no revision of the repo
     local = Path(report.report_dir) / "serve-profile.local.yaml"
     local.write_text(yaml.safe_dump(mapping, sort_keys=False))
     spec = ProfileFileSpec(**ServerSpec(model_dir=report.checkpoint.checkpoint_dir, serve=recipe.serve).model_dump(),

@@ -175,10 +175,12 @@ def main() -> None:
     results: dict = {}
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp, start_local_hub(Path(tmp) / "hub") as hub:
-        with hub_client_env(hub.endpoint, cache_dir=Path(tmp) / "publish-cache"):  # the candidate, pushed
+        with hub_client_env(hub.endpoint, cache_dir=Path(tmp) / "publish-cache"):  # the candidate, promoted
             api = HfApi(endpoint=hub.endpoint)
             api.create_repo(recipe.hub.repo_id, private=False, exist_ok=True)
-            api.upload_folder(folder_path=str(checkpoint), repo_id=recipe.hub.repo_id)
+            commit = api.upload_folder(folder_path=str(checkpoint), repo_id=recipe.hub.repo_id).oid
+            # the release ref the profile names as its revision, on the candidate (as after promotion)
+            api.create_tag(recipe.hub.repo_id, tag=recipe.hub.release_ref, revision=commit)
         for name, (profile_recipe, rounds) in profiles.items():
             pairs = []
             for i in range(rounds):

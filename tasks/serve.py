@@ -88,8 +88,8 @@ def served(validated: ValidatedRecipe, name: capacity.Boot, model_dir: str, run_
            tensor_parallel_size: int | None = None) -> Iterator[tuple[RunningServer, ServerSpec]]:
     """Boot one capacity configuration for the duration of the block (always stopped after);
     ``tensor_parallel_size``: another TP than the recipe's (the base's, see plan_base_boot). The
-    production settings name the model as the published profile does (its Hub repo id): such a boot
-    fills the compile-cache entry production's first boot on this host reads."""
+    production settings name the model as the published profile does (its Hub repo id at the release
+    ref): such a boot fills the compile-cache entry production's first boot on this host reads."""
     logger = get_run_logger()
     spec = capacity.capacity_spec(validated.recipe, name, Path(model_dir), tensor_parallel_size=tensor_parallel_size,
                                   as_published=name is capacity.Boot.PRODUCTION)

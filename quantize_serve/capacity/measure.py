@@ -136,9 +136,10 @@ def capacity_spec(recipe: Recipe, boot: Boot, model_dir: Path, *, weights_bytes:
     """The boot spec of one configuration under the recipe's (shared) budget. ``weights_bytes``: what
     the boot's weights take (default: the checkpoint's tensor bytes; a dummy boot has no checkpoint).
     ``tensor_parallel_size``: another TP than the recipe's (the base, when it needs more GPUs: BaseBoot).
-    ``as_published``: the model named as the published profile names it, by the recipe's Hub repo id
-    (``ServerSpec.repo_id``; without a hub section, the folder): the boot's compile-cache entry is then
-    the one production's first ``vllm serve <repo id>`` on this host reads (serving/repo_layout.py)."""
+    ``as_published``: the model named as the published profile names it, by the recipe's Hub repo id at
+    its release ref (``ServerSpec.repo_id`` and ``revision``: ``hub.release_ref``; without a hub section,
+    the folder): the boot's compile-cache entry is then the one production's first ``vllm serve <repo id>
+    --config serve-profile.yaml`` on this host reads (serving/repo_layout.py)."""
     kv_dtype = sixteen_bit_kv_dtype(model_dir) if Boot(boot).sixteen_bit_kv else recipe.serve.kv_cache_dtype
     kv_bytes = None
     if recipe.serve.memory_budget is not None:
@@ -149,9 +150,10 @@ def capacity_spec(recipe: Recipe, boot: Boot, model_dir: Path, *, weights_bytes:
     serve = recipe.serve
     if tensor_parallel_size is not None and tensor_parallel_size != serve.tensor_parallel_size:
         serve = serve.model_copy(update={"tensor_parallel_size": tensor_parallel_size})
-    repo_id = recipe.hub.repo_id if as_published and recipe.hub else None
+    hub = recipe.hub if as_published else None
     return ServerSpec(model_dir=str(model_dir), serve=serve, kv_cache_dtype=kv_dtype,
-                      kv_cache_memory_bytes=kv_bytes, repo_id=repo_id)
+                      kv_cache_memory_bytes=kv_bytes, repo_id=hub.repo_id if hub else None,
+                      revision=hub.release_ref if hub else None)
 
 
 class BaseBoot(BaseModel):
@@ -197,8 +199,8 @@ def published_model(recipe: Recipe, checkpoint_dir: str | Path) -> str:
 
 
 def published_serve_command(recipe: Recipe, checkpoint_dir: str | Path) -> str:
-    """The published `vllm serve <repo id> ...` of the production boot."""
-    spec = capacity_spec(recipe, Boot.PRODUCTION, Path(checkpoint_dir))
+    """The published `vllm serve <repo id> --revision <release ref> ...` of the production boot."""
+    spec = capacity_spec(recipe, Boot.PRODUCTION, Path(checkpoint_dir), as_published=True)
     return spec.serve_command(published_model(recipe, checkpoint_dir))
 
 

@@ -192,6 +192,12 @@ class ServeSection(Section):
     def _no_reserved(cls, args: list[str]) -> list[str]:
         for arg in args:
             flag = arg.split("=", 1)[0].replace("_", "-")
+            if flag == "--revision":  # the published profile's revision is the release ref (capacity_spec)
+                raise ValueError(
+                    "--revision would replace the revision serve-profile.yaml and the model card name: "
+                    "the release ref (hub.release_ref), which promotion moves to the gated commit, so "
+                    "that production serves what the gates passed. Fix: remove --revision from "
+                    "serve.extra_args; to serve another ref, set hub.release_ref")
             if flag in RESERVED_VLLM_FLAGS:
                 raise ValueError(
                     f"{flag} is set by its own serve.* field; remove it from extra_args and set "

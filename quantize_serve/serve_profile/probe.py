@@ -34,8 +34,9 @@ def vllm_probe(recipe: Recipe, checkpoint_dir: Path, *, tokenizer_dir: str, outp
     """The real probe: boot the production configuration with the candidate serve settings, run the
     stress profile against it, stop it. A boot that fails is a failed point (its reason is the
     boot error), since a setting vLLM refuses or runs out of memory on is not a stable one. Each boot
-    names the model as the published profile does (capacity_spec ``as_published``): the found setting's
-    compiled graphs are then the ones the production boot (c), with the same settings, reads again."""
+    names the model as the published profile does (capacity_spec ``as_published``: the repo id at the
+    release ref): the found setting's compiled graphs are then the ones the production boot (c), with the
+    same settings, reads again."""
     counter = itertools.count(1)
 
     def probe(serve: ServeSection) -> SearchPoint:

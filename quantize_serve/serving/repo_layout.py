@@ -2,9 +2,10 @@
 
 vLLM keys its torch.compile cache (``VLLM_CACHE_ROOT/torch_compile_cache/...``) on its whole config, the
 model's name included: a boot of the checkpoint folder never shares an entry with production's
-``vllm serve <repo id> --config serve-profile.yaml``. A boot that names the repo id (and the revision the
-profile names; none: the default branch) writes the very entry production's first boot on the same host
-reads, given the same ``VLLM_CACHE_ROOT`` and ``VLLM_*`` variables (benchmarks/compile_cache_key.py).
+``vllm serve <repo id> --config serve-profile.yaml``. A boot that names the repo id and the revision the
+profile names (the release ref, ``hub.release_ref``: vLLM keys on the revision as named) writes the very
+entry production's first boot on the same host reads, given the same ``VLLM_CACHE_ROOT`` and ``VLLM_*``
+variables (benchmarks/compile_cache_key.py).
 
 So the production boot serves the checkpoint under its repo id from a Hub-cache layout of the checkpoint
 (what the Hub client's cache holds after a download: ``models--ORG--NAME/refs/<revision>`` naming a commit,

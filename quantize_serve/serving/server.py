@@ -68,6 +68,10 @@ class ServerSpec(BaseModel):
     # a Hub-cache layout of model_dir (repo_layout.py), so that the boot's compile-cache entry is the one
     # production's first boot reads. model_dir stays where the files are (weights bytes, tokenizer).
     repo_id: str | None = None
+    # With repo_id: the revision the model is served at, the one the published profile names (the recipe's
+    # hub.release_ref: production serves the commit promotion moved it to, never the head of `main`). vLLM
+    # keys its compile cache on it too; the boot's layout names it (vllm_server).
+    revision: str | None = None
 
     @property
     def effective_kv_dtype(self) -> str:
@@ -78,8 +82,10 @@ class ServerSpec(BaseModel):
         them): the one mapping the argv, serve-profile.yaml and the published command derive from.
         A flag without a value is ``True``; a flag with several values is a list."""
         s = self.serve
-        config: dict[str, Any] = {
-            "model": self.repo_id or self.model_dir,
+        config: dict[str, Any] = {"model": self.repo_id or self.model_dir}
+        if self.repo_id and self.revision:
+            config["revision"] = self.revision
+        config |= {
             "served-model-name": SERVED_NAME,
             "max-model-len": s.max_model_len,
             "max-num-seqs": s.max_num_seqs,
@@ -105,8 +111,10 @@ class ServerSpec(BaseModel):
 
     def published_config(self, model: str) -> dict[str, Any]:
         """:meth:`vllm_config` as published: the model named by ``model`` (a Hub repo id, or a
-        placeholder), never by this machine's folders (the tokenizer then comes with the model)."""
-        config = {k: v for k, v in self.vllm_config().items() if k != "tokenizer"}
+        placeholder), never by this machine's folders (the tokenizer then comes with the model); the
+        revision only with the repo it is a revision of."""
+        dropped = {"tokenizer"} | ({"revision"} if model != self.repo_id else set())
+        config = {k: v for k, v in self.vllm_config().items() if k not in dropped}
         return config | {"model": model}
 
     def vllm_args(self) -> list[str]:
@@ -455,7 +463,7 @@ def vllm_server(spec: ServerSpec, *, log_path: Path, boot_timeout_s: float | Non
         raise ServerBootError(f"serving Python {settings.serving_python} does not exist",
                               remedy="run `make setup`, or set QS_SERVING_PYTHON to a Python with vLLM")
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    revision = spec.vllm_config().get("revision")  # the profile's, if it names one (serve.extra_args)
+    revision = spec.vllm_config().get("revision")  # the profile's (ServerSpec.revision: the release ref)
     layout = nullcontext() if spec.repo_id is None else laid_out_as_hub_cache(
         spec.model_dir, spec.repo_id, boot_hub_cache(log_path),
         revision=None if revision is None else str(revision))

@@ -134,16 +134,16 @@ def test_vllm_serves_awq_checkpoint(awq_fp8_server):
 
 def test_the_production_boot_names_the_model_as_production_does(awq_recipe, awq_checkpoint,
                                                                  awq_fp8_server):
-    """(c) as the flow boots it: vLLM's config names the repo id at the default branch, as production's
-    online `vllm serve <repo id>` does (its compile cache keys on that), and reads the checkpoint's own files
-    through the boot's Hub-cache layout, offline."""
+    """(c) as the flow boots it: vLLM's config names the repo id at the release ref, as production's online
+    `vllm serve --config serve-profile.yaml` does (its compile cache keys on both), and reads the checkpoint's
+    own files through the boot's Hub-cache layout, offline."""
     from quantize_serve.serving.repo_layout import LOCAL_COMMIT
     from quantize_serve.serving.server import boot_hub_cache
 
     server, spec = awq_fp8_server
     log = Path(server.log_path).read_text()
-    assert spec.repo_id == awq_recipe.hub.repo_id
-    assert f"model='{spec.repo_id}'" in log and "revision=main" in log and "replace model_id" not in log
+    assert (spec.repo_id, spec.revision) == (awq_recipe.hub.repo_id, awq_recipe.hub.release_ref)
+    assert f"model='{spec.repo_id}'" in log and f"revision={spec.revision}" in log and "replace model_id" not in log
     snapshot = (boot_hub_cache(Path(server.log_path)) / ("models--" + spec.repo_id.replace("/", "--"))
                 / "snapshots" / LOCAL_COMMIT)
     checkpoint = Path(awq_checkpoint.checkpoint_dir)

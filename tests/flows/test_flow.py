@@ -220,6 +220,11 @@ def test_deployment_run_promotes(promoted, stack):
     assert f"--kv-cache-memory-bytes {profile['kv-cache-memory-bytes']} " in report["serving_command"]
     assert hub_file(stack, "quantize-serve/tiny-llama-awq-w4a16", "serve-profile.yaml",
                     report["release"]["commit_sha"]) == (folder / "serve-profile.yaml").read_text()
+    # production serves the release ref (the gated commit), not main's head; (c) was booted at the same
+    # revision, so production's first boot here reads the compile-cache entry (c) wrote
+    assert profile["revision"] == "production" and " --revision production " in report["serving_command"]
+    assert "revision=production" in (folder / "vllm-w4a16-fp8kv.log").read_text()
+    assert " --revision production " in hub_file(stack, REPO, "README.md", report["release"]["commit_sha"])
     for path in folder.rglob("*"):
         if path.is_file() and path.suffix in {".md", ".json", ".log", ".txt"}:
             assert TOKEN not in path.read_text(errors="replace"), path

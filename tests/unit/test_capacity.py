@@ -71,12 +71,13 @@ def test_published_command_names_the_repo_not_the_machine(awq_recipe, tmp_path):
     ckpt.mkdir(parents=True)
     (ckpt / "config.json").write_text((ROOT / "models/tiny-llama/config.json").read_text())
     command = published_serve_command(awq_recipe, ckpt)
-    assert command.startswith(f"vllm serve {awq_recipe.hub.repo_id} --served-model-name model ")
+    hub = awq_recipe.hub  # at the release ref: what the gates passed, never the head of main
+    assert command.startswith(f"vllm serve {hub.repo_id} --revision {hub.release_ref} --served-model-name model ")
     assert f"--kv-cache-dtype {awq_recipe.serve.kv_cache_dtype}" in command and "--max-model-len 512" in command
     assert str(tmp_path) not in command and " /" not in command
     no_hub = awq_recipe.model_copy(update={"hub": None})
     command = published_serve_command(no_hub, ckpt)
-    assert command.startswith("vllm serve awq-0123abcd ") and " /" not in command
+    assert command.startswith("vllm serve awq-0123abcd ") and " /" not in command and "--revision" not in command
 
 
 H200 = 150109880320  # what CUDA sees of the lent H200

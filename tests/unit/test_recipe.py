@@ -133,6 +133,14 @@ def test_reserved_vllm_flag_in_extra_args(recipe_file):
     assert "serve.max_model_len" in str(err)
 
 
+@pytest.mark.parametrize("args", [["--revision", "v1"], ["--seed=7", "--revision=abc123"]])
+def test_a_pinned_revision_in_extra_args_is_refused(recipe_file, args):
+    """The published profile names hub.release_ref as the revision (what promotion moves): a revision of the
+    recipe's own would make production serve a commit the gates never judged."""
+    err = expect_error(recipe_file(serve__extra_args=args), "serve.extra_args")
+    assert "--revision" in str(err.value) and "hub.release_ref" in err.fix and "remove --revision" in err.fix
+
+
 def test_llmcompressor_recipe_states_every_number():
     recipe = load_recipe(ROOT / "recipes/tiny-llama-awq.yaml")
     built = yaml.safe_load(build_llmcompressor_recipe(recipe.quantization))

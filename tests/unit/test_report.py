@@ -67,7 +67,7 @@ def test_pushed_card_names_no_machine_path(awq_recipe, tmp_path):
     for status in ("candidate", "promoted"):
         card = str(render_model_card(report_card_inputs(validated, report, status=status)))
         assert str(PROJECT_ROOT) not in card and str(tmp_path) not in card, card
-        assert "vllm serve quantize-serve/tiny-llama-awq-w4a16" in card
+        assert "vllm serve quantize-serve/tiny-llama-awq-w4a16 --revision production " in card  # the release ref
     assert str(PROJECT_ROOT) not in render_markdown(report)
 
 

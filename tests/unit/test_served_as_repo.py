@@ -19,6 +19,7 @@ from quantize_serve.capacity.measure import CapacityConfig, capacity_spec
 from quantize_serve.core.errors import ServerBootError
 from quantize_serve.recipe.load import load_recipe
 from quantize_serve.serve_profile import probe as profile_probe
+from quantize_serve.serve_profile.output import write_serve_profile
 from quantize_serve.serve_profile.pinned import write_serving_profile
 from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.repo_layout import LOCAL_COMMIT, laid_out_as_hub_cache, lay_out_as_hub_cache
@@ -28,6 +29,7 @@ from tests.unit.test_results_portable import machine_leaks
 
 RECIPE = load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml")
 REPO = RECIPE.hub.repo_id
+REF = RECIPE.hub.release_ref  # "production": the revision the published profile names
 TINY = json.loads((ROOT / "models/tiny-llama/config.json").read_text())
 
 
@@ -42,17 +44,25 @@ def checkpoint(tmp_path) -> Path:
     return folder
 
 
-def test_the_production_boot_names_the_model_by_its_repo_id(checkpoint):
+def test_the_production_boot_names_the_model_by_its_repo_id_at_the_release_ref(checkpoint):
     spec = capacity_spec(RECIPE, Boot.PRODUCTION, checkpoint, as_published=True)
     assert spec.repo_id == REPO and spec.model_dir == str(checkpoint)  # the files stay the checkpoint's
-    assert spec.vllm_config()["model"] == REPO and spec.vllm_args()[:2] == ["--model", REPO]
+    assert (spec.revision, REF) == ("production", "production")  # hub.release_ref, not the head of main
+    assert spec.vllm_config()["model"] == REPO and spec.vllm_config()["revision"] == REF
+    assert spec.vllm_args()[:4] == ["--model", REPO, "--revision", REF]
     assert spec.published_config(REPO) == spec.vllm_config()  # the boot is what the profile says
+    assert "revision" not in spec.published_config("placeholder")  # a revision only of its repo
     before = capacity_spec(RECIPE, Boot.PRODUCTION, checkpoint)
     assert before.repo_id is None and before.vllm_config()["model"] == str(checkpoint)
-    assert {k: v for k, v in spec.vllm_config().items() if k != "model"} == {
+    assert "revision" not in before.vllm_config()
+    assert {k: v for k, v in spec.vllm_config().items() if k not in ("model", "revision")} == {
         k: v for k, v in before.vllm_config().items() if k != "model"}  # only the name differs
     no_hub = RECIPE.model_copy(update={"hub": None})  # nothing published: nothing to name it by
-    assert capacity_spec(no_hub, Boot.PRODUCTION, checkpoint, as_published=True).repo_id is None
+    unnamed = capacity_spec(no_hub, Boot.PRODUCTION, checkpoint, as_published=True)
+    assert unnamed.repo_id is None and unnamed.revision is None and "revision" not in unnamed.vllm_config()
+    branch = RECIPE.model_copy(update={"hub": RECIPE.hub.model_copy(
+        update={"release_ref": "release/v1", "release_ref_kind": "branch"})})
+    assert capacity_spec(branch, Boot.PRODUCTION, checkpoint, as_published=True).revision == "release/v1"
 
 
 def test_the_flow_serves_only_the_production_settings_under_the_repo_id(checkpoint, tmp_path, monkeypatch):
@@ -71,7 +81,7 @@ def test_the_flow_serves_only_the_production_settings_under_the_repo_id(checkpoi
     for boot in Boot:
         with serve_tasks.served(validated, boot, str(checkpoint), tmp_path):
             pass
-    assert [s.repo_id for s in booted] == [None, None, REPO]
+    assert [(s.repo_id, s.revision) for s in booted] == [(None, None), (None, None), (REPO, REF)]
 
 
 def test_the_search_probes_boot_under_the_repo_id(checkpoint, tmp_path, monkeypatch):
@@ -86,6 +96,12 @@ def test_the_search_probes_boot_under_the_repo_id(checkpoint, tmp_path, monkeypa
                                      log=lambda _: None)
     point = probe(RECIPE.serve)
     assert not point.passed and point.spec.repo_id == REPO and point.spec.model_dir == str(checkpoint)
+    assert point.spec.revision == REF  # at the release ref, as the profile written from it names it
+    path, command = write_serve_profile(point, tmp_path / "serve-profile.yaml", model=REPO)
+    assert yaml.safe_load(path.read_text())["revision"] == REF and f"--revision {REF} " in command
+    # the probe at (c)'s settings is keyed as (c) is: the same model, revision and settings
+    assert point.spec.vllm_config() == capacity_spec(RECIPE, Boot.PRODUCTION, checkpoint,
+                                                     as_published=True).vllm_config()
 
 
 def test_the_layout_is_the_hub_clients_cache_of_the_checkpoint(checkpoint, tmp_path):
@@ -113,6 +129,39 @@ def test_the_layout_follows_the_revision_the_profile_names(checkpoint, tmp_path)
     snapshot = lay_out_as_hub_cache(checkpoint, REPO, cache, revision=sha)
     assert snapshot.name == sha and not (snapshot.parent.parent / "refs" / sha).exists()
     assert Path(try_to_load_from_cache(REPO, "config.json", cache_dir=cache, revision=sha)).is_file()
+
+
+def test_the_boot_lays_out_the_release_ref_at_the_checkpoint(checkpoint, tmp_path, monkeypatch):
+    """vllm_server lays out what the spec names: refs/<release ref> -> the snapshot of the candidate's
+    checkpoint, which the boot's offline Hub client resolves the profile's revision to."""
+    from huggingface_hub import try_to_load_from_cache
+
+    from quantize_serve.core.settings import get_settings
+    from quantize_serve.serving import server as server_module
+
+    monkeypatch.setenv("QS_WORK_DIR", str(tmp_path / "work"))
+    monkeypatch.setenv("QS_SERVING_PYTHON", sys.executable)
+    get_settings.cache_clear()
+    seen = {}
+
+    def look(spec, settings, log_path, *, append):  # instead of starting vLLM: what its process would read
+        cache = boot_hub_cache(log_path)
+        repo = cache / "models--quantize-serve--tiny-llama-awq-w4a16"
+        seen["ref"] = (repo / "refs" / REF).read_text()
+        found = try_to_load_from_cache(REPO, "config.json", cache_dir=cache, revision=REF)
+        seen["config"] = Path(found).resolve()
+        seen["argv"] = spec.vllm_args()
+        raise ServerBootError("stopped before vLLM")
+
+    monkeypatch.setattr(server_module, "_start", look)
+    try:
+        spec = capacity_spec(RECIPE, Boot.PRODUCTION, checkpoint, as_published=True)
+        with pytest.raises(ServerBootError), server_module.vllm_server(spec, log_path=tmp_path / "c.log"):
+            pass
+    finally:
+        get_settings.cache_clear()
+    assert seen["ref"] == LOCAL_COMMIT and seen["config"] == (checkpoint / "config.json").resolve()
+    assert seen["argv"][:4] == ["--model", REPO, "--revision", REF]
 
 
 def test_the_layout_lasts_the_boot_and_leaves_the_checkpoint(checkpoint, tmp_path):
@@ -181,7 +230,10 @@ def test_the_published_profile_names_the_repo_and_says_what_makes_the_hit(checkp
     profile = write_serving_profile(spec, measured, TINY, tmp_path / "release" / "serve-profile.yaml",
                                     model=REPO, device_memory_bytes=None)
     text = Path(profile.path).read_text()
-    assert yaml.safe_load(text)["model"] == REPO and profile.command.startswith(f"vllm serve {REPO} ")
+    published = yaml.safe_load(text)
+    assert published["model"] == REPO and profile.command.startswith(f"vllm serve {REPO} --revision {REF} ")
+    # production (`vllm serve --config` of it) serves the release ref at the revision the boot was keyed on
+    assert published["revision"] == REF == spec.vllm_config()["revision"]
     assert "VLLM_CACHE_ROOT" in text and "VLLM_USE_FLASHINFER_SAMPLER=0" in text  # what makes the hit
     assert not machine_leaks(text) and str(tmp_path) not in text and "hub-layouts" not in text
     assert "hf_secret_token_value" not in text
