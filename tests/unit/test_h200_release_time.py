@@ -200,3 +200,26 @@ def test_a_manual_run_cut_short_bounds_the_ratio_from_above():
 ])
 def test_no_ratio_without_both_walls(runs):
     assert release_time.careful_manual_ratio(runs) is None
+
+
+def test_a_flow_runs_wall_ends_with_the_watchs_last_line_not_the_harness_stopping_its_worker(tmp_path):
+    import time
+
+    from benchmarks.h200 import Results
+
+    class Stack:  # prefect deployment run --watch: its final line, then the worker's stop (here 0.5 s)
+        home = tmp_path
+
+        def run_deployment(self, name, *, echo, **kwargs):
+            time.sleep(0.2)
+            echo("Flow run finished successfully in 'Completed'.")
+            time.sleep(0.5)
+            return 0, "watch output", None
+
+    res = Results(tmp_path / "out.json")
+    res.data["runs"] = {}
+    release_time.one_run(Stack(), res, "first_release", overrides={}, env={}, runs=tmp_path / "runs",
+                         timeout_s=60, session="2026-12-02T05:00:00")
+    record = json.loads((tmp_path / "out.json").read_text())["runs"]["first_release"]
+    assert 0.2 <= record["wall_seconds"] < 0.5 <= record["driver_seconds"]
+    assert record["session_started"] == "2026-12-02T05:00:00"
