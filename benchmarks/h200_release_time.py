@@ -11,7 +11,7 @@ the times are real):
   hellaswag 10-shot, mmlu 5-shot) with lm-eval's own task definitions, on rows of the real tasks'
   shape under their real dataset ids, at the recipe's limits.
 
-Three runs, one local stack (Prefect server, `gpu` pool, local Hub):
+Four runs, one local stack (Prefect server, `gpu` pool, local Hub):
 1. ``baseline``: the product's speed-ups that a setting switches off are off (QS_PREPARE_BOOTS=false,
    QS_REUSE_BASE_REFERENCE=false, QS_QUANTIZE_ON_DEVICE=false, lm-eval's concurrency at the recipe's
    former 16), a fresh work dir
@@ -19,19 +19,43 @@ Three runs, one local stack (Prefect server, `gpu` pool, local Hub):
 2. ``first_release``: everything on, a fresh work dir, its own Hub repo: a base never released here.
 3. ``re_release``: everything on, the first release's work dir and Hub repo, a new calibration draw
    (calibration.shuffle_seed + 1, so the model is quantized again): a known base's next release.
+4. ``manual``: ``first_release``'s work by hand, the careful engineer's way, with the engines' own commands
+   (``benchmarks/manual.py``, shared with the CPU's ``benchmarks/pipeline_vs_manual.py``), each built from
+   the same recipe and overrides as first_release's, a fresh work dir (an empty vLLM compile cache) and a
+   Hub repo of its own (``-manual``): ``hf download`` of the base (without original/); an llm-compressor
+   ``oneshot`` script the way its examples write one (the model loaded in bf16, no device placement; the
+   llm-compressor recipe the flow builds, the rows the flow calibrates on from the local Hub with
+   ``datasets``, rendered with the chat template); ``hf upload`` of the checkpoint started right after, in
+   the background (the flow pushes beside the boots too); ``vllm serve`` base (16-bit KV), ``/metrics``,
+   one ``lm_eval --model local-completions`` for the whole task set (one group file with each task's
+   few-shot count, the limits as ``--samples``); ``vllm serve`` W4A16 16-bit KV, ``/metrics``; ``vllm
+   serve`` W4A16 fp8 KV, ``/metrics``, the same ``lm_eval``, the stress ramp by ``vllm bench serve`` with
+   the over-long prompts by hand, the final ``vllm bench serve``; then, the upload done, ``hf repos tag
+   create`` of the release ref. One boot per configuration, the serve settings as the recipe says them.
+   Timed from the first command to the tag (the flow's wall ends after its promotion too);
+   ``decision_inputs_seconds`` is the time to the last figure the decision reads (the fp8 boot done, the
+   upload done). ``ratio_vs_careful_manual`` = first_release wall / manual wall, whenever both are in
+   --out, with the session (its start) and date each came from (``ratio_vs_careful_manual_from``); a
+   manual run cut short (its record is saved after every stage) bounds it instead: ``ratio_at_most``.
 
-``--runs`` picks some of them, in that order, when one session cannot hold all three: the runs not
-picked stay in --out as an earlier session measured them (each run records when). ``re_release`` needs
-``first_release`` in the same invocation: it re-releases that run's base from its work dir and Hub repo.
+``--runs`` picks some of them, always run in the order above, when one session cannot hold them all:
+the runs not picked stay in --out as an earlier session measured them (each run records when and in
+which session). ``re_release`` needs ``first_release`` in the same invocation: it re-releases that
+run's base from its work dir and Hub repo. ``manual`` runs alone or after the flow's runs (it shares
+only the local Hub and its datasets cache with them: a warm page cache and datasets cache favour it).
 
-Recorded per run: flow wall and per-stage seconds (the run's "stage done" marks), calibration samples
+Recorded per flow run: the wall of ``prefect deployment run --watch`` (to its last line, the run's final
+state; ``driver_seconds`` adds the harness's stop of the worker it started for the run), the flow run's
+own seconds and per-stage seconds (the run's "stage done" marks), calibration samples
 and tokens (the quantize worker's own line), the task set, the vLLM boots with their compile-cache
 hits or compiles (from each boot's log), whether the base reference was reused and from which run,
-the decision. Written to ``--out`` (benchmarks/results/h200_release_time.json when copied back).
+the decision; for ``manual``, the same per-stage marks (named as the flow's stages where one matches),
+each command's seconds, the commands as typed, the boots and what ``/metrics`` gave. Written to ``--out``
+(benchmarks/results/h200_release_time.json when copied back).
 
 GPU host (after `benchmarks/h200.py build --model-dir M`):
     .venv/bin/python benchmarks/h200_release_time.py --state S --model-dir M --out OUT.json
-CPU smoke (the tiny model, the same three runs with small sizes; proves the script, times mean little):
+CPU smoke (the tiny model, the same four runs with small sizes; proves the script, times mean little):
     .venv/bin/python benchmarks/h200_release_time.py --cpu-smoke --state S --out OUT.json
 """
 
@@ -42,7 +66,9 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -70,9 +96,12 @@ SMOKE_LIMITS = {"gsm8k": 3, "arc_challenge": 3, "hellaswag": 3, "mmlu": 1}
 SMOKE_DATA = {"gsm8k_test": 10, "arc_test": 10, "hellaswag_validation": 10, "mmlu_test": 2}
 SMOKE_OVERRIDES = {k: v for k, v in REHEARSE_OVERRIDES.items() if k != "gates.accuracy.num_concurrent"}
 BASELINE_ENV = {"QS_PREPARE_BOOTS": "false", "QS_REUSE_BASE_REFERENCE": "false", "QS_QUANTIZE_ON_DEVICE": "false"}
-RUNS = ("baseline", "first_release", "re_release")
+RUNS = ("baseline", "first_release", "re_release", "manual")
+FLOW_RUNS = RUNS[:3]
+MANUAL_REPO_SUFFIX = "-manual"
+RECIPE = ROOT / "recipes/llama3-8b-instruct-awq.yaml"
 BASELINE_CONCURRENT = 16  # what recipes/llama3-8b-instruct-awq.yaml set before it was sized to max_num_seqs
-CALIBRATION_LINE = re.compile(r"\[quantize\] (\d+) calibration samples, (\d+) tokens")
+CALIBRATION_LINE = re.compile(r"\[(?:quantize|oneshot)\] (\d+) calibration samples, (\d+) tokens")
 
 
 def boot_logs(run_dir: Path) -> list[dict[str, Any]]:
@@ -89,13 +118,22 @@ def boot_logs(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def one_run(stack: Any, res: Results, name: str, *, overrides: dict[str, Any], env: dict[str, str],
-            runs: Path, timeout_s: float) -> None:
+            runs: Path, timeout_s: float, session: str) -> None:
     before = set(runs.glob("*/report.json"))
     t0 = time.monotonic()
+    last_line = [t0]
+
+    def echo(line: str) -> None:
+        last_line[0] = time.monotonic()
+        print(line[:300], flush=True)
+
     rc, output, run_id = stack.run_deployment(
         DEPLOYMENT, pool="gpu", params={"overrides": json.dumps(overrides)}, job_variables={"env": env},
-        timeout=timeout_s, echo=lambda line: print(line[:300], flush=True))
-    wall = round(time.monotonic() - t0, 1)
+        timeout=timeout_s, echo=echo)
+    # The command's wall ends with its last line (the run's final state); what follows is this harness
+    # stopping the worker it started for the run (up to 30 s), no part of the release.
+    driver = round(time.monotonic() - t0, 1)
+    wall = round(last_line[0] - t0, 1)
     (Path(stack.home) / f"{name}-watch.log").write_text(output)
     flow, stages = stage_seconds(stack.api_url, run_id) if run_id else ({}, {})
     new = sorted(set(runs.glob("*/report.json")) - before)
@@ -104,8 +142,8 @@ def one_run(stack: Any, res: Results, name: str, *, overrides: dict[str, Any], e
     calibration = CALIBRATION_LINE.search(output)
     decision = report.get("decision") or {}
     res.data["runs"][name] = {
-        "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "exit_code": rc, "wall_seconds": wall, "flow": flow, "stage_seconds": stages,
+        "measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "session_started": session,
+        "exit_code": rc, "wall_seconds": wall, "driver_seconds": driver, "flow": flow, "stage_seconds": stages,
         "calibration": {"samples": int(calibration[1]), "tokens": int(calibration[2])} if calibration else None,
         "tasks": [t.get("task") for t in overrides.get("gates.accuracy.tasks", [])],
         "accuracy_task_seconds": {},
@@ -122,6 +160,219 @@ def one_run(stack: Any, res: Results, name: str, *, overrides: dict[str, Any], e
             res.data["runs"][name]["accuracy_task_seconds"][side] = {k: v["seconds"] for k, v in tasks.items()}
     res.save()
     log(f"{name}: rc {rc}, wall {wall} s, stages {stages}")
+
+
+# --------------------------------------------------------------------------------------------
+# The careful engineer's path: first_release's work by hand (benchmarks/manual.py's commands)
+# --------------------------------------------------------------------------------------------
+
+MANUAL_NOTE = (
+    "manual: first_release's work by hand, the engines' own commands built from the same recipe and overrides "
+    "(benchmarks/manual.py), one vLLM boot per configuration, one lm_eval invocation per boot for the whole task "
+    "set (a group file: each task's few-shot count; the limits as --samples, the first documents --limit takes), "
+    "a fresh work dir (empty vLLM compile cache) and a Hub repo of its own. Timed from the first command (hf "
+    "download) to the release tag (hf repos tag create), as the flow's wall runs to its promotion; the upload "
+    "(hf upload) runs in the background from the checkpoint's save to the tag, as the flow pushes beside the "
+    "boots. The oneshot script is llm-compressor's examples' way: the model loaded in bf16 with no device "
+    "placement and llm-compressor's default pipeline; the flow's measured choices (the model on the GPU when "
+    "it fits, QS_QUANTIZE_ON_DEVICE; AWQ's single sequential pass, quantize/run.py MEASURED_PIPELINES) are the "
+    "flow's own, as are its boots' imports started ahead (QS_PREPARE_BOOTS). Flow steps with no manual twin: "
+    "validate (the recipe, the Hub and the calibration rows checked before anything heavy), the decision's "
+    "arithmetic (recoveries, checks: the manual path records the figures and a person reads them, untimed), "
+    "the model card and serving profile pushed with the candidate, the report and the release history. The "
+    "flow's production boot serves the checkpoint under its repo id (a Hub-cache layout, for the compile "
+    "cache production reads); by hand it is served from its folder. After the flow's runs of its session "
+    "(preceded_by), the host's page cache and the stack's datasets cache are warm for the manual run; alone "
+    "in its session it starts as cold as first_release does when that runs first.")
+
+
+class Marks:
+    """Seconds per stage (each since the previous mark), as the flow's "stage done" marks are read."""
+
+    def __init__(self) -> None:
+        self.t0 = self.last = time.monotonic()
+        self.stages: dict[str, float] = {}
+
+    def done(self, stage: str) -> None:
+        now = time.monotonic()
+        self.stages[stage] = round(now - self.last, 1)
+        self.last = now
+
+    def elapsed(self) -> float:
+        return round(time.monotonic() - self.t0, 1)
+
+
+def manual_recipe(base_overrides: dict[str, Any], repo: str) -> tuple[Any, dict[str, Any]]:
+    """first_release's recipe (the same overrides) with a Hub repo of its own."""
+    from quantize_serve.recipe.load import load_recipe
+
+    overrides = {**base_overrides, "hub.repo_id": repo + MANUAL_REPO_SUFFIX}
+    return load_recipe(RECIPE, overrides), overrides
+
+
+def lm_eval_settings(recipe: Any, tasks_dir: Path) -> dict[str, Any]:
+    """The lm_eval invocation's settings as the gate resolves them: the recipe's task set as one group
+    file in ``tasks_dir`` (written here) with its limits as --samples, the gate's batch size, lm-eval's
+    concurrency (quantize_serve.gates.accuracy.lm_eval_concurrency), the server's max_model_len."""
+    from benchmarks.manual import GATE_GROUP, gate_group
+    from quantize_serve.gates.accuracy import lm_eval_concurrency
+
+    gate = recipe.gates.accuracy
+    group, samples = gate_group(gate.tasks)
+    tasks_dir.mkdir(parents=True, exist_ok=True)
+    (tasks_dir / f"{GATE_GROUP}.yaml").write_text(group)
+    settings: dict[str, Any] = {"tasks": [GATE_GROUP], "batch_size": gate.batch_size, "include_path": tasks_dir,
+                                "concurrent": lm_eval_concurrency(gate, recipe.serve),
+                                "max_length": recipe.serve.max_model_len}
+    if samples:
+        (tasks_dir / "samples.json").write_text(json.dumps(samples))
+        settings["samples"] = tasks_dir / "samples.json"
+    return settings
+
+
+def manual_run(res: Results, *, recipe: Any, overrides: dict[str, Any], env: dict[str, str], work: Path,
+               serving_python: Path, session: str, preceded_by: list[str], ready_timeout_s: float) -> None:
+    """first_release's work by hand (the module doc, run 4); the record is saved as it goes, so a failure
+    leaves the stages done so far (``complete`` false)."""
+    from benchmarks import manual as m
+    from quantize_serve.capacity.measure import sixteen_bit_kv_dtype
+    from quantize_serve.quantize.run import build_llmcompressor_recipe
+
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    env = {**env, "VLLM_CACHE_ROOT": str(work / "vllm-cache"),  # a fresh compile cache, as first_release's
+           "HF_HUB_DISABLE_UPDATE_CHECK": "1"}  # the hf CLI asks PyPI for a newer version otherwise
+    base, ckpt, hub, serve = work / "base", work / "ckpt", recipe.hub, recipe.serve
+    # Written before the clock starts, as a person has them ready: the llm-compressor recipe, the script,
+    # the lm-eval group file.
+    (work / "recipe.yaml").write_text(build_llmcompressor_recipe(recipe.quantization))
+    params = m.oneshot_params(recipe, base, ckpt, work / "recipe.yaml")
+    (work / "oneshot.py").write_text(m.oneshot_script(params))
+    evaluate = lm_eval_settings(recipe, work / "lm-eval-tasks")
+    marks, commands, steps = Marks(), {}, {}
+    record: dict[str, Any] = {
+        "measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "session_started": session, "preceded_by": preceded_by,
+        "complete": False, "wall_seconds": None, "decision_inputs_seconds": None, "elapsed_seconds": 0.0,
+        "stage_seconds": marks.stages,
+        "step_seconds": steps, "calibration": None, "tasks": [t.task for t in recipe.gates.accuracy.tasks],
+        "boots": [], "boot_seconds": {}, "capacity": {}, "base_reused_from": None, "decision": None,
+        "repo_id": hub.repo_id, "commands": commands,
+        "oneshot": {k: v for k, v in params.items() if k not in ("model", "out", "recipe")},
+        "lm_eval": {**{k: v for k, v in evaluate.items() if k not in ("include_path", "samples")},
+                    "group_file": (work / "lm-eval-tasks" / f"{m.GATE_GROUP}.yaml").read_text()},
+        "environment": {k: env.get(k) for k in ("VLLM_CACHE_ROOT", "VLLM_USE_FLASHINFER_SAMPLER")},
+        "overrides": overrides,
+    }
+    res.data["runs"]["manual"] = record
+
+    def mark(stage: str) -> None:  # the record on disk after every stage: a run cut short keeps them
+        marks.done(stage)
+        record.update(elapsed_seconds=marks.elapsed(), measured=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        record_ratio(res)
+        res.save()
+
+    def run(step: str, argv: list[Any], **kwargs: Any) -> None:
+        commands[step] = m.typed(argv)
+        t0 = time.monotonic()
+        m.sh(argv, env=env, log=work / f"{step}.log", **kwargs)
+        steps[step] = round(time.monotonic() - t0, 1)
+
+    def boot(name: str, model: Path, kv_dtype: str) -> m.Serve:
+        s = m.Serve(model, kv_dtype, m.kv_budget(serve, model), serve=serve, env=env, log=work / f"vllm-{name}.log",
+                    cli=True, python=serving_python, ready_timeout_s=ready_timeout_s)
+        commands[f"serve {name}"] = m.typed(s.argv).replace(f"--port {s.port}", "--port PORT")
+        return s
+
+    def up(name: str, s: m.Serve) -> None:
+        record["boot_seconds"][name] = steps[f"boot {name}"] = s.boot_seconds
+        record["capacity"][name] = m.cache_info(s.metrics())
+
+    def evaluate_on(name: str, s: m.Serve, tokenizer: Path) -> None:
+        commands[f"lm_eval {name}"] = m.typed(m.lm_eval_argv(s.url, tokenizer, work / f"lm-eval-{name}", **evaluate))
+        t0 = time.monotonic()
+        m.lm_eval(s.url, tokenizer, work / f"lm-eval-{name}", env=env, cwd=work, log=work / f"lm-eval-{name}.log",
+                  **evaluate)
+        steps[f"lm_eval {name}"] = round(time.monotonic() - t0, 1)
+
+    upload = None
+    try:
+        run("download", m.download_argv(BASE_ID, base))
+        mark("base downloaded")
+        run("oneshot", [m.PY, work / "oneshot.py"])
+        calibration = CALIBRATION_LINE.search((work / "oneshot.log").read_text(errors="replace"))
+        if calibration:
+            record["calibration"] = {"samples": int(calibration[1]), "tokens": int(calibration[2])}
+        mark("quantized")
+        upload_argv = m.upload_argv(hub.repo_id, ckpt, private=hub.private)
+        commands["upload"] = m.typed(upload_argv)
+        t_upload = time.monotonic()
+        with (work / "upload.log").open("w") as upload_log:  # beside the boots, as the flow pushes
+            upload = subprocess.Popen(upload_argv, env=env, stdout=upload_log, stderr=subprocess.STDOUT,
+                                      start_new_session=True)
+        uploaded = threading.Thread(target=lambda: (upload.wait(), steps.__setitem__(
+            "upload (in the background)", round(time.monotonic() - t_upload, 1))), daemon=True)
+        uploaded.start()
+        with boot("base", base, "auto") as s:
+            up("base", s)
+            evaluate_on("base", s, base)
+        mark("base served")
+        with boot("w4a16", ckpt, sixteen_bit_kv_dtype(ckpt)) as s:
+            up("w4a16", s)
+        mark("quantized served")
+        with boot("w4a16-fp8kv", ckpt, serve.kv_cache_dtype) as s:
+            up("w4a16-fp8kv", s)
+            evaluate_on("w4a16-fp8kv", s, ckpt)
+            t0 = time.monotonic()
+            m.stress_by_hand(s, recipe, ckpt, work / "stress", env=env, python=serving_python)
+            steps["stress (ramp and final bench)"] = round(time.monotonic() - t0, 1)
+        mark("fp8 served")
+        uploaded.join()
+        if upload.returncode != 0:
+            raise RuntimeError(f"hf upload exited {upload.returncode}: {(work / 'upload.log').read_text()[-2000:]}")
+        mark("candidate pushed")
+        record["decision_inputs_seconds"] = marks.elapsed()
+        run("tag", m.tag_argv(hub.repo_id, hub.release_ref, hub.release_ref_kind))
+        marks.done("released")
+        record.update(complete=True, wall_seconds=marks.elapsed(), elapsed_seconds=marks.elapsed(),
+                      measured=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        record["stress"] = dict(zip(("ramp", "final"), m.stress_steps(recipe, ckpt), strict=True))
+    finally:
+        if upload is not None and upload.poll() is None:
+            os.killpg(upload.pid, 15)
+            upload.wait(timeout=30)
+        record["boots"] = boot_logs(work)
+        res.save()
+    log(f"manual: wall {record['wall_seconds']} s, stages {marks.stages}")
+
+
+def careful_manual_ratio(runs: dict[str, Any]) -> dict[str, Any] | None:
+    """first_release's flow wall / manual's wall, when both are recorded (the flow got to its decision,
+    the manual path to its tag), with where each came from: they may be measured in different sessions,
+    each on a fresh host. A manual run cut short (a session's end) gives no ratio, but a bound: its wall
+    is longer than the time it had run, so the ratio is at most first_release's wall / that time."""
+    flow, manual = runs.get("first_release") or {}, runs.get("manual") or {}
+    if not (flow.get("wall_seconds") and flow.get("decision") and manual):
+        return None
+    complete = bool(manual.get("complete") and manual.get("wall_seconds"))
+    if not complete and not manual.get("elapsed_seconds"):
+        return None
+    manual_s = manual["wall_seconds"] if complete else manual["elapsed_seconds"]
+    source = {name: {"wall_seconds": run.get("wall_seconds"), "measured": run.get("measured"),
+                     "session_started": run.get("session_started")} for name, run in
+              (("first_release", flow), ("manual", manual))}
+    sessions = {run.get("session_started") for run in (flow, manual)}
+    bound = {} if complete else {"ratio_at_most": round(flow["wall_seconds"] / manual_s, 3),
+                                 "manual_cut_short_after_seconds": manual_s}
+    return {"ratio": round(flow["wall_seconds"] / manual_s, 3) if complete else None, **bound, **source,
+            "same_session": None if None in sessions else len(sessions) == 1}
+
+
+def record_ratio(res: Results) -> None:
+    """``ratio_vs_careful_manual`` and where its two walls came from (careful_manual_ratio), in --out."""
+    ratio = careful_manual_ratio(res.data.get("runs", {}))
+    res.data["ratio_vs_careful_manual"] = ratio["ratio"] if ratio else None
+    res.data["ratio_vs_careful_manual_from"] = ratio and {k: v for k, v in ratio.items() if k != "ratio"}
+    res.data["manual_note"] = MANUAL_NOTE
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -142,15 +393,16 @@ def cmd_run(args: argparse.Namespace) -> None:
     kept = {name: run for name, run in res.data.get("runs", {}).items() if name not in args.runs}
     res.data.clear()  # the runs not asked for this time stay as an earlier session measured them
     res.data.update(errors={}, runs=kept)
-    recipe = load_recipe(ROOT / "recipes/llama3-8b-instruct-awq.yaml")
+    recipe = load_recipe(RECIPE)
     limits = SMOKE_LIMITS if args.cpu_smoke else {}
     tasks = [{**t, "limit": limits.get(t["task"], t["limit"])} for t in TASKS]
     base_overrides: dict[str, Any] = {"gates.accuracy.tasks": tasks}
     if args.cpu_smoke:
         base_overrides.update(SMOKE_OVERRIDES)
     serving_python = str(get_settings().serving_python)
+    session = time.strftime("%Y-%m-%dT%H:%M:%S")  # this invocation: each run it measures records it
     res.data.update(
-        started=time.strftime("%Y-%m-%dT%H:%M:%S"), cpu_smoke=args.cpu_smoke, device=Nvml().info(),
+        started=session, cpu_smoke=args.cpu_smoke, device=Nvml().info(),
         command=f"prefect deployment run quantize-serve/{DEPLOYMENT} --watch", versions=versions(),
         weights="random bf16 weights of Llama-3-8B's shapes: the accuracy figures are not model quality, the "
                 "times are real" if not args.cpu_smoke else "the project's tiny reference model (CPU smoke)",
@@ -177,7 +429,8 @@ def cmd_run(args: argparse.Namespace) -> None:
         res.data["hub_setup"] = {"base_model": BASE_ID, "base_sha": base_sha, "datasets": sorted(shas),
                                  "seconds": round(time.monotonic() - t0, 1)}
         res.save()
-        stack.prefect("--no-prompt", "deploy", "--name", DEPLOYMENT)
+        if any(name in FLOW_RUNS for name in args.runs):
+            stack.prefect("--no-prompt", "deploy", "--name", DEPLOYMENT)
         env = deployment_env(serving_python)
         repo = recipe.hub.repo_id
         plan = [
@@ -188,20 +441,33 @@ def cmd_run(args: argparse.Namespace) -> None:
             ("re_release", {**base_overrides, "hub.repo_id": repo, "calibration.shuffle_seed": c.shuffle_seed + 1},
              {**env, "QS_WORK_DIR": str(home / "work")}),
         ]
+        done: list[str] = []
         for name, overrides, run_env in plan:
             if name not in args.runs:
                 continue
             try:
-                one_run(stack, res, name, overrides=overrides, env=run_env, runs=runs, timeout_s=args.timeout_s)
+                one_run(stack, res, name, overrides=overrides, env=run_env, runs=runs, timeout_s=args.timeout_s,
+                        session=session)
             except Exception as exc:  # noqa: BLE001 - recorded; the next run still tells something
                 res.data["errors"][name] = repr(exc)[:2000]
+                res.save()
+            done.append(name)
+        if "manual" in args.runs:  # first_release's recipe and overrides, by hand (benchmarks/manual.py)
+            manual, manual_overrides = manual_recipe(base_overrides, repo)
+            try:
+                manual_run(res, recipe=manual, overrides=manual_overrides, env={**stack.env, **env},
+                           work=home / "work-manual", serving_python=Path(serving_python), session=session,
+                           preceded_by=done, ready_timeout_s=args.timeout_s / 2)
+            except Exception as exc:  # noqa: BLE001 - recorded beside what the run did so far
+                res.data["errors"]["manual"] = repr(exc)[:2000]
                 res.save()
     r = res.data["runs"]
     res.data["summary"] = {name: {"wall_seconds": r[name]["wall_seconds"],
                                   "calibration_tokens": (r[name]["calibration"] or {}).get("tokens"),
                                   "compile_cache_hits": sum(b["compile_cache_hits"] for b in r[name]["boots"]),
                                   "base_reused_from": r[name]["base_reused_from"]} for name in r}
-    res.data["targets"] = {"first_release_max_s": 600, "re_release_max_s": 360}
+    record_ratio(res)
+    res.data["targets"] = {"first_release_max_s": 600, "re_release_max_s": 360, "ratio_vs_careful_manual_max": 1.0}
     res.data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     res.save()
     log(f"done: {res.data['summary']}")
@@ -217,11 +483,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--build-timeout-s", type=float, default=900)
     p.add_argument("--timeout-s", type=float, default=3000)
     p.add_argument("--runs", default=",".join(RUNS),
-                   help="which runs, in order (a session may not hold all three: the others are kept from --out)")
+                   help="which runs (always run in the order baseline, first_release, re_release, manual; a "
+                        "session may not hold them all: the others are kept from --out)")
     args = p.parse_args(argv)
-    args.runs = [r.strip() for r in args.runs.split(",") if r.strip()]
-    if unknown := [r for r in args.runs if r not in RUNS]:
+    picked = [r.strip() for r in args.runs.split(",") if r.strip()]
+    if unknown := [r for r in picked if r not in RUNS]:
         p.error(f"--runs: unknown {', '.join(unknown)}; choose from {', '.join(RUNS)}")
+    if not picked:
+        p.error(f"--runs: name at least one of {', '.join(RUNS)}")
+    args.runs = [r for r in RUNS if r in picked]  # the order they run in, whatever the order given
     if "re_release" in args.runs and "first_release" not in args.runs:
         p.error("--runs: re_release needs first_release in the same invocation (it re-releases that run's "
                 "base from its work dir and Hub repo, which live only as long as this host's scratch folder)")

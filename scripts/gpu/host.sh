@@ -21,7 +21,10 @@
 #   bash scripts/gpu/host.sh launch-moe [ARGS...]           start job moe: benchmarks/h200_moe.py
 #   bash scripts/gpu/host.sh launch-release-time [ARGS...]  start job release: benchmarks/h200_release_time.py (adds
 #                                                           to STATE/h200_release_time.json, seeded like launch-shapes;
-#                                                           --runs picks the runs of this session)
+#                                                           --runs picks the runs of this session among baseline,
+#                                                           first_release, re_release and manual, the same work by
+#                                                           hand: its ratio to first_release is written whenever
+#                                                           the file holds both, from this session or an earlier one)
 #   bash scripts/gpu/host.sh collect DEST                   copy results, logs and the freeze to DEST
 # The benchmarks run from the project's environments (`make setup` first): .venv/bin/python, and
 # .venv-serve for vLLM (the package's default serving Python).
