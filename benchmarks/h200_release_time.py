@@ -23,9 +23,9 @@ Four runs, one local stack (Prefect server, `gpu` pool, local Hub):
    (``benchmarks/manual.py``, shared with the CPU's ``benchmarks/pipeline_vs_manual.py``), each built from
    the same recipe and overrides as first_release's, a fresh work dir (an empty vLLM compile cache) and a
    Hub repo of its own (``-manual``): ``hf download`` of the base (without original/); an llm-compressor
-   ``oneshot`` script the way its examples write one (the model loaded in bf16, no device placement; the
-   llm-compressor recipe the flow builds, the rows the flow calibrates on from the local Hub with
-   ``datasets``, rendered with the chat template); ``hf upload`` of the checkpoint started right after, in
+   ``oneshot`` script the way its examples write one (the model loaded in bf16; the llm-compressor recipe
+   the flow builds, the rows the flow calibrates on from the local Hub with ``datasets``, rendered with the
+   chat template, and oneshot's arguments and placement as the flow sets them: the model on the GPU); ``hf upload`` of the checkpoint started right after, in
    the background (the flow pushes beside the boots too); ``vllm serve`` base (16-bit KV), ``/metrics``,
    one ``lm_eval --model local-completions`` for the whole task set (one group file with each task's
    few-shot count, the limits as ``--samples``); ``vllm serve`` W4A16 16-bit KV, ``/metrics``; ``vllm
@@ -173,10 +173,11 @@ MANUAL_NOTE = (
     "a fresh work dir (empty vLLM compile cache) and a Hub repo of its own. Timed from the first command (hf "
     "download) to the release tag (hf repos tag create), as the flow's wall runs to its promotion; the upload "
     "(hf upload) runs in the background from the checkpoint's save to the tag, as the flow pushes beside the "
-    "boots. The oneshot script is llm-compressor's examples' way: the model loaded in bf16 with no device "
-    "placement and llm-compressor's default pipeline; the flow's measured choices (the model on the GPU when "
-    "it fits, QS_QUANTIZE_ON_DEVICE; AWQ's single sequential pass, quantize/run.py MEASURED_PIPELINES) are the "
-    "flow's own, as are its boots' imports started ahead (QS_PREPARE_BOOTS). Flow steps with no manual twin: "
+    "boots. The oneshot script is llm-compressor's examples' way with the flow's own settings: the "
+    "llm-compressor recipe, oneshot's arguments (AWQ's single sequential pass, quantize/run.py "
+    "MEASURED_PIPELINES) and the placement (on a GPU the model and its activations on the device, as the flow "
+    "places a model that fits): the two paths differ in how the steps run, not in how llm-compressor is set. "
+    "The flow's own are its boots' imports started ahead (QS_PREPARE_BOOTS). Flow steps with no manual twin: "
     "validate (the recipe, the Hub and the calibration rows checked before anything heavy), the decision's "
     "arithmetic (recoveries, checks: the manual path records the figures and a person reads them, untimed), "
     "the model card and serving profile pushed with the candidate, the report and the release history. The "
@@ -237,6 +238,7 @@ def manual_run(res: Results, *, recipe: Any, overrides: dict[str, Any], env: dic
     from benchmarks import manual as m
     from quantize_serve.capacity.measure import sixteen_bit_kv_dtype
     from quantize_serve.quantize.run import build_llmcompressor_recipe
+    from quantize_serve.serving import gpu
 
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -246,7 +248,9 @@ def manual_run(res: Results, *, recipe: Any, overrides: dict[str, Any], env: dic
     # Written before the clock starts, as a person has them ready: the llm-compressor recipe, the script,
     # the lm-eval group file.
     (work / "recipe.yaml").write_text(build_llmcompressor_recipe(recipe.quantization))
-    params = m.oneshot_params(recipe, base, ckpt, work / "recipe.yaml")
+    # On a GPU the model goes on it, as the flow places a model that fits (an 8B on an H200: 9 times over).
+    params = m.oneshot_params(recipe, base, ckpt, work / "recipe.yaml",
+                              device="cuda:0" if gpu.usable_memory_bytes() is not None else None)
     (work / "oneshot.py").write_text(m.oneshot_script(params))
     evaluate = lm_eval_settings(recipe, work / "lm-eval-tasks")
     marks, commands, steps = Marks(), {}, {}

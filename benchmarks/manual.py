@@ -4,9 +4,12 @@ built from the recipe's fields. Shared by the two benchmarks that time the flow 
 --runs manual`` (one H200, the production recipe).
 
 - :func:`oneshot_script`: an llm-compressor ``oneshot`` script the way llm-compressor's examples write
-  one (the model loaded in the recipe's dtype with no device placement, the calibration set loaded with
-  ``datasets``), with the llm-compressor recipe the flow builds and the rows the flow calibrates on (the
-  recipe's dataset, split, seed, samples and cap; chat rows rendered with the model's chat template);
+  one (the model loaded in the recipe's dtype, the calibration set loaded with ``datasets``), with the
+  llm-compressor recipe the flow builds, the rows the flow calibrates on (the recipe's dataset, split,
+  seed, samples and cap; chat rows rendered with the model's chat template) and the flow's own oneshot
+  arguments and placement (quantize/worker.py ``calibration_arguments``: its measured pipeline, and on a
+  GPU the model and activations on the device): the careful engineer knows what the flow knows, so the
+  two differ in how the steps are run, not in how llm-compressor is set;
 - :class:`Serve`: ``vllm serve`` with the recipe's serve settings (:func:`serve_argv`), ready on
   ``/health``, stopped with its whole process group;
 - :func:`lm_eval_argv`: one ``lm_eval --model local-completions`` invocation for every task of the gate;
@@ -88,19 +91,22 @@ enc = tokenizer(texts, truncation=True, max_length={max_seq_len}, add_special_to
 ds = Dataset.from_dict({{"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}})
 print(f"[oneshot] {{len(texts)}} calibration samples, {{sum(map(len, enc['input_ids']))}} tokens", flush=True)
 
-model = AutoModelForCausalLM.from_pretrained(MODEL, dtype={dtype!r})
-oneshot(model=model, dataset=ds, recipe=open(RECIPE).read(), max_seq_length={max_seq_len},
-        num_calibration_samples={num_samples}, batch_size={batch_size})
+model = AutoModelForCausalLM.from_pretrained(MODEL, dtype={dtype!r}, device_map={device!r})
+oneshot(model=model, dataset=ds, recipe=open(RECIPE).read(), **{arguments!r})
 model.save_pretrained(OUT, save_compressed=True)
 tokenizer.save_pretrained(OUT)
 '''
 
 
-def oneshot_params(recipe: Any, model: Path, out: Path, recipe_file: Path) -> dict[str, Any]:
+def oneshot_params(recipe: Any, model: Path, out: Path, recipe_file: Path, *,
+                   device: str | None = None) -> dict[str, Any]:
     """The script's parameters, from the recipe: its calibration section read as the flow reads it
     (quantize/calibration.py: local files through their `datasets` builder, else the Hub dataset; a seeded
-    shuffle, then the first num_samples; chat messages rendered with the tokenizer's template)."""
+    shuffle, then the first num_samples; chat messages rendered with the tokenizer's template), and
+    oneshot's arguments as the flow passes them with the model on ``device`` (None: the CPU; on a GPU
+    that holds the model, the device, as the flow places it there: quantize/worker.py ``placement``)."""
     from quantize_serve.quantize.calibration import local_calibration_files
+    from quantize_serve.quantize.worker import calibration_arguments
 
     c = recipe.calibration
     if recipe.calibration_is_local:
@@ -112,7 +118,8 @@ def oneshot_params(recipe: Any, model: Path, out: Path, recipe_file: Path) -> di
     return {"model": str(model), "out": str(out), "recipe": str(recipe_file), "dtype": recipe.model.dtype,
             "dataset": dataset, "subset": subset, "split": split, "data_files": data_files,
             "text_field": c.text_field, "messages_field": c.messages_field, "seed": c.shuffle_seed,
-            "num_samples": c.num_samples, "max_seq_len": c.max_seq_len, "batch_size": c.batch_size}
+            "num_samples": c.num_samples, "max_seq_len": c.max_seq_len, "device": device,
+            "arguments": calibration_arguments(recipe, device)}
 
 
 def oneshot_script(p: dict[str, Any]) -> str:

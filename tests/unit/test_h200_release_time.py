@@ -15,6 +15,7 @@ import yaml
 from benchmarks import h200_release_time as release_time
 from benchmarks import manual
 from localhub.datasets import MMLU_SUBJECTS
+from quantize_serve.quantize.worker import calibration_arguments
 from quantize_serve.recipe.load import load_recipe
 from tests.conftest import ROOT
 
@@ -119,24 +120,38 @@ def test_the_oneshot_script_calibrates_on_the_flows_rows_the_docs_way(tmp_path):
     recipe, _ = release_time.manual_recipe(PRODUCTION, "org/repo")
     params = manual.oneshot_params(recipe, tmp_path / "base", tmp_path / "ckpt", tmp_path / "recipe.yaml")
     assert {k: params[k] for k in ("dataset", "subset", "split", "data_files", "messages_field", "seed",
-                                   "num_samples", "max_seq_len", "batch_size", "dtype")} == {
+                                   "num_samples", "max_seq_len", "dtype")} == {
         "dataset": "HuggingFaceH4/ultrachat_200k", "subset": None, "split": "train_sft", "data_files": None,
-        "messages_field": "messages", "seed": 42, "num_samples": 256, "max_seq_len": 2048, "batch_size": 1,
-        "dtype": "bfloat16"}
+        "messages_field": "messages", "seed": 42, "num_samples": 256, "max_seq_len": 2048, "dtype": "bfloat16"}
     script = manual.oneshot_script(params)
     ast.parse(script)
     # the flow's selection and rendering (quantize/calibration.py, quantize/worker.py)
     assert "ds.shuffle(seed=42).select(range(256))" in script
     assert "apply_chat_template(m, tokenize=False) for m in ds['messages']" in script
     assert "max_length=2048, add_special_tokens=False" in script
-    assert "from_pretrained(MODEL, dtype='bfloat16')" in script and "device_map" not in script
-    assert "num_calibration_samples=256, batch_size=1" in script and "save_compressed=True" in script
+    assert "from_pretrained(MODEL, dtype='bfloat16', device_map=None)" in script
+    assert "save_compressed=True" in script
+    # oneshot's arguments are the flow's own (quantize/worker.py), its measured pipeline included
+    assert params["arguments"] == calibration_arguments(recipe, None)
+    assert params["arguments"]["pipeline"] == "sequential" and not params["arguments"]["propagate_error"]
+    assert f"**{params['arguments']!r})" in script
+
+
+def test_on_a_gpu_the_oneshot_script_places_the_model_as_the_flow_does(tmp_path):
+    recipe, _ = release_time.manual_recipe(PRODUCTION, "org/repo")
+    params = manual.oneshot_params(recipe, tmp_path / "b", tmp_path / "c", tmp_path / "r", device="cuda:0")
+    script = manual.oneshot_script(params)
+    ast.parse(script)
+    assert "device_map='cuda:0')" in script
+    assert params["arguments"]["sequential_offload_device"] == "cuda:0"
+    assert params["arguments"]["num_calibration_samples"] == 256 and params["arguments"]["batch_size"] == 1
 
 
 def test_the_cpu_benchmarks_oneshot_reads_the_tiny_recipes_local_file():
     recipe = load_recipe(ROOT / "recipes/tiny-llama-awq.yaml")
     params = manual.oneshot_params(recipe, Path("b"), Path("c"), Path("r"))
-    assert (params["dataset"], params["split"], params["text_field"], params["batch_size"]) == ("json", "train", "text", 8)
+    assert (params["dataset"], params["split"], params["text_field"], params["arguments"]["batch_size"]) == (
+        "json", "train", "text", 8)
     assert params["data_files"] == [str(ROOT / "data/calibration/tiny_calibration.jsonl")]
     script = manual.oneshot_script(params)
     assert "data_files=[" in script and "add_special_tokens=True" in script and "select(range(64))" in script
