@@ -150,7 +150,8 @@ def main() -> None:
         "load_average_1min": {"min": round(min(load), 2), "max": round(max(load), 2)},
         "host": f"{os.cpu_count()} CPU cores",
         "note": "the two paths interleaved (manual, pipeline, manual, pipeline, ...) so both see the same load; "
-                "the same steps on both sides: quantize from scratch, 3 vLLM boots, /metrics on each, the five "
+                "the same steps on both sides: quantize from scratch (the same llm-compressor recipe, oneshot arguments "
+                "and calibration rows), 3 vLLM boots, /metrics on each, the five "
                 "accuracy tasks on base and fp8 boots, the stress ramp (one vllm bench serve per step, the "
                 "over-long prompts, /metrics before and after) and the final vllm bench serve; the pipeline "
                 "also writes the report. ratio = sum(pipeline) / sum(manual)",
