@@ -349,14 +349,14 @@ def stress_by_hand(s: Serve, recipe: Any, ckpt: Path, out: Path, *, env: dict[st
     """The flow's stress test with vLLM's own tool (:func:`stress_steps`): /metrics before, the ramp's
     benches with the over-long prompts sent by hand in the peak, /metrics after; then the final bench."""
     steps, final = stress_steps(recipe, ckpt)
-    urllib.request.urlopen(s.url + "/metrics").read()
+    s.metrics()
     for step in steps:
         for _ in range(step["overlong"]):
             overlong(s.url, recipe.serve.max_model_len)
         sh(bench_argv(s.url, ckpt, out, input_len=step["input_len"], output_len=step["output_len"],
                       num_prompts=step["num_prompts"], concurrency=step["concurrency"],
                       name=f"ramp-{step['concurrency']}", python=python), env=env)
-    urllib.request.urlopen(s.url + "/metrics").read()
+    s.metrics()
     sh(bench_argv(s.url, ckpt, out, input_len=final["input_len"], output_len=final["output_len"],
                   num_prompts=final["num_prompts"], concurrency=final["concurrency"], name="bench", python=python),
        env=env)

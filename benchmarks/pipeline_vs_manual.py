@@ -37,7 +37,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import yaml
@@ -87,12 +86,12 @@ def manual(work: Path, name: str) -> tuple[float, int]:
     started = time.monotonic()
     sh([PY, work / "oneshot.py"], env=ENV)
     with serve(base, "auto") as s:
-        urllib.request.urlopen(s.url + "/metrics").read()
+        s.metrics()
         lm_eval(s.url, base, work / "lm-eval-base", **evaluate)
     with serve(ckpt, "bfloat16") as s:
-        urllib.request.urlopen(s.url + "/metrics").read()
+        s.metrics()
     with serve(ckpt, "fp8") as s:
-        urllib.request.urlopen(s.url + "/metrics").read()
+        s.metrics()
         lm_eval(s.url, ckpt, work / "lm-eval-quant", **evaluate)
         stress_by_hand(s, recipe, ckpt, work / "stress", env=ENV)
     return time.monotonic() - started, boots

@@ -463,10 +463,8 @@ def vllm_server(spec: ServerSpec, *, log_path: Path, boot_timeout_s: float | Non
         raise ServerBootError(f"serving Python {settings.serving_python} does not exist",
                               remedy="run `make setup`, or set QS_SERVING_PYTHON to a Python with vLLM")
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    revision = spec.vllm_config().get("revision")  # the profile's (ServerSpec.revision: the release ref)
     layout = nullcontext() if spec.repo_id is None else laid_out_as_hub_cache(
-        spec.model_dir, spec.repo_id, boot_hub_cache(log_path),
-        revision=None if revision is None else str(revision))
+        spec.model_dir, spec.repo_id, boot_hub_cache(log_path), revision=spec.revision)  # the profile's
     with layout:
         started = time.monotonic()
         for attempt in range(1, PORT_ATTEMPTS + 1):
