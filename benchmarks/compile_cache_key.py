@@ -96,6 +96,7 @@ def measure(checkpoint: Path, tmp: Path) -> dict:
     from localhub.server import start_local_hub
     from quantize_serve.capacity.measure import capacity_spec
     from quantize_serve.core.settings import get_settings
+    from quantize_serve.hub.publish import promote_revision
     from quantize_serve.recipe.load import load_recipe
     from quantize_serve.serve_profile.output import write_profile
     from quantize_serve.serve_profile.search import candidate_serve
@@ -150,10 +151,7 @@ def measure(checkpoint: Path, tmp: Path) -> dict:
             api = HfApi(endpoint=hub.endpoint)
             api.create_repo(repo_id, private=False, exist_ok=True)
             commit = api.upload_folder(folder_path=str(checkpoint), repo_id=repo_id).oid
-            if recipe.hub.release_ref_kind == "tag":
-                api.create_tag(repo_id, tag=release_ref, revision=commit)
-            else:
-                api.create_branch(repo_id, branch=release_ref, revision=commit)
+            promote_revision(recipe.hub, commit, token=None, endpoint=hub.endpoint)  # as the flow promotes
         profile, _ = write_profile(production_c, tmp / "release" / "serve-profile.yaml", model=repo_id,
                                    header=[])
         unnamed, _ = write_profile(unnamed_c, tmp / "before" / "serve-profile.yaml", model=repo_id, header=[])

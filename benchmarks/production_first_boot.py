@@ -163,6 +163,7 @@ def main() -> None:
     from localhub.server import start_local_hub
     from quantize_serve.core.portable import write_json_result
     from quantize_serve.core.settings import get_settings
+    from quantize_serve.hub.publish import promote_revision
     from quantize_serve.recipe.load import load_recipe
 
     checkpoint = args.checkpoint.resolve()
@@ -179,8 +180,8 @@ def main() -> None:
             api = HfApi(endpoint=hub.endpoint)
             api.create_repo(recipe.hub.repo_id, private=False, exist_ok=True)
             commit = api.upload_folder(folder_path=str(checkpoint), repo_id=recipe.hub.repo_id).oid
-            # the release ref the profile names as its revision, on the candidate (as after promotion)
-            api.create_tag(recipe.hub.repo_id, tag=recipe.hub.release_ref, revision=commit)
+            # the release ref the profile names as its revision, on the candidate, as the flow promotes
+            promote_revision(recipe.hub, commit, token=None, endpoint=hub.endpoint)
         for name, (profile_recipe, rounds) in profiles.items():
             pairs = []
             for i in range(rounds):
