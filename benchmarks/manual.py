@@ -26,9 +26,7 @@ mean lengths, lm-eval's concurrency as the gate resolves it); none of its pipeli
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -224,18 +222,9 @@ class Serve:
             return resp.read().decode()
 
     def __exit__(self, *exc: object) -> None:
-        from quantize_serve.core.processes import group_alive
+        from quantize_serve.serving.server import stop_process_group
 
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=60)
-        deadline = time.monotonic() + 30
-        while group_alive(self.proc.pid) and time.monotonic() < deadline:  # the engine core, its workers
-            time.sleep(0.2)
-        if group_alive(self.proc.pid):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        stop_process_group(self.proc, grace_s=60)  # the engine core and its workers too
 
 
 def cache_info(metrics: str) -> dict[str, Any]:
