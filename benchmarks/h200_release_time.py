@@ -239,6 +239,7 @@ def manual_run(res: Results, *, recipe: Any, overrides: dict[str, Any], env: dic
     from quantize_serve.capacity.measure import sixteen_bit_kv_dtype
     from quantize_serve.quantize.run import build_llmcompressor_recipe
     from quantize_serve.serving import gpu
+    from quantize_serve.serving.server import stop_process_group
 
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -278,7 +279,7 @@ def manual_run(res: Results, *, recipe: Any, overrides: dict[str, Any], env: dic
     def run(step: str, argv: list[Any], **kwargs: Any) -> None:
         commands[step] = m.typed(argv)
         t0 = time.monotonic()
-        m.sh(argv, env=env, log=work / f"{step}.log", **kwargs)
+        m.sh(argv, env=env, log=work / f"{step.replace(' ', '-')}.log", **kwargs)
         steps[step] = round(time.monotonic() - t0, 1)
 
     def boot(name: str, model: Path, kv_dtype: str) -> m.Serve:
@@ -291,12 +292,8 @@ def manual_run(res: Results, *, recipe: Any, overrides: dict[str, Any], env: dic
         record["boot_seconds"][name] = steps[f"boot {name}"] = s.boot_seconds
         record["capacity"][name] = m.cache_info(s.metrics())
 
-    def evaluate_on(name: str, s: m.Serve, tokenizer: Path) -> None:
-        commands[f"lm_eval {name}"] = m.typed(m.lm_eval_argv(s.url, tokenizer, work / f"lm-eval-{name}", **evaluate))
-        t0 = time.monotonic()
-        m.lm_eval(s.url, tokenizer, work / f"lm-eval-{name}", env=env, cwd=work, log=work / f"lm-eval-{name}.log",
-                  **evaluate)
-        steps[f"lm_eval {name}"] = round(time.monotonic() - t0, 1)
+    def evaluate_on(name: str, s: m.Serve, tokenizer: Path) -> None:  # from work: the group file's folder
+        run(f"lm_eval {name}", m.lm_eval_argv(s.url, tokenizer, work / f"lm-eval-{name}", **evaluate), cwd=work)
 
     upload = None
     try:
@@ -342,8 +339,7 @@ def manual_run(res: Results, *, recipe: Any, overrides: dict[str, Any], env: dic
         record["stress"] = dict(zip(("ramp", "final"), m.stress_steps(recipe, ckpt), strict=True))
     finally:
         if upload is not None and upload.poll() is None:
-            os.killpg(upload.pid, 15)
-            upload.wait(timeout=30)
+            stop_process_group(upload, grace_s=30)
         record["boots"] = boot_logs(work)
         res.save()
     log(f"manual: wall {record['wall_seconds']} s, stages {marks.stages}")
