@@ -183,6 +183,21 @@ def _ref_target(api: HfApi, repo_id: str, name: str, kind: str) -> str | None:
                  if r.name == name), None)
 
 
+def _delete_ref(api: HfApi, repo_id: str, name: str, kind: str) -> None:
+    if kind == "tag":
+        api.delete_tag(repo_id, tag=name)
+    else:
+        api.delete_branch(repo_id, branch=name)
+
+
+def _create_ref(api: HfApi, repo_id: str, name: str, kind: str, commit_sha: str, message: str) -> None:
+    """The Hub has no "move" for a ref: a move is :func:`_delete_ref` then this."""
+    if kind == "tag":
+        api.create_tag(repo_id, tag=name, revision=commit_sha, tag_message=message)
+    else:
+        api.create_branch(repo_id, branch=name, revision=commit_sha)
+
+
 def promote_revision(hub: HubSection, commit_sha: str, *, token: str | None, run_id: str | None = None,
                      endpoint: str | None = None, retry: RetryPolicy = DEFAULT_RETRY) -> str:
     """Point the release ref (``hub.release_ref``, a tag or branch) at exactly ``commit_sha``.
@@ -204,14 +219,9 @@ def promote_revision(hub: HubSection, commit_sha: str, *, token: str | None, run
         api.model_info(hub.repo_id, revision=commit_sha)  # 404 here leaves the old ref in place
         current = _ref_target(api, hub.repo_id, ref, kind)
         if current != commit_sha:
-            if kind == "tag":
-                if current is not None:
-                    api.delete_tag(hub.repo_id, tag=ref)
-                api.create_tag(hub.repo_id, tag=ref, revision=commit_sha, tag_message=message)
-            else:
-                if current is not None:
-                    api.delete_branch(hub.repo_id, branch=ref)
-                api.create_branch(hub.repo_id, branch=ref, revision=commit_sha)
+            if current is not None:
+                _delete_ref(api, hub.repo_id, ref, kind)
+            _create_ref(api, hub.repo_id, ref, kind, commit_sha, message)
             logger.info("%s: %s %r moved %s -> %s", hub.repo_id, kind, ref,
                         current[:12] if current else "(none)", commit_sha[:12])
         after = _ref_target(api, hub.repo_id, ref, kind)

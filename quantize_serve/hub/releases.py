@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from quantize_serve.core.errors import HubError, RefMovedError
 from quantize_serve.hub.client import DEFAULT_RETRY, RetryPolicy, _api, _Call, _hub_call, _run
-from quantize_serve.hub.publish import _check_sha, _ref_target
+from quantize_serve.hub.publish import _check_sha, _create_ref, _delete_ref, _ref_target
 from quantize_serve.recipe.model import HubSection
 
 logger = logging.getLogger(__name__)
@@ -119,15 +119,9 @@ def move_release_ref(hub: HubSection, commit_sha: str, *, expected: str | None, 
                     f"between. Nothing was changed. Fix: look at `quantize-serve releases {hub.repo_id}` "
                     "and run the rollback again against the new state.")
             if current is not None:
-                if kind == "tag":
-                    api.delete_tag(hub.repo_id, tag=ref)
-                else:
-                    api.delete_branch(hub.repo_id, branch=ref)
+                _delete_ref(api, hub.repo_id, ref, kind)
                 deleted.append(True)
-            if kind == "tag":
-                api.create_tag(hub.repo_id, tag=ref, revision=commit_sha, tag_message=message)
-            else:
-                api.create_branch(hub.repo_id, branch=ref, revision=commit_sha)
+            _create_ref(api, hub.repo_id, ref, kind, commit_sha, message)
             logger.info("%s: %s %r moved %s -> %s", hub.repo_id, kind, ref, (current or "(none)")[:12],
                         commit_sha[:12])
         after = _ref_target(api, hub.repo_id, ref, kind)
