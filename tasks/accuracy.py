@@ -16,7 +16,11 @@ from quantize_serve.recipe.gates import AccuracyGate
 from tasks.run_log import run_log
 
 
-@task(name="run-accuracy")
+# log_prints off here: the flow's print-to-log patch would also catch prints aimed at a swapped
+# sys.stdout, and `datasets` hashes lm-eval's document functions with dill, which finds a function's
+# globals by capturing dis.dis() output that way: the disassembly landed in the run's log and the
+# hash lost the globals.
+@task(name="run-accuracy", log_prints=False)
 def run_accuracy(
     server_base_url: str,
     gate: AccuracyGate,

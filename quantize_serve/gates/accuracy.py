@@ -448,15 +448,9 @@ def extract_metrics(results: dict[str, Any], name: str) -> dict[str, MetricResul
 
 def _member_directions(results: dict[str, Any], name: str) -> dict[str, bool]:
     """The direction of each metric that every member of group ``name`` agrees on (none for a task)."""
-    subtasks: dict[str, list[str]] = results.get("group_subtasks", {})
     directions: dict[str, dict[str, bool]] = results.get("higher_is_better", {})
-    members, todo = [], list(subtasks.get(name, []))
-    while todo:  # groups of groups: their tasks
-        member = todo.pop()
-        members.append(member)
-        todo += subtasks.get(member, [])
     seen: dict[str, set[bool]] = {}
-    for member in members:
+    for member in _members(results, name):
         for metric, higher in directions.get(member, {}).items():
             if higher is not None:
                 seen.setdefault(metric, set()).add(bool(higher))
@@ -488,9 +482,25 @@ def _stderr(value: Any) -> float | None:
     return float(value)
 
 
+def _members(results: dict[str, Any], name: str) -> list[str]:
+    """Every member of group ``name``, its sub-groups' members included (none for a task)."""
+    subtasks: dict[str, list[str]] = results.get("group_subtasks", {})
+    members, todo = [], list(subtasks.get(name, []))
+    while todo:  # groups of groups: their tasks
+        member = todo.pop()
+        members.append(member)
+        todo += subtasks.get(member, [])
+    return members
+
+
 def _num_docs(results: dict[str, Any], name: str) -> int | None:
-    n = results.get("n-samples", {}).get(name, {})
-    return n.get("effective") if isinstance(n, dict) else None
+    """Documents evaluated: a task's own count, a group's the sum of its tasks' (lm-eval counts only
+    tasks: ``mmlu`` at limit 20 is 57 tasks of 20); None when lm-eval did not count one of them."""
+    counts: dict[str, Any] = results.get("n-samples", {})
+    subtasks: dict[str, list[str]] = results.get("group_subtasks", {})
+    tasks = [m for m in _members(results, name) if not subtasks.get(m)] or [name]
+    docs = [counts.get(t, {}).get("effective") if isinstance(counts.get(t), dict) else None for t in tasks]
+    return None if any(d is None for d in docs) else sum(docs)
 
 
 def _file_stem(name: str) -> str:

@@ -215,3 +215,24 @@ def test_a_group_aggregate_without_a_direction_takes_the_one_its_members_agree_o
     assert extract_metrics(results, "mmlu")["acc"].higher_is_better is True
     results["higher_is_better"]["mmlu_virology"] = {"acc": False}
     assert extract_metrics(results, "mmlu")["acc"].higher_is_better is None
+
+
+def test_a_group_counts_the_documents_of_its_tasks():
+    """lm-eval counts documents per task only: mmlu at limit 20 is its tasks' 20 each. The count
+    feeds gates.accuracy.min_samples and the run's log line (it said "None documents" for mmlu)."""
+    from quantize_serve.gates.accuracy import _num_docs
+
+    results = {
+        "group_subtasks": {"mmlu": ["mmlu_stem", "mmlu_other"], "mmlu_stem": ["mmlu_anatomy"],
+                           "mmlu_other": ["mmlu_virology", "mmlu_nutrition"]},
+        "n-samples": {"mmlu_anatomy": {"original": 135, "effective": 20},
+                      "mmlu_virology": {"original": 166, "effective": 20},
+                      "mmlu_nutrition": {"original": 306, "effective": 20},
+                      "gsm8k": {"original": 1319, "effective": 500}},
+    }
+    assert _num_docs(results, "mmlu") == 60
+    assert _num_docs(results, "mmlu_other") == 40
+    assert _num_docs(results, "gsm8k") == 500
+    del results["n-samples"]["mmlu_virology"]
+    assert _num_docs(results, "mmlu") is None  # one task uncounted: unknown, not an undercount
+    assert _num_docs(results, "arc_challenge") is None
