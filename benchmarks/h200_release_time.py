@@ -9,7 +9,8 @@ the times are real):
   log-normal with a median of ~1,000 tokens (the recipe's 256 samples, cap 2,048: ~300k tokens);
 - the accuracy gate: the recipe's own task set (gsm8k 5-shot generation, arc_challenge 25-shot,
   hellaswag 10-shot, mmlu 5-shot) with lm-eval's own task definitions, on rows of the real tasks'
-  shape under their real dataset ids, at the recipe's limits.
+  shape under their real dataset ids, at the recipe's limits; token-true: sized so the served tokenizer
+  gives them the tokens Llama-3's would give the real rows (~10M scored prompt tokens a model).
 
 Four runs, one local stack (Prefect server, `gpu` pool, local Hub):
 1. ``baseline``: the product's speed-ups that a setting switches off are off (QS_PREPARE_BOOTS=false,
@@ -101,7 +102,13 @@ FLOW_RUNS = RUNS[:3]
 MANUAL_REPO_SUFFIX = "-manual"
 RECIPE = ROOT / "recipes/llama3-8b-instruct-awq.yaml"
 BASELINE_CONCURRENT = 16  # what recipes/llama3-8b-instruct-awq.yaml set before it was sized to max_num_seqs
-CALIBRATION_LINE = re.compile(r"\[(?:quantize|oneshot)\] (\d+) calibration samples, (\d+) tokens")
+# The quantize worker's line; the flow's log relays it without the worker's "[quantize]" tag
+CALIBRATION_LINE = re.compile(r"(\d+) calibration samples, (\d+) tokens")
+# What a run's streamed log says as it goes: kept under "cut_short" until the run ends, so a run that a
+# session's end cuts short still leaves its stages (the final record replaces it)
+STAGE_LINE = re.compile(r"stage done: (.+?)\s*$")
+PROGRESS_LINE = re.compile(r"booting vLLM \([^)]+\)|vLLM \([^)]+\) healthy\b.*"
+                           r"|lm-eval \S+: .+ documents in .*|\d+ calibration samples, \d+ tokens")
 
 
 def boot_logs(run_dir: Path) -> list[dict[str, Any]]:
@@ -122,10 +129,22 @@ def one_run(stack: Any, res: Results, name: str, *, overrides: dict[str, Any], e
     before = set(runs.glob("*/report.json"))
     t0 = time.monotonic()
     last_line = [t0]
+    progress: dict[str, Any] = {
+        "state": "cut short: the session's device time ended before the run did; seconds since the command "
+                 "started, as its log streamed them",
+        "session_started": session, "stage_done_at": {}, "log": []}
 
     def echo(line: str) -> None:
-        last_line[0] = time.monotonic()
+        last_line[0] = now = time.monotonic()
         print(line[:300], flush=True)
+        if stage := STAGE_LINE.search(line):
+            progress["stage_done_at"][stage[1]] = round(now - t0, 1)
+        elif event := PROGRESS_LINE.search(line):
+            progress["log"].append(f"{now - t0:.0f} s: {event[0][:200]}")
+        else:
+            return
+        res.data.setdefault("cut_short", {})[name] = progress
+        res.save()
 
     rc, output, run_id = stack.run_deployment(
         DEPLOYMENT, pool="gpu", params={"overrides": json.dumps(overrides)}, job_variables={"env": env},
@@ -141,6 +160,7 @@ def one_run(stack: Any, res: Results, name: str, *, overrides: dict[str, Any], e
     run_dir = new[-1].parent if new else None
     calibration = CALIBRATION_LINE.search(output)
     decision = report.get("decision") or {}
+    res.data.setdefault("cut_short", {}).pop(name, None)
     res.data["runs"][name] = {
         "measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "session_started": session,
         "exit_code": rc, "wall_seconds": wall, "driver_seconds": driver, "flow": flow, "stage_seconds": stages,
@@ -391,8 +411,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     runs = home / "runs"
     res = Results(Path(args.out), roots=(state, get_settings().serving_python.parent))
     kept = {name: run for name, run in res.data.get("runs", {}).items() if name not in args.runs}
+    cut = {name: run for name, run in res.data.get("cut_short", {}).items() if name not in args.runs}
     res.data.clear()  # the runs not asked for this time stay as an earlier session measured them
-    res.data.update(errors={}, runs=kept)
+    res.data.update(errors={}, runs=kept, cut_short=cut)
     recipe = load_recipe(RECIPE)
     limits = SMOKE_LIMITS if args.cpu_smoke else {}
     tasks = [{**t, "limit": limits.get(t["task"], t["limit"])} for t in TASKS]
@@ -409,7 +430,8 @@ def cmd_run(args: argparse.Namespace) -> None:
         work="production-shaped (localhub/datasets.py): UltraChat-shaped calibration, log-normal lengths, median "
              "~1,000 tokens per conversation, the recipe's cap 2,048; the recipe's task set "
              "(gsm8k 5-shot generation, arc_challenge 25-shot, hellaswag 10-shot, mmlu 5-shot) on rows of "
-             "the real tasks' shape under their real dataset ids, lm-eval's own task definitions",
+             "the real tasks' shape under their real dataset ids, token-true under the served tokenizer, "
+             "lm-eval's own task definitions",
         task_set=tasks)
     if not args.cpu_smoke:
         res.data["build"] = wait_for_build(model_dir, None, args.build_timeout_s)
@@ -423,9 +445,9 @@ def cmd_run(args: argparse.Namespace) -> None:
             for shard in model_dir.glob("*.safetensors"):
                 shard.unlink()
         c = recipe.calibration
-        publish_ultrachat_production(api, repo_id=c.dataset, train_sft=2 * c.num_samples,
-                                     tokenizer=AutoTokenizer.from_pretrained(model_dir))
-        shas = publish_production_tasks(api, **(SMOKE_DATA if args.cpu_smoke else {}))
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        publish_ultrachat_production(api, repo_id=c.dataset, train_sft=2 * c.num_samples, tokenizer=tokenizer)
+        shas = publish_production_tasks(api, **(SMOKE_DATA if args.cpu_smoke else {}), tokenizer=tokenizer)
         res.data["hub_setup"] = {"base_model": BASE_ID, "base_sha": base_sha, "datasets": sorted(shas),
                                  "seconds": round(time.monotonic() - t0, 1)}
         res.save()

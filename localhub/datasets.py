@@ -186,6 +186,11 @@ def publish_ultrachat(api: Any, *, repo_id: str = ULTRACHAT_ID, train_sft: int =
 #   configs, dev 5 rows each for the 5 shots, questions 10-60 words (professional_law up to ~250),
 #   4 choices of 1-15 words). Split sizes cover the recipe's limits (gsm8k 500, arc 500, hellaswag 1000,
 #   mmlu 20 per subject).
+# - Token-true: those word counts are the real datasets' words, which Llama-3's tokenizer turns into
+#   ~TOKENS_PER_WORD tokens each. Given the served model's tokenizer, every count is scaled so that the
+#   rows give that many tokens under it (the reference tokenizer's small vocabulary spends ~1.84 tokens on
+#   one of the project's words: unscaled, the task prompts were ~1.4x production's, 13.2M tokens scored
+#   per model instead of ~9.3M), as the calibration rows are sized in tokens.
 # --------------------------------------------------------------------------------------------
 
 ULTRACHAT_MEDIAN_TOKENS, ULTRACHAT_SIGMA = 1000, 0.6
@@ -215,15 +220,25 @@ def _vocabulary(source: Path = CHAT_SOURCE) -> list[str]:
     return sorted(w for w in words if w.isalpha()) + [t for t in THINGS] + [n.lower() for n in NAMES]
 
 
-class _Words:
-    """Seeded prose of a given length from the project's vocabulary."""
+def tokens_per_word(tokenizer: Any = None, words: _Words | None = None) -> float:
+    """Tokens one of the project's words costs under ``tokenizer`` (TOKENS_PER_WORD without one), on 2,000
+    words drawn from ``words`` (a fresh draw without it)."""
+    if tokenizer is None:
+        return TOKENS_PER_WORD
+    sample = (words or _Words(0)).words(2000)
+    return len(tokenizer(sample, add_special_tokens=False)["input_ids"]) / 2000
 
-    def __init__(self, seed: int) -> None:
-        self.rng, self.vocab = random.Random(seed), _vocabulary()
+
+class _Words:
+    """Seeded prose of a given length from the project's vocabulary; ``scale`` turns a count of real
+    words into the count of the project's words that costs as many tokens (see token-true above)."""
+
+    def __init__(self, seed: int, scale: float = 1.0) -> None:
+        self.rng, self.vocab, self.scale = random.Random(seed), _vocabulary(), scale
 
     def words(self, n: int) -> str:
         out, sentence = [], 0
-        for _ in range(max(1, n)):
+        for _ in range(max(1, round(n * self.scale))):
             w = self.rng.choice(self.vocab)
             out.append(w.capitalize() if sentence == 0 else w)
             sentence += 1
@@ -244,10 +259,7 @@ def ultrachat_production_rows(n: int, *, seed: int = 0, tokenizer: Any = None,
     import math
 
     words, rng = _Words(seed), random.Random(seed + 1)
-    per_word = TOKENS_PER_WORD
-    if tokenizer is not None:
-        sample = words.words(2000)
-        per_word = len(tokenizer(sample, add_special_tokens=False)["input_ids"]) / 2000
+    per_word = tokens_per_word(tokenizer, words)
     rows = []
     for _ in range(n):
         target = math.exp(rng.gauss(math.log(median_tokens), sigma))
@@ -270,9 +282,9 @@ def publish_ultrachat_production(api: Any, *, repo_id: str = ULTRACHAT_ID, train
     return publish_parquet_dataset(api, repo_id, {"train_sft": rows[:train_sft], "test_sft": rows[train_sft:]})
 
 
-def gsm8k_production_rows(n: int, *, seed: int = 0) -> list[dict[str, str]]:
+def gsm8k_production_rows(n: int, *, seed: int = 0, scale: float = 1.0) -> list[dict[str, str]]:
     """gsm8k's columns and format, its lengths: questions 30-70 words, 3-8 annotated steps."""
-    words, rng = _Words(seed), random.Random(seed + 1)
+    words, rng = _Words(seed, scale), random.Random(seed + 1)
     rows = []
     for _ in range(n):
         value, steps = rng.randint(5, 50), []
@@ -285,9 +297,9 @@ def gsm8k_production_rows(n: int, *, seed: int = 0) -> list[dict[str, str]]:
     return rows
 
 
-def arc_rows(n: int, *, seed: int = 0, prefix: str = "Mercury") -> list[dict[str, Any]]:
+def arc_rows(n: int, *, seed: int = 0, prefix: str = "Mercury", scale: float = 1.0) -> list[dict[str, Any]]:
     """ai2_arc's columns: id, question, choices {text, label}, answerKey; mostly 4 choices."""
-    words, rng = _Words(seed), random.Random(seed + 1)
+    words, rng = _Words(seed, scale), random.Random(seed + 1)
     rows = []
     for i in range(n):
         k = rng.choices((3, 4, 5), weights=(3, 95, 2))[0]
@@ -298,9 +310,10 @@ def arc_rows(n: int, *, seed: int = 0, prefix: str = "Mercury") -> list[dict[str
     return rows
 
 
-def hellaswag_rows(n: int, *, seed: int = 0, split: str = "train") -> list[dict[str, Any]]:
+def hellaswag_rows(n: int, *, seed: int = 0, split: str = "train",
+                   scale: float = 1.0) -> list[dict[str, Any]]:
     """Rowan/hellaswag's columns (lm-eval's process_docs reads ctx_a, ctx_b, activity_label, endings, label)."""
-    words, rng = _Words(seed), random.Random(seed + 1)
+    words, rng = _Words(seed, scale), random.Random(seed + 1)
     rows = []
     for i in range(n):
         ctx_a, ctx_b = words.between(20, 50), words.between(3, 10).rstrip(".").lower()
@@ -311,9 +324,9 @@ def hellaswag_rows(n: int, *, seed: int = 0, split: str = "train") -> list[dict[
     return rows
 
 
-def mmlu_rows(n: int, subject: str, *, seed: int = 0) -> list[dict[str, Any]]:
+def mmlu_rows(n: int, subject: str, *, seed: int = 0, scale: float = 1.0) -> list[dict[str, Any]]:
     """cais/mmlu's columns: question, subject, choices (4), answer (0-3)."""
-    words, rng = _Words(seed), random.Random(seed + 1)
+    words, rng = _Words(seed, scale), random.Random(seed + 1)
     hi = 250 if subject == "professional_law" else 60
     return [{"question": words.between(10, hi).rstrip(".") + "?", "subject": subject,
              "choices": [words.between(1, 15).rstrip(".") for _ in range(4)], "answer": rng.randrange(4)}
@@ -343,20 +356,23 @@ def publish_parquet_configs(api: Any, repo_id: str, configs: dict[str, dict[str,
 
 
 def publish_production_tasks(api: Any, *, gsm8k_test: int = 500, arc_test: int = 500,
-                             hellaswag_validation: int = 1000, mmlu_test: int = 20) -> dict[str, str]:
-    """The production recipe's four tasks' data under their real ids (sizes: the recipe's limits);
-    returns {dataset id: commit sha}."""
-    shas = {GSM8K_ID: publish_parquet_dataset(api, GSM8K_ID, {"train": gsm8k_production_rows(200, seed=1),
-                                                              "test": gsm8k_production_rows(gsm8k_test, seed=2)},
-                                              config=GSM8K_CONFIG)}
-    shas[ARC_ID] = publish_parquet_dataset(api, ARC_ID, {"train": arc_rows(100, seed=3, prefix="train"),
-                                                         "validation": arc_rows(50, seed=4, prefix="val"),
-                                                         "test": arc_rows(arc_test, seed=5, prefix="test")},
-                                           config=ARC_CONFIG)
+                             hellaswag_validation: int = 1000, mmlu_test: int = 20,
+                             tokenizer: Any = None) -> dict[str, str]:
+    """The production recipe's four tasks' data under their real ids (sizes: the recipe's limits), token-true
+    under ``tokenizer`` (the served model's; see above); returns {dataset id: commit sha}."""
+    k = TOKENS_PER_WORD / tokens_per_word(tokenizer)
+    shas = {GSM8K_ID: publish_parquet_dataset(
+        api, GSM8K_ID, {"train": gsm8k_production_rows(200, seed=1, scale=k),
+                        "test": gsm8k_production_rows(gsm8k_test, seed=2, scale=k)}, config=GSM8K_CONFIG)}
+    shas[ARC_ID] = publish_parquet_dataset(
+        api, ARC_ID, {"train": arc_rows(100, seed=3, prefix="train", scale=k),
+                      "validation": arc_rows(50, seed=4, prefix="val", scale=k),
+                      "test": arc_rows(arc_test, seed=5, prefix="test", scale=k)}, config=ARC_CONFIG)
     shas[HELLASWAG_ID] = publish_parquet_dataset(
-        api, HELLASWAG_ID, {"train": hellaswag_rows(100, seed=6),
-                            "validation": hellaswag_rows(hellaswag_validation, seed=7, split="val")})
+        api, HELLASWAG_ID, {"train": hellaswag_rows(100, seed=6, scale=k),
+                            "validation": hellaswag_rows(hellaswag_validation, seed=7, split="val", scale=k)})
     shas[MMLU_ID] = publish_parquet_configs(api, MMLU_ID, {
-        s: {"test": mmlu_rows(mmlu_test, s, seed=10 + i), "validation": mmlu_rows(5, s, seed=100 + i),
-            "dev": mmlu_rows(5, s, seed=200 + i)} for i, s in enumerate(MMLU_SUBJECTS)})
+        s: {"test": mmlu_rows(mmlu_test, s, seed=10 + i, scale=k),
+            "validation": mmlu_rows(5, s, seed=100 + i, scale=k),
+            "dev": mmlu_rows(5, s, seed=200 + i, scale=k)} for i, s in enumerate(MMLU_SUBJECTS)})
     return shas

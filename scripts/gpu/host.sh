@@ -163,7 +163,7 @@ collect)
   for f in "$STATE"/*.log; do [ -f "$f" ] && tail -c 4000000 "$f" > "$DEST/$(basename "$f")"; done
   cp benchmarks/results/test_durations.json "$DEST/" 2>/dev/null || true  # make test's, here
   (cd "$STATE" && tar -czf "$DEST/logs.tar.gz" --exclude='*.safetensors' --exclude='*.parquet' work/logs work/stress \
-      work/flow_result.json runs llama3-stack/runs llama3-stack/*.log shape schemes shapes/boots moe/runs \
+      work/flow_result.json runs llama3-stack/runs llama3-stack/*.log release-time-stack/runs release-time-stack/*.log shape schemes shapes/boots moe/runs \
       2>/dev/null) || true
   (tar -czf "$DEST/runs.tar.gz" --exclude='*.safetensors' runs 2>/dev/null) || true  # make demo's runs
   echo "collected into $DEST: $(ls "$DEST" | tr '\n' ' ')"

@@ -238,3 +238,61 @@ def test_a_flow_runs_wall_ends_with_the_watchs_last_line_not_the_harness_stoppin
     record = json.loads((tmp_path / "out.json").read_text())["runs"]["first_release"]
     assert 0.2 <= record["wall_seconds"] < 0.5 <= record["driver_seconds"]
     assert record["session_started"] == "2026-12-02T05:00:00"
+
+
+def test_a_run_cut_short_by_the_sessions_end_leaves_its_stages_on_disk(tmp_path):
+    """A production-shaped first release outlasted a session's device time on the H200 and left nothing in
+    the JSON. Each stage mark and progress line of the streamed log is saved as it comes ("cut_short");
+    the run's final record replaces it."""
+    from benchmarks.h200 import Results
+
+    out = tmp_path / "out.json"
+    seen_mid_run = {}
+
+    class Stack:  # the flow's log lines as `prefect deployment run --watch` relays them
+        home = tmp_path
+
+        def run_deployment(self, name, *, echo, **kwargs):
+            for line in ("▪ 13:58:58.808 5801cabdf5c6 stage done: validated",
+                         "▪      :47.857 4f23b0b8acc8  256 calibration samples, 300737 tokens",
+                         "▪ 14:02:45.260 5801cabdf5c6 stage done: quantized",
+                         "▪ 14:04:36.945 5801cabdf5c6 vLLM (base) healthy at http://127.0.0.1:49643 after 112 s",
+                         "▪ 14:16:51.344 c6fa532a2d7e lm-eval arc_challenge: 500 documents in 186 s: acc 0.222",
+                         "▪ 14:16:51.350 c6fa532a2d7e Finished in state Completed()"):
+                echo(line)
+            seen_mid_run.update(json.loads(out.read_text()))  # what a session's end would leave
+            return 0, "▪      :47.857 4f23b0b8acc8  256 calibration samples, 300737 tokens", None
+
+    res = Results(out)
+    res.data["runs"] = {}
+    release_time.one_run(Stack(), res, "first_release", overrides={}, env={}, runs=tmp_path / "runs",
+                         timeout_s=60, session="2026-12-02T13:57:23")
+    cut = seen_mid_run["cut_short"]["first_release"]
+    assert list(cut["stage_done_at"]) == ["validated", "quantized"]
+    assert [line.split(": ", 1)[1] for line in cut["log"]] == [
+        "256 calibration samples, 300737 tokens", "vLLM (base) healthy at http://127.0.0.1:PORT after 112 s",
+        "lm-eval arc_challenge: 500 documents in 186 s: acc 0.222"]
+    assert cut["session_started"] == "2026-12-02T13:57:23" and cut["state"].startswith("cut short")
+    final = json.loads(out.read_text())
+    assert final["cut_short"] == {}  # the finished run's record replaces it
+    assert final["runs"]["first_release"]["calibration"] == {"samples": 256, "tokens": 300737}
+
+
+def test_the_task_rows_cost_the_tokens_the_real_datasets_words_would():
+    """The served tokenizer's small vocabulary spends ~1.8 tokens on one of the project's words, Llama-3's
+    ~TOKENS_PER_WORD on a real one: scaled, an ARC question of 12-40 real words (mean 26) costs what it
+    would in production, not ~1.4x that (the H200's first production-shaped run scored 13.2M tokens a model)."""
+    from transformers import AutoTokenizer
+
+    from localhub.datasets import TOKENS_PER_WORD, arc_rows, tokens_per_word
+
+    tok = AutoTokenizer.from_pretrained(ROOT / "models" / "tiny-llama")
+    k = TOKENS_PER_WORD / tokens_per_word(tok)
+    assert 0.6 < k < 0.8
+
+    def mean_tokens(rows):
+        return sum(len(tok(r["question"], add_special_tokens=False)["input_ids"]) for r in rows) / len(rows)
+
+    production = TOKENS_PER_WORD * 26
+    assert abs(mean_tokens(arc_rows(300, seed=5, scale=k)) / production - 1) < 0.1
+    assert mean_tokens(arc_rows(300, seed=5)) / production > 1.3  # unscaled: the inflated work
