@@ -189,8 +189,8 @@ def publish_ultrachat(api: Any, *, repo_id: str = ULTRACHAT_ID, train_sft: int =
 # - Token-true: those word counts are the real datasets' words, which Llama-3's tokenizer turns into
 #   ~TOKENS_PER_WORD tokens each. Given the served model's tokenizer, every count is scaled so that the
 #   rows give that many tokens under it (the reference tokenizer's small vocabulary spends ~1.84 tokens on
-#   one of the project's words: unscaled, the task prompts were ~1.4x production's, 13.2M tokens scored
-#   per model instead of ~9.3M), as the calibration rows are sized in tokens.
+#   one of the project's words: unscaled, the task prompts cost 13.2M scored tokens a model, scaled 10.0M;
+#   the prompt template and the numbers are not scaled), as the calibration rows are sized in tokens.
 # --------------------------------------------------------------------------------------------
 
 ULTRACHAT_MEDIAN_TOKENS, ULTRACHAT_SIGMA = 1000, 0.6
