@@ -11,11 +11,11 @@ Each row is one boot through the project's own code, ``quantize_serve.capacity.s
 planner says does not fit one GPU is recorded as such, with the planner's weights, and not booted;
 every quantized row is booted, so a planner that is wrong about fitting shows as vLLM's refusal.
 Beside each measured row:
-- the planner as `quantize-serve plan` runs it from config.json alone (its CUDA-graph term is a
-  stand-in, the plan says so): KV tokens, weights, CUDA-graph term, error % on KV tokens;
-- the planner given vLLM's own CUDA-graph estimate from the boot's log (the "(estimated)" figure of
-  "CUDA graph pool memory", what `plan --cudagraph-memory` takes): the same figures again. Reported
-  beside the first, never instead of it;
+- the planner as `quantize-serve plan` runs it from config.json alone: KV tokens, weights, activation,
+  overhead, error % on KV tokens;
+- where the boot's log has vLLM's CUDA-graph estimate (the "(estimated)" figure of "CUDA graph pool
+  memory", what `plan --cudagraph-memory` takes; vLLM 0.26 logged none on the H200), the plan given it:
+  the same figures again, beside the first, never instead of it;
 - the kernels vLLM logged (linear kernels, MoE methods and backends; the project's kernel check,
   ``formats.kernel_problem``, for the W4A16 rows) and its memory lines (CUDA graph pool actual and
   estimated, the "Actual usage" split).
@@ -25,7 +25,8 @@ which rows meet it. Nothing is tuned to meet it here.
 The JSON is written after every row, so a session that ends mid-way keeps what it measured. Rows
 already in --out are kept; a row measured again replaces its old figures. ``--resume`` skips rows
 already recorded (measured, or does-not-fit), so the measurement splits over sessions:
-``--models``/``--rows`` pick the part for this one. ``--dry-run`` prints the rows with the fit
+``--models``/``--rows`` pick the part for this one. ``--replan`` boots nothing: it recomputes the planner's
+figures of the recorded rows with today's planner, after a planner change. ``--dry-run`` prints the rows with the fit
 decision and the estimated time and boots nothing.
 
 On the GPU host (scripts/gpu/README.md): ``bash scripts/gpu/host.sh launch-shapes [ARGS]``.
@@ -78,10 +79,10 @@ SERVE = {"serve.max_model_len": 8192, "serve.gpu_memory_utilization": 0.90, "ser
 # weights and a request of 512 tokens, not its 3.9 MiB of bf16 weights and one).
 REHEARSE_SERVE = {"tiny-llama": {"serve.memory_budget": "8MiB"}, "tiny-qwen3-moe": {"serve.memory_budget": "4MiB"}}
 TARGET_PCT = 0.1  # issue 25: at most 0.1 % error on KV tokens per row
-# Seconds one row takes on the H200 (vLLM 0.26, graphs on, dummy weights), boot to stop: 8B boots took
-# 98-105 s (67 s with the compile cache hit), Qwen3-30B-A3B 128-179 s (scripts/gpu/README.md); the
-# 70B-class shapes were not timed with graphs on (estimated: longer compile and dummy init).
-ESTIMATE_S = {"Llama-3-8B": 115, "Llama-3-70B": 175, "Qwen2-72B": 175, "Qwen3-30B-A3B": 190,
+# Seconds one row takes on the H200 (vLLM 0.26, graphs on, dummy weights), boot to stop, as measured in
+# session 1 of h200_shapes.json: Llama-3-8B 109-141 s, Llama-3-70B 134-138 s, Qwen2-72B 155 s; Qwen3-30B-A3B
+# 128-179 s (scripts/gpu/README.md).
+ESTIMATE_S = {"Llama-3-8B": 125, "Llama-3-70B": 140, "Qwen2-72B": 160, "Qwen3-30B-A3B": 190,
               "tiny-llama": 45, "tiny-qwen3-moe": 45}
 RECORDED = ("measured", "does-not-fit")  # what --resume keeps; a refused or failed row is tried again
 CONFIG_ALIASES = {"bf16": Boot.BASE}
@@ -92,7 +93,8 @@ GRAPH_POOL = re.compile(r"CUDA graph pool memory: ([\d.]+) GiB \(actual\), ([\d.
 GRAPH_ESTIMATE = re.compile(r"Estimated CUDA graph memory: ([\d.]+) GiB")
 # The lines a row keeps as evidence (what the figures above are read from, and a refusal's reason)
 EVIDENCE = ("Model loading took", "Available KV cache memory", "KV cache size", "Maximum concurrency", "CUDA graph",
-            "Actual usage", "Kernel", "MoE", "Experts", "Error:")
+            "Graph capturing", "Actual usage", "Kernel", "MoE", "Experts", "Error:")
+PROGRESS_BAR = re.compile(r"\d+/\d+ \[[\d:<]+|it/s\]")
 ACTUAL_USAGE = {"weights": re.compile(r"([\d.]+) GiB for weight"),
                 "peak_activation": re.compile(r"([\d.]+) GiB for peak activation"),
                 "non_torch": re.compile(r"([\d.]+) GiB for non-torch memory"),
@@ -202,9 +204,28 @@ def graph_estimate_bytes(memory: dict[str, Any]) -> int | None:
 
 
 def evidence_lines(log_text: str, limit: int = 30) -> list[str]:
-    """The log's lines that carry the row's figures (``EVIDENCE``), first seen first, each at most 600 characters."""
-    lines = [line.strip()[:600] for line in log_text.splitlines() if any(k in line for k in EVIDENCE)]
+    """The log's lines that carry the row's figures (``EVIDENCE``), first seen first, each at most 600 characters.
+    The graph-capture progress bars ("Capturing CUDA graphs ... it/s") are left out: they carry no figure, and
+    on the H200 they filled the whole limit before the "Actual usage" line."""
+    lines = [line.strip()[:600] for line in log_text.splitlines()
+             if any(k in line for k in EVIDENCE) and not PROGRESS_BAR.search(line)]
     return list(dict.fromkeys(lines))[:limit]
+
+
+def replan(rows: list[dict], *, work: Path, device: int) -> list[dict]:
+    """``rows`` with each recorded row's ``planner`` figures from today's planner (the measured figures stay
+    as measured): after a planner change, the table says how the planner now does on what was measured."""
+    out = []
+    for r in rows:
+        if r.get("status") in RECORDED and r.get("planner"):
+            boot = parse_config(r["config"])
+            *_, plan = plan_row(r["model"], boot, work=work, rehearse=False, device=device)
+            m = r.get("measured")
+            r = {**r, "planner": plan_figures(plan, m["kv_tokens"] if m else None)}
+            if r["status"] == "does-not-fit":  # the reason quotes the plan; one that now fits is still said so
+                r["reason"] = fit_decision(plan, boot) or f"the planner now fits it: measure it ({r['reason']})"
+        out.append(r)
+    return out
 
 
 def boot_kernels(log_text: str, scheme: str, platform: str) -> dict[str, Any]:
@@ -377,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fresh", action="store_true", help="start --out afresh instead of adding to it")
     p.add_argument("--dry-run", action="store_true", help="the rows, fit decisions and estimated time; no boot")
     p.add_argument("--rehearse", action="store_true", help="CPU: the reference models' shapes, CPU settings")
+    p.add_argument("--replan", action="store_true", help="no boot: recompute the planner's figures of the rows "
+                   "--out holds with today's planner (after a planner change), and the summary")
     args = p.parse_args(argv)
 
     from quantize_serve.serving import gpu
@@ -385,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     default = "h200_shapes_rehearsal.json" if args.rehearse else "h200_shapes.json"
     out = args.out or ROOT / "benchmarks/results" / default
     device = gpu.usable_memory_bytes()
-    if device is None and not (args.rehearse or args.dry_run):
+    if device is None and not (args.rehearse or args.dry_run or args.replan):
         raise SystemExit("no GPU: this benchmark measures GPU capacity (--rehearse runs it on a CPU, --dry-run plans)")
     platform = formats.platform_of(gpu.compute_capability())
     order = [row_id(m, b) for m, b in all_rows(models)]
@@ -393,6 +416,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.fresh and out.is_file():
         out.unlink()
     res = Results(out, roots=(args.work,))
+    if args.replan:
+        res.data["rows"] = replan(res.data.get("rows", []), work=args.work,
+                                  device=res.data.get("device_memory_bytes") or int(GPU_MEMORY_BYTES["h200"]))
+        res.data["summary"] = summarize(res.data["rows"], order)
+        res.data["replanned"] = time.strftime("%Y-%m-%d")
+        res.save()
+        for r in res.data["rows"]:
+            log(describe_row(r))
+        return 0
     todo = pending_rows(selected, res.data.get("rows", []), resume=args.resume)
 
     plans = []  # (model, boot, why not booted, estimated seconds); a dry run on a CPU plans for an H200

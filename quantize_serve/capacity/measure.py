@@ -290,7 +290,7 @@ def plan_for(recipe: Recipe, base_config: dict, name: Boot, *, block_size: int,
              cudagraph_memory_bytes: int | None = None) -> planner.CapacityPlan:
     """The planner's prediction for one configuration, in the same mode as the measurement
     (``tensor_parallel_size``: another TP than the recipe's; ``cudagraph_memory_bytes``: vLLM's
-    CUDA-graph estimate from a boot's log, instead of the planner's stand-in)."""
+    CUDA-graph estimate from a boot's log, for a vLLM that takes one from the budget)."""
     boot = Boot(name)
     kv = "auto" if boot.sixteen_bit_kv else recipe.serve.kv_cache_dtype
     scheme = recipe.quantization.scheme if boot.quantized else "bf16"

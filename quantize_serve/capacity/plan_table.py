@@ -167,10 +167,12 @@ def _gib(n: int | float) -> str:
 
 
 def _graphs(row: CapacityPlan) -> str:
-    """The CUDA-graph term: 'off' (eager or a fixed budget), or its GiB, marked when estimated."""
+    """CUDA graphs: 'off' (eager or a fixed budget); else the pool captured after the KV cache, outside the
+    budget, after the estimate taken from the budget when one was given."""
     if row.cudagraph_source == "off":
         return "off"
-    return _gib(row.cudagraph_bytes) + (" (est.)" if row.cudagraph_source == "estimate" else "")
+    pool = f"{_gib(row.cudagraph_pool_bytes)} pool"
+    return pool if row.cudagraph_source == "none" else f"{_gib(row.cudagraph_bytes)} + {pool}"
 
 
 def _count(n: int) -> str:

@@ -1,6 +1,6 @@
 """benchmarks/h200_shapes.py without a boot: which rows it measures (filters, --resume), the fit decision
-that keeps a bf16 70B off the GPU, the planner's error beside a measured row (also given vLLM's CUDA-graph
-estimate), what it reads from a boot's log, and the JSON it assembles row by row. Figures are issue 25's
+that keeps a bf16 70B off the GPU, the planner's error beside a measured row (also given a CUDA-graph
+estimate, where vLLM logs one), --replan, what it reads from a boot's log, and the JSON it assembles row by row. Figures are issue 25's
 H200 boots (vLLM 0.26, one H200, dummy weights)."""
 
 from __future__ import annotations
@@ -16,20 +16,24 @@ from quantize_serve.serving.boot import Boot
 H200 = 150_109_880_320  # what CUDA reports on an H200 (bytes)
 GIB = 1024**3
 
-# vLLM 0.26's lines as the project has quoted them (the "Actual usage" line of benchmarks/results/h200.json,
-# issue 25's graph figures), and vLLM's own format of the pool line (gpu_worker.py).
-LOG_72B_FP8 = """\
-(EngineCore pid=1) INFO [cuda.py:482] Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN']
-(EngineCore pid=1) INFO [machete.py:60] Using MacheteLinearKernel for CompressedTensorsWNA16
-(EngineCore pid=1) INFO [model_runner.py:305] Model loading took 38.56 GiB and 9.1 seconds
-(EngineCore pid=1) INFO [gpu_model_runner.py:6475] Estimated CUDA graph memory: 0.72 GiB total
-(EngineCore pid=1) INFO [gpu_worker.py:560] Available KV cache memory: 83.85 GiB
-(EngineCore pid=1) INFO [kv_cache_utils.py:2177] GPU KV cache size: 553,552 tokens
-(EngineCore pid=1) INFO [gpu_worker.py:971] CUDA graph pool memory: 1.57 GiB (actual), 0.72 GiB (estimated), \
-difference: 0.85 GiB (54.1%).
-(EngineCore pid=1) INFO [gpu_worker.py:1034] Free memory on device (139.2/139.8 GiB) on startup. Actual usage is \
-38.56 GiB for weight, 2.57 GiB for peak activation, 0.22 GiB for non-torch memory, and 1.57 GiB for CUDAGraph memory.
+# Qwen2-72B W4A16 with graphs on, as vLLM 0.26.0 logged it on the H200 (the row's vllm_lines in
+# benchmarks/results/h200_shapes.json; the "Actual usage" line in vLLM's format, gpu_worker.py, from the figures
+# parsed out of it). No "Estimated CUDA graph memory" line: vLLM took no graph estimate from the budget.
+LOG_72B = """\
+(EngineCore pid=5328) INFO 12-02 15:56:24 [compressed_tensors_wNa16.py:137] Using MacheteLinearKernel for \
+CompressedTensorsWNA16
+(EngineCore pid=5328) INFO 12-02 15:56:30 [model_runner.py:305] Model loading took 38.53 GiB and 5.609690 seconds
+(EngineCore pid=5328) INFO 12-02 15:57:26 [gpu_worker.py:560] Available KV cache memory: 84.5 GiB
+(EngineCore pid=5328) INFO 12-02 15:57:26 [kv_cache_utils.py:2177] GPU KV cache size: 276,880 tokens
+Capturing CUDA graphs (PIECEWISE):  53%|█████▎    | 27/51 [00:01<00:01, 23.68it/s]
+(EngineCore pid=5328) INFO [gpu_worker.py:842] Free memory on device (...) on startup. Desired GPU memory \
+utilization is (0.9, 125.82 GiB). Actual usage is 38.53 GiB for weight, 2.57 GiB for peak activation, 0.22 GiB \
+for non-torch memory, and 1.54 GiB for CUDAGraph memory. Current kv cache memory in use is 84.5 GiB.
 """
+# The pool line of a vLLM that takes a graph estimate from the budget (its format, gpu_worker.py; not measured here).
+POOL_LINES = ("INFO [gpu_model_runner.py:6738] Estimated CUDA graph memory: 0.72 GiB total\n"
+              "INFO [gpu_worker.py:794] CUDA graph pool memory: 1.57 GiB (actual), 0.72 GiB (estimated), "
+              "difference: 0.85 GiB (54.1%).\n")
 MOE_MARLIN = ("INFO Using MacheteLinearKernel for CompressedTensorsWNA16\n"
               "INFO Using CompressedTensorsWNA16MarlinMoEMethod\n")
 MOE_TRITON = "INFO Using MacheteLinearKernel for CompressedTensorsWNA16\nINFO Using CompressedTensorsWNA16MoEMethod\n"
@@ -86,7 +90,7 @@ def test_a_bf16_base_boots_only_where_the_planner_fits_it_on_one_h200(tmp_path, 
     assert (serve.enforce_eager, serve.max_model_len, serve.gpu_memory_utilization, serve.max_num_seqs,
             serve.max_num_batched_tokens, serve.tensor_parallel_size, serve.memory_budget) == (
         False, 8192, 0.90, 256, 8192, 1, None)
-    assert recipe.quantization.scheme == "W4A16" and plan.cudagraph_source == "estimate"
+    assert recipe.quantization.scheme == "W4A16" and plan.cudagraph_source == "none"
     assert ("re:.*mlp.gate$" in recipe.quantization.ignore) is (model == "Qwen3-30B-A3B")  # the routers stay 16-bit
     assert (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
 
@@ -101,15 +105,20 @@ def test_the_rehearsal_fits_the_tiny_dense_base_and_not_the_tiny_moe_base(tmp_pa
 
 
 def test_what_a_boot_log_says_about_memory_and_kernels():
-    memory = hs.vllm_memory(LOG_72B_FP8)
-    assert memory == {"cuda_graph_pool_actual_gib": 1.57, "cuda_graph_pool_estimated_gib": 0.72,
-                      "cuda_graph_estimate_gib": 0.72,
-                      "actual_usage_gib": {"weights": 38.56, "peak_activation": 2.57, "non_torch": 0.22,
-                                           "cuda_graphs": 1.57}}
-    assert hs.graph_estimate_bytes(memory) == int(0.72 * GIB)
-    assert hs.graph_estimate_bytes(hs.vllm_memory("eager: no graph lines")) is None
+    memory = hs.vllm_memory(LOG_72B)
+    assert memory == {"cuda_graph_pool_actual_gib": None, "cuda_graph_pool_estimated_gib": None,
+                      "cuda_graph_estimate_gib": None,
+                      "actual_usage_gib": {"weights": 38.53, "peak_activation": 2.57, "non_torch": 0.22,
+                                           "cuda_graphs": 1.54}}
+    assert hs.graph_estimate_bytes(memory) is None
+    pool = hs.vllm_memory(POOL_LINES)
+    assert (pool["cuda_graph_pool_actual_gib"], pool["cuda_graph_pool_estimated_gib"]) == (1.57, 0.72)
+    assert hs.graph_estimate_bytes(pool) == int(0.72 * GIB)
     assert hs.vllm_memory("")["actual_usage_gib"]["cuda_graphs"] is None
-    k = hs.boot_kernels(LOG_72B_FP8, "W4A16", "cuda-fp8")
+    lines = hs.evidence_lines(LOG_72B)
+    assert not any("it/s]" in line for line in lines)  # the capture progress bars crowded out the figures
+    assert any("Actual usage" in line for line in lines) and len(lines) == 5
+    k = hs.boot_kernels(LOG_72B, "W4A16", "cuda-fp8")
     assert (k["kernels"], k["kernel_check"]) == (["MacheteLinearKernel"], "passed")
     marlin = hs.boot_kernels(MOE_MARLIN, "W4A16", "cuda-fp8")
     assert marlin["moe_methods"] == ["CompressedTensorsWNA16MarlinMoEMethod"] and marlin["kernel_check"] == "passed"
@@ -124,33 +133,50 @@ def test_what_a_boot_log_says_about_memory_and_kernels():
 
 
 def test_a_measured_row_carries_both_plans_and_their_error(tmp_path):
-    """Qwen2-72B W4A16 + fp8 KV with graphs on (issue 25: 553,552 tokens, 38.56 GiB): the planner's stand-in
-    CUDA-graph term, then the plan given vLLM's own estimate from the log."""
+    """Qwen2-72B W4A16 with graphs on (issue 25: 276,880 tokens, 38.53 GiB): the planner's row, and the plan given
+    vLLM's own CUDA-graph estimate where its log has one (the real boot's had none)."""
     from quantize_serve.capacity.measure import plan_for
 
-    recipe, config, _, plan = hs.plan_row("Qwen2-72B", Boot.PRODUCTION, work=tmp_path, rehearse=False, device=H200)
-    given = plan_for(recipe, config, Boot.PRODUCTION, block_size=16, device_memory_bytes=H200,
-                     cudagraph_memory_bytes=hs.graph_estimate_bytes(hs.vllm_memory(LOG_72B_FP8)))
+    recipe, config, _, plan = hs.plan_row("Qwen2-72B", Boot.QUANTIZED_16BIT_KV, work=tmp_path, rehearse=False,
+                                          device=H200)
+    assert plan.cudagraph_source == "none" and plan.cudagraph_bytes == 0
+    given = plan_for(recipe, config, Boot.QUANTIZED_16BIT_KV, block_size=16, device_memory_bytes=H200,
+                     cudagraph_memory_bytes=hs.graph_estimate_bytes(hs.vllm_memory(POOL_LINES)))
     assert given.cudagraph_source == "given" and given.cudagraph_bytes == int(0.72 * GIB)
-    m = measured(Boot.PRODUCTION, 553_552, 38.56, "fp8")
+    m = measured(Boot.QUANTIZED_16BIT_KV, 276_880, 38.53, "auto")
     err = kv_error_pct(plan.kv_cache_tokens, m.kv_cache_tokens)
-    assert err == round(100 * (plan.kv_cache_tokens - 553_552) / 553_552, 3) and 0 < err < 1
-    row = ShapeRow(name=Boot.PRODUCTION, kv_cache_dtype="fp8", tensor_parallel_size=1, measured=m, planned=plan,
-                   error_pct=err)
-    out = hs.assemble_row("Qwen2-72B", row, scheme="W4A16", log_text=LOG_72B_FP8, platform="cuda-fp8", given=given,
-                          seconds=131.0, estimated_s=175, log_file="vllm-shape-w4a16-fp8kv.log")
-    assert (out["id"], out["status"], out["scheme"], out["reason"]) == (
-        "Qwen2-72B/w4a16-fp8kv", "measured", "W4A16", None)
-    assert out["measured"]["kv_tokens"] == 553_552 and out["measured"]["weights_gib"] == 38.56
+    assert err == round(100 * (plan.kv_cache_tokens - 276_880) / 276_880, 3) and 0 < err < 1
+    row = ShapeRow(name=Boot.QUANTIZED_16BIT_KV, kv_cache_dtype="auto", tensor_parallel_size=1, measured=m,
+                   planned=plan, error_pct=err)
+    out = hs.assemble_row("Qwen2-72B", row, scheme="W4A16", log_text=LOG_72B + POOL_LINES, platform="cuda-fp8",
+                          given=given, seconds=131.0, estimated_s=175, log_file="vllm-shape-w4a16.log")
+    assert (out["id"], out["status"], out["scheme"], out["reason"]) == ("Qwen2-72B/w4a16", "measured", "W4A16", None)
+    assert out["measured"]["kv_tokens"] == 276_880 and out["measured"]["weights_gib"] == 38.53
     p = out["planner"]
-    assert (p["kv_tokens"], p["error_pct"], p["cuda_graph_source"]) == (plan.kv_cache_tokens, err, "estimate")
-    assert p["cuda_graph_gib"] == round(80 * 9_633_792 / GIB, 3) and p["within_target"] is (abs(err) <= 0.1)
+    assert (p["kv_tokens"], p["error_pct"], p["cuda_graph_source"]) == (plan.kv_cache_tokens, err, "none")
+    assert p["cuda_graph_gib"] == 0 and p["within_target"] is (abs(err) <= 0.1)
     g = out["planner_given_vllm_graph_estimate"]
-    assert g["cuda_graph_source"] == "given" and g["error_pct"] == kv_error_pct(given.kv_cache_tokens, 553_552)
+    assert g["cuda_graph_source"] == "given" and g["error_pct"] == kv_error_pct(given.kv_cache_tokens, 276_880)
     assert out["vllm_memory"]["cuda_graph_pool_actual_gib"] == 1.57
     assert out["kernels"]["kernels"] == ["MacheteLinearKernel"] and out["kernels"]["kernel_check"] == "passed"
-    assert hs.plan_figures(plan, 553_552, 0.05)["within_target"] is True  # measure_shape's error, when given
-    assert hs.plan_figures(plan, 553_552, -0.2)["within_target"] is False
+    assert hs.plan_figures(plan, 276_880, 0.05)["within_target"] is True  # measure_shape's error, when given
+    assert hs.plan_figures(plan, 276_880, -0.2)["within_target"] is False
+
+
+def test_replan_gives_recorded_rows_todays_planner(tmp_path):
+    """--replan after a planner change: the measured figures stay, the planner's (and a does-not-fit row's
+    reason, which quotes the plan) are today's."""
+    *_, plan = hs.plan_row("Qwen2-72B", Boot.QUANTIZED_16BIT_KV, work=tmp_path, rehearse=False, device=H200)
+    old = {"id": "Qwen2-72B/w4a16", "model": "Qwen2-72B", "config": "w4a16", "status": "measured",
+           "measured": {"kv_tokens": 276_880}, "planner": {"kv_tokens": 277_360, "error_pct": 0.173}}
+    no_fit = {"id": "Llama-3-70B/base", "model": "Llama-3-70B", "config": "base", "status": "does-not-fit",
+              "reason": "does not fit, planner says ... CUDA graphs 0.72 GiB ...", "planner": {"fits": False}}
+    error = {"id": "Qwen2-72B/w4a16-fp8kv", "status": "error", "reason": "boom"}
+    new, fit, err_row = hs.replan([old, no_fit, error], work=tmp_path, device=H200)
+    assert new["measured"] == old["measured"] and new["planner"]["kv_tokens"] == plan.kv_cache_tokens
+    assert new["planner"]["error_pct"] == kv_error_pct(plan.kv_cache_tokens, 276_880)
+    assert "CUDA graphs 0.72" not in fit["reason"] and fit["reason"].startswith("does not fit, planner says 131.42")
+    assert err_row is error
 
 
 def test_rows_that_did_not_boot_say_why(tmp_path):
@@ -165,7 +191,7 @@ def test_rows_that_did_not_boot_say_why(tmp_path):
                                                        tensor_parallel_size=1, planned=plan,
                                                        refused="No available memory for the cache blocks"),
                               scheme="W4A16", platform="cuda-fp8",
-                              log_text=LOG_72B_FP8 + "ValueError: No available memory for the cache blocks")
+                              log_text=LOG_72B + "ValueError: No available memory for the cache blocks")
     assert refused["status"] == "refused" and refused["reason"].startswith("No available memory")
     assert refused["kernels"]["kernels"] == ["MacheteLinearKernel"] and refused["kernels"]["kernel_check"] is None
     assert hs.error_row("Qwen2-72B", Boot.BASE, "GateError: no metrics")["status"] == "error"
@@ -200,7 +226,7 @@ def test_the_json_keeps_every_row_in_the_table_order_and_summarizes_against_the_
 
 
 def test_a_row_keeps_the_log_lines_its_figures_come_from():
-    lines = hs.evidence_lines(LOG_72B_FP8 + "INFO Using FLASH_ATTN attention backend\n" * 3)
+    lines = hs.evidence_lines(LOG_72B + POOL_LINES + "INFO Using FLASH_ATTN attention backend\n" * 3)
     assert not any("attention backend" in line for line in lines)
-    assert any(line.startswith("(EngineCore pid=1) INFO [gpu_worker.py:971] CUDA graph pool memory") for line in lines)
+    assert any(line.startswith("INFO [gpu_worker.py:794] CUDA graph pool memory") for line in lines)
     assert sum("Actual usage is" in line for line in lines) == 1 and sum("Machete" in line for line in lines) == 1

@@ -3,9 +3,9 @@
 The H200 figures were measured on the host described in scripts/gpu/README.md: a
 Llama-3-8B-shaped model, vLLM 0.26, ``LLM()`` (max_num_batched_tokens 16384), max_model_len
 8192, gpu_memory_utilization 0.90 of 139.8 GiB. Those runs and issue 14's Llama-3-70B runs were
-planned and measured without CUDA graphs (``enforce_eager``): the non-torch overhead derived from the
-8B runs (0.25 GiB) is what the 70B eager boots logged (0.22), which leaves no room for vLLM's
-CUDA-graph estimate. Production boots (graphs on) are the ``*_graphs_on`` tests.
+planned and measured without CUDA graphs (``enforce_eager``). The non-torch overhead is the figure vLLM
+logs for it (0.22 GiB on every H200 boot at TP 1). Production boots (graphs on, issue 25's rows of
+benchmarks/results/h200_shapes.json) are the ``*_graphs_on`` tests.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ import pytest
 
 from quantize_serve.capacity.plan_table import format_table, plan_table
 from quantize_serve.capacity.planner import (
-    CUDAGRAPH_BYTES_PER_LAYER_ESTIMATE,
+    COMPILED_EXTRA_PER_INTERMEDIATE,
+    CUDAGRAPH_POOL_BYTES_PER_LAYER,
+    FP8_KV_LOAD_BYTES,
     RECOMMENDED_SEQS_FRACTION,
     CapacityPlan,
     GiB,
@@ -211,7 +213,8 @@ def test_70b_bf16_on_one_h200_is_refused_like_vllm(llama70b: ModelShape) -> None
     plan = plan_capacity(llama70b, scheme="bf16", kv_cache_dtype="auto", device_memory_bytes=150_109_880_320,
                          gpu_memory_utilization=0.90, max_model_len=8192, max_num_batched_tokens=8192,
                          enforce_eager=True)
-    assert not plan.fits and plan.kv_cache_memory_bytes / GiB == pytest.approx(-7.54, abs=0.02)
+    # 0.04 GiB short of vLLM's figure: the bf16 70B's weights or eager peak, 0.03 % of the budget
+    assert not plan.fits and plan.kv_cache_memory_bytes / GiB == pytest.approx(-7.54, abs=0.05)
     assert plan.reason is not None and "131.42 GiB/GPU" in plan.reason and "125.82 GiB budget" in plan.reason
 
 
@@ -229,11 +232,11 @@ def test_a_row_that_does_not_fit_says_at_which_tp_it_would(llama70b: ModelShape)
 def test_recommended_max_num_seqs_and_gains(llama8b: ModelShape) -> None:
     table = plan_table(llama8b, device_memory_bytes=H200, max_model_len=8192, enforce_eager=True)
     # Requests of 8192 tokens that fit, and 90 % of that rounded down, by hand:
-    #   base         899,216 tokens / 8192 = 109.77 -> 0.9 x 109.77 =  98.79 ->  98
-    #   w4a16        978,256 tokens / 8192 = 119.42 -> 0.9 x 119.42 = 107.47 -> 107
-    #   w4a16-fp8kv 1,956,528 tokens / 8192 = 238.83 -> 0.9 x 238.83 = 214.95 -> 214
+    #   base         899,456 tokens / 8192 = 109.80 -> 0.9 x 109.80 =  98.82 ->  98
+    #   w4a16        978,496 tokens / 8192 = 119.45 -> 0.9 x 119.45 = 107.50 -> 107
+    #   w4a16-fp8kv 1,956,496 tokens / 8192 = 238.83 -> 0.9 x 238.83 = 214.95 -> 214
     assert {name: (row.kv_cache_tokens, row.recommended_max_num_seqs) for name, row in table.rows.items()} == {
-        "base": (899_216, 98), "w4a16": (978_256, 107), "w4a16-fp8kv": (1_956_528, 214)}
+        "base": (899_456, 98), "w4a16": (978_496, 107), "w4a16-fp8kv": (1_956_496, 214)}
     assert RECOMMENDED_SEQS_FRACTION == 0.9
     # Weights by hand (hidden 4096, intermediate 14336, 32 layers, 8 KV heads of 128, vocab 128256):
     #   Linear params per layer: q,o 2 x 4096x4096 + k,v 2 x 1024x4096 + gate,up,down 3 x 14336x4096
@@ -249,13 +252,13 @@ def test_recommended_max_num_seqs_and_gains(llama8b: ModelShape) -> None:
     w4, fp8 = table.gains["w4a16"], table.gains["w4a16-fp8kv"]
     assert w4.kv_tokens_ratio is not None and fp8.kv_tokens_ratio is not None
     assert 1.0 < w4.kv_tokens_ratio < fp8.kv_tokens_ratio
-    assert fp8.kv_tokens_ratio == pytest.approx(2 * w4.kv_tokens_ratio, rel=1e-4)
+    assert fp8.kv_tokens_ratio == pytest.approx(2 * w4.kv_tokens_ratio, rel=5e-4)  # less the fp8 KV's 32 MiB load
 
 
 def test_format_table(llama8b: ModelShape) -> None:
     text = format_table(plan_table(llama8b, device_memory_bytes=H200, max_model_len=8192,
                                    max_num_batched_tokens=16384, model="Llama-3-8B", enforce_eager=True))
-    for needle in ("| base |", "| w4a16 |", "| w4a16-fp8kv |", "14.96", "892,304", "Freed by quantization"):
+    for needle in ("| base |", "| w4a16 |", "| w4a16-fp8kv |", "14.96", "892,544", "Freed by quantization"):
         assert needle in text
 
 
@@ -416,10 +419,12 @@ def test_qwen2_biases_vocabulary_and_allocator_rounding() -> None:
     assert llama_style.bias_elements_per_layer() == 8192 + 1024 + 1024 + 8192  # attention_bias: o too
 
 
-# Issue 25's KV tokens on one H200 (vLLM 0.26, CUDA graphs on unless eager), and Llama-3-8B in production
-# settings (benchmarks/results/h200_schemes.json: graphs on, max_num_seqs 256, dummy weights).
+# Issue 25's KV tokens on one H200 in production settings (benchmarks/results/h200_shapes.json: vLLM 0.26.0,
+# graphs on, max_num_seqs 256, max_num_batched_tokens 8192, dummy weights); the 8B figures repeat
+# h200_schemes.json's to the token.
 MEASURED_GRAPHS_ON = {("llama-3-8b", "bf16", "auto"): 897_280, ("llama-3-8b", "W4A16", "auto"): 976_256,
-                      ("llama-3-8b", "W4A16", "fp8"): 1_952_016}
+                      ("llama-3-8b", "W4A16", "fp8"): 1_952_016, ("llama-3-70b", "W4A16", "auto"): 283_728,
+                      ("llama-3-70b", "W4A16", "fp8"): 567_264}
 
 
 def shape_of(name: str) -> ModelShape:
@@ -428,35 +433,54 @@ def shape_of(name: str) -> ModelShape:
 
 
 @pytest.mark.parametrize("name, scheme, kv", list(MEASURED_GRAPHS_ON))
-def test_8b_graphs_on_within_0_1_percent(name: str, scheme: str, kv: str) -> None:
-    """Production settings: the CUDA-graph estimate (9.19 MiB a layer, from the Qwen2-72B boots) on a shape it
-    was not taken from (Llama-3-8B's own figure is 7.31 MiB a layer)."""
+def test_llama_graphs_on_within_0_1_percent(name: str, scheme: str, kv: str) -> None:
+    """Production settings: no CUDA-graph estimate taken from the budget (vLLM 0.26 logged none), the compiled
+    activation peak, vLLM's own non-torch figure and the fp8-KV load; within 0.02 % on all five rows."""
     plan = h200_plan(shape_of(name), scheme, kv)
-    assert plan.cudagraph_source == "estimate" and plan.cudagraph_bytes == 32 * CUDAGRAPH_BYTES_PER_LAYER_ESTIMATE
+    assert (plan.cudagraph_source, plan.cudagraph_bytes) == ("none", 0)
     measured = MEASURED_GRAPHS_ON[name, scheme, kv]
     assert abs(plan.kv_cache_tokens - measured) / measured <= 0.001, (plan.kv_cache_tokens, measured)
 
 
-def test_cuda_graph_term_follows_vllm_accounting() -> None:
-    """vLLM takes its profiled CUDA-graph estimate from the KV budget when graphs are on; with enforce_eager,
-    or a fixed --kv-cache-memory-bytes budget (no profiling), there is none."""
-    qwen2 = shape_of("qwen2-72b")
-    eager = h200_plan(qwen2, "W4A16", "fp8", enforce_eager=True)
-    graphs = h200_plan(qwen2, "W4A16", "fp8")
-    assert (eager.cudagraph_bytes, eager.cudagraph_source) == (0, "off")
-    assert not any("CUDA graphs" in n for n in eager.notes)
-    # measured: 558,256 KV tokens eager, 553,552 with graphs (4,704 tokens of 160 KiB = 0.718 GiB)
-    assert eager.kv_cache_tokens - graphs.kv_cache_tokens == pytest.approx(558_256 - 553_552, abs=16)
-    assert any("ESTIMATE" in n and "--cudagraph-memory" in n for n in graphs.notes)
-    given = h200_plan(qwen2, "W4A16", "fp8", cudagraph_memory_bytes=int(0.5 * GiB))
+def test_graphs_on_is_a_compiled_activation_peak_and_a_pool_outside_the_budget(llama8b: ModelShape) -> None:
+    """What vLLM 0.26 logged on the H200: graphs on raise the profiled activation peak (torch.compile; 8B 1.11
+    against 0.84 GiB, 70B 2.21 against 1.69) and take nothing else from the KV budget: the graph pool is captured
+    after the KV cache. A vLLM that logs an estimate ("CUDA graph pool memory ... (estimated)") has it taken."""
+    eager = h200_plan(llama8b, "W4A16", "fp8", enforce_eager=True)
+    graphs = h200_plan(llama8b, "W4A16", "fp8")
+    assert (eager.cudagraph_source, eager.cudagraph_pool_bytes) == ("off", 0)
+    extra = 8192 * 2 * math.ceil(COMPILED_EXTRA_PER_INTERMEDIATE * 14336)
+    assert graphs.activation_bytes - eager.activation_bytes == extra
+    assert graphs.activation_bytes / GiB == pytest.approx(1.11, abs=0.01)
+    assert eager.kv_cache_memory_bytes - graphs.kv_cache_memory_bytes == extra
+    assert graphs.cudagraph_pool_bytes == 32 * CUDAGRAPH_POOL_BYTES_PER_LAYER  # ~0.6 GiB, as measured
+    assert not any("CUDA graphs" in n for n in graphs.notes)  # 14 GiB above the budget hold the pool
+    llama70b = shape_of("llama-3-70b")
+    assert h200_plan(llama70b, "W4A16", "fp8").activation_bytes / GiB == pytest.approx(2.21, abs=0.01)
+    tight = plan_capacity(llama70b, scheme="W4A16", kv_cache_dtype="fp8", device_memory_bytes=H200,
+                          gpu_memory_utilization=0.995, max_model_len=8192)
+    assert any("graph pool" in n and "may not fit" in n for n in tight.notes), tight.notes
+    given = h200_plan(llama8b, "W4A16", "fp8", cudagraph_memory_bytes=int(0.5 * GiB))
     assert (given.cudagraph_bytes, given.cudagraph_source) == (int(0.5 * GiB), "given")
-    assert given.kv_cache_memory_bytes == eager.kv_cache_memory_bytes - int(0.5 * GiB)
-    assert any("as given" in n for n in given.notes) and not any("ESTIMATE" in n for n in given.notes)
-    fixed = plan_capacity(qwen2, scheme="W4A16", kv_cache_dtype="fp8", device_memory_bytes=60 * GiB,
+    assert given.kv_cache_memory_bytes == graphs.kv_cache_memory_bytes - int(0.5 * GiB)
+    assert any("as given" in n for n in given.notes)
+    fixed = plan_capacity(llama8b, scheme="W4A16", kv_cache_dtype="fp8", device_memory_bytes=60 * GiB,
                           gpu_memory_utilization=1.0, max_model_len=8192, mode="fixed_budget")
-    assert (fixed.cudagraph_bytes, fixed.cudagraph_source) == (0, "off")
-    for row, measured in ((eager, 558_256), (graphs, 553_552)):  # the rest: weights 0.05, activation 0.12 GiB
-        assert 0 < (row.kv_cache_tokens - measured) / measured < 0.004
+    assert (fixed.cudagraph_bytes, fixed.cudagraph_source, fixed.activation_bytes) == (0, "off", 0)
+    assert fixed.weights_bytes == fixed.total_weights_bytes  # no fp8-KV load term on a fixed budget (CPU)
+    assert graphs.weights_bytes - h200_plan(llama8b, "W4A16", "auto").weights_bytes == FP8_KV_LOAD_BYTES
+
+
+@pytest.mark.parametrize("kv, eager, measured", [("auto", False, 276_880), ("fp8", False, 553_552),
+                                                 ("fp8", True, 558_256), ("auto", True, 279_232)])
+def test_qwen2_72b_is_planned_high_and_says_so(kv: str, eager: bool, measured: int) -> None:
+    """Qwen2-72B W4A16 on one H200 (issue 25: graphs on, and eager). vLLM's activation peak is 2.57 GiB compiled
+    and 1.85 eager, 0.30 and 0.12 GiB above the Llama-calibrated model, and its weights 0.05 GiB above the
+    tensors: the plan is 0.2-0.42 % high, which misses issue 25's 0.1 %, and the plan says so."""
+    plan = h200_plan(shape_of("qwen2-72b"), "W4A16", kv, enforce_eager=eager)
+    err = (plan.kv_cache_tokens - measured) / measured
+    assert 0 < err < (0.0045 if not eager else 0.0025), err
+    assert any(n.startswith("Qwen2: vLLM's activation peak") for n in plan.notes)
 
 
 @pytest.mark.parametrize("scheme, kv, measured, was", [("bf16", "auto", 732_496, 1_299_504),
@@ -464,10 +488,11 @@ def test_cuda_graph_term_follows_vllm_accounting() -> None:
                                                          ("W4A16", "fp8", 2_365_536, 2_681_088)])
 def test_moe_is_planned_as_an_moe(scheme: str, kv: str, measured: int, was: int) -> None:
     """Qwen3-30B-A3B on one H200 (issue 25, graphs on). Planned as a dense model it was +13% to +77%. Now
-    within 1%: the rest (~0.6 GiB, the plan is above) is the MoE's activation peak and CUDA-graph estimate,
-    which no measurement separates yet; a GPU boot in eager mode will."""
+    within 0.1%, but these rows calibrated the sparse layer's compiled extra (COMPILED_EXTRA_PER_ROUTED_HIDDEN),
+    so they do not test it; what they test is everything else (weights, experts, KV bytes)."""
     plan = h200_plan(shape_of("qwen3-30b-a3b"), scheme, kv)
-    assert abs(plan.kv_cache_tokens - measured) / measured < 0.01, (plan.kv_cache_tokens, measured)
+    assert abs(plan.kv_cache_tokens - measured) / measured < 0.001, (plan.kv_cache_tokens, measured)
+    assert any("calibrated on one shape" in n for n in plan.notes)
     assert abs(plan.kv_cache_tokens - measured) < abs(was - measured) / 10
     assert (plan.total_parameters, plan.active_parameters) == (30_532_122_624, 3_353_032_704)
     assert plan.weights is not None and plan.weights.experts / plan.total_weights_bytes > 0.85  # experts dominate
@@ -490,7 +515,7 @@ def test_the_plan_table_prints_the_moe() -> None:
     for needle in ("Qwen3MoeForCausalLM, mixture of experts: 30.53 B parameters, 3.35 B active per token",
                    "128 experts in 48 of 48 layers, 8 routed per token",
                    "Expert weights (routed and shared, whole checkpoint): 54.00 GiB bf16, 13.92 GiB W4A16",
-                   "router gates 0.02 GiB, kept 16-bit", "0.43 (est.)", "ESTIMATE"):
+                   "router gates 0.02 GiB, kept 16-bit", "| 0.94 pool |", "calibrated on one shape"):
         assert needle in text, text
     dense = format_table(plan_table(shape_of("llama-3-8b"), device_memory_bytes=H200_CUDA, enforce_eager=True))
     assert "LlamaForCausalLM, 8.03 B parameters, 8.03 B active per token (dense)." in dense and "| off |" in dense
