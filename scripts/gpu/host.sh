@@ -19,6 +19,8 @@
 #                                                           STATE/h200_shapes.json, first seeded from the checkout's
 #                                                           benchmarks/results/h200_shapes.json: --resume continues it)
 #   bash scripts/gpu/host.sh launch-moe [ARGS...]           start job moe: benchmarks/h200_moe.py
+#   bash scripts/gpu/host.sh launch-peak [ARGS...]          start job peak: benchmarks/activation_peak.py (adds to
+#                                                           STATE/h200_activation_peak.json, seeded like launch-shapes)
 #   bash scripts/gpu/host.sh launch-release-time [ARGS...]  start job release: benchmarks/h200_release_time.py (adds
 #                                                           to STATE/h200_release_time.json, seeded like launch-shapes;
 #                                                           --runs picks the runs of this session among baseline,
@@ -105,8 +107,8 @@ status)
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader 2>/dev/null || true
   # the drivers' own lines, Prefect's log lines, and `prefect deployment run --watch`'s (▪ log, ● event)
   log=$STATE/$job.log
-  if grep -a -q -E '^\[(h200|shape|schemes|llama3|moe)|\| (INFO|WARNING|ERROR) |^(▪|●) ' "$log" 2>/dev/null; then
-    grep -a -E '^\[(h200|shape|schemes|llama3|moe)|\| (INFO|WARNING|ERROR) |^(▪|●) ' "$log" | cut -c1-300 | tail -n 45
+  if grep -a -q -E '^\[(h200|shape|schemes|llama3|moe|peak)|\| (INFO|WARNING|ERROR) |^(▪|●) ' "$log" 2>/dev/null; then
+    grep -a -E '^\[(h200|shape|schemes|llama3|moe|peak)|\| (INFO|WARNING|ERROR) |^(▪|●) ' "$log" | cut -c1-300 | tail -n 45
   else
     tail -n 45 "$log" 2>/dev/null | cut -c1-300
   fi
@@ -146,6 +148,15 @@ launch-moe)
   shift; need_setup
   start_job moe .venv/bin/python benchmarks/h200_moe.py --out "$STATE/h200_moe.json" --work "$STATE/moe" "$@"
   ;;
+launch-peak)
+  shift; need_setup
+  if [ ! -f "$STATE/h200_activation_peak.json" ] && [ -f benchmarks/results/h200_activation_peak.json ]; then
+    cp benchmarks/results/h200_activation_peak.json "$STATE/h200_activation_peak.json"
+    echo "host.sh: $STATE/h200_activation_peak.json seeded from benchmarks/results/h200_activation_peak.json"
+  fi
+  start_job peak .venv/bin/python benchmarks/activation_peak.py --out "$STATE/h200_activation_peak.json" \
+    --work "$STATE/peak" "$@"
+  ;;
 launch-release-time)
   shift; need_setup
   if [ ! -f "$STATE/h200_release_time.json" ] && [ -f benchmarks/results/h200_release_time.json ]; then
@@ -163,7 +174,7 @@ collect)
   for f in "$STATE"/*.log; do [ -f "$f" ] && tail -c 4000000 "$f" > "$DEST/$(basename "$f")"; done
   cp benchmarks/results/test_durations.json "$DEST/" 2>/dev/null || true  # make test's, here
   (cd "$STATE" && tar -czf "$DEST/logs.tar.gz" --exclude='*.safetensors' --exclude='*.parquet' work/logs work/stress \
-      work/flow_result.json runs llama3-stack/runs llama3-stack/*.log release-time-stack/runs release-time-stack/*.log shape schemes shapes/boots moe/runs \
+      work/flow_result.json runs llama3-stack/runs llama3-stack/*.log release-time-stack/runs release-time-stack/*.log shape schemes shapes/boots peak/boots moe/runs \
       2>/dev/null) || true
   (tar -czf "$DEST/runs.tar.gz" --exclude='*.safetensors' runs 2>/dev/null) || true  # make demo's runs
   echo "collected into $DEST: $(ls "$DEST" | tr '\n' ' ')"

@@ -1,0 +1,175 @@
+"""Which part of a shape sets vLLM's profiled activation peak: variants of a shape, booted and compared.
+
+Why: the planner's activation term is what decides its KV tokens to 0.1 % (issue 25), and on the H200
+(``benchmarks/results/h200_shapes.json``, vLLM 0.26.0) it fits Llama-3-8B and -70B within 0.01 GiB but
+Qwen2-72B's peak is 0.30 GiB above it with graphs on (2.57 against 2.27 GiB) and 0.12 GiB eager. The two
+shapes differ in three things: Qwen2's q/k/v biases, its intermediate size (29,568, not a multiple of
+256) and its vocabulary (152,064). Each variant here changes one of them, so the peak that moves names
+the cause; the MoE pair separates Qwen3-30B-A3B's eager peak from its compiled one (the planner's
+sparse-layer compiled extra is calibrated on those rows' sum).
+
+Each variant is a config.json of the base shape with a few keys overridden and ``--layers`` decoder
+layers (default 4): the peak is one layer's live set plus hidden-sized tensors, so depth leaves it as
+it is and a 4-layer shape boots in about a minute. The unmodified variants (``llama-3-70b``,
+``qwen2-72b``) check that against the full-depth rows. One boot per (variant, configuration, mode)
+through ``quantize_serve.capacity.shape.measure_shape`` (dummy weights; the serve settings of
+``h200_shapes.py``: max_num_batched_tokens 8192, max_num_seqs 256, gpu_memory_utilization 0.90), in
+``eager`` (enforce_eager) and ``graphs`` mode. Each row keeps vLLM's "Actual usage" split (weights,
+peak activation, non-torch, graph pool) beside the planner's activation term and their difference.
+Nothing is fitted here; the JSON is written after every row, and ``--resume`` skips recorded rows.
+
+On the GPU host: ``bash scripts/gpu/host.sh launch-peak [ARGS]``. ``--rehearse`` runs the tiny reference
+shapes on a CPU (the recipes' fixed budget: vLLM does not profile there, so no peak is recorded; it
+checks the variants, boots and the JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.h200 import GIB, Results, versions
+from benchmarks.h200_shapes import RECIPES, REHEARSE_SERVE, SERVE, evidence_lines, vllm_memory
+from benchmarks.shape_capacity import SHAPES, shape_folder
+from quantize_serve.serving.boot import Boot
+
+# name -> (shape of SHAPES, config.json keys overridden)
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama-3-70b": ("Llama-3-70B", {}),
+    "qwen2-72b": ("Qwen2-72B", {}),
+    "qwen2-72b-no-bias": ("Qwen2-72B", {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                        "attention_bias": False, "mlp_bias": False}),
+    "qwen2-72b-i28672": ("Qwen2-72B", {"intermediate_size": 28672}),
+    "qwen2-72b-v128256": ("Qwen2-72B", {"vocab_size": 128256}),
+    "qwen3-30b-a3b": ("Qwen3-30B-A3B", {}),
+}
+REHEARSE_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "tiny-llama": ("tiny-llama", {}), "tiny-llama-i768": ("tiny-llama", {"intermediate_size": 768})}
+MODES = ("eager", "graphs")
+BOOTS = {"base": Boot.BASE, "w4a16": Boot.QUANTIZED_16BIT_KV}
+RECORDED = ("measured",)
+
+
+def log(msg: str) -> None:
+    print(f"[peak {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def variant_folder(name: str, variants: dict[str, tuple[str, dict]], layers: int | None, work: Path) -> Path:
+    """The variant's shape folder: the base shape's folder (config.json and a tokenizer), its config overridden."""
+    shape, overrides = variants[name]
+    base = shape_folder(shape, work / "bases")
+    folder = work / "variants" / name
+    if folder.exists():
+        shutil.rmtree(folder)
+    shutil.copytree(base, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(overrides)
+    if layers:
+        config["num_hidden_layers"] = layers
+        for key in ("max_window_layers",):  # Qwen2's window bound follows the depth it was written for
+            if key in config:
+                config[key] = min(config[key], layers)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
+def row_id(variant: str, boot: str, mode: str) -> str:
+    return f"{variant}/{boot}/{mode}"
+
+
+def measure_row(variant: str, boot: str, mode: str, *, variants: dict, layers: int | None, work: Path,
+                rehearse: bool, device: int | None) -> dict[str, Any]:
+    from quantize_serve.capacity.shape import measure_shape
+    from quantize_serve.recipe.load import load_recipe
+
+    shape = variants[variant][0]
+    folder = variant_folder(variant, variants, layers, work)
+    settings = {**(REHEARSE_SERVE[shape] if rehearse else SERVE), "serve.enforce_eager": mode == "eager",
+                "model.id": str(folder)}
+    recipe = load_recipe(ROOT / RECIPES[shape], settings)
+    out_dir = work / "boots" / variant / mode
+    t0 = time.monotonic()
+    result = measure_shape(recipe, folder, out_dir=out_dir, model=variant, device_memory_bytes=device,
+                           boots={BOOTS[boot]}, log=lambda msg: log(f"{variant} {mode}: {msg}"))
+    row = result.row(BOOTS[boot])
+    log_path = out_dir / f"vllm-shape-{BOOTS[boot]}.log"
+    text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+    usage = vllm_memory(text)["actual_usage_gib"]
+    planned = round(row.planned.activation_bytes / GIB, 3)
+    peak = usage.get("peak_activation")
+    return {"id": row_id(variant, boot, mode), "variant": variant, "shape": shape,
+            "overrides": variants[variant][1], "layers": layers, "config": boot, "mode": mode,
+            "status": "measured" if row.measured else "refused" if row.refused else "not-booted",
+            "reason": row.refused or row.not_booted,
+            "vllm_actual_usage_gib": usage,
+            "planner_activation_gib": planned,
+            "peak_minus_planner_gib": None if peak is None else round(peak - planned, 3),
+            "kv_tokens": row.measured.kv_cache_tokens if row.measured else None,
+            "seconds": round(time.monotonic() - t0, 1), "vllm_log": str(log_path), "vllm_lines": evidence_lines(text)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, help="default benchmarks/results/h200_activation_peak.json "
+                   "(--rehearse: benchmarks/results/activation_peak_rehearsal.json)")
+    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "qs-activation-peak")
+    p.add_argument("--variants", help="comma-separated, default all: " + ", ".join(VARIANTS))
+    p.add_argument("--configs", default="w4a16", help="comma-separated: base (bf16), w4a16; default w4a16")
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated: eager, graphs; default both")
+    p.add_argument("--layers", type=int, default=4, help="decoder layers of every variant (0: the shape's own)")
+    p.add_argument("--resume", action="store_true", help="skip rows --out already holds")
+    p.add_argument("--rehearse", action="store_true", help="CPU: the tiny reference shape's variants")
+    args = p.parse_args(argv)
+
+    from quantize_serve.serving import gpu
+
+    variants = REHEARSE_VARIANTS if args.rehearse else VARIANTS
+    picked = args.variants.split(",") if args.variants else list(variants)
+    configs, modes = args.configs.split(","), args.modes.split(",")
+    for name, allowed, what in ((picked, variants, "variant"), (configs, BOOTS, "configuration"),
+                                (modes, MODES, "mode")):
+        unknown = [n for n in name if n not in allowed]
+        if unknown:
+            raise SystemExit(f"unknown {what} {', '.join(unknown)}; choose from {', '.join(allowed)}")
+    device = gpu.usable_memory_bytes()
+    if device is None and not args.rehearse:
+        raise SystemExit("no GPU: this benchmark reads vLLM's CUDA memory profile (--rehearse runs it on a CPU)")
+    out = args.out or ROOT / "benchmarks/results" / (
+        "activation_peak_rehearsal.json" if args.rehearse else "h200_activation_peak.json")
+    res = Results(out, roots=(args.work,))
+    done = {r["id"] for r in res.data.get("rows", []) if r.get("status") in RECORDED} if args.resume else set()
+    todo = [(v, c, m) for v in picked for c in configs for m in modes if row_id(v, c, m) not in done]
+    log(f"{len(todo)} boot(s): " + ", ".join(row_id(*t) for t in todo))
+    res.data.update(benchmark="activation_peak", rehearse=args.rehearse, layers=args.layers or None,
+                    settings=SERVE if not args.rehearse else REHEARSE_SERVE, device_memory_bytes=device,
+                    weights="random (vLLM --load-format dummy): memory only")
+    res.data.setdefault("sessions", []).append({"started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                                "device": gpu.describe_devices(), "versions": versions()})
+    failed = 0
+    for variant, config, mode in todo:
+        try:
+            row = measure_row(variant, config, mode, variants=variants, layers=args.layers or None, work=args.work,
+                              rehearse=args.rehearse, device=device)
+        except Exception as exc:  # recorded, and the next row still runs
+            failed += 1
+            row = {"id": row_id(variant, config, mode), "status": "error", "reason": f"{type(exc).__name__}: {exc}"}
+        rows = [r for r in res.data.get("rows", []) if r["id"] != row["id"]] + [row]
+        res.data["rows"] = sorted(rows, key=lambda r: r["id"])
+        res.save()
+        log(f"{row['id']}: {row['status']}; vLLM peak {row.get('vllm_actual_usage_gib', {}).get('peak_activation')} "
+            f"GiB, planner {row.get('planner_activation_gib')} GiB, {row.get('seconds')} s")
+    log(f"written to {out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
