@@ -6,7 +6,9 @@ Qwen2-72B's peak is 0.30 GiB above it with graphs on (2.57 against 2.27 GiB) and
 shapes differ in three things: Qwen2's q/k/v biases, its intermediate size (29,568, not a multiple of
 256) and its vocabulary (152,064). Each variant here changes one of them, so the peak that moves names
 the cause; the MoE pair separates Qwen3-30B-A3B's eager peak from its compiled one (the planner's
-sparse-layer compiled extra is calibrated on those rows' sum).
+sparse-layer compiled extra is calibrated on those rows' sum), and Mixtral-8x7B tests that term on an MoE
+it was not calibrated on. vLLM logs at DEBUG here, so each row also keeps its memory profile's debug lines
+(and the reason it took no CUDA-graph estimate, if it gives one).
 
 Each variant is a config.json of the base shape with a few keys overridden and ``--layers`` decoder
 layers (default 4): the peak is one layer's live set plus hidden-sized tensors, so depth leaves it as
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -51,10 +54,14 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2-72b-i28672": ("Qwen2-72B", {"intermediate_size": 28672}),
     "qwen2-72b-v128256": ("Qwen2-72B", {"vocab_size": 128256}),
     "qwen3-30b-a3b": ("Qwen3-30B-A3B", {}),
+    "mixtral-8x7b": ("Mixtral-8x7B", {}),  # an MoE the sparse compiled term was not calibrated on
 }
 REHEARSE_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "tiny-llama": ("tiny-llama", {}), "tiny-llama-i768": ("tiny-llama", {"intermediate_size": 768})}
 MODES = ("eager", "graphs")
+# vLLM logs at DEBUG (VLLM_LOGGING_LEVEL) for these boots: its memory profile ("torch_peak_increase", ...)
+# and why it took no CUDA-graph estimate ("skipping profiling") are debug lines; a row keeps them.
+DEBUG_EVIDENCE = ("torch_peak", "non_torch", "CUDA graph memory", "skipping profiling", "Free memory after profiling")
 BOOTS = {"base": Boot.BASE, "w4a16": Boot.QUANTIZED_16BIT_KV}
 RECORDED = ("measured",)
 
@@ -114,7 +121,10 @@ def measure_row(variant: str, boot: str, mode: str, *, variants: dict, layers: i
             "planner_activation_gib": planned,
             "peak_minus_planner_gib": None if peak is None else round(peak - planned, 3),
             "kv_tokens": row.measured.kv_cache_tokens if row.measured else None,
-            "seconds": round(time.monotonic() - t0, 1), "vllm_log": str(log_path), "vllm_lines": evidence_lines(text)}
+            "seconds": round(time.monotonic() - t0, 1), "vllm_log": str(log_path),
+            "vllm_lines": evidence_lines(text),
+            "vllm_debug_lines": [line.strip()[:1500] for line in text.splitlines()
+                                 if any(k in line for k in DEBUG_EVIDENCE)][:20]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [n for n in name if n not in allowed]
         if unknown:
             raise SystemExit(f"unknown {what} {', '.join(unknown)}; choose from {', '.join(allowed)}")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG")  # the boots inherit it (DEBUG_EVIDENCE)
     device = gpu.usable_memory_bytes()
     if device is None and not args.rehearse:
         raise SystemExit("no GPU: this benchmark reads vLLM's CUDA memory profile (--rehearse runs it on a CPU)")

@@ -70,6 +70,7 @@ REHEARSE_MODELS = ("tiny-llama", "tiny-qwen3-moe")
 # the MoE's ignores its routers, as vLLM builds them unquantized); serve settings are SERVE's.
 RECIPES = {"Llama-3-8B": "recipes/llama3-8b-instruct-awq.yaml", "Llama-3-70B": "recipes/llama3-8b-instruct-awq.yaml",
            "Qwen2-72B": "recipes/llama3-8b-instruct-awq.yaml", "Qwen3-30B-A3B": "recipes/qwen3-30b-a3b-awq.yaml",
+           "Mixtral-8x7B": "recipes/qwen3-30b-a3b-awq.yaml",  # activation_peak.py's out-of-sample MoE
            "tiny-llama": "recipes/tiny-llama-awq.yaml", "tiny-qwen3-moe": "recipes/tiny-qwen3-moe-awq.yaml"}
 SERVE = {"serve.max_model_len": 8192, "serve.gpu_memory_utilization": 0.90, "serve.enforce_eager": False,
          "serve.max_num_batched_tokens": 8192, "serve.max_num_seqs": 256, "serve.kv_cache_dtype": "fp8",

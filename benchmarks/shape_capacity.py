@@ -29,6 +29,7 @@ SHAPES = {"Llama-3-8B": ROOT / "benchmarks/configs/llama-3-8b.json",
           "Llama-3-70B": ROOT / "benchmarks/configs/llama-3-70b.json",
           "Qwen2-72B": ROOT / "tests/fixtures/configs/qwen2-72b.json",
           "Qwen3-30B-A3B": ROOT / "tests/fixtures/configs/qwen3-30b-a3b.json",
+          "Mixtral-8x7B": ROOT / "tests/fixtures/configs/mixtral-8x7b.json",
           "tiny-llama": ROOT / "models/tiny-llama/config.json",
           "tiny-qwen3-moe": ROOT / "models/tiny-qwen3-moe/config.json"}
 SERVE = {"serve.max_model_len": 8192, "serve.gpu_memory_utilization": 0.90, "serve.enforce_eager": True,

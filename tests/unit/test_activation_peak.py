@@ -43,6 +43,13 @@ def test_the_planner_sees_each_variant(tmp_path):
     assert not no_bias.qkv_bias and no_bias.architecture == "LlamaForCausalLM"
 
 
+def test_every_variant_is_a_shape_the_planner_models(tmp_path):
+    for name in ap.VARIANTS:
+        shape = ModelShape.from_config(ap.variant_folder(name, ap.VARIANTS, 4, tmp_path) / "config.json")
+        assert shape.num_layers == 4
+        assert shape.is_moe is name.startswith(("qwen3", "mixtral")), name
+
+
 @pytest.mark.parametrize("args, needle", [(["--variants", "qwen9"], "unknown variant qwen9"),
                                           (["--configs", "w8a8"], "unknown configuration w8a8"),
                                           (["--modes", "fast"], "unknown mode fast")])
