@@ -417,7 +417,8 @@ def plan_capacity(
                      "gpu_memory_utilization or serve with enforce_eager")
     if mode == "gpu" and shape.architecture == "Qwen2ForCausalLM":
         notes.append("Qwen2: vLLM's activation peak on Qwen2-72B was 0.12 GiB (eager) and 0.30 GiB (graphs on) "
-                     "above this model, not yet explained: its KV tokens are planned ~0.2-0.4% high")
+                     "above this model, not yet explained (its KV tokens planned 0.2-0.4% high): a Qwen2 plan "
+                     "may be high by as much; measure it (plan --measure) before relying on its last percent")
     if shape.is_moe and mode == "gpu":
         notes.append("mixture of experts: the activation peak is modelled from vLLM's fused-MoE workspaces"
                      + (", its compiled extra calibrated on one shape (Qwen3-30B-A3B)" if not enforce_eager else

@@ -435,7 +435,8 @@ def shape_of(name: str) -> ModelShape:
 @pytest.mark.parametrize("name, scheme, kv", list(MEASURED_GRAPHS_ON))
 def test_llama_graphs_on_within_0_1_percent(name: str, scheme: str, kv: str) -> None:
     """Production settings: no CUDA-graph estimate taken from the budget (vLLM 0.26 logged none), the compiled
-    activation peak, vLLM's own non-torch figure and the fp8-KV load; within 0.02 % on all five rows."""
+    activation peak, vLLM's own non-torch figure and the fp8-KV load (+0.004 to +0.011 % today; these rows
+    calibrated the compiled term's 1.2, so they check the accounting around it, not the 1.2)."""
     plan = h200_plan(shape_of(name), scheme, kv)
     assert (plan.cudagraph_source, plan.cudagraph_bytes) == ("none", 0)
     measured = MEASURED_GRAPHS_ON[name, scheme, kv]
