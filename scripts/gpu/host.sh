@@ -72,6 +72,13 @@ start_job() {  # start_job JOB COMMAND...
 }
 
 export PYTHONUNBUFFERED=1 PATH="$PWD/.venv/bin:$PATH"  # the pipeline environment's python and prefect
+seed() {  # seed NAME.json: a result measured in an earlier session came back in the checkout; this one adds to it
+  if [ ! -f "$STATE/$1" ] && [ -f "benchmarks/results/$1" ]; then
+    cp "benchmarks/results/$1" "$STATE/$1"
+    echo "host.sh: $STATE/$1 seeded from benchmarks/results/$1 (this session adds to it)"
+  fi
+}
+
 need_setup() {
   [ -x .venv/bin/python ] || { echo "host.sh: no .venv here: run 'QS_WHEELHOUSE=DIR make setup' first" >&2; exit 1; }
 }
@@ -136,11 +143,7 @@ launch-schemes)
   ;;
 launch-shapes)
   shift; need_setup
-  # The rows measured in an earlier session came back in the checkout: this session adds to them.
-  if [ ! -f "$STATE/h200_shapes.json" ] && [ -f benchmarks/results/h200_shapes.json ]; then
-    cp benchmarks/results/h200_shapes.json "$STATE/h200_shapes.json"
-    echo "host.sh: $STATE/h200_shapes.json seeded from benchmarks/results/h200_shapes.json (--resume skips its rows)"
-  fi
+  seed h200_shapes.json
   start_job shapes .venv/bin/python benchmarks/h200_shapes.py --out "$STATE/h200_shapes.json" \
     --work "$STATE/shapes" "$@"
   ;;
@@ -150,19 +153,13 @@ launch-moe)
   ;;
 launch-peak)
   shift; need_setup
-  if [ ! -f "$STATE/h200_activation_peak.json" ] && [ -f benchmarks/results/h200_activation_peak.json ]; then
-    cp benchmarks/results/h200_activation_peak.json "$STATE/h200_activation_peak.json"
-    echo "host.sh: $STATE/h200_activation_peak.json seeded from benchmarks/results/h200_activation_peak.json"
-  fi
+  seed h200_activation_peak.json
   start_job peak .venv/bin/python benchmarks/activation_peak.py --out "$STATE/h200_activation_peak.json" \
     --work "$STATE/peak" "$@"
   ;;
 launch-release-time)
   shift; need_setup
-  if [ ! -f "$STATE/h200_release_time.json" ] && [ -f benchmarks/results/h200_release_time.json ]; then
-    cp benchmarks/results/h200_release_time.json "$STATE/h200_release_time.json"
-    echo "host.sh: $STATE/h200_release_time.json seeded from benchmarks/results/h200_release_time.json"
-  fi
+  seed h200_release_time.json
   start_job release .venv/bin/python benchmarks/h200_release_time.py --state "$STATE" --model-dir "$STATE/model" \
     --out "$STATE/h200_release_time.json" "$@"
   ;;
