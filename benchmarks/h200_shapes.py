@@ -14,7 +14,8 @@ Beside each measured row:
 - the planner as `quantize-serve plan` runs it from config.json alone: KV tokens, weights, activation,
   overhead, error % on KV tokens;
 - where the boot's log has vLLM's CUDA-graph estimate (the "(estimated)" figure of "CUDA graph pool
-  memory", what `plan --cudagraph-memory` takes; vLLM 0.26 logged none on the H200), the plan given it:
+  memory", what `plan --cudagraph-memory` takes; vLLM 0.26 logs one under its V1 model runner, the MoE
+  rows' here), the plan given it instead of the planner's own estimate:
   the same figures again, beside the first, never instead of it;
 - the kernels vLLM logged (linear kernels, MoE methods and backends; the project's kernel check,
   ``formats.kernel_problem``, for the W4A16 rows) and its memory lines (CUDA graph pool actual and
@@ -214,15 +215,23 @@ def evidence_lines(log_text: str, limit: int = 30) -> list[str]:
 
 
 def replan(rows: list[dict], *, work: Path, device: int) -> list[dict]:
-    """``rows`` with each recorded row's ``planner`` figures from today's planner (the measured figures stay
-    as measured): after a planner change, the table says how the planner now does on what was measured."""
+    """``rows`` with each recorded row's ``planner`` figures (and the plan given vLLM's CUDA-graph estimate, where
+    the row has one) from today's planner (the measured figures stay as measured): after a planner change, the
+    table says how the planner now does on what was measured."""
+    from quantize_serve.capacity.measure import plan_for
+
     out = []
     for r in rows:
         if r.get("status") in RECORDED and r.get("planner"):
             boot = parse_config(r["config"])
-            *_, plan = plan_row(r["model"], boot, work=work, rehearse=False, device=device)
+            recipe, config, _, plan = plan_row(r["model"], boot, work=work, rehearse=False, device=device)
             m = r.get("measured")
             r = {**r, "planner": plan_figures(plan, m["kv_tokens"] if m else None)}
+            estimate = graph_estimate_bytes(r.get("vllm_memory") or {})
+            if m and estimate is not None and r.get("planner_given_vllm_graph_estimate"):
+                given = plan_for(recipe, config, boot, block_size=m["block_size"], device_memory_bytes=device,
+                                 cudagraph_memory_bytes=estimate)
+                r["planner_given_vllm_graph_estimate"] = plan_figures(given, m["kv_tokens"])
             if r["status"] == "does-not-fit":  # the reason quotes the plan; one that now fits is still said so
                 r["reason"] = fit_decision(plan, boot) or f"the planner now fits it: measure it ({r['reason']})"
         out.append(r)

@@ -167,12 +167,12 @@ def _gib(n: int | float) -> str:
 
 
 def _graphs(row: CapacityPlan) -> str:
-    """CUDA graphs: 'off' (eager or a fixed budget); else the pool captured after the KV cache, outside the
-    budget, after the estimate taken from the budget when one was given."""
+    """CUDA graphs: 'off' (eager or a fixed budget); else the pool captured after the KV cache, after the
+    estimate taken from the budget where there is one (vLLM's V1 model runner, or given)."""
     if row.cudagraph_source == "off":
         return "off"
     pool = f"{_gib(row.cudagraph_pool_bytes)} pool"
-    return pool if row.cudagraph_source == "none" else f"{_gib(row.cudagraph_bytes)} + {pool}"
+    return pool if row.cudagraph_source == "none" else f"{_gib(row.cudagraph_bytes)} est. + {pool}"
 
 
 def _count(n: int) -> str:

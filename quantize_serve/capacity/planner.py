@@ -15,7 +15,7 @@ Two accounting modes, because the project measures capacity two ways:
 
         budget = device_memory * gpu_memory_utilization
         kv     = budget - weights/TP - activation_peak - non_torch_overhead
-                 [- cuda_graph_estimate, only where vLLM logs one]                      (per GPU)
+                 [- cuda_graph_estimate, vLLM's V1 model runner only]                     (per GPU)
 
     The activation peak is what vLLM's profiling run (a forward pass of
     ``max_num_batched_tokens`` dummy tokens) leaves as the torch allocator's peak; it is
@@ -24,20 +24,21 @@ Two accounting modes, because the project measures capacity two ways:
     The non-torch overhead (cuBLAS workspaces and other allocations outside the torch caching
     allocator that appear during profiling) is the figure vLLM itself logs for it.
 
-    CUDA graphs on (``enforce_eager`` false, vLLM's default) change two things, both measured on the
+    CUDA graphs on (``enforce_eager`` false, vLLM's default) change up to three things, measured on the
     H200 with vLLM 0.26.0 (issue 25's rows, ``benchmarks/results/h200_shapes.json``):
 
     - the model is compiled (torch.compile), and the compiled profiling pass peaks higher than the
       eager one (Llama-3-8B 1.11 against 0.84 GiB, Llama-3-70B 2.21 against 1.69): a term of the
-      activation peak (:data:`COMPILED_EXTRA_PER_INTERMEDIATE`), not of the graphs;
-    - the graph pool (0.59-1.54 GiB, vLLM's "Actual usage ... for CUDAGraph memory") is captured
-      *after* the KV cache is allocated, so it comes out of the memory above the budget. vLLM's code
-      can also take a profiled estimate of it from the budget (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``),
-      but on every boot measured it logged none ("Estimated CUDA graph memory" absent) and its
-      "Actual usage" split sums to the budget without one. The planner therefore takes none, unless
-      given one (``cudagraph_memory_bytes``: the "(estimated)" figure of a boot's "CUDA graph pool
-      memory" line, for a vLLM that logs it), and checks that the pool (:data:`CUDAGRAPH_POOL_BYTES_PER_LAYER`)
-      fits above the budget.
+      activation peak (:data:`COMPILED_EXTRA_PER_INTERMEDIATE`, :data:`COMPILED_EXTRA_PER_ROUTED_HIDDEN`);
+    - which of vLLM's two model runners serves the model (:func:`vllm_model_runner`). The V1 runner
+      profiles the CUDA graphs before it sizes the KV cache and takes that estimate from the budget
+      ("Estimated CUDA graph memory", ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``, on by default); the
+      V2 runner, which vLLM 0.26 picks for every dense model, takes none (its ``profile_cudagraph_memory``
+      returns 0). The planner models the V1 estimate per layer (:data:`CUDAGRAPH_ESTIMATE_BYTES_PER_LAYER`),
+      or takes a boot's logged figure when given (``cudagraph_memory_bytes``);
+    - the graph pool itself (0.59-1.57 GiB, vLLM's "Actual usage ... for CUDAGraph memory") is captured
+      *after* the KV cache is allocated, so whatever the estimate did not reserve comes out of the memory
+      above the budget; the planner checks that the pool (:data:`CUDAGRAPH_POOL_BYTES_PER_LAYER`) fits there.
 
 ``"fixed_budget"``
     What the project's CPU measurement does: vLLM is started with
@@ -80,6 +81,8 @@ __all__ = [
     "kv_bytes_per_token",
     "kv_bytes_per_token_per_gpu",
     "activation_peak_bytes",
+    "vllm_model_runner",
+    "cudagraph_estimate_bytes",
     "plan_capacity",
     "GPU_MEMORY_BYTES",
     "BLOCK_SIZE_GPU",
@@ -88,6 +91,8 @@ __all__ = [
     "NON_TORCH_OVERHEAD_BYTES",
     "NON_TORCH_OVERHEAD_BYTES_TP",
     "CUDAGRAPH_POOL_BYTES_PER_LAYER",
+    "CUDAGRAPH_ESTIMATE_BYTES_PER_LAYER",
+    "V2_RUNNER_MOE_ARCHITECTURES",
     "COMPILED_EXTRA_PER_INTERMEDIATE",
     "COMPILED_EXTRA_PER_ROUTED_HIDDEN",
     "FP8_KV_LOAD_BYTES",
@@ -144,20 +149,35 @@ NON_TORCH_OVERHEAD_BYTES_TP: int = int(0.065 * GiB)
 # 0.53 GiB; the two shapes have the same intermediate/hidden ratio, so this is a calibration on one family,
 # not a derivation). Qwen2-72B does not follow it: 2.57 GiB compiled (1.85 eager) against 2.27 (1.73)
 # modelled, 0.30 (0.12) GiB more that no part of its shape explains yet; its plans are that much high.
+# benchmarks/activation_peak.py ruled out two causes: a 4-layer Qwen2-72B peaks at the same 2.57 GiB (so not
+# depth), and so does one without its q/k/v biases served as Llama (so not the biases). Its intermediate
+# size (29,568 against 28,672) and vocabulary (152,064 against 128,256) are the variants left to boot.
 COMPILED_EXTRA_PER_INTERMEDIATE: float = 1.2
 # A sparse layer's compiled extra, per batched token, in units of num_experts_per_tok x hidden: calibrated on
-# Qwen3-30B-A3B's three graphs-on boots (issue 25's table; 1.66 GiB with Triton experts, 1.74 with Marlin,
-# against the 0.62 GiB eager model), so those rows cannot test it; another MoE shape will.
-COMPILED_EXTRA_PER_ROUTED_HIDDEN: float = 4.32
+# Qwen3-30B-A3B's three graphs-on boots (issue 25's table), whose compiled peak vLLM logged as 1.15 GiB with
+# Triton (bf16) and with Marlin (W4A16) experts alike, against 0.62 GiB for the eager model: one shape, so a
+# calibration, not a test; another MoE shape (Mixtral-8x7B, benchmarks/activation_peak.py) will test it.
+COMPILED_EXTRA_PER_ROUTED_HIDDEN: float = 2.1
 # vLLM's "Model loading took" is 0.03-0.04 GiB higher with an fp8 KV cache than for the same checkpoint with a
 # 16-bit one, on every shape measured (Llama-3-8B 5.32/5.35, Llama-3-70B 36.80/36.83, Qwen3-30B-A3B
 # 15.55/15.59, Qwen2-72B 38.53/38.56 GiB): vLLM's, not the checkpoint's; not traced to its source.
 FP8_KV_LOAD_BYTES: int = 32 * 2**20
 # The CUDA-graph pool vLLM captures after allocating the KV cache, per decoder layer (its "Actual usage ...
 # for CUDAGraph memory", max_num_seqs 256): 18.9 MiB (Llama-3-8B, 0.59-0.60 GiB), 19.1-19.6 (Llama-3-70B,
-# 1.49-1.53), 19.7 (Qwen2-72B, 1.54), 13.4-15.8 (Qwen3-30B-A3B, 0.63-0.74). It must fit in the memory above
-# the budget; the plan says so when it may not.
+# 1.49-1.53), 19.7-20.1 (Qwen2-72B, 1.54-1.57), 13.4-15.8 (Qwen3-30B-A3B, 0.63-0.74). What the V1 runner's
+# estimate did not reserve of it must fit in the memory above the budget; the plan says so when it may not.
 CUDAGRAPH_POOL_BYTES_PER_LAYER: int = 20 * 2**20
+# The V1 model runner's profiled CUDA-graph estimate, which it takes from the KV budget, per decoder layer:
+# Qwen3-30B-A3B logged 0.49 GiB (bf16) and 0.56 GiB (W4A16) for its 48 layers (51 piecewise + 35 full graphs,
+# max_num_seqs 256), 10.5 and 11.9 MiB a layer. One shape: a calibration, like the pool's.
+CUDAGRAPH_ESTIMATE_BYTES_PER_LAYER: int = int(11.2 * 2**20)
+# vLLM 0.26 serves a model with its V2 model runner unless it is a mixture of experts whose architecture is not
+# one of these (vllm/config/vllm.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, _is_default_v2_model_runner_model);
+# VLLM_USE_V2_MODEL_RUNNER overrides it. Measured: the dense Llama-3 and Qwen2 boots logged the V2 runner
+# (v1/worker/gpu/model_runner.py) and no graph estimate; Qwen3-30B-A3B logged the V1 runner and one.
+V2_RUNNER_MOE_ARCHITECTURES: frozenset[str] = frozenset({
+    "DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM", "InklingForConditionalGeneration",
+    "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"})
 
 # recommended_max_num_seqs = floor(RECOMMENDED_SEQS_FRACTION x max_concurrency).
 # max_concurrency counts how many requests of the full max_model_len fit in the KV cache at
@@ -245,8 +265,9 @@ def moe_activation_elements_per_token(shape: ModelShape, *, tensor_parallel_size
     GPU), the shared expert's gated MLP (3 x its width per GPU) and the three hidden-sized tensors of
     :data:`ACTIVATION_TENSORS_PER_TOKEN`.
 
-    Modelled from vLLM's code, not calibrated: no measurement yet separates an MoE's activation peak
-    from its CUDA-graph estimate (the Qwen3-30B-A3B rows of issue 25 were taken with graphs on).
+    Modelled from vLLM's code, not calibrated; no eager MoE boot has been measured on a GPU yet. (The
+    compiled figure, 1.15 GiB for Qwen3-30B-A3B, is vLLM's own "peak activation", logged apart from its
+    CUDA-graph estimate.)
     """
     _, k_h = ACTIVATION_TENSORS_PER_TOKEN
     h, tp = shape.hidden_size, tensor_parallel_size
@@ -260,6 +281,18 @@ def cudagraph_pool_bytes(shape: ModelShape) -> int:
     """The CUDA-graph pool vLLM captures after the KV cache, per GPU, as measured on the H200:
     :data:`CUDAGRAPH_POOL_BYTES_PER_LAYER` x layers (it does not shard with TP in this estimate)."""
     return CUDAGRAPH_POOL_BYTES_PER_LAYER * shape.num_layers
+
+
+def vllm_model_runner(shape: ModelShape) -> Literal["v1", "v2"]:
+    """The model runner vLLM 0.26 picks for this model (:data:`V2_RUNNER_MOE_ARCHITECTURES`): it decides
+    whether a CUDA-graph estimate comes out of the KV budget."""
+    return "v1" if shape.is_moe and shape.architecture not in V2_RUNNER_MOE_ARCHITECTURES else "v2"
+
+
+def cudagraph_estimate_bytes(shape: ModelShape) -> int:
+    """The CUDA-graph estimate vLLM's V1 model runner takes from the KV budget, per GPU:
+    :data:`CUDAGRAPH_ESTIMATE_BYTES_PER_LAYER` x layers; 0 under the V2 runner, which takes none."""
+    return CUDAGRAPH_ESTIMATE_BYTES_PER_LAYER * shape.num_layers if vllm_model_runner(shape) == "v1" else 0
 
 
 class CapacityPlan(BaseModel):
@@ -289,11 +322,11 @@ class CapacityPlan(BaseModel):
     activation_bytes: int
     overhead_bytes: int
     enforce_eager: bool = False
-    cudagraph_bytes: int = Field(0, description="per GPU: a CUDA-graph estimate taken from the KV budget, "
-                                 "only when given (vLLM 0.26 took none on every H200 boot)")
-    cudagraph_source: Literal["off", "given", "none"] = Field(
-        "off", description="off: eager or fixed_budget; given: a figure a vLLM boot logged; none: graphs on, "
-        "no estimate taken from the budget (vLLM 0.26, measured)")
+    cudagraph_bytes: int = Field(0, description="per GPU: the CUDA-graph estimate taken from the KV budget")
+    cudagraph_source: Literal["off", "none", "modelled", "given"] = Field(
+        "off", description="off: eager or fixed_budget; none: graphs on under vLLM's V2 model runner, which "
+        "takes no estimate from the budget; modelled: the V1 runner's estimate, per layer; given: a figure a vLLM "
+        "boot logged")
     cudagraph_pool_bytes: int = Field(0, description="per GPU, graphs on: the pool captured after the KV cache, "
                                       "outside the budget (an estimate from H200 boots)")
     weights: WeightBytes | None = Field(None, description="whole checkpoint, by part (experts, router...)")
@@ -345,9 +378,10 @@ def plan_capacity(
     which equals vLLM's floor(available / page_size / num_layers).
 
     CUDA graphs (``enforce_eager`` False, vLLM's default, mode ``gpu`` only): the compiled activation peak,
-    and ``cudagraph_memory_bytes`` per GPU taken from the KV budget when given (a vLLM boot's logged
-    estimate; vLLM 0.26 took none on the H200). The graph pool is checked against the memory above the
-    budget, and a note says when it may not fit there.
+    and the CUDA-graph estimate vLLM's V1 model runner takes from the KV budget (:func:`cudagraph_estimate_bytes`;
+    none under the V2 runner), or ``cudagraph_memory_bytes`` per GPU when given (a vLLM boot's logged
+    estimate). What the estimate leaves of the graph pool is checked against the memory above the budget,
+    and a note says when it may not fit there.
 
     ``fits`` is False, with a ``reason`` naming the largest ``max_model_len`` that would
     fit, when the cache cannot hold one request of ``max_model_len`` tokens: vLLM refuses
@@ -379,8 +413,11 @@ def plan_capacity(
         raise ValueError(f"unknown mode {mode!r}")
     graphs, graphs_source, pool = 0, "off", 0
     if mode == "gpu" and not enforce_eager:  # --kv-cache-memory-bytes (fixed_budget) skips vLLM's profiling
-        graphs_source = "none" if cudagraph_memory_bytes is None else "given"
-        graphs = int(cudagraph_memory_bytes or 0)
+        if cudagraph_memory_bytes is not None:
+            graphs, graphs_source = int(cudagraph_memory_bytes), "given"
+        else:
+            graphs = cudagraph_estimate_bytes(shape)
+            graphs_source = "modelled" if graphs else "none"
         pool = cudagraph_pool_bytes(shape)
     kv_mem = budget - w_gpu - act - ovh - graphs
 
@@ -410,19 +447,24 @@ def plan_capacity(
     if graphs_source == "given":
         notes.append(f"CUDA graphs on: {graphs / GiB:.2f} GiB/GPU taken from the KV budget, as given (a "
                      "measured estimate of vLLM's)")
+    elif graphs_source == "modelled":
+        notes.append(f"CUDA graphs on: vLLM's V1 model runner (an MoE architecture its V2 runner does not take "
+                     f"by default) takes its graph estimate, ~{graphs / GiB:.2f} GiB/GPU, from the KV budget")
     headroom = int(device_memory_bytes) - budget
-    if pool > headroom:
-        notes.append(f"CUDA graphs on: the graph pool (~{pool / GiB:.2f} GiB/GPU, captured after the KV cache) "
-                     f"may not fit in the {headroom / GiB:.2f} GiB above the budget: lower "
+    if pool - graphs > headroom:
+        notes.append(f"CUDA graphs on: the graph pool (~{pool / GiB:.2f} GiB/GPU, captured after the KV cache"
+                     + (f", {graphs / GiB:.2f} of it reserved in the budget" if graphs else "")
+                     + f") may not fit in the {headroom / GiB:.2f} GiB above the budget: lower "
                      "gpu_memory_utilization or serve with enforce_eager")
     if mode == "gpu" and shape.architecture == "Qwen2ForCausalLM":
         notes.append("Qwen2: vLLM's activation peak on Qwen2-72B was 0.12 GiB (eager) and 0.30 GiB (graphs on) "
-                     "above this model, not yet explained (its KV tokens planned 0.2-0.4% high): a Qwen2 plan "
-                     "may be high by as much; measure it (plan --measure) before relying on its last percent")
+                     "above this model, not yet explained (not its depth, not its biases; its KV tokens planned "
+                     "0.3-0.4% high): a Qwen2 plan may be high by as much; measure it (plan --measure) before "
+                     "relying on its last percent")
     if shape.is_moe and mode == "gpu":
         notes.append("mixture of experts: the activation peak is modelled from vLLM's fused-MoE workspaces"
-                     + (", its compiled extra calibrated on one shape (Qwen3-30B-A3B)" if not enforce_eager else
-                        ", not yet calibrated against a measured eager boot"))
+                     + (", its compiled extra and the CUDA-graph estimate calibrated on one shape (Qwen3-30B-A3B)"
+                        if not enforce_eager else ", not yet calibrated against a measured eager boot"))
 
     reason: str | None = None
     if not fits:

@@ -324,7 +324,7 @@ def test_plan_of_an_moe_config_prints_the_moe_plan(capsys) -> None:
     assert rc == 0, text
     for needle in ("mixture of experts: 30.53 B parameters, 3.35 B active per token", "128 experts in 48 of 48",
                    "Expert weights (routed and shared, whole checkpoint): 54.00 GiB bf16, 13.92 GiB W4A16",
-                   "| base | 56.87 |", "| 0.94 pool |"):
+                   "| base | 56.87 |", "| 0.52 est. + 0.94 pool |"):
         assert needle in text, text
     rc, text = run_main(capsys, "plan", "--model", str(FIXTURE_CONFIGS / "qwen3-30b-a3b.json"), "--json")
     table = plan_table.PlanTable.model_validate_json(text)
@@ -339,7 +339,7 @@ def test_plan_cuda_graph_options(capsys) -> None:
     rows = plan_table.PlanTable.model_validate_json(text).rows.values()
     assert rc == 0 and all(r.cudagraph_source == "off" for r in rows)
     rc, text = run_main(capsys, "plan", "--model", config, "--cudagraph-memory", "0.72GiB")
-    assert rc == 0 and "| 0.72 + 1.56 pool |" in text and "as given" in text, text
+    assert rc == 0 and "| 0.72 est. + 1.56 pool |" in text and "as given" in text, text
     with pytest.raises(SystemExit) as info:
         main(["plan", "--model", config, "--enforce-eager", "--cudagraph-memory", "1GiB"])
     assert info.value.code == 2 and "not allowed with" in capsys.readouterr().err

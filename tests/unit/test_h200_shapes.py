@@ -90,7 +90,9 @@ def test_a_bf16_base_boots_only_where_the_planner_fits_it_on_one_h200(tmp_path, 
     assert (serve.enforce_eager, serve.max_model_len, serve.gpu_memory_utilization, serve.max_num_seqs,
             serve.max_num_batched_tokens, serve.tensor_parallel_size, serve.memory_budget) == (
         False, 8192, 0.90, 256, 8192, 1, None)
-    assert recipe.quantization.scheme == "W4A16" and plan.cudagraph_source == "none"
+    # vLLM's V1 model runner (the MoE's) takes a CUDA-graph estimate from the budget; the V2 runner takes none
+    assert recipe.quantization.scheme == "W4A16" and plan.cudagraph_source == (
+        "modelled" if model == "Qwen3-30B-A3B" else "none")
     assert ("re:.*mlp.gate$" in recipe.quantization.ignore) is (model == "Qwen3-30B-A3B")  # the routers stay 16-bit
     assert (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file()
 

@@ -20,6 +20,7 @@ import pytest
 from quantize_serve.capacity.plan_table import format_table, plan_table
 from quantize_serve.capacity.planner import (
     COMPILED_EXTRA_PER_INTERMEDIATE,
+    CUDAGRAPH_ESTIMATE_BYTES_PER_LAYER,
     CUDAGRAPH_POOL_BYTES_PER_LAYER,
     FP8_KV_LOAD_BYTES,
     RECOMMENDED_SEQS_FRACTION,
@@ -29,6 +30,7 @@ from quantize_serve.capacity.planner import (
     activation_peak_bytes,
     kv_bytes_per_token,
     plan_capacity,
+    vllm_model_runner,
     weight_breakdown,
     weight_bytes,
 )
@@ -489,14 +491,38 @@ def test_qwen2_72b_is_planned_high_and_says_so(kv: str, eager: bool, measured: i
                                                          ("W4A16", "fp8", 2_365_536, 2_681_088)])
 def test_moe_is_planned_as_an_moe(scheme: str, kv: str, measured: int, was: int) -> None:
     """Qwen3-30B-A3B on one H200 (issue 25, graphs on). Planned as a dense model it was +13% to +77%. Now
-    within 0.1%, but these rows calibrated the sparse layer's compiled extra (COMPILED_EXTRA_PER_ROUTED_HIDDEN),
-    so they do not test it; what they test is everything else (weights, experts, KV bytes)."""
+    within 0.1%, but these rows calibrated the sparse layer's compiled extra (COMPILED_EXTRA_PER_ROUTED_HIDDEN)
+    and the V1 runner's graph estimate per layer, so they do not test those; what they test is everything else
+    (weights, experts, KV bytes, which runner takes an estimate)."""
     plan = h200_plan(shape_of("qwen3-30b-a3b"), scheme, kv)
     assert abs(plan.kv_cache_tokens - measured) / measured < 0.001, (plan.kv_cache_tokens, measured)
+    assert plan.activation_bytes / GiB == pytest.approx(1.15, abs=0.005)  # vLLM's "peak activation", all three
+    assert plan.cudagraph_source == "modelled" and plan.cudagraph_bytes == 48 * CUDAGRAPH_ESTIMATE_BYTES_PER_LAYER
     assert any("calibrated on one shape" in n for n in plan.notes)
     assert abs(plan.kv_cache_tokens - measured) < abs(was - measured) / 10
     assert (plan.total_parameters, plan.active_parameters) == (30_532_122_624, 3_353_032_704)
     assert plan.weights is not None and plan.weights.experts / plan.total_weights_bytes > 0.85  # experts dominate
+
+
+@pytest.mark.parametrize("name, architecture, runner", [
+    ("llama-3-70b", None, "v2"), ("qwen2-72b", None, "v2"), ("qwen3-30b-a3b", None, "v1"),
+    ("mixtral-8x7b", None, "v1"), ("qwen3-30b-a3b", "Qwen2MoeForCausalLM", "v2")])
+def test_the_cuda_graph_estimate_follows_vllms_model_runner(name: str, architecture: str | None,
+                                                            runner: str) -> None:
+    """vLLM 0.26 serves dense models with its V2 model runner, which takes no CUDA-graph estimate from the KV
+    budget (the Llama-3 and Qwen2 boots logged none), and an MoE with the V1 runner unless its architecture is
+    one V2 takes by default (Qwen2-MoE is); the V1 runner takes its profiled estimate (Qwen3-30B-A3B logged
+    0.49-0.56 GiB), which the planner models per layer."""
+    shape = shape_of(name)
+    if architecture:
+        shape = shape.model_copy(update={"architecture": architecture})
+    assert vllm_model_runner(shape) == runner
+    plan = h200_plan(shape, "W4A16", "fp8")
+    estimate = shape.num_layers * CUDAGRAPH_ESTIMATE_BYTES_PER_LAYER if runner == "v1" else 0
+    assert (plan.cudagraph_bytes, plan.cudagraph_source) == (estimate, "modelled" if estimate else "none")
+    assert any("V1 model runner" in n for n in plan.notes) == (runner == "v1")
+    eager = h200_plan(shape, "W4A16", "fp8", enforce_eager=True)
+    assert (eager.cudagraph_bytes, eager.cudagraph_source) == (0, "off")
 
 
 def test_moe_activation_uses_the_fused_moe_workspaces() -> None:
@@ -516,7 +542,7 @@ def test_the_plan_table_prints_the_moe() -> None:
     for needle in ("Qwen3MoeForCausalLM, mixture of experts: 30.53 B parameters, 3.35 B active per token",
                    "128 experts in 48 of 48 layers, 8 routed per token",
                    "Expert weights (routed and shared, whole checkpoint): 54.00 GiB bf16, 13.92 GiB W4A16",
-                   "router gates 0.02 GiB, kept 16-bit", "| 0.94 pool |", "calibrated on one shape"):
+                   "router gates 0.02 GiB, kept 16-bit", "| 0.52 est. + 0.94 pool |", "calibrated on one shape"):
         assert needle in text, text
     dense = format_table(plan_table(shape_of("llama-3-8b"), device_memory_bytes=H200_CUDA, enforce_eager=True))
     assert "LlamaForCausalLM, 8.03 B parameters, 8.03 B active per token (dense)." in dense and "| off |" in dense
