@@ -6,9 +6,10 @@ Qwen2-72B's peak is 0.30 GiB above it with graphs on (2.57 against 2.27 GiB) and
 shapes differ in three things: Qwen2's q/k/v biases, its intermediate size (29,568, not a multiple of
 256) and its vocabulary (152,064). Each variant here changes one of them, so the peak that moves names
 the cause; the MoE pair separates Qwen3-30B-A3B's eager peak from its compiled one (the planner's
-sparse-layer compiled extra is calibrated on those rows' sum), and Mixtral-8x7B tests that term on an MoE
-it was not calibrated on. vLLM logs at DEBUG here, so each row also keeps its memory profile's debug lines
-(and the reason it took no CUDA-graph estimate, if it gives one).
+sparse-layer compiled extra is calibrated on its compiled peak), and Mixtral-8x7B tests that term on an MoE
+it was not calibrated on. vLLM logs at DEBUG here, so each row also keeps its memory profile's debug lines.
+Measured (``benchmarks/results/h200_activation_peak.json``): a 4-layer Qwen2-72B peaks at its full depth's
+2.57 GiB, and so does one without its biases; the intermediate and vocabulary variants are still to boot.
 
 Each variant is a config.json of the base shape with a few keys overridden and ``--layers`` decoder
 layers (default 4): the peak is one layer's live set plus hidden-sized tensors, so depth leaves it as
@@ -60,7 +61,7 @@ REHEARSE_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "tiny-llama": ("tiny-llama", {}), "tiny-llama-i768": ("tiny-llama", {"intermediate_size": 768})}
 MODES = ("eager", "graphs")
 # vLLM logs at DEBUG (VLLM_LOGGING_LEVEL) for these boots: its memory profile ("torch_peak_increase", ...)
-# and why it took no CUDA-graph estimate ("skipping profiling") are debug lines; a row keeps them.
+# and whether it profiled CUDA-graph memory ("skipping profiling") are debug lines; a row keeps them.
 DEBUG_EVIDENCE = ("torch_peak", "non_torch", "CUDA graph memory", "skipping profiling", "Free memory after profiling")
 BOOTS = {"base": Boot.BASE, "w4a16": Boot.QUANTIZED_16BIT_KV}
 RECORDED = ("measured",)

@@ -113,8 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "graphs on, as vLLM serves by default)")
     graphs.add_argument("--cudagraph-memory", type=_byte_size, metavar="SIZE",
                         help="CUDA-graph memory vLLM takes from the KV budget per GPU, e.g. 0.72GiB: the "
-                        "'(estimated)' figure of a boot's 'CUDA graph pool memory' line, for a vLLM that logs "
-                        "one (default: none, as vLLM 0.26 took none on the H200)")
+                        "'(estimated)' figure of a boot's 'CUDA graph pool memory' line (default: the planner's "
+                        "own, which follows vLLM 0.26: none under its V2 model runner, dense models; a per-layer "
+                        "estimate under its V1 runner, most MoE architectures)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
     p.add_argument("--measure", action="store_true",
                    help="measure instead of predict: boot vLLM on this machine with dummy weights of the "
