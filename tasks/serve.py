@@ -93,11 +93,12 @@ def served(validated: ValidatedRecipe, name: capacity.Boot, model_dir: str, run_
     logger = get_run_logger()
     spec = capacity.capacity_spec(validated.recipe, name, Path(model_dir), tensor_parallel_size=tensor_parallel_size,
                                   as_published=name is capacity.Boot.PRODUCTION)
-    logger.info("booting vLLM (%s): %s", name, spec.serve_command())
+    label = name.label(validated.recipe.quantization.scheme)
+    logger.info("booting vLLM (%s): %s", label, spec.serve_command())
     with vllm_server(spec, log_path=boot_log(run_dir, name)) as server:
-        logger.info("vLLM (%s) healthy at %s after %.0f s", name, server.base_url, server.boot_seconds)
+        logger.info("vLLM (%s) healthy at %s after %.0f s", label, server.base_url, server.boot_seconds)
         yield server, spec
-    logger.info("vLLM (%s) stopped", name)
+    logger.info("vLLM (%s) stopped", label)
 
 
 def boot_log(run_dir: Path, name: capacity.Boot) -> Path:

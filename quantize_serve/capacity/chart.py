@@ -10,14 +10,15 @@ from quantize_serve.core.model_files import GIB
 CHART = "capacity.png"
 
 
-def capacity_chart(configs: list[CapacityConfig], path: Path) -> Path:
-    """Weights and KV memory (stacked) and max concurrency for the measured configurations."""
+def capacity_chart(configs: list[CapacityConfig], path: Path, *, scheme: str | None = None) -> Path:
+    """Weights and KV memory (stacked) and max concurrency for the measured configurations, named as the
+    capacity table names them (``scheme``: the candidate's, Boot.label)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [c.name for c in configs]
+    names = [c.name.label(scheme) for c in configs]
     weights = [c.weights_bytes / GIB for c in configs]
     kv = [c.kv_cache_memory_bytes / GIB for c in configs]
     conc = [c.max_concurrency for c in configs]

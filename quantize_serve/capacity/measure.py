@@ -90,6 +90,8 @@ class CapacityReport(BaseModel):
     # The base model's parameters, total and active per token (None: a report made before they were
     # recorded, or a config the planner cannot model).
     model: ModelSummary | None = None
+    # The candidate's quantization scheme: the table names the quantized rows by it (Boot.label).
+    scheme: str | None = None
 
     def by_name(self, name: Boot) -> CapacityConfig:
         return next(c for c in self.configs if c.name == name)
@@ -101,27 +103,28 @@ class CapacityReport(BaseModel):
             "|---|---|---:|---:|---:|---:|---:|",
         ]
         checks = {p.name: p for p in self.planner}
+        quantized = Boot.QUANTIZED_16BIT_KV.label(self.scheme)
         for c in self.configs:
             p = checks.get(c.name)
             tp = f" (TP {c.tensor_parallel_size})" if c.tensor_parallel_size != self.configs[-1].tensor_parallel_size else ""
             rows.append(
-                f"| {c.name}{tp} | {c.kv_cache_dtype} | {c.weights_bytes / GIB:.4f} | "
+                f"| {c.name.label(self.scheme)}{tp} | {c.kv_cache_dtype} | {c.weights_bytes / GIB:.4f} | "
                 f"{c.kv_cache_memory_bytes / GIB:.4f} | {c.kv_cache_tokens:,} | "
                 f"{c.max_concurrency:.2f}x @ {c.max_model_len:,} | "
                 + (f"{p.predicted_kv_tokens:,} ({p.error_pct:+.2f}%) |" if p else "- |")
             )
         if self.fp8_kv_unavailable:
-            rows.append(f"| {Boot.PRODUCTION} | fp8 | - | - | {FP8_UNAVAILABLE}: {self.fp8_kv_unavailable} | - | - |")
+            rows.append(f"| {Boot.PRODUCTION.label(self.scheme)} | fp8 | - | - | {FP8_UNAVAILABLE}: "
+                        f"{self.fp8_kv_unavailable} | - | - |")
             fp8 = (f"fp8 KV {FP8_UNAVAILABLE}; the production boot serves the 16-bit KV cache of the "
-                   f"{Boot.QUANTIZED_16BIT_KV} row.")
+                   f"{quantized} row.")
         else:
-            fp8 = (f"{Boot.QUANTIZED_16BIT_KV} + fp8 KV x{self.gain_fp8:.2f}; fp8/16-bit KV tokens "
-                   f"x{self.fp8_token_ratio:.3f}.")
+            fp8 = f"{quantized} + fp8 KV x{self.gain_fp8:.2f}; fp8/16-bit KV tokens x{self.fp8_token_ratio:.3f}."
         rows += [
             "",
             *([self.model.parameters_line(), ""] if self.model else []),
             f"Memory freed by quantization: {self.freed_weight_bytes / GIB:.4f} GiB "
-            f"({self.freed_weight_bytes:,} bytes). Capacity over {Boot.BASE}: {Boot.QUANTIZED_16BIT_KV} "
+            f"({self.freed_weight_bytes:,} bytes). Capacity over {Boot.BASE}: {quantized} "
             f"x{self.gain_quantized:.2f}, {fp8}",
             "",
             f"Method: {self.method}",
@@ -344,6 +347,7 @@ def summarize_capacity(recipe: Recipe, configs: list[CapacityConfig], base_confi
         planner=checks,
         fp8_kv_unavailable=fp8_kv_unavailable,
         model=ModelSummary.of(planner.ModelShape.from_config(base_config)),
+        scheme=recipe.quantization.scheme,
     )
 
 

@@ -201,7 +201,7 @@ def write_report(report: RunReport, run_dir: Path) -> dict[str, Path]:
     paths = {"json": run_dir / "report.json", "markdown": run_dir / "report.md"}
     report.report_dir = str(run_dir)
     if report.capacity:
-        paths["chart"] = capacity_chart(report.capacity.configs, run_dir / CHART)
+        paths["chart"] = capacity_chart(report.capacity.configs, run_dir / CHART, scheme=report.capacity.scheme)
     paths["json"].write_text(json.dumps(report.model_dump(mode="json"), indent=2))
     paths["markdown"].write_text(render_markdown(report))
     return paths

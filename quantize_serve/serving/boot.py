@@ -11,7 +11,7 @@ class Boot(StrEnum):
     (``vllm-<boot>.log``), report.json, artifacts and benchmark results.
 
     Members are named by role; the values are the names results have always carried (a candidate of
-    any scheme, FP8 or INT8 too, has its 16-bit-KV boot under "w4a16")."""
+    any scheme, FP8 or INT8 too, has its 16-bit-KV boot under "w4a16"; :meth:`label` names it for people)."""
 
     BASE = "base"  # the base model, 16-bit KV
     QUANTIZED_16BIT_KV = "w4a16"  # the quantized checkpoint, 16-bit KV
@@ -24,6 +24,14 @@ class Boot(StrEnum):
     @property
     def sixteen_bit_kv(self) -> bool:
         return self is not Boot.PRODUCTION
+
+    def label(self, scheme: str | None = None) -> str:
+        """The boot's name where people read it (the capacity table, the boot log): its value, with a
+        quantized boot's "w4a16" replaced by the candidate's scheme when that is another family, so an INT8
+        W8A8 candidate's rows read "w8a8" and "w8a8-fp8kv". Results and file names keep the value."""
+        if not self.quantized or not scheme or scheme.upper().startswith("W4A16"):
+            return self.value
+        return self.value.replace("w4a16", scheme.lower(), 1)
 
     def model_dir(self, base_dir: str | Path, checkpoint_dir: str | Path) -> Path:
         """The folder this boot serves: the base model's or the quantized checkpoint's."""

@@ -120,6 +120,33 @@ def test_the_base_boot_at_another_tp_is_labelled_in_the_capacity_table(awq_recip
     assert "Base boot: the bf16 base does not fit at TP 1" in text
 
 
+@pytest.mark.parametrize("scheme, labels", [
+    (None, ("base", "w4a16", "w4a16-fp8kv")), ("W4A16", ("base", "w4a16", "w4a16-fp8kv")),
+    ("W4A16_ASYM", ("base", "w4a16", "w4a16-fp8kv")), ("W8A8", ("base", "w8a8", "w8a8-fp8kv")),
+    ("FP8_DYNAMIC", ("base", "fp8_dynamic", "fp8_dynamic-fp8kv"))])
+def test_a_boot_is_named_for_people_by_the_candidates_scheme(scheme, labels):
+    """The values stay what results carry; the table, the chart and the boot log name an INT8 or FP8
+    candidate's rows by its scheme (an AVX2 CPU's demo releases W8A8: its rows read "w8a8", not "w4a16")."""
+    assert tuple(b.label(scheme) for b in Boot) == labels
+    assert [b.value for b in Boot] == ["base", "w4a16", "w4a16-fp8kv"]
+
+
+def test_the_capacity_table_names_a_w8a8_candidates_rows_by_its_scheme():
+    from quantize_serve.capacity.measure import CapacityConfig, CapacityReport
+
+    rows = [CapacityConfig(name=b, tensor_parallel_size=1, kv_cache_dtype="auto", weights_bytes=1,
+                           kv_cache_memory_bytes=1, kv_cache_tokens=1, num_blocks=1, block_size=16, max_model_len=1,
+                           max_concurrency=1, boot_seconds=1) for b in (Boot.BASE, Boot.QUANTIZED_16BIT_KV)]
+    report = CapacityReport(method="m", budget_bytes=None, configs=rows, freed_weight_bytes=0, fp8_token_ratio=None,
+                            gain_quantized=1, gain_fp8=None, planner=[], fp8_kv_unavailable="no AVX-512",
+                            scheme="W8A8")
+    text = report.markdown()
+    assert "| w8a8 | auto |" in text and "| w8a8-fp8kv | fp8 | - | - | not available" in text
+    assert "Capacity over base: w8a8 x1.00" in text and "the 16-bit KV cache of the w8a8 row" in text
+    assert "w4a16" not in text
+    assert CapacityReport.model_validate_json(report.model_dump_json()).configs[1].name is Boot.QUANTIZED_16BIT_KV
+
+
 def test_cache_info_is_read_with_prometheus_parser():
     from quantize_serve.capacity.measure import read_cache_info
 

@@ -192,10 +192,10 @@ def test_the_capacity_table_shows_fp8_kv_as_not_available_on_such_a_cpu(avx2_hos
         "base", "w4a16"]
     assert report.fp8_token_ratio is None and report.gain_fp8 is None and report.fp8_kv_unavailable == why
     md = report.markdown()
-    assert ("| w4a16-fp8kv | fp8 | - | - | not available on this CPU: this CPU has no AVX-512 (avx512bw, "
+    assert ("| w8a8-fp8kv | fp8 | - | - | not available on this CPU: this CPU has no AVX-512 (avx512bw, "
             "avx512dq, avx512f, avx512vl missing): vLLM's CPU backend serves fp8 KV caches only with its "
             "AVX-512 kernels") in md
-    assert "x1.13, fp8 KV not available on this CPU" in md
+    assert "| w8a8 | auto |" in md and "w8a8 x1.13, fp8 KV not available on this CPU" in md  # rows named by scheme
     # measured in fp8 after all (a CPU that has it): the reason is not shown
     fp8 = configs[:2] + [capacity_row("w4a16-fp8kv", "fp8", 1_300_000, 13696)]
     measured = summarize_capacity(load_recipe(RECIPE), fp8, base_config, fp8_kv_unavailable=why)
