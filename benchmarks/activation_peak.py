@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.h200 import GIB, Results, versions
-from benchmarks.h200_shapes import RECIPES, REHEARSE_SERVE, SERVE, evidence_lines, vllm_memory
+from benchmarks.h200_shapes import RECIPES, REHEARSE_SERVE, SERVE, evidence_lines, merge_row, vllm_memory
 from benchmarks.shape_capacity import SHAPES, shape_folder
 from quantize_serve.serving.boot import Boot
 
@@ -174,8 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # recorded, and the next row still runs
             failed += 1
             row = {"id": row_id(variant, config, mode), "status": "error", "reason": f"{type(exc).__name__}: {exc}"}
-        rows = [r for r in res.data.get("rows", []) if r["id"] != row["id"]] + [row]
-        res.data["rows"] = sorted(rows, key=lambda r: r["id"])
+        res.data["rows"] = merge_row(res.data.get("rows", []), row, [])  # by id
         res.save()
         log(f"{row['id']}: {row['status']}; vLLM peak {row.get('vllm_actual_usage_gib', {}).get('peak_activation')} "
             f"GiB, planner {row.get('planner_activation_gib')} GiB, {row.get('seconds')} s")

@@ -205,6 +205,19 @@ def graph_estimate_bytes(memory: dict[str, Any]) -> int | None:
     return None if gib is None else int(gib * GIB)
 
 
+def plan_given_estimate(recipe: Any, config: dict, boot: Boot, memory: dict[str, Any], *, block_size: int,
+                        device: int | None) -> CapacityPlan | None:
+    """The row's plan given vLLM's own CUDA-graph estimate (``memory``: ``vllm_memory``'s figures); None when the
+    log has none, or the boot took no graphs (eager, or a fixed budget, where vLLM does not profile)."""
+    from quantize_serve.capacity.measure import plan_for
+
+    estimate = graph_estimate_bytes(memory)
+    if estimate is None or recipe.serve.memory_budget is not None or recipe.serve.enforce_eager:
+        return None
+    return plan_for(recipe, config, boot, block_size=block_size, device_memory_bytes=device,
+                    cudagraph_memory_bytes=estimate)
+
+
 def evidence_lines(log_text: str, limit: int = 30) -> list[str]:
     """The log's lines that carry the row's figures (``EVIDENCE``), first seen first, each at most 600 characters.
     The graph-capture progress bars ("Capturing CUDA graphs ... it/s") are left out: they carry no figure, and
@@ -218,8 +231,6 @@ def replan(rows: list[dict], *, work: Path, device: int) -> list[dict]:
     """``rows`` with each recorded row's ``planner`` figures (and the plan given vLLM's CUDA-graph estimate, where
     the row has one) from today's planner (the measured figures stay as measured): after a planner change, the
     table says how the planner now does on what was measured."""
-    from quantize_serve.capacity.measure import plan_for
-
     out = []
     for r in rows:
         if r.get("status") in RECORDED and r.get("planner"):
@@ -227,10 +238,9 @@ def replan(rows: list[dict], *, work: Path, device: int) -> list[dict]:
             recipe, config, _, plan = plan_row(r["model"], boot, work=work, rehearse=False, device=device)
             m = r.get("measured")
             r = {**r, "planner": plan_figures(plan, m["kv_tokens"] if m else None)}
-            estimate = graph_estimate_bytes(r.get("vllm_memory") or {})
-            if m and estimate is not None and r.get("planner_given_vllm_graph_estimate"):
-                given = plan_for(recipe, config, boot, block_size=m["block_size"], device_memory_bytes=device,
-                                 cudagraph_memory_bytes=estimate)
+            given = plan_given_estimate(recipe, config, boot, r.get("vllm_memory") or {},
+                                        block_size=m["block_size"], device=device) if m else None
+            if given is not None:
                 r["planner_given_vllm_graph_estimate"] = plan_figures(given, m["kv_tokens"])
             if r["status"] == "does-not-fit":  # the reason quotes the plan; one that now fits is still said so
                 r["reason"] = fit_decision(plan, boot) or f"the planner now fits it: measure it ({r['reason']})"
@@ -355,11 +365,9 @@ def plan_row(model: str, boot: Boot, *, work: Path, rehearse: bool,
 def measure_row(model: str, boot: Boot, *, work: Path, rehearse: bool, device: int | None, platform: str,
                 estimated_s: int) -> dict[str, Any]:
     """One row: planned, then (unless it does not fit) booted through measure_shape, then assembled."""
-    from quantize_serve.capacity.measure import plan_for
     from quantize_serve.capacity.shape import measure_shape
 
     recipe, config, folder, plan = plan_row(model, boot, work=work, rehearse=rehearse, device=device)
-    fixed = recipe.serve.memory_budget is not None
     scheme = recipe.quantization.scheme
     skip = fit_decision(plan, boot)
     if skip:
@@ -374,11 +382,8 @@ def measure_row(model: str, boot: Boot, *, work: Path, rehearse: bool, device: i
     row = shape.row(boot)
     log_path = out_dir / f"vllm-shape-{boot}.log"
     log_text = log_path.read_text(errors="replace") if log_path.is_file() else ""
-    given = None
-    estimate = graph_estimate_bytes(vllm_memory(log_text))
-    if row.measured and estimate is not None and not fixed and not recipe.serve.enforce_eager:
-        given = plan_for(recipe, config, boot, block_size=row.measured.block_size, device_memory_bytes=device,
-                         cudagraph_memory_bytes=estimate)
+    given = plan_given_estimate(recipe, config, boot, vllm_memory(log_text), block_size=row.measured.block_size,
+                                device=device) if row.measured else None
     return assemble_row(model, row, scheme=scheme, log_text=log_text, platform=platform, given=given,
                         seconds=seconds, estimated_s=estimated_s, log_file=str(log_path))
 

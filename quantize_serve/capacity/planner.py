@@ -327,8 +327,9 @@ class CapacityPlan(BaseModel):
         "off", description="off: eager or fixed_budget; none: graphs on under vLLM's V2 model runner, which "
         "takes no estimate from the budget; modelled: the V1 runner's estimate, per layer; given: a figure a vLLM "
         "boot logged")
-    cudagraph_pool_bytes: int = Field(0, description="per GPU, graphs on: the pool captured after the KV cache, "
-                                      "outside the budget (an estimate from H200 boots)")
+    cudagraph_pool_bytes: int = Field(0, description="per GPU, graphs on: the pool captured after the KV cache; "
+                                      "what cudagraph_bytes did not reserve of it comes from outside the budget "
+                                      "(an estimate from H200 boots)")
     weights: WeightBytes | None = Field(None, description="whole checkpoint, by part (experts, router...)")
     total_parameters: int = 0
     active_parameters: int = Field(0, description="per token; = total_parameters for a dense model")

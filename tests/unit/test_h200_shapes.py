@@ -30,7 +30,7 @@ Capturing CUDA graphs (PIECEWISE):  53%|█████▎    | 27/51 [00:01<00:
 utilization is (0.9, 125.82 GiB). Actual usage is 38.53 GiB for weight, 2.57 GiB for peak activation, 0.22 GiB \
 for non-torch memory, and 1.54 GiB for CUDAGraph memory. Current kv cache memory in use is 84.5 GiB.
 """
-# The pool line of a vLLM that takes a graph estimate from the budget (its format, gpu_worker.py; not measured here).
+# The lines of a boot whose graph estimate vLLM takes from the budget (its V1 model runner's, gpu_worker.py's format).
 POOL_LINES = ("INFO [gpu_model_runner.py:6738] Estimated CUDA graph memory: 0.72 GiB total\n"
               "INFO [gpu_worker.py:794] CUDA graph pool memory: 1.57 GiB (actual), 0.72 GiB (estimated), "
               "difference: 0.85 GiB (54.1%).\n")
@@ -168,17 +168,29 @@ def test_a_measured_row_carries_both_plans_and_their_error(tmp_path):
 def test_replan_gives_recorded_rows_todays_planner(tmp_path):
     """--replan after a planner change: the measured figures stay, the planner's (and a does-not-fit row's
     reason, which quotes the plan) are today's."""
+    from quantize_serve.capacity.measure import plan_for
+
     *_, plan = hs.plan_row("Qwen2-72B", Boot.QUANTIZED_16BIT_KV, work=tmp_path, rehearse=False, device=H200)
     old = {"id": "Qwen2-72B/w4a16", "model": "Qwen2-72B", "config": "w4a16", "status": "measured",
-           "measured": {"kv_tokens": 276_880}, "planner": {"kv_tokens": 277_360, "error_pct": 0.173}}
+           "measured": {"kv_tokens": 276_880, "block_size": 16}, "planner": {"kv_tokens": 277_360, "error_pct": 0.173}}
     no_fit = {"id": "Llama-3-70B/base", "model": "Llama-3-70B", "config": "base", "status": "does-not-fit",
               "reason": "does not fit, planner says ... CUDA graphs 0.72 GiB ...", "planner": {"fits": False}}
     error = {"id": "Qwen2-72B/w4a16-fp8kv", "status": "error", "reason": "boom"}
-    new, fit, err_row = hs.replan([old, no_fit, error], work=tmp_path, device=H200)
+    moe = {"id": "Qwen3-30B-A3B/w4a16", "model": "Qwen3-30B-A3B", "config": "w4a16", "status": "measured",
+           "measured": {"kv_tokens": 1_183_088, "block_size": 16}, "planner": {"kv_tokens": 1},
+           "vllm_memory": {"cuda_graph_pool_estimated_gib": 0.56}, "planner_given_vllm_graph_estimate": {"kv_tokens": 1}}
+    new, fit, err_row, moe_new = hs.replan([old, no_fit, error, moe], work=tmp_path, device=H200)
     assert new["measured"] == old["measured"] and new["planner"]["kv_tokens"] == plan.kv_cache_tokens
     assert new["planner"]["error_pct"] == kv_error_pct(plan.kv_cache_tokens, 276_880)
     assert "CUDA graphs 0.72" not in fit["reason"] and fit["reason"].startswith("does not fit, planner says 131.42")
     assert err_row is error
+    recipe, config, _, moe_plan = hs.plan_row("Qwen3-30B-A3B", Boot.QUANTIZED_16BIT_KV, work=tmp_path,
+                                              rehearse=False, device=H200)
+    given = plan_for(recipe, config, Boot.QUANTIZED_16BIT_KV, block_size=16, device_memory_bytes=H200,
+                     cudagraph_memory_bytes=int(0.56 * GIB))
+    assert moe_new["planner"]["kv_tokens"] == moe_plan.kv_cache_tokens  # the V1 runner's modelled estimate
+    assert moe_new["planner_given_vllm_graph_estimate"]["kv_tokens"] == given.kv_cache_tokens
+    assert moe_new["planner_given_vllm_graph_estimate"]["cuda_graph_source"] == "given"
 
 
 def test_rows_that_did_not_boot_say_why(tmp_path):
