@@ -49,6 +49,7 @@ from quantize_serve.serving.boot import Boot
 # name -> (shape of SHAPES, config.json keys overridden)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-3-70b": ("Llama-3-70B", {}),
+    "llama-3-70b-i29568": ("Llama-3-70B", {"intermediate_size": 29568}),  # Qwen2's intermediate, from Llama's side
     "qwen2-72b": ("Qwen2-72B", {}),
     "qwen2-72b-no-bias": ("Qwen2-72B", {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
                                         "attention_bias": False, "mlp_bias": False}),
