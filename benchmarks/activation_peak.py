@@ -63,7 +63,8 @@ REHEARSE_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 MODES = ("eager", "graphs")
 # vLLM logs at DEBUG (VLLM_LOGGING_LEVEL) for these boots: its memory profile ("torch_peak_increase", ...)
 # and whether it profiled CUDA-graph memory ("skipping profiling") are debug lines; a row keeps them.
-DEBUG_EVIDENCE = ("torch_peak", "non_torch", "CUDA graph memory", "skipping profiling", "Free memory after profiling")
+DEBUG_EVIDENCE = ("torch_peak", "non_torch", "CUDA graph memory", "skipping profiling", "Free memory after profiling",
+                  "Directly load", "Compiling a graph", "torch.compile took")
 BOOTS = {"base": Boot.BASE, "w4a16": Boot.QUANTIZED_16BIT_KV}
 RECORDED = ("measured",)
 
@@ -91,12 +92,22 @@ def variant_folder(name: str, variants: dict[str, tuple[str, dict]], layers: int
     return folder
 
 
-def row_id(variant: str, boot: str, mode: str) -> str:
-    return f"{variant}/{boot}/{mode}"
+def row_id(variant: str, boot: str, mode: str, nth: int = 1) -> str:
+    """``variant/config/mode``; the n-th boot of the same row (``--boots``) adds ``#n``."""
+    return f"{variant}/{boot}/{mode}" + (f"#{nth}" if nth > 1 else "")
+
+
+def compile_cache(log_text: str) -> str | None:
+    """Whether the boot compiled its graphs (``miss``) or loaded them from vLLM's compile cache (``hit``), by
+    vLLM's own lines; None when it compiled nothing (eager). vLLM charges a cold compile's temporaries to the
+    profiled peak (vllm-project/vllm#54122, #54383), so a hit and a miss of one row can differ."""
+    if "Directly load the compiled graph" in log_text or "Directly load AOT compilation" in log_text:
+        return "hit"
+    return "miss" if "Compiling a graph for compile range" in log_text else None
 
 
 def measure_row(variant: str, boot: str, mode: str, *, variants: dict, layers: int | None, work: Path,
-                rehearse: bool, device: int | None) -> dict[str, Any]:
+                rehearse: bool, device: int | None, nth: int = 1) -> dict[str, Any]:
     from quantize_serve.capacity.shape import measure_shape
     from quantize_serve.recipe.load import load_recipe
 
@@ -105,7 +116,7 @@ def measure_row(variant: str, boot: str, mode: str, *, variants: dict, layers: i
     settings = {**(REHEARSE_SERVE[shape] if rehearse else SERVE), "serve.enforce_eager": mode == "eager",
                 "model.id": str(folder)}
     recipe = load_recipe(ROOT / RECIPES[shape], settings)
-    out_dir = work / "boots" / variant / mode
+    out_dir = work / "boots" / variant / (mode if nth == 1 else f"{mode}-{nth}")
     t0 = time.monotonic()
     result = measure_shape(recipe, folder, out_dir=out_dir, model=variant, device_memory_bytes=device,
                            boots={BOOTS[boot]}, log=lambda msg: log(f"{variant} {mode}: {msg}"))
@@ -115,7 +126,8 @@ def measure_row(variant: str, boot: str, mode: str, *, variants: dict, layers: i
     usage = vllm_memory(text)["actual_usage_gib"]
     planned = round(row.planned.activation_bytes / GIB, 3)
     peak = usage.get("peak_activation")
-    return {"id": row_id(variant, boot, mode), "variant": variant, "shape": shape,
+    return {"id": row_id(variant, boot, mode, nth), "variant": variant, "boot_of_row": nth,
+            "compile_cache": compile_cache(text), "shape": shape,
             "overrides": variants[variant][1], "layers": layers, "config": boot, "mode": mode,
             "status": "measured" if row.measured else "refused" if row.refused else "not-booted",
             "reason": row.refused or row.not_booted,
@@ -138,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs", default="w4a16", help="comma-separated: base (bf16), w4a16; default w4a16")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated: eager, graphs; default both")
     p.add_argument("--layers", type=int, default=4, help="decoder layers of every variant (0: the shape's own)")
+    p.add_argument("--boots", type=int, default=1, help="boots of each row, one after another (the later ones "
+                   "find the first one's graphs in vLLM's compile cache: a cold and a warm boot of one row)")
     p.add_argument("--resume", action="store_true", help="skip rows --out already holds")
     p.add_argument("--rehearse", action="store_true", help="CPU: the tiny reference shape's variants")
     args = p.parse_args(argv)
@@ -160,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         "activation_peak_rehearsal.json" if args.rehearse else "h200_activation_peak.json")
     res = Results(out, roots=(args.work,))
     done = {r["id"] for r in res.data.get("rows", []) if r.get("status") in RECORDED} if args.resume else set()
-    todo = [(v, c, m) for v in picked for c in configs for m in modes if row_id(v, c, m) not in done]
+    todo = [(v, c, m, n) for v in picked for c in configs for m in modes for n in range(1, args.boots + 1)
+            if row_id(v, c, m, n) not in done]
     log(f"{len(todo)} boot(s): " + ", ".join(row_id(*t) for t in todo))
     res.data.update(benchmark="activation_peak", rehearse=args.rehearse, layers=args.layers or None,
                     settings=SERVE if not args.rehearse else REHEARSE_SERVE, device_memory_bytes=device,
@@ -168,17 +183,19 @@ def main(argv: list[str] | None = None) -> int:
     res.data.setdefault("sessions", []).append({"started": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                                 "device": gpu.describe_devices(), "versions": versions()})
     failed = 0
-    for variant, config, mode in todo:
+    for variant, config, mode, nth in todo:
         try:
             row = measure_row(variant, config, mode, variants=variants, layers=args.layers or None, work=args.work,
-                              rehearse=args.rehearse, device=device)
+                              rehearse=args.rehearse, device=device, nth=nth)
         except Exception as exc:  # recorded, and the next row still runs
             failed += 1
-            row = {"id": row_id(variant, config, mode), "status": "error", "reason": f"{type(exc).__name__}: {exc}"}
+            row = {"id": row_id(variant, config, mode, nth), "status": "error",
+                   "reason": f"{type(exc).__name__}: {exc}"}
         res.data["rows"] = merge_row(res.data.get("rows", []), row, [])  # by id
         res.save()
         log(f"{row['id']}: {row['status']}; vLLM peak {row.get('vllm_actual_usage_gib', {}).get('peak_activation')} "
-            f"GiB, planner {row.get('planner_activation_gib')} GiB, {row.get('seconds')} s")
+            f"GiB, planner {row.get('planner_activation_gib')} GiB, compile cache {row.get('compile_cache')}, "
+            f"{row.get('seconds')} s")
     log(f"written to {out}")
     return 1 if failed else 0
 
