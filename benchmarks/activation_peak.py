@@ -9,7 +9,8 @@ the cause; the MoE pair separates Qwen3-30B-A3B's eager peak from its compiled o
 sparse-layer compiled extra is calibrated on its compiled peak), and Mixtral-8x7B tests that term on an MoE
 it was not calibrated on. vLLM logs at DEBUG here, so each row also keeps its memory profile's debug lines.
 Measured (``benchmarks/results/h200_activation_peak.json``): a 4-layer Qwen2-72B peaks at its full depth's
-2.57 GiB, and so does one without its biases; the intermediate and vocabulary variants are still to boot.
+2.57 GiB, and so do one without its biases and one with Llama's intermediate size; one with Llama's vocabulary
+peaks at Llama-3-70B's 2.21 GiB. The planner's compiled term (``compiled_pass_peak_bytes``) is what that showed.
 
 Each variant is a config.json of the base shape with a few keys overridden and ``--layers`` decoder
 layers (default 4): the peak is one layer's live set plus hidden-sized tensors, so depth leaves it as
@@ -106,6 +107,32 @@ def compile_cache(log_text: str) -> str | None:
     return "miss" if "Compiling a graph for compile range" in log_text else None
 
 
+def planner_activation_gib(variant: str, *, variants: dict, layers: int | None, mode: str) -> float:
+    """Today's planner's activation term for the variant (from its config.json, as the boot's plan has it)."""
+    from quantize_serve.capacity.model_shape import ModelShape
+    from quantize_serve.capacity.planner import activation_peak_bytes
+
+    shape, overrides = variants[variant]
+    config = {**json.loads(SHAPES[shape].read_text()), **overrides, **({"num_hidden_layers": layers} if layers else {})}
+    act = activation_peak_bytes(ModelShape.from_config(config, source=variant),
+                                max_num_batched_tokens=SERVE["serve.max_num_batched_tokens"],
+                                tensor_parallel_size=SERVE["serve.tensor_parallel_size"], compiled=mode == "graphs")
+    return round(act / GIB, 3)
+
+
+def replan(rows: list[dict]) -> list[dict]:
+    """``rows`` with today's planner's activation term beside each recorded peak (the measured figures stay)."""
+    out = []
+    for r in rows:
+        if r.get("status") in RECORDED and r.get("variant") in VARIANTS:
+            planned = planner_activation_gib(r["variant"], variants=VARIANTS, layers=r.get("layers"), mode=r["mode"])
+            peak = (r.get("vllm_actual_usage_gib") or {}).get("peak_activation")
+            r = {**r, "planner_activation_gib": planned,
+                 "peak_minus_planner_gib": None if peak is None else round(peak - planned, 3)}
+        out.append(r)
+    return out
+
+
 def measure_row(variant: str, boot: str, mode: str, *, variants: dict, layers: int | None, work: Path,
                 rehearse: bool, device: int | None, nth: int = 1) -> dict[str, Any]:
     from quantize_serve.capacity.shape import measure_shape
@@ -116,13 +143,15 @@ def measure_row(variant: str, boot: str, mode: str, *, variants: dict, layers: i
     settings = {**(REHEARSE_SERVE[shape] if rehearse else SERVE), "serve.enforce_eager": mode == "eager",
                 "model.id": str(folder)}
     recipe = load_recipe(ROOT / RECIPES[shape], settings)
-    out_dir = work / "boots" / variant / (mode if nth == 1 else f"{mode}-{nth}")
+    out_dir = work / "boots" / variant / mode  # the same served path every boot: vLLM's compile-cache key holds it
     t0 = time.monotonic()
     result = measure_shape(recipe, folder, out_dir=out_dir, model=variant, device_memory_bytes=device,
                            boots={BOOTS[boot]}, log=lambda msg: log(f"{variant} {mode}: {msg}"))
     row = result.row(BOOTS[boot])
     log_path = out_dir / f"vllm-shape-{BOOTS[boot]}.log"
     text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+    if nth > 1 and log_path.is_file():  # the next boot of the row writes the same log: keep this one's apart
+        log_path = Path(shutil.copyfile(log_path, log_path.with_name(f"{log_path.stem}-{nth}.log")))
     usage = vllm_memory(text)["actual_usage_gib"]
     planned = round(row.planned.activation_bytes / GIB, 3)
     peak = usage.get("peak_activation")
@@ -154,7 +183,17 @@ def main(argv: list[str] | None = None) -> int:
                    "find the first one's graphs in vLLM's compile cache: a cold and a warm boot of one row)")
     p.add_argument("--resume", action="store_true", help="skip rows --out already holds")
     p.add_argument("--rehearse", action="store_true", help="CPU: the tiny reference shape's variants")
+    p.add_argument("--replan", action="store_true", help="no boot: today's planner beside each recorded row of --out")
     args = p.parse_args(argv)
+    if args.replan:
+        out = args.out or ROOT / "benchmarks/results/h200_activation_peak.json"
+        res = Results(out, roots=(args.work,))
+        res.data["rows"] = replan(res.data.get("rows", []))
+        res.save()
+        for r in res.data["rows"]:
+            log(f"{r['id']}: vLLM peak {(r.get('vllm_actual_usage_gib') or {}).get('peak_activation')} GiB, "
+                f"planner {r.get('planner_activation_gib')} GiB")
+        return 0
 
     from quantize_serve.serving import gpu
 

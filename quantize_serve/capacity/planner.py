@@ -27,14 +27,16 @@ Two accounting modes, because the project measures capacity two ways:
     CUDA graphs on (``enforce_eager`` false, vLLM's default) change up to three things, measured on the
     H200 with vLLM 0.26.0 (issue 25's rows, ``benchmarks/results/h200_shapes.json``):
 
-    - the model is compiled (torch.compile), and the compiled profiling pass peaks higher than the
-      eager one (Llama-3-8B 1.11 against 0.84 GiB, Llama-3-70B 2.21 against 1.69): a term of the
-      activation peak (:data:`COMPILED_EXTRA_PER_INTERMEDIATE`, :data:`COMPILED_EXTRA_PER_ROUTED_HIDDEN`);
+    - the model is compiled (torch.compile), and the compiled profiling pass of a dense model peaks at one
+      vocabulary x hidden tensor plus two batched-token x hidden tensors, above the eager forward's peak
+      (Llama-3-8B 1.11 against 0.84 GiB, Llama-3-70B 2.21 against 1.69, Qwen2-72B 2.57 against 1.85):
+      :func:`compiled_pass_peak_bytes`; a sparse layer's compiled peak has its own term
+      (:data:`COMPILED_EXTRA_PER_ROUTED_HIDDEN`);
     - which of vLLM's two model runners serves the model (:func:`vllm_model_runner`). The V1 runner
       profiles the CUDA graphs before it sizes the KV cache and takes that estimate from the budget
       ("Estimated CUDA graph memory", ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``, on by default); the
       V2 runner, which vLLM 0.26 picks for every dense model, takes none (its ``profile_cudagraph_memory``
-      returns 0). The planner models the V1 estimate per layer (:data:`CUDAGRAPH_ESTIMATE_BYTES_PER_LAYER`),
+      returns 0). The planner models the V1 estimate (:func:`cudagraph_estimate_bytes`),
       or takes a boot's logged figure when given (``cudagraph_memory_bytes``);
     - the graph pool itself (0.59-1.57 GiB, vLLM's "Actual usage ... for CUDAGraph memory") is captured
       *after* the KV cache is allocated, so whatever the estimate did not reserve comes out of the memory
@@ -91,10 +93,11 @@ __all__ = [
     "NON_TORCH_OVERHEAD_BYTES",
     "NON_TORCH_OVERHEAD_BYTES_TP",
     "CUDAGRAPH_POOL_BYTES_PER_LAYER",
+    "CUDAGRAPH_ESTIMATE_FIXED_BYTES",
     "CUDAGRAPH_ESTIMATE_BYTES_PER_LAYER",
     "V2_RUNNER_MOE_ARCHITECTURES",
-    "COMPILED_EXTRA_PER_INTERMEDIATE",
     "COMPILED_EXTRA_PER_ROUTED_HIDDEN",
+    "compiled_pass_peak_bytes",
     "FP8_KV_LOAD_BYTES",
     "RECOMMENDED_SEQS_FRACTION",
     "TP_SIZES",
@@ -142,17 +145,22 @@ NON_TORCH_OVERHEAD_BYTES: int = int(0.22 * GiB)
 # both TP-2 rows.
 NON_TORCH_OVERHEAD_BYTES_TP: int = int(0.065 * GiB)
 
-# CUDA graphs on means torch.compile, and the compiled profiling pass peaks higher than the eager one
-# (module docstring). vLLM's "peak activation" on the H200 (vLLM 0.26.0, 8,192 batched tokens, issue 25):
-# Llama-3-8B 1.11 GiB compiled against 0.84 eager, Llama-3-70B 2.21 against 1.69 (the eager 70B figure from
-# issue 14's boots). Both are the eager model plus 1.2 x intermediate elements per batched token (0.26 and
-# 0.53 GiB; the two shapes have the same intermediate/hidden ratio, so this is a calibration on one family,
-# not a derivation). Qwen2-72B does not follow it: 2.57 GiB compiled (1.85 eager) against 2.27 (1.73)
-# modelled, 0.30 (0.12) GiB more that no part of its shape explains yet; its plans are that much high.
-# benchmarks/activation_peak.py ruled out two causes: a 4-layer Qwen2-72B peaks at the same 2.57 GiB (so not
-# depth), and so does one without its q/k/v biases served as Llama (so not the biases). Its intermediate
-# size (29,568 against 28,672) and vocabulary (152,064 against 128,256) are the variants left to boot.
-COMPILED_EXTRA_PER_INTERMEDIATE: float = 1.2
+# CUDA graphs on means torch.compile, and vLLM's compiled profiling pass of a dense model (its V2 model runner)
+# peaks at one vocabulary x hidden tensor in the model dtype plus two max_num_batched_tokens x hidden tensors,
+# whatever the MLP's width: compiled_pass_peak_bytes. Measured on the H200 (vLLM 0.26.0, 8,192 batched tokens,
+# issue 25; benchmarks/results/h200_activation_peak.json, 4-layer variants of one shape, one difference each):
+# a 4-layer Qwen2-72B peaks at its full depth's 2.57 GiB, and so does one without its biases and one with Llama's
+# intermediate size (28,672); one with Llama's vocabulary (128,256) peaks at Llama-3-70B's 2.21 GiB, 0.36 GiB
+# lower: (152,064 - 128,256) x 8,192 x 2 B = 0.363 GiB, one vocabulary x hidden tensor. The term gives
+# Llama-3-8B 1.10 (1.11 logged), Llama-3-70B 2.21 (2.21) and Qwen2-72B 2.57 (2.57); Llama-3-8B, whose hidden
+# size (4,096) is not its batched tokens (8,192), tells the hidden-sized tensors from token x vocabulary ones.
+# The eager forward (ACTIVATION_TENSORS_PER_TOKEN) stays the floor: 0.84, 1.69 and 1.73 GiB for the three.
+# Which of vLLM's allocations this is has not been traced; the vocabulary shards with tensor parallelism as the
+# embedding does (an assumption: no compiled TP > 1 boot was measured). Eager, Qwen2-72B peaks 0.12 GiB above
+# the eager model (1.85 against 1.73 GiB), which is not explained. Every boot measured compiled its graphs
+# afresh; vLLM charges a cold compile's temporaries to this peak (vllm-project/vllm#54122, #54383), so a boot
+# that loads its graphs from vLLM's compile cache may be granted more KV cache than planned: the plan is the
+# first boot's, the lower of the two (a cache-hit boot has not been measured on a GPU).
 # A sparse layer's compiled extra, per batched token, in units of num_experts_per_tok x hidden: calibrated on
 # Qwen3-30B-A3B's three graphs-on boots (issue 25's table), whose compiled peak vLLM logged as 1.15 GiB with
 # Triton (bf16) and with Marlin (W4A16) experts alike, against 0.62 GiB for the eager model: one shape, so a
@@ -166,11 +174,17 @@ FP8_KV_LOAD_BYTES: int = 32 * 2**20
 # for CUDAGraph memory", max_num_seqs 256): 18.9 MiB (Llama-3-8B, 0.59-0.60 GiB), 19.1-19.6 (Llama-3-70B,
 # 1.49-1.53), 19.7-20.1 (Qwen2-72B, 1.54-1.57), 13.4-15.8 (Qwen3-30B-A3B, 0.63-0.74). What the V1 runner's
 # estimate did not reserve of it must fit in the memory above the budget; the plan says so when it may not.
+# The 4-layer variants' pools (0.72-0.73 GiB for the Llama-3-70B and Qwen2-72B shapes, 0.28 for Mixtral-8x7B)
+# show a fixed part as well: the per-layer figure holds at full depth, where it was measured, and feeds only
+# that check, never the KV tokens.
 CUDAGRAPH_POOL_BYTES_PER_LAYER: int = 20 * 2**20
-# The V1 model runner's profiled CUDA-graph estimate, which it takes from the KV budget, per decoder layer:
-# Qwen3-30B-A3B logged 0.49 GiB (bf16) and 0.56 GiB (W4A16) for its 48 layers (51 piecewise + 35 full graphs,
-# max_num_seqs 256), 10.5 and 11.9 MiB a layer. One shape: a calibration, like the pool's.
-CUDAGRAPH_ESTIMATE_BYTES_PER_LAYER: int = int(11.2 * 2**20)
+# The V1 model runner's profiled CUDA-graph estimate, which it takes from the KV budget: a fixed part and a part
+# per decoder layer (51 piecewise + 35 full graphs, max_num_seqs 256). vLLM logged 0.56 GiB for Qwen3-30B-A3B
+# W4A16 (48 layers; 0.49 in bf16) and 0.26 GiB for a 4-layer Mixtral-8x7B W4A16 (benchmarks/results/
+# h200_activation_peak.json), which refuted the earlier per-layer-only form (11.2 MiB x 4 = 0.04 GiB). The two
+# points give 0.2327 GiB + 6.98 MiB a layer: a calibration on two shapes, with none left to test it.
+CUDAGRAPH_ESTIMATE_FIXED_BYTES: int = int(0.2327 * GiB)
+CUDAGRAPH_ESTIMATE_BYTES_PER_LAYER: int = int(6.98 * 2**20)
 # vLLM 0.26 serves a model with its V2 model runner unless it is a mixture of experts whose architecture is not
 # one of these (vllm/config/vllm.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, _is_default_v2_model_runner_model);
 # VLLM_USE_V2_MODEL_RUNNER overrides it. Measured: the dense Llama-3 and Qwen2 boots logged the V2 runner
@@ -239,23 +253,34 @@ def activation_peak_bytes(
 
     A sparse layer replaces the MLP's term by :func:`moe_activation_elements_per_token`; the peak is
     the larger of the two kinds of layer. ``compiled`` (CUDA graphs on, so torch.compile) adds
-    :data:`COMPILED_EXTRA_PER_INTERMEDIATE` x intermediate (dense) or :data:`COMPILED_EXTRA_PER_ROUTED_HIDDEN`
-    x experts per token x hidden (sparse) elements per token, as measured.
+    :data:`COMPILED_EXTRA_PER_ROUTED_HIDDEN` x experts per token x hidden elements per token to a sparse
+    layer, and the peak is at least :func:`compiled_pass_peak_bytes`, as measured.
     """
     k_i, k_h = ACTIVATION_TENSORS_PER_TOKEN
     tp = tensor_parallel_size
     per_token = 0
     if shape.num_dense_layers:
-        inter_per_gpu = math.ceil(shape.intermediate_size / tp)
-        per_token = k_i * inter_per_gpu + k_h * shape.hidden_size
-        if compiled:
-            per_token += math.ceil(COMPILED_EXTRA_PER_INTERMEDIATE * inter_per_gpu)
+        per_token = k_i * math.ceil(shape.intermediate_size / tp) + k_h * shape.hidden_size
     if shape.is_moe:
         moe = moe_activation_elements_per_token(shape, tensor_parallel_size=tp)
         if compiled:
             moe += math.ceil(COMPILED_EXTRA_PER_ROUTED_HIDDEN * shape.num_experts_per_tok * shape.hidden_size / tp)
         per_token = max(per_token, moe)
-    return max_num_batched_tokens * dtype_bytes * per_token
+    forward = max_num_batched_tokens * dtype_bytes * per_token
+    if not compiled:
+        return forward
+    return max(forward, compiled_pass_peak_bytes(shape, max_num_batched_tokens=max_num_batched_tokens,
+                                                 tensor_parallel_size=tp, dtype_bytes=dtype_bytes))
+
+
+def compiled_pass_peak_bytes(shape: ModelShape, *, max_num_batched_tokens: int, tensor_parallel_size: int = 1,
+                             dtype_bytes: int = 2) -> int:
+    """The torch peak of vLLM's compiled profiling pass as measured on the H200 (the calibration note above
+    :data:`COMPILED_EXTRA_PER_ROUTED_HIDDEN`): one vocabulary x hidden tensor (the vocabulary per GPU) and two
+    batched-token x hidden tensors, in the model dtype. Llama-3-8B: (128,256 x 4,096 + 2 x 8,192 x 4,096) x 2 B
+    = 1.10 GiB; Qwen2-72B: (152,064 + 2 x 8,192) x 8,192 x 2 B = 2.57 GiB."""
+    h = shape.hidden_size
+    return dtype_bytes * h * (math.ceil(shape.vocab_size / tensor_parallel_size) + 2 * max_num_batched_tokens)
 
 
 def moe_activation_elements_per_token(shape: ModelShape, *, tensor_parallel_size: int = 1) -> int:
@@ -291,8 +316,11 @@ def vllm_model_runner(shape: ModelShape) -> Literal["v1", "v2"]:
 
 def cudagraph_estimate_bytes(shape: ModelShape) -> int:
     """The CUDA-graph estimate vLLM's V1 model runner takes from the KV budget, per GPU:
-    :data:`CUDAGRAPH_ESTIMATE_BYTES_PER_LAYER` x layers; 0 under the V2 runner, which takes none."""
-    return CUDAGRAPH_ESTIMATE_BYTES_PER_LAYER * shape.num_layers if vllm_model_runner(shape) == "v1" else 0
+    :data:`CUDAGRAPH_ESTIMATE_FIXED_BYTES` + :data:`CUDAGRAPH_ESTIMATE_BYTES_PER_LAYER` x layers; 0 under the V2
+    runner, which takes none."""
+    if vllm_model_runner(shape) != "v1":
+        return 0
+    return CUDAGRAPH_ESTIMATE_FIXED_BYTES + CUDAGRAPH_ESTIMATE_BYTES_PER_LAYER * shape.num_layers
 
 
 class CapacityPlan(BaseModel):
@@ -457,14 +485,14 @@ def plan_capacity(
                      + (f", {graphs / GiB:.2f} of it reserved in the budget" if graphs else "")
                      + f") may not fit in the {headroom / GiB:.2f} GiB above the budget: lower "
                      "gpu_memory_utilization or serve with enforce_eager")
-    if mode == "gpu" and shape.architecture == "Qwen2ForCausalLM":
-        notes.append("Qwen2: vLLM's activation peak on Qwen2-72B was 0.12 GiB (eager) and 0.30 GiB (graphs on) "
-                     "above this model, not yet explained (not its depth, not its biases; its KV tokens planned "
-                     "0.3-0.4% high): a Qwen2 plan may be high by as much; measure it (plan --measure) before "
-                     "relying on its last percent")
+    if mode == "gpu" and enforce_eager and shape.architecture == "Qwen2ForCausalLM":
+        notes.append("Qwen2, eager: vLLM's activation peak on Qwen2-72B was 0.12 GiB above this model's, not yet "
+                     "explained (Qwen2-72B's eager KV tokens planned 0.21% high): an eager Qwen2 plan may be high by as "
+                     "much; with CUDA graphs on it is modelled")
     if shape.is_moe and mode == "gpu":
         notes.append("mixture of experts: the activation peak is modelled from vLLM's fused-MoE workspaces"
-                     + (", its compiled extra and the CUDA-graph estimate calibrated on one shape (Qwen3-30B-A3B)"
+                     + (", its compiled extra calibrated on Qwen3-30B-A3B (Mixtral-8x7B within 0.05 GiB of it) and the "
+                        "CUDA-graph estimate on Qwen3-30B-A3B and Mixtral-8x7B"
                         if not enforce_eager else ", not yet calibrated against a measured eager boot"))
 
     reason: str | None = None
