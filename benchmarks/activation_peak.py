@@ -179,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs", default="w4a16", help="comma-separated: base (bf16), w4a16; default w4a16")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated: eager, graphs; default both")
     p.add_argument("--layers", type=int, default=4, help="decoder layers of every variant (0: the shape's own)")
-    p.add_argument("--boots", type=int, default=1, help="boots of each row, one after another (the later ones "
-                   "find the first one's graphs in vLLM's compile cache: a cold and a warm boot of one row)")
+    p.add_argument("--boots", type=int, default=1, help="boots of each row, one after another; the later ones "
+                   "serve the same path, so vLLM's compile cache can hold their graphs (a cold and a warm boot)")
     p.add_argument("--resume", action="store_true", help="skip rows --out already holds")
     p.add_argument("--rehearse", action="store_true", help="CPU: the tiny reference shape's variants")
     p.add_argument("--replan", action="store_true", help="no boot: today's planner beside each recorded row of --out")

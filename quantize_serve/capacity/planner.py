@@ -486,13 +486,13 @@ def plan_capacity(
                      + f") may not fit in the {headroom / GiB:.2f} GiB above the budget: lower "
                      "gpu_memory_utilization or serve with enforce_eager")
     if mode == "gpu" and enforce_eager and shape.architecture == "Qwen2ForCausalLM":
-        notes.append("Qwen2, eager: vLLM's activation peak on Qwen2-72B was 0.12 GiB above this model's, not yet "
-                     "explained (Qwen2-72B's eager KV tokens planned 0.21% high): an eager Qwen2 plan may be high by as "
-                     "much; with CUDA graphs on it is modelled")
+        notes.append("Qwen2, eager: vLLM's activation peak on Qwen2-72B was 0.12 GiB above this model's, "
+                     "not yet explained (Qwen2-72B's eager KV tokens planned 0.21% high): an eager Qwen2 "
+                     "plan may be high by as much; with CUDA graphs on it is modelled")
     if shape.is_moe and mode == "gpu":
         notes.append("mixture of experts: the activation peak is modelled from vLLM's fused-MoE workspaces"
-                     + (", its compiled extra calibrated on Qwen3-30B-A3B (Mixtral-8x7B within 0.05 GiB of it) and the "
-                        "CUDA-graph estimate on Qwen3-30B-A3B and Mixtral-8x7B"
+                     + (", its compiled extra calibrated on Qwen3-30B-A3B (Mixtral-8x7B within 0.05 GiB "
+                        "of it) and the CUDA-graph estimate on Qwen3-30B-A3B and Mixtral-8x7B"
                         if not enforce_eager else ", not yet calibrated against a measured eager boot"))
 
     reason: str | None = None
