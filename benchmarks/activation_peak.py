@@ -1,9 +1,9 @@
 """Which part of a shape sets vLLM's profiled activation peak: variants of a shape, booted and compared.
 
 Why: the planner's activation term is what decides its KV tokens to 0.1 % (issue 25), and on the H200
-(``benchmarks/results/h200_shapes.json``, vLLM 0.26.0) it fits Llama-3-8B and -70B within 0.01 GiB but
-Qwen2-72B's peak is 0.30 GiB above it with graphs on (2.57 against 2.27 GiB) and 0.12 GiB eager. The two
-shapes differ in three things: Qwen2's q/k/v biases, its intermediate size (29,568, not a multiple of
+(``benchmarks/results/h200_shapes.json``, vLLM 0.26.0) the term calibrated on Llama fitted Llama-3-8B and -70B
+within 0.01 GiB but Qwen2-72B's peak was 0.30 GiB above it with graphs on (2.57 against 2.27 GiB) and
+0.12 GiB eager. The two shapes differ in three things: Qwen2's q/k/v biases, its intermediate size (29,568, not a multiple of
 256) and its vocabulary (152,064). Each variant here changes one of them, so the peak that moves names
 the cause; the MoE pair separates Qwen3-30B-A3B's eager peak from its compiled one (the planner's
 sparse-layer compiled extra is calibrated on its compiled peak), and Mixtral-8x7B tests that term on an MoE
