@@ -76,21 +76,25 @@ def log(msg: str) -> None:
 
 def variant_folder(name: str, variants: dict[str, tuple[str, dict]], layers: int | None, work: Path) -> Path:
     """The variant's shape folder: the base shape's folder (config.json and a tokenizer), its config overridden."""
-    shape, overrides = variants[name]
-    base = shape_folder(shape, work / "bases")
+    base = shape_folder(variants[name][0], work / "bases")
     folder = work / "variants" / name
     if folder.exists():
         shutil.rmtree(folder)
     shutil.copytree(base, folder)
-    config = json.loads((folder / "config.json").read_text())
-    config.update(overrides)
+    (folder / "config.json").write_text(json.dumps(variant_config(name, variants, layers), indent=2))
+    return folder
+
+
+def variant_config(name: str, variants: dict[str, tuple[str, dict]], layers: int | None) -> dict[str, Any]:
+    """The variant's config.json: its base shape's (``SHAPES``), the variant's keys overridden, ``layers`` deep."""
+    shape, overrides = variants[name]
+    config = {**json.loads(SHAPES[shape].read_text()), **overrides}
     if layers:
         config["num_hidden_layers"] = layers
         for key in ("max_window_layers",):  # Qwen2's window bound follows the depth it was written for
             if key in config:
                 config[key] = min(config[key], layers)
-    (folder / "config.json").write_text(json.dumps(config, indent=2))
-    return folder
+    return config
 
 
 def row_id(variant: str, boot: str, mode: str, nth: int = 1) -> str:
@@ -112,9 +116,7 @@ def planner_activation_gib(variant: str, *, variants: dict, layers: int | None, 
     from quantize_serve.capacity.model_shape import ModelShape
     from quantize_serve.capacity.planner import activation_peak_bytes
 
-    shape, overrides = variants[variant]
-    config = {**json.loads(SHAPES[shape].read_text()), **overrides, **({"num_hidden_layers": layers} if layers else {})}
-    act = activation_peak_bytes(ModelShape.from_config(config, source=variant),
+    act = activation_peak_bytes(ModelShape.from_config(variant_config(variant, variants, layers), source=variant),
                                 max_num_batched_tokens=SERVE["serve.max_num_batched_tokens"],
                                 tensor_parallel_size=SERVE["serve.tensor_parallel_size"], compiled=mode == "graphs")
     return round(act / GIB, 3)
