@@ -24,7 +24,7 @@ from typing import Any
 from prefect.states import Completed, State
 
 from quantize_serve.capacity.measure import CapacityConfig
-from quantize_serve.gates.accuracy import lm_eval_concurrency
+from quantize_serve.gates.accuracy import AccuracyRun, lm_eval_concurrency
 from quantize_serve.report.base_reference import BaseReference
 from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.server import RunningServer, ServerSpec
@@ -63,12 +63,16 @@ class QuantizedServed:
 
 
 def accuracy_gate(validated: ValidatedRecipe, server: RunningServer, *, tokenizer_dir: str,
-                  output_dir: Path) -> State:
-    """The recipe's accuracy tasks against the live server (its final state, failed or not)."""
+                  output_dir: Path, paired_with: AccuracyRun | BaseException | None = None) -> State:
+    """The recipe's accuracy tasks against the live server (its final state, failed or not).
+    ``paired_with``: the base's run, so the candidate stops at the first look that decides (a base that
+    failed gives nothing to pair with: the candidate is scored in full, and the decision fails)."""
     r = validated.recipe
     return run_accuracy(server.base_url, r.gates.accuracy, tokenizer_dir=tokenizer_dir,
                         max_length=r.serve.max_model_len, base_dir=Path(r.base_dir), output_dir=output_dir,
-                        num_concurrent=lm_eval_concurrency(r.gates.accuracy, r.serve), return_state=True)
+                        num_concurrent=lm_eval_concurrency(r.gates.accuracy, r.serve),
+                        paired_with=paired_with if isinstance(paired_with, AccuracyRun) else None,
+                        return_state=True)
 
 
 def serve_base(validated: ValidatedRecipe, model_dir: str, log_dir: Path, *, accuracy_dir: Path,
@@ -94,9 +98,11 @@ def reused_base(reference: BaseReference) -> BaseServed:
 
 def serve_quantized(validated: ValidatedRecipe, checkpoint_dir: str, log_dir: Path, *, accuracy_dir: Path,
                     stress_dir: Path, sixteen_bit_kv: bool = True, soak_dir: Path | None = None,
-                    also: Also | None = None, progress: Progress | None = None) -> QuantizedServed:
+                    also: Also | None = None, progress: Progress | None = None,
+                    base_accuracy: AccuracyRun | BaseException | None = None) -> QuantizedServed:
     """(b) when ``sixteen_bit_kv``, then (c). ``soak_dir``: run the soak test too (gates.soak), its
-    files there. ``progress`` is told when each boot is done."""
+    files there. ``progress`` is told when each boot is done. ``base_accuracy``: the base's run, which
+    the accuracy gate pairs with look by look."""
     r = validated.recipe
     sixteen = None
     if sixteen_bit_kv:
@@ -108,7 +114,8 @@ def serve_quantized(validated: ValidatedRecipe, checkpoint_dir: str, log_dir: Pa
     with served(validated, Boot.PRODUCTION, checkpoint_dir, log_dir) as (server, spec):
         capacity = measure_capacity(server, spec, Boot.PRODUCTION)
         extra = also(server, spec, capacity) if also else None
-        accuracy = accuracy_gate(validated, server, tokenizer_dir=checkpoint_dir, output_dir=accuracy_dir)
+        accuracy = accuracy_gate(validated, server, tokenizer_dir=checkpoint_dir, output_dir=accuracy_dir,
+                                 paired_with=base_accuracy)
         stress = run_stress_test(server, r.gates.stress, r.serve, tokenizer_dir=checkpoint_dir,
                                  output_dir=stress_dir, return_state=True)
         soak = None

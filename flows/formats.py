@@ -59,7 +59,8 @@ def choose_format(validated: ValidatedRecipe, base: BaseModelRef, run_dir: Path,
             quantized = serve_quantized(v, made_by.checkpoint_dir, out / name, accuracy_dir=out / name / "accuracy",
                                         stress_dir=out / name / "stress",
                                         sixteen_bit_kv=r.serve.kv_cache_dtype != "auto",  # else (b) is (c)
-                                        also=format_row(name, made_by.method, made_by.scheme))
+                                        also=format_row(name, made_by.method, made_by.scheme),
+                                        base_accuracy=base_served.accuracy.result(raise_on_failure=False))
             checks = compare_accuracy(base_served.accuracy.result(raise_on_failure=False),
                                       quantized.accuracy.result(raise_on_failure=False), r.gates.accuracy)
             row = with_stress(with_accuracy(quantized.also, checks), quantized.stress.result(raise_on_failure=False))

@@ -111,6 +111,7 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
             quantized = serve_quantized(
                 validated, checkpoint.checkpoint_dir, run_dir, accuracy_dir=run_dir / ACCURACY_QUANTIZED_DIR,
                 stress_dir=run_dir / "stress", soak_dir=run_dir, progress=progress,  # soak.png beside report.md
+                base_accuracy=outcome(base_served.accuracy),
                 also=lambda server, spec, cap: write_serving_profile(validated, base, spec, cap,
                                                                      checkpoint.checkpoint_dir, run_dir))
             baseline = in_production.result()

@@ -30,6 +30,7 @@ def run_accuracy(
     base_dir: Path,
     output_dir: Path,
     num_concurrent: int | None = None,
+    paired_with: accuracy.AccuracyRun | None = None,
 ) -> accuracy.AccuracyRun:
     result = accuracy.run_accuracy(
         server_base_url,
@@ -39,9 +40,11 @@ def run_accuracy(
         base_dir=base_dir,
         output_dir=output_dir,
         num_concurrent=num_concurrent,
+        paired_with=paired_with,
     )
     log = run_log()
     for run in result.tasks.values():  # a line per task for a person following the run
-        log(f"lm-eval {run.task}: {run.num_docs} documents in {run.seconds:.0f} s: "
+        looks = f" (look {run.looks_run} of {run.looks_planned})" if run.looks_planned > 1 else ""
+        log(f"lm-eval {run.task}: {run.num_docs} of {run.planned_docs} documents{looks} in {run.seconds:.0f} s: "
             + ", ".join(f"{k} {m.value:.4g}" for k, m in run.metrics.items()))
     return result

@@ -8,32 +8,18 @@ model's own tokenizer and sends token ids (``tokenized_requests=True``), so the 
 continuation split it computes is exactly what the server scores (a string prompt would be
 re-tokenized by vLLM with a BOS token, shifting that split by one).
 
-:func:`compare_accuracy` is pure: it turns two runs into one check per task and metric, the way
-llm-compressor's ``tests/lmeval`` does: recovery = quantized / base (base / quantized for metrics
-where lower is better, like perplexity), passed when recovery >= the threshold (the task's
-per-metric override, else the gate's ``default_recovery``). Absolute numbers are never gated.
+Documents: each task's documents are a seeded random draw of ``limit`` (per member task for a group
+such as mmlu, so the draw is stratified by subject), given to lm-eval as ``samples=``, scored with
+``log_samples`` so every document's outcome and prompt hash is kept (gates/documents.py). A document's
+few-shot examples are seeded by the document, so it gets the same prompt in any look. Metrics are
+computed over the scored documents the way lm-eval aggregates them (mean; perplexities from summed
+log-likelihoods), so a run stopped at an early look reports the documents it scored.
 
-Which metrics are gated: every numeric metric lm-eval reports for the task, except its
-``*_stderr`` entries. For the shipped tasks that is ``acc`` and ``acc_norm`` (multiple choice:
-they differ when choices differ in length, and a quantized model can lose one and not the
-other, so both are kept), and ``word_perplexity``, ``byte_perplexity`` and ``bits_per_byte``
-(perplexity: monotone in each other, but each is cheap and each is the number some reader
-compares, so none is dropped; a threshold can be relaxed per metric in the recipe). A metric
-computed under a filter other than lm-eval's ``none`` keeps lm-eval's own name,
-``metric,filter`` (e.g. ``exact_match,strict-match``); that is also the key for a per-metric
-``recovery`` override.
-
-Uncertainty: lm-eval reports a standard error next to each metric (``<metric>_stderr,<filter>``;
-"N/A" for perplexities, which lm-eval computes from corpus totals). :func:`recovery_interval`
-carries the two into a ~95% interval on the recovery by the delta method (first-order error
-propagation for a ratio r = x/y of independent estimates): se_r = r * sqrt((se_x/x)^2 +
-(se_y/y)^2), interval r +- 1.96 * se_r. The formula is the same for quantized/base and
-base/quantized. Base and quantized are scored on the same documents, so their errors are
-positively correlated and the true interval is narrower: treating them as independent is
-conservative. The gate still passes on the point recovery; when the interval crosses the
-threshold the check carries a warning, or fails if the recipe sets
-``gates.accuracy.on_uncertain: fail``. ``gates.accuracy.min_samples`` fails a task evaluated on
-fewer documents. See docs/gates.md.
+Looks: the base is scored on all its documents. The candidate, given the base's run
+(``paired_with``), is scored look by look (``gates.accuracy.looks``: fractions of each task's draw)
+and stops at the first look where recovery.task_decided says every metric's decision is clear.
+The rule itself (paired, sequential, with stated error rates) is in recovery.py and paired.py, and
+docs/gates.md.
 
 Task files: a task given as a path to a YAML (relative to the recipe's folder) may name its data
 with paths relative to the YAML's own folder (``dataset_kwargs.data_files``/``data_dir``,
@@ -55,6 +41,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 import time
 import urllib.error
 import urllib.request
@@ -64,6 +51,25 @@ from typing import Any
 from pydantic import BaseModel
 
 from quantize_serve.core.errors import GateError
+from quantize_serve.gates.documents import (
+    LOG_AGGREGATIONS,
+    MEAN_AGGREGATIONS,
+    DocOutcome,
+    aggregate,
+    document_key,
+    draw_documents,
+    look_documents,
+    outcomes,
+    per_document_fewshot,
+)
+from quantize_serve.gates.recovery import task_decided
+from quantize_serve.gates.results import (  # noqa: F401 (the gate's result types, importable from here)
+    AccuracyCheck,
+    AccuracyRun,
+    MetricResult,
+    TaskRun,
+    format_recovery,
+)
 from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask
 from quantize_serve.recipe.model import ServeSection
 from quantize_serve.serving.server import SERVED_NAME
@@ -77,67 +83,6 @@ REQUEST_TIMEOUT_S = 600
 REQUEST_ATTEMPTS = 3
 # lm-eval's concurrent requests when neither the caller nor the gate says (lm_eval_concurrency does).
 DEFAULT_CONCURRENT = 4
-# Two-sided ~95% normal quantile: the recovery interval is recovery +- Z_95 * se_recovery.
-Z_95 = 1.96
-
-
-class MetricResult(BaseModel):
-    value: float
-    stderr: float | None = None
-    higher_is_better: bool | None = None  # None: lm-eval did not say
-
-
-class TaskRun(BaseModel):
-    """One task of the gate as lm-eval ran it."""
-
-    task: str  # as written in the recipe: the key that pairs base and quantized runs
-    lm_eval_name: str
-    num_fewshot: int
-    limit: int | float | None
-    num_docs: int | None  # documents evaluated (after limit)
-    metrics: dict[str, MetricResult]
-    seconds: float
-    results_path: str  # lm-eval's raw results JSON
-
-
-class AccuracyRun(BaseModel):
-    """Every task of one accuracy gate against one server."""
-
-    server_base_url: str
-    tasks: dict[str, TaskRun]
-    seconds: float
-    lm_eval_version: str
-
-
-class AccuracyCheck(BaseModel):
-    """One gated metric of one task: quantized vs base."""
-
-    task: str
-    metric: str
-    base: float | None
-    quantized: float | None
-    recovery: float | None
-    threshold: float
-    passed: bool
-    higher_is_better: bool | None
-    reason: str
-    # ~95% interval on the recovery (see recovery_interval); None when lm-eval gave no stderr
-    recovery_interval: tuple[float, float] | None = None
-    # set when the interval crosses the threshold: the point decision may be luck of the sample
-    warning: str = ""
-
-    @property
-    def recovery_text(self) -> str:
-        """The recovery as the report, card and decision show it: ``0.9973 [0.981, 1.014]``."""
-        return format_recovery(self.recovery, self.recovery_interval)
-
-
-def format_recovery(recovery: float | None, interval: tuple[float, float] | None) -> str:
-    """``0.9973 [0.981, 1.014]``; the point alone without an interval, ``n/a`` without a recovery."""
-    if recovery is None:
-        return "n/a"
-    point = f"{recovery:.4f}"
-    return point if interval is None else f"{point} [{interval[0]:.3f}, {interval[1]:.3f}]"
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,14 +105,17 @@ def run_accuracy(
     base_dir: Path,
     output_dir: Path,
     num_concurrent: int | None = None,
+    paired_with: AccuracyRun | None = None,
 ) -> AccuracyRun:
     """Run every task of ``gate`` against the vLLM server at ``server_base_url``.
 
     ``tokenizer_dir`` is the served model's local tokenizer, ``max_length`` the server's
     ``max_model_len``, ``base_dir`` the recipe's folder (task YAML paths resolve against it).
-    lm-eval's raw results go to ``output_dir/lm_eval_<task>.json``, the summary to
-    ``output_dir/accuracy_run.json``. ``num_concurrent``: lm-eval's concurrent requests
-    (:func:`lm_eval_concurrency`; default the gate's, else 4). Any failure raises :class:`GateError`.
+    lm-eval's raw results go to ``output_dir/lm_eval_<task>.json``, the summary (with every document's
+    outcome) to ``output_dir/accuracy_run.json``. ``num_concurrent``: lm-eval's concurrent requests
+    (:func:`lm_eval_concurrency`; default the gate's, else 4). ``paired_with``: the base's run; a task
+    it holds is scored look by look (``gate.looks``) and stops at the first look where its decision
+    is clear (recovery.task_decided). Any failure raises :class:`GateError`.
     """
     if not gate.tasks:
         raise GateError("the accuracy gate has no tasks, so it cannot run. Fix: list lm-eval task "
@@ -182,13 +130,41 @@ def run_accuracy(
                            num_concurrent=num_concurrent)
     runs: dict[str, TaskRun] = {}
     for spec in specs:
-        t0 = time.monotonic()
-        results = evaluate_task(lm, spec, task_manager, server_base_url)
-        runs[spec.task.task] = record_task_run(spec, results, output_dir, seconds=time.monotonic() - t0)
+        base = paired_with.tasks.get(spec.task.task) if paired_with else None
+        runs[spec.task.task] = run_task(lm, spec, gate, task_manager, server_base_url, output_dir, base)
     run = AccuracyRun(server_base_url=server_base_url, tasks=runs,
                       seconds=round(time.monotonic() - started, 1),
                       lm_eval_version=getattr(lm_eval, "__version__", "unknown"))
     (output_dir / "accuracy_run.json").write_text(run.model_dump_json(indent=2))
+    return run
+
+
+def run_task(lm: Any, spec: _TaskSpec, gate: AccuracyGate, task_manager: Any, server_base_url: str,
+             output_dir: Path, base: TaskRun | None) -> TaskRun:
+    """One task: its seeded draw of documents, scored look by look when paired with ``base`` (all at
+    once otherwise), each document's outcome kept."""
+    t0 = time.monotonic()
+    members = load_members(spec, task_manager)
+    order = draw_documents({name: len(task.eval_docs) for name, task in members.items()}, spec.task.limit,
+                           gate.seed, spec.task.task)
+    fractions = gate.looks if base is not None and base.documents else [1.0]
+    documents: dict[str, DocOutcome] = {}
+    start, run = 0.0, None
+    for look, end in enumerate(fractions):
+        chunk = look_documents(order, start, end)
+        start = end
+        if chunk:
+            log.info("lm-eval: %s look %d of %d: %d documents against %s", spec.task.task, look + 1,
+                     len(fractions), sum(map(len, chunk.values())), server_base_url)
+            results = evaluate_task(lm, spec, members, server_base_url, samples=chunk, seed=gate.seed)
+            documents.update(outcomes(results.pop("samples", None) or {}))
+            write_raw_results(spec, results, output_dir)
+        run = task_run(spec, members, order, documents, output_dir, seconds=time.monotonic() - t0,
+                       looks_run=look + 1, looks_planned=len(fractions))
+        if base is not None and look < len(fractions) - 1 and task_decided(base, run, gate,
+                                                                            gate.rates(spec.task), look):
+            break
+    assert run is not None  # looks has at least one entry (recipe)
     return run
 
 
@@ -240,21 +216,45 @@ def completions_model(server_base_url: str, gate: AccuracyGate, *, tokenizer_dir
                         "tokenizer.json / tokenizer_config.json)") from exc
 
 
-def evaluate_task(lm: Any, spec: _TaskSpec, task_manager: Any, server_base_url: str) -> dict[str, Any]:
-    """One lm-eval task against the server; a failure says whether the server stopped answering."""
+def load_members(spec: _TaskSpec, task_manager: Any) -> dict[str, Any]:
+    """lm-eval's Task object of each member of the task (the task itself, or a group's tasks)."""
+    from lm_eval.api.task import Task
+    from lm_eval.tasks import get_task_dict
+
+    try:
+        loaded = get_task_dict([spec.load_spec], task_manager)
+    except Exception as exc:
+        raise data_or_task_error(exc, spec) from exc
+    members: dict[str, Any] = {}
+    todo = list(loaded.values())
+    while todo:
+        item = todo.pop()
+        if isinstance(item, dict):
+            todo += list(item.values())
+        elif isinstance(item, Task):
+            members[item.config.task] = item
+    if not members:
+        raise GateError(f"lm-eval loaded no task for {spec.task.task!r}. Fix: check the task name "
+                        "(`lm_eval ls tasks`) or its YAML")
+    return members
+
+
+def evaluate_task(lm: Any, spec: _TaskSpec, members: dict[str, Any], server_base_url: str, *,
+                  samples: dict[str, list[int]], seed: int) -> dict[str, Any]:
+    """These documents of the task's members against the server, with per-document samples; a failure
+    says whether the server stopped answering."""
     import lm_eval
 
-    log.info("lm-eval: %s (num_fewshot=%s, limit=%s) against %s", spec.task.task,
-             spec.task.num_fewshot, spec.task.limit, server_base_url)
     try:
-        results = lm_eval.simple_evaluate(
-            model=lm,
-            tasks=[spec.load_spec],
-            num_fewshot=spec.task.num_fewshot,
-            limit=spec.task.limit,
-            task_manager=task_manager,
-            log_samples=False,
-        )
+        with per_document_fewshot(seed):
+            results = lm_eval.simple_evaluate(
+                model=lm,
+                tasks=[members[name] for name in samples],
+                num_fewshot=spec.task.num_fewshot,
+                samples=samples,
+                log_samples=True,
+                fewshot_random_seed=seed,
+            )
     except Exception as exc:
         if not _answers(server_base_url):  # the usual cause mid-run: say so, not "maybe"
             raise GateError(
@@ -262,46 +262,92 @@ def evaluate_task(lm: Any, spec: _TaskSpec, task_manager: Any, server_base_url: 
                 f"{spec.task.task!r} ({_short(exc)}), so the accuracy gate failed. Fix: read its log "
                 "(it died, was killed or hangs: the end of the log says which), then re-run"
             ) from exc
-        data_error = _dataset_error(exc)
-        if data_error is not None:  # the task's dataset did not load: no request was sent
-            raise GateError(
-                f"lm-eval could not load the data of task {spec.task.task!r} from the Hub at "
-                f"{_hub_endpoint()}{_offline_note()} ({_short(data_error, 300)}). Fix: set HF_ENDPOINT to a "
-                "hub or mirror that serves the task's dataset (lm-eval's task YAML names it: dataset_path, "
-                "dataset_name), with HF_HUB_OFFLINE / HF_DATASETS_OFFLINE unset (and HF_TOKEN if it is "
-                "gated); or give the task as a YAML file with local data files"
-            ) from exc
-        raise GateError(
-            f"lm-eval failed on task {spec.task.task!r} against {server_base_url}: {exc!r}. "
-            "Fix: if the server stopped answering, read its log; if the task did not load, "
-            "check the task name (`lm_eval ls tasks`) or its YAML and data files"
-        ) from exc
+        raise data_or_task_error(exc, spec, server_base_url) from exc
     if not results or not results.get("results"):
         raise GateError(f"lm-eval returned no results for task {spec.task.task!r}. Fix: check "
                         "that the task has documents in its test/validation split")
     return results
 
 
-def record_task_run(spec: _TaskSpec, results: dict[str, Any], output_dir: Path, *, seconds: float) -> TaskRun:
-    """Keep lm-eval's raw results beside the run and read the task's metrics out of them."""
+def data_or_task_error(exc: BaseException, spec: _TaskSpec, server_base_url: str | None = None) -> GateError:
+    """The GateError of a task that did not load its data, or failed otherwise."""
+    data_error = _dataset_error(exc)
+    if data_error is not None:  # the task's dataset did not load: no request was sent
+        return GateError(
+            f"lm-eval could not load the data of task {spec.task.task!r} from the Hub at "
+            f"{_hub_endpoint()}{_offline_note()} ({_short(data_error, 300)}). Fix: set HF_ENDPOINT to a "
+            "hub or mirror that serves the task's dataset (lm-eval's task YAML names it: dataset_path, "
+            "dataset_name), with HF_HUB_OFFLINE / HF_DATASETS_OFFLINE unset (and HF_TOKEN if it is "
+            "gated); or give the task as a YAML file with local data files")
+    where = f" against {server_base_url}" if server_base_url else ""
+    return GateError(
+        f"lm-eval failed on task {spec.task.task!r}{where}: {exc!r}. "
+        "Fix: if the server stopped answering, read its log; if the task did not load, "
+        "check the task name (`lm_eval ls tasks`) or its YAML and data files")
+
+
+def write_raw_results(spec: _TaskSpec, results: dict[str, Any], output_dir: Path) -> Path:
+    """lm-eval's raw results of the task's latest look, beside the run (the per-document samples are
+    kept, compactly, in the TaskRun)."""
     from lm_eval.utils import handle_non_serializable
 
     raw_path = output_dir / f"lm_eval_{_file_stem(spec.name)}.json"
     raw_path.write_text(json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False))
+    return raw_path
+
+
+def task_run(spec: _TaskSpec, members: dict[str, Any], order: dict[str, list[int]],
+             documents: dict[str, DocOutcome], output_dir: Path, *, seconds: float, looks_run: int,
+             looks_planned: int) -> TaskRun:
+    """The task as scored so far: its documents in the draw's order and its metrics over them."""
+    ordered = {key: documents[key] for key in (document_key(m, d) for m, docs in order.items() for d in docs)
+               if key in documents}
     run = TaskRun(
         task=spec.task.task,
         lm_eval_name=spec.name,
         num_fewshot=spec.task.num_fewshot,
         limit=spec.task.limit,
-        num_docs=_num_docs(results, spec.name),
-        metrics=extract_metrics(results, spec.name),
+        num_docs=len(ordered),
+        metrics=document_metrics(members, ordered),
         seconds=round(seconds, 1),
-        results_path=str(raw_path),
+        results_path=str(output_dir / f"lm_eval_{_file_stem(spec.name)}.json"),
+        documents=ordered,
+        planned_docs=sum(map(len, order.values())),
+        looks_run=looks_run,
+        looks_planned=looks_planned,
     )
     if not run.metrics:
         raise GateError(f"lm-eval reported no numeric metric for task {spec.task.task!r} "
-                        f"(see {raw_path}). Fix: give the task a metric_list")
+                        f"(see {run.results_path}). Fix: give the task a metric_list")
     return run
+
+
+def document_metrics(members: dict[str, Any], documents: dict[str, DocOutcome]) -> dict[str, MetricResult]:
+    """Each metric over these documents, pooled over a group's members (lm-eval's size-weighted mean),
+    with lm-eval's aggregation and direction; the standard error of a mean."""
+    aggregations: dict[str, str] = {}
+    directions: dict[str, bool] = {}
+    for task in members.values():
+        for metric, fn in task.aggregation().items():
+            aggregations.setdefault(metric, getattr(fn, "__name__", str(fn)))
+        for metric, higher in task.higher_is_better().items():
+            if higher is not None:
+                directions.setdefault(metric, bool(higher))
+    names = list(dict.fromkeys(name for doc in documents.values() for name in doc.values))
+    metrics: dict[str, MetricResult] = {}
+    for name in names:
+        base_name = name.split(",", 1)[0]
+        aggregation = aggregations.get(base_name)
+        values = [doc.values[name] for doc in documents.values() if name in doc.values]
+        if aggregation not in (*MEAN_AGGREGATIONS, *LOG_AGGREGATIONS) or not values:
+            continue
+        value = aggregate(values, aggregation)
+        stderr = None
+        if aggregation in MEAN_AGGREGATIONS and len(values) > 1:
+            stderr = statistics.stdev(map(float, values)) / math.sqrt(len(values))  # type: ignore[arg-type]
+        metrics[name] = MetricResult(value=value, stderr=stderr, higher_is_better=directions.get(base_name),
+                                     aggregation=aggregation)
+    return metrics
 
 
 class _TaskSpec(BaseModel):
@@ -427,88 +473,7 @@ def check_server(server_base_url: str) -> None:
                         f"start it with --served-model-name {SERVED_NAME} (vllm_server does)")
 
 
-def extract_metrics(results: dict[str, Any], name: str) -> dict[str, MetricResult]:
-    """Numeric metrics (with stderr and direction) of one lm-eval task or group from its results.
-
-    A name with its own row (a task, or a group with aggregates) gives that row's metrics; a tag
-    or a group without aggregates gives every member's, as ``member/metric``. A group's aggregate
-    that lm-eval gives no direction (0.4.13: ``mmlu``'s ``acc``) takes the one all its members give.
-    """
-    rows: dict[str, dict[str, Any]] = results.get("results", {})
-    directions: dict[str, dict[str, bool]] = results.get("higher_is_better", {})
-    own = _row_metrics(rows.get(name, {}), {**_member_directions(results, name), **directions.get(name, {})})
-    if own:
-        return own
-    merged: dict[str, MetricResult] = {}
-    for row_name, row in rows.items():
-        for metric, value in _row_metrics(row, directions.get(row_name, {})).items():
-            merged[f"{row_name}/{metric}"] = value
-    return merged
-
-
-def _member_directions(results: dict[str, Any], name: str) -> dict[str, bool]:
-    """The direction of each metric that every member of group ``name`` agrees on (none for a task)."""
-    directions: dict[str, dict[str, bool]] = results.get("higher_is_better", {})
-    seen: dict[str, set[bool]] = {}
-    for member in _members(results, name):
-        for metric, higher in directions.get(member, {}).items():
-            if higher is not None:
-                seen.setdefault(metric, set()).add(bool(higher))
-    return {metric: values.pop() for metric, values in seen.items() if len(values) == 1}
-
-
-def _row_metrics(row: dict[str, Any], directions: dict[str, bool]) -> dict[str, MetricResult]:
-    metrics: dict[str, MetricResult] = {}
-    for key, value in row.items():
-        if "," not in key or isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue  # "alias", "name", "sample_len"...: not metrics
-        metric, filter_name = key.split(",", 1)
-        if metric.endswith("_stderr"):
-            continue
-        stderr = row.get(f"{metric}_stderr,{filter_name}")
-        name = metric if filter_name == "none" else key
-        metrics[name] = MetricResult(
-            value=float(value),
-            stderr=_stderr(stderr),
-            higher_is_better=directions.get(metric),
-        )
-    return metrics
-
-
-def _stderr(value: Any) -> float | None:
-    """lm-eval's stderr, or None where it has none: "N/A" (perplexities), NaN, a missing entry."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def _members(results: dict[str, Any], name: str) -> list[str]:
-    """Every member of group ``name``, its sub-groups' members included (none for a task)."""
-    subtasks: dict[str, list[str]] = results.get("group_subtasks", {})
-    members, todo = [], list(subtasks.get(name, []))
-    while todo:  # groups of groups: their tasks
-        member = todo.pop()
-        members.append(member)
-        todo += subtasks.get(member, [])
-    return members
-
-
-def _num_docs(results: dict[str, Any], name: str) -> int | None:
-    """Documents evaluated: a task's own count, a group's the sum of its tasks' (lm-eval counts only
-    tasks: ``mmlu`` at limit 20 is 57 tasks of 20); None when lm-eval did not count one of them."""
-    counts: dict[str, Any] = results.get("n-samples", {})
-    subtasks: dict[str, list[str]] = results.get("group_subtasks", {})
-    tasks = [m for m in _members(results, name) if not subtasks.get(m)] or [name]
-    docs = [counts.get(t, {}).get("effective") if isinstance(counts.get(t), dict) else None for t in tasks]
-    return None if any(d is None for d in docs) else sum(docs)
-
-
 def _file_stem(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-
-
-# --------------------------------------------------------------------------------------------
-# Comparing two runs (pure)
-# --------------------------------------------------------------------------------------------
 
 

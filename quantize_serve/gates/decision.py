@@ -10,7 +10,7 @@ import math
 
 from pydantic import BaseModel
 
-from quantize_serve.gates.accuracy import AccuracyCheck
+from quantize_serve.gates.results import AccuracyCheck
 from quantize_serve.gates.regression import RegressionResult
 from quantize_serve.gates.soak import SoakResult
 from quantize_serve.gates.stress import StressResult
@@ -60,17 +60,13 @@ def accuracy_rows(accuracy: list[AccuracyCheck] | BaseException | None) -> list[
                          reason="no accuracy result: add tasks under gates.accuracy.tasks")]
     rows = []
     for c in accuracy:
-        if c.recovery is None:
-            reason = c.reason
-        else:  # the comparison is the point's; a check failed for its interval says so in the warning
-            cmp = ">=" if c.recovery >= c.threshold else "<"
-            reason = (f"recovery {c.recovery_text} {cmp} {c.threshold:.2f} "
-                      f"(base {c.base:.4g}, quantized {c.quantized:.4g}"
-                      f"{', lower is better' if c.higher_is_better is False else ''})")
-            if c.warning:  # a passing point that failed: gates.accuracy.on_uncertain is 'fail'
-                failed_for_it = not c.passed and c.recovery >= c.threshold
-                cause = "failed (gates.accuracy.on_uncertain: fail)" if failed_for_it else "warning"
-                reason += f"; {cause}: {c.warning}"
+        reason = c.reason
+        if c.recovery is not None:
+            flips = f", {c.flip_rate:.1%} flipped" if c.flip_rate is not None else ""
+            reason += (f" (base {c.base:.4g}, quantized {c.quantized:.4g}; {c.docs_text}{flips}"
+                       f"{'; ' + c.rates_text if c.rates_text else ''})")
+            if c.warning:
+                reason += f"; warning: {c.warning}"
         rows.append(CheckRow(check=f"accuracy {c.task} {c.metric}", passed=c.passed, reason=reason))
     return rows
 

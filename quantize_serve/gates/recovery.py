@@ -1,42 +1,196 @@
-"""The accuracy gate's rule: recovery (quantized / base; inverted where lower is better), its ~95%
-interval from lm-eval's standard errors, the sample-count check, one AccuracyCheck per task and metric
-(docs/gates.md)."""
+"""The accuracy gate's rule (docs/gates.md): per task and metric, the candidate's recovery against the
+base, paired per document, decided by a sequential test that keeps the recipe's stated error rates.
+
+:func:`compare_accuracy` turns a base run and a candidate run into one :class:`AccuracyCheck` per task
+and metric; :func:`task_decided` tells the candidate's run, at each planned look, whether every metric
+of a task is already decided (so it can stop scoring documents). Both use :func:`paired_metrics`: the
+documents the candidate scored, joined with the base's by document, with their prompts proven equal.
+"""
 
 from __future__ import annotations
 
-import math
-from typing import Literal
+from dataclasses import dataclass
 
-from quantize_serve.gates.accuracy import Z_95, AccuracyCheck, AccuracyRun, MetricResult, format_recovery
-from quantize_serve.recipe.gates import AccuracyGate
+from quantize_serve.gates.documents import LOG_AGGREGATIONS, MEAN_AGGREGATIONS, aggregate, nats
+from quantize_serve.gates.paired import Design, Paired, design, look_verdict, operating_point
+from quantize_serve.gates.results import AccuracyCheck, AccuracyRun, MetricResult, TaskRun, format_recovery
+from quantize_serve.recipe.gates import AccuracyGate, ErrorRates
+
+# The one name a task's log-likelihood metrics are gated under: word perplexity, byte perplexity and
+# bits per byte are one measurement on three scales, and recovery on the log scale (total nats, base
+# over candidate) is the same number for all three; on the perplexity scale it is amplified.
+LOG_SCALE_METRIC = "bits_per_byte"
+
+
+@dataclass
+class PairedMetric:
+    metric: str  # the gated name
+    pair: Paired
+    base: MetricResult
+    quantized: MetricResult
+    higher_is_better: bool
+    also: list[str]  # metrics of the same measurement gated under this name (perplexities)
+
+
+def paired_metrics(base: TaskRun, quantized: TaskRun) -> tuple[list[PairedMetric], list[tuple[str, str]]]:
+    """The task's gated metrics as paired series, and (metric, reason) for each that cannot be paired."""
+    problems: list[tuple[str, str]] = []
+    keys = [k for k in base.documents if k in quantized.documents]
+    extra = [k for k in quantized.documents if k not in base.documents]
+    if not quantized.documents or not base.documents:
+        side = "base" if not base.documents else "quantized"
+        return [], [("*", f"the {side} run has no per-document outcomes to pair (a result recorded before "
+                     "the paired gate?): serve both models again")]
+    if extra:
+        return [], [("*", f"{len(extra)} documents the candidate scored are not in the base run (e.g. "
+                     f"{extra[0]}): the two runs drew different documents. Fix: run both with the same "
+                     "gates.accuracy.seed, limits and task files")]
+    differ = [k for k in keys if base.documents[k].prompt_hash != quantized.documents[k].prompt_hash]
+    if differ:
+        return [], [("*", f"{len(differ)} of {len(keys)} documents were scored with different prompts by base "
+                     f"and candidate (e.g. {differ[0]}), so they cannot be paired. Fix: serve both again in "
+                     "one run (a reused base result from another lm-eval or task version?)")]
+    gated: list[PairedMetric] = []
+    log_family: list[str] = []
+    for metric in [*base.metrics, *(m for m in quantized.metrics if m not in base.metrics)]:
+        b, q = base.metrics.get(metric), quantized.metrics.get(metric)
+        if b is None or q is None:
+            side = "base" if b is None else "quantized"
+            problems.append((metric, f"metric missing in the {side} run"))
+            continue
+        aggregation = b.aggregation or q.aggregation
+        direction = b.higher_is_better if b.higher_is_better is not None else q.higher_is_better
+        if aggregation in LOG_AGGREGATIONS:
+            log_family.append(metric)
+            continue
+        if aggregation not in MEAN_AGGREGATIONS:
+            problems.append((metric, f"lm-eval aggregates it as {aggregation!r} over the whole corpus, which "
+                             "the paired gate cannot split per document. Fix: gate the task on a mean "
+                             "(accuracy, exact match) or perplexity metric"))
+            continue
+        if direction is None:
+            problems.append((metric, "lm-eval does not say whether higher is better for this metric, so "
+                             "recovery has no direction; give the task's metric_list a higher_is_better"))
+            continue
+        missing = [k for k in keys if metric not in base.documents[k].values
+                   or metric not in quantized.documents[k].values]
+        if missing:
+            problems.append((metric, f"{len(missing)} documents have no per-document value (e.g. {missing[0]})"))
+            continue
+        b_vals = [float(base.documents[k].values[metric]) for k in keys]  # type: ignore[arg-type]
+        q_vals = [float(quantized.documents[k].values[metric]) for k in keys]  # type: ignore[arg-type]
+        num, den = (q_vals, b_vals) if direction else (b_vals, q_vals)
+        gated.append(PairedMetric(metric, Paired.of(num, den), _over(b, base, keys, metric),
+                                  _over(q, quantized, keys, metric), direction, []))
+    if log_family:
+        name = LOG_SCALE_METRIC if LOG_SCALE_METRIC in log_family else log_family[0]
+        b_nats = [nats(base.documents[k].values[name]) for k in keys]
+        q_nats = [nats(quantized.documents[k].values[name]) for k in keys]
+        gated.append(PairedMetric(name, Paired.of(b_nats, q_nats), _over(base.metrics[name], base, keys, name),
+                                  _over(quantized.metrics[name], quantized, keys, name), False,
+                                  [m for m in log_family if m != name]))
+    return gated, problems
+
+
+def _over(result: MetricResult, run: TaskRun, keys: list[str], metric: str) -> MetricResult:
+    """The metric over the paired documents only (the base scored all of them; the candidate may have
+    stopped at an earlier look)."""
+    value = aggregate([run.documents[k].values[metric] for k in keys], result.aggregation or "mean")
+    return result.model_copy(update={"value": value})
+
+
+def look_design(gate: AccuracyGate, rates: ErrorRates, run: TaskRun) -> Design:
+    fractions = tuple(gate.looks) if run.looks_planned > 1 else (1.0,)
+    return design(fractions, rates.max_false_pass, rates.min_true_pass)
+
+
+def task_decided(base: TaskRun, quantized: TaskRun, gate: AccuracyGate, rates: ErrorRates, look: int) -> bool:
+    """At look index ``look``: every metric passes already, or one is already rejected."""
+    gated, problems = paired_metrics(base, quantized)
+    if problems or not gated:
+        return False  # let the run finish; compare_accuracy reports the problem
+    d = look_design(gate, rates, quantized)
+    verdicts = [look_verdict(m.pair, d, look, rates.bad_recovery, rates.good_recovery) for m in gated]
+    return all(v.decided and v.passed for v in verdicts) or any(v.decided and not v.passed for v in verdicts)
 
 
 def compare_accuracy(base: AccuracyRun, quantized: AccuracyRun, gate: AccuracyGate) -> list[AccuracyCheck]:
     """One check per gated task and metric. Anything missing is a failed check, never a skip.
 
-    With ``gate.min_samples`` set, a task evaluated on fewer documents (in either run) also gets a
-    failed ``samples`` check (:func:`check_samples`)."""
+    With ``gate.min_samples`` set, a task evaluated on fewer documents also gets a failed ``samples``
+    check (:func:`check_samples`)."""
     checks: list[AccuracyCheck] = []
     for task in gate.tasks:
+        rates = gate.rates(task)
         b, q = base.tasks.get(task.task), quantized.tasks.get(task.task)
         if b is None or q is None:
             side = " and ".join(s for s, r in (("base", b), ("quantized", q)) if r is None)
             checks.append(AccuracyCheck(
                 task=task.task, metric="*", base=None, quantized=None, recovery=None,
-                threshold=gate.default_recovery, passed=False, higher_is_better=None,
+                threshold=rates.bad_recovery, passed=False, higher_is_better=None,
                 reason=f"the task has no results in the {side} run"))
             continue
-        names = list(b.metrics) + [m for m in q.metrics if m not in b.metrics]
-        for metric in [*names, *(m for m in task.recovery if m not in names)]:
-            threshold = task.recovery.get(metric, gate.default_recovery)
-            checks.append(check_metric(task.task, metric, b.metrics.get(metric), q.metrics.get(metric),
-                                       threshold, on_uncertain=gate.on_uncertain))
+        gated, problems = paired_metrics(b, q)
+        checks += [AccuracyCheck(task=task.task, metric=metric, base=_value(b, metric), quantized=_value(q, metric),
+                                 recovery=None, threshold=rates.bad_recovery, passed=False,
+                                 higher_is_better=None, reason=reason) for metric, reason in problems]
+        look = max(q.looks_run - 1, 0)
+        d = look_design(gate, rates, q)
+        verdicts = [look_verdict(m.pair, d, look, rates.bad_recovery, rates.good_recovery) for m in gated]
+        stopped_by = next((m.metric for m, v in zip(gated, verdicts) if v.decided and not v.passed), None)
+        for m, verdict in zip(gated, verdicts):
+            checks.append(check_metric(task.task, m, verdict.passed, rates, d, look, q,
+                                       undecided_because=None if verdict.decided else stopped_by))
         if gate.min_samples is not None:
-            samples = check_samples(task.task, b.num_docs, q.num_docs, gate.min_samples,
-                                    gate.default_recovery)
+            samples = check_samples(task.task, b.num_docs, q.planned_docs or q.num_docs, gate.min_samples,
+                                    rates.bad_recovery)
             if samples is not None:
                 checks.append(samples)
     return checks
+
+
+def _value(run: TaskRun, metric: str) -> float | None:
+    result = run.metrics.get(metric)
+    return result.value if result else None
+
+
+def check_metric(task: str, m: PairedMetric, passed: bool, rates: ErrorRates, d: Design, look: int,
+                 quantized: TaskRun, *, undecided_because: str | None = None) -> AccuracyCheck:
+    """The check of one paired metric, with the error rates this run's documents achieve."""
+    pair = m.pair
+    sd = pair.sd_at(1.0)
+    planned = quantized.planned_docs or pair.docs
+    point = operating_point(d, planned, sd=sd, mean_den=float(pair.den.mean()), bad=rates.bad_recovery,
+                            good=rates.good_recovery, min_true_pass=rates.min_true_pass)
+    interval = pair.interval()
+    interval = (float(interval[0]), float(interval[1])) if interval else None
+    recovery = pair.recovery
+    formula = ("quantized/base" if m.higher_is_better else
+               "base/quantized nats (log scale)" if m.also or m.base.aggregation in LOG_AGGREGATIONS
+               else "base/quantized (lower is better)")
+    line = f"{rates.bad_recovery:g} at {rates.max_false_pass:.0%} false pass"
+    if undecided_because:
+        passed = False
+        verdict = f"undecided when {undecided_because} stopped the task"
+    else:
+        verdict = f"shown above {line}" if passed else f"not shown above {line}"
+    reason = f"recovery {formula} = {format_recovery(recovery, interval)}: {verdict}"
+    if m.also:
+        reason += f" ({', '.join(m.also)}: the same measurement)"
+    warning = ""
+    if point.true_pass < rates.min_true_pass:
+        need = (f"raise the task's limit to {point.docs_needed} documents" if point.docs_needed
+                else "no document count reaches it at this noise")
+        warning = (f"{planned} documents at this paired noise pass a candidate at {rates.good_recovery:g} only "
+                   f"{point.true_pass:.0%} of the time, below the stated {rates.min_true_pass:.0%}: {need} "
+                   "(or state a lower min_true_pass)")
+    return AccuracyCheck(
+        task=task, metric=m.metric, base=m.base.value, quantized=m.quantized.value, recovery=recovery,
+        threshold=rates.bad_recovery, passed=passed, higher_is_better=m.higher_is_better, reason=reason,
+        recovery_interval=interval, warning=warning, good_recovery=rates.good_recovery,
+        max_false_pass=rates.max_false_pass, min_true_pass=rates.min_true_pass, docs=pair.docs,
+        planned_docs=planned, look=look + 1, looks=len(d.fractions), flip_rate=pair.flip_rate,
+        paired_sd=sd, false_pass=point.false_pass, true_pass=point.true_pass, docs_needed=point.docs_needed)
 
 
 def check_samples(task: str, base_docs: int | None, quantized_docs: int | None, min_samples: int,
@@ -57,86 +211,3 @@ def check_samples(task: str, base_docs: int | None, quantized_docs: int | None, 
                   "to run the whole task; if the task has fewer documents, lower min_samples")
     return AccuracyCheck(task=task, metric="samples", base=None, quantized=None, recovery=None,
                          threshold=threshold, passed=False, higher_is_better=None, reason=reason)
-
-
-def recovery_interval(recovery: float, base: MetricResult,
-                      quantized: MetricResult) -> tuple[float, float] | None:
-    """~95% interval on ``recovery`` from the two runs' standard errors, by the delta method.
-
-    For a ratio r = x / y of independent estimates, se_r = r * sqrt((se_x/x)^2 + (se_y/y)^2), and the
-    interval is r +- 1.96 * se_r (its lower end kept at 0 at least). It is the same for
-    quantized/base and base/quantized (lower is better). Base and quantized are scored on the same
-    documents, so their errors are positively correlated and the true interval is narrower: treating
-    them as independent is conservative. None when either stderr is missing ("N/A", as lm-eval
-    reports for perplexities) or a score is 0 (no relative error).
-    """
-    if base.stderr is None or quantized.stderr is None or not math.isfinite(recovery):
-        return None
-    if base.value <= 0 or quantized.value <= 0:
-        return None
-    se = recovery * math.hypot(quantized.stderr / quantized.value, base.stderr / base.value)
-    return (max(0.0, recovery - Z_95 * se), recovery + Z_95 * se)
-
-
-def uncertainty_warning(recovery: float, interval: tuple[float, float] | None, threshold: float) -> str:
-    """The warning of a check whose interval crosses the threshold ("" when it does not, or has none):
-    the point passes but the lower end is below the threshold, or the point fails but the upper end
-    is above it. Either way the sample is too small to tell which side the model is on."""
-    if interval is None:
-        return ""
-    low, high = interval
-    crosses = (recovery >= threshold > low) if recovery >= threshold else (high > threshold)
-    if not crosses:
-        return ""
-    return (f"recovery {format_recovery(recovery, interval)} crosses the threshold {threshold}: too few "
-            "samples to be sure; raise limit (gates.accuracy.tasks[].limit)")
-
-
-def check_metric(task: str, metric: str, base: MetricResult | None, quantized: MetricResult | None,
-                 threshold: float, *, on_uncertain: Literal["warn", "fail"] = "warn") -> AccuracyCheck:
-    """Recovery of one metric; every way it cannot be computed is a failed check with its reason.
-
-    Passed when the point recovery >= threshold. When its interval (:func:`recovery_interval`)
-    crosses the threshold the check carries a warning; ``on_uncertain="fail"`` also fails it."""
-    direction = next((r.higher_is_better for r in (base, quantized)
-                      if r is not None and r.higher_is_better is not None), None)
-
-    def failed(reason: str, recovery: float | None = None) -> AccuracyCheck:
-        return AccuracyCheck(task=task, metric=metric, base=base.value if base else None,
-                             quantized=quantized.value if quantized else None, recovery=recovery,
-                             threshold=threshold, passed=False, higher_is_better=direction, reason=reason)
-
-    if base is None or quantized is None:
-        missing = " and ".join(s for s, r in (("base", base), ("quantized", quantized)) if r is None)
-        hint = " (a per-metric recovery override names a metric lm-eval did not report?)" if (
-            base is None and quantized is None) else ""
-        return failed(f"metric missing in the {missing} run{hint}")
-    if direction is None:
-        return failed("lm-eval does not say whether higher is better for this metric, so recovery "
-                      "has no direction; give the task's metric_list a higher_is_better")
-    b, q = base.value, quantized.value
-    if not (math.isfinite(b) and math.isfinite(q)):
-        return failed(f"not a finite number (base {b}, quantized {q})")
-    if b < 0 or q < 0:
-        return failed(f"recovery is a ratio of non-negative scores; got base {b}, quantized {q}")
-    numerator, denominator = (q, b) if direction else (b, q)
-    if b == q:
-        recovery = 1.0
-    elif denominator == 0:
-        recovery = math.inf  # the quantized model is strictly better than a zero
-    else:
-        recovery = numerator / denominator
-    interval = recovery_interval(recovery, base, quantized)
-    warning = uncertainty_warning(recovery, interval, threshold)
-    passed = recovery >= threshold
-    relation = ">=" if passed else "<"
-    formula = "quantized/base" if direction else "base/quantized (lower is better)"
-    note = " (both 0: this task does not measure the model)" if b == q == 0 else ""
-    reason = f"recovery {formula} = {format_recovery(recovery, interval)} {relation} {threshold}{note}"
-    if warning and on_uncertain == "fail":
-        if passed:
-            reason += "; failed: the interval crosses the threshold and gates.accuracy.on_uncertain is 'fail'"
-        passed = False
-    return AccuracyCheck(task=task, metric=metric, base=b, quantized=q, recovery=recovery,
-                         threshold=threshold, passed=passed, higher_is_better=direction,
-                         reason=reason, recovery_interval=interval, warning=warning)

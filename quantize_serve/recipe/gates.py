@@ -3,10 +3,9 @@ gate against the release already in production."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import (
-    AfterValidator,
     Field,
     PositiveInt,
     ValidationInfo,
@@ -16,31 +15,105 @@ from pydantic import (
 
 from quantize_serve.core.errors import RecipeError, RecipeErrors
 from quantize_serve.recipe.section import (
-    DEFAULT_RECOVERY_RANGE,
-    METRIC_RECOVERY_MAX,
+    DEFAULT_LOOKS,
     MIN_SAMPLES_RANGE,
     RECIPE_SOURCE,
+    RECOVERY_RANGE,
     Section,
 )
 
 
-def _metric_recovery(value: float) -> float:
-    if not 0 < value <= METRIC_RECOVERY_MAX:
-        raise ValueError(
-            f"a per-metric recovery must be above 0 and at most {METRIC_RECOVERY_MAX} (quantized / base: "
-            f"above 1.0 demands that the metric improve; above {METRIC_RECOVERY_MAX} no quantized model "
-            "could pass). Fix: use e.g. 0.93, or at most 1.0 unless the metric is noisy")
-    return value
+class ErrorRates(Section):
+    """The accuracy gate's promise for one task, as two operating points (docs/gates.md).
+
+    A candidate whose true recovery (quantized / base, on the task's whole population of documents) is
+    ``bad_recovery`` or less passes with probability at most ``max_false_pass``; one whose true
+    recovery is ``good_recovery`` or more passes with probability at least ``min_true_pass`` when
+    the task has the documents that need (the report says what each run achieved)."""
+
+    bad_recovery: float = Field(default=0.93, description="A candidate at or below this true recovery is "
+                                "a bad release: it passes at most max_false_pass of the time.")
+    max_false_pass: float = Field(default=0.05, description="Largest chance to pass a bad release.")
+    good_recovery: float = Field(default=0.99, description="A candidate at or above this true recovery is "
+                                 "a good release: it passes at least min_true_pass of the time.")
+    min_true_pass: float = Field(default=0.95, description="Smallest chance to pass a good release "
+                                 "(reached when the task has enough documents; the report warns if not).")
+
+    @field_validator("bad_recovery", "good_recovery")
+    @classmethod
+    def _recovery(cls, value: float) -> float:
+        lo, hi = RECOVERY_RANGE
+        if not lo <= value <= hi:
+            raise ValueError(f"must be between {lo} and {hi} (a true recovery, quantized / base). Fix: use "
+                             "e.g. 0.93 for bad_recovery and 0.99 for good_recovery")
+        return value
+
+    @field_validator("max_false_pass")
+    @classmethod
+    def _false_pass(cls, value: float) -> float:
+        if not 0.001 <= value <= 0.25:
+            raise ValueError("must be between 0.001 and 0.25 (a probability of passing a bad release). Fix: "
+                             "use e.g. 0.05")
+        return value
+
+    @field_validator("min_true_pass")
+    @classmethod
+    def _true_pass(cls, value: float) -> float:
+        if not 0.5 <= value <= 0.999:
+            raise ValueError("must be between 0.5 and 0.999 (a probability of passing a good release). Fix: "
+                             "use e.g. 0.95")
+        return value
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ErrorRates:
+        if self.good_recovery <= self.bad_recovery:
+            raise ValueError(f"good_recovery ({self.good_recovery}) must be above bad_recovery "
+                             f"({self.bad_recovery}): no test tells two equal recoveries apart. Fix: e.g. "
+                             "bad_recovery 0.93, good_recovery 0.99")
+        return self
+
+
+class ErrorRatesOverride(Section):
+    """A task's own error rates; a field left out takes gates.accuracy.error_rates'."""
+
+    bad_recovery: float | None = None
+    max_false_pass: float | None = None
+    good_recovery: float | None = None
+    min_true_pass: float | None = None
+
+    def over(self, defaults: ErrorRates) -> ErrorRates:
+        return ErrorRates(**{**defaults.model_dump(), **self.model_dump(exclude_none=True)})
+
+
+RETIRED_ACCURACY_FIELDS = {
+    "default_recovery": "the gate no longer decides on a point recovery: it states its error rates. Fix: "
+                        "remove default_recovery; set gates.accuracy.error_rates (bad_recovery, "
+                        "max_false_pass, good_recovery, min_true_pass; defaults 0.93, 0.05, 0.99, 0.95). A "
+                        "point threshold t maps roughly to bad_recovery t - 0.02",
+    "on_uncertain": "the paired test decides with its interval, so there is nothing left to warn about. Fix: "
+                    "remove on_uncertain; set gates.accuracy.error_rates.max_false_pass to say how sure the "
+                    "gate must be",
+}
 
 
 class AccuracyTask(Section):
     task: str = Field(description="lm-eval task name, or a path to a task YAML.")
     num_fewshot: int = Field(default=0, ge=0)
-    limit: PositiveInt | float | None = Field(default=None, description="Docs per task (int or fraction).")
-    recovery: dict[str, Annotated[float, AfterValidator(_metric_recovery)]] = Field(
-        default_factory=dict, description="Per-metric recovery threshold overrides "
-        f"(0 < recovery <= {METRIC_RECOVERY_MAX}).",
-    )
+    limit: PositiveInt | float | None = Field(
+        default=None, description="Docs per task (int or fraction; for a group such as mmlu, per member "
+        "task). Drawn at random (seeded), not the first ones.")
+    error_rates: ErrorRatesOverride | None = Field(
+        default=None, description="This task's error rates, over gates.accuracy.error_rates.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired(cls, data: object) -> object:
+        if isinstance(data, dict) and "recovery" in data:
+            raise ValueError(
+                f"recovery = {data['recovery']!r}: per-metric point thresholds are retired; the gate states "
+                "its error rates. Fix: replace it with error_rates: {bad_recovery: <threshold - 0.02>} on "
+                "this task (the stated rates apply to every metric of the task)")
+        return data
 
     @field_validator("limit")
     @classmethod
@@ -53,23 +126,45 @@ class AccuracyTask(Section):
 
 class AccuracyGate(Section):
     tasks: list[AccuracyTask] = Field(default_factory=list)
-    default_recovery: float = Field(
-        default=0.95, description="Recovery (quantized / base) every metric must reach unless its task "
-        f"overrides it; between {DEFAULT_RECOVERY_RANGE[0]} and {DEFAULT_RECOVERY_RANGE[1]}.")
+    error_rates: ErrorRates = Field(
+        default_factory=ErrorRates, description="The gate's stated error rates for every task (a task's "
+        "error_rates overrides them). See docs/gates.md.")
+    looks: list[float] = Field(
+        default_factory=lambda: list(DEFAULT_LOOKS), min_length=1, description="The planned looks, as "
+        "fractions of each task's documents; the candidate's evaluation stops at the first look where "
+        "every metric's decision is already clear. [1.0]: no early stop.")
+    seed: int = Field(default=1234, ge=0, description="Seeds the random draw and order of each task's "
+                      "documents (and their few-shot examples): the same seed, the same documents.")
     batch_size: PositiveInt = 8
     num_concurrent: PositiveInt | None = Field(
         default=None, description="lm-eval's concurrent requests to the server. Unset: the server's "
         "serve.max_num_seqs, so lm-eval keeps every sequence slot of the server busy (the scores do not "
         "depend on it; the time does).")
-    on_uncertain: Literal["warn", "fail"] = Field(
-        default="warn", description="What a check whose ~95% recovery interval crosses its threshold "
-        "does (lower end below it while the point passes, or upper end above it while the point fails): "
-        "'warn' keeps the point decision and carries a warning to the report and decision; 'fail' fails "
-        "the check. See docs/gates.md.")
     min_samples: int | None = Field(
         default=None, description="Fewest documents a task must be evaluated on; a task with fewer fails "
         f"the gate (raise its limit). Unset: no minimum. Between {MIN_SAMPLES_RANGE[0]} and "
         f"{MIN_SAMPLES_RANGE[1]}.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired(cls, data: object) -> object:
+        if isinstance(data, dict):
+            for name, why in RETIRED_ACCURACY_FIELDS.items():
+                if name in data:
+                    raise ValueError(f"{name} = {data[name]!r}: {why}")
+        return data
+
+    def rates(self, task: AccuracyTask) -> ErrorRates:
+        """The error rates stated for ``task``."""
+        return task.error_rates.over(self.error_rates) if task.error_rates else self.error_rates
+
+    @field_validator("looks")
+    @classmethod
+    def _looks(cls, value: list[float]) -> list[float]:
+        if not all(0 < a < b for a, b in zip([0.0, *value], value)) or value[-1] != 1.0 or len(value) > 10:
+            raise ValueError(f"{value}: looks are increasing fractions of the documents in (0, 1], the last "
+                             "one 1.0, at most 10. Fix: e.g. [0.25, 0.5, 0.75, 1.0], or [1.0] for no early stop")
+        return value
 
     @field_validator("min_samples")
     @classmethod
@@ -98,18 +193,6 @@ class AccuracyGate(Section):
         if problems:
             raise RecipeErrors(problems)
         return self
-
-    @field_validator("default_recovery")
-    @classmethod
-    def _default_recovery(cls, value: float) -> float:
-        lo, hi = DEFAULT_RECOVERY_RANGE
-        if not lo <= value <= hi:
-            raise ValueError(
-                f"must be between {lo} and {hi}: above {hi} every metric would have to improve after "
-                f"quantization, below {lo} a model that lost half its score passes. Fix: use e.g. 0.95 "
-                f"(llm-compressor's default); give a noisy metric its own tasks[].recovery (up to "
-                f"{METRIC_RECOVERY_MAX}) instead")
-        return value
 
 
 class StressGate(Section):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from quantize_serve.capacity.chart import CHART
-from quantize_serve.gates.accuracy import format_recovery
+from quantize_serve.gates.results import format_recovery
 from quantize_serve.hub.client import SHA40
 from quantize_serve.quantize.calibration import describe
 from quantize_serve.quantize.existing_checkpoint import checkpoint_group_size
@@ -75,8 +75,12 @@ class AccuracyRow(BaseModel):
     quantized: float
     recovery: float
     recovery_interval: tuple[float, float] | None = Field(
-        default=None, description="~95% interval on the recovery (delta method on lm-eval's stderrs)")
-    threshold: float
+        default=None, description="~95% paired interval on the recovery (per-document differences, Fieller)")
+    threshold: float = Field(description="the stated bad recovery: a candidate this bad passes at most "
+                             "max_false_pass of the time")
+    documents: str = Field(default="", description="documents paired, and the look the gate stopped at")
+    false_pass: float | None = Field(default=None, description="achieved chance to pass a candidate at threshold")
+    true_pass: float | None = Field(default=None, description="achieved chance to pass one at the good recovery")
     passed: bool
 
 
@@ -140,6 +144,10 @@ def _table(headers: list[str], rows: list[list[Any]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def _dataset_cell(row: AccuracyRow) -> str:
@@ -213,14 +221,17 @@ def render_model_card(inputs: ModelCardInputs) -> ModelCard:
         ]),
     ]
     if i.accuracy:
-        parts.append("## Accuracy (gate: quantized / base >= threshold)\n\n" + _table(
-            ["task", "dataset", "metric", "base", "quantized", "recovery", "threshold", "passed"],
+        parts.append("## Accuracy (gate: paired recovery shown above the bad recovery)\n\n" + _table(
+            ["task", "dataset", "metric", "base", "quantized", "recovery [95%]", "bad recovery", "documents",
+             "false pass", "true pass", "passed"],
             [[r.task, _dataset_cell(r), r.metric, r.base, r.quantized,
-              format_recovery(r.recovery, r.recovery_interval),
-              r.threshold, "yes" if r.passed else "NO"] for r in i.accuracy])
-            + "\n\nTasks are lm-eval task names. Recovery is shown with its ~95% interval where lm-eval "
-            "reports a standard error (delta method, base and quantized taken as independent: "
-            "conservative, since both are scored on the same documents). " + EVAL_RESULTS_NOTE)
+              format_recovery(r.recovery, r.recovery_interval), r.threshold, r.documents or "-",
+              _rate(r.false_pass), _rate(r.true_pass), "yes" if r.passed else "NO"] for r in i.accuracy])
+            + "\n\nTasks are lm-eval task names. Base and quantized are scored on the same documents with "
+            "the same prompts; the interval is paired (per-document differences), perplexities on the log "
+            "scale (nats, base / quantized). `false pass` / `true pass`: the chance this run's documents "
+            "give to pass a candidate at the bad / good recovery the recipe states (docs/gates.md). "
+            + EVAL_RESULTS_NOTE)
     if i.regression_markdown.strip():
         parts.append("## Against production (base, production, candidate)\n\n" + i.regression_markdown.strip())
     if i.capacity_markdown.strip():
@@ -271,6 +282,7 @@ def card_inputs(validated: ValidatedRecipe, base: BaseModelRef, checkpoint: Quan
             "accuracy": [AccuracyRow(**refs[c.task].model_dump(), metric=c.metric, base=c.base,
                                      quantized=c.quantized, recovery=c.recovery,
                                      recovery_interval=c.recovery_interval, threshold=c.threshold,
+                                     documents=c.docs_text, false_pass=c.false_pass, true_pass=c.true_pass,
                                      passed=c.passed)
                          for c in report.accuracy if None not in (c.base, c.quantized, c.recovery)],
             "stress": stress_summary(report.stress),

@@ -9,7 +9,7 @@ same key takes them instead of booting the base (the report says so, and from wh
 The key (:func:`reference_factors`): the base's identity (repo id and sha, or the local folder's
 content sha); the base boot's vLLM settings as vLLM gets them (ServerSpec.vllm_config without its
 folders: KV dtype and bytes, max_model_len, max_num_seqs, TP...); the accuracy tasks as the recipe
-gives them (task, num_fewshot, limit, recovery) with the bytes of each task file and of the data files
+gives them (task, num_fewshot, limit, error rates) and the gate's seed, with the bytes of each task file and of the data files
 it names; the serving vLLM's version, the hardware (CPU and GPU models), lm-eval's version. Anything
 else changing means a new key, and the base is served again.
 
@@ -32,6 +32,9 @@ from quantize_serve.gates.accuracy import AccuracyRun
 from quantize_serve.recipe.model import Recipe
 
 FOLDER = "base-references"
+# The accuracy gate's way of drawing documents and seeding their few-shot examples (gates/documents.py):
+# a base measured another way has other prompts, and the paired gate cannot pair with it.
+DOCUMENTS_PROTOCOL = "seeded-draw-per-document-fewshot-v1"
 # vLLM settings that name folders of this host, not how the base is served
 PATH_KEYS = ("model", "tokenizer")
 
@@ -61,6 +64,8 @@ def reference_factors(recipe: Recipe, base_identity: str, vllm_config: dict[str,
         "base": base_identity,
         "serve": {k: v for k, v in vllm_config.items() if k not in PATH_KEYS},
         "tasks": tasks,
+        # which documents and prompts: the seeded draw, and its per-document few-shot seeding
+        "documents": {"seed": recipe.gates.accuracy.seed, "protocol": DOCUMENTS_PROTOCOL},
         "vllm_version": vllm_version,
         "hardware": hardware,
         "lm_eval_version": lm_eval_version,

@@ -21,7 +21,7 @@ from quantize_serve.capacity.shape import ShapeCapacity
 from quantize_serve.core.portable import portable_path
 from quantize_serve.formats.choose import CHART as FORMATS_CHART
 from quantize_serve.formats.choose import FormatChoice
-from quantize_serve.gates.accuracy import AccuracyCheck
+from quantize_serve.gates.results import AccuracyCheck
 from quantize_serve.gates.decision import Decision
 from quantize_serve.gates.regression import RegressionResult, ReleaseResults
 from quantize_serve.gates.soak import SoakResult
@@ -152,18 +152,26 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
         if r.profile.plot_path:
             lines += [image_markdown("profile search", Path(r.profile.plot_path), embed=embed), ""]
     if r.accuracy:
-        lines += ["## Accuracy", "| task | dataset | metric | base | quantized | recovery | threshold | result |",
-                  "|---|---|---|---:|---:|---:|---:|---|"]
+        lines += ["## Accuracy (paired per document)",
+                  "| task | dataset | metric | base | quantized | recovery [95%] | documents | flipped | "
+                  "false pass at bad | true pass at good | result |",
+                  "|---|---|---|---:|---:|---:|---|---:|---:|---:|---|"]
         recipe_dir = Path(r.recipe_source).parent if not r.recipe_source.startswith("<") else Path()
         refs = eval_task_refs([c.task for c in r.accuracy], base_dir=recipe_dir, report_dir=r.report_dir)
         for c in r.accuracy:
             ref = refs[c.task]
+            rates = [f"{x:.1%} ({edge:g})" if x is not None and edge is not None else "-"
+                     for x, edge in ((c.false_pass, c.threshold), (c.true_pass, c.good_recovery))]
+            flips = f"{c.flip_rate:.1%}" if c.flip_rate is not None else "-"
             lines.append(f"| {ref.task} | {ref.dataset} | {c.metric} | {_num(c.base)} | {_num(c.quantized)} | "
-                         f"{c.recovery_text} | {c.threshold:.2f} | {'pass' if c.passed else '**FAIL**'}"
-                         f"{', uncertain' if c.warning else ''} |")
-        lines += ["", "Recovery is shown with its ~95% interval (lm-eval's stderr, delta method; none where "
-                  "lm-eval reports no stderr, as for perplexities). `uncertain`: the interval crosses the "
-                  "threshold (see the Decision's reason and docs/gates.md).", ""]
+                         f"{c.recovery_text} | {c.docs_text or '-'} | {flips} | {rates[0]} | {rates[1]} | "
+                         f"{'pass' if c.passed else '**FAIL**'}{', too few documents' if c.warning else ''} |")
+        lines += ["", "Base and candidate are scored on the same documents (seeded random draw, same prompts); "
+                  "recovery's interval is paired (Fieller), perplexities on the log scale (nats: base / "
+                  "candidate). A metric passes when the sequential test shows recovery above the stated bad "
+                  "recovery; `false pass` and `true pass` are the chances this run's documents give to pass a "
+                  "candidate at the stated bad and good recoveries. `too few documents`: the run could not "
+                  "reach the stated true-pass rate (see the Decision's reason and docs/gates.md).", ""]
     if r.stress:
         lines += ["## Stress test (quantized, production serving settings)",
                   "| figure | value |", "|---|---|"]

@@ -1,0 +1,276 @@
+"""The accuracy gate's statistics: a paired, sequential test of recovery with stated error rates.
+
+Pure (numpy only). docs/gates.md states the rule and why; in short:
+
+- Base and candidate are scored on the same documents, so the recovery of a metric is a ratio of two
+  means over the same documents, R = mean(num) / mean(den) (num = candidate, den = base where higher is
+  better; the other way round where lower is better; per-document nats for perplexities, a scale on
+  which word perplexity, byte perplexity and bits per byte are one number).
+- "R <= r" is tested with the per-document differences e_i = num_i - r * den_i (Fieller's test): their
+  mean is <= 0 exactly when the ratio of means is <= r, and their spread is the *paired* noise, which
+  for a model and its own 4-bit copy is mostly the documents whose outcome flipped. The interval shown
+  is the set of r that this test does not reject (the Fieller interval).
+- For 0/1 outcomes the variance is smoothed with half a flipped document each way, so a run where no
+  document flipped still has a finite interval (a 100-document task with no flip does not prove that
+  no flip can happen).
+- Looks: at fractions t_k of the documents the candidate passes when Z(r_bad) >= c / sqrt(t_k), the
+  O'Brien-Fleming shape with c chosen so that a candidate at r_bad crosses at some look with
+  probability max_false_pass; it is rejected early when Z(r_good) <= -d / sqrt(t_k), d chosen so that a
+  candidate at r_good is stopped so with probability FUTILITY_SHARE of (1 - min_true_pass). The last
+  look passes on the first bound alone. The constants come from a seeded simulation of the standard
+  Brownian motion at the looks (deterministic).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from statistics import NormalDist
+
+import numpy as np
+
+# Of the chance to miss a good candidate, this share may be spent on early rejections (the rest is the
+# last look's): early stops for a candidate that is clearly worse than r_good, never for a good one.
+FUTILITY_SHARE = 0.2
+# Paths of the standard Brownian motion the bounds and the achieved rates are computed on.
+SIMULATED_PATHS = 200_000
+SIMULATION_SEED = 20261203
+# Pseudo-documents flipped each way added to the variance of 0/1 outcomes (module doc).
+PSEUDO_FLIPS = 0.5
+# Two-sided ~95% interval shown beside each recovery.
+INTERVAL_LEVEL = 0.95
+# Largest task the documents-needed search considers.
+MAX_DOCS = 10_000_000
+
+
+@dataclass(frozen=True)
+class Paired:
+    """One metric of one task, per document: the ratio's numerator and denominator series."""
+
+    num: np.ndarray
+    den: np.ndarray
+    binary: bool  # 0/1 outcomes (accuracy, exact match): the variance is smoothed (module doc)
+
+    @classmethod
+    def of(cls, num: list[float], den: list[float]) -> Paired:
+        n, d = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+        if n.shape != d.shape or n.ndim != 1 or len(n) == 0:
+            raise ValueError(f"paired series need one value per document on both sides, got {n.shape} "
+                             f"and {d.shape}")
+        binary = bool(np.isin(n, (0.0, 1.0)).all() and np.isin(d, (0.0, 1.0)).all())
+        return cls(n, d, binary)
+
+    @property
+    def docs(self) -> int:
+        return len(self.num)
+
+    def head(self, docs: int) -> Paired:
+        return Paired(self.num[:docs], self.den[:docs], self.binary)
+
+    @property
+    def recovery(self) -> float:
+        mean_den = float(self.den.mean())
+        if mean_den == 0:
+            return 1.0 if float(self.num.mean()) == 0 else math.inf
+        return float(self.num.mean()) / mean_den
+
+    @property
+    def flip_rate(self) -> float | None:
+        """Share of documents whose 0/1 outcome differs (None for a continuous metric)."""
+        return float((self.num != self.den).mean()) if self.binary else None
+
+    def _augmented(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """num, den and weights (summing to 1), with the smoothing pseudo-documents for 0/1 outcomes."""
+        num, den, weights = self.num, self.den, np.ones(self.docs)
+        if self.binary:  # flipped documents each way
+            num, den = np.append(num, [1.0, 0.0]), np.append(den, [0.0, 1.0])
+            weights = np.append(weights, [PSEUDO_FLIPS, PSEUDO_FLIPS])
+        return num, den, weights / weights.sum()
+
+    def sd_at(self, r: float) -> float:
+        """Per-document standard deviation of num - r * den (the paired noise at recovery r)."""
+        num, den, w = self._augmented()
+        e = num - r * den
+        return math.sqrt(float(w @ (e - w @ e) ** 2))
+
+    def z(self, r: float) -> float:
+        """The score statistic for "recovery = r": mean(num - r den) over its standard error, the
+        variance taken under the hypothesis (the empirical-likelihood weights that make the mean 0).
+        Estimating the variance where the hypothesis puts it, not at the observed point, is what keeps
+        a test of a ratio of paired proportions at its level with few flips (Tang, Tang & Chan 2003)."""
+        num, den, w = self._augmented()
+        e = num - r * den
+        mean = float(w @ e)
+        if mean == 0:
+            return 0.0
+        variance = _null_second_moment(e, w)
+        if variance <= 0:
+            return math.copysign(math.inf, mean)
+        return mean / math.sqrt(variance / self.docs)
+
+    def interval(self, level: float = INTERVAL_LEVEL) -> tuple[float, float] | None:
+        """The recoveries the two-sided score test at ``level`` does not reject; None when unbounded
+        (the denominator's mean is not clearly above 0)."""
+        z = NormalDist().inv_cdf(0.5 + level / 2)
+        point = self.recovery
+        if not math.isfinite(point) or float(self.den.mean()) <= 0:
+            return None
+        hi = max(point, 1.0) * 2 + 1
+        if self.z(hi) > -z:
+            return None
+        return _root(lambda r: self.z(r) - z, 0.0, point), _root(lambda r: self.z(r) + z, point, hi)
+
+
+def _null_second_moment(e: np.ndarray, w: np.ndarray) -> float:
+    """E[e^2] under the reweighting of ``w`` closest to it (empirical likelihood) that has E[e] = 0;
+    when no such reweighting exists (every e on one side of 0), E[e^2] under ``w`` itself."""
+    if e.min() >= 0 or e.max() <= 0:
+        return float(w @ e**2)
+    lo, hi = -1 / e.max(), -1 / e.min()  # 1 + lam * e > 0 for every document
+    lo, hi = lo + (hi - lo) * 1e-12, hi - (hi - lo) * 1e-12
+    lam = _root(lambda x: float(w @ (e / (1 + x * e))), lo, hi, decreasing=True)
+    p = w / (1 + lam * e)
+    p /= p.sum()
+    return float(p @ e**2)
+
+
+def _root(f, lo: float, hi: float, *, decreasing: bool = True, steps: int = 80) -> float:  # type: ignore[no-untyped-def]
+    """Bisection for f(x) = 0 on [lo, hi], f monotone (decreasing by default)."""
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if (f(mid) > 0) == decreasing:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+@dataclass(frozen=True)
+class Design:
+    """The planned looks and their bounds for one pair of stated error rates."""
+
+    fractions: tuple[float, ...]
+    pass_bounds: tuple[float, ...]  # pass at look k when Z(r_bad) >= pass_bounds[k]
+    stop_bounds: tuple[float, ...]  # reject early at look k when Z(r_good) <= -stop_bounds[k] (inf: never)
+
+
+@lru_cache(maxsize=8)
+def _brownian(fractions: tuple[float, ...]) -> np.ndarray:
+    """W(t_k)/sqrt(t_k) for SIMULATED_PATHS seeded paths: shape (paths, looks), each column N(0, 1)."""
+    rng = np.random.default_rng(SIMULATION_SEED)
+    steps = np.diff((0.0, *fractions))
+    w = np.cumsum(rng.standard_normal((SIMULATED_PATHS, len(fractions))) * np.sqrt(steps), axis=1)
+    return w / np.sqrt(np.asarray(fractions))
+
+
+@lru_cache(maxsize=64)
+def design(fractions: tuple[float, ...], max_false_pass: float, min_true_pass: float) -> Design:
+    """The bounds of the module doc for looks at ``fractions`` (the last one 1.0)."""
+    if len(fractions) == 1:
+        return Design(fractions, (NormalDist().inv_cdf(1 - max_false_pass),), (math.inf,))
+    z = _brownian(fractions)
+    root_t = np.sqrt(np.asarray(fractions))
+    # P(any look k: Z_k >= c / sqrt(t_k)) = P(max_k Z_k sqrt(t_k) >= c): the quantile of that maximum
+    c = float(np.quantile((z * root_t).max(axis=1), 1 - max_false_pass))
+    d = float(np.quantile((-z[:, :-1] * root_t[:-1]).max(axis=1), 1 - FUTILITY_SHARE * (1 - min_true_pass)))
+    return Design(fractions, tuple(c / float(t) for t in root_t),
+                  tuple(d / float(t) for t in root_t[:-1]) + (math.inf,))
+
+
+@dataclass(frozen=True)
+class LookVerdict:
+    decided: bool  # the metric's decision is clear at this look (always at the last)
+    passed: bool
+
+
+def look_verdict(pair: Paired, d: Design, look: int, bad: float, good: float) -> LookVerdict:
+    """The decision of one metric at look index ``look`` of design ``d`` (module doc)."""
+    if pair.z(bad) >= d.pass_bounds[look]:
+        return LookVerdict(True, True)
+    last = look == len(d.fractions) - 1
+    if last or pair.z(good) <= -d.stop_bounds[look]:
+        return LookVerdict(True, False)
+    return LookVerdict(False, False)
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """What the design achieves on a task with ``docs`` documents and this paired noise."""
+
+    false_pass: float  # chance to pass a candidate at r_bad
+    true_pass: float  # chance to pass a candidate at r_good
+    docs_needed: int | None  # documents for min_true_pass (None: none up to MAX_DOCS)
+
+
+def _pass_probability(d: Design, docs: int, drift_bad: float, gap: float) -> float:
+    z = _brownian(d.fractions)
+    root_n = np.sqrt(np.asarray(d.fractions) * docs)
+    z_bad = z + drift_bad * root_n
+    z_good = z_bad - gap * root_n
+    crossed = z_bad >= np.asarray(d.pass_bounds)
+    stopped = z_good <= -np.asarray(d.stop_bounds)
+    alive = np.ones(len(z), dtype=bool)
+    passed = np.zeros(len(z), dtype=bool)
+    for k in range(len(d.fractions)):
+        passed |= alive & crossed[:, k]
+        alive &= ~crossed[:, k] & ~stopped[:, k]
+    return float(passed.mean())
+
+
+def operating_point(d: Design, docs: int, *, sd: float, mean_den: float, bad: float, good: float,
+                    min_true_pass: float) -> OperatingPoint:
+    """False- and true-pass rates of design ``d`` on ``docs`` documents whose paired noise is ``sd``
+    per document and whose denominator averages ``mean_den``; and the documents min_true_pass needs."""
+    if sd <= 0 or mean_den <= 0:
+        return OperatingPoint(false_pass=_pass_probability(d, max(docs, 1), 0.0, 0.0), true_pass=1.0,
+                              docs_needed=1)
+    unit = mean_den / sd  # a recovery difference of 1 moves Z by unit * sqrt(n)
+    gap = (good - bad) * unit
+
+    def true_pass(n: int) -> float:
+        return _pass_probability(d, n, gap, gap)
+
+    needed: int | None = None
+    if true_pass(MAX_DOCS) >= min_true_pass:
+        lo, hi = 1, MAX_DOCS
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (mid + 1, hi) if true_pass(mid) < min_true_pass else (lo, mid)
+        needed = lo
+    return OperatingPoint(false_pass=_pass_probability(d, docs, 0.0, gap), true_pass=true_pass(docs),
+                          docs_needed=needed)
+
+
+@dataclass(frozen=True)
+class Simulated:
+    pass_rate: float
+    mean_docs: float  # documents the candidate was scored on, on average
+
+
+def simulate_gate(*, docs: int, base_accuracy: float, flip_rate: float, recovery: float,
+                  fractions: tuple[float, ...], bad: float, max_false_pass: float, good: float,
+                  min_true_pass: float, trials: int, seed: int) -> Simulated:
+    """The implemented rule (look_verdict at each look) on synthetic paired 0/1 outcomes: ``docs``
+    documents, the base right with probability ``base_accuracy``, a share ``flip_rate`` of them flipped
+    so that the candidate's true recovery is ``recovery``. How often it passes, on how many documents."""
+    p10 = (flip_rate - (recovery - 1) * base_accuracy) / 2  # base right, candidate wrong
+    p01 = flip_rate - p10
+    if min(p10, p01) < 0 or base_accuracy < p10 or 1 - base_accuracy < p01:
+        raise ValueError(f"flip rate {flip_rate} cannot give recovery {recovery} at accuracy {base_accuracy}")
+    d = design(fractions, max_false_pass, min_true_pass)
+    rng = np.random.default_rng(seed)
+    passed = used = 0
+    for _ in range(trials):
+        base = rng.random(docs) < base_accuracy
+        u = rng.random(docs)
+        flip = np.where(base, u < p10 / base_accuracy, u < p01 / (1 - base_accuracy))
+        pair = Paired((base ^ flip).astype(float), base.astype(float), True)
+        for look, t in enumerate(fractions):
+            n = round(t * docs)
+            verdict = look_verdict(pair.head(n), d, look, bad, good)
+            if verdict.decided:
+                passed += verdict.passed
+                used += n
+                break
+    return Simulated(pass_rate=passed / trials, mean_docs=used / trials)
