@@ -149,7 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("rollback", parents=[debug, hub_options], help="move the release ref back to a gated commit",
                        description="Point the release ref of REPO at an earlier gated commit (--to SHA; "
-                       "default: the newest gated commit older than the current one), note it on the card "
+                       "default: the newest gated commit older than the current one; from a rejected candidate, the "
+                       "one `quantize-serve releases` proposes, which a ref at a commit never gated must name), "
+                       "note it on the card "
                        "and emit the Prefect event quantize-serve.release.rolled-back (the rollback flow, run "
                        "locally). Idempotent. A commit that was never gated or was rejected is refused "
                        "(exit 2) before anything changes; a ref someone else moved in between is refused "

@@ -46,10 +46,18 @@ def publish_release_history(hub: HubSection | None, history: ReleaseHistory | No
             logger.warning("release history not published: %s", exc)
             return None
     create_table_artifact(key=history_artifact_key(hub.repo_id), table=history.rows() or [{"commit": "-"}],
-                          description=f"Release history of {hub.repo_id}: {hub.release_ref_kind} "
-                          f"{hub.release_ref!r} -> {(history.current or 'nothing')[:12]}")
+                          description=history_description(history))
     logger.info("release history:\n%s", history.table())
+    if history.ref_warning:
+        logger.warning("%s", history.ref_warning)
     return history
+
+
+def history_description(history: ReleaseHistory) -> str:
+    """The artifact's description: the warning on top when the ref serves no release, as the CLI prints it."""
+    title = (f"Release history of {history.repo_id}: {history.release_ref_kind} {history.release_ref!r} -> "
+             f"{(history.current or 'nothing')[:12]}")
+    return f"**WARNING:** {history.ref_warning}\n\n{title}" if history.ref_warning else title
 
 
 @task(name="plan-rollback", cache_policy=NO_CACHE)

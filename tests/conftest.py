@@ -114,8 +114,10 @@ LANES = {"tests/engines/test_moe.py": "flows",  # its own quantization, none of 
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """The lanes above as pytest-xdist work units (its own --dist loadgroup would group by a marker,
-    but under pytest 9 it cannot rename the tests it groups, and so does not group them)."""
+    """The lanes above as pytest-xdist work units. Its own --dist loadgroup would group by a marker, but
+    under pytest 9.2 and later it silently stops grouping: it marks a group by renaming the test's node
+    id, which pytest's structured node ids ignore (pytest-xdist issue #1386; its fix, PR #1388, was
+    still open in 2026-12)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class Lanes(LoadScopeScheduling):

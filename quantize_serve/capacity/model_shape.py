@@ -32,7 +32,7 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from quantize_serve.core.errors import RecipeError, RecipeErrors
+from quantize_serve.core.errors import RecipeError, RecipeErrors, UnplannableShapeError
 from quantize_serve.recipe.inputs import show_path
 
 __all__ = ["ARCHITECTURES", "ModelShape", "Linear"]
@@ -56,20 +56,26 @@ class Architecture(NamedTuple):
     bias: Literal["attention_bias", "qkv"]  # q/k/v/o when the config's attention_bias says so; q/k/v always
     qk_norm: bool  # an RMSNorm of head_dim on q and on k in every layer (Qwen3)
     experts: Literal["", "num_experts", "num_local_experts"]  # the key that counts routed experts
+    # num_key_value_heads when config.json leaves it out, as the transformers config class defaults it
+    # (vLLM reads the config through it): None, the attention heads (Llama); else its default model's count.
+    kv_heads_default: int | None = None
 
 
 # What the planner models, by the ``architectures`` entry of config.json (``model_type`` when absent).
 ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": Architecture("llama", "attention_bias", False, ""),
-    "MistralForCausalLM": Architecture("mistral", "attention_bias", False, ""),
-    "Qwen2ForCausalLM": Architecture("qwen2", "qkv", False, ""),
-    "Qwen3ForCausalLM": Architecture("qwen3", "attention_bias", True, ""),
-    "Qwen2MoeForCausalLM": Architecture("qwen2_moe", "qkv", False, "num_experts"),
-    "Qwen3MoeForCausalLM": Architecture("qwen3_moe", "attention_bias", True, "num_experts"),
-    "MixtralForCausalLM": Architecture("mixtral", "attention_bias", False, "num_local_experts"),
+    "MistralForCausalLM": Architecture("mistral", "attention_bias", False, "", 8),
+    "Qwen2ForCausalLM": Architecture("qwen2", "qkv", False, "", 32),
+    "Qwen3ForCausalLM": Architecture("qwen3", "attention_bias", True, "", 32),
+    "Qwen2MoeForCausalLM": Architecture("qwen2_moe", "qkv", False, "num_experts", 16),
+    "Qwen3MoeForCausalLM": Architecture("qwen3_moe", "attention_bias", True, "num_experts", 4),
+    "MixtralForCausalLM": Architecture("mixtral", "attention_bias", False, "num_local_experts", 8),
 }
-_MEASURE_FIX = ("measure it with vLLM instead: `vllm serve MODEL --load-format dummy` boots its shape with "
-                "random weights and logs 'GPU KV cache size: N tokens'")
+# The measured path a refusal names first: the project's own (capacity/shape.py), then vLLM's by hand.
+_MEASURE_FIX = ("measure it instead: `quantize-serve plan RECIPE --measure` boots this shape in vLLM with "
+                "random weights (nothing downloaded but config.json and the tokenizer) under the recipe's "
+                "serve settings and reads vLLM's own KV figures; without a recipe, `vllm serve MODEL "
+                "--load-format dummy` logs 'GPU KV cache size: N tokens'")
 
 
 def _supported() -> str:
@@ -90,7 +96,8 @@ class ModelShape(BaseModel):
     architecture: str = "LlamaForCausalLM"
     num_layers: int = Field(gt=0, description="num_hidden_layers")
     num_heads: int = Field(gt=0, description="num_attention_heads")
-    num_kv_heads: int = Field(gt=0, description="num_key_value_heads (GQA); = heads if absent")
+    num_kv_heads: int = Field(gt=0, description="num_key_value_heads (GQA); if absent, transformers' default "
+                              "(Llama: = heads)")
     head_dim: int = Field(gt=0, description="head_dim, or hidden_size // num_attention_heads")
     hidden_size: int = Field(gt=0)
     intermediate_size: int = Field(ge=0, description="the dense MLP's; 0 when every layer is sparse")
@@ -107,6 +114,8 @@ class ModelShape(BaseModel):
     moe_intermediate_size: int = Field(0, ge=0, description="each routed expert's MLP width")
     num_moe_layers: int = Field(0, ge=0, description="how many layers are sparse")
     shared_expert_intermediate_size: int = Field(0, ge=0, description="0: no shared expert")
+    assumed: tuple[str, ...] = Field((), description="what config.json left out and the plan assumed, in "
+                                     "words: every plan of the shape carries them as notes")
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelShape:
@@ -247,9 +256,9 @@ def _architecture(data: Mapping[str, Any], source: str) -> tuple[str, Architectu
         name = str(names[0])
         if name in ARCHITECTURES:
             return name, ARCHITECTURES[name]
-        raise RecipeError(source, "architectures", names,
-                          "the capacity planner has no model of this architecture's memory",
-                          f"{_MEASURE_FIX}; the planner models {_supported()}")
+        raise UnplannableShapeError(source, "architectures", names,
+                                    "the capacity planner has no model of this architecture's memory",
+                                    f"{_MEASURE_FIX}; the planner models {_supported()}")
     model_type = data.get("model_type")
     for name, arch in ARCHITECTURES.items():
         if arch.model_type == model_type:
@@ -260,38 +269,39 @@ def _architecture(data: Mapping[str, Any], source: str) -> tuple[str, Architectu
                       f"the planner models {_supported()}")
 
 
-def _unmodelled_attention(data: Mapping[str, Any], source: str) -> RecipeError | None:
+def _unmodelled_attention(data: Mapping[str, Any], source: str) -> UnplannableShapeError | None:
     """Multi-latent attention or a sliding-window cache: the KV cache is not kv_heads x head_dim per
     token per layer, so any plan would be wrong."""
     if data.get("kv_lora_rank"):
-        return RecipeError(source, "kv_lora_rank", data["kv_lora_rank"],
-                           "multi-latent attention: the KV cache holds a compressed latent per token, not "
-                           "num_key_value_heads x head_dim, and the capacity planner has no model of it",
-                           _MEASURE_FIX)
+        return UnplannableShapeError(
+            source, "kv_lora_rank", data["kv_lora_rank"],
+            "multi-latent attention: the KV cache holds a compressed latent per token, not "
+            "num_key_value_heads x head_dim, and the capacity planner has no model of it", _MEASURE_FIX)
     layer_types = data.get("layer_types")
     if isinstance(layer_types, list):
         other = sorted({str(t) for t in layer_types} - {"full_attention"})
         if other:
-            return RecipeError(source, "layer_types", other,
-                               "layers other than full attention keep a different KV cache (a sliding window "
-                               "holds only its last tokens), which the capacity planner does not model",
-                               _MEASURE_FIX)
+            return UnplannableShapeError(
+                source, "layer_types", other,
+                "layers other than full attention keep a different KV cache (a sliding window holds only its "
+                "last tokens), which the capacity planner does not model", _MEASURE_FIX)
     window = data.get("sliding_window")
     if not window:
         return None
     if "use_sliding_window" in data:  # Qwen2 and its kin: the window is off unless this says so
         if not data["use_sliding_window"]:
             return None
-        return RecipeError(source, "use_sliding_window", data["use_sliding_window"],
-                           f"layers from max_window_layers ({data.get('max_window_layers')}) on attend "
-                           f"through a sliding window of {window} tokens, a KV cache the capacity planner "
-                           "does not model", _MEASURE_FIX)
+        return UnplannableShapeError(
+            source, "use_sliding_window", data["use_sliding_window"],
+            f"layers from max_window_layers ({data.get('max_window_layers')}) on attend through a sliding "
+            f"window of {window} tokens, a KV cache the capacity planner does not model", _MEASURE_FIX)
     names = data.get("architectures")
     model = names[0] if isinstance(names, list) and names else data.get("model_type", "the model")
-    return RecipeError(source, "sliding_window", window,
-                       f"{model} attends through a sliding window of {window} tokens (in every layer, or "
-                       "interleaved with full attention): vLLM keeps only the window for those layers, a KV "
-                       "cache the capacity planner does not model", _MEASURE_FIX)
+    return UnplannableShapeError(
+        source, "sliding_window", window,
+        f"{model} attends through a sliding window of {window} tokens (in every layer, or interleaved with "
+        "full attention): vLLM keeps only the window for those layers, a KV cache the capacity planner does "
+        "not model", _MEASURE_FIX)
 
 
 class _Reader:
@@ -329,7 +339,8 @@ def _read(data: Mapping[str, Any], source: str) -> ModelShape:
     hidden = r.int("hidden_size", why="every weight matrix")
     head_dim = r.int("head_dim", default=hidden // max(heads, 1),
                      why="the attention projections and the KV cache")
-    kv_heads = r.int("num_key_value_heads", default=heads, why="the KV cache")
+    kv_heads = r.int("num_key_value_heads", default=arch.kv_heads_default or heads, why="the KV cache")
+    assumed = [] if "num_key_value_heads" in data else [_kv_heads_assumed(name, arch, heads, kv_heads)]
     vocab = r.int("vocab_size", why="the embeddings and the LM head")
     max_pos = r.int("max_position_embeddings", default=2048, why="the longest request")
     experts, per_token, expert_size, moe_layers, shared = 0, 0, 0, 0, 0
@@ -378,7 +389,20 @@ def _read(data: Mapping[str, Any], source: str) -> ModelShape:
         moe_intermediate_size=expert_size,
         num_moe_layers=moe_layers,
         shared_expert_intermediate_size=shared,
+        assumed=tuple(assumed),
     )
+
+
+def _kv_heads_assumed(name: str, arch: Architecture, heads: int, kv_heads: int) -> str:
+    """The note for a config.json without num_key_value_heads: what the plan took, whose default it is."""
+    config_class = name.removesuffix("ForCausalLM") + "Config"
+    if arch.kv_heads_default is None:
+        return (f"config.json has no num_key_value_heads: planned with {kv_heads} KV heads, one per attention "
+                f"head, as transformers' {config_class} (and so vLLM) defaults it; a model with grouped-query "
+                "attention holds more KV tokens than planned: add its num_key_value_heads to config.json")
+    return (f"config.json has no num_key_value_heads: planned with {kv_heads} KV heads ({heads} attention "
+            f"heads), the default of transformers' {config_class} (and so vLLM's), which is its default model's "
+            "count, not necessarily this one's: add the model's num_key_value_heads to config.json")
 
 
 def _sparse_layers(r: _Reader, layers: int) -> int:

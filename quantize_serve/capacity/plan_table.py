@@ -66,7 +66,8 @@ class PlanTable(BaseModel):
 
     model: str
     summary: ModelSummary | None = None
-    rows: dict[str, CapacityPlan] = Field(description="keys: base, w4a16, w4a16-fp8kv")
+    rows: dict[str, CapacityPlan] = Field(description="keys: base, w4a16, w4a16-fp8kv (the production row, "
+                                          "whatever its KV dtype; the text labels it by it: row_label)")
     fits_at_tp: dict[str, int | None] = Field(
         default_factory=dict, description="for a row that does not fit: the smallest tensor_parallel_size "
         f"(up to {max(TP_SIZES)}) at which it would, or None")
@@ -162,6 +163,11 @@ def plan_table(
     )
 
 
+def row_label(name: str, row: CapacityPlan) -> str:
+    """How the text names a row: the production row by its KV dtype (w4a16-16bitkv for "auto")."""
+    return Boot(name).label(kv_cache_dtype=row.kv_cache_dtype)
+
+
 def _gib(n: int | float) -> str:
     return f"{n / GiB:.2f}"
 
@@ -216,11 +222,12 @@ def format_table(table: PlanTable, *, title: str | None = None) -> str:
         "KV B/token (model) | KV tokens | max concurrency | rec. max_num_seqs | fits |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
+    labels = {name: row_label(name, r) for name, r in table.rows.items()}
     for name, r in table.rows.items():
         fits = "yes" if r.fits else f"NO (max_model_len <= {r.largest_max_model_len:,})"
         kv_gib = _gib(r.kv_cache_memory_bytes)  # negative: that much over budget
         lines.append(
-            f"| {name} | {_gib(r.weights_bytes)} | {_gib(r.activation_bytes)} | "
+            f"| {labels[name]} | {_gib(r.weights_bytes)} | {_gib(r.activation_bytes)} | "
             f"{_gib(r.overhead_bytes)} | {_graphs(r)} | {kv_gib} | {r.kv_bytes_per_token:,} | "
             f"{r.kv_cache_tokens:,} | {r.max_concurrency:.1f} | {r.recommended_max_num_seqs:,} | {fits} |"
         )
@@ -235,7 +242,7 @@ def format_table(table: PlanTable, *, title: str | None = None) -> str:
         if g.kv_tokens_ratio is not None:
             ratio = f"x{g.kv_tokens_ratio:.2f}"
         lines.append(
-            f"- {name} vs base: {g.extra_kv_tokens:+,} KV tokens ({ratio}), "
+            f"- {labels[name]} vs base: {g.extra_kv_tokens:+,} KV tokens ({ratio}), "
             f"{g.extra_max_concurrency:+.1f} concurrent max-length requests"
         )
     for name, r in table.rows.items():
@@ -243,7 +250,12 @@ def format_table(table: PlanTable, *, title: str | None = None) -> str:
             tp = table.fits_at_tp.get(name)
             where = (f"; fits at TP {tp}" if tp else f"; fits at no TP up to {max(TP_SIZES)}"
                      ) if name in table.fits_at_tp else ""
-            lines.append(f"- {name} does not fit at TP {r.tensor_parallel_size}: {r.reason}{where}")
+            lines.append(f"- {labels[name]} does not fit at TP {r.tensor_parallel_size}: {r.reason}{where}")
+    production = table.rows.get(Boot.PRODUCTION)
+    if production is not None and labels[Boot.PRODUCTION] != Boot.PRODUCTION.value:
+        lines.append(f"- note: {labels[Boot.PRODUCTION]} is the production configuration with KV cache dtype "
+                     f"{production.kv_cache_dtype}: a 16-bit KV cache, as in the {Boot.QUANTIZED_16BIT_KV} row "
+                     "(--kv-cache-dtype fp8 plans an fp8 one)")
     notes = dict.fromkeys(n for r in table.rows.values() for n in r.notes)
     lines.extend(f"- note: {n}" for n in notes)
     return "\n".join(lines)

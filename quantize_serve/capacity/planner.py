@@ -459,7 +459,7 @@ def plan_capacity(
     concurrency = tokens / max_model_len
     fits = tokens >= max_model_len
 
-    notes: list[str] = []
+    notes: list[str] = list(shape.assumed)  # what config.json left out
     if shape.num_kv_heads % tp:
         notes.append(
             f"{shape.num_kv_heads} KV heads do not divide over TP {tp}: "

@@ -13,6 +13,11 @@ KV figures are what the real checkpoint gets (weights are random, sizes are not)
 (``serve.memory_budget`` set) the budget is fixed: each boot gets budget - weights, with the
 weights the planner's bytes for the shape (no checkpoint exists to read them from); the boot then
 measures vLLM's block and per-token accounting.
+
+A shape the planner has no model of (a sliding-window cache, multi-latent attention, another
+architecture: UnplannableShapeError) is measured on a GPU all the same, its rows without a prediction:
+this is the measured path the planner's refusal points to. A fixed budget needs the planner's weight
+bytes, so on CPU such a shape is refused, saying so.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from quantize_serve.capacity.measure import (
     measure_capacity,
     plan_for,
 )
-from quantize_serve.core.errors import RecipeError, ServerBootError
+from quantize_serve.core.errors import RecipeError, ServerBootError, UnplannableShapeError
 from quantize_serve.quantize.run import CHECKPOINT_FORMAT, weight_scheme
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.recipe.quantization import QuantizationSection
@@ -108,7 +113,7 @@ class ShapeRow(BaseModel):
     measured: CapacityConfig | None = None
     refused: str | None = None
     not_booted: str | None = None  # why this configuration was not booted (it stays planned only)
-    planned: planner.CapacityPlan
+    planned: planner.CapacityPlan | None = None  # None: the planner has no model of the shape (unplanned)
     error_pct: float | None = None
 
 
@@ -116,6 +121,8 @@ class ShapeCapacity(BaseModel):
     model: str
     method: str
     rows: list[ShapeRow]
+    max_model_len: int | None = None  # the recipe's (None: a report made before it was recorded)
+    unplanned: str | None = None  # why the rows have no prediction: the planner's refusal of the shape
 
     def configs(self) -> list[CapacityConfig]:
         return [r.measured for r in self.rows if r.measured]
@@ -125,27 +132,29 @@ class ShapeCapacity(BaseModel):
 
     def markdown(self) -> str:
         tp = self.rows[0].tensor_parallel_size
-        max_len = self.rows[0].planned.max_model_len
+        max_len = self.max_model_len or next(r.planned.max_model_len for r in self.rows if r.planned)
         lines = [
             f"| configuration (TP {tp}) | weights GiB per GPU | KV tokens | max concurrency @ {max_len:,} | "
             "planner KV tokens (error) |",
             "|---|---:|---:|---:|---:|",
         ]
         for r in self.rows:
-            p = r.planned
-            plan = f"{p.kv_cache_tokens:,}" if p.fits else f"does not fit: {p.reason}"
+            p, name = r.planned, r.name.label(kv_cache_dtype=r.kv_cache_dtype)
+            plan = "-" if p is None else f"{p.kv_cache_tokens:,}" if p.fits else f"does not fit: {p.reason}"
             if r.measured:
                 m = r.measured
                 err = f" ({r.error_pct:+.2f}%)" if r.error_pct is not None else ""
-                lines.append(f"| {r.name} ({r.kv_cache_dtype}) | {m.weights_bytes / GIB:.2f} | "
+                lines.append(f"| {name} ({r.kv_cache_dtype}) | {m.weights_bytes / GIB:.2f} | "
                              f"{m.kv_cache_tokens:,} | {m.max_concurrency:.2f}x | {plan}{err} |")
             else:
                 why = r.not_booted or "production was refused first"  # a report made before not_booted
                 what = f"refused by vLLM: {r.refused}" if r.refused else f"not booted: {why}"
-                lines.append(f"| {r.name} ({r.kv_cache_dtype}) | {p.weights_bytes / GIB:.2f} (planned) | "
-                             f"{what} | - | {plan} |")
+                weights = "-" if p is None else f"{p.weights_bytes / GIB:.2f} (planned)"
+                lines.append(f"| {name} ({r.kv_cache_dtype}) | {weights} | {what} | - | {plan} |")
         lines += ["", f"Model shape: {self.model}. Weights are random (vLLM --load-format dummy); sizes, "
                   "kernels and memory accounting are the real ones. Method: " + self.method]
+        if self.unplanned:
+            lines += ["", f"No planner prediction: {self.unplanned}"]
         return "\n".join(lines)
 
 
@@ -165,10 +174,12 @@ def measure_shape(recipe: Recipe, base_dir: str | Path, *, out_dir: Path, model:
     fixed = recipe.serve.memory_budget is not None
     block = planner.BLOCK_SIZE_CPU if fixed else planner.BLOCK_SIZE_GPU
     tp = recipe.serve.tensor_parallel_size
+    plans, unplanned = planned_rows(recipe, base_config, block_size=block, device_memory_bytes=device_memory_bytes)
     specs, rows = {}, {}
     for boot in Boot:
-        planned = plan_for(recipe, base_config, boot, block_size=block, device_memory_bytes=device_memory_bytes)
-        specs[boot] = capacity_spec(recipe, boot, folders[boot], weights_bytes=planned.weights_bytes
+        planned = plans[boot]
+        weights = planned.weights_bytes if planned else None  # None: on a GPU, vLLM profiles them
+        specs[boot] = capacity_spec(recipe, boot, folders[boot], weights_bytes=weights
                                     ).model_copy(update={"load_format": "dummy", "warm_up": False})
         rows[boot] = ShapeRow(name=boot, kv_cache_dtype=specs[boot].effective_kv_dtype, planned=planned,
                               tensor_parallel_size=tp)
@@ -189,15 +200,35 @@ def measure_shape(recipe: Recipe, base_dir: str | Path, *, out_dir: Path, model:
             if fixed:  # no checkpoint to read: the budget was split with the planner's weight bytes
                 measured = measured.model_copy(update={"weights_bytes": planned.weights_bytes})
             row.measured = measured
-            row.error_pct = planner.kv_error_pct(planned.kv_cache_tokens, measured.kv_cache_tokens)
+            if planned is not None:
+                row.error_pct = planner.kv_error_pct(planned.kv_cache_tokens, measured.kv_cache_tokens)
             log(f"shape capacity {boot}: {measured.kv_cache_tokens:,} KV tokens "
-                f"(planner {planned.kv_cache_tokens:,})")
+                f"(planner {f'{planned.kv_cache_tokens:,}' if planned else '-'})")
         if production_first and boot is Boot.PRODUCTION and row.refused:
             for other in Boot:  # the run stops here: the other rows stay planned only
                 if other is not boot:
                     rows[other].not_booted = "production was refused first"
             break
-    return ShapeCapacity(model=model, method=METHOD_FIXED if fixed else METHOD_GPU, rows=[rows[b] for b in Boot])
+    return ShapeCapacity(model=model, method=METHOD_FIXED if fixed else METHOD_GPU, rows=[rows[b] for b in Boot],
+                         max_model_len=recipe.serve.max_model_len, unplanned=unplanned)
+
+
+def planned_rows(recipe: Recipe, base_config: dict, *, block_size: int, device_memory_bytes: int | None
+                 ) -> tuple[dict[Boot, planner.CapacityPlan | None], str | None]:
+    """The planner's row of each configuration, or none with the reason when it has no model of the
+    shape (a GPU boot measures it all the same; a fixed budget cannot be split without its weights)."""
+    try:
+        return {boot: plan_for(recipe, base_config, boot, block_size=block_size,
+                               device_memory_bytes=device_memory_bytes) for boot in Boot}, None
+    except UnplannableShapeError as exc:
+        if recipe.serve.memory_budget is not None:
+            raise RecipeError(
+                "recipe", "serve.memory_budget", str(recipe.serve.memory_budget),
+                f"a fixed budget is split between weights and KV cache with the planner's weight bytes (no "
+                f"checkpoint exists yet to read them from), and the planner has no model of this shape: "
+                f"{exc.field} = {exc.value}", "measure on the GPU host (serve.memory_budget unset): vLLM "
+                "profiles the weights itself") from None
+        return dict.fromkeys(Boot), f"{exc.field} = {exc.value}: {exc.problem}"
 
 
 def write_files(result: ShapeCapacity, folder: Path) -> dict[str, Path]:

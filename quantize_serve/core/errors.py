@@ -25,6 +25,11 @@ class RecipeError(QuantizeServeError, ValueError):
         return RecipeError(source, self.field, self.value, self.problem, self.fix)
 
 
+class UnplannableShapeError(RecipeError):
+    """A model config the capacity planner has no model of (its architecture, or an attention whose KV
+    cache is not KV heads x head_dim per token): vLLM can still measure it (``plan RECIPE --measure``)."""
+
+
 class RecipeErrors(QuantizeServeError, ValueError):
     """Several recipe problems found at once, reported together."""
 

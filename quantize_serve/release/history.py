@@ -9,7 +9,9 @@ What the Hub holds, and how it is read (``hub/releases.py`` reads; this module i
 - a rollback is a card commit titled ``Rollback of <kind> <ref> to <sha> from <sha>`` (the note on the
   card, quantize_serve/release/rollback.py), with the reason in its description; its author and date
   are the Hub's.
-The release ref's target now is read from the repo's refs.
+The release ref's target now is read from the repo's refs. When that target is no gated commit (a ref
+moved by hand, or onto a rejected candidate), the history warns on top and names the rollback that
+puts it back (:meth:`ReleaseHistory.ref_warning`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import re
 from collections.abc import Callable
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from quantize_serve.core.errors import HubError
 from quantize_serve.hub.releases import RepoState, read_file_at, read_repo_state
@@ -60,6 +62,7 @@ class ReleaseEntry(BaseModel):
     at: str = ""
     record: ReleaseRecord | None = None  # release-results.json; None for releases made before it existed
     reasons: list[str] = Field(default_factory=list)
+    rejection_tag: str | None = None  # the rejected-<sha> tag that marks a rejection
     rolled_back_from: list[RefEvent] = Field(default_factory=list)
     rolled_back_to: list[RefEvent] = Field(default_factory=list)
     current: bool = False
@@ -84,16 +87,70 @@ class ReleaseHistory(BaseModel):
         """Where the history says the ref should point (the last promotion or rollback)."""
         return self.events[-1].to if self.events else None
 
+    def repair_target(self) -> ReleaseEntry | None:
+        """The gated commit that puts the ref right when it points at no release: where the last promotion
+        or rollback put it (a rollback away from a newer release stands), else the newest gated commit."""
+        recorded = self.entry(self.recorded_target() or "")
+        if recorded is not None and recorded.status == "promoted":
+            return recorded
+        gated = self.gated()
+        return gated[-1] if gated else None
+
+    def repair_command(self, target: ReleaseEntry) -> str:
+        ref = "" if self.release_ref == "production" else f" --ref {self.release_ref}"
+        kind = "" if self.release_ref_kind == "tag" else f" --ref-kind {self.release_ref_kind}"
+        return f"quantize-serve rollback {self.repo_id}{ref}{kind} --to {target.commit}"
+
+    @computed_field  # in `releases --json` too
+    @property
+    def ref_warning(self) -> str | None:
+        """Why the release ref serves no release, and the command that repairs it; None while it points at
+        a gated commit, or at nothing before any commit passed the gates."""
+        target = self.repair_target()
+        if self.current is None:
+            if target is None:
+                return None
+            problem = (f"{self.release_ref} points at nothing, though {len(self.gated())} commit(s) of "
+                       f"{self.repo_id} passed the gates")
+        else:
+            entry, sha = self.entry(self.current), self.current[:12]
+            if entry is not None and entry.status == "promoted":
+                return None
+            if entry is not None:
+                why = f": {'; '.join(entry.reasons)}" if entry.reasons else ""
+                problem = (f"{self.release_ref} serves {sha}, which the gates rejected "
+                           f"({entry.rejection_tag or REJECTION_TAG_PREFIX + sha} tag{why})")
+            else:
+                child = next((e for e in self.gated() if e.candidate == self.current), None)
+                how = (f"it is the candidate of the gated commit {child.commit[:12]}, without its final card "
+                       "and recorded results" if child else f"the {self.release_ref_kind} was moved there by hand")
+                problem = f"{self.release_ref} serves {sha}, which no gate passed ({how})"
+        if target is None:
+            return (f"{problem}. No commit of {self.repo_id} passed the gates yet, so there is none to roll back "
+                    "to. Fix: release one through the gates (`quantize-serve run RECIPE`)")
+        newest = self.gated()[-1]
+        which = ("the newest gated commit" if target.commit == newest.commit else
+                 f"where the last rollback put it; the newest gated commit, {newest.commit[:12]}, was rolled "
+                 "back from")
+        return f"{problem}. Fix: `{self.repair_command(target)}` ({which})"
+
     def rows(self) -> list[dict[str, str]]:
-        """The table: one row per entry, newest first (the CLI, the Prefect table artifact, the benchmark)."""
-        return [history_row(e) for e in reversed(self.entries)]
+        """The table: one row per entry, newest first (the CLI, the Prefect table artifact, the benchmark);
+        first, a row for the ref's target when that is no commit the gates saw."""
+        rows = [history_row(e) for e in reversed(self.entries)]
+        if self.current is not None and self.entry(self.current) is None:
+            rows.insert(0, {**dict.fromkeys(HISTORY_COLUMNS, "-"), "commit": self.current[:12],
+                            "decision": "never gated", "now": "<- current"})
+        return rows
 
     def table(self) -> str:
+        """The CLI's view: the warning on top (ref_warning), the ref's target, the rows."""
         title = (f"{self.repo_id}: {self.release_ref_kind} {self.release_ref!r} -> "
                  f"{self.current[:12] if self.current else 'nothing'}")
+        warning = f"WARNING: {self.ref_warning}\n" if self.ref_warning else ""
         if not self.entries:
-            return f"{title}\nno gated release yet"
-        return f"{title}\n{format_table(self.rows())}"
+            return f"{warning}{title}\nno gated release yet"
+        return f"{warning}{title}\n{format_table(self.rows())}"
 
 
 def _day(at: str) -> str:
@@ -124,7 +181,7 @@ def history_row(e: ReleaseEntry) -> dict[str, str]:
         "rolled back from here": "; ".join(f"{_day(v.at)} (to {v.to[:12]}{_by(v)})" for v in e.rolled_back_from) or "-",
         "rolled back to here": "; ".join(f"{_day(v.at)} (from {(v.previous or 'nothing')[:12]}{_by(v)})"
                                          for v in e.rolled_back_to) or "-",
-        "now": "<- current" if e.current else "",
+        "now": ("<- current" if e.status == "promoted" else "<- current (rejected)") if e.current else "",
     }
 
 
@@ -158,7 +215,7 @@ def interpret(hub: HubSection, state: RepoState, record: Callable[[str], Release
     ref, kind = hub.release_ref, hub.release_ref_kind
     current = state.ref_target(ref, kind)
     oldest_first = list(reversed(state.commits))
-    rejected = {sha for name, sha in state.tags.items() if name.startswith(REJECTION_TAG_PREFIX)}
+    rejected = {sha: name for name, sha in state.tags.items() if name.startswith(REJECTION_TAG_PREFIX)}
     entries: list[ReleaseEntry] = []
     events: list[RefEvent] = []
     for c in oldest_first:
@@ -174,7 +231,7 @@ def interpret(hub: HubSection, state: RepoState, record: Callable[[str], Release
             rec = record(card.sha) if card else None
             entries.append(ReleaseEntry(commit=c.sha, candidate=c.sha, status="rejected",
                                         at=card.date if card else c.date, record=rec,
-                                        reasons=rec.reasons if rec else []))
+                                        reasons=rec.reasons if rec else [], rejection_tag=rejected[c.sha]))
         match = ROLLBACK_TITLE.match(c.title)
         if match and match["ref"] == ref and match["kind"] == kind:
             previous = None if match["from"] == "nothing" else match["from"]

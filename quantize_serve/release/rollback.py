@@ -3,7 +3,9 @@
 Two steps, so that what is moved is what was read:
 
 1. :func:`plan_rollback` (pure, on the history the Hub gave): the target (``to``, a full or short
-   sha; by default the newest gated commit older than the one the ref points at) must be a gated
+   sha; by default the newest gated commit older than the one the ref points at, or, when that is a
+   rejected candidate, the one `quantize-serve releases` proposes: ``ReleaseHistory.repair_target``;
+   a ref at a commit never gated, or at nothing, is refused with that proposal) must be a gated
    commit of the repo; a rejected candidate, a candidate never gated or an unknown sha is refused
    (:class:`ReleaseRefusedError`, one screen, exit 2) before anything changes.
 2. :func:`apply_rollback`: moves the ref only while it still points where the plan read it
@@ -100,25 +102,43 @@ def _refuse(history: ReleaseHistory, to: str, problem: str, fix: str) -> Release
     return ReleaseRefusedError(f"rollback of {history.repo_id} to {to}: {problem}. Fix: {fix}")
 
 
-def resolve_target(history: ReleaseHistory, to: str | None) -> str:
-    """The gated commit to roll back to; refuses anything else, saying why and what would do."""
+def default_target(history: ReleaseHistory) -> str:
+    """``rollback`` without ``--to``: the newest gated commit older than the ref's; from a rejected
+    candidate, the release ``releases`` proposes (repair_target); from a commit never gated, or from
+    nothing, a refusal that proposes it."""
     gated = history.gated()
     listing = ", ".join(e.commit[:12] for e in reversed(gated)) or "none"
+    current = history.entry(history.current) if history.current else None
+    proposal = history.repair_target()
+    propose = (f"`{history.repair_command(proposal)}`, the release `quantize-serve releases` proposes (gated "
+               f"commits, newest first: {listing})" if proposal else
+               "none passed the gates yet; release one through them first (`quantize-serve run RECIPE`)")
+    if history.current is None:
+        raise ReleaseRefusedError(
+            f"rollback of {history.repo_id}: the {history.release_ref_kind} {history.release_ref!r} points at "
+            f"nothing, so there is no previous release to go back to. Fix: name one with --to SHA: {propose}")
+    if current is None:
+        raise ReleaseRefusedError(
+            f"rollback of {history.repo_id}: {history.release_ref!r} points at {history.current[:12]}, which no "
+            f"gate passed, so no release is before it to go back to. Fix: name the target with --to SHA: {propose}")
+    if current.status == "rejected" and proposal is not None:
+        return proposal.commit
+    order = [e.commit for e in history.entries]
+    older = [e for e in gated if order.index(e.commit) < order.index(current.commit)]
+    if not older:
+        raise ReleaseRefusedError(
+            f"rollback of {history.repo_id}: {history.release_ref!r} points at {history.current[:12]}, and no "
+            f"gated commit is older than it. Fix: name the target with --to SHA (gated commits, newest first: "
+            f"{listing})")
+    return older[-1].commit
+
+
+def resolve_target(history: ReleaseHistory, to: str | None) -> str:
+    """The gated commit to roll back to; refuses anything else, saying why and what would do."""
     if to is None:
-        if history.current is None:
-            raise ReleaseRefusedError(
-                f"rollback of {history.repo_id}: the {history.release_ref_kind} {history.release_ref!r} points at "
-                f"nothing, so there is no previous release to go back to. Fix: name one with --to SHA "
-                f"(gated commits, newest first: {listing})")
-        order = [e.commit for e in history.entries]
-        position = order.index(history.current) if history.current in order else None
-        older = [e for e in gated if position is not None and order.index(e.commit) < position]
-        if not older:
-            raise ReleaseRefusedError(
-                f"rollback of {history.repo_id}: {history.release_ref!r} points at {history.current[:12]}, and "
-                f"no gated commit is older than it{'' if position is not None else ' (it is no gated commit)'}."
-                f" Fix: name the target with --to SHA (gated commits, newest first: {listing})")
-        return older[-1].commit
+        return default_target(history)
+    gated = history.gated()
+    listing = ", ".join(e.commit[:12] for e in reversed(gated)) or "none"
     wanted = to.strip().lower()
     if not SHORT_SHA.match(wanted):
         raise _refuse(history, to, "not a commit sha (7 to 40 hex digits)",

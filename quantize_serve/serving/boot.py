@@ -25,13 +25,18 @@ class Boot(StrEnum):
     def sixteen_bit_kv(self) -> bool:
         return self is not Boot.PRODUCTION
 
-    def label(self, scheme: str | None = None) -> str:
+    def label(self, scheme: str | None = None, *, kv_cache_dtype: str | None = None) -> str:
         """The boot's name where people read it (the capacity table, the boot log): its value, with a
         quantized boot's "w4a16" replaced by the candidate's scheme when that is another family, so an INT8
-        W8A8 candidate's rows read "w8a8" and "w8a8-fp8kv". Results and file names keep the value."""
+        W8A8 candidate's rows read "w8a8" and "w8a8-fp8kv"; and the production boot's "fp8kv" by "16bitkv"
+        when ``kv_cache_dtype`` (given) is no fp8 one ("auto", "bfloat16"). Results and file names keep the
+        value."""
+        name = self.value
+        if self is Boot.PRODUCTION and kv_cache_dtype is not None and not kv_cache_dtype.startswith("fp8"):
+            name = name.replace("-fp8kv", "-16bitkv")
         if not self.quantized or not scheme or scheme.upper().startswith("W4A16"):
-            return self.value
-        return self.value.replace("w4a16", scheme.lower(), 1)
+            return name
+        return name.replace("w4a16", scheme.lower(), 1)
 
     def model_dir(self, base_dir: str | Path, checkpoint_dir: str | Path) -> Path:
         """The folder this boot serves: the base model's or the quantized checkpoint's."""

@@ -250,3 +250,38 @@ def test_the_releases_command_prints_the_table(validated, tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith(f"{validated.recipe.hub.repo_id}: tag 'production' -> {g1[:12]}")
     assert "approved by" in out and "14,464" in out and WRITE not in out
+
+
+def test_the_releases_command_warns_when_the_ref_serves_no_release(validated, tmp_path, capsys):
+    """Issue 44: the tag moved by hand onto the rejected candidate, then onto a commit no gate saw; the
+    command says so on top and names the rollback that puts it back, and that rollback does."""
+    release(validated, tmp_path, 1)
+    g2 = release(validated, tmp_path, 2)
+    c3 = release(validated, tmp_path, 3, kv_tokens=KV_8BIT, rejected=True)
+    repo, api = validated.recipe.hub.repo_id, HfApi(token=WRITE)
+
+    def move_by_hand(sha: str) -> None:
+        api.delete_tag(repo, tag="production")
+        api.create_tag(repo, tag="production", revision=sha)
+
+    repair = f"`quantize-serve rollback {repo} --to {g2}` (the newest gated commit)"
+    move_by_hand(c3)
+    assert cli.main(["releases", repo]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"WARNING: production serves {c3[:12]}, which the gates rejected (rejected-{c3[:12]} tag: "
+                          "regression capacity: KV tokens"), out
+    assert out.splitlines()[0].endswith(repair) and "<- current (rejected)" in out
+
+    card_commit = api.list_repo_commits(repo)[0].commit_id  # the rejection's card: never gated
+    move_by_hand(card_commit)
+    assert cli.main(["releases", repo]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"WARNING: production serves {card_commit[:12]}, which no gate passed (the tag was moved "
+                          f"there by hand). Fix: {repair}"), out
+    assert cli.main(["rollback", repo]) == 2  # no --to: refused, proposing the same command
+    assert "which no gate passed" in (err := capsys.readouterr().err) and f"--to {g2}`" in err and WRITE not in err
+
+    roll_back(validated, g2, reason="put back after a manual move")
+    assert production(validated) == g2
+    assert cli.main(["releases", repo]) == 0
+    assert capsys.readouterr().out.startswith(f"{repo}: tag 'production' -> {g2[:12]}")

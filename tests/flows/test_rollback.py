@@ -75,3 +75,27 @@ def test_the_command_line_runs_the_flow_and_prints_the_history(validated, tmp_pa
     assert production(validated) == g1
     assert cli.main(["rollback", repo, "--to", g1]) == 0  # again: nothing to do, no flow run
     assert "nothing to do" in capsys.readouterr().out
+
+
+def test_the_history_artifact_warns_first_when_the_ref_serves_a_rejected_candidate(validated, tmp_path):
+    """Issue 44: the table artifact says what `quantize-serve releases` says, on top of its description."""
+    from huggingface_hub import HfApi
+    from prefect import flow
+
+    g1 = release(validated, tmp_path, 1)
+    c2 = release(validated, tmp_path, 2, rejected=True)
+    hub = validated.recipe.hub
+    api = HfApi(token=WRITE)  # moved onto the rejected candidate by hand
+    api.delete_tag(hub.repo_id, tag="production")
+    api.create_tag(hub.repo_id, tag="production", revision=c2)
+
+    @flow(name="publish-history")
+    def publish():
+        return release_tasks.publish_release_history(hub)
+
+    assert publish().ref_warning
+    [artifact] = artifact_rows(release_tasks.history_artifact_key(hub.repo_id))
+    assert artifact.description.startswith(f"**WARNING:** production serves {c2[:12]}, which the gates rejected "
+                                           f"(rejected-{c2[:12]} tag"), artifact.description
+    assert f"`quantize-serve rollback {hub.repo_id} --to {g1}`" in artifact.description
+    assert "<- current (rejected)" in str(artifact.data)

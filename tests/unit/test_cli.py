@@ -316,6 +316,20 @@ def test_plan_takes_a_bare_config_json_and_says_where_the_base_fits(capsys) -> N
     assert "- base does not fit at TP 1: weights 131.42 GiB/GPU" in out and "; fits at TP 2" in out
 
 
+def test_plan_says_what_config_json_left_out_and_labels_the_production_row_by_its_kv_dtype(capsys, tmp_path) -> None:
+    """Issue 43: a Llama config without num_key_value_heads, and --kv-cache-dtype auto."""
+    config = json.loads((ROOT / "benchmarks" / "configs" / "llama-3-8b.json").read_text())
+    del config["num_key_value_heads"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    rc, text = run_main(capsys, "plan", "--model", str(tmp_path / "config.json"))
+    assert rc == 0, text
+    assert ("- note: config.json has no num_key_value_heads: planned with 32 KV heads, one per attention head"
+            in text), text
+    assert "| 524,288 |" in text  # 2 x 32 layers x 32 heads x 128 x 2 bytes: the base row's KV bytes per token
+    rc, text = run_main(capsys, "plan", "--model", "models/tiny-llama", "--kv-cache-dtype", "auto")
+    assert rc == 0 and "| w4a16-16bitkv |" in text and "| w4a16-fp8kv |" not in text, text
+
+
 FIXTURE_CONFIGS = ROOT / "tests" / "fixtures" / "configs"
 
 

@@ -660,3 +660,63 @@ def test_group_size_is_checked_against_the_expert_width() -> None:
         with pytest.raises(RecipeError) as info:
             check_model_config(recipe, {**fixture("qwen3-30b-a3b"), key: width}, source="r.yaml")
         assert info.value.field == "quantization.group_size" and f"{key}={width}" in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------
+# What a plan assumes and how it names its rows (issue 43)
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_llama_config_without_kv_heads_is_planned_with_one_per_attention_head_and_says_so() -> None:
+    """transformers' LlamaConfig (and so vLLM) takes num_attention_heads when num_key_value_heads is absent;
+    the plan does the same, and every row's notes say it assumed so."""
+    assert ModelShape.from_config(LLAMA).assumed == ()
+    shape = ModelShape.from_config(without(LLAMA, "num_key_value_heads"))
+    assert (shape.num_heads, shape.num_kv_heads) == (32, 32)
+    assert kv_bytes_per_token(shape) == 4 * kv_bytes_per_token(ModelShape.from_config(LLAMA))
+    table = plan_table(shape, device_memory_bytes=H200, max_model_len=8192, model="llama")
+    note = ("config.json has no num_key_value_heads: planned with 32 KV heads, one per attention head, as "
+            "transformers' LlamaConfig (and so vLLM) defaults it")
+    assert all(r.notes[0].startswith(note) for r in table.rows.values())
+    assert format_table(table).count(f"- note: {note}") == 1
+
+
+def test_the_kv_heads_assumed_for_a_missing_key_are_transformers_own() -> None:
+    """Only Llama's config class defaults num_key_value_heads to the attention heads; the others default it
+    to their default model's count, and vLLM reads the config through them."""
+    transformers = pytest.importorskip("transformers")
+    from quantize_serve.capacity.model_shape import ARCHITECTURES
+
+    for name, arch in ARCHITECTURES.items():
+        expected = transformers.AutoConfig.for_model(arch.model_type, num_attention_heads=64).num_key_value_heads
+        assert (arch.kv_heads_default or 64) == expected, name
+    mistral = without({**fixture("mistral-7b-v0.1"), "sliding_window": None}, "num_key_value_heads")
+    shape = ModelShape.from_config(mistral)
+    assert shape.num_kv_heads == 8 and "the default of transformers' MistralConfig" in shape.assumed[0]
+
+
+def test_the_production_row_is_labelled_by_its_kv_dtype(llama8b: ModelShape) -> None:
+    """--kv-cache-dtype auto plans a 16-bit KV cache for the production row: the text calls it so (the
+    JSON key stays the production boot's)."""
+    auto = plan_table(llama8b, device_memory_bytes=H200, max_model_len=8192, fp8_kv_cache_dtype="auto")
+    text = format_table(auto)
+    assert "| w4a16-16bitkv |" in text and "w4a16-fp8kv" not in text
+    assert "- w4a16-16bitkv vs base:" in text and "- note: w4a16-16bitkv is the production configuration" in text
+    assert auto.rows["w4a16-fp8kv"].kv_bytes_per_token == auto.rows["w4a16"].kv_bytes_per_token
+    for fp8 in ("fp8", "fp8_e5m2"):
+        text = format_table(plan_table(llama8b, device_memory_bytes=H200, max_model_len=8192,
+                                       fp8_kv_cache_dtype=fp8))
+        assert "| w4a16-fp8kv |" in text and "16bitkv" not in text
+
+
+@pytest.mark.parametrize("case", ["multi-latent attention", "sliding window (Mistral 7B v0.1)",
+                                  "interleaved sliding window (Gemma 2)", "use_sliding_window", "layer_types",
+                                  "unknown architecture"])
+def test_a_shape_the_planner_cannot_model_points_to_the_projects_measured_path_first(case: str) -> None:
+    from quantize_serve.core.errors import UnplannableShapeError
+
+    error = refusal(REFUSED[case][0])
+    assert isinstance(error, UnplannableShapeError), error
+    assert error.fix.startswith("measure it instead: `quantize-serve plan RECIPE --measure` boots this shape in "
+                                "vLLM"), error.fix
+    assert error.fix.index("quantize-serve plan RECIPE --measure") < error.fix.index("vllm serve MODEL")

@@ -4,6 +4,8 @@ The same code against the local Hub with the real client: tests/engines/test_rel
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from quantize_serve.core.errors import RecipeErrors, ReleaseRefusedError
@@ -202,6 +204,90 @@ def test_a_noted_rollback_is_in_the_history_and_a_rerun_changes_nothing():
     moved_unnoted = interpret(HUB, three_releases(production=SHA["b"]), RECORDS.get)  # moved, note lost
     plan = plan_rollback(moved_unnoted, SHA["b"])
     assert (plan.move, plan.note, plan.previous) == (False, True, SHA["d"])
+
+
+def fix_command(sha_key: str) -> str:
+    return f"quantize-serve rollback org/m --to {SHA[sha_key]}"
+
+
+def test_a_ref_at_a_commit_no_gate_passed_warns_on_top_and_names_the_rollback_that_repairs_it():
+    """Issue 44: a hand-moved ref (to a card commit, or to a gated commit's candidate) and a ref on a
+    rejected candidate; the table and the JSON say it first, with the command."""
+    assert interpret(HUB, three_releases(), RECORDS.get).ref_warning is None  # on the newest gated commit
+    hand_moved = interpret(HUB, three_releases(production=SHA["f"]), RECORDS.get)
+    assert hand_moved.ref_warning == (
+        "production serves ffffffffffff, which no gate passed (the tag was moved there by hand). "
+        f"Fix: `{fix_command('d')}` (the newest gated commit)")
+    printed = hand_moved.table().splitlines()
+    assert printed[0] == f"WARNING: {hand_moved.ref_warning}" and printed[1] == "org/m: tag 'production' -> ffffffffffff"
+    top = hand_moved.rows()[0]
+    assert (top["commit"], top["decision"], top["run"], top["now"]) == ("ffffffffffff", "never gated", "-", "<- current")
+    assert '"ref_warning":"production serves ffffffffffff' in hand_moved.model_dump_json()
+
+    candidate = interpret(HUB, three_releases(production=SHA["c"]), RECORDS.get).ref_warning
+    assert "serves cccccccccccc, which no gate passed (it is the candidate of the gated commit dddddddddddd" in candidate
+    assert candidate.endswith(f"Fix: `{fix_command('d')}` (the newest gated commit)")
+
+    rejected = interpret(HUB, three_releases(production=SHA["e"]), RECORDS.get)
+    assert rejected.ref_warning == (
+        "production serves eeeeeeeeeeee, which the gates rejected (rejected-eeeeeeeeeeee tag: regression "
+        f"capacity). Fix: `{fix_command('d')}` (the newest gated commit)")
+    assert rejected.table().startswith("WARNING: production serves eeeeeeeeeeee, which the gates rejected")
+    assert rejected.rows()[0]["now"] == "<- current (rejected)"
+
+
+def test_the_repair_keeps_a_rollback_and_names_the_ref_options_and_nothing_to_roll_back_to():
+    """After a rollback away from the newest release, the repair goes back to where the rollback put the
+    ref, not to the release it rolled back from; a branch or another ref name is in the command."""
+    rolled = three_releases(production=SHA["g"])  # rolled back d -> b, then the tag was moved by hand
+    rolled.commits.insert(0, HubCommit(sha=SHA["g"], title=rollback_title("tag", "production", SHA["b"], SHA["d"]),
+                                       date="2026-12-09T10:00:00Z", parent=SHA["f"]))
+    warning = interpret(HUB, rolled, RECORDS.get).ref_warning
+    assert warning.endswith(f"Fix: `{fix_command('b')}` (where the last rollback put it; the newest gated "
+                            "commit, dddddddddddd, was rolled back from)")
+    branch = HubSection(repo_id="org/m", release_ref="serving", release_ref_kind="branch")
+    on_branch = three_releases()
+    on_branch.branches["serving"] = SHA["e"]
+    assert f"--ref serving --ref-kind branch --to {SHA['d']}`" in interpret(branch, on_branch, RECORDS.get).ref_warning
+    only_rejected = state([("a", "candidate 1", "")], {"production": SHA["a"], f"rejected-{SHA['a'][:12]}": SHA["a"]})
+    warning = interpret(HUB, only_rejected, RECORDS.get).ref_warning
+    assert warning.startswith("production serves aaaaaaaaaaaa, which the gates rejected (rejected-aaaaaaaaaaaa tag)")
+    assert "none to roll back to. Fix: release one through the gates" in warning
+    unset = three_releases()
+    del unset.tags["production"]
+    assert interpret(HUB, unset, RECORDS.get).ref_warning.startswith(
+        "production points at nothing, though 2 commit(s) of org/m passed the gates. Fix: `quantize-serve rollback")
+
+
+def test_rollback_without_to_from_a_ref_no_gate_passed_proposes_the_repair():
+    """From a commit never gated: refused, with the command `releases` proposes; from a rejected
+    candidate: the same commit, planned."""
+    hand_moved = interpret(HUB, three_releases(production=SHA["f"]), RECORDS.get)
+    with pytest.raises(ReleaseRefusedError) as err:
+        plan_rollback(hand_moved)
+    text = str(err.value)
+    assert "points at ffffffffffff, which no gate passed" in text, text
+    assert f"Fix: name the target with --to SHA: `{fix_command('d')}`" in text and "dddddddddddd, bbbbbbbbbbbb" in text
+    plan = plan_rollback(interpret(HUB, three_releases(production=SHA["e"]), RECORDS.get))
+    assert (plan.current, plan.target, plan.move) == (SHA["e"], SHA["d"], True)
+    unset = three_releases()
+    del unset.tags["production"]
+    with pytest.raises(ReleaseRefusedError, match=f"points at nothing.*{fix_command('d')}"):
+        plan_rollback(interpret(HUB, unset, RECORDS.get))
+
+
+def test_the_history_artifact_says_the_warning_first(monkeypatch):
+    import tasks.releases as release_tasks
+
+    made: list[dict] = []
+    monkeypatch.setattr(release_tasks, "create_table_artifact", lambda **kw: made.append(kw))
+    monkeypatch.setattr(release_tasks, "get_run_logger", lambda: logging.getLogger("test"))
+    history = interpret(HUB, three_releases(production=SHA["e"]), RECORDS.get)
+    release_tasks.publish_release_history.fn(HUB, history)
+    assert made[0]["description"].startswith(f"**WARNING:** {history.ref_warning}\n\nRelease history of org/m")
+    assert made[0]["table"][0]["now"] == "<- current (rejected)"
+    fine = interpret(HUB, three_releases(), RECORDS.get)
+    assert release_tasks.history_description(fine) == "Release history of org/m: tag 'production' -> dddddddddddd"
 
 
 def history_row_text(history, sha) -> str:

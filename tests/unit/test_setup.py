@@ -191,3 +191,18 @@ def test_check_pins_agrees_and_catches_a_second_vllm_version(tmp_path):
     assert check_pins.problems(copy) == [
         "requirements/torch-cuda.txt pins torch==2.12.0, vllm==0.26.0 pins torch==2.11.0",
         "Dockerfile: ARG VLLM_VERSION=0.25.0, requirements/serving-cuda.txt: vllm==0.26.0"]
+
+
+def test_the_test_runner_is_pinned_exactly_and_is_what_runs():
+    """pytest and pytest-xdist move together (tests/conftest.py's lane scheduler stands in for --dist
+    loadgroup, which pytest 9.2 broke): one exact pin each, the same in pyproject's test extra, and the
+    pytest running this test is the pinned one."""
+    import tomllib
+    from importlib.metadata import version
+
+    pins = {name: re.findall(rf"^{name}==(\S+)\s*$", (ROOT / "requirements" / "pipeline.txt").read_text(), re.M)
+            for name in ("pytest", "pytest-xdist")}
+    assert all(len(found) == 1 for found in pins.values()), pins
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    assert {f"{name}=={found[0]}" for name, found in pins.items()} <= set(extra), extra
+    assert version("pytest") == pins["pytest"][0] and version("pytest-xdist") == pins["pytest-xdist"][0]

@@ -6,7 +6,10 @@ tests/flows/test_shape_capacity.py)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+
+import pytest
 
 from quantize_serve.capacity.shape import quantization_config
 from quantize_serve.cli import main
@@ -94,3 +97,34 @@ def test_the_preflight_boots_nothing_after_production_is_refused(monkeypatch, tm
     assert booted == [Boot.PRODUCTION]
     assert result.row(Boot.PRODUCTION).refused.endswith("No available memory")
     assert result.markdown().count("not booted: production was refused first") == 2
+
+
+def test_a_shape_the_planner_refuses_is_measured_on_a_gpu_and_refused_on_a_fixed_budget(monkeypatch, tmp_path,
+                                                                                        awq_recipe):
+    """The planner's refusal of a sliding-window or multi-latent-attention shape points to `plan RECIPE
+    --measure`: on a GPU its rows are vLLM's figures without a prediction; a fixed (CPU) budget cannot be
+    split without the planner's weight bytes, and says so."""
+    from quantize_serve.capacity.shape import measure_shape
+    from quantize_serve.core.errors import RecipeError
+    from quantize_serve.serving.boot import Boot
+
+    model = tmp_path / "sliding"
+    model.mkdir()
+    for f in TINY.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copyfile(f, model / f.name)
+    config = json.loads((TINY / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "sliding_window": 256}))
+    booted = fake_boots(monkeypatch)
+
+    with pytest.raises(RecipeError) as err:
+        measure_shape(awq_recipe, model, out_dir=tmp_path / "cpu", model="sliding")
+    assert err.value.field == "serve.memory_budget" and "sliding_window = 256" in str(err.value)
+    assert "measure on the GPU host" in str(err.value) and booted == []
+
+    on_gpu = awq_recipe.model_copy(update={"serve": awq_recipe.serve.model_copy(update={"memory_budget": None})})
+    result = measure_shape(on_gpu, model, out_dir=tmp_path / "gpu", model="sliding", device_memory_bytes=150 * 2**30)
+    assert booted == list(Boot) and all(r.measured and r.planned is None and r.error_pct is None for r in result.rows)
+    text = result.markdown()
+    assert "| w4a16-fp8kv (fp8) | 0.00 | 4,096 | 8.00x | - |" in text and "max concurrency @ 512" in text
+    assert "No planner prediction: sliding_window = 256: LlamaForCausalLM attends through a sliding window" in text
