@@ -8,8 +8,9 @@
 - :func:`per_document_fewshot`: lm-eval draws each document's few-shot examples from one random
   stream in the order it iterates the documents, so a document's prompt would depend on which other
   documents are scored with it, and a look's prompts would differ from the base's. Inside this
-  context a document's few-shot draw is seeded by the gate's seed and the document itself, so the
-  same document gets the same prompt in any subset (the prompt hashes prove it: recovery.py refuses
+  context a document's few-shot draw is seeded by the gate's seed and the document itself (whether the
+  few-shot pool is another split, as gsm8k's train, or the test split itself), so the same document
+  gets the same prompt in any subset (the prompt hashes prove it: recovery.py refuses
   to pair documents whose prompts differ). The draw is lm-eval's own (same pool, same sampler); only
   its seed differs from stock lm-eval's single stream.
 - :func:`outcomes`: per document, lm-eval's per-sample metric values (``log_samples``) and its
@@ -79,21 +80,24 @@ def _doc_digest(doc: Any) -> str:
 
 @contextlib.contextmanager
 def per_document_fewshot(seed: int) -> Iterator[None]:
-    """Seed each document's few-shot draw by ``seed`` and the document (module doc)."""
-    from lm_eval.api.samplers import ContextSampler
+    """Seed each document's few-shot draw by ``seed`` and the document (module doc): lm-eval's task
+    builds a document's prompt in ``fewshot_context``, whose sampler draws from ``sampler.rnd``."""
+    from lm_eval.api.task import ConfigurableTask
 
-    original = ContextSampler.sample
+    original = ConfigurableTask.fewshot_context
 
-    def sample(self: Any, n: int, eval_doc: Any = None, df: Any = None, **kwargs: Any) -> Any:
-        if eval_doc is not None:
-            self.rnd = random.Random(f"{seed}:{_doc_digest(eval_doc)}")
-        return original(self, n, eval_doc=eval_doc, df=df, **kwargs)
+    def fewshot_context(self: Any, *args: Any, **kwargs: Any) -> Any:
+        doc = kwargs["doc"] if "doc" in kwargs else args[0]
+        sampler = getattr(self, "sampler", None)
+        if sampler is not None:
+            sampler.rnd = random.Random(f"{seed}:{_doc_digest(doc)}")
+        return original(self, *args, **kwargs)
 
-    ContextSampler.sample = sample  # type: ignore[method-assign]
+    ConfigurableTask.fewshot_context = fewshot_context  # type: ignore[method-assign]
     try:
         yield
     finally:
-        ContextSampler.sample = original  # type: ignore[method-assign]
+        ConfigurableTask.fewshot_context = original  # type: ignore[method-assign]
 
 
 def outcomes(samples: dict[str, list[dict[str, Any]]]) -> dict[str, DocOutcome]:
@@ -122,13 +126,13 @@ def aggregate(values: list[float | tuple[float, float]], aggregation: str) -> fl
         return sum(float(v) for v in values) / len(values)  # type: ignore[arg-type]
     if aggregation == "perplexity":
         return math.exp(-sum(float(v) for v in values) / len(values))  # type: ignore[arg-type]
+    if aggregation not in LOG_AGGREGATIONS:
+        raise ValueError(f"aggregation {aggregation!r} is not one the gate pairs per document")
     ll = sum(v[0] for v in values)  # type: ignore[index]
     weight = sum(v[1] for v in values)  # type: ignore[index]
     if aggregation == "weighted_perplexity":
         return math.exp(-ll / weight)
-    if aggregation == "bits_per_byte":
-        return -ll / weight / math.log(2)
-    raise ValueError(f"aggregation {aggregation!r} is not one the gate pairs per document")
+    return -ll / weight / math.log(2)  # bits_per_byte
 
 
 def nats(value: float | tuple[float, float]) -> float:

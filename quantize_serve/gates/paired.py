@@ -81,18 +81,26 @@ class Paired:
         return float((self.num != self.den).mean()) if self.binary else None
 
     def _augmented(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """num, den and weights (summing to 1), with the smoothing pseudo-documents for 0/1 outcomes."""
-        num, den, weights = self.num, self.den, np.ones(self.docs)
-        if self.binary:  # flipped documents each way
-            num, den = np.append(num, [1.0, 0.0]), np.append(den, [0.0, 1.0])
-            weights = np.append(weights, [PSEUDO_FLIPS, PSEUDO_FLIPS])
-        return num, den, weights / weights.sum()
+        """num, den and weights (summing to 1); 0/1 outcomes as their four cells, with the smoothing
+        pseudo-documents (the same moments as per document, in constant time)."""
+        if not self.binary:
+            return self.num, self.den, np.full(self.docs, 1 / self.docs)
+        cell = (2 * self.num + self.den).astype(int)  # 0: both wrong, 1: base only, 2: candidate only, 3: both
+        counts = np.bincount(cell, minlength=4).astype(float) + np.array([0, PSEUDO_FLIPS, PSEUDO_FLIPS, 0])
+        num, den = np.array([0.0, 0.0, 1.0, 1.0]), np.array([0.0, 1.0, 0.0, 1.0])
+        return num, den, counts / counts.sum()
 
     def sd_at(self, r: float) -> float:
         """Per-document standard deviation of num - r * den (the paired noise at recovery r)."""
         num, den, w = self._augmented()
         e = num - r * den
         return math.sqrt(float(w @ (e - w @ e) ** 2))
+
+    def score_sd(self, r: float) -> float:
+        """The per-document standard deviation the score statistic divides by at recovery r (its
+        variance under the hypothesis "recovery = r"): what the documents needed are planned with."""
+        num, den, w = self._augmented()
+        return math.sqrt(_null_second_moment(num - r * den, w))
 
     def z(self, r: float) -> float:
         """The score statistic for "recovery = r": mean(num - r den) over its standard error, the
@@ -104,7 +112,7 @@ class Paired:
         mean = float(w @ e)
         if mean == 0:
             return 0.0
-        variance = _null_second_moment(e, w)
+        variance = _null_second_moment(e, w)  # score_sd(r) ** 2
         if variance <= 0:
             return math.copysign(math.inf, mean)
         return mean / math.sqrt(variance / self.docs)
@@ -248,24 +256,31 @@ class Simulated:
     mean_docs: float  # documents the candidate was scored on, on average
 
 
+def synthetic_pairs(rng: np.random.Generator, *, docs: int, base_accuracy: float, flip_rate: float,
+                    recovery: float) -> Paired:
+    """``docs`` paired 0/1 outcomes: the base right with probability ``base_accuracy``, a share
+    ``flip_rate`` of the documents flipped so that the candidate's true recovery is ``recovery``."""
+    p10 = (flip_rate - (recovery - 1) * base_accuracy) / 2  # base right, candidate wrong
+    p01 = flip_rate - p10
+    if min(p10, p01) < 0 or base_accuracy < p10 or 1 - base_accuracy < p01:
+        raise ValueError(f"flip rate {flip_rate} cannot give recovery {recovery} at accuracy {base_accuracy}")
+    base = rng.random(docs) < base_accuracy
+    u = rng.random(docs)
+    flip = np.where(base, u < p10 / base_accuracy, u < p01 / (1 - base_accuracy))
+    return Paired((base ^ flip).astype(float), base.astype(float), True)
+
+
 def simulate_gate(*, docs: int, base_accuracy: float, flip_rate: float, recovery: float,
                   fractions: tuple[float, ...], bad: float, max_false_pass: float, good: float,
                   min_true_pass: float, trials: int, seed: int) -> Simulated:
     """The implemented rule (look_verdict at each look) on synthetic paired 0/1 outcomes: ``docs``
     documents, the base right with probability ``base_accuracy``, a share ``flip_rate`` of them flipped
     so that the candidate's true recovery is ``recovery``. How often it passes, on how many documents."""
-    p10 = (flip_rate - (recovery - 1) * base_accuracy) / 2  # base right, candidate wrong
-    p01 = flip_rate - p10
-    if min(p10, p01) < 0 or base_accuracy < p10 or 1 - base_accuracy < p01:
-        raise ValueError(f"flip rate {flip_rate} cannot give recovery {recovery} at accuracy {base_accuracy}")
     d = design(fractions, max_false_pass, min_true_pass)
     rng = np.random.default_rng(seed)
     passed = used = 0
     for _ in range(trials):
-        base = rng.random(docs) < base_accuracy
-        u = rng.random(docs)
-        flip = np.where(base, u < p10 / base_accuracy, u < p01 / (1 - base_accuracy))
-        pair = Paired((base ^ flip).astype(float), base.astype(float), True)
+        pair = synthetic_pairs(rng, docs=docs, base_accuracy=base_accuracy, flip_rate=flip_rate, recovery=recovery)
         for look, t in enumerate(fractions):
             n = round(t * docs)
             verdict = look_verdict(pair.head(n), d, look, bad, good)

@@ -23,6 +23,28 @@ from quantize_serve.recipe.section import (
 )
 
 
+def _recovery_point(value: float | None) -> float | None:
+    lo, hi = RECOVERY_RANGE
+    if value is not None and not lo <= value <= hi:
+        raise ValueError(f"must be between {lo} and {hi} (a true recovery, quantized / base). Fix: use "
+                         "e.g. 0.93 for bad_recovery and 0.99 for good_recovery")
+    return value
+
+
+def _false_pass(value: float | None) -> float | None:
+    if value is not None and not 0.001 <= value <= 0.25:
+        raise ValueError("must be between 0.001 and 0.25 (a probability of passing a bad release). Fix: "
+                         "use e.g. 0.05")
+    return value
+
+
+def _true_pass(value: float | None) -> float | None:
+    if value is not None and not 0.5 <= value <= 0.999:
+        raise ValueError("must be between 0.5 and 0.999 (a probability of passing a good release). Fix: "
+                         "use e.g. 0.95")
+    return value
+
+
 class ErrorRates(Section):
     """The accuracy gate's promise for one task, as two operating points (docs/gates.md).
 
@@ -39,30 +61,9 @@ class ErrorRates(Section):
     min_true_pass: float = Field(default=0.95, description="Smallest chance to pass a good release "
                                  "(reached when the task has enough documents; the report warns if not).")
 
-    @field_validator("bad_recovery", "good_recovery")
-    @classmethod
-    def _recovery(cls, value: float) -> float:
-        lo, hi = RECOVERY_RANGE
-        if not lo <= value <= hi:
-            raise ValueError(f"must be between {lo} and {hi} (a true recovery, quantized / base). Fix: use "
-                             "e.g. 0.93 for bad_recovery and 0.99 for good_recovery")
-        return value
-
-    @field_validator("max_false_pass")
-    @classmethod
-    def _false_pass(cls, value: float) -> float:
-        if not 0.001 <= value <= 0.25:
-            raise ValueError("must be between 0.001 and 0.25 (a probability of passing a bad release). Fix: "
-                             "use e.g. 0.05")
-        return value
-
-    @field_validator("min_true_pass")
-    @classmethod
-    def _true_pass(cls, value: float) -> float:
-        if not 0.5 <= value <= 0.999:
-            raise ValueError("must be between 0.5 and 0.999 (a probability of passing a good release). Fix: "
-                             "use e.g. 0.95")
-        return value
+    _points = field_validator("bad_recovery", "good_recovery")(_recovery_point)
+    _false = field_validator("max_false_pass")(_false_pass)
+    _true = field_validator("min_true_pass")(_true_pass)
 
     @model_validator(mode="after")
     def _ordered(self) -> ErrorRates:
@@ -80,6 +81,10 @@ class ErrorRatesOverride(Section):
     max_false_pass: float | None = None
     good_recovery: float | None = None
     min_true_pass: float | None = None
+
+    _points = field_validator("bad_recovery", "good_recovery")(_recovery_point)
+    _false = field_validator("max_false_pass")(_false_pass)
+    _true = field_validator("min_true_pass")(_true_pass)
 
     def over(self, defaults: ErrorRates) -> ErrorRates:
         return ErrorRates(**{**defaults.model_dump(), **self.model_dump(exclude_none=True)})
@@ -161,7 +166,7 @@ class AccuracyGate(Section):
     @field_validator("looks")
     @classmethod
     def _looks(cls, value: list[float]) -> list[float]:
-        if not all(0 < a < b for a, b in zip([0.0, *value], value)) or value[-1] != 1.0 or len(value) > 10:
+        if not all(a < b for a, b in zip([0.0, *value], value)) or value[-1] != 1.0 or len(value) > 10:
             raise ValueError(f"{value}: looks are increasing fractions of the documents in (0, 1], the last "
                              "one 1.0, at most 10. Fix: e.g. [0.25, 0.5, 0.75, 1.0], or [1.0] for no early stop")
         return value
@@ -175,6 +180,23 @@ class AccuracyGate(Section):
                 f"must be between {lo} and {hi} documents per task (or unset for no minimum). Fix: use "
                 "e.g. 200; the recovery interval narrows with the square root of the documents evaluated")
         return value
+
+    @model_validator(mode="after")
+    def _task_rates_ordered(self) -> AccuracyGate:
+        """A task's override merged over the gate's rates must still be a pair of ordered points."""
+        problems = []
+        for i, t in enumerate(self.tasks):
+            if t.error_rates is None:
+                continue
+            merged = {**self.error_rates.model_dump(), **t.error_rates.model_dump(exclude_none=True)}
+            if merged["good_recovery"] <= merged["bad_recovery"]:
+                problems.append(RecipeError(
+                    RECIPE_SOURCE, f"gates.accuracy.tasks.{i}.error_rates", t.error_rates.model_dump(exclude_none=True),
+                    f"gives good_recovery {merged['good_recovery']} not above bad_recovery {merged['bad_recovery']} "
+                    "(with gates.accuracy.error_rates)", "state a good_recovery above the bad_recovery"))
+        if problems:
+            raise RecipeErrors(problems)
+        return self
 
     @model_validator(mode="after")
     def _limits_reach_min_samples(self) -> AccuracyGate:

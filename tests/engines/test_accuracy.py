@@ -44,7 +44,8 @@ def test_lm_eval_on_the_served_base_model(base_server, awq_recipe, base_model_di
           f"heldout_ppl: {ppl.metrics} ({ppl.num_docs} docs, {ppl.seconds} s)")
     rows = {name: sum(1 for line in (ROOT / "data/evals" / name).open() if line.strip())
             for name in ("facts_mc.jsonl", "heldout_ppl.jsonl")}
-    assert mc.num_docs == rows["facts_mc.jsonl"] and ppl.num_docs == rows["heldout_ppl.jsonl"]
+    assert mc.num_docs == mc.planned_docs == rows["facts_mc.jsonl"] and ppl.num_docs == rows["heldout_ppl.jsonl"]
+    assert len(mc.documents) == mc.num_docs and mc.looks_run == 1  # the base: every document, one look
     assert set(mc.metrics) == {"acc", "acc_norm"}
     assert mc.metrics["acc"].value >= 0.5, "2x chance (4 choices): the tiny model knows its facts"
     assert mc.metrics["acc"].higher_is_better is True and mc.metrics["acc"].stderr is not None
@@ -56,21 +57,26 @@ def test_lm_eval_on_the_served_base_model(base_server, awq_recipe, base_model_di
     assert ppl.metrics["bits_per_byte"].value == pytest.approx(math.log2(byte), rel=1e-6)
 
     raw = json.loads(Path(mc.results_path).read_text())  # lm-eval's own JSON is kept
-    assert raw["results"]["qs_facts_mc"]["acc,none"] == mc.metrics["acc"].value
+    assert raw["results"]["qs_facts_mc"]["acc,none"] == pytest.approx(mc.metrics["acc"].value)
     assert Path(raw["configs"]["qs_facts_mc"]["dataset_kwargs"]["data_files"]["test"]).is_absolute()
     assert AccuracyRun.model_validate_json((out / "accuracy_run.json").read_text()) == run
 
-    checks = compare_accuracy(run, run, recipe.gates.accuracy)  # a model recovers 100% of itself
-    assert len(checks) == 8 and all(c.passed and c.recovery == 1.0 for c in checks)
-    # lm-eval's stderrs give the multiple-choice recoveries an interval around 1.0; its perplexities
-    # have none ("N/A"), so no interval and no warning there (docs/gates.md)
-    by_name = {c.metric: c for c in checks if c.task in (MC, PPL)}
-    low, high = by_name["acc"].recovery_interval
-    assert low < 1.0 < high and by_name["acc_norm"].recovery_interval is not None
-    assert all(by_name[m].recovery_interval is None and not by_name[m].warning for m in ppl.metrics)
+    # the same server scored again as the candidate, paired with the base run: every task stops at the
+    # first look whose decision is clear, on documents whose prompts match the base's
+    again = run_accuracy(server.base_url, recipe.gates.accuracy, tokenizer_dir=str(base_model_dir),
+                         max_length=spec.serve.max_model_len, base_dir=Path(recipe.base_dir),
+                         output_dir=tmp_path / "candidate", paired_with=run)
+    checks = compare_accuracy(run, again, recipe.gates.accuracy)
+    print("\n".join(f"{c.task} {c.metric}: {c.recovery_text} {c.docs_text}" for c in checks))
+    assert {(c.task, c.metric) for c in checks} == {
+        (MC, "acc"), (MC, "acc_norm"), (PPL, "bits_per_byte"), *((t, "acc") for t in PASSKEY)}
+    assert all(c.passed and c.recovery == pytest.approx(1.0, abs=0.02) for c in checks), checks
+    assert all(c.recovery_interval and c.recovery_interval[0] < 1.0 + 1e-9 for c in checks)
+    assert sum(t.num_docs for t in again.tasks.values()) < sum(t.num_docs for t in run.tasks.values())
+    assert all(again.tasks[t].looks_planned == 4 for t in run.tasks)
     fewest = min(mc.num_docs, ppl.num_docs)
     strict = recipe.gates.accuracy.model_copy(update={"min_samples": fewest + 1})
-    samples = [c for c in compare_accuracy(run, run, strict) if c.metric == "samples"]
+    samples = [c for c in compare_accuracy(run, again, strict) if c.metric == "samples"]
     assert samples and not any(c.passed for c in samples)
     assert any(f"{fewest} documents" in c.reason for c in samples)
 
@@ -84,29 +90,38 @@ def production_gsm8k_gate(limit: int) -> AccuracyGate:
     gsm8k = next(t for t in load_recipe(PRODUCTION).gates.accuracy.tasks if t.task == "gsm8k")
     assert gsm8k.num_fewshot == 5 and gsm8k.limit == 500
     tiny = load_recipe(RECIPE).gates.accuracy
-    return AccuracyGate(tasks=[gsm8k.model_copy(update={"limit": limit})], default_recovery=0.95,
-                        batch_size=tiny.batch_size, num_concurrent=tiny.num_concurrent)
+    return AccuracyGate(tasks=[gsm8k.model_copy(update={"limit": limit})], batch_size=tiny.batch_size,
+                        num_concurrent=tiny.num_concurrent)
 
 
 @pytest.mark.timeout(600)
 def test_gsm8k_by_name_reads_its_data_from_the_hub(base_server, base_model_dir, hub_env, tmp_path):
     """The real lm-eval runs its built-in gsm8k against the served base model; the 20 rows it reads
     (train 12 for the few-shot examples, test 8) are the project's, published on the local hub as
-    openai/gsm8k / main (conftest's datasets_hub). The tiny model scores about 0: that is not gated."""
+    openai/gsm8k / main (conftest's datasets_hub). The tiny model scores about 0: that is not gated.
+    Scored again look by look (2 documents each), every document gets the same 5-shot prompt as in
+    the base's single pass: the few-shot draw is seeded per document (gates/documents.py)."""
     server, spec = base_server
-    run = run_accuracy(server.base_url, production_gsm8k_gate(limit=5), tokenizer_dir=str(base_model_dir),
+    gate = production_gsm8k_gate(limit=8)
+    run = run_accuracy(server.base_url, gate, tokenizer_dir=str(base_model_dir),
                        max_length=spec.serve.max_model_len, base_dir=PRODUCTION.parent,
                        output_dir=tmp_path / "accuracy")
     gsm8k = run.tasks["gsm8k"]
     print(f"\ngsm8k: {gsm8k.metrics} ({gsm8k.num_docs} docs, {gsm8k.seconds} s)")
-    assert gsm8k.lm_eval_name == "gsm8k" and gsm8k.num_fewshot == 5 and gsm8k.num_docs == 5
+    assert gsm8k.lm_eval_name == "gsm8k" and gsm8k.num_fewshot == 5 and gsm8k.num_docs == 8
     assert set(gsm8k.metrics) == {"exact_match,strict-match", "exact_match,flexible-extract"}
     assert all(0.0 <= m.value <= 1.0 and m.higher_is_better is True for m in gsm8k.metrics.values())
 
     raw = json.loads(Path(gsm8k.results_path).read_text())
     assert raw["configs"]["gsm8k"]["dataset_path"] == "openai/gsm8k"
     assert raw["configs"]["gsm8k"]["dataset_name"] == "main"
-    assert raw["n-samples"]["gsm8k"] == {"original": 8, "effective": 5}  # our test split, not gsm8k's 1,319
+    assert raw["n-samples"]["gsm8k"]["original"] == 8  # our test split, not gsm8k's 1,319
+
+    looked = run_accuracy(server.base_url, gate, tokenizer_dir=str(base_model_dir),
+                          max_length=spec.serve.max_model_len, base_dir=PRODUCTION.parent,
+                          output_dir=tmp_path / "looks", paired_with=run).tasks["gsm8k"]
+    assert looked.looks_run == 4 and list(looked.documents) == list(gsm8k.documents)  # 8 documents: no early stop
+    assert all(looked.documents[k].prompt_hash == d.prompt_hash for k, d in gsm8k.documents.items())
     fetched = {r.path.rsplit("/", 1)[-1] for r in hub_env.requests
                if r.method == "GET" and "/datasets/openai/gsm8k/resolve/" in r.path}
     assert {"train-00000-of-00001.parquet", "test-00000-of-00001.parquet"} <= fetched

@@ -172,7 +172,7 @@ def signoff_recipe(folder: Path, repo_id: str, checkpoint: str) -> Path:
     data["quantization"] = {"checkpoint": checkpoint}
     data["gates"]["accuracy"] = {"tasks": [{"task": str(ROOT / "evals" / "tasks" / "qs_heldout_ppl.yaml"),
                                             "limit": 10}],
-                                 "default_recovery": 0.5}  # the gates must pass: sign-off is the subject
+                                 "error_rates": {"bad_recovery": 0.5, "good_recovery": 0.6}}  # the gates must pass: sign-off is the subject
     # gates.stress stays the recipe's: 8 short requests finished between two /metrics samples
     # (0.2 s) in one run, and the stress gate rightly failed it ("measured an idle server")
     data["hub"]["repo_id"] = repo_id

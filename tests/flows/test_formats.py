@@ -47,7 +47,7 @@ def format_choice(formats_hub, tmp_path_factory):
                    "num_prompts": 8, "repeats": 2}}).read_text())
     acc = ROOT / "evals" / "tasks"
     data["gates"]["accuracy"] = {"tasks": [{"task": str(acc / "qs_heldout_ppl.yaml"), "limit": 20}],
-                                 "default_recovery": 0.9}  # the subject is the choice, not a close call
+                                 "error_rates": {"bad_recovery": 0.8, "good_recovery": 0.9}}  # the subject is the choice, not a close call
     path = folder / "formats.yaml"
     path.write_text(yaml.safe_dump(data))
     validated = validate_recipe(path)

@@ -101,8 +101,10 @@ ISSUE_CASES: list[Case] = [
     Case("wrong-text-field", "calibration.text_field", "text", change=put("calibration.text_field", "content")),
     Case("odd-group-size", "quantization.group_size", "even", change=put("quantization.group_size", 127)),
     Case("negative-concurrency", "gates.stress.concurrency", "above 0", change=put("gates.stress.concurrency", -4)),
-    Case("default-recovery-1.5", "gates.accuracy.default_recovery", "0.95",
-         change=put("gates.accuracy.default_recovery", 1.5)),
+    Case("retired-default-recovery", "gates.accuracy", "error_rates",
+         change=put("gates.accuracy.default_recovery", 0.95)),
+    Case("bad-recovery-1.5", "gates.accuracy.error_rates.bad_recovery", "0.93",
+         change=put("gates.accuracy.error_rates.bad_recovery", 1.5)),
 ]
 
 CROSS_SECTION_CASES: list[Case] = [
@@ -122,8 +124,8 @@ CROSS_SECTION_CASES: list[Case] = [
     Case("release-ref-not-a-ref", "hub.release_ref", "letters", change=put("hub.release_ref", "prod release")),
     Case("commit-message-placeholder", "hub.commit_message", "{base_model}",
          change=put("hub.commit_message", "{method} of {model}")),
-    Case("metric-recovery-2", "gates.accuracy.tasks.0.recovery.acc", "1.0",
-         change=put("gates.accuracy.tasks.0.recovery", {"acc": 2.0})),
+    Case("task-bad-recovery-2", "gates.accuracy.tasks.0.error_rates.bad_recovery", "0.93",
+         change=put("gates.accuracy.tasks.0.error_rates", {"bad_recovery": 2.0})),
     Case("limit-fraction-1.5", "gates.accuracy.tasks.0.limit", "fraction", change=put("gates.accuracy.tasks.0.limit", 1.5)),
     Case("misspelled-key", "quantization.gruop_size", "group_size",
          change=rename("quantization.group_size", "gruop_size")),

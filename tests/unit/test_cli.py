@@ -70,7 +70,7 @@ def test_recipe_only_rules_fail_at_load(case: Case, tmp_path: Path, capsys) -> N
     assert_one_screen(case, rc, text)
 
 
-@pytest.mark.parametrize("name", ["yaml-syntax-error", "misspelled-section", "default-recovery-1.5"])
+@pytest.mark.parametrize("name", ["yaml-syntax-error", "misspelled-section", "bad-recovery-1.5"])
 def test_console_script_exits_2_with_one_screen(name: str, tmp_path: Path) -> None:
     case = next(c for c in ISSUE_CASES if c.name == name)
     t0 = time.monotonic()
@@ -269,7 +269,7 @@ def test_plan_of_a_hub_model_fetches_config_json_only(tmp_path: Path, monkeypatc
 
 
 def test_run_of_a_bad_recipe_fails_before_prefect_starts(tmp_path: Path) -> None:
-    case = next(c for c in ISSUE_CASES if c.name == "default-recovery-1.5")
+    case = next(c for c in ISSUE_CASES if c.name == "bad-recovery-1.5")
     path = write_case(case, tmp_path)
     code = (
         "import sys, time\n"

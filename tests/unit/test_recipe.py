@@ -231,9 +231,35 @@ def test_min_samples_out_of_range(recipe_file, value):
     assert str(value) in str(err) and "between 1 and 10000000" in str(err)
 
 
-def test_on_uncertain_misspelled(recipe_file):
-    err = expect_error(recipe_file(gates__accuracy__on_uncertain="fial"), "gates.accuracy.on_uncertain")
-    assert "'fial'" in str(err) and "did you mean 'fail'" in str(err)
+@pytest.mark.parametrize("field, value, fix", [
+    ("default_recovery", 0.95, "set gates.accuracy.error_rates"),
+    ("on_uncertain", "fail", "max_false_pass"),
+])
+def test_retired_point_rule_fields_say_what_replaces_them(recipe_file, field, value, fix):
+    err = expect_error(recipe_file(**{f"gates__accuracy__{field}": value}), "gates.accuracy")
+    assert f"{field} = {value!r}" in str(err) and fix in str(err)
+
+
+def test_a_retired_per_metric_recovery_names_the_task_error_rates(recipe_file):
+    tasks = [{"task": "../evals/tasks/qs_facts_mc.yaml", "recovery": {"acc": 0.9}}]
+    err = expect_error(recipe_file(gates__accuracy__tasks=tasks), "gates.accuracy.tasks.0")
+    assert "error_rates: {bad_recovery:" in str(err)
+
+
+@pytest.mark.parametrize("rates, field, words", [
+    ({"bad_recovery": 0.99, "good_recovery": 0.95}, "", "must be above bad_recovery"),
+    ({"max_false_pass": 0.5}, ".max_false_pass", "between 0.001 and 0.25"),
+    ({"min_true_pass": 0.3}, ".min_true_pass", "between 0.5 and 0.999"),
+])
+def test_error_rates_out_of_order_or_range(recipe_file, rates, field, words):
+    err = expect_error(recipe_file(gates__accuracy__error_rates=rates), "gates.accuracy.error_rates" + field)
+    assert words in str(err)
+
+
+@pytest.mark.parametrize("looks", [[0.5, 0.25, 1.0], [0.25, 0.5], [0.0, 1.0]])
+def test_looks_must_rise_to_the_whole_task(recipe_file, looks):
+    err = expect_error(recipe_file(gates__accuracy__looks=looks), "gates.accuracy.looks")
+    assert "increasing fractions" in str(err)
 
 
 def test_min_samples_above_a_task_limit_fails_at_load(recipe_file):
@@ -245,11 +271,14 @@ def test_min_samples_above_a_task_limit_fails_at_load(recipe_file):
     assert "raise the limit to at least 100" in str(err)
 
 
-def test_on_uncertain_and_min_samples_load(recipe_file):
-    gate = validate_recipe(recipe_file(gates__accuracy__on_uncertain="fail",
+def test_error_rates_looks_and_min_samples_load(recipe_file):
+    gate = validate_recipe(recipe_file(gates__accuracy__error_rates={"bad_recovery": 0.9},
+                                       gates__accuracy__looks=[0.5, 1.0],
                                        gates__accuracy__min_samples=20)).recipe.gates.accuracy
-    assert (gate.on_uncertain, gate.min_samples) == ("fail", 20)
-    assert load_recipe(ROOT / "recipes/tiny-llama-awq.yaml").gates.accuracy.on_uncertain == "warn"
+    assert (gate.error_rates.bad_recovery, gate.error_rates.good_recovery, gate.looks, gate.min_samples) == (
+        0.9, 0.99, [0.5, 1.0], 20)
+    default = load_recipe(ROOT / "recipes/tiny-llama-awq.yaml").gates.accuracy
+    assert default.looks == [0.25, 0.5, 0.75, 1.0] and default.error_rates.max_false_pass == 0.05
 
 
 def test_a_key_written_twice_is_an_error_that_shows_both_lines(tmp_path) -> None:
