@@ -160,8 +160,8 @@ def check_metric(task: str, m: PairedMetric, passed: bool, rates: ErrorRates, d:
     pair = m.pair
     sd = pair.sd_at(1.0)
     planned = quantized.planned_docs or pair.docs
-    point = operating_point(d, planned, sd=sd, mean_den=float(pair.den.mean()), bad=rates.bad_recovery,
-                            good=rates.good_recovery, min_true_pass=rates.min_true_pass)
+    point = operating_point(d, planned, sd=pair.score_sd(rates.bad_recovery), mean_den=float(pair.den.mean()),
+                            bad=rates.bad_recovery, good=rates.good_recovery, min_true_pass=rates.min_true_pass)
     interval = pair.interval()
     interval = (float(interval[0]), float(interval[1])) if interval else None
     recovery = pair.recovery
