@@ -110,6 +110,7 @@ def tier_of(item) -> str | None:
 # room. The split balances the lanes' seconds (benchmarks/results/test_durations.json).
 LANES = {"tests/engines/test_moe.py": "flows",  # its own quantization, none of the engines' session boots
          "tests/engines/test_shape_capacity.py": "flows",  # dummy-weight boots of its own (79 s): balances the lanes
+         "tests/engines/test_real_model_gate.py": "flows",  # its own model, quantization and boots
          "tests/engines/": "engines", "tests/flows/test_formats.py": "engines", "tests/flows/": "flows"}
 
 

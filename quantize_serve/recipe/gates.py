@@ -1,9 +1,7 @@
-"""The recipe's ``gates`` section: accuracy (tasks, recovery thresholds), stress, soak, and the regression
-gate against the release already in production."""
+"""The recipe's ``gates`` section: accuracy (tasks, stated error rates, looks), stress, soak, and the
+regression gate against the release already in production."""
 
 from __future__ import annotations
-
-from typing import Literal
 
 from pydantic import (
     Field,

