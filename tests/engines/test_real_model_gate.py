@@ -24,7 +24,7 @@ PPL, CLOZE = "../evals/tasks/qs_realtext_ppl.yaml", "../evals/tasks/qs_realtext_
 # calibration cut likewise (the checkpoint is the subject's input, not its subject).
 OVERRIDES = {**SERVING_OVERRIDES,
              "calibration.num_samples": 32, "calibration.max_seq_len": 128,
-             "gates.accuracy.tasks": [{"task": PPL, "limit": 80}, {"task": CLOZE, "limit": 240}]}
+             "gates.accuracy.tasks": [{"task": PPL, "limit": 40}, {"task": CLOZE, "limit": 160}]}
 
 
 @pytest.fixture(scope="module")
