@@ -39,28 +39,36 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from benchmarks.h200 import GIB, Results, versions
-from benchmarks.h200_shapes import RECIPES, REHEARSE_SERVE, SERVE, evidence_lines, merge_row, vllm_memory
-from benchmarks.shape_capacity import SHAPES, shape_folder
-from quantize_serve.serving.boot import Boot
+from benchmarks.harness import (  # noqa: E402
+    GIB,
+    ROOT,
+    SHAPES,
+    TOKENIZER,
+    Results,
+    load_scenario,
+    logger,
+    merge_row,
+    versions,
+)
+from quantize_serve.capacity.model_shape import ModelShape  # noqa: E402
+from quantize_serve.capacity.planner import activation_peak_bytes  # noqa: E402
+from quantize_serve.capacity.shape import measure_shape, shape_folder  # noqa: E402
+from quantize_serve.recipe.load import load_recipe  # noqa: E402
+from quantize_serve.serving import gpu  # noqa: E402
+from quantize_serve.serving.boot import Boot  # noqa: E402
+from quantize_serve.serving.vllm_log import compile_cache, evidence_lines, memory_figures, read_log  # noqa: E402
 
+SCENARIO = load_scenario("peak")
+SHAPES_SCENARIO = load_scenario("shapes")  # the serve settings and recipes: h200_shapes.py's
+RECIPES, SERVE, REHEARSE_SERVE = (SHAPES_SCENARIO[k] for k in ("recipes", "serve", "rehearse_serve"))
 # name -> (shape of SHAPES, config.json keys overridden)
-VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "llama-3-70b": ("Llama-3-70B", {}),
-    "llama-3-70b-i29568": ("Llama-3-70B", {"intermediate_size": 29568}),  # Qwen2's intermediate, from Llama's side
-    "qwen2-72b": ("Qwen2-72B", {}),
-    "qwen2-72b-no-bias": ("Qwen2-72B", {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                                        "attention_bias": False, "mlp_bias": False}),
-    "qwen2-72b-i28672": ("Qwen2-72B", {"intermediate_size": 28672}),
-    "qwen2-72b-v128256": ("Qwen2-72B", {"vocab_size": 128256}),
-    "qwen3-30b-a3b": ("Qwen3-30B-A3B", {}),
-    "mixtral-8x7b": ("Mixtral-8x7B", {}),  # an MoE the sparse compiled term was not calibrated on
-}
-REHEARSE_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "tiny-llama": ("tiny-llama", {}), "tiny-llama-i768": ("tiny-llama", {"intermediate_size": 768})}
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {k: tuple(v) for k, v in SCENARIO["variants"].items()}
+REHEARSE_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {k: tuple(v) for k, v in
+                                                             SCENARIO["rehearse_variants"].items()}
 MODES = ("eager", "graphs")
 # vLLM logs at DEBUG (VLLM_LOGGING_LEVEL) for these boots: its memory profile ("torch_peak_increase", ...)
 # and whether it profiled CUDA-graph memory ("skipping profiling") are debug lines; a row keeps them.
@@ -68,21 +76,12 @@ DEBUG_EVIDENCE = ("torch_peak", "non_torch", "CUDA graph memory", "skipping prof
                   "Directly load", "Compiling a graph", "torch.compile took")
 BOOTS = {"base": Boot.BASE, "w4a16": Boot.QUANTIZED_16BIT_KV}
 RECORDED = ("measured",)
-
-
-def log(msg: str) -> None:
-    print(f"[peak {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+log = logger("peak")
 
 
 def variant_folder(name: str, variants: dict[str, tuple[str, dict]], layers: int | None, work: Path) -> Path:
-    """The variant's shape folder: the base shape's folder (config.json and a tokenizer), its config overridden."""
-    base = shape_folder(variants[name][0], work / "bases")
-    folder = work / "variants" / name
-    if folder.exists():
-        shutil.rmtree(folder)
-    shutil.copytree(base, folder)
-    (folder / "config.json").write_text(json.dumps(variant_config(name, variants, layers), indent=2))
-    return folder
+    """The variant's shape folder: its config.json (``variant_config``) and the reference tokenizer."""
+    return shape_folder(variant_config(name, variants, layers), work / "variants" / name, tokenizer_dir=TOKENIZER)
 
 
 def variant_config(name: str, variants: dict[str, tuple[str, dict]], layers: int | None) -> dict[str, Any]:
@@ -102,20 +101,8 @@ def row_id(variant: str, boot: str, mode: str, nth: int = 1) -> str:
     return f"{variant}/{boot}/{mode}" + (f"#{nth}" if nth > 1 else "")
 
 
-def compile_cache(log_text: str) -> str | None:
-    """Whether the boot compiled its graphs (``miss``) or loaded them from vLLM's compile cache (``hit``), by
-    vLLM's own lines; None when it compiled nothing (eager). vLLM charges a cold compile's temporaries to the
-    profiled peak (vllm-project/vllm#54122, #54383), so a hit and a miss of one row can differ."""
-    if "Directly load the compiled graph" in log_text or "Directly load AOT compilation" in log_text:
-        return "hit"
-    return "miss" if "Compiling a graph for compile range" in log_text else None
-
-
 def planner_activation_gib(variant: str, *, variants: dict, layers: int | None, mode: str) -> float:
     """Today's planner's activation term for the variant (from its config.json, as the boot's plan has it)."""
-    from quantize_serve.capacity.model_shape import ModelShape
-    from quantize_serve.capacity.planner import activation_peak_bytes
-
     act = activation_peak_bytes(ModelShape.from_config(variant_config(variant, variants, layers), source=variant),
                                 max_num_batched_tokens=SERVE["serve.max_num_batched_tokens"],
                                 tensor_parallel_size=SERVE["serve.tensor_parallel_size"], compiled=mode == "graphs")
@@ -137,9 +124,6 @@ def replan(rows: list[dict]) -> list[dict]:
 
 def measure_row(variant: str, boot: str, mode: str, *, variants: dict, layers: int | None, work: Path,
                 rehearse: bool, device: int | None, nth: int = 1) -> dict[str, Any]:
-    from quantize_serve.capacity.shape import measure_shape
-    from quantize_serve.recipe.load import load_recipe
-
     shape = variants[variant][0]
     folder = variant_folder(variant, variants, layers, work)
     settings = {**(REHEARSE_SERVE[shape] if rehearse else SERVE), "serve.enforce_eager": mode == "eager",
@@ -151,10 +135,10 @@ def measure_row(variant: str, boot: str, mode: str, *, variants: dict, layers: i
                            boots={BOOTS[boot]}, log=lambda msg: log(f"{variant} {mode}: {msg}"))
     row = result.row(BOOTS[boot])
     log_path = out_dir / f"vllm-shape-{BOOTS[boot]}.log"
-    text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+    text = read_log(log_path)
     if nth > 1 and log_path.is_file():  # the next boot of the row writes the same log: keep this one's apart
         log_path = Path(shutil.copyfile(log_path, log_path.with_name(f"{log_path.stem}-{nth}.log")))
-    usage = vllm_memory(text)["actual_usage_gib"]
+    usage = memory_figures(text)["actual_usage_gib"]
     planned = round(row.planned.activation_bytes / GIB, 3)
     peak = usage.get("peak_activation")
     return {"id": row_id(variant, boot, mode, nth), "variant": variant, "boot_of_row": nth,
@@ -196,8 +180,6 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{r['id']}: vLLM peak {(r.get('vllm_actual_usage_gib') or {}).get('peak_activation')} GiB, "
                 f"planner {r.get('planner_activation_gib')} GiB")
         return 0
-
-    from quantize_serve.serving import gpu
 
     variants = REHEARSE_VARIANTS if args.rehearse else VARIANTS
     picked = args.variants.split(",") if args.variants else list(variants)

@@ -12,18 +12,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+from benchmarks.harness import ROOT  # noqa: E402
+from quantize_serve.capacity.measure import run_capacity_stage  # noqa: E402
+from quantize_serve.core.portable import write_json_result  # noqa: E402
+from quantize_serve.quantize.run import quantize_model  # noqa: E402
+from quantize_serve.validate.preflight import resolve_base, validate_recipe  # noqa: E402
 
 
 def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml",
          out: Path = ROOT / "benchmarks/results/capacity.json") -> None:
-    from quantize_serve.capacity.measure import run_capacity_stage
-    from quantize_serve.quantize.run import quantize_model
-    from quantize_serve.validate.preflight import resolve_base, validate_recipe
-
     validated = validate_recipe(recipe_path)
     recipe = validated.recipe
     base = resolve_base(validated)
@@ -45,7 +46,6 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml",
         "targets": {"fp8_token_ratio_within_1pct": abs(report.fp8_token_ratio - 2) <= 0.02,
                     "planner_error_within_3pct": all(abs(p.error_pct) <= 3 for p in report.planner)},
     }
-    from quantize_serve.core.portable import write_json_result
 
     write_json_result(out, result)
     print(report.markdown())

@@ -33,8 +33,21 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
+
+from benchmarks.harness import ROOT  # noqa: E402
+from localhub.client import hub_client_env  # noqa: E402
+from localhub.server import start_local_hub  # noqa: E402
+from quantize_serve.capacity.measure import capacity_spec  # noqa: E402
+from quantize_serve.core.portable import write_json_result  # noqa: E402
+from quantize_serve.core.settings import get_settings  # noqa: E402
+from quantize_serve.hub.publish import promote_revision  # noqa: E402
+from quantize_serve.recipe.load import load_recipe  # noqa: E402
+from quantize_serve.serve_profile.output import write_profile  # noqa: E402
+from quantize_serve.serve_profile.search import candidate_serve  # noqa: E402
+from quantize_serve.serving.boot import Boot  # noqa: E402
+from quantize_serve.serving.repo_layout import KEEP_MODEL_NAME, lay_out_as_hub_cache  # noqa: E402
+from quantize_serve.serving.server import BOOT_VLLM_DEFAULTS, boot_env, boot_hub_cache, config_args  # noqa: E402
 
 # Run by the serving environment's Python (after KEEP_MODEL_NAME where the flow's bootstrap runs it):
 # for each named command line, the model's name and revision vLLM keys on and the two key parts.
@@ -77,7 +90,6 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/compile_cache_key.json")
     args = parser.parse_args()
-    from quantize_serve.core.portable import write_json_result
 
     checkpoint = args.checkpoint.resolve()
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,18 +103,6 @@ def main() -> None:
 
 def measure(checkpoint: Path, tmp: Path) -> dict:
     from huggingface_hub import HfApi
-
-    from localhub.client import hub_client_env
-    from localhub.server import start_local_hub
-    from quantize_serve.capacity.measure import capacity_spec
-    from quantize_serve.core.settings import get_settings
-    from quantize_serve.hub.publish import promote_revision
-    from quantize_serve.recipe.load import load_recipe
-    from quantize_serve.serve_profile.output import write_profile
-    from quantize_serve.serve_profile.search import candidate_serve
-    from quantize_serve.serving.boot import Boot
-    from quantize_serve.serving.repo_layout import KEEP_MODEL_NAME, lay_out_as_hub_cache
-    from quantize_serve.serving.server import BOOT_VLLM_DEFAULTS, boot_env, boot_hub_cache, config_args
 
     get_settings.cache_clear()
     serving_python = get_settings().serving_python

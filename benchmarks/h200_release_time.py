@@ -74,34 +74,51 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
 os.environ["HF_HUB_OFFLINE"] = "0"  # the local endpoint is the Hub here
 os.environ["HF_HUB_DISABLE_XET"] = "1"  # the local endpoint takes plain LFS uploads
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from benchmarks.h200 import Nvml, Results, log, versions, wait_for_build  # noqa: E402
-from benchmarks.h200_llama3 import (  # noqa: E402
+from benchmarks import manual as m  # noqa: E402 - the steps by hand, shared with pipeline_vs_manual.py
+from benchmarks.harness import (  # noqa: E402
     BASE_ID,
     DEPLOYMENT,
-    REHEARSE_OVERRIDES,
-    TOKEN,
+    ROOT,
+    STACK_TOKEN,
+    Results,
     deployment_env,
+    load_scenario,
+    logger,
     publish_base,
     stage_seconds,
+    versions,
+    wait_for_build,
 )
+from localhub.datasets import publish_production_tasks, publish_ultrachat_production  # noqa: E402
+from quantize_serve.capacity.measure import sixteen_bit_kv_dtype  # noqa: E402
+from quantize_serve.core.settings import get_settings  # noqa: E402
+from quantize_serve.gates.accuracy import lm_eval_concurrency  # noqa: E402
+from quantize_serve.quantize.run import build_llmcompressor_recipe  # noqa: E402
+from quantize_serve.recipe.load import load_recipe  # noqa: E402
+from quantize_serve.serving import gpu  # noqa: E402
+from quantize_serve.serving.server import stop_process_group  # noqa: E402
+from quantize_serve.serving.vllm_log import compile_summary, read_log  # noqa: E402
+from scripts.local_stack import local_stack  # noqa: E402
 
-TASKS = [{"task": "gsm8k", "num_fewshot": 5, "limit": 500}, {"task": "arc_challenge", "num_fewshot": 25, "limit": 500},
-         {"task": "hellaswag", "num_fewshot": 10, "limit": 1000}, {"task": "mmlu", "num_fewshot": 5, "limit": 20}]
-# CPU smoke: the same tasks and shots, a few documents each (mmlu: one per subject), small data
-SMOKE_LIMITS = {"gsm8k": 3, "arc_challenge": 3, "hellaswag": 3, "mmlu": 1}
-SMOKE_DATA = {"gsm8k_test": 10, "arc_test": 10, "hellaswag_validation": 10, "mmlu_test": 2}
-SMOKE_OVERRIDES = {k: v for k, v in REHEARSE_OVERRIDES.items() if k != "gates.accuracy.num_concurrent"}
-BASELINE_ENV = {"QS_PREPARE_BOOTS": "false", "QS_REUSE_BASE_REFERENCE": "false", "QS_QUANTIZE_ON_DEVICE": "false"}
+SCENARIO = load_scenario("release-time")
+TASKS = SCENARIO["tasks"]
+SMOKE_LIMITS, SMOKE_DATA = SCENARIO["smoke_limits"], SCENARIO["smoke_data"]
+# CPU smoke: the llama3 scenario's CPU rehearsal, lm-eval's concurrency as the gate resolves it
+SMOKE_OVERRIDES = {k: v for k, v in load_scenario("llama3")["rehearse_overrides"].items()
+                   if k != "gates.accuracy.num_concurrent"}
+BASELINE_ENV = SCENARIO["baseline_env"]
 RUNS = ("baseline", "first_release", "re_release", "manual")
 FLOW_RUNS = RUNS[:3]
 MANUAL_REPO_SUFFIX = "-manual"
-RECIPE = ROOT / "recipes/llama3-8b-instruct-awq.yaml"
-BASELINE_CONCURRENT = 16  # what recipes/llama3-8b-instruct-awq.yaml set before it was sized to max_num_seqs
+RECIPE = ROOT / SCENARIO["recipe"]
+BASELINE_CONCURRENT = SCENARIO["baseline_concurrent"]
 # The quantize worker's line; the flow's log relays it without the worker's "[quantize]" tag
 CALIBRATION_LINE = re.compile(r"(\d+) calibration samples, (\d+) tokens")
 # What a run's streamed log says as it goes: kept under "cut_short" until the run ends, so a run that a
@@ -109,19 +126,13 @@ CALIBRATION_LINE = re.compile(r"(\d+) calibration samples, (\d+) tokens")
 STAGE_LINE = re.compile(r"stage done: (.+?)\s*$")
 PROGRESS_LINE = re.compile(r"booting vLLM \([^)]+\)|vLLM \([^)]+\) healthy\b.*"
                            r"|lm-eval \S+: .+ documents in .*|\d+ calibration samples, \d+ tokens")
+log = logger("release")
 
 
 def boot_logs(run_dir: Path) -> list[dict[str, Any]]:
     """Each vLLM boot of a run: its compile-cache hits and compiles, as vLLM logged them."""
-    boots = []
-    for path in sorted(run_dir.rglob("vllm-*.log")):
-        text = path.read_text(errors="replace")
-        compiles = [float(s) for s in re.findall(r"Compiling a graph for compile range .*? takes ([\d.]+) s", text)]
-        boots.append({"boot": path.stem.removeprefix("vllm-"),
-                      "compile_cache_hits": len(re.findall(r"Directly load the compiled graph", text)),
-                      "graphs_compiled": len(compiles), "compile_seconds": round(sum(compiles), 1),
-                      "eager": "Enforce eager set" in text})
-    return boots
+    return [{"boot": path.stem.removeprefix("vllm-"), **compile_summary(read_log(path))}
+            for path in sorted(run_dir.rglob("vllm-*.log"))]
 
 
 def one_run(stack: Any, res: Results, name: str, *, overrides: dict[str, Any], env: dict[str, str],
@@ -225,8 +236,6 @@ class Marks:
 
 def manual_recipe(base_overrides: dict[str, Any], repo: str) -> tuple[Any, dict[str, Any]]:
     """first_release's recipe (the same overrides) with a Hub repo of its own."""
-    from quantize_serve.recipe.load import load_recipe
-
     overrides = {**base_overrides, "hub.repo_id": repo + MANUAL_REPO_SUFFIX}
     return load_recipe(RECIPE, overrides), overrides
 
@@ -235,14 +244,11 @@ def lm_eval_settings(recipe: Any, tasks_dir: Path) -> dict[str, Any]:
     """The lm_eval invocation's settings as the gate resolves them: the recipe's task set as one group
     file in ``tasks_dir`` (written here) with its limits as --samples, the gate's batch size, lm-eval's
     concurrency (quantize_serve.gates.accuracy.lm_eval_concurrency), the server's max_model_len."""
-    from benchmarks.manual import GATE_GROUP, gate_group
-    from quantize_serve.gates.accuracy import lm_eval_concurrency
-
     gate = recipe.gates.accuracy
-    group, samples = gate_group(gate.tasks)
+    group, samples = m.gate_group(gate.tasks)
     tasks_dir.mkdir(parents=True, exist_ok=True)
-    (tasks_dir / f"{GATE_GROUP}.yaml").write_text(group)
-    settings: dict[str, Any] = {"tasks": [GATE_GROUP], "batch_size": gate.batch_size, "include_path": tasks_dir,
+    (tasks_dir / f"{m.GATE_GROUP}.yaml").write_text(group)
+    settings: dict[str, Any] = {"tasks": [m.GATE_GROUP], "batch_size": gate.batch_size, "include_path": tasks_dir,
                                 "concurrent": lm_eval_concurrency(gate, recipe.serve),
                                 "max_length": recipe.serve.max_model_len}
     if samples:
@@ -255,12 +261,6 @@ def manual_run(res: Results, *, recipe: Any, overrides: dict[str, Any], env: dic
                serving_python: Path, session: str, preceded_by: list[str], ready_timeout_s: float) -> None:
     """first_release's work by hand (the module doc, run 4); the record is saved as it goes, so a failure
     leaves the stages done so far (``complete`` false)."""
-    from benchmarks import manual as m
-    from quantize_serve.capacity.measure import sixteen_bit_kv_dtype
-    from quantize_serve.quantize.run import build_llmcompressor_recipe
-    from quantize_serve.serving import gpu
-    from quantize_serve.serving.server import stop_process_group
-
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     env = {**env, "VLLM_CACHE_ROOT": str(work / "vllm-cache"),  # a fresh compile cache, as first_release's
@@ -396,13 +396,8 @@ def record_ratio(res: Results) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> None:
-    from huggingface_hub import HfApi
-    from transformers import AutoTokenizer
-
-    from localhub.datasets import publish_production_tasks, publish_ultrachat_production
-    from quantize_serve.core.settings import get_settings
-    from quantize_serve.recipe.load import load_recipe
-    from scripts.local_stack import local_stack
+    from huggingface_hub import HfApi  # after HF_HUB_OFFLINE is set: huggingface_hub reads it on import
+    from transformers import AutoTokenizer  # heavy (~3 s): only once the run starts
 
     state = Path(args.state).resolve()
     model_dir = (ROOT / "models/tiny-llama") if args.cpu_smoke else Path(args.model_dir).resolve()
@@ -423,7 +418,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     serving_python = str(get_settings().serving_python)
     session = time.strftime("%Y-%m-%dT%H:%M:%S")  # this invocation: each run it measures records it
     res.data.update(
-        started=session, cpu_smoke=args.cpu_smoke, device=Nvml().info(),
+        started=session, cpu_smoke=args.cpu_smoke, device=gpu.memory_info(0),
         command=f"prefect deployment run quantize-serve/{DEPLOYMENT} --watch", versions=versions(),
         weights="random bf16 weights of Llama-3-8B's shapes: the accuracy figures are not model quality, the "
                 "times are real" if not args.cpu_smoke else "the project's tiny reference model (CPU smoke)",
@@ -437,8 +432,8 @@ def cmd_run(args: argparse.Namespace) -> None:
         res.data["build"] = wait_for_build(model_dir, None, args.build_timeout_s)
     res.save()
     extra = {"QS_RUNS_DIR": str(runs), "HF_DATASETS_OFFLINE": "0", "HF_HOME": str(home / "hf-home")}
-    with local_stack(home, hub_token=TOKEN, deploy=False, extra_env=extra) as stack:
-        api = HfApi(endpoint=stack.hub_endpoint, token=TOKEN)
+    with local_stack(home, hub_token=STACK_TOKEN, deploy=False, extra_env=extra) as stack:
+        api = HfApi(endpoint=stack.hub_endpoint, token=STACK_TOKEN)
         t0 = time.monotonic()
         base_sha = publish_base(api, model_dir, home / "scratch")
         if not (args.keep_model or args.cpu_smoke):  # the Hub holds it now (disk: 64 GiB hosts)
@@ -489,7 +484,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                                   "compile_cache_hits": sum(b["compile_cache_hits"] for b in r[name]["boots"]),
                                   "base_reused_from": r[name]["base_reused_from"]} for name in r}
     record_ratio(res)
-    res.data["targets"] = {"first_release_max_s": 600, "re_release_max_s": 360, "ratio_vs_careful_manual_max": 1.0}
+    res.data["targets"] = SCENARIO["targets"]
     res.data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     res.save()
     log(f"done: {res.data['summary']}")
@@ -523,5 +518,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     main()

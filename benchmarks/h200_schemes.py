@@ -21,67 +21,46 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
+from benchmarks.harness import ROOT, TOKENIZER, load_scenario, logger  # noqa: E402
+from quantize_serve.capacity import planner  # noqa: E402
+from quantize_serve.capacity.measure import measure_capacity  # noqa: E402
+from quantize_serve.capacity.shape import preset_quantization_config, shape_folder  # noqa: E402
+from quantize_serve.core.portable import write_json_result  # noqa: E402
+from quantize_serve.formats import choose as formats  # noqa: E402
+from quantize_serve.recipe.load import load_recipe  # noqa: E402
+from quantize_serve.recipe.quantization import FormatRule  # noqa: E402
+from quantize_serve.serving import gpu  # noqa: E402
+from quantize_serve.serving.boot import Boot  # noqa: E402
+from quantize_serve.serving.server import ServerSpec, vllm_server  # noqa: E402
+from quantize_serve.serving.vllm_log import read_log  # noqa: E402
 
-RECIPE = ROOT / "recipes" / "llama3-8b-instruct-awq.yaml"
-SHAPE = ROOT / "benchmarks" / "configs" / "llama-3-8b.json"
-TOKENIZER = ROOT / "models" / "tiny-llama"  # a dummy boot needs a tokenizer; any will do
-NO_PREFIX_CACHE = "--no-enable-prefix-caching"
-SERVE = {"serve.max_model_len": 8192, "serve.gpu_memory_utilization": 0.90, "serve.enforce_eager": False,
-         "serve.max_num_batched_tokens": 8192, "serve.max_num_seqs": 256, "serve.kv_cache_dtype": "fp8",
-         "serve.extra_args": [NO_PREFIX_CACHE]}
-# (name, scheme, method): the candidates, each served with the fp8 KV cache
-CANDIDATES = [("w4a16", "W4A16", "rtn (dummy weights)"), ("fp8-dynamic", "FP8_DYNAMIC", "rtn (dummy weights)"),
-              ("int8-w8a8", "W8A8", "rtn (dummy weights)")]
-BENCH = {"concurrency": 64, "input_tokens": 1024, "output_tokens": 256, "repeats": 2}
-# --rehearse: the same code on this CPU with the reference model's shape and serve settings
-REHEARSE_RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
-REHEARSE_SERVE = {"serve.max_model_len": 512, "serve.enforce_eager": True, "serve.extra_args": [NO_PREFIX_CACHE]}
-REHEARSE_CANDIDATES = [c for c in CANDIDATES if c[1] in ("W8A8", "FP8_DYNAMIC")]
-REHEARSE_BENCH = {"concurrency": 4, "input_tokens": 64, "output_tokens": 16, "repeats": 2}
+SCENARIO = load_scenario("schemes")
+RECIPE, SHAPE, SERVE = ROOT / SCENARIO["recipe"], ROOT / SCENARIO["shape"], SCENARIO["serve"]
+CANDIDATES = [tuple(c) for c in SCENARIO["candidates"]]  # (name, scheme, method), each with the fp8 KV cache
+BENCH = SCENARIO["bench"]
+REHEARSE_RECIPE, REHEARSE_SERVE = ROOT / SCENARIO["rehearse_recipe"], SCENARIO["rehearse_serve"]
+REHEARSE_CANDIDATES = [c for c in CANDIDATES if c[1] in SCENARIO["rehearse_schemes"]]
+REHEARSE_BENCH = SCENARIO["rehearse_bench"]
 WEIGHTS_NOTE = ("random (vLLM --load-format dummy): capacity, throughput, latency and kernels only; accuracy "
                 "means nothing with random weights, so recovery is null and no accuracy gate was run")
+log = logger("schemes")
 
 
-def log(msg: str) -> None:
-    print(f"[schemes {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def shape_folder(config: Path, scheme: str | None, work: Path) -> Path:
-    """A weightless folder: ``config``, the reference tokenizer, and the scheme's quantization_config
-    as llm-compressor writes it (benchmarks/cpu_schemes.py's pattern)."""
-    from compressed_tensors.quantization import preset_name_to_scheme
-
-    from quantize_serve.capacity.shape import checkpoint_quantization_config, weightless_folder
-    from quantize_serve.quantize.run import CHECKPOINT_FORMAT
-
-    base = work / "base"
-    if not (base / "config.json").is_file():
-        base.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(config, base / "config.json")
-        for f in TOKENIZER.iterdir():
-            if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
-                shutil.copyfile(f, base / f.name)
-    quantization = None
-    if scheme:
-        fmt = CHECKPOINT_FORMAT[scheme]
-        group = {**preset_name_to_scheme(scheme, ["Linear"]).model_dump(), "format": fmt}
-        quantization = checkpoint_quantization_config({"group_0": group}, ignore=["lm_head"], format=fmt)
-    return weightless_folder(base, work / (scheme or "bf16"), quantization_config=quantization)
+def scheme_folder(config: Path, scheme: str | None, work: Path) -> Path:
+    """A weightless folder of the shape ``config`` with the scheme's quantization_config as llm-compressor
+    writes it (none: the bf16 base)."""
+    quantization = preset_quantization_config(scheme) if scheme else None
+    return shape_folder(config, work / (scheme or "bf16"), tokenizer_dir=TOKENIZER, quantization_config=quantization)
 
 
 def boot_spec(recipe, folder: Path, scheme: str | None, kv: str, *, warm_up: bool):
     """The dummy-weights boot; under a fixed budget (CPU) the KV bytes are the budget less the planner's
     weight bytes for the scheme (no checkpoint to read them from)."""
-    from quantize_serve.capacity import planner
-    from quantize_serve.serving.server import ServerSpec
-
     serve, kv_bytes, planned = recipe.serve, None, None
     if serve.memory_budget is not None:
         planned = planner.plan_capacity(
@@ -99,12 +78,7 @@ def boot_spec(recipe, folder: Path, scheme: str | None, kv: str, *, warm_up: boo
 def measure(recipe, args, *, name: str, scheme: str | None, method: str, kv: str, settings, platform: str,
             reference: bool, bench: bool = True):
     """One boot: (its FormatRow, the boot facts). Failures are recorded in the row, never raised."""
-    from quantize_serve.capacity.measure import measure_capacity
-    from quantize_serve.formats import choose as formats
-    from quantize_serve.serving.boot import Boot
-    from quantize_serve.serving.server import vllm_server
-
-    folder = shape_folder(args.config, scheme, args.work / "folders")
+    folder = scheme_folder(args.config, scheme, args.work / "folders")
     spec, planned_weights = boot_spec(recipe, folder, scheme, kv, warm_up=not args.rehearse)
     out = args.work / name
     out.mkdir(parents=True, exist_ok=True)
@@ -122,7 +96,7 @@ def measure(recipe, args, *, name: str, scheme: str | None, method: str, kv: str
                 config = config.model_copy(update={"weights_bytes": planned_weights})
             row.kv_cache_dtype, row.weights_bytes = config.kv_cache_dtype, config.weights_bytes
             row.kv_cache_tokens, row.max_concurrency = config.kv_cache_tokens, config.max_concurrency
-            log_text = Path(server.log_path).read_text(errors="replace")
+            log_text = read_log(server.log_path)
             row.kernels = formats.boot_kernels(log_text)
             if not reference:
                 row.kernels, problem = formats.kernel_problem(scheme, platform, log_text)
@@ -149,12 +123,6 @@ def measure(recipe, args, *, name: str, scheme: str | None, method: str, kv: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    from quantize_serve.core.portable import write_json_result
-    from quantize_serve.formats import choose as formats
-    from quantize_serve.recipe.load import load_recipe
-    from quantize_serve.recipe.quantization import FormatRule
-    from quantize_serve.serving import gpu
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/h200_schemes.json")
     p.add_argument("--work", type=Path, default=Path("/tmp/qs-schemes"))

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
+import os
 import sys
 import tempfile
 import time
@@ -49,62 +49,48 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from benchmarks.h200 import GIB, Results, versions
-from benchmarks.shape_capacity import SHAPES, shape_folder
-from quantize_serve.capacity.planner import (
+from benchmarks.harness import (  # noqa: E402
+    GIB,
+    ROOT,
+    SHAPES,
+    TOKENIZER,
+    Results,
+    load_scenario,
+    logger,
+    merge_row,
+    versions,
+)
+from quantize_serve.capacity.measure import plan_for  # noqa: E402
+from quantize_serve.capacity.planner import (  # noqa: E402
     BLOCK_SIZE_CPU,
     BLOCK_SIZE_GPU,
     GPU_MEMORY_BYTES,
     CapacityPlan,
     kv_error_pct,
 )
-from quantize_serve.capacity.shape import ShapeRow
-from quantize_serve.formats import choose as formats
-from quantize_serve.serving.boot import Boot
+from quantize_serve.capacity.shape import ShapeRow, measure_shape, shape_folder  # noqa: E402
+from quantize_serve.formats.choose import kernel_report, platform_of  # noqa: E402
+from quantize_serve.recipe.load import load_recipe  # noqa: E402
+from quantize_serve.serving import gpu  # noqa: E402
+from quantize_serve.serving.boot import Boot  # noqa: E402
+from quantize_serve.serving.vllm_log import (  # noqa: E402
+    evidence_lines,
+    graph_estimate_bytes,
+    memory_figures,
+    read_log,
+)
 
-MODELS = ("Llama-3-8B", "Llama-3-70B", "Qwen2-72B", "Qwen3-30B-A3B")
-REHEARSE_MODELS = ("tiny-llama", "tiny-qwen3-moe")
-# The recipe each shape is measured with (its quantization section: scheme, group size, ignore list;
-# the MoE's ignores its routers, as vLLM builds them unquantized); serve settings are SERVE's.
-RECIPES = {"Llama-3-8B": "recipes/llama3-8b-instruct-awq.yaml", "Llama-3-70B": "recipes/llama3-8b-instruct-awq.yaml",
-           "Qwen2-72B": "recipes/llama3-8b-instruct-awq.yaml", "Qwen3-30B-A3B": "recipes/qwen3-30b-a3b-awq.yaml",
-           "Mixtral-8x7B": "recipes/qwen3-30b-a3b-awq.yaml",  # activation_peak.py's out-of-sample MoE
-           "tiny-llama": "recipes/tiny-llama-awq.yaml", "tiny-qwen3-moe": "recipes/tiny-qwen3-moe-awq.yaml"}
-SERVE = {"serve.max_model_len": 8192, "serve.gpu_memory_utilization": 0.90, "serve.enforce_eager": False,
-         "serve.max_num_batched_tokens": 8192, "serve.max_num_seqs": 256, "serve.kv_cache_dtype": "fp8",
-         "serve.tensor_parallel_size": 1, "quantization.scheme": "W4A16",
-         "quantization.kv_cache_scales": False}
-# --rehearse: the recipes' own CPU settings, and a budget per shape (the tiny MoE's 4 MiB holds its W4A16
-# weights and a request of 512 tokens, not its 3.9 MiB of bf16 weights and one).
-REHEARSE_SERVE = {"tiny-llama": {"serve.memory_budget": "8MiB"}, "tiny-qwen3-moe": {"serve.memory_budget": "4MiB"}}
-TARGET_PCT = 0.1  # issue 25: at most 0.1 % error on KV tokens per row
-# Seconds one row takes on the H200 (vLLM 0.26, graphs on, dummy weights), boot to stop, as measured in
-# session 1 of h200_shapes.json: Llama-3-8B 109-141 s, Llama-3-70B 134-138 s, Qwen2-72B 155 s; Qwen3-30B-A3B
-# 128-179 s (scripts/gpu/README.md).
-ESTIMATE_S = {"Llama-3-8B": 125, "Llama-3-70B": 140, "Qwen2-72B": 160, "Qwen3-30B-A3B": 190,
-              "tiny-llama": 45, "tiny-qwen3-moe": 45}
+SCENARIO = load_scenario("shapes")
+MODELS, REHEARSE_MODELS = tuple(SCENARIO["models"]), tuple(SCENARIO["rehearse_models"])
+RECIPES, SERVE, REHEARSE_SERVE = SCENARIO["recipes"], SCENARIO["serve"], SCENARIO["rehearse_serve"]
+TARGET_PCT, ESTIMATE_S = SCENARIO["target_pct"], SCENARIO["estimate_s"]
 RECORDED = ("measured", "does-not-fit")  # what --resume keeps; a refused or failed row is tried again
 CONFIG_ALIASES = {"bf16": Boot.BASE}
-# vLLM's log lines this reads beside the project's own parsers (formats.KERNEL_LINE, MOE_METHOD_LINE)
-MOE_BACKEND_LINE = re.compile(r"Using '?(\w+)'? (Unquantized |WNA16 |Fp8 |Int8 )?MoE backend")
-EXPERTS_LINE = re.compile(r"Using (\w+Experts)\b")
-GRAPH_POOL = re.compile(r"CUDA graph pool memory: ([\d.]+) GiB \(actual\), ([\d.]+) GiB \(estimated\)")
-GRAPH_ESTIMATE = re.compile(r"Estimated CUDA graph memory: ([\d.]+) GiB")
-# The lines a row keeps as evidence (what the figures above are read from, and a refusal's reason)
-EVIDENCE = ("Model loading took", "Available KV cache memory", "KV cache size", "Maximum concurrency", "CUDA graph",
-            "Graph capturing", "Actual usage", "Kernel", "MoE", "Experts", "Error:")
-PROGRESS_BAR = re.compile(r"\d+/\d+ \[[\d:<]+|it/s\]")
-ACTUAL_USAGE = {"weights": re.compile(r"([\d.]+) GiB for weight"),
-                "peak_activation": re.compile(r"([\d.]+) GiB for peak activation"),
-                "non_torch": re.compile(r"([\d.]+) GiB for non-torch memory"),
-                "cuda_graphs": re.compile(r"([\d.]+) GiB for CUDAGraph memory")}
-
-
-def log(msg: str) -> None:
-    print(f"[shapes {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+log = logger("shapes")
 
 
 # --------------------------------------------------------------------------------------------
@@ -182,49 +168,15 @@ def estimate_seconds(model: str, boot: Boot, not_booted: str | None) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _last_float(pattern: re.Pattern, text: str, group: int = 1) -> float | None:
-    found = [m.group(group) for m in pattern.finditer(text)]
-    return float(found[-1]) if found else None
-
-
-def vllm_memory(log_text: str) -> dict[str, Any]:
-    """vLLM's own memory lines in a boot's log (GiB, as it prints them, to 0.01): the CUDA graph pool it
-    captured and the estimate it took from the KV budget beforehand, and the "Actual usage" split."""
-    return {
-        "cuda_graph_pool_actual_gib": _last_float(GRAPH_POOL, log_text, 1),
-        "cuda_graph_pool_estimated_gib": _last_float(GRAPH_POOL, log_text, 2),
-        "cuda_graph_estimate_gib": _last_float(GRAPH_ESTIMATE, log_text),
-        "actual_usage_gib": {k: _last_float(p, log_text) for k, p in ACTUAL_USAGE.items()},
-    }
-
-
-def graph_estimate_bytes(memory: dict[str, Any]) -> int | None:
-    """vLLM's CUDA-graph estimate (what it took from the KV budget), from ``vllm_memory``'s figures."""
-    gib = memory.get("cuda_graph_pool_estimated_gib")
-    gib = memory.get("cuda_graph_estimate_gib") if gib is None else gib
-    return None if gib is None else int(gib * GIB)
-
-
 def plan_given_estimate(recipe: Any, config: dict, boot: Boot, memory: dict[str, Any], *, block_size: int,
                         device: int | None) -> CapacityPlan | None:
-    """The row's plan given vLLM's own CUDA-graph estimate (``memory``: ``vllm_memory``'s figures); None when the
+    """The row's plan given vLLM's own CUDA-graph estimate (``memory``: ``memory_figures``'s); None when the
     log has none, or the boot took no graphs (eager, or a fixed budget, where vLLM does not profile)."""
-    from quantize_serve.capacity.measure import plan_for
-
     estimate = graph_estimate_bytes(memory)
     if estimate is None or recipe.serve.memory_budget is not None or recipe.serve.enforce_eager:
         return None
     return plan_for(recipe, config, boot, block_size=block_size, device_memory_bytes=device,
                     cudagraph_memory_bytes=estimate)
-
-
-def evidence_lines(log_text: str, limit: int = 30) -> list[str]:
-    """The log's lines that carry the row's figures (``EVIDENCE``), first seen first, each at most 600 characters.
-    The graph-capture progress bars ("Capturing CUDA graphs ... it/s") are left out: they carry no figure, and
-    on the H200 they filled the whole limit before the "Actual usage" line."""
-    lines = [line.strip()[:600] for line in log_text.splitlines()
-             if any(k in line for k in EVIDENCE) and not PROGRESS_BAR.search(line)]
-    return list(dict.fromkeys(lines))[:limit]
 
 
 def replan(rows: list[dict], *, work: Path, device: int) -> list[dict]:
@@ -248,21 +200,6 @@ def replan(rows: list[dict], *, work: Path, device: int) -> list[dict]:
     return out
 
 
-def boot_kernels(log_text: str, scheme: str, platform: str) -> dict[str, Any]:
-    """What vLLM logged choosing: linear kernels and MoE methods (the project's parsers), MoE backends and
-    experts classes; for a quantized scheme, the project's kernel check (None: what it expects here)."""
-    kernels = formats.boot_kernels(log_text)
-    problem = None
-    if scheme in formats.FAMILY:
-        kernels, problem = formats.kernel_problem(scheme, platform, log_text)
-    return {"kernels": kernels,
-            "moe_methods": formats.moe_methods(log_text),
-            "moe_backends": list(dict.fromkeys(" ".join(x for x in m if x).strip()
-                                               for m in MOE_BACKEND_LINE.findall(log_text))),
-            "experts": list(dict.fromkeys(EXPERTS_LINE.findall(log_text))),
-            "kernel_check": problem or ("passed" if scheme in formats.FAMILY else None)}
-
-
 def plan_figures(plan: CapacityPlan, measured: int | None, err: float | None = None) -> dict[str, Any]:
     """A plan's figures beside a measured row; ``err``: its error as already computed (measure_shape's)."""
     if err is None and measured:
@@ -281,7 +218,7 @@ def assemble_row(model: str, row: ShapeRow, *, scheme: str, log_text: str = "", 
     it does not fit), its boot log, and ``given``: the plan with vLLM's CUDA-graph estimate."""
     m = row.measured
     status = "measured" if m else "refused" if row.refused else "does-not-fit"
-    kernels = boot_kernels(log_text, scheme if row.name.quantized else "bf16", platform) if log_text else None
+    kernels = kernel_report(log_text, scheme if row.name.quantized else "bf16", platform) if log_text else None
     if kernels and not m:
         kernels["kernel_check"] = None  # a boot vLLM refused passes no check, whatever it had chosen by then
     out: dict[str, Any] = {
@@ -296,7 +233,7 @@ def assemble_row(model: str, row: ShapeRow, *, scheme: str, log_text: str = "", 
         "planner": plan_figures(row.planned, m.kv_cache_tokens if m else None, row.error_pct),
         "planner_given_vllm_graph_estimate": None if given is None else plan_figures(
             given, m.kv_cache_tokens if m else None),
-        "vllm_memory": vllm_memory(log_text) if log_text else None,
+        "vllm_memory": memory_figures(log_text) if log_text else None,
         "kernels": kernels,
         "seconds": seconds, "estimated_seconds": estimated_s, "vllm_log": log_file,
         "vllm_lines": evidence_lines(log_text),
@@ -312,14 +249,6 @@ def error_row(model: str, boot: Boot, error: str, *, seconds: float | None = Non
 # --------------------------------------------------------------------------------------------
 # The JSON (pure)
 # --------------------------------------------------------------------------------------------
-
-
-def merge_row(rows: list[dict], new: dict, order: list[str]) -> list[dict]:
-    """``rows`` with ``new`` in place of the row of the same id, in the table's ``order`` (ids not in it last)."""
-    by_id = {r["id"]: r for r in rows}
-    by_id[new["id"]] = new
-    rank = {rid: i for i, rid in enumerate(order)}
-    return sorted(by_id.values(), key=lambda r: (rank.get(r["id"], len(order)), r["id"]))
 
 
 def summarize(rows: list[dict], order: list[str]) -> dict[str, Any]:
@@ -351,10 +280,7 @@ def summarize(rows: list[dict], order: list[str]) -> dict[str, Any]:
 def plan_row(model: str, boot: Boot, *, work: Path, rehearse: bool,
              device: int | None) -> tuple[Any, dict, Path, CapacityPlan]:
     """(the row's recipe, its config.json, its shape folder, the planner's plan) before any boot."""
-    from quantize_serve.capacity.measure import plan_for
-    from quantize_serve.recipe.load import load_recipe
-
-    folder = shape_folder(model, work / "shapes")
+    folder = shape_folder(SHAPES[model], work / "shapes" / model, tokenizer_dir=TOKENIZER)
     recipe = load_recipe(ROOT / RECIPES[model], {**(REHEARSE_SERVE[model] if rehearse else SERVE),
                                                  "model.id": str(folder)})
     config = json.loads((folder / "config.json").read_text())
@@ -365,8 +291,6 @@ def plan_row(model: str, boot: Boot, *, work: Path, rehearse: bool,
 def measure_row(model: str, boot: Boot, *, work: Path, rehearse: bool, device: int | None, platform: str,
                 estimated_s: int) -> dict[str, Any]:
     """One row: planned, then (unless it does not fit) booted through measure_shape, then assembled."""
-    from quantize_serve.capacity.shape import measure_shape
-
     recipe, config, folder, plan = plan_row(model, boot, work=work, rehearse=rehearse, device=device)
     scheme = recipe.quantization.scheme
     skip = fit_decision(plan, boot)
@@ -381,8 +305,8 @@ def measure_row(model: str, boot: Boot, *, work: Path, rehearse: bool, device: i
     seconds = round(time.monotonic() - t0, 1)
     row = shape.row(boot)
     log_path = out_dir / f"vllm-shape-{boot}.log"
-    log_text = log_path.read_text(errors="replace") if log_path.is_file() else ""
-    given = plan_given_estimate(recipe, config, boot, vllm_memory(log_text), block_size=row.measured.block_size,
+    log_text = read_log(log_path)
+    given = plan_given_estimate(recipe, config, boot, memory_figures(log_text), block_size=row.measured.block_size,
                                 device=device) if row.measured else None
     return assemble_row(model, row, scheme=scheme, log_text=log_text, platform=platform, given=given,
                         seconds=seconds, estimated_s=estimated_s, log_file=str(log_path))
@@ -416,16 +340,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replan", action="store_true", help="no boot: recompute the planner's figures of the rows "
                    "--out holds with today's planner (after a planner change), and the summary")
     args = p.parse_args(argv)
-
-    from quantize_serve.serving import gpu
-
     models = REHEARSE_MODELS if args.rehearse else MODELS
     default = "h200_shapes_rehearsal.json" if args.rehearse else "h200_shapes.json"
     out = args.out or ROOT / "benchmarks/results" / default
     device = gpu.usable_memory_bytes()
     if device is None and not (args.rehearse or args.dry_run or args.replan):
         raise SystemExit("no GPU: this benchmark measures GPU capacity (--rehearse runs it on a CPU, --dry-run plans)")
-    platform = formats.platform_of(gpu.compute_capability())
+    platform = platform_of(gpu.compute_capability())
     order = [row_id(m, b) for m, b in all_rows(models)]
     selected = select_rows(models, models=args.models, rows=args.rows)
     if args.fresh and out.is_file():

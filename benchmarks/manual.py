@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -36,9 +35,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from localhub.datasets import MMLU_SUBJECTS  # noqa: E402
+import yaml
+
+from benchmarks.harness import ROOT
+from localhub.datasets import MMLU_SUBJECTS
+from quantize_serve.capacity.measure import checkpoint_tensor_bytes, read_cache_info
+from quantize_serve.gates.stress import plan_traffic
+from quantize_serve.quantize.calibration import local_calibration_files
+from quantize_serve.quantize.worker import calibration_arguments
+from quantize_serve.serving.server import free_port, stop_process_group
+from quantize_serve.traffic.bench import BENCH_LAUNCHER as VLLM_CLI
+from quantize_serve.traffic.bench import bench_lengths
 
 PY, SERVE_PY = ROOT / ".venv/bin/python", ROOT / ".venv-serve/bin/python"
 LM_EVAL, HF = ROOT / ".venv/bin/lm_eval", ROOT / ".venv/bin/hf"
@@ -103,9 +110,6 @@ def oneshot_params(recipe: Any, model: Path, out: Path, recipe_file: Path, *,
     shuffle, then the first num_samples; chat messages rendered with the tokenizer's template), and
     oneshot's arguments as the flow passes them with the model on ``device`` (None: the CPU; on a GPU
     that holds the model, the device, as the flow places it there: quantize/worker.py ``placement``)."""
-    from quantize_serve.quantize.calibration import local_calibration_files
-    from quantize_serve.quantize.worker import calibration_arguments
-
     c = recipe.calibration
     if recipe.calibration_is_local:
         files, builder = local_calibration_files(recipe)
@@ -139,8 +143,6 @@ def serve_argv(serve: Any, model: Path | str, *, kv_dtype: str, kv_bytes: int | 
     setting; the KV budget ``--kv-cache-memory-bytes`` only where the recipe has a memory_budget, else vLLM
     sizes it from --gpu-memory-utilization). ``cli``: through vLLM's CLI (``vllm serve``, VLLM_CLI),
     else ``python -m vllm.entrypoints.openai.api_server``, the server that command runs."""
-    from quantize_serve.traffic.bench import BENCH_LAUNCHER as VLLM_CLI
-
     head = [python, "-c", VLLM_CLI, "serve", model] if cli else [python, "-m", API_SERVER, "--model", model]
     argv = [*head, "--served-model-name", SERVED, "--max-model-len", serve.max_model_len,
             "--max-num-seqs", serve.max_num_seqs]
@@ -163,8 +165,6 @@ def serve_argv(serve: Any, model: Path | str, *, kv_dtype: str, kv_bytes: int | 
 
 def typed(argv: Sequence[Any]) -> str:
     """A command as a person types it: vLLM's CLI as ``vllm ...``, the tools and Python by name."""
-    from quantize_serve.traffic.bench import BENCH_LAUNCHER as VLLM_CLI
-
     argv = [str(a) for a in argv]
     name = Path(argv[0]).name
     if argv[1:3] == ["-c", VLLM_CLI]:
@@ -177,19 +177,15 @@ def typed(argv: Sequence[Any]) -> str:
 def kv_budget(serve: Any, model: Path) -> int | None:
     """--kv-cache-memory-bytes for a model under the recipe's memory_budget (budget - its weights' tensor
     bytes, as the capacity stage shares one budget); None on a GPU recipe (no memory_budget)."""
-    from quantize_serve.capacity.measure import checkpoint_tensor_bytes
-
     return None if serve.memory_budget is None else int(serve.memory_budget) - checkpoint_tensor_bytes(model)
 
 
 class Serve:
     """`vllm serve` by hand: start, poll ``/health`` until ready, stop (the whole process group, so the
     device memory is back before the next boot)."""
-
     def __init__(self, model: Path, kv_dtype: str, kv_bytes: int | None, port: int | None = None, *,
                  serve: Any, env: dict[str, str], log: Path | None = None, cli: bool = False,
                  python: Path = SERVE_PY, ready_timeout_s: float = 300) -> None:
-        from quantize_serve.serving.server import free_port
 
         self.port = port = port or free_port()
         self.url, self.ready_timeout_s = f"http://127.0.0.1:{port}", ready_timeout_s
@@ -222,15 +218,12 @@ class Serve:
             return resp.read().decode()
 
     def __exit__(self, *exc: object) -> None:
-        from quantize_serve.serving.server import stop_process_group
 
         stop_process_group(self.proc, grace_s=60)  # the engine core and its workers too
 
 
 def cache_info(metrics: str) -> dict[str, Any]:
     """What a person reads off ``/metrics`` for capacity: vLLM's ``vllm:cache_config_info``."""
-    from quantize_serve.capacity.measure import read_cache_info
-
     info = read_cache_info(metrics)
     blocks, block = int(info["num_gpu_blocks"]), int(info["block_size"])
     return {"cache_dtype": info.get("cache_dtype"), "num_gpu_blocks": blocks, "block_size": block,
@@ -265,8 +258,6 @@ def gate_group(tasks: Sequence[Any]) -> tuple[str, dict[str, list[int]]]:
     """The gate's tasks as one lm-eval group file (each task, or lm-eval group such as mmlu, at its own
     num_fewshot: lm-eval's group syntax) and the ``--samples`` that give each task its limit (the first
     ``limit`` documents, what ``--limit`` takes; lm_eval's --limit is one number for every task)."""
-    import yaml
-
     members, samples = [], {}
     for t in tasks:
         kind = "group" if t.task in LM_EVAL_GROUPS else "task"
@@ -287,8 +278,6 @@ def gate_group(tasks: Sequence[Any]) -> tuple[str, dict[str, list[int]]]:
 def bench_argv(url: str, tokenizer: Path | str, out: Path | str, *, input_len: int, output_len: int,
                num_prompts: int, concurrency: int, name: str, python: Path = SERVE_PY) -> list[str]:
     """``vllm bench serve`` (random dataset, the flow's arguments: quantize_serve.traffic.bench.bench_args)."""
-    from quantize_serve.traffic.bench import BENCH_LAUNCHER as VLLM_CLI
-
     return [str(a) for a in [
         python, "-c", VLLM_CLI, "bench", "serve", "--backend", "openai", "--base-url", url,
         "--endpoint", "/v1/completions", "--model", SERVED, "--served-model-name", SERVED,
@@ -316,9 +305,6 @@ def stress_steps(recipe: Any, tokenizer: Path | str) -> tuple[list[dict[str, int
     """The benches the stress test takes by hand: one per step of the flow's concurrency ramp, with the
     step's request count and mean lengths from the flow's plan (quantize_serve.gates.stress.plan_traffic:
     only its numbers are read) and its over-long prompts; then the final bench at the target."""
-    from quantize_serve.gates.stress import plan_traffic
-    from quantize_serve.traffic.bench import bench_lengths
-
     profile, serve = recipe.gates.stress, recipe.serve
     steps = []
     for concurrency, probes in plan_traffic(profile, serve, str(tokenizer), seed=0):

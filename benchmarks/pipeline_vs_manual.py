@@ -41,8 +41,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
 from benchmarks.manual import (  # noqa: E402 - the steps by hand, shared with h200_release_time.py --runs manual
     PY,
     Serve,
@@ -54,6 +53,12 @@ from benchmarks.manual import (  # noqa: E402 - the steps by hand, shared with h
     stress_by_hand,
 )
 
+from benchmarks.harness import ROOT  # noqa: E402
+from quantize_serve.core.portable import write_json_result  # noqa: E402
+from quantize_serve.gates.accuracy import lm_eval_concurrency  # noqa: E402
+from quantize_serve.quantize.run import build_llmcompressor_recipe  # noqa: E402
+from quantize_serve.recipe.load import load_recipe  # noqa: E402
+
 RECIPE = ROOT / "recipes/tiny-llama-awq.yaml"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
        "VLLM_USE_FLASHINFER_SAMPLER": "0", "TOKENIZERS_PARALLELISM": "false"}
@@ -62,10 +67,6 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PREFECT
 def manual(work: Path, name: str) -> tuple[float, int]:
     """The steps by hand, from scratch (its own oneshot checkpoint), one boot per configuration;
     returns (seconds, vLLM boots)."""
-    from quantize_serve.gates.accuracy import lm_eval_concurrency
-    from quantize_serve.quantize.run import build_llmcompressor_recipe
-    from quantize_serve.recipe.load import load_recipe
-
     recipe = load_recipe(RECIPE)
     gate, serve_section = recipe.gates.accuracy, recipe.serve
     tasks = [Path(t.task).stem for t in gate.tasks]  # the task files' names are their task names
@@ -125,7 +126,6 @@ def main() -> None:
         # One vLLM cache for both paths (model-info and compile caches), filled by one untimed boot first:
         # neither path pays its first fill, as neither would on a host that has served before.
         ENV["VLLM_CACHE_ROOT"] = str(work / "vllm-cache")
-        from quantize_serve.recipe.load import load_recipe
 
         base, serve_section = ROOT / "models/tiny-llama", load_recipe(RECIPE).serve
         with Serve(base, "auto", kv_budget(serve_section, base), serve=serve_section, env=ENV):
@@ -155,7 +155,6 @@ def main() -> None:
                 "over-long prompts, /metrics before and after) and the final vllm bench serve; the pipeline "
                 "also writes the report. ratio = sum(pipeline) / sum(manual)",
     }
-    from quantize_serve.core.portable import write_json_result
 
     write_json_result(args.out, result)
     print(result)

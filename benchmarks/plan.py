@@ -28,12 +28,10 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script from a checkout, not an installed package
-    sys.path.insert(0, str(ROOT))
-
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
+from benchmarks.harness import ROOT  # noqa: E402
 from quantize_serve.capacity.plan_table import format_table, plan_table  # noqa: E402
-from quantize_serve.capacity.planner import GPU_MEMORY_BYTES, ModelShape
+from quantize_serve.capacity.planner import GPU_MEMORY_BYTES, ModelShape  # noqa: E402
 from quantize_serve.core.portable import write_json_result  # noqa: E402
 
 GPUS: dict[str, float] = {  # labels as in results/plan.json; sizes: the planner's presets (`--gpu`)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -35,19 +34,34 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
-COMPILE_DIR = re.compile(r"torch_compile_cache/(?:torch_aot_compile/)?([0-9a-f]{10,})")
-LOAD_FAILED = "Compiling model again due to a load failure"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
+
+from benchmarks.harness import ROOT  # noqa: E402
+from localhub.client import hub_client_env  # noqa: E402
+from localhub.server import start_local_hub  # noqa: E402
+from quantize_serve.capacity.measure import capacity_spec, measure_capacity  # noqa: E402
+from quantize_serve.core.errors import ServerBootError  # noqa: E402
+from quantize_serve.core.portable import write_json_result  # noqa: E402
+from quantize_serve.core.settings import get_settings  # noqa: E402
+from quantize_serve.hub.publish import promote_revision  # noqa: E402
+from quantize_serve.recipe.load import load_recipe  # noqa: E402
+from quantize_serve.serve_profile.pinned import write_serving_profile  # noqa: E402
+from quantize_serve.serving.boot import Boot  # noqa: E402
+from quantize_serve.serving.server import (  # noqa: E402
+    BOOT_VLLM_DEFAULTS,
+    ENTRYPOINT,
+    compile_cache_root,
+    free_port,
+    stop_process_group,
+    vllm_server,
+    wait_ready,
+)
+from quantize_serve.serving.vllm_log import compile_facts, read_log  # noqa: E402
 
 
 def production_boot(serving_python: Path, profile: Path, env: dict[str, str], log: Path,
                     timeout_s: float = 900) -> float:
     """Production's `vllm serve --config` until /health answers; stopped after. Seconds to healthy."""
-    from quantize_serve.core.errors import ServerBootError
-    from quantize_serve.serving.server import ENTRYPOINT, free_port, stop_process_group, wait_ready
-
     port = free_port()
     started = time.monotonic()
     with log.open("w") as out:
@@ -74,14 +88,8 @@ def production_boot(serving_python: Path, profile: Path, env: dict[str, str], lo
 
 
 def boot_facts(log: Path, before: set[str]) -> dict:
-    """What a boot's log says about its compile: vLLM's engine init seconds, the cache entry it used, whether
-    that entry existed before the boot, and whether vLLM failed to load what was there."""
-    text = log.read_text(errors="replace")
-    init = INIT_ENGINE.findall(text)
-    used = sorted(set(COMPILE_DIR.findall(text)))
-    return {"init_engine_s": float(init[-1]) if init else None, "compile_entries": used,
-            "entry_existed_before": bool(used) and all(e in before for e in used),
-            "vllm_load_failure_recompiled": LOAD_FAILED in text}
+    """What a boot's log says about its compile (serving.vllm_log.compile_facts)."""
+    return compile_facts(read_log(log), before)
 
 
 def entries(cache_root: Path) -> set[str]:
@@ -95,12 +103,6 @@ def entries(cache_root: Path) -> set[str]:
 
 def measure_pair(recipe, checkpoint: Path, base_config: dict, *, hit: bool, folder: Path, hub_endpoint: str,
                  serving_python: Path) -> dict:
-    from quantize_serve.capacity.measure import capacity_spec, measure_capacity
-    from quantize_serve.core.settings import get_settings
-    from quantize_serve.serve_profile.pinned import write_serving_profile
-    from quantize_serve.serving.boot import Boot
-    from quantize_serve.serving.server import BOOT_VLLM_DEFAULTS, compile_cache_root, vllm_server
-
     os.environ["QS_WORK_DIR"] = str(folder / "work")  # a fresh work dir: a fresh compile cache
     get_settings.cache_clear()
     cache_root = compile_cache_root()
@@ -158,13 +160,6 @@ def main() -> None:
     args = parser.parse_args()
 
     from huggingface_hub import HfApi
-
-    from localhub.client import hub_client_env
-    from localhub.server import start_local_hub
-    from quantize_serve.core.portable import write_json_result
-    from quantize_serve.core.settings import get_settings
-    from quantize_serve.hub.publish import promote_revision
-    from quantize_serve.recipe.load import load_recipe
 
     checkpoint = args.checkpoint.resolve()
     recipe = load_recipe(ROOT / "recipes/tiny-llama-awq.yaml")

@@ -18,29 +18,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-
-def perplexity(model_dir: Path) -> float:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from reference.corpus import read_paragraphs
-    from reference.train import encode_documents, heldout_perplexity
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
-    docs = encode_documents(tokenizer, read_paragraphs(ROOT / "data/corpus/heldout.txt"))
-    return round(heldout_perplexity(model, docs)[0], 4)
+from benchmarks.harness import ROOT, perplexity  # noqa: E402
+from quantize_serve.core.portable import write_json_result  # noqa: E402
+from quantize_serve.quantize.run import quantize_model  # noqa: E402
+from quantize_serve.validate.preflight import resolve_base, validate_recipe  # noqa: E402
 
 
 def main() -> None:
-    from quantize_serve.quantize.run import quantize_model
-    from quantize_serve.validate.preflight import resolve_base, validate_recipe
-
     results: dict = {"method": __doc__.split("Perplexity method: ")[1].strip()}
     base_dir = ROOT / "models/tiny-llama"
     results["base_heldout_ppl"] = perplexity(base_dir)
@@ -60,7 +48,6 @@ def main() -> None:
             "calibration_samples": validated.recipe.calibration.num_samples,
         }
         print(method, results[method], flush=True)
-    from quantize_serve.core.portable import write_json_result
 
     out = ROOT / "benchmarks/results/quantize.json"
     write_json_result(out, results)

@@ -50,10 +50,27 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+from benchmarks.harness import (  # noqa: E402
+    ROOT,
+    Results,
+    model_recipe,
+    perplexity,
+    profile_of,
+    versions,
+    wait_for_build,
+)
+from localhub.datasets import ultrachat_production_rows  # noqa: E402
+from quantize_serve.core.portable import write_json_result  # noqa: E402
+from quantize_serve.gates.accuracy import MetricResult  # noqa: E402
+from quantize_serve.gates.recovery import check_metric  # noqa: E402
+from quantize_serve.quantize.run import calibration_pipeline, quantize_model  # noqa: E402
+from quantize_serve.serving import gpu  # noqa: E402
+from quantize_serve.recipe.load import load_recipe  # noqa: E402
+from quantize_serve.validate.preflight import resolve_base, validate_recipe  # noqa: E402
 
 OUT = ROOT / "benchmarks/results/quantize_speed.json"
 TOLERANCE = 0.005  # the largest recovery loss against today's that an option set may cost
@@ -179,9 +196,6 @@ def pass_timer() -> tuple[Callable[[str], None], Callable[[], dict[str, float]]]
 
 def quantize_once(recipe: Any, overrides: dict[str, Any], work_dir: Path) -> dict[str, Any]:
     """One quantization through the project's stage; its seconds and the checkpoint folder."""
-    from quantize_serve.quantize.run import quantize_model
-    from quantize_serve.validate.preflight import resolve_base, validate_recipe
-
     validated = validate_recipe(recipe, overrides)
     base = resolve_base(validated)
     emit, passes = pass_timer()
@@ -196,9 +210,6 @@ def quantize_once(recipe: Any, overrides: dict[str, Any], work_dir: Path) -> dic
 
 def recovery(base_ppl: float, quantized_ppl: float) -> float:
     """The accuracy gate's recovery for a perplexity (lower is better): base / quantized."""
-    from quantize_serve.gates.accuracy import MetricResult
-    from quantize_serve.gates.recovery import check_metric
-
     check = check_metric("heldout", "perplexity", MetricResult(value=base_ppl, higher_is_better=False),
                          MetricResult(value=quantized_ppl, higher_is_better=False), 0.95)
     return round(check.recovery, 5)
@@ -280,9 +291,6 @@ def choice(summary: dict) -> dict:
 
 def project_defaults(method: str) -> dict[str, Any]:
     """The speed options the project's own tiny recipe resolves to now (no overrides)."""
-    from quantize_serve.quantize.run import calibration_pipeline
-    from quantize_serve.recipe.load import load_recipe
-
     recipe = load_recipe(ROOT / f"recipes/tiny-llama-{method}.yaml")
     q = recipe.quantization
     awq = {"n_grid": q.n_grid, "duo_scaling": q.duo_scaling} if method == "awq" else {}
@@ -296,7 +304,6 @@ def project_defaults(method: str) -> dict[str, Any]:
 
 def run_cpu(args: argparse.Namespace) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"  # before torch loads here; the worker inherits it (see the rule)
-    from benchmarks.quantize import perplexity
 
     sets = pick(CPU_SETS, args.sets)
     started = time.monotonic()
@@ -325,8 +332,6 @@ def run_cpu(args: argparse.Namespace) -> None:
 
 
 def write_cpu_summary(results: dict, sets: dict, out: Path) -> None:
-    from quantize_serve.core.portable import write_json_result
-
     paragraphs = __doc__.split("\n\n")
     results.update(method="\n\n".join(paragraphs[1:3]), rule=paragraphs[3], options=OPTIONS)
     results["summary"] = summarize(results["runs"], sets, with_recovery=True, measure="stage_cpu_seconds")
@@ -360,8 +365,6 @@ def production_calibration(work_dir: Path, tokenizer_dir: Path, rows: int) -> Pa
     """Production-shaped chat calibration data (localhub/datasets.py) as a local JSON-lines file."""
     from transformers import AutoTokenizer
 
-    from localhub.datasets import ultrachat_production_rows
-
     path = work_dir / "ultrachat-production.jsonl"
     if not path.is_file():
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -372,21 +375,17 @@ def production_calibration(work_dir: Path, tokenizer_dir: Path, rows: int) -> Pa
 
 def gpu_recipe(method: str, model_dir: Path, calibration: Path) -> dict[str, Any]:
     """benchmarks/h200.py's recipe for the 8B shape, calibrated as recipes/llama3-8b-instruct-awq.yaml is."""
-    from benchmarks.h200 import gpu_profile, model_recipe
-
-    recipe = model_recipe(gpu_profile(), method, model_dir)
+    recipe = model_recipe(profile_of(rehearse=False), method, model_dir)
     recipe["calibration"] = {"dataset": str(calibration), "messages_field": "messages", "num_samples": 256,
                              "max_seq_len": 2048, "shuffle_seed": 42, "batch_size": 1}
     return recipe
 
 
 def run_gpu(args: argparse.Namespace) -> None:
-    from benchmarks.h200 import Nvml, Results, versions, wait_for_build
-
     model_dir, work_dir = Path(args.model_dir).resolve(), Path(args.work_dir).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     res = Results(Path(args.out), roots=(work_dir,))
-    res.data.update(device=Nvml().info(), versions=versions(), today=TODAY, options=OPTIONS)
+    res.data.update(device=gpu.memory_info(0), versions=versions(), today=TODAY, options=OPTIONS)
     res.data["build"] = wait_for_build(model_dir, None, 3600)
     calibration = production_calibration(work_dir, model_dir, 512)
     sets = pick(gpu_sets(json.loads(OUT.read_text())["summary"]), args.sets)

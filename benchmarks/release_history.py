@@ -31,11 +31,19 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
+from benchmarks.harness import ROOT, TINY_RECIPE as RECIPE  # noqa: E402
+from localhub.client import hub_client_env  # noqa: E402
+from localhub.server import start_local_hub  # noqa: E402
+from quantize_serve.core.portable import write_json_result  # noqa: E402
+from quantize_serve.core.settings import get_settings  # noqa: E402
+from quantize_serve.recipe.load import load_recipe  # noqa: E402
+from quantize_serve.release.rollback import RollbackRequest  # noqa: E402
+from quantize_serve.report.run_report import RunReport  # noqa: E402
+from quantize_serve.serving.host import servable_overrides  # noqa: E402
+
 REPO = "quantize-serve/tiny-llama-releases"
 TOKEN = "hf_ReleaseHistoryBenchmarkToken0123456789"  # the local Hub's write token (a throwaway value)
 STEPS = (("release 1", {}), ("release 2", {"calibration.shuffle_seed": 7}))
@@ -43,15 +51,11 @@ OUT = ROOT / "benchmarks" / "results" / "release_history.json"
 
 
 def step_overrides(extra: dict) -> dict:
-    from quantize_serve.serving.host import servable_overrides
-
     return {**servable_overrides()[0], "hub.repo_id": REPO, **extra}
 
 
 def dry_run() -> int:
     """Every step's recipe checked as `quantize-serve validate` checks it; nothing started."""
-    from quantize_serve.recipe.load import load_recipe
-
     for name, extra in STEPS:
         overrides = step_overrides(extra)
         recipe = load_recipe(RECIPE, overrides)
@@ -65,7 +69,6 @@ def dry_run() -> int:
 
 def release(name: str, extra: dict) -> dict:
     from flows.pipeline import quantize_serve
-    from quantize_serve.report.run_report import RunReport
 
     overrides = step_overrides(extra)
     started = time.monotonic()
@@ -84,7 +87,6 @@ def release(name: str, extra: dict) -> dict:
 
 def rollback() -> dict:
     from flows.rollback import rollback_release
-    from quantize_serve.release.rollback import RollbackRequest
 
     started = time.monotonic()
     state = rollback_release(RollbackRequest(repo_id=REPO, reason="benchmark: back to the previous release"),
@@ -111,11 +113,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.dry_run:
         return dry_run()
-
-    from localhub.client import hub_client_env
-    from localhub.server import start_local_hub
-    from quantize_serve.core.portable import write_json_result
-    from quantize_serve.core.settings import get_settings
 
     with tempfile.TemporaryDirectory(prefix="qs-release-history-") as tmp:
         root = Path(tmp)

@@ -24,9 +24,11 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
+
+from benchmarks.harness import RESULTS, ROOT  # noqa: E402
+from quantize_serve.core.portable import write_json_result  # noqa: E402
 MATRIX = ROOT / "docs" / "reliability.md"
-RESULTS = ROOT / "benchmarks" / "results"
 ROW = re.compile(r"^\|\s*(\d+)\s*\|(.+?)\|(.+?)\|(.+?)\|\s*`(tests/[\w/]+\.py::[\w\[\]\-.,]+)`\s*\|\s*$")
 
 
@@ -63,8 +65,6 @@ def run_tests(test_ids: list[str]) -> dict[str, str]:
 
 
 def main() -> int:
-    from quantize_serve.core.portable import write_json_result
-
     rows = fault_rows()
     started = time.monotonic()
     results = run_tests([r["test"] for r in rows])

@@ -22,22 +22,23 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+from benchmarks.harness import ROOT  # noqa: E402
+from quantize_serve.core.portable import write_json_result  # noqa: E402
+from quantize_serve.formats import choose as formats_module  # noqa: E402
+from quantize_serve.recipe.load import parse_recipe  # noqa: E402
+from quantize_serve.recipe.quantization import FormatRule  # noqa: E402
+from quantize_serve.report.run_report import RunReport  # noqa: E402
+from quantize_serve.serving import host as cpu_support  # noqa: E402
 RECIPE = ROOT / "recipes" / "tiny-llama-formats.yaml"
 
 
 def main() -> None:
     from flows.pipeline import quantize_serve
-    from quantize_serve.core.portable import write_json_result
-    from quantize_serve.formats import choose as formats_module
-    from quantize_serve.recipe.load import parse_recipe
-    from quantize_serve.recipe.quantization import FormatRule
-    from quantize_serve.report.run_report import RunReport
-    from quantize_serve.serving import host as cpu_support
 
     data = yaml.safe_load(RECIPE.read_text())
     data.pop("hub")  # the choice and the gates; publishing is tested elsewhere (tests/flows/test_formats.py)

@@ -22,26 +22,31 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+from benchmarks.harness import RESULTS, ROOT  # noqa: E402
+from quantize_serve.capacity.measure import checkpoint_tensor_bytes, published_model  # noqa: E402
+from quantize_serve.capacity.planner import ModelShape, kv_bytes_per_token  # noqa: E402
+from quantize_serve.core.portable import write_json_result  # noqa: E402
+from quantize_serve.quantize.run import quantize_model  # noqa: E402
+from quantize_serve.recipe.load import parse_recipe  # noqa: E402
+from quantize_serve.serve_profile import output as profile_output  # noqa: E402
+from quantize_serve.serve_profile import search as ps  # noqa: E402
+from quantize_serve.serve_profile.probe import vllm_probe  # noqa: E402
+from quantize_serve.validate.preflight import resolve_base, validate_recipe  # noqa: E402
 
 KV_BLOCKS = 41
 BLOCK_TOKENS = 128  # vLLM CPU
 SEARCH = {"min_num_seqs": 4, "max_num_seqs": 32, "step": 4, "max_boots": 6}
 PROFILE = {"num_requests": 8, "max_duration_s": 300, "prompt_tokens": [16, 64], "output_tokens": [256],
            "long_prompt_share": 0.0, "overlong_prompts": 1, "max_preemptions": 0, "request_timeout_s": 180}
-RESULTS = ROOT / "benchmarks" / "results"
 
 
 def search_recipe(recipe_path: Path, checkpoint_dir: Path):
     """The tiny recipe with the small KV budget, serve.search and the long-output stress profile."""
     import yaml
-
-    from quantize_serve.capacity.measure import checkpoint_tensor_bytes
-    from quantize_serve.capacity.planner import ModelShape, kv_bytes_per_token
-    from quantize_serve.recipe.load import parse_recipe
 
     data = yaml.safe_load(recipe_path.read_text())
     shape = ModelShape.from_config(checkpoint_dir)
@@ -57,13 +62,6 @@ def point_row(p, model: str) -> dict:
 
 
 def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
-    from quantize_serve.capacity.measure import published_model
-    from quantize_serve.quantize.run import quantize_model
-    from quantize_serve.serve_profile import output as profile_output
-    from quantize_serve.serve_profile import search as ps
-    from quantize_serve.serve_profile.probe import vllm_probe
-    from quantize_serve.validate.preflight import resolve_base, validate_recipe
-
     started = time.monotonic()
     validated = validate_recipe(recipe_path)
     base = resolve_base(validated)
@@ -130,7 +128,6 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
         path, command = profile_output.write_serve_profile(found, RESULTS / "serve-profile.yaml", model=model)
         out["found"]["profile_path"] = str(path.relative_to(ROOT))
     profile_output.plot_search(result, RESULTS / "serve_profile.png", grid=grid)
-    from quantize_serve.core.portable import write_json_result
 
     write_json_result(RESULTS / "serve_profile.json", out)
     print(result.markdown())

@@ -4,7 +4,7 @@ RECIPE --measure` and ``serve.preflight: measure`` run), beside the planner and 
 
 Run on a host with two GPUs (scripts/gpu/README.md, kind nvidia-h200-x2):
     python benchmarks/shape_capacity.py --out h200x2_shape.json
-Settings are issue 14's: max_model_len 8192, gpu_memory_utilization 0.90, enforce_eager,
+Settings (benchmarks/scenarios/shape.yaml) are issue 14's: max_model_len 8192, gpu_memory_utilization 0.90, enforce_eager,
 max_num_batched_tokens 8192, max_num_seqs 256, W4A16 symmetric group 128 (lm_head 16-bit), fp8 KV.
 Weights are random: the figures are capacity, not accuracy.
 """
@@ -13,54 +13,27 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
+from benchmarks.harness import ROOT, SHAPES, TOKENIZER, load_scenario, logger  # noqa: E402
+from quantize_serve.capacity.shape import measure_shape, shape_folder, write_files  # noqa: E402
+from quantize_serve.core.portable import write_json_result  # noqa: E402
+from quantize_serve.recipe.load import load_recipe  # noqa: E402
+from quantize_serve.serving import gpu  # noqa: E402
 
-RECIPE = ROOT / "recipes" / "llama3-8b-instruct-awq.yaml"
-TOKENIZER = ROOT / "models" / "tiny-llama"  # the reference tokenizer: a dummy boot needs one, any will do
-# The config.json of each shape measured here and in benchmarks/h200_shapes.py (the Qwen ones are the
-# models' published config.json, which the planner's tests use too), and the reference models' own.
-SHAPES = {"Llama-3-8B": ROOT / "benchmarks/configs/llama-3-8b.json",
-          "Llama-3-70B": ROOT / "benchmarks/configs/llama-3-70b.json",
-          "Qwen2-72B": ROOT / "tests/fixtures/configs/qwen2-72b.json",
-          "Qwen3-30B-A3B": ROOT / "tests/fixtures/configs/qwen3-30b-a3b.json",
-          "Mixtral-8x7B": ROOT / "tests/fixtures/configs/mixtral-8x7b.json",
-          "tiny-llama": ROOT / "models/tiny-llama/config.json",
-          "tiny-qwen3-moe": ROOT / "models/tiny-qwen3-moe/config.json"}
-SERVE = {"serve.max_model_len": 8192, "serve.gpu_memory_utilization": 0.90, "serve.enforce_eager": True,
-         "serve.max_num_batched_tokens": 8192, "serve.max_num_seqs": 256, "serve.kv_cache_dtype": "fp8",
-         "quantization.scheme": "W4A16", "quantization.kv_cache_scales": False}
-# Issue 14's table (vLLM 0.26.0 on nvidia-h200-x2, LLM(load_format="dummy")): (model, TP, boot) -> KV tokens;
-# None: vLLM refused the boot ("No available memory for the cache blocks").
-REFERENCE = {("Llama-3-70B", 1, "base"): None, ("Llama-3-70B", 2, "base"): 386_544,
-             ("Llama-3-70B", 1, "w4a16"): 285_440, ("Llama-3-70B", 1, "w4a16-fp8kv"): 570_672,
-             ("Llama-3-70B", 2, "w4a16-fp8kv"): 1_392_896}
-TOLERANCE_PCT = 0.3
-# --rehearse: the same code on a CPU host with the reference model's shape and recipe (CPU settings)
-REHEARSE_RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
-
-
-def shape_folder(name: str, work: Path) -> Path:
-    folder = work / name
-    folder.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(SHAPES[name], folder / "config.json")
-    for f in TOKENIZER.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
-            shutil.copyfile(f, folder / f.name)
-    return folder
+SCENARIO = load_scenario("shape")
+RECIPE, REHEARSE_RECIPE = ROOT / SCENARIO["recipe"], ROOT / SCENARIO["rehearse_recipe"]
+SERVE = SCENARIO["serve"]
+# Issue 14's table: (model, TP, boot) -> KV tokens; None: vLLM refused the boot
+REFERENCE = {(model, tp, boot): tokens for model, tp, boot, tokens in SCENARIO["reference"]}
+TOLERANCE_PCT = SCENARIO["tolerance_pct"]
+log = logger("shape")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from quantize_serve.capacity.shape import measure_shape, write_files
-    from quantize_serve.core.portable import write_json_result
-    from quantize_serve.recipe.load import load_recipe
-    from quantize_serve.serving import gpu
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/h200x2_shape.json")
     p.add_argument("--work", type=Path, default=Path("/tmp/qs-shape"))
@@ -81,10 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         for tp in map(int, args.tp.split(",")):
             out = args.work / f"{name}-tp{tp}"
             recipe = load_recipe(recipe_path, {**settings, "serve.tensor_parallel_size": tp,
-                                          "model.id": str(shape_folder(name, args.work / "shapes"))})
+                                          "model.id": str(shape_folder(SHAPES[name], args.work / "shapes" / name,
+                                                                       tokenizer_dir=TOKENIZER))})
             t0 = time.monotonic()
             shape = measure_shape(recipe, recipe.model.id, out_dir=out, model=name, device_memory_bytes=device,
-                                  log=lambda m: print(f"[shape {time.strftime('%H:%M:%S')}] {m}", flush=True))
+                                  log=log)
             write_files(shape, out)
             rows = []
             for r in shape.rows:

@@ -3,7 +3,7 @@
 Writes benchmarks/results/validate_cli.json. For each recipe: the wall seconds of the installed
 console script in a subprocess (interpreter start included: what CI pays per call), the exit
 status, and the number of lines it printed. The recipes are the fourteen malformed ones of issue 11
-and the recipe-only cross-section rules (tests/malformed_recipes.py, the same cases the tests
+and the recipe-only cross-section rules (tests/unit/malformed_recipes.py, the same cases the tests
 check), written under .cache/validate-cli/, and the shipped recipes in recipes/.
 
 Each recipe runs ``--repeats`` times (default 5); a row keeps the median and the slowest run.
@@ -33,11 +33,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script from a checkout
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
 
-from tests.malformed_recipes import CROSS_SECTION_CASES, ISSUE_CASES, Case, write_case  # noqa: E402
+from tests.unit.malformed_recipes import CROSS_SECTION_CASES, ISSUE_CASES, Case, write_case  # noqa: E402
+
+from benchmarks.harness import ROOT  # noqa: E402
 
 SCRIPT = Path(sys.executable).parent / "quantize-serve"
 CASES_DIR = ROOT / ".cache" / "validate-cli"

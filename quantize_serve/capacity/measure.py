@@ -23,7 +23,6 @@ fp8-KV row as not available on this CPU, with the reason, instead of a measureme
 from __future__ import annotations
 
 import json
-import re
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +38,7 @@ from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.host import serving_host_gap
 from quantize_serve.serving.metrics import read_labels
 from quantize_serve.serving.server import RunningServer, ServerSpec, vllm_server
+from quantize_serve.serving.vllm_log import AVAILABLE_KV, MODEL_LOADING
 
 METHOD_FIXED = (
     "fixed budget: every configuration shares serve.memory_budget; each boot gets "
@@ -230,10 +230,6 @@ def checkpoint_tensor_bytes(model_dir: Path) -> int:
         total += sum(end - start for k, v in header.items() if k != "__metadata__"
                      for start, end in [v["data_offsets"]])
     return total
-
-
-MODEL_LOADING = re.compile(r"Model loading took ([\d.]+) GiB")
-AVAILABLE_KV = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 
 
 def label_number(info: dict[str, str], key: str) -> float | None:

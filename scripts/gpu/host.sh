@@ -11,22 +11,12 @@
 #   bash scripts/gpu/host.sh start JOB COMMAND...           run COMMAND detached (one job at a time)
 #   bash scripts/gpu/host.sh status JOB [WAIT_S]            wait up to WAIT_S for JOB to end; its state and
 #                                                           the last lines of its log
-#   bash scripts/gpu/host.sh launch [ARGS...]               start job h200: benchmarks/h200.py run
-#   bash scripts/gpu/host.sh launch-llama3 [ARGS...]        start job llama3: benchmarks/h200_llama3.py
-#   bash scripts/gpu/host.sh launch-shape [ARGS...]         start job shape: benchmarks/shape_capacity.py
-#   bash scripts/gpu/host.sh launch-schemes [ARGS...]       start job schemes: benchmarks/h200_schemes.py
-#   bash scripts/gpu/host.sh launch-shapes [ARGS...]        start job shapes: benchmarks/h200_shapes.py (adds to
-#                                                           STATE/h200_shapes.json, first seeded from the checkout's
-#                                                           benchmarks/results/h200_shapes.json: --resume continues it)
-#   bash scripts/gpu/host.sh launch-moe [ARGS...]           start job moe: benchmarks/h200_moe.py
-#   bash scripts/gpu/host.sh launch-peak [ARGS...]          start job peak: benchmarks/activation_peak.py (adds to
-#                                                           STATE/h200_activation_peak.json, seeded like launch-shapes)
-#   bash scripts/gpu/host.sh launch-release-time [ARGS...]  start job release: benchmarks/h200_release_time.py (adds
-#                                                           to STATE/h200_release_time.json, seeded like launch-shapes;
-#                                                           --runs picks the runs of this session among baseline,
-#                                                           first_release, re_release and manual, the same work by
-#                                                           hand: its ratio to first_release is written whenever
-#                                                           the file holds both, from this session or an earlier one)
+#   bash scripts/gpu/host.sh launch [NAME] [ARGS...]        start the scenario benchmarks/scenarios/NAME.yaml (default
+#                                                           h200) through benchmarks/run.py, as job NAME (or its
+#                                                           `job`): its result in STATE, first seeded from the
+#                                                           checkout's benchmarks/results/ when it resumes; ARGS go
+#                                                           to its driver. `benchmarks/run.py --list` lists them
+#   bash scripts/gpu/host.sh launch-NAME [ARGS...]          the same (launch-shapes, launch-peak, launch-moe, ...)
 #   bash scripts/gpu/host.sh collect DEST                   copy results, logs and the freeze to DEST
 # The benchmarks run from the project's environments (`make setup` first): .venv/bin/python, and
 # .venv-serve for vLLM (the package's default serving Python).
@@ -72,13 +62,6 @@ start_job() {  # start_job JOB COMMAND...
 }
 
 export PYTHONUNBUFFERED=1 PATH="$PWD/.venv/bin:$PATH"  # the pipeline environment's python and prefect
-seed() {  # seed NAME.json: a result measured in an earlier session came back in the checkout; this one adds to it
-  if [ ! -f "$STATE/$1" ] && [ -f "benchmarks/results/$1" ]; then
-    cp "benchmarks/results/$1" "$STATE/$1"
-    echo "host.sh: $STATE/$1 seeded from benchmarks/results/$1 (this session adds to it)"
-  fi
-}
-
 need_setup() {
   [ -x .venv/bin/python ] || { echo "host.sh: no .venv here: run 'QS_WHEELHOUSE=DIR make setup' first" >&2; exit 1; }
 }
@@ -114,58 +97,29 @@ status)
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader 2>/dev/null || true
   # the drivers' own lines, Prefect's log lines, and `prefect deployment run --watch`'s (▪ log, ● event)
   log=$STATE/$job.log
-  if grep -a -q -E '^\[(h200|shape|schemes|llama3|moe|peak)|\| (INFO|WARNING|ERROR) |^(▪|●) ' "$log" 2>/dev/null; then
-    grep -a -E '^\[(h200|shape|schemes|llama3|moe|peak)|\| (INFO|WARNING|ERROR) |^(▪|●) ' "$log" | cut -c1-300 | tail -n 45
+  if grep -a -q -E '^\[([a-z0-9_-]+ )?[0-9:]{8}\]|^\[run\]|\| (INFO|WARNING|ERROR) |^(▪|●) ' "$log" 2>/dev/null; then
+    grep -a -E '^\[([a-z0-9_-]+ )?[0-9:]{8}\]|^\[run\]|\| (INFO|WARNING|ERROR) |^(▪|●) ' "$log" | cut -c1-300 | tail -n 45
   else
     tail -n 45 "$log" 2>/dev/null | cut -c1-300
   fi
   ;;
-launch)
-  shift; need_setup
-  export QS_WORK_DIR="$STATE/work" QS_RUNS_DIR="$STATE/runs"
-  start_job h200 .venv/bin/python benchmarks/h200.py run --model-dir "$STATE/model" --work-dir "$STATE/work" \
-    --out "$STATE/h200.json" "$@"
-  ;;
-launch-llama3)
-  shift; need_setup
-  start_job llama3 .venv/bin/python benchmarks/h200_llama3.py --state "$STATE" --model-dir "$STATE/model" \
-    --out "$STATE/h200_llama3.json" "$@"
-  ;;
-launch-shape)
-  shift; need_setup
-  start_job shape .venv/bin/python benchmarks/shape_capacity.py --out "$STATE/h200x2_shape.json" \
-    --work "$STATE/shape" "$@"
-  ;;
-launch-schemes)
-  shift; need_setup
-  start_job schemes .venv/bin/python benchmarks/h200_schemes.py --out "$STATE/h200_schemes.json" \
-    --work "$STATE/schemes" "$@"
-  ;;
-launch-shapes)
-  shift; need_setup
-  seed h200_shapes.json
-  start_job shapes .venv/bin/python benchmarks/h200_shapes.py --out "$STATE/h200_shapes.json" \
-    --work "$STATE/shapes" "$@"
-  ;;
-launch-moe)
-  shift; need_setup
-  start_job moe .venv/bin/python benchmarks/h200_moe.py --out "$STATE/h200_moe.json" --work "$STATE/moe" "$@"
-  ;;
-launch-peak)
-  shift; need_setup
-  seed h200_activation_peak.json
-  start_job peak .venv/bin/python benchmarks/activation_peak.py --out "$STATE/h200_activation_peak.json" \
-    --work "$STATE/peak" "$@"
-  ;;
-launch-release-time)
-  shift; need_setup
-  seed h200_release_time.json
-  start_job release .venv/bin/python benchmarks/h200_release_time.py --state "$STATE" --model-dir "$STATE/model" \
-    --out "$STATE/h200_release_time.json" "$@"
+launch|launch-*)
+  name=${1#launch}; name=${name#-}; shift; need_setup
+  if [ -z "$name" ]; then
+    name=h200
+    if [ $# -gt 0 ] && [ -f "benchmarks/scenarios/$1.yaml" ]; then name=$1; shift; fi
+  fi
+  [ -f "benchmarks/scenarios/$name.yaml" ] || {
+    echo "host.sh: no scenario $name; known: $(ls benchmarks/scenarios | sed 's/\.yaml$//' | tr '\n' ' ')" >&2
+    exit 2
+  }
+  start_job "$(.venv/bin/python benchmarks/run.py "$name" --job)" .venv/bin/python benchmarks/run.py "$name" \
+    --state "$STATE" "$@"
   ;;
 collect)
   DEST=${2:?destination folder}; mkdir -p "$DEST"
-  for f in "$STATE"/*.json "$STATE"/host-freeze.txt "$STATE"/llama3-watch.log "$STATE"/*.rc "$STATE"/*.started; do
+  .venv/bin/python benchmarks/run.py --collect "$DEST" --state "$STATE" >/dev/null  # every scenario's result
+  for f in "$STATE"/*.json "$STATE"/runs.jsonl "$STATE"/host-freeze.txt "$STATE"/llama3-watch.log "$STATE"/*.rc "$STATE"/*.started; do
     [ -f "$f" ] && cp "$f" "$DEST/"
   done
   for f in "$STATE"/*.log; do [ -f "$f" ] && tail -c 4000000 "$f" > "$DEST/$(basename "$f")"; done

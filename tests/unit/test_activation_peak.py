@@ -10,6 +10,7 @@ import pytest
 from benchmarks import activation_peak as ap
 from quantize_serve.capacity.model_shape import ModelShape
 from quantize_serve.capacity.planner import activation_peak_bytes
+from quantize_serve.serving import vllm_log
 
 
 def config_of(folder) -> dict:
@@ -55,11 +56,11 @@ def test_every_variant_is_a_shape_the_planner_models(tmp_path):
 def test_boots_of_one_row_and_the_compile_cache_lines():
     assert ap.row_id("qwen2-72b", "w4a16", "graphs") == "qwen2-72b/w4a16/graphs"
     assert ap.row_id("qwen2-72b", "w4a16", "graphs", 2) == "qwen2-72b/w4a16/graphs#2"
-    assert ap.compile_cache("INFO [compilation/backends.py:393] Compiling a graph for compile range (1, 8192) "
+    assert vllm_log.compile_cache("INFO [compilation/backends.py:393] Compiling a graph for compile range (1, 8192) "
                             "takes 10.81 s") == "miss"
-    assert ap.compile_cache("INFO [compilation/backends.py:293] Directly load the compiled graph(s) for compile "
+    assert vllm_log.compile_cache("INFO [compilation/backends.py:293] Directly load the compiled graph(s) for compile "
                             "range (1, 8192) from the cache, took 0.22 s") == "hit"
-    assert ap.compile_cache("eager: nothing compiled") is None
+    assert vllm_log.compile_cache("eager: nothing compiled") is None
 
 
 def test_replan_puts_todays_planner_beside_each_recorded_peak():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import h200_moe as hm
-from benchmarks import h200_shapes as hs
+from quantize_serve.formats.choose import kernel_report
 from quantize_serve.serving.boot import Boot
 from tests.conftest import ROOT, as_cpu_host
 from tests.unit.test_moe import AVX512
@@ -72,11 +72,11 @@ def test_a_boot_without_its_log_is_read_as_such(tmp_path):
 def moe_result(production_log: str, **more) -> dict:
     """A finished MoE run as read_report gives it on an H200, with ``production_log`` as its fp8-KV boot's log."""
     kernels = {str(Boot.BASE): {"log": "vllm-base.log",
-                                **hs.boot_kernels("INFO Using TritonExperts\n", "bf16", "cuda-fp8")},
+                                **kernel_report("INFO Using TritonExperts\n", "bf16", "cuda-fp8")},
                str(Boot.QUANTIZED_16BIT_KV): {"log": "vllm-w4a16.log",
-                                              **hs.boot_kernels(MARLIN_MOE, "W4A16_ASYM", "cuda-fp8")},
+                                              **kernel_report(MARLIN_MOE, "W4A16_ASYM", "cuda-fp8")},
                str(Boot.PRODUCTION): {"log": "vllm-w4a16-fp8kv.log",
-                                      **hs.boot_kernels(production_log, "W4A16_ASYM", "cuda-fp8")}}
+                                      **kernel_report(production_log, "W4A16_ASYM", "cuda-fp8")}}
     return {"state": "COMPLETED", "model": {"num_moe_layers": 4},
             "release": {"status": "promoted", "ref": "production", "commit_sha": "c" * 40},
             "hub_tags": {"production": "c" * 40}, "kernels": kernels,

@@ -220,7 +220,7 @@ def test_no_ratio_without_both_walls(runs):
 def test_a_flow_runs_wall_ends_with_the_watchs_last_line_not_the_harness_stopping_its_worker(tmp_path):
     import time
 
-    from benchmarks.h200 import Results
+    from benchmarks.harness import Results
 
     class Stack:  # prefect deployment run --watch: its final line, then the worker's stop (here 0.5 s)
         home = tmp_path
@@ -244,7 +244,7 @@ def test_a_run_cut_short_by_the_sessions_end_leaves_its_stages_on_disk(tmp_path)
     """A production-shaped first release outlasted a session's device time on the H200 and left nothing in
     the JSON. Each stage mark and progress line of the streamed log is saved as it comes ("cut_short");
     the run's final record replaces it."""
-    from benchmarks.h200 import Results
+    from benchmarks.harness import Results
 
     out = tmp_path / "out.json"
     seen_mid_run = {}

@@ -8,9 +8,12 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import h200_shapes as hs
+from benchmarks.harness import merge_row
 from quantize_serve.capacity.planner import kv_error_pct
 from quantize_serve.capacity.measure import CapacityConfig
 from quantize_serve.capacity.shape import ShapeRow
+from quantize_serve.formats.choose import kernel_report
+from quantize_serve.serving import vllm_log
 from quantize_serve.serving.boot import Boot
 
 H200 = 150_109_880_320  # what CUDA reports on an H200 (bytes)
@@ -107,30 +110,30 @@ def test_the_rehearsal_fits_the_tiny_dense_base_and_not_the_tiny_moe_base(tmp_pa
 
 
 def test_what_a_boot_log_says_about_memory_and_kernels():
-    memory = hs.vllm_memory(LOG_72B)
+    memory = vllm_log.memory_figures(LOG_72B)
     assert memory == {"cuda_graph_pool_actual_gib": None, "cuda_graph_pool_estimated_gib": None,
                       "cuda_graph_estimate_gib": None,
                       "actual_usage_gib": {"weights": 38.53, "peak_activation": 2.57, "non_torch": 0.22,
                                            "cuda_graphs": 1.54}}
-    assert hs.graph_estimate_bytes(memory) is None
-    pool = hs.vllm_memory(POOL_LINES)
+    assert vllm_log.graph_estimate_bytes(memory) is None
+    pool = vllm_log.memory_figures(POOL_LINES)
     assert (pool["cuda_graph_pool_actual_gib"], pool["cuda_graph_pool_estimated_gib"]) == (1.57, 0.72)
-    assert hs.graph_estimate_bytes(pool) == int(0.72 * GIB)
-    assert hs.vllm_memory("")["actual_usage_gib"]["cuda_graphs"] is None
-    lines = hs.evidence_lines(LOG_72B)
+    assert vllm_log.graph_estimate_bytes(pool) == int(0.72 * GIB)
+    assert vllm_log.memory_figures("")["actual_usage_gib"]["cuda_graphs"] is None
+    lines = vllm_log.evidence_lines(LOG_72B)
     assert not any("it/s]" in line for line in lines)  # the capture progress bars crowded out the figures
     assert any("Actual usage" in line for line in lines) and len(lines) == 5
-    k = hs.boot_kernels(LOG_72B, "W4A16", "cuda-fp8")
+    k = kernel_report(LOG_72B, "W4A16", "cuda-fp8")
     assert (k["kernels"], k["kernel_check"]) == (["MacheteLinearKernel"], "passed")
-    marlin = hs.boot_kernels(MOE_MARLIN, "W4A16", "cuda-fp8")
+    marlin = kernel_report(MOE_MARLIN, "W4A16", "cuda-fp8")
     assert marlin["moe_methods"] == ["CompressedTensorsWNA16MarlinMoEMethod"] and marlin["kernel_check"] == "passed"
-    triton = hs.boot_kernels(MOE_TRITON, "W4A16", "cuda-fp8")
+    triton = kernel_report(MOE_TRITON, "W4A16", "cuda-fp8")
     assert "a fallback" in triton["kernel_check"] and "CompressedTensorsWNA16MarlinMoEMethod" in triton["kernel_check"]
-    bf16 = hs.boot_kernels("INFO Using TRITON Unquantized MoE backend out of potential backends: ['TRITON']\n"
+    bf16 = kernel_report("INFO Using TRITON Unquantized MoE backend out of potential backends: ['TRITON']\n"
                            "INFO Using TritonExperts\n", "bf16", "cuda-fp8")
     assert (bf16["moe_backends"], bf16["experts"], bf16["kernel_check"]) == (
         ["TRITON Unquantized"], ["TritonExperts"], None)
-    assert hs.boot_kernels("INFO Using 'MARLIN' WNA16 MoE backend.\n", "W4A16", "cuda-fp8")["moe_backends"] == [
+    assert kernel_report("INFO Using 'MARLIN' WNA16 MoE backend.\n", "W4A16", "cuda-fp8")["moe_backends"] == [
         "MARLIN WNA16"]
 
 
@@ -143,7 +146,7 @@ def test_a_measured_row_carries_both_plans_and_their_error(tmp_path):
                                           device=H200)
     assert plan.cudagraph_source == "none" and plan.cudagraph_bytes == 0
     given = plan_for(recipe, config, Boot.QUANTIZED_16BIT_KV, block_size=16, device_memory_bytes=H200,
-                     cudagraph_memory_bytes=hs.graph_estimate_bytes(hs.vllm_memory(POOL_LINES)))
+                     cudagraph_memory_bytes=vllm_log.graph_estimate_bytes(vllm_log.memory_figures(POOL_LINES)))
     assert given.cudagraph_source == "given" and given.cudagraph_bytes == int(0.72 * GIB)
     m = measured(Boot.QUANTIZED_16BIT_KV, 276_880, 38.53, "auto")
     err = kv_error_pct(plan.kv_cache_tokens, m.kv_cache_tokens)
@@ -220,19 +223,19 @@ def test_the_json_keeps_every_row_in_the_table_order_and_summarizes_against_the_
                 "planner_given_vllm_graph_estimate": None if given is None else {"error_pct": given}}
 
     rows: list[dict] = []
-    rows = hs.merge_row(rows, row("Qwen2-72B/w4a16", "measured", 0.31, 0.02), order)
-    rows = hs.merge_row(rows, row("Llama-3-8B/base", "measured", 0.05, -0.01), order)
-    rows = hs.merge_row(rows, row("Llama-3-70B/base", "does-not-fit"), order)
-    rows = hs.merge_row(rows, row("Qwen3-30B-A3B/base", "error"), order)
+    rows = merge_row(rows, row("Qwen2-72B/w4a16", "measured", 0.31, 0.02), order)
+    rows = merge_row(rows, row("Llama-3-8B/base", "measured", 0.05, -0.01), order)
+    rows = merge_row(rows, row("Llama-3-70B/base", "does-not-fit"), order)
+    rows = merge_row(rows, row("Qwen3-30B-A3B/base", "error"), order)
     assert [r["id"] for r in rows] == ["Llama-3-8B/base", "Llama-3-70B/base", "Qwen2-72B/w4a16", "Qwen3-30B-A3B/base"]
-    rows = hs.merge_row(rows, row("Qwen2-72B/w4a16", "measured", 0.08, 0.01), order)  # measured again: replaced
+    rows = merge_row(rows, row("Qwen2-72B/w4a16", "measured", 0.08, 0.01), order)  # measured again: replaced
     assert len(rows) == 4 and rows[2]["planner"]["error_pct"] == 0.08
     s = hs.summarize(rows, order)
     assert (s["rows"], s["recorded"], s["measured"], s["does_not_fit"], s["complete"]) == (12, 3, 2, 1, False)
     assert "Qwen3-30B-A3B/base" in s["missing"] and "Llama-3-8B/w4a16" in s["missing"] and len(s["missing"]) == 9
     assert s["planner"] == {"rows": 2, "within_target": 2, "max_abs_error_pct": 0.08, "over_target": {},
                             "all_within_target": True}
-    rows = hs.merge_row(rows, row("Llama-3-8B/w4a16", "measured", -0.2, None), order)  # no graph estimate logged
+    rows = merge_row(rows, row("Llama-3-8B/w4a16", "measured", -0.2, None), order)  # no graph estimate logged
     s = hs.summarize(rows, order)
     assert s["planner"]["over_target"] == {"Llama-3-8B/w4a16": -0.2} and not s["planner"]["all_within_target"]
     given = s["planner_given_vllm_graph_estimate"]
@@ -240,7 +243,7 @@ def test_the_json_keeps_every_row_in_the_table_order_and_summarizes_against_the_
 
 
 def test_a_row_keeps_the_log_lines_its_figures_come_from():
-    lines = hs.evidence_lines(LOG_72B + POOL_LINES + "INFO Using FLASH_ATTN attention backend\n" * 3)
+    lines = vllm_log.evidence_lines(LOG_72B + POOL_LINES + "INFO Using FLASH_ATTN attention backend\n" * 3)
     assert not any("attention backend" in line for line in lines)
     assert any(line.startswith("INFO [gpu_worker.py:794] CUDA graph pool memory") for line in lines)
     assert sum("Actual usage is" in line for line in lines) == 1 and sum("Machete" in line for line in lines) == 1

