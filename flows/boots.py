@@ -30,7 +30,7 @@ from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.server import RunningServer, ServerSpec
 from quantize_serve.validate.preflight import ValidatedRecipe
 from tasks.accuracy import run_accuracy
-from tasks.report import Progress
+from tasks.progress import Progress
 from tasks.serve import measure_capacity, prepare_boot, served
 from tasks.soak import run_soak_test
 from tasks.stress import run_stress_test
@@ -62,6 +62,19 @@ class QuantizedServed:
     also: Any = None
 
 
+class _NoProgress:
+    """The stages of boots no one follows line by line (the format choice's: its own stage)."""
+
+    def start(self, stage: str) -> None:
+        pass
+
+    def done(self, stage: str, result: Any = None, *, mark: str | None = None) -> Any:
+        return result
+
+    def mark(self, name: str) -> None:
+        pass
+
+
 def accuracy_gate(validated: ValidatedRecipe, server: RunningServer, *, tokenizer_dir: str,
                   output_dir: Path, paired_with: AccuracyRun | BaseException | None = None) -> State:
     """The recipe's accuracy tasks against the live server (its final state, failed or not).
@@ -77,16 +90,21 @@ def accuracy_gate(validated: ValidatedRecipe, server: RunningServer, *, tokenize
 
 def serve_base(validated: ValidatedRecipe, model_dir: str, log_dir: Path, *, accuracy_dir: Path,
                tensor_parallel_size: int | None = None, also: Also | None = None,
-               prepare_next: tuple[Boot, ...] = ()) -> BaseServed:
+               prepare_next: tuple[Boot, ...] = (), progress: Progress | None = None) -> BaseServed:
     """(a): ``tensor_parallel_size`` when the base needs more GPUs than the recipe's (plan-base-boot).
-    ``prepare_next``: the boots that follow in ``log_dir``, their processes started once capacity is read."""
+    ``prepare_next``: the boots that follow in ``log_dir``, their processes started once capacity is read.
+    ``progress`` is told as the boot and its accuracy run start and end."""
+    stages = progress or _NoProgress()
+    stages.start("boot base")
     boot = served(validated, Boot.BASE, model_dir, log_dir, tensor_parallel_size=tensor_parallel_size)
     with boot as (server, spec):
-        capacity = measure_capacity(server, spec, Boot.BASE)
+        capacity = stages.done("boot base", measure_capacity(server, spec, Boot.BASE))
         for name in prepare_next:  # their imports overlap this boot's accuracy run (nothing here is timed)
             prepare_boot(log_dir, name)
         extra = also(server, spec, capacity) if also else None
-        accuracy = accuracy_gate(validated, server, tokenizer_dir=model_dir, output_dir=accuracy_dir)
+        stages.start("accuracy base")
+        accuracy = stages.done("accuracy base", accuracy_gate(validated, server, tokenizer_dir=model_dir,
+                                                              output_dir=accuracy_dir))
     return BaseServed(capacity=capacity, accuracy=accuracy, also=extra)
 
 
@@ -101,29 +119,36 @@ def serve_quantized(validated: ValidatedRecipe, checkpoint_dir: str, log_dir: Pa
                     also: Also | None = None, progress: Progress | None = None,
                     base_accuracy: AccuracyRun | BaseException | None = None) -> QuantizedServed:
     """(b) when ``sixteen_bit_kv``, then (c). ``soak_dir``: run the soak test too (gates.soak), its
-    files there. ``progress`` is told when each boot is done. ``base_accuracy``: the base's run, which
-    the accuracy gate pairs with look by look."""
+    files there. ``progress`` is told as each boot and gate starts and ends. ``base_accuracy``: the
+    base's run, which the accuracy gate pairs with look by look."""
     r = validated.recipe
+    stages = progress or _NoProgress()
     sixteen = None
     if sixteen_bit_kv:
+        stages.start("boot quantized 16-bit KV")
         with served(validated, Boot.QUANTIZED_16BIT_KV, checkpoint_dir, log_dir) as (server, spec):
-            sixteen = measure_capacity(server, spec, Boot.QUANTIZED_16BIT_KV)
+            sixteen = stages.done("boot quantized 16-bit KV",
+                                  measure_capacity(server, spec, Boot.QUANTIZED_16BIT_KV))
             prepare_boot(log_dir, Boot.PRODUCTION)  # (c)'s imports while (b) stops, unless started before
-        if progress:
-            progress.done("quantized served")
+        stages.mark("quantized served")
+    stages.start("boot production")
     with served(validated, Boot.PRODUCTION, checkpoint_dir, log_dir) as (server, spec):
-        capacity = measure_capacity(server, spec, Boot.PRODUCTION)
+        capacity = stages.done("boot production", measure_capacity(server, spec, Boot.PRODUCTION))
         extra = also(server, spec, capacity) if also else None
-        accuracy = accuracy_gate(validated, server, tokenizer_dir=checkpoint_dir, output_dir=accuracy_dir,
-                                 paired_with=base_accuracy)
-        stress = run_stress_test(server, r.gates.stress, r.serve, tokenizer_dir=checkpoint_dir,
-                                 output_dir=stress_dir, return_state=True)
+        stages.start("accuracy")
+        accuracy = stages.done("accuracy", accuracy_gate(validated, server, tokenizer_dir=checkpoint_dir,
+                                                         output_dir=accuracy_dir, paired_with=base_accuracy))
+        stages.start("stress")
+        stress = stages.done("stress", run_stress_test(server, r.gates.stress, r.serve,
+                                                       tokenizer_dir=checkpoint_dir, output_dir=stress_dir,
+                                                       return_state=True))
         soak = None
         if soak_dir is not None and r.gates.soak:  # gates.soak is optional
-            soak = run_soak_test(server, r.gates.soak, r.serve, stress=r.gates.stress,
-                                 tokenizer_dir=checkpoint_dir, output_dir=soak_dir, return_state=True)
-    if progress:
-        progress.done("fp8 served")
+            stages.start("soak")
+            soak = stages.done("soak", run_soak_test(server, r.gates.soak, r.serve, stress=r.gates.stress,
+                                                     tokenizer_dir=checkpoint_dir, output_dir=soak_dir,
+                                                     return_state=True))
+    stages.mark("fp8 served")
     return QuantizedServed(capacity_16bit_kv=sixteen, capacity=capacity, accuracy=accuracy, stress=stress,
                            soak=soak, also=extra)
 

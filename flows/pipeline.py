@@ -38,7 +38,8 @@ from tasks.hub import promote_or_reject, push_candidate
 from tasks.quantize import quantize_model
 from tasks.regression import compare_with_production, find_production_release, record_results
 from tasks.releases import publish_release_history
-from tasks.report import Progress, publish_report, request_approval, run_folder, run_id, write_report_files
+from tasks.progress import Progress
+from tasks.report import publish_report, request_approval, run_folder, run_id, write_report_files
 from tasks.serve import (
     find_base_reference,
     gpu_slot,
@@ -68,30 +69,36 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     lists them."""
     validated = validate_recipe(recipe, overrides)
     progress = Progress(validated.recipe.name)
-    progress.done("validated")
+    progress.done("validate", validated, mark="validated")
     run_dir = run_folder(validated)
     preflight = None
     if validated.recipe.serve.preflight == "measure":  # the shape's capacity, before any weights download
+        progress.start("shape capacity")
         with gpu_slot():
-            preflight = measure_shape_capacity(validated, run_dir)
+            preflight = progress.done("shape capacity", measure_shape_capacity(validated, run_dir))
+    progress.start("resolve base")
     base = resolve_base_model(validated)
     base_boot = plan_base_boot(validated, base)  # a base too large for the recipe's GPUs: more, or stop here
-    progress.done("base resolved")
+    progress.done("resolve base", base, mark="base resolved")
     formats = None
     if validated.recipe.quantization.candidates:  # several formats: measure each, keep the rule's choice
-        formats = choose_format(validated, base, run_dir, base_tp=base_boot.tensor_parallel_size)
+        progress.start("choose format")
+        formats = progress.done("choose format", choose_format(validated, base, run_dir,
+                                                               base_tp=base_boot.tensor_parallel_size))
         validated = with_candidate(validated, formats.winner, formats.row(formats.winner).scheme)
     # a known base (same sha, tasks, serve settings, vLLM, hardware): its figures from the run that measured them
     reference_key, reference = find_base_reference(validated, base, base_boot)
     with prepared_boots():  # a boot's process starts while the device works on the one before
         prepare_boot(run_dir, Boot.QUANTIZED_16BIT_KV if reference else Boot.BASE)  # imports while quantizing
-        checkpoint = quantize_model(validated, base)
-        progress.done("quantized")
+        progress.start("quantize")
+        checkpoint = progress.done("quantize", quantize_model(validated, base), mark="quantized")
         profile = None
         if validated.recipe.serve.search and validated.recipe.serve.search.enabled:  # the largest stable batch
+            progress.start("serving profile search")
             with gpu_slot():
                 profile = search_serve_profile(validated.recipe, checkpoint.checkpoint_dir, output_dir=run_dir,
                                                model=published_model(validated, checkpoint.checkpoint_dir))
+            progress.done("serving profile search", profile)
             validated = with_found_profile(validated, profile)  # replaces serve.max_num_seqs
         serving_command = (profile.serve_command if profile
                            else published_serve_command(validated, checkpoint.checkpoint_dir))
@@ -101,13 +108,14 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
         with gpu_slot():
             if reference:
                 base_served = reused_base(reference)
+                progress.done("base reused", reference)
             else:
                 base_served = serve_base(validated, base.local_dir, run_dir, accuracy_dir=run_dir / ACCURACY_BASE_DIR,
                                          tensor_parallel_size=base_boot.tensor_parallel_size,
-                                         prepare_next=(Boot.QUANTIZED_16BIT_KV, Boot.PRODUCTION))
+                                         prepare_next=(Boot.QUANTIZED_16BIT_KV, Boot.PRODUCTION), progress=progress)
                 record_base_reference(validated, base, reference_key, base_served.capacity,
                                       outcome(base_served.accuracy), run_id(), run_dir)
-            progress.done("base served")
+            progress.mark("base served")
             quantized = serve_quantized(
                 validated, checkpoint.checkpoint_dir, run_dir, accuracy_dir=run_dir / ACCURACY_QUANTIZED_DIR,
                 stress_dir=run_dir / "stress", soak_dir=run_dir, progress=progress,  # soak.png beside report.md
@@ -117,15 +125,17 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
             baseline = in_production.result()
             release_served = None
             if baseline.local_dir:  # measured under other conditions: serve it again with this run's settings
+                progress.start("production served again")
                 release_served = serve_release(validated, baseline.local_dir, run_dir / "production-release",
                                                accuracy_dir=run_dir / "production-release" / "accuracy",
                                                stress_dir=run_dir / "production-release" / "stress")
-    candidate = pushed.result()
-    progress.done("candidate pushed")
+                progress.done("production served again", release_served.capacity)
+    candidate = progress.done("push candidate", pushed.result(), mark="candidate pushed")  # beside the boots
     production, gates = quantized.also, validated.recipe.gates
     capacity = summarize_capacity(
         validated, base, [base_served.capacity, quantized.capacity_16bit_kv, quantized.capacity], base_boot)
-    checks = compare_accuracy(outcome(base_served.accuracy), outcome(quantized.accuracy), gates.accuracy)
+    checks = progress.done("accuracy gate", compare_accuracy(outcome(base_served.accuracy),
+                                                             outcome(quantized.accuracy), gates.accuracy))
     soak = outcome(quantized.soak) if quantized.soak else None
     results = record_results(validated, outcome(quantized.accuracy), quantized.capacity, outcome(quantized.stress))
     regression = compare_with_production(
@@ -133,9 +143,10 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
                                                           base_served.capacity, None),
         served_again=record_results(validated, outcome(release_served.accuracy), release_served.capacity,
                                     outcome(release_served.stress)) if release_served else None)
-    decision = decide_release(checks, outcome(quantized.stress), soak, soak_required=gates.soak is not None,
-                              regression=regression)
-    progress.done("decided")
+    progress.done("regression", regression)
+    decision = progress.done("decide", decide_release(
+        validated, checks, outcome(quantized.stress), soak, soak_required=gates.soak is not None,
+        regression=regression), mark="decided")
     report = write_report_files(RunReport(
         run_id=run_id(), recipe=validated.recipe.name, recipe_source=validated.source,
         recipe_sha256=validated.recipe_sha256, overrides=validated.overrides,
@@ -146,11 +157,12 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
         soak=soak if quantized.soak and quantized.soak.is_completed() else None,
         decision=decision, serving_command=production.command, serving_profile=production), run_dir)
     approved, approved_by = request_approval(validated, report)
-    report.release = promote_or_reject(validated, report, approved, approved_by)
-    progress.done("released")
+    progress.start("release")
+    report.release = progress.done("release", promote_or_reject(validated, report, approved, approved_by),
+                                   mark="released")
     report = publish_report(report, run_dir)
     publish_release_history(validated.recipe.hub)  # the Hub's history as a table in the UI
-    progress.done("reported")
+    progress.done("report", report, mark="reported")
     if report.release.status == "rejected" or not report.decision.passed:
         # a rejected release is a failed run (red in the UI, non-zero for `deployment run --watch`)
         return Failed(message="release rejected: " + "; ".join(release_reasons(report, approved, approved_by)),

@@ -6,7 +6,9 @@
     quantize-serve plan RECIPE --measure [--out DIR] [--tp N] ...
                                            the same table measured: vLLM boots the shape with dummy
                                            weights (config.json and tokenizer only) on this machine
-    quantize-serve run RECIPE              the flow, locally
+    quantize-serve run RECIPE [--verbose]  the flow, locally: a line per stage, then the decision
+                                           (the full log in the run folder's run.log; --verbose
+                                           streams it too)
     quantize-serve releases REPO           the release history from the Hub, as a table
     quantize-serve rollback REPO [--to SHA]
                                            the release ref back to an earlier gated commit (the
@@ -30,6 +32,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -38,6 +41,7 @@ from typing import Any
 
 from quantize_serve.capacity import plan_table, planner
 from quantize_serve.capacity import shape as shape_capacity
+from quantize_serve.console import decision_lines, run_console, shown_path, terminal_handlers
 from quantize_serve.core.errors import USER_ERRORS, QuantizeServeError, RecipeError, RecipeErrors
 from quantize_serve.core.settings import get_settings
 from quantize_serve.hub.client import resolve_token
@@ -129,8 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", parents=[debug], help="run the pipeline on a recipe, locally",
                        description="Check the recipe, then run the quantize-serve flow with a local, "
                        "temporary Prefect API. Exit 0 when the release is promoted, 1 when it is "
-                       "rejected or a stage fails, 2 when the input is wrong.")
+                       "rejected or a stage fails, 2 when the input is wrong. It prints a line as each "
+                       "stage starts and ends and the decision at the end; the full log (Prefect's task "
+                       "logs, lm-eval's and llm-compressor's output) goes to run.log in the run's folder.")
     p.add_argument("recipe", metavar="RECIPE")
+    p.add_argument("--verbose", action="store_true",
+                   help="stream the full log to the terminal as well (it still goes to run.log)")
     p.set_defaults(command=run_command)
 
     hub_options = argparse.ArgumentParser(add_help=False)
@@ -314,15 +322,28 @@ def run_command(args: argparse.Namespace) -> int:
     check_serving_host(check.recipe, source=check.source)
     for note in check.not_checked:
         print(f"{check.source}: not checked yet: {note}")
+    from prefect.logging.handlers import PrefectConsoleHandler
+
     from flows.pipeline import run_local
     if not args.debug:
         quiet_user_tracebacks()
-    state = run_local(args.recipe)
+    print(f"quantize-serve run {check.source}", flush=True)
+    handlers = terminal_handlers((PrefectConsoleHandler,))
+    with run_console(verbose=args.verbose, handlers=handlers) as stages:
+        state = run_local(args.recipe)
+    if not args.verbose:
+        quiet_prefect_server_notes(handlers)
     result = state.result(raise_on_failure=False)
     if isinstance(result, RunReport):
+        release = result.release
         print(f"decision: {'passed' if result.decision.passed else 'failed'}; "
-              f"release: {result.release.status if result.release else 'n/a'}; "
-              f"report: {result.report_dir}/report.md")
+              f"release: {release.status if release else 'n/a'}"
+              + (f" ({release.ref} -> {(release.commit_sha or '')[:12]})" if release and release.status == "promoted"
+                 else ""))
+        width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+        print("\n".join(decision_lines(result.decision, width=width)))
+        print(f"report: {shown_path(Path(result.report_dir) / 'report.md')}"
+              + (f"; full log: {shown_path(stages.log_path)}" if stages.log_path else ""))
         return EXIT_OK if state.is_completed() else EXIT_FAILED
     if isinstance(result, USER_ERRORS):
         return report_failure(result, debug=args.debug, status=EXIT_INPUT)
@@ -403,6 +424,20 @@ def quiet_user_tracebacks() -> None:
             if isinstance(handler, PrefectConsoleHandler) and not isinstance(handler.formatter,
                                                                             _WithoutUserTraceback):
                 handler.setFormatter(_WithoutUserTraceback(handler.formatter))
+
+
+class _NoServerNotes(logging.Filter):
+    """Drops the notes of Prefect's own logger ("Stopping temporary server ..." when the process exits,
+    after the run's lines and its log are done); its warnings still show."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "prefect" and record.levelno < logging.WARNING)
+
+
+def quiet_prefect_server_notes(handlers: Sequence[logging.Handler]) -> None:
+    for handler in handlers:
+        if not any(isinstance(f, _NoServerNotes) for f in handler.filters):
+            handler.addFilter(_NoServerNotes())
 
 
 # --------------------------------------------------------------------------------------------

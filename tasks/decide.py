@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import task
 
 from quantize_serve.gates import accuracy, decision, recovery
@@ -9,6 +11,8 @@ from quantize_serve.gates.regression import RegressionResult
 from quantize_serve.gates.soak import SoakResult
 from quantize_serve.gates.stress import StressResult
 from quantize_serve.recipe.gates import AccuracyGate
+from quantize_serve.report.provenance import task_labels
+from quantize_serve.validate.preflight import ValidatedRecipe
 
 
 @task(name="compare-accuracy")
@@ -20,10 +24,17 @@ def compare_accuracy(base: accuracy.AccuracyRun | BaseException, quantized: accu
     return recovery.compare_accuracy(base, quantized, gate)
 
 
+def accuracy_task_labels(validated: ValidatedRecipe) -> dict[str, str]:
+    """How rows name the recipe's accuracy tasks: lm-eval's names, never the recipe's task paths."""
+    r = validated.recipe
+    return task_labels([t.task for t in r.gates.accuracy.tasks], base_dir=Path(r.base_dir))
+
+
 @task(name="decide-release")
-def decide_release(checks: list[accuracy.AccuracyCheck] | BaseException,
+def decide_release(validated: ValidatedRecipe, checks: list[accuracy.AccuracyCheck] | BaseException,
                    stress: StressResult | BaseException,
                    soak: SoakResult | BaseException | None = None, *,
                    soak_required: bool = False,
                    regression: RegressionResult | BaseException | None = None) -> decision.Decision:
-    return decision.decide(checks, stress, soak, soak_required=soak_required, regression=regression)
+    return decision.decide(checks, stress, soak, soak_required=soak_required, regression=regression,
+                           task_labels=accuracy_task_labels(validated))

@@ -15,6 +15,7 @@ from quantize_serve.gates.stress import StressResult
 from quantize_serve.release.baseline import ProductionBaseline, find_baseline
 from quantize_serve.report.provenance import describe_hardware, serving_vllm_version
 from quantize_serve.validate.preflight import ValidatedRecipe
+from tasks.decide import accuracy_task_labels
 
 
 def conditions_now(validated: ValidatedRecipe) -> regression.MeasurementConditions:
@@ -59,6 +60,6 @@ def compare_with_production(validated: ValidatedRecipe, baseline: ProductionBase
     result = regression.compare_with_production(
         candidate, production, validated.recipe.gates.regression, base=base, release_ref=baseline.release_ref,
         production_sha=baseline.commit, source="recorded" if baseline.recorded else "served again",
-        differences=baseline.differences)
+        differences=baseline.differences, task_labels=accuracy_task_labels(validated))
     get_run_logger().info("against production:\n%s", result.markdown())
     return result

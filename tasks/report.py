@@ -1,4 +1,4 @@
-"""Report tasks: the run folder, the progress bar, the sign-off pause and the UI artifacts."""
+"""Report tasks: the run folder, the sign-off pause and the UI artifacts (the stages: tasks/progress.py)."""
 
 from __future__ import annotations
 
@@ -6,24 +6,17 @@ import time
 from pathlib import Path
 
 from prefect import task
-from prefect.artifacts import (
-    create_markdown_artifact,
-    create_progress_artifact,
-    create_table_artifact,
-    update_progress_artifact,
-)
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 from prefect.utilities.urls import url_for
 
+from quantize_serve.core import progress
 from quantize_serve.core.settings import get_settings
 from quantize_serve.report.run_report import RunReport, render_markdown, stress_summary, write_report
 from quantize_serve.validate.preflight import ValidatedRecipe
-
-STAGES = ("validated", "base resolved", "quantized", "candidate pushed", "base served",
-          "quantized served", "fp8 served", "decided", "released", "reported")
 
 
 def run_id() -> str:
@@ -38,21 +31,11 @@ def run_url() -> str | None:
 
 
 def run_folder(validated: ValidatedRecipe) -> Path:
+    """runs/<recipe>-<time>-<run>: the report, the boots' logs and (``quantize-serve run``) run.log."""
     folder = get_settings().runs_dir / f"{validated.recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}-{run_id()[:8]}"
     folder.mkdir(parents=True, exist_ok=True)
+    progress.publish(progress.RunFolder(str(folder)))
     return folder
-
-
-class Progress:
-    """A progress artifact the UI shows while the long stages run."""
-
-    def __init__(self, recipe_name: str) -> None:
-        self.id = create_progress_artifact(progress=0.0, key=f"{recipe_name}-progress",
-                                           description=f"quantize-serve stages: {' -> '.join(STAGES)}")
-
-    def done(self, stage: str) -> None:
-        update_progress_artifact(self.id, progress=100.0 * (STAGES.index(stage) + 1) / len(STAGES))
-        get_run_logger().info("stage done: %s", stage)
 
 
 class Approval(RunInput):
@@ -105,7 +88,9 @@ def publish_report(report: RunReport, run_dir: Path) -> RunReport:
         create_table_artifact(key=f"{name}-capacity", table=[c.model_dump() for c in report.capacity.configs],
                               description=report.capacity.method)
     if report.accuracy:
-        create_table_artifact(key=f"{name}-accuracy", table=[c.model_dump() for c in report.accuracy],
+        labels = report.task_labels()  # lm-eval's names, not the recipe's (maybe absolute) task paths
+        create_table_artifact(key=f"{name}-accuracy", table=[{**c.model_dump(), "task": labels[c.task]}
+                                                           for c in report.accuracy],
                               description="Accuracy recovery, quantized vs base")
     if report.stress:
         create_table_artifact(key=f"{name}-stress",

@@ -7,6 +7,7 @@ log lines where a bar shows its latest frame when it finishes, when another bar 
 line (nested and ``leave=False`` bars never draw their 100% frame) and at most every
 ``interval_s`` while it runs; the redraws in between, a bar's empty first frame, the blank frames
 that clear a bar and cursor escape codes are dropped. Every other line passes through unchanged.
+``on_frame`` sees every frame, redraws included (a live display's counts: :meth:`BarFrame.counts`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,22 @@ class BarFrame:
     text: str  # the frame itself
     rest: str  # text glued after it (a log line written while the bar was on screen)
 
+    def counts(self) -> tuple[float, float | None] | None:
+        """(done, total) as numbers (tqdm's "950k" is 950000); None when done is not a count."""
+        done = _number(self.n)
+        return None if done is None else (done, _number(self.total) if self.total else None)
+
+
+_SCALE = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
+
+
+def _number(text: str) -> float | None:
+    m = re.fullmatch(r"([\d.]+)([kMGTP]?)", text)
+    try:
+        return float(m[1]) * _SCALE[m[2]] if m else None
+    except ValueError:
+        return None
+
 
 def parse_bar(segment: str) -> BarFrame | None:
     """The progress-bar frame at the start of ``segment``, or None if it is not one."""
@@ -65,9 +82,11 @@ def parse_bar(segment: str) -> BarFrame | None:
 class ProgressLines:
     """Feed raw output (any chunking); get back the log lines to emit."""
 
-    def __init__(self, *, interval_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, interval_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 on_frame: Callable[[BarFrame], None] | None = None) -> None:
         self.interval_s = interval_s
         self.clock = clock
+        self.on_frame = on_frame
         self._partial = ""
         self._bars: dict[str, _Bar] = {}
         self._current: str | None = None
@@ -105,6 +124,8 @@ class ProgressLines:
             self._on_bar_line = False
             return
         self._on_bar_line = True
+        if self.on_frame:
+            self.on_frame(frame)
         if self._current not in (None, frame.desc) and self._current in self._bars:
             self._flush(self._bars[self._current], out)  # another bar took over the line
         self._current = frame.desc
@@ -138,14 +159,15 @@ class ProgressLines:
         bar.emitted_n, bar.emitted_frame, bar.emitted_at = bar.n, bar.frame, self.clock()
 
 
-def stream_lines(stream: IO[bytes], emit: Callable[[str], None], *, interval_s: float = 30.0) -> None:
+def stream_lines(stream: IO[bytes], emit: Callable[[str], None], *, interval_s: float = 30.0,
+                 on_frame: Callable[[BarFrame], None] | None = None) -> None:
     """Read a binary stream to its end, emitting collapsed log lines as they arrive.
 
     Binary on purpose: a text-mode pipe translates every carriage return into a line break, so
     the redraws of a bar could no longer be told from real lines.
     """
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    lines = ProgressLines(interval_s=interval_s)
+    lines = ProgressLines(interval_s=interval_s, on_frame=on_frame)
     read = getattr(stream, "read1", stream.read)
     while chunk := read(65536):
         for line in lines.feed(decoder.decode(chunk)):

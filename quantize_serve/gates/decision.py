@@ -7,6 +7,7 @@ data) is a failed row, never a skip: a release is promoted only on evidence.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from pydantic import BaseModel
 
@@ -14,6 +15,7 @@ from quantize_serve.gates.results import AccuracyCheck
 from quantize_serve.gates.regression import RegressionResult
 from quantize_serve.gates.soak import SoakResult
 from quantize_serve.gates.stress import StressResult
+from quantize_serve.gates.task_label import task_label
 
 
 class CheckRow(BaseModel):
@@ -42,17 +44,20 @@ class Decision(BaseModel):
 def decide(accuracy: list[AccuracyCheck] | BaseException | None,
            stress: StressResult | BaseException | None,
            soak: SoakResult | BaseException | None = None, *, soak_required: bool = False,
-           regression: RegressionResult | BaseException | None = None) -> Decision:
+           regression: RegressionResult | BaseException | None = None,
+           task_labels: Mapping[str, str] | None = None) -> Decision:
     """soak_required: the recipe sets gates.soak, so a soak that did not run is a failed row.
-    ``regression``: the comparison with production (gates/regression.py), or why it was off."""
-    rows = accuracy_rows(accuracy) + [stress_row(stress)]
+    ``regression``: the comparison with production (gates/regression.py), or why it was off.
+    ``task_labels``: each accuracy task as the recipe spells it -> how its rows name it (lm-eval's name)."""
+    rows = accuracy_rows(accuracy, task_labels) + [stress_row(stress)]
     if soak_required or soak is not None:
         rows.append(soak_row(soak))
     rows += regression_rows(regression)
     return Decision(passed=all(r.passed for r in rows), checks=rows)
 
 
-def accuracy_rows(accuracy: list[AccuracyCheck] | BaseException | None) -> list[CheckRow]:
+def accuracy_rows(accuracy: list[AccuracyCheck] | BaseException | None,
+                  task_labels: Mapping[str, str] | None = None) -> list[CheckRow]:
     if isinstance(accuracy, BaseException):
         return [CheckRow(check="accuracy", passed=False, reason=f"could not run: {_first_line(accuracy)}")]
     if not accuracy:
@@ -67,7 +72,8 @@ def accuracy_rows(accuracy: list[AccuracyCheck] | BaseException | None) -> list[
                        f"{'; ' + c.rates_text if c.rates_text else ''})")
             if c.warning:
                 reason += f"; warning: {c.warning}"
-        rows.append(CheckRow(check=f"accuracy {c.task} {c.metric}", passed=c.passed, reason=reason))
+        rows.append(CheckRow(check=f"accuracy {task_label(c.task, task_labels)} {c.metric}", passed=c.passed,
+                             reason=reason))
     return rows
 
 

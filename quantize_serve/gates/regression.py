@@ -24,12 +24,14 @@ Pure functions and types (no Hub, no server): the flow composes them (tasks/regr
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from quantize_serve.gates.accuracy import AccuracyRun
 from quantize_serve.gates.stress import StressResult
+from quantize_serve.gates.task_label import task_label
 from quantize_serve.recipe.gates import RegressionGate
 from quantize_serve.recipe.model import Recipe
 
@@ -161,7 +163,7 @@ def condition_differences(recorded: MeasurementConditions, now: MeasurementCondi
 
 
 def _tasks(tasks: list[dict[str, Any]]) -> str:
-    return "[" + ", ".join(str(t.get("task")) for t in tasks) + "]"
+    return "[" + ", ".join(task_label(str(t.get("task"))) for t in tasks) + "]"
 
 
 # --------------------------------------------------------------------------------------------
@@ -202,17 +204,20 @@ def regression_off(why: str, *, release_ref: str | None = None) -> RegressionRes
 def compare_with_production(candidate: ReleaseResults, production: ReleaseResults, gate: RegressionGate, *,
                             base: ReleaseResults | None = None, release_ref: str, production_sha: str,
                             source: Literal["recorded", "served again"],
-                            differences: list[str] | None = None) -> RegressionResult:
+                            differences: list[str] | None = None,
+                            task_labels: Mapping[str, str] | None = None) -> RegressionResult:
     """One row per accuracy metric, KV tokens, max concurrency and throughput; each passes or fails
-    with its reason. A figure production has and the candidate lacks (its stage failed) is a failure."""
+    with its reason. A figure production has and the candidate lacks (its stage failed) is a failure.
+    ``task_labels``: how the rows name each accuracy task (gates/task_label.py)."""
     rows: list[RegressionRow] = []
     for p in production.accuracy:
         c = candidate.metric(p.task, p.metric)
         b = base.metric(p.task, p.metric) if base else None
-        rows.append(_accuracy_row(p, c, b, gate.max_drop(p.metric)))
+        rows.append(_accuracy_row(p, c, b, gate.max_drop(p.metric), task_label(p.task, task_labels)))
     for p in candidate.accuracy:  # measured now, not with production: nothing to compare with
         if production.metric(p.task, p.metric) is None:
-            rows.append(RegressionRow(kind="accuracy", measure=f"{p.task} {p.metric}", candidate=p.value,
+            rows.append(RegressionRow(kind="accuracy", measure=f"{task_label(p.task, task_labels)} {p.metric}",
+                                      candidate=p.value,
                                       limit=1 - gate.max_drop(p.metric), passed=False,
                                       reason="production has no figure for this metric; serve it again "
                                       "(its recorded conditions should have differed)"))
@@ -231,8 +236,8 @@ def compare_with_production(candidate: ReleaseResults, production: ReleaseResult
                             differences=differences or [], rows=rows)
 
 
-def _accuracy_row(p: Any, c: Any, b: Any, max_drop: float) -> RegressionRow:
-    measure, limit = f"{p.task} {p.metric}", 1 - max_drop
+def _accuracy_row(p: Any, c: Any, b: Any, max_drop: float, task: str) -> RegressionRow:
+    measure, limit = f"{task} {p.metric}", 1 - max_drop
     row = {"kind": "accuracy", "measure": measure, "production": p.value, "candidate": c.value if c else None,
            "base": b.value if b else None, "limit": limit}
     if c is None:

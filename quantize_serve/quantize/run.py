@@ -30,7 +30,8 @@ from pydantic import BaseModel
 
 from quantize_serve.core.digest import file_sha256
 from quantize_serve.core.errors import QuantizationError
-from quantize_serve.core.log_stream import stream_lines
+from quantize_serve.core import progress
+from quantize_serve.core.log_stream import BarFrame, stream_lines
 from quantize_serve.core.settings import PROJECT_ROOT, get_settings
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.recipe.quantization import QuantizationSection
@@ -50,6 +51,7 @@ class QuantizeResult(BaseModel):
     quantized_bytes: int
     calibration_fingerprint: str
     engine_versions: dict[str, str]
+    calibration_tokens: int | None = None  # None: a checkpoint made before they were recorded
     cached: bool = False
     source_checkpoint: str | None = None  # an existing checkpoint used as it is (existing_checkpoint.py)
     format: str = "compressed-tensors"  # config.json's quantization_config.quant_method
@@ -241,6 +243,7 @@ def _quantize_into(partial: Path, out: Path, recipe: Recipe, base_model_dir: Pat
         quantized_bytes=weights_bytes_on_disk(partial),
         calibration_fingerprint=calibration_fingerprint,
         engine_versions=worker_report["engine_versions"],
+        calibration_tokens=worker_report.get("calibration_tokens"),
         device=worker_report.get("device"),
         placement=worker_report.get("placement"),
         stage_seconds=worker_report.get("stage_seconds", {}),
@@ -276,7 +279,7 @@ def _run_child(spec_path: Path, *, log: Callable[[str], None]) -> dict:
                             start_new_session=True)
     try:
         assert proc.stdout is not None
-        stream_lines(proc.stdout, emit)
+        stream_lines(proc.stdout, emit, on_frame=count_layers)
         code = proc.wait()
     except BaseException:
         proc.kill()
@@ -289,6 +292,19 @@ def _run_child(spec_path: Path, *, log: Callable[[str], None]) -> dict:
     report = json.loads(report_path.read_text())
     report_path.unlink()
     return report
+
+
+# llm-compressor's sequential pipeline calibrates one subgraph (about a layer) at a time: "(3/5): Calibrating".
+_SUBGRAPH = re.compile(r"^\((\d+)/(\d+)\)")
+
+
+def count_layers(frame: BarFrame) -> None:
+    """A live count of the subgraphs calibrated, from the child's progress bars."""
+    m, counts = _SUBGRAPH.match(frame.desc), frame.counts()
+    if m and counts:
+        done, total = counts
+        step = int(m[1]) - 1 + (done / total if total else 0.0)
+        progress.count("layers", step, int(m[2]))
 
 
 DISK_FULL = re.compile(r"No space left on device|\[Errno 28\]|os error 28|Disk quota exceeded")

@@ -162,6 +162,7 @@ def main(spec_path: str) -> None:
     report = {
         "engine_versions": engine_versions(),
         "calibration_fingerprint": fingerprint(render_texts(recipe, rows)),
+        "calibration_tokens": tokens,
         "device": device,
         "placement": where,
         "workarounds": workarounds,

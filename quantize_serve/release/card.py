@@ -272,9 +272,8 @@ def card_inputs(validated: ValidatedRecipe, base: BaseModelRef, checkpoint: Quan
     if report is not None:
         refs = eval_task_refs([c.task for c in report.accuracy], base_dir=Path(recipe.base_dir),
                               report_dir=report.report_dir)
+        # the decision's rows name a task by lm-eval's name already (report/provenance.py task_labels)
         reasons = (rejection_reasons or report.decision.reasons) if status == "rejected" else []
-        for spelling, ref in refs.items():  # the decision names a task as the recipe spells it
-            reasons = [r.replace(f"accuracy {spelling} ", f"accuracy {ref.task} ") for r in reasons]
         gates = {
             "rejection_reasons": reasons,
             "capacity_markdown": (report.capacity.markdown() + f"\n\n![capacity]({CHART})"

@@ -11,6 +11,7 @@ import os
 import platform
 import subprocess
 import urllib.parse
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import yaml
 from pydantic import BaseModel
 
 from quantize_serve.core.digest import file_sha256
+from quantize_serve.core.portable import portable_path
 from quantize_serve.core.settings import get_settings
 from quantize_serve.gates.accuracy import TASK_FILE_SUFFIXES
 from quantize_serve.serving.gpu import describe_devices
@@ -47,6 +49,25 @@ def eval_task_refs(spellings: Iterable[str], *, base_dir: Path, report_dir: str 
     lm-eval's raw results in the run folder, when there, say which dataset each task read."""
     ran = lm_eval_configs([Path(report_dir) / d for d in ACCURACY_DIRS] if report_dir else [])
     return {s: eval_task_ref(s, base_dir=base_dir, ran=ran) for s in dict.fromkeys(spellings)}
+
+
+def task_labels(spellings: Iterable[str], *, base_dir: Path, report_dir: str = "") -> dict[str, str]:
+    """Each task as the recipe spells it -> how the decision's rows, the report and its artifacts name
+    it: lm-eval's task name, with the task file (relative to the recipe) in parentheses when two of the
+    tasks share that name. Never an absolute path."""
+    refs = eval_task_refs(spellings, base_dir=base_dir, report_dir=report_dir)
+    shared = Counter(ref.task for ref in refs.values())
+    return {s: f"{ref.task} ({task_file(s, base_dir)})" if shared[ref.task] > 1 and s.endswith(TASK_FILE_SUFFIXES)
+            else ref.task for s, ref in refs.items()}
+
+
+def task_file(spelling: str, base_dir: Path) -> str:
+    """A task file as the recipe's folder sees it: as the recipe wrote it when relative, else relative to
+    that folder, else to the project (else its name alone)."""
+    path, folder = Path(spelling), Path(base_dir).resolve()
+    if not path.is_absolute():
+        return spelling
+    return path.relative_to(folder).as_posix() if path.is_relative_to(folder) else portable_path(spelling)
 
 
 def eval_task_ref(spelling: str, *, base_dir: Path, ran: dict[str, dict[str, Any]] | None = None) -> EvalTaskRef:

@@ -28,7 +28,7 @@ from quantize_serve.gates.soak import SoakResult
 from quantize_serve.gates.stress import StressResult
 from quantize_serve.hub.client import PushResult
 from quantize_serve.quantize.run import QuantizeResult
-from quantize_serve.report.provenance import describe_hardware, eval_task_refs, serving_vllm_version
+from quantize_serve.report.provenance import describe_hardware, eval_task_refs, serving_vllm_version, task_labels
 from quantize_serve.serve_profile.pinned import ServingProfile
 from quantize_serve.serve_profile.search import ProfileSearchResult
 from quantize_serve.validate.preflight import BaseModelRef
@@ -76,6 +76,14 @@ class RunReport(BaseModel):
     run_url: str | None = None  # the Prefect UI page of the run; None without a UI (ephemeral API)
     report_dir: str = ""
 
+    @property
+    def recipe_dir(self) -> Path:
+        """The recipe's folder, which its task files are relative to."""
+        return Path(self.recipe_source).parent if not self.recipe_source.startswith("<") else Path()
+
+    def task_labels(self) -> dict[str, str]:
+        """Each accuracy task as the recipe spells it -> its name in the report (provenance.task_labels)."""
+        return task_labels([c.task for c in self.accuracy], base_dir=self.recipe_dir, report_dir=self.report_dir)
 
 
 def stress_summary(stress: StressResult | None) -> dict:
@@ -156,14 +164,14 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
                   "| task | dataset | metric | base | quantized | recovery [95%] | documents | flipped | "
                   "false pass at bad | true pass at good | result |",
                   "|---|---|---|---:|---:|---:|---|---:|---:|---:|---|"]
-        recipe_dir = Path(r.recipe_source).parent if not r.recipe_source.startswith("<") else Path()
-        refs = eval_task_refs([c.task for c in r.accuracy], base_dir=recipe_dir, report_dir=r.report_dir)
+        refs = eval_task_refs([c.task for c in r.accuracy], base_dir=r.recipe_dir, report_dir=r.report_dir)
+        labels = r.task_labels()
         for c in r.accuracy:
             ref = refs[c.task]
             rates = [f"{x:.1%} ({edge:g})" if x is not None and edge is not None else "-"
                      for x, edge in ((c.false_pass, c.threshold), (c.true_pass, c.good_recovery))]
             flips = f"{c.flip_rate:.1%}" if c.flip_rate is not None else "-"
-            lines.append(f"| {ref.task} | {ref.dataset} | {c.metric} | {_num(c.base)} | {_num(c.quantized)} | "
+            lines.append(f"| {labels[c.task]} | {ref.dataset} | {c.metric} | {_num(c.base)} | {_num(c.quantized)} | "
                          f"{c.recovery_text} | {c.docs_text or '-'} | {flips} | {rates[0]} | {rates[1]} | "
                          f"{'pass' if c.passed else '**FAIL**'}{', too few documents' if c.warning else ''} |")
         lines += ["", "Base and candidate are scored on the same documents (seeded random draw, same prompts); "

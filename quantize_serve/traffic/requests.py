@@ -12,6 +12,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from quantize_serve.core import progress
 from quantize_serve.core.errors import GateError
 from quantize_serve.serving.server import SERVED_NAME
 
@@ -92,6 +93,7 @@ async def run_steps(base_url: str, schedule: list[tuple[int, list[Probe]]], time
     import aiohttp  # heavy (~0.15 s): imported where requests are sent
 
     url = base_url + "/v1/completions"
+    total = sum(len(probes) for _, probes in schedule)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         for concurrency, probes in schedule:
             log(f"stress: {len(probes)} requests at concurrency {concurrency}")
@@ -100,6 +102,7 @@ async def run_steps(base_url: str, schedule: list[tuple[int, list[Probe]]], time
             async def one(p: Probe) -> None:
                 async with sem:
                     records[p.index] = await send_probe(session, url, p, timeout_s)
+                progress.count("requests", len(records), total)
 
             await asyncio.gather(*(one(p) for p in probes))
 

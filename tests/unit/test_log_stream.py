@@ -140,3 +140,26 @@ def test_stream_lines_reads_a_child_in_binary():
     stream_lines(proc.stdout, got.append)
     assert proc.wait() == 0
     assert len(got) == 2 and got[0].startswith("work: 100%") and "50/50" in got[0] and got[1] == "done"
+
+
+def test_every_frame_reaches_on_frame_with_its_counts_and_the_layer_count_follows_the_subgraphs():
+    """What a live display reads: each frame (redraws too, which the log drops), as numbers; and the
+    quantization's count of llm-compressor's subgraphs, "(k/N): Calibrating" (quantize/run.py)."""
+    from quantize_serve.core import progress
+    from quantize_serve.quantize.run import count_layers
+
+    frames = []
+    lines = ProgressLines(on_frame=frames.append)
+    logged = lines.feed(awq_like_output()) + lines.close()
+    assert len(frames) > len(logged)
+    first = frames[0]
+    assert (first.desc, first.counts()) == ("(1/2): Calibrating", (0.0, 8.0))
+    assert parse_bar("model.safetensors: 100%|██████████| 950k/950k [00:00<00:00, 96.4MB/s]").counts() == (
+        950e3, 950e3)
+    assert parse_bar("Generating test split: 395it [00:00, 36367.33it/s]").counts() == (395.0, None)
+    counted: list = []
+    with progress.listening(counted.append):
+        for frame in frames:
+            count_layers(frame)
+    assert counted and {(c.label, c.total) for c in counted} == {("layers", 2)}
+    assert counted[-1].done == 1.0  # "(1/2)" done: one of two subgraphs

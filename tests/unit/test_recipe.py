@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,9 @@ def write_recipe(tmp_path: Path, base: str = "tiny-llama-awq.yaml", **changes) -
             node.pop(leaf, None)
         else:
             node[leaf] = value
-    path = ROOT / "recipes" / f".test-{tmp_path.name}.yaml"  # same folder: relative paths hold
+    # same folder: relative paths hold. tmp_path's name alone is not unique across xdist workers (each
+    # numbers its own from 0, and a parametrized test's cases run on both), so the worker names it too.
+    path = ROOT / "recipes" / f".test-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{tmp_path.name}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import re
+from pathlib import Path
 
 from quantize_serve.capacity.chart import CHART
 from quantize_serve.capacity.measure import CapacityConfig, CapacityReport
@@ -152,9 +153,11 @@ def test_report_names_tasks_the_serving_vllm_and_the_run(tmp_path, monkeypatch):
 
 
 def test_gated_card_names_tasks_and_datasets_never_paths(awq_recipe, tmp_path):
-    """The card of a rejected run: model-index, the table and the reasons say `qs_facts_mc` and
-    `openai/gsm8k`, not the recipe's `../evals/tasks/qs_facts_mc.yaml`."""
-    from quantize_serve.gates.decision import CheckRow, Decision
+    """The card of a rejected run: model-index, the table and the reasons (the decision's rows, named by
+    report/provenance.py task_labels) say `qs_facts_mc` and `openai/gsm8k`, not the recipe's
+    `../evals/tasks/qs_facts_mc.yaml`."""
+    from quantize_serve.gates.decision import decide
+    from quantize_serve.report.provenance import task_labels
     from quantize_serve.release.card import render_model_card, report_card_inputs
     from quantize_serve.validate.preflight import ValidatedRecipe
 
@@ -166,13 +169,13 @@ def test_gated_card_names_tasks_and_datasets_never_paths(awq_recipe, tmp_path):
     report = report_with_capacity().model_copy(update={
         "accuracy": accuracy_checks(spelled, "gsm8k"), "report_dir": str(tmp_path), "vllm_version": "0.32.0",
         "run_url": "http://127.0.0.1:4200/runs/flow-run/r",
-        "decision": Decision(passed=False, checks=[CheckRow(check=f"accuracy {spelled} acc", passed=False,
-                                                            reason="recovery 0.5 < 0.95")])})
+        "decision": decide(accuracy_checks(spelled), None,
+                           task_labels=task_labels([spelled], base_dir=Path(awq_recipe.base_dir)))})
     card = render_model_card(report_card_inputs(validated, report, status="rejected"))
     results = {(r.task_name, r.dataset_type, r.dataset_split) for r in card.data.eval_results}
     assert results == {("qs_facts_mc", "local:facts_mc", "test"), ("gsm8k", "openai/gsm8k", "test")}
     assert "evals/tasks" not in card.content and "qs_facts_mc.yaml" not in card.content
-    assert "- accuracy qs_facts_mc acc: recovery 0.5 < 0.95" in card.text
+    assert "- accuracy qs_facts_mc acc: recovery quantized/base = 0.5000 < 0.95" in card.text
     assert "measured on vLLM 0.32.0" in card.text
     assert "127.0.0.1" not in card.content and "| run | - |" in card.text  # a local UI is not linked
     assert card.data.base_model is None and "names no `base_model`" in card.text  # a local base folder
@@ -220,3 +223,44 @@ def test_the_capacity_table_shows_the_fp8_row_unavailable_with_the_reason(tmp_pa
     assert "fp8 KV not available on this CPU; the production boot serves the 16-bit KV cache of the w4a16 row" in text
     assert (tmp_path / CHART).stat().st_size > 0
     assert '"fp8_kv_unavailable": "this CPU has no AVX-512' in paths["json"].read_text()
+
+
+def test_decision_rows_report_and_artifact_name_a_task_by_its_lm_eval_name_never_by_its_absolute_path(tmp_path):
+    """A recipe may give a task as an absolute YAML path (a generated recipe does): the decision's rows,
+    the report's table and the regression rows say `qs_facts_mc`; two files of one task name are told
+    apart by their file, relative to the recipe."""
+    from quantize_serve.core.settings import PROJECT_ROOT
+    from quantize_serve.gates.decision import accuracy_rows, decide
+    from quantize_serve.gates.regression import RecordedMetric, compare_with_production
+    from quantize_serve.recipe.gates import RegressionGate
+    from quantize_serve.report.provenance import task_labels
+    from tests.release_fixtures import results
+
+    absolute = str(PROJECT_ROOT / "evals" / "tasks" / "qs_facts_mc.yaml")
+    recipe_dir = tmp_path / "recipes"
+    recipe_dir.mkdir()
+    labels = task_labels([absolute, "../evals/tasks/qs_heldout_ppl.yaml"], base_dir=PROJECT_ROOT / "recipes")
+    assert labels == {absolute: "qs_facts_mc", "../evals/tasks/qs_heldout_ppl.yaml": "qs_heldout_ppl"}
+    assert [r.check for r in accuracy_rows(accuracy_checks(absolute), labels)] == ["accuracy qs_facts_mc acc"]
+    assert [r.check for r in accuracy_rows(accuracy_checks(absolute))] == ["accuracy qs_facts_mc acc"]  # its stem
+
+    copy = recipe_dir / "mine" / "qs_facts_mc.yaml"  # the same task name in a file of the recipe's own
+    copy.parent.mkdir()
+    copy.write_text((PROJECT_ROOT / "evals" / "tasks" / "qs_facts_mc.yaml").read_text())
+    both = task_labels([absolute, str(copy)], base_dir=recipe_dir)
+    assert both == {absolute: "qs_facts_mc (evals/tasks/qs_facts_mc.yaml)",
+                    str(copy): "qs_facts_mc (mine/qs_facts_mc.yaml)"}
+
+    report = report_with_capacity().model_copy(update={
+        "recipe_source": str(recipe_dir / "r.yaml"), "accuracy": accuracy_checks(absolute),
+        "decision": decide(accuracy_checks(absolute), None, task_labels=task_labels([absolute], base_dir=recipe_dir))})
+    text = write_report(report, tmp_path / "run")["markdown"].read_text()
+    assert "| qs_facts_mc | local:facts_mc | acc |" in text and "| accuracy qs_facts_mc acc | **FAIL** |" in text
+    assert str(PROJECT_ROOT) not in text and report.task_labels() == {absolute: "qs_facts_mc"}
+
+    production = results().model_copy(update={"accuracy": [RecordedMetric(task=absolute, metric="acc", value=0.5)]})
+    candidate = results().model_copy(update={"accuracy": [RecordedMetric(task=absolute, metric="acc", value=0.25)]})
+    result = compare_with_production(candidate, production, RegressionGate(), release_ref="production",
+                                     production_sha="a" * 40, source="recorded", task_labels=labels)
+    assert result.rows[0].measure == "qs_facts_mc acc"
+    assert str(PROJECT_ROOT) not in "".join(r.reason for r in decide([], None, regression=result).checks)
