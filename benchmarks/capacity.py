@@ -23,16 +23,28 @@ from quantize_serve.quantize.run import quantize_model  # noqa: E402
 from quantize_serve.validate.preflight import resolve_base, validate_recipe  # noqa: E402
 
 
-def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml",
-         out: Path = ROOT / "benchmarks/results/capacity.json") -> None:
+def main(
+    recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml",
+    out: Path = ROOT / "benchmarks/results/capacity.json",
+) -> None:
     validated = validate_recipe(recipe_path)
     recipe = validated.recipe
     base = resolve_base(validated)
-    ckpt = quantize_model(recipe, Path(base.local_dir), base_identity=base.identity,
-                          calibration_fingerprint=validated.calibration_fingerprint, log=lambda _: None)
+    ckpt = quantize_model(
+        recipe,
+        Path(base.local_dir),
+        base_identity=base.identity,
+        calibration_fingerprint=validated.calibration_fingerprint,
+        log=lambda _: None,
+    )
     with tempfile.TemporaryDirectory() as logs:
-        report = run_capacity_stage(recipe, base.local_dir, ckpt.checkpoint_dir, log_dir=Path(logs),
-                                    log=lambda line: print(line, flush=True))
+        report = run_capacity_stage(
+            recipe,
+            base.local_dir,
+            ckpt.checkpoint_dir,
+            log_dir=Path(logs),
+            log=lambda line: print(line, flush=True),
+        )
     result = {
         "recipe": recipe.name,
         "method": report.method,
@@ -43,8 +55,10 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml",
         "gain_quantized": report.gain_quantized,
         "gain_fp8": report.gain_fp8,
         "planner": {p.name: p.model_dump(exclude={"name"}) for p in report.planner},
-        "targets": {"fp8_token_ratio_within_1pct": abs(report.fp8_token_ratio - 2) <= 0.02,
-                    "planner_error_within_3pct": all(abs(p.error_pct) <= 3 for p in report.planner)},
+        "targets": {
+            "fp8_token_ratio_within_1pct": abs(report.fp8_token_ratio - 2) <= 0.02,
+            "planner_error_within_3pct": all(abs(p.error_pct) <= 3 for p in report.planner),
+        },
     }
 
     write_json_result(out, result)

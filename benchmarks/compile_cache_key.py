@@ -75,10 +75,21 @@ print("RESULT " + json.dumps({"boots": out, "env_hash_without": env_hash()}))
 """
 
 
-def hashes(serving_python: Path, boots: dict[str, list[str]], env: dict[str, str], *, prelude: str = "",
-           drop: tuple[str, ...] = ()) -> dict:
-    done = subprocess.run([str(serving_python), "-c", prelude + HASHER, json.dumps(boots), json.dumps(drop)],
-                          env=env, capture_output=True, text=True, timeout=900)
+def hashes(
+    serving_python: Path,
+    boots: dict[str, list[str]],
+    env: dict[str, str],
+    *,
+    prelude: str = "",
+    drop: tuple[str, ...] = (),
+) -> dict:
+    done = subprocess.run(
+        [str(serving_python), "-c", prelude + HASHER, json.dumps(boots), json.dumps(drop)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
         raise SystemExit(f"the serving environment could not compute the keys:\n{done.stderr[-3000:]}")
@@ -121,22 +132,27 @@ def measure(checkpoint: Path, tmp: Path) -> dict:
     release_ref = recipe.hub.release_ref
     assert production_c.revision == release_ref, "the flow's (c) is not served at the release ref"
     unnamed_c = production_c.model_copy(update={"revision": None})  # before: the profile named no revision
-    probe_at_c = recipe.model_copy(update={"serve": candidate_serve(recipe.serve,
-                                                                    max_num_seqs=recipe.serve.max_num_seqs)})
+    probe_at_c = recipe.model_copy(
+        update={"serve": candidate_serve(recipe.serve, max_num_seqs=recipe.serve.max_num_seqs)}
+    )
     name_c = f"flow (c) production settings, as the flow boots it (repo id at {release_ref})"
     prod = f"production: vllm serve --config serve-profile.yaml (revision: {release_ref})"
     flow = {
         "flow (b) quantized, 16-bit KV": argv(capacity_spec(recipe, Boot.QUANTIZED_16BIT_KV, checkpoint)),
         name_c: argv(production_c),
         "flow (c) served from the checkpoint folder (before)": argv(
-            capacity_spec(recipe, Boot.PRODUCTION, checkpoint)),
+            capacity_spec(recipe, Boot.PRODUCTION, checkpoint)
+        ),
         "flow (c) under the repo id at no revision (before)": argv(unnamed_c),
         "flow (c), another KV budget (kv-cache-memory-bytes)": argv(
-            {**production_c.vllm_config(), "kv-cache-memory-bytes": 1234567}),
+            {**production_c.vllm_config(), "kv-cache-memory-bytes": 1234567}
+        ),
         "profile search probe at (c)'s settings": argv(  # as serve_profile/probe.py builds it
-            capacity_spec(probe_at_c, Boot.PRODUCTION, checkpoint, as_published=True)),
+            capacity_spec(probe_at_c, Boot.PRODUCTION, checkpoint, as_published=True)
+        ),
         "profile search probe, max_num_seqs 13": argv(
-            capacity_spec(with_serve(max_num_seqs=13), Boot.PRODUCTION, checkpoint, as_published=True)),
+            capacity_spec(with_serve(max_num_seqs=13), Boot.PRODUCTION, checkpoint, as_published=True)
+        ),
     }
     log = tmp / "run" / "vllm-w4a16-fp8kv.log"  # the flow's (c) boot log; its Hub cache derives from it
     for revision in (None, release_ref):  # what vllm_server lays out for each boot's revision
@@ -152,16 +168,22 @@ def measure(checkpoint: Path, tmp: Path) -> dict:
             api.create_repo(repo_id, private=False, exist_ok=True)
             commit = api.upload_folder(folder_path=str(checkpoint), repo_id=repo_id).oid
             promote_revision(recipe.hub, commit, token=None, endpoint=hub.endpoint)  # as the flow promotes
-        profile, _ = write_profile(production_c, tmp / "release" / "serve-profile.yaml", model=repo_id,
-                                   header=[])
+        profile, _ = write_profile(
+            production_c, tmp / "release" / "serve-profile.yaml", model=repo_id, header=[]
+        )
         unnamed, _ = write_profile(unnamed_c, tmp / "before" / "serve-profile.yaml", model=repo_id, header=[])
         production = {
             prod: ["--config", str(profile)],
             "production: the profile naming no revision (before)": ["--config", str(unnamed)],
         }
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "VLLM_", "QS_"))}
-        env |= {"HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1",
-                "HF_HUB_CACHE": str(tmp / "production-hf-cache"), **BOOT_VLLM_DEFAULTS}
+        env |= {
+            "HF_ENDPOINT": hub.endpoint,
+            "HF_HUB_OFFLINE": "0",
+            "HF_HUB_DISABLE_XET": "1",
+            "HF_HUB_CACHE": str(tmp / "production-hf-cache"),
+            **BOOT_VLLM_DEFAULTS,
+        }
         online = hashes(serving_python, production, env, drop=tuple(BOOT_VLLM_DEFAULTS))
     found |= online["boots"]
     variables = " ".join(f"{k}={v}" for k, v in BOOT_VLLM_DEFAULTS.items())
@@ -171,35 +193,41 @@ def measure(checkpoint: Path, tmp: Path) -> dict:
     def key(name: str) -> tuple[str, str]:
         return found[name]["env_hash"], found[name]["config_hash"]
 
-    boots = {name: {**h, "same_entry_as_flow_c": key(name) == key(name_c),
-                    "same_entry_as_production": key(name) == key(prod)} for name, h in found.items()}
+    boots = {
+        name: {
+            **h,
+            "same_entry_as_flow_c": key(name) == key(name_c),
+            "same_entry_as_production": key(name) == key(prod),
+        }
+        for name, h in found.items()
+    }
     assert found[prod]["revision"] == release_ref, "production's profile does not name the release ref"
     assert boots[name_c]["same_entry_as_production"], "the flow's (c) does not write production's entry"
     return {
         "vllm": "serving environment (QS_SERVING_PYTHON)",
         "what": "the model's name and revision vLLM keys on, and the two parts of vLLM's compile-cache "
-                "key that differ between boots on one host: env_hash (envs.compile_factors, 10 hex) and "
-                "config_hash (VllmConfig.compute_hash); the traced code and the compiler are the same for "
-                "every boot in one serving environment. Flow rows: the flow's specs in a process started as "
-                "the flow starts a boot (boot_env, the boot's Hub-cache layout, KEEP_MODEL_NAME). Production "
-                "rows: the serve-profile.yaml the flow writes (revision: the release ref), read online "
-                "against a Hub holding the pushed checkpoint with the release ref on it (as after "
-                "promotion), with a download cache of its own. CHECKPOINT: the --checkpoint folder; work/: "
-                "the flow's work dir",
+        "key that differ between boots on one host: env_hash (envs.compile_factors, 10 hex) and "
+        "config_hash (VllmConfig.compute_hash); the traced code and the compiler are the same for "
+        "every boot in one serving environment. Flow rows: the flow's specs in a process started as "
+        "the flow starts a boot (boot_env, the boot's Hub-cache layout, KEEP_MODEL_NAME). Production "
+        "rows: the serve-profile.yaml the flow writes (revision: the release ref), read online "
+        "against a Hub holding the pushed checkpoint with the release ref on it (as after "
+        "promotion), with a download cache of its own. CHECKPOINT: the --checkpoint folder; work/: "
+        "the flow's work dir",
         "boots": boots,
         "finding": "vLLM keys a compile-cache entry on the model's name (its folder, or its repo id), the "
-                   "revision as named, max_num_seqs, the KV dtype (not the KV bytes) and every VLLM_* "
-                   "variable. The flow's (c) served from the checkpoint folder never shared production's "
-                   "entry. Served under the repo id from a Hub-cache layout it does, but only because the "
-                   "boot keeps the repo id as the model's name: vLLM's offline mode (HF_HUB_OFFLINE=1) "
-                   "otherwise replaces it with the layout's snapshot folder and keys on that. Production "
-                   "online keys on the revision as named: the profile names the release ref, and the flow's "
-                   "(c) and the search's probes are served at that ref (the layout's refs/<ref> names the "
-                   "checkpoint's snapshot), so both sides have one entry; a profile naming no revision (as "
-                   "before) is keyed on main, another entry. Production needs the flow's VLLM_* variables "
-                   "too (VLLM_USE_FLASHINFER_SAMPLER=0): with vLLM's defaults the env part of the key "
-                   "differs. The search's probe at (c)'s settings writes (c)'s entry, so (c) reads what "
-                   "the found probe compiled.",
+        "revision as named, max_num_seqs, the KV dtype (not the KV bytes) and every VLLM_* "
+        "variable. The flow's (c) served from the checkpoint folder never shared production's "
+        "entry. Served under the repo id from a Hub-cache layout it does, but only because the "
+        "boot keeps the repo id as the model's name: vLLM's offline mode (HF_HUB_OFFLINE=1) "
+        "otherwise replaces it with the layout's snapshot folder and keys on that. Production "
+        "online keys on the revision as named: the profile names the release ref, and the flow's "
+        "(c) and the search's probes are served at that ref (the layout's refs/<ref> names the "
+        "checkpoint's snapshot), so both sides have one entry; a profile naming no revision (as "
+        "before) is keyed on main, another entry. Production needs the flow's VLLM_* variables "
+        "too (VLLM_USE_FLASHINFER_SAMPLER=0): with vLLM's defaults the env part of the key "
+        "differs. The search's probe at (c)'s settings writes (c)'s entry, so (c) reads what "
+        "the found probe compiled.",
     }
 
 

@@ -32,8 +32,13 @@ from quantize_serve.serving.server import ServerSpec, vllm_server  # noqa: E402
 from quantize_serve.serving.vllm_log import boot_kernels, read_log  # noqa: E402
 
 # compressed-tensors preset -> the checkpoint format llm-compressor writes for it
-SCHEMES = {"W4A16": "pack-quantized", "W4A16_ASYM": "pack-quantized", "W8A16": "pack-quantized",
-           "W8A8": "int-quantized", "FP8_DYNAMIC": "float-quantized"}
+SCHEMES = {
+    "W4A16": "pack-quantized",
+    "W4A16_ASYM": "pack-quantized",
+    "W8A16": "pack-quantized",
+    "W8A8": "int-quantized",
+    "FP8_DYNAMIC": "float-quantized",
+}
 KV_BYTES = 6_000_000
 
 
@@ -44,8 +49,13 @@ def scheme_folder(preset: str | None, work: Path) -> Path:
 
 
 def try_boot(folder: Path, kv_cache_dtype: str, log_path: Path) -> dict:
-    spec = ServerSpec(model_dir=str(folder), serve=load_recipe(RECIPE).serve, kv_cache_dtype=kv_cache_dtype,
-                      kv_cache_memory_bytes=KV_BYTES, load_format="dummy")
+    spec = ServerSpec(
+        model_dir=str(folder),
+        serve=load_recipe(RECIPE).serve,
+        kv_cache_dtype=kv_cache_dtype,
+        kv_cache_memory_bytes=KV_BYTES,
+        load_format="dummy",
+    )
     t0 = time.monotonic()
     try:
         with vllm_server(spec, log_path=log_path):
@@ -53,7 +63,12 @@ def try_boot(folder: Path, kv_cache_dtype: str, log_path: Path) -> dict:
     except Exception as exc:  # noqa: BLE001 - the reason is the result
         served, reason = False, str(exc).splitlines()[0]
     kernels = sorted(boot_kernels(read_log(log_path)))
-    return {"served": served, "reason": reason, "kernels": kernels, "seconds": round(time.monotonic() - t0, 1)}
+    return {
+        "served": served,
+        "reason": reason,
+        "kernels": kernels,
+        "seconds": round(time.monotonic() - t0, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,22 +77,45 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("/tmp/qs-cpu-schemes"))
     args = p.parse_args(argv)
     flags = cpu_flags()
-    model_name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                       if line.startswith("model name")), platform.processor())
-    result: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpu": model_name,
-                    "avx512": sorted(AVX512_FLAGS & flags), "amx": "amx_tile" in flags, "avx2": "avx2" in flags,
-                    "project_check": quantized_serving_gap() or "quantized boots servable",
-                    **({"emulated": "an AVX2-only CPU on this one (benchmarks/avx2_emulation: vLLM's AVX2 kernel "
-                                    "library, torch and oneDNN held at AVX2, the project reads no AVX-512 flags)"}
-                       if os.environ.get("QS_EMULATE_AVX2") == "1" else {}),
-                    "weights": "random (vLLM --load-format dummy): whether it serves, not how well", "rows": []}
+    model_name = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    result: dict = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "cpu": model_name,
+        "avx512": sorted(AVX512_FLAGS & flags),
+        "amx": "amx_tile" in flags,
+        "avx2": "avx2" in flags,
+        "project_check": quantized_serving_gap() or "quantized boots servable",
+        **(
+            {
+                "emulated": "an AVX2-only CPU on this one (benchmarks/avx2_emulation: vLLM's AVX2 kernel "
+                "library, torch and oneDNN held at AVX2, the project reads no AVX-512 flags)"
+            }
+            if os.environ.get("QS_EMULATE_AVX2") == "1"
+            else {}
+        ),
+        "weights": "random (vLLM --load-format dummy): whether it serves, not how well",
+        "rows": [],
+    }
     cases = [(None, "fp8")] + [(s, "auto") for s in SCHEMES]
     for preset, kv in cases:
         name = f"{preset or 'bf16'} + {kv} KV"
-        row = {"scheme": preset or "bf16", "kv_cache_dtype": kv,
-               **try_boot(scheme_folder(preset, args.work), kv, args.work / f"{preset or 'bf16'}-{kv}.log")}
-        print(f"[cpu-schemes] {name}: {'served' if row['served'] else 'refused'} {row['kernels']} "
-              f"{row['reason'] or ''}", flush=True)
+        row = {
+            "scheme": preset or "bf16",
+            "kv_cache_dtype": kv,
+            **try_boot(scheme_folder(preset, args.work), kv, args.work / f"{preset or 'bf16'}-{kv}.log"),
+        }
+        print(
+            f"[cpu-schemes] {name}: {'served' if row['served'] else 'refused'} {row['kernels']} "
+            f"{row['reason'] or ''}",
+            flush=True,
+        )
         result["rows"].append(row)
         write_json_result(args.out, result, roots=(args.work,))
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")

@@ -38,6 +38,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from quantize_serve.core.portable import write_json_result
+from quantize_serve.gates.accuracy import check_server, completions_model, index_tasks, resolve_task
+from quantize_serve.quantize.run import quantize_model
+from quantize_serve.recipe.quantization import QuantizationSection
+from quantize_serve.serving.server import ServerSpec, vllm_server
+from quantize_serve.validate.preflight import resolve_base, validate_recipe
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -79,7 +88,6 @@ def log(message: str) -> None:
 
 
 def candidate_recipe(recipe: Any, change: dict[str, Any]) -> Any:
-    from quantize_serve.recipe.quantization import QuantizationSection
 
     quantization = QuantizationSection(**{**recipe.quantization.model_dump(), **change})
     name = f"{recipe.name}-{change['method']}"
@@ -87,7 +95,6 @@ def candidate_recipe(recipe: Any, change: dict[str, Any]) -> Any:
 
 
 def quantize_candidates(validated: Any, base: Any, names: list[str], work: Path) -> dict[str, dict[str, Any]]:
-    from quantize_serve.quantize.run import quantize_model
 
     made = {}
     for name in names:
@@ -137,9 +144,6 @@ def evaluate_model(
     """Boot ``model_dir``, run every task of the recipe's gate with log_samples; per task, per doc id:
     the prompt hash and each metric's per-document value."""
     import lm_eval
-
-    from quantize_serve.gates.accuracy import check_server, completions_model, index_tasks, resolve_task
-    from quantize_serve.serving.server import ServerSpec, vllm_server
 
     gate = recipe.gates.accuracy
     specs = [resolve_task(t, Path(recipe.base_dir)) for t in gate.tasks]
@@ -192,7 +196,6 @@ def cache_key(model_dir: str, recipe: Any, kv_cache_dtype: str, limit: int | Non
     """What determines a model's outcomes: its weights' manifest (or the base folder's SHA256SUMS, less the
     lines of its card and build record, which name the build's seconds), the task files and their data, the
     serving settings."""
-    import yaml
 
     h = hashlib.sha256()
     folder = Path(model_dir)
@@ -321,8 +324,6 @@ def doc_weights(base: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from quantize_serve.core.portable import write_json_result
-    from quantize_serve.validate.preflight import resolve_base, validate_recipe
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--candidates", nargs="*", default=list(CANDIDATES), choices=list(CANDIDATES))

@@ -40,15 +40,31 @@ def run(method: str) -> dict:
     assert isinstance(report, RunReport), f"the flow failed before its report: {report}"
     stress = report.stress
     return {
-        "accuracy": {f"{Path(c.task).stem}/{c.metric}": c.model_dump(include={
-                         "base", "quantized", "recovery", "recovery_interval", "threshold", "passed",
-                         "warning"}) for c in report.accuracy},
-        "stress": {**stress_summary(stress),
-                   "server_restarts": stress.server_restarts if stress else None,
-                   "throughput": stress.throughput.model_dump() if stress and stress.throughput else None},
-        "decision": {"passed": report.decision.passed,
-                     "reasons": [f"{c.check}: {'pass' if c.passed else 'FAIL'}: {c.reason}"
-                                 for c in report.decision.checks]},
+        "accuracy": {
+            f"{Path(c.task).stem}/{c.metric}": c.model_dump(
+                include={
+                    "base",
+                    "quantized",
+                    "recovery",
+                    "recovery_interval",
+                    "threshold",
+                    "passed",
+                    "warning",
+                }
+            )
+            for c in report.accuracy
+        },
+        "stress": {
+            **stress_summary(stress),
+            "server_restarts": stress.server_restarts if stress else None,
+            "throughput": stress.throughput.model_dump() if stress and stress.throughput else None,
+        },
+        "decision": {
+            "passed": report.decision.passed,
+            "reasons": [
+                f"{c.check}: {'pass' if c.passed else 'FAIL'}: {c.reason}" for c in report.decision.checks
+            ],
+        },
         "report": str(Path(report.report_dir) / "report.md"),
     }
 

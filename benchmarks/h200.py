@@ -131,39 +131,56 @@ def stage_quantize(ctx: dict) -> None:
             before = gpu.device_used_bytes()
             log(f"quantize {method}: GPU memory before {gib(before)} GiB")
             with gpu.PeakMemorySampler() as peak:
-                result = quantize_model(validated.recipe, model_dir, base_identity=ctx["base_identity"],
-                                        calibration_fingerprint=validated.calibration_fingerprint,
-                                        work_dir=ctx["work_dir"], log=child_log(method))
+                result = quantize_model(
+                    validated.recipe,
+                    model_dir,
+                    base_identity=ctx["base_identity"],
+                    calibration_fingerprint=validated.calibration_fingerprint,
+                    work_dir=ctx["work_dir"],
+                    log=child_log(method),
+                )
             after = gpu.device_used_bytes()
             settled, waited = wait_idle(before, timeout_s=15)
             section[method] = {
-                "quantize_seconds": result.seconds, "cached": result.cached, "scheme": result.scheme,
-                "checkpoint_dir": result.checkpoint_dir, "base_bytes": result.base_bytes,
+                "quantize_seconds": result.seconds,
+                "cached": result.cached,
+                "scheme": result.scheme,
+                "checkpoint_dir": result.checkpoint_dir,
+                "base_bytes": result.base_bytes,
                 "quantized_bytes": result.quantized_bytes,
                 "calibration_samples": validated.recipe.calibration.num_samples,
                 "engine_versions": result.engine_versions,
-                "gpu_memory_before_gib": gib(before), "gpu_memory_peak_gib": gib(peak.peak),
+                "gpu_memory_before_gib": gib(before),
+                "gpu_memory_peak_gib": gib(peak.peak),
                 "gpu_memory_after_quantize_gib": gib(after),
-                "gpu_memory_after_settle_gib": gib(settled), "settle_seconds": waited,
-                "back_to_baseline_within_1gib": None if after is None or before is None else after - before <= GIB,
+                "gpu_memory_after_settle_gib": gib(settled),
+                "settle_seconds": waited,
+                "back_to_baseline_within_1gib": None
+                if after is None or before is None
+                else after - before <= GIB,
             }
             log(f"quantize {method}: {section[method]}")
         except Exception as exc:
             res.data["errors"][f"quantize-{method}"] = error_text(exc)
             log(f"quantize {method} FAILED: {exc}")
         res.save()
-    afters = [v["gpu_memory_after_quantize_gib"] for v in section.values() if isinstance(v, dict)
-              and v.get("gpu_memory_after_quantize_gib") is not None]
+    afters = [
+        v["gpu_memory_after_quantize_gib"]
+        for v in section.values()
+        if isinstance(v, dict) and v.get("gpu_memory_after_quantize_gib") is not None
+    ]
     if afters:
         res.data["gpu_memory_after_quantize_gib"] = max(afters)
 
 
 def child_log(prefix: str):
     """The quantize child's output without tqdm's per-step redraws (AWQ redraws per grid point)."""
+
     def emit(line: str) -> None:
         if ("it/s" in line or "s/it" in line) and "100%" not in line:
             return
         print(f"  [{prefix}] {line}", flush=True)
+
     return emit
 
 
@@ -184,8 +201,12 @@ def stage_capacity(ctx: dict, *, with_stress: bool) -> None:
     concurrency = max(1, min(plan_fp8.recommended_max_num_seqs, probe.serve.max_num_seqs))
     recipe = parse_recipe(model_recipe(profile, method, model_dir, concurrency=concurrency), base_dir=ROOT)
     logs = ctx["work_dir"] / "logs"
-    cap: dict[str, Any] = {"checkpoint": method, "serve": recipe.serve.model_dump(mode="json"),
-                           "device_memory_bytes_nvml": total, "configs": {}}
+    cap: dict[str, Any] = {
+        "checkpoint": method,
+        "serve": recipe.serve.model_dump(mode="json"),
+        "device_memory_bytes_nvml": total,
+        "configs": {},
+    }
     res.data["capacity"] = cap
     configs = []
     for name in Boot:
@@ -196,17 +217,26 @@ def stage_capacity(ctx: dict, *, with_stress: bool) -> None:
 
         def while_up(server, measured, name=name, spec=spec) -> None:
             configs.append(measured)
-            cap["configs"][name] = {"measured": measured.model_dump(mode="json"),
-                                    "command": spec.serve_command(),
-                                    "gpu_memory_used_serving_gib": gib(gpu.device_used_bytes())}
+            cap["configs"][name] = {
+                "measured": measured.model_dump(mode="json"),
+                "command": spec.serve_command(),
+                "gpu_memory_used_serving_gib": gib(gpu.device_used_bytes()),
+            }
             log(f"capacity {name}: {measured.kv_cache_tokens:,} KV tokens, boot {measured.boot_seconds} s")
             if with_stress and name is Boot.PRODUCTION:
-                log(f"stress: concurrency {concurrency} (planner's recommended_max_num_seqs "
-                    f"{plan_fp8.recommended_max_num_seqs}, serve.max_num_seqs {recipe.serve.max_num_seqs})")
+                log(
+                    f"stress: concurrency {concurrency} (planner's recommended_max_num_seqs "
+                    f"{plan_fp8.recommended_max_num_seqs}, serve.max_num_seqs {recipe.serve.max_num_seqs})"
+                )
                 try:
-                    stress = run_stress_test(server, recipe.gates.stress, recipe.serve,
-                                             tokenizer_dir=str(checkpoint),
-                                             output_dir=ctx["work_dir"] / "stress", log=log)
+                    stress = run_stress_test(
+                        server,
+                        recipe.gates.stress,
+                        recipe.serve,
+                        tokenizer_dir=str(checkpoint),
+                        output_dir=ctx["work_dir"] / "stress",
+                        log=log,
+                    )
                     res.data["stress"] = stress_record(stress, stress_summary(stress), concurrency, plan_fp8)
                 except Exception as exc:
                     res.data["errors"]["stress"] = error_text(exc)
@@ -214,8 +244,9 @@ def stage_capacity(ctx: dict, *, with_stress: bool) -> None:
 
         try:
             with gpu.PeakMemorySampler() as peak:
-                measure_boot(recipe, name, name.model_dir(model_dir, checkpoint), log_path=log_path,
-                             while_up=while_up)
+                measure_boot(
+                    recipe, name, name.model_dir(model_dir, checkpoint), log_path=log_path, while_up=while_up
+                )
             cap["configs"][name]["gpu_memory_peak_gib"] = gib(peak.peak)
             cap["configs"][name]["vllm_log_lines"] = boot_lines(log_path)
         except Exception as exc:
@@ -229,15 +260,27 @@ def stage_capacity(ctx: dict, *, with_stress: bool) -> None:
         for c in report.configs:
             plan = plan_for(recipe, base_config, c.name, block_size=c.block_size, device_memory_bytes=total)
             cap["configs"][c.name].update(
-                weights_gib=gib(c.weights_bytes), kv_cache_gib=gib(c.kv_cache_memory_bytes),
-                kv_cache_tokens=c.kv_cache_tokens, num_blocks=c.num_blocks, block_size=c.block_size,
-                max_concurrency=c.max_concurrency, boot_seconds=c.boot_seconds,
-                predicted_kv_tokens=checks[c.name].predicted_kv_tokens, error_pct=checks[c.name].error_pct,
-                predicted_weights_gib=gib(plan.weights_bytes), predicted_kv_cache_gib=gib(plan.kv_cache_memory_bytes),
-                predicted_max_concurrency=round(plan.max_concurrency, 2))
-        cap.update(fp8_token_ratio=report.fp8_token_ratio, gain_quantized=report.gain_quantized,
-                   gain_fp8=report.gain_fp8, freed_weight_gib=gib(report.freed_weight_bytes),
-                   method=report.method, markdown=report.markdown())
+                weights_gib=gib(c.weights_bytes),
+                kv_cache_gib=gib(c.kv_cache_memory_bytes),
+                kv_cache_tokens=c.kv_cache_tokens,
+                num_blocks=c.num_blocks,
+                block_size=c.block_size,
+                max_concurrency=c.max_concurrency,
+                boot_seconds=c.boot_seconds,
+                predicted_kv_tokens=checks[c.name].predicted_kv_tokens,
+                error_pct=checks[c.name].error_pct,
+                predicted_weights_gib=gib(plan.weights_bytes),
+                predicted_kv_cache_gib=gib(plan.kv_cache_memory_bytes),
+                predicted_max_concurrency=round(plan.max_concurrency, 2),
+            )
+        cap.update(
+            fp8_token_ratio=report.fp8_token_ratio,
+            gain_quantized=report.gain_quantized,
+            gain_fp8=report.gain_fp8,
+            freed_weight_gib=gib(report.freed_weight_bytes),
+            method=report.method,
+            markdown=report.markdown(),
+        )
         log("\n" + report.markdown())
     res.save()
 
@@ -249,26 +292,52 @@ def stress_record(stress: Any, summary: dict, concurrency: int, plan: Any) -> di
         rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
         t0 = rows[0]["t"] if rows else 0
         step = max(1, len(rows) // 60)
-        samples = [{"t": round(r["t"] - t0, 1), "gpu_gib": gib(r.get("gpu_memory_bytes")),
-                    "kv_usage": r.get("vllm:kv_cache_usage_perc"), "running": r.get("vllm:num_requests_running"),
-                    "waiting": r.get("vllm:num_requests_waiting")} for r in rows[::step]]
+        samples = [
+            {
+                "t": round(r["t"] - t0, 1),
+                "gpu_gib": gib(r.get("gpu_memory_bytes")),
+                "kv_usage": r.get("vllm:kv_cache_usage_perc"),
+                "running": r.get("vllm:num_requests_running"),
+                "waiting": r.get("vllm:num_requests_waiting"),
+            }
+            for r in rows[::step]
+        ]
     tp = stress.throughput
     return {
         **summary,
         "peak_gpu_memory_gib": gib(stress.peak_gpu_memory_bytes),
-        "concurrency": concurrency, "planner_recommended_max_num_seqs": plan.recommended_max_num_seqs,
+        "concurrency": concurrency,
+        "planner_recommended_max_num_seqs": plan.recommended_max_num_seqs,
         "planner_max_concurrency": round(plan.max_concurrency, 2),
-        "concurrency_steps": stress.concurrency_steps, "wrong_token_counts": stress.wrong_token_counts,
-        "other_errors": stress.other_errors, "aborted": stress.aborted, "server_died": stress.server_died,
-        "peak_running": stress.peak_running, "peak_waiting": stress.peak_waiting,
-        "passed": stress.passed, "failures": stress.failures, "error_samples": stress.error_samples,
+        "concurrency_steps": stress.concurrency_steps,
+        "wrong_token_counts": stress.wrong_token_counts,
+        "other_errors": stress.other_errors,
+        "aborted": stress.aborted,
+        "server_died": stress.server_died,
+        "peak_running": stress.peak_running,
+        "peak_waiting": stress.peak_waiting,
+        "passed": stress.passed,
+        "failures": stress.failures,
+        "error_samples": stress.error_samples,
         "throughput": tp.model_dump(exclude={"command", "result_path"}) if tp else None,
         "gpu_memory_over_run": samples,
     }
 
 
-VLLM_KEYS = ("Model loading took", "Available KV cache memory", "KV cache size", "Maximum concurrency",
-             "Using ", "backend", "memory profiling", "non-torch", "torch peak", "CUDA graph", "Error", "error")
+VLLM_KEYS = (
+    "Model loading took",
+    "Available KV cache memory",
+    "KV cache size",
+    "Maximum concurrency",
+    "Using ",
+    "backend",
+    "memory profiling",
+    "non-torch",
+    "torch peak",
+    "CUDA graph",
+    "Error",
+    "error",
+)
 
 
 def boot_lines(path: Path) -> list[str]:
@@ -293,9 +362,14 @@ def stage_flow(ctx: dict) -> None:
     wall = round(time.monotonic() - t0, 1)
     flow = json.loads(result_path.read_text()) if result_path.is_file() else {}
     res.data["flow_search" if ctx["search"] else "flow"] = {
-        "recipe": "recipes/tiny-llama-awq.yaml", "gpu_mode": profile["flow_gpu_mode"],
-        "serve_search": SEARCH if ctx["search"] else None, "wall_seconds": wall, "exit_code": proc.returncode,
-        "gpu_memory_peak_gib": gib(peak.peak), **flow}
+        "recipe": "recipes/tiny-llama-awq.yaml",
+        "gpu_mode": profile["flow_gpu_mode"],
+        "serve_search": SEARCH if ctx["search"] else None,
+        "wall_seconds": wall,
+        "exit_code": proc.returncode,
+        "gpu_memory_peak_gib": gib(peak.peak),
+        **flow,
+    }
     res.save()
 
 
@@ -313,28 +387,54 @@ def cmd_flow_child(args: argparse.Namespace) -> None:
     t0 = time.monotonic()
     state = quantize_serve(recipe, return_state=True)
     report = state.result(raise_on_failure=False)
-    out: dict[str, Any] = {"state": state.type.value, "flow_seconds": round(time.monotonic() - t0, 1),
-                           "serve": recipe.serve.model_dump(mode="json")}
+    out: dict[str, Any] = {
+        "state": state.type.value,
+        "flow_seconds": round(time.monotonic() - t0, 1),
+        "serve": recipe.serve.model_dump(mode="json"),
+    }
     if isinstance(report, RunReport):
         out.update(
             decision="passed" if report.decision.passed else "rejected",
-            reasons=[f"{c.check}: {'pass' if c.passed else 'FAIL'}: {c.reason}" for c in report.decision.checks],
+            reasons=[
+                f"{c.check}: {'pass' if c.passed else 'FAIL'}: {c.reason}" for c in report.decision.checks
+            ],
             release=report.release.status if report.release else None,
             report_dir=report.report_dir,
-            capacity={c.name: {"kv_cache_tokens": c.kv_cache_tokens, "weights_gib": gib(c.weights_bytes),
-                               "kv_cache_gib": gib(c.kv_cache_memory_bytes)} for c in report.capacity.configs}
-            if report.capacity else None,
+            capacity={
+                c.name: {
+                    "kv_cache_tokens": c.kv_cache_tokens,
+                    "weights_gib": gib(c.weights_bytes),
+                    "kv_cache_gib": gib(c.kv_cache_memory_bytes),
+                }
+                for c in report.capacity.configs
+            }
+            if report.capacity
+            else None,
             fp8_token_ratio=report.capacity.fp8_token_ratio if report.capacity else None,
             planner={p.name: p.error_pct for p in report.capacity.planner} if report.capacity else None,
-            accuracy={f"{Path(c.task).stem}/{c.metric}": round(c.recovery, 4) if c.recovery is not None else None
-                      for c in report.accuracy},
+            accuracy={
+                f"{Path(c.task).stem}/{c.metric}": round(c.recovery, 4) if c.recovery is not None else None
+                for c in report.accuracy
+            },
             stress=stress_summary(report.stress),
-            serve_search=None if report.profile is None else {
+            serve_search=None
+            if report.profile is None
+            else {
                 "found_max_num_seqs": report.profile.found.max_num_seqs if report.profile.found else None,
-                "boots": report.profile.boots, "stop_reason": report.profile.stop_reason,
-                "points": [{"max_num_seqs": pt.max_num_seqs, "passed": pt.passed, "why": pt.why,
-                            "boot_seconds": pt.boot_seconds, "seconds": pt.seconds} for pt in report.profile.points],
-                "serve_command": report.profile.serve_command},
+                "boots": report.profile.boots,
+                "stop_reason": report.profile.stop_reason,
+                "points": [
+                    {
+                        "max_num_seqs": pt.max_num_seqs,
+                        "passed": pt.passed,
+                        "why": pt.why,
+                        "boot_seconds": pt.boot_seconds,
+                        "seconds": pt.seconds,
+                    }
+                    for pt in report.profile.points
+                ],
+                "serve_command": report.profile.serve_command,
+            },
         )
         if report.serving_profile:
             try:
@@ -355,16 +455,23 @@ def boot_pinned_profile(report: Any, recipe: Any) -> dict[str, Any]:
     mapping |= {"model": report.checkpoint.checkpoint_dir}  # a folder: no revision of the repo
     local = Path(report.report_dir) / "serve-profile.local.yaml"
     local.write_text(yaml.safe_dump(mapping, sort_keys=False))
-    spec = ProfileFileSpec(**ServerSpec(model_dir=report.checkpoint.checkpoint_dir, serve=recipe.serve).model_dump(),
-                           config_path=str(local))
+    spec = ProfileFileSpec(
+        **ServerSpec(model_dir=report.checkpoint.checkpoint_dir, serve=recipe.serve).model_dump(),
+        config_path=str(local),
+    )
     with vllm_server(spec, log_path=Path(report.report_dir) / "vllm-pinned-profile.log") as server:
         info = read_cache_info(server.get("/metrics"))
     validated = report.capacity.by_name(Boot.PRODUCTION)
     booted = int(info["num_gpu_blocks"]) * int(info["block_size"])
-    return {"kv_cache_memory_bytes": profile.kv_cache_memory_bytes, "needs_free_gib": gib(profile.needs_free_bytes),
-            "validated_kv_tokens": validated.kv_cache_tokens, "booted_kv_tokens": booted,
-            "same": booted == validated.kv_cache_tokens, "command": profile.command,
-            "elsewhere": [e.model_dump() for e in profile.elsewhere]}
+    return {
+        "kv_cache_memory_bytes": profile.kv_cache_memory_bytes,
+        "needs_free_gib": gib(profile.needs_free_bytes),
+        "validated_kv_tokens": validated.kv_cache_tokens,
+        "booted_kv_tokens": booted,
+        "same": booted == validated.kv_cache_tokens,
+        "command": profile.command,
+        "elsewhere": [e.model_dump() for e in profile.elsewhere],
+    }
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -377,21 +484,33 @@ def cmd_run(args: argparse.Namespace) -> None:
     if unknown:
         raise SystemExit(f"unknown stage(s) {sorted(unknown)}; choose from quantize, capacity, stress, flow")
     res = Results(Path(args.out), roots=(work_dir.parent, get_settings().serving_python.parent))
-    res.data.update(started=time.strftime("%Y-%m-%dT%H:%M:%S"), profile=profile["name"], stages_requested=stages,
-                    device=gpu.memory_info(0), serving_python=str(get_settings().serving_python))
+    res.data.update(
+        started=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        profile=profile["name"],
+        stages_requested=stages,
+        device=gpu.memory_info(0),
+        serving_python=str(get_settings().serving_python),
+    )
     res.data["versions"] = versions()
     log(f"versions: {res.data['versions']}")
     res.save()
     if args.dry_run:
         dry_run(profile, model_dir, res)
         return
-    build = wait_for_build(model_dir, Path(args.build_pid_file) if args.build_pid_file else None,
-                           args.build_timeout_s)
+    build = wait_for_build(
+        model_dir, Path(args.build_pid_file) if args.build_pid_file else None, args.build_timeout_s
+    )
     res.data["build"] = build
     res.save()
-    ctx = {"results": res, "profile": profile, "model_dir": model_dir, "work_dir": work_dir,
-           "methods": [m for m in args.methods.split(",") if m], "search": args.search,
-           "base_identity": f"local:{profile['name']}-seed{args.seed}"}
+    ctx = {
+        "results": res,
+        "profile": profile,
+        "model_dir": model_dir,
+        "work_dir": work_dir,
+        "methods": [m for m in args.methods.split(",") if m],
+        "search": args.search,
+        "base_identity": f"local:{profile['name']}-seed{args.seed}",
+    }
     t_all = time.monotonic()
     timings = res.data.setdefault("stage_seconds", {})
     for stage in stages:
@@ -427,12 +546,16 @@ def targets(d: dict) -> dict:
         out["planner_error_within_3pct"] = bool(errs) and all(abs(e) <= 3 for e in errs)
     st = d.get("stress")
     if st:
-        out["stress_no_5xx_no_oom"] = (st.get("errors_5xx") == 0 and not st.get("server_died")
-                                       and not st.get("server_restarts"))
+        out["stress_no_5xx_no_oom"] = (
+            st.get("errors_5xx") == 0 and not st.get("server_died") and not st.get("server_restarts")
+        )
         out["stress_passed"] = st.get("passed")
     base = d.get("gpu_memory_idle_baseline_gib")
-    afters = [q.get("gpu_memory_after_quantize_gib") for q in (d.get("quantize") or {}).values()
-              if isinstance(q, dict) and q.get("gpu_memory_after_quantize_gib") is not None]
+    afters = [
+        q.get("gpu_memory_after_quantize_gib")
+        for q in (d.get("quantize") or {}).values()
+        if isinstance(q, dict) and q.get("gpu_memory_after_quantize_gib") is not None
+    ]
     if base is not None and afters:
         out["gpu_memory_after_quantize_within_1gib"] = all(a - base <= 1.0 for a in afters)
     return out
@@ -441,20 +564,34 @@ def targets(d: dict) -> dict:
 def dry_run(profile: dict, model_dir: Path, res: Results) -> None:
     """Everything that needs no model and no GPU: recipes, planner, stress plan, the flow's imports."""
     import flows.pipeline  # noqa: F401 - Prefect (~2 s): the flow stage's imports, checked before device time
+
     shape = planner.ModelShape.from_config(profile["config"])
     total = device_total() or int(143771 * 1024**2)
     out = {}
     for method in ("awq", "gptq"):
         recipe = parse_recipe(model_recipe(profile, method, model_dir), base_dir=ROOT)
-        out[method] = {name: plan_for(recipe, profile["config"], name, block_size=16,
-                                      device_memory_bytes=total).model_dump(include={
-                           "kv_cache_tokens", "weights_bytes", "kv_cache_memory_bytes", "recommended_max_num_seqs"})
-                       for name in Boot}
+        out[method] = {
+            name: plan_for(
+                recipe, profile["config"], name, block_size=16, device_memory_bytes=total
+            ).model_dump(
+                include={
+                    "kv_cache_tokens",
+                    "weights_bytes",
+                    "kv_cache_memory_bytes",
+                    "recommended_max_num_seqs",
+                }
+            )
+            for name in Boot
+        }
     rec = out["awq"][Boot.PRODUCTION]["recommended_max_num_seqs"]
     recipe = parse_recipe(model_recipe(profile, "awq", model_dir, concurrency=min(rec, 256)), base_dir=ROOT)
     schedule = plan_traffic(recipe.gates.stress, recipe.serve, str(TOKENIZER), seed=0)
-    res.data["dry_run"] = {"parameters": shape.num_parameters(), "device_memory_bytes": total, "plans": out,
-                           "stress_schedule": [(c, len(p), sum(len(x.prompt) for x in p)) for c, p in schedule]}
+    res.data["dry_run"] = {
+        "parameters": shape.num_parameters(),
+        "device_memory_bytes": total,
+        "plans": out,
+        "stress_schedule": [(c, len(p), sum(len(x.prompt) for x in p)) for c, p in schedule],
+    }
     res.save()
     log(f"dry run: {json.dumps(res.data['dry_run'], indent=1)}")
 
@@ -477,7 +614,9 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--build-timeout-s", type=float, default=900)
     r.add_argument("--rehearse", action="store_true", help="CPU rehearsal with the reference model's shape")
     r.add_argument("--dry-run", action="store_true", help="recipes, planner, stress plan and imports only")
-    r.add_argument("--search", action="store_true", help="flow stage with serve.search on (result key flow_search)")
+    r.add_argument(
+        "--search", action="store_true", help="flow stage with serve.search on (result key flow_search)"
+    )
     f = sub.add_parser("flow-child", help=argparse.SUPPRESS)
     f.add_argument("--result", required=True)
     f.add_argument("--keep-memory-budget", action="store_true")

@@ -70,9 +70,11 @@ from scripts.local_stack import local_stack  # noqa: E402
 
 SCENARIO = load_scenario("llama3")
 PPL_TASK = SCENARIO["accuracy_tasks"]
-REDIRECTED = ("gates.accuracy.tasks: the held-out perplexity task (evals/tasks/qs_heldout_ppl.yaml) instead of "
-              "gsm8k, arc_challenge, hellaswag and mmlu: their data cannot be downloaded here, and random "
-              "weights cannot pass a meaningful accuracy gate; the gate is perplexity recovery")
+REDIRECTED = (
+    "gates.accuracy.tasks: the held-out perplexity task (evals/tasks/qs_heldout_ppl.yaml) instead of "
+    "gsm8k, arc_challenge, hellaswag and mmlu: their data cannot be downloaded here, and random "
+    "weights cannot pass a meaningful accuracy gate; the gate is perplexity recovery"
+)
 REHEARSE_OVERRIDES = SCENARIO["rehearse_overrides"]
 log = logger("llama3")
 
@@ -91,40 +93,74 @@ def cmd_run(args: argparse.Namespace) -> None:
     if args.rehearse:
         overrides.update(REHEARSE_OVERRIDES)
     serving_python = str(get_settings().serving_python)
-    res.data.update(started=time.strftime("%Y-%m-%dT%H:%M:%S"), rehearse=args.rehearse, device=gpu.memory_info(0),
-                    command=f"prefect deployment run quantize-serve/{DEPLOYMENT} --watch",
-                    deployment_parameters={"overrides": overrides}, redirected=REDIRECTED,
-                    weights="random bf16 weights of Llama-3-8B's shapes (seed 0): accuracy figures are not "
-                            "model quality; the gate is perplexity recovery", versions=versions())
+    res.data.update(
+        started=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        rehearse=args.rehearse,
+        device=gpu.memory_info(0),
+        command=f"prefect deployment run quantize-serve/{DEPLOYMENT} --watch",
+        deployment_parameters={"overrides": overrides},
+        redirected=REDIRECTED,
+        weights="random bf16 weights of Llama-3-8B's shapes (seed 0): accuracy figures are not "
+        "model quality; the gate is perplexity recovery",
+        versions=versions(),
+    )
     res.save()
-    res.data["build"] = wait_for_build(model_dir, Path(args.build_pid_file) if args.build_pid_file else None,
-                                       args.build_timeout_s)
+    res.data["build"] = wait_for_build(
+        model_dir, Path(args.build_pid_file) if args.build_pid_file else None, args.build_timeout_s
+    )
     baseline = gpu.device_used_bytes()
     res.data["gpu_memory_idle_baseline_gib"] = gib(baseline)
     res.save()
     t_all = time.monotonic()
-    extra = {"QS_RUNS_DIR": str(runs), "QS_WORK_DIR": str(work), "HF_DATASETS_OFFLINE": "0",
-             "HF_HOME": str(home / "hf-home")}  # a fresh HF cache: the dataset comes from the endpoint
+    extra = {
+        "QS_RUNS_DIR": str(runs),
+        "QS_WORK_DIR": str(work),
+        "HF_DATASETS_OFFLINE": "0",
+        "HF_HOME": str(home / "hf-home"),
+    }  # a fresh HF cache: the dataset comes from the endpoint
     with local_stack(home, hub_token=STACK_TOKEN, deploy=False, extra_env=extra) as stack:
         api = HfApi(endpoint=stack.hub_endpoint, token=STACK_TOKEN)
         t0 = time.monotonic()
         base_sha = publish_base(api, model_dir, home / "scratch")
-        if not (args.keep_model or args.rehearse):  # the Hub holds it now; the run downloads its own copy (disk: 64 GiB hosts)
+        if not (
+            args.keep_model or args.rehearse
+        ):  # the Hub holds it now; the run downloads its own copy (disk: 64 GiB hosts)
             for shard in model_dir.glob("*.safetensors"):
                 shard.unlink()
         res.data["disk_free_gib_after_publish"] = gib(shutil.disk_usage(state).free)
         c = recipe.calibration
-        publish_ultrachat(api, repo_id=c.dataset, train_sft=2 * c.num_samples)  # split train_sft, as the recipe
-        res.data["hub_setup"] = {"base_model": BASE_ID, "base_sha": base_sha, "calibration_dataset": c.dataset,
-                                 "split": c.split, "seconds": round(time.monotonic() - t0, 1)}
-        log(f"local Hub: {BASE_ID}@{base_sha[:12]}, {c.dataset}:{c.split} ({res.data['hub_setup']['seconds']} s)")
-        stack.prefect("--no-prompt", "deploy", "--name", DEPLOYMENT,
-                      "--param", f"overrides={json.dumps(overrides)}",
-                      "--job-variable", json.dumps({"env": deployment_env(serving_python)}))
+        publish_ultrachat(
+            api, repo_id=c.dataset, train_sft=2 * c.num_samples
+        )  # split train_sft, as the recipe
+        res.data["hub_setup"] = {
+            "base_model": BASE_ID,
+            "base_sha": base_sha,
+            "calibration_dataset": c.dataset,
+            "split": c.split,
+            "seconds": round(time.monotonic() - t0, 1),
+        }
+        log(
+            f"local Hub: {BASE_ID}@{base_sha[:12]}, {c.dataset}:{c.split} "
+            f"({res.data['hub_setup']['seconds']} s)"
+        )
+        stack.prefect(
+            "--no-prompt",
+            "deploy",
+            "--name",
+            DEPLOYMENT,
+            "--param",
+            f"overrides={json.dumps(overrides)}",
+            "--job-variable",
+            json.dumps({"env": deployment_env(serving_python)}),
+        )
         t0 = time.monotonic()
         with gpu.PeakMemorySampler() as peak:
-            rc, output, run_id = stack.run_deployment(DEPLOYMENT, pool="gpu", timeout=args.timeout_s,
-                                                      echo=lambda line: print(line[:300], flush=True))
+            rc, output, run_id = stack.run_deployment(
+                DEPLOYMENT,
+                pool="gpu",
+                timeout=args.timeout_s,
+                echo=lambda line: print(line[:300], flush=True),
+            )
         wall = round(time.monotonic() - t0, 1)
         (state / "llama3-watch.log").write_text(output)
         flow, stages = stage_seconds(stack.api_url, run_id) if run_id else ({}, {})
@@ -134,8 +170,14 @@ def cmd_run(args: argparse.Namespace) -> None:
         tags = {}
         if release.get("repo_id"):
             tags = {t.name: t.target_commit for t in api.list_repo_refs(release["repo_id"]).tags}
-        downloaded = sorted({str(p.relative_to(snap)) for snap in (work / "hub").glob("models--*/snapshots/*")
-                             for p in snap.rglob("*") if p.is_file()})
+        downloaded = sorted(
+            {
+                str(p.relative_to(snap))
+                for snap in (work / "hub").glob("models--*/snapshots/*")
+                for p in snap.rglob("*")
+                if p.is_file()
+            }
+        )
     after = gpu.device_used_bytes()
     for _ in range(30):  # the stack is stopped: the GPU should be back at the idle baseline
         if after is None or baseline is None or after - baseline <= GIB // 4:
@@ -144,23 +186,38 @@ def cmd_run(args: argparse.Namespace) -> None:
         after = gpu.device_used_bytes()
     decision = report.get("decision") or {}
     res.data.update(
-        exit_code=rc, wall_seconds=wall, flow=flow, stage_seconds=stages,
+        exit_code=rc,
+        wall_seconds=wall,
+        flow=flow,
+        stage_seconds=stages,
         decision="passed" if decision.get("passed") else ("rejected" if decision else None),
-        reasons=[f"{c['check']}: {'pass' if c['passed'] else 'FAIL'}: {c['reason']}" for c in decision.get("checks", [])],
+        reasons=[
+            f"{c['check']}: {'pass' if c['passed'] else 'FAIL'}: {c['reason']}"
+            for c in decision.get("checks", [])
+        ],
         release={k: release.get(k) for k in ("status", "repo_id", "ref", "commit_sha")},
         hub_tags=tags,
-        promoted_tag_is_gated_commit=bool(release.get("commit_sha")) and tags.get(recipe.hub.release_ref) == release.get("commit_sha"),
+        promoted_tag_is_gated_commit=bool(release.get("commit_sha"))
+        and tags.get(recipe.hub.release_ref) == release.get("commit_sha"),
         base_download_files=downloaded,
         original_folder_downloaded=any(n.startswith("original/") for n in downloaded),
-        capacity={c["name"]: {k: c.get(k) for k in ("kv_cache_tokens", "max_concurrency", "weights_bytes")}
-                  for c in (report.get("capacity") or {}).get("configs", [])},
-        gpu_memory_peak_gib=gib(peak.peak), gpu_memory_after_gib=gib(after),
-        gpu_memory_back_at_baseline=None if after is None or baseline is None else after - baseline <= GIB // 4,
-        total_seconds=round(time.monotonic() - t_all, 1), finished=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        capacity={
+            c["name"]: {k: c.get(k) for k in ("kv_cache_tokens", "max_concurrency", "weights_bytes")}
+            for c in (report.get("capacity") or {}).get("configs", [])
+        },
+        gpu_memory_peak_gib=gib(peak.peak),
+        gpu_memory_after_gib=gib(after),
+        gpu_memory_back_at_baseline=None
+        if after is None or baseline is None
+        else after - baseline <= GIB // 4,
+        total_seconds=round(time.monotonic() - t_all, 1),
+        finished=time.strftime("%Y-%m-%dT%H:%M:%S"),
     )
     res.save()
-    log(f"done: rc {rc}, {flow.get('state')}, decision {res.data['decision']}, release {release.get('status')}, "
-        f"tags {tags}, wall {wall} s")
+    log(
+        f"done: rc {rc}, {flow.get('state')}, decision {res.data['decision']}, release "
+        f"{release.get('status')}, tags {tags}, wall {wall} s"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -74,14 +74,17 @@ def run_overrides(on_gpu: bool) -> tuple[dict[str, Any], str]:
     """The recipe overrides of this run and why: GPU mode on a GPU (as the gpu tier and the demo run the
     tiny recipes), else what this CPU's vLLM serves (``servable_overrides``; none where it serves W4A16)."""
     if on_gpu:
-        return dict(GPU_OVERRIDES), ("GPU mode: no serve.memory_budget, vLLM sizes each boot's KV cache from "
-                                     "gpu_memory_utilization, as production does")
+        return dict(GPU_OVERRIDES), (
+            "GPU mode: no serve.memory_budget, vLLM sizes each boot's KV cache from "
+            "gpu_memory_utilization, as production does"
+        )
     overrides, why = servable_overrides()
     return overrides, why or "CPU: the recipe's own settings (serve.memory_budget)"
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` items as recipe overrides (dotted keys, YAML values: ``serve.max_num_seqs=8`` is an int)."""
+    """``KEY=VALUE`` items as recipe overrides (dotted keys, YAML values: ``serve.max_num_seqs=8`` is an
+    int)."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -119,38 +122,75 @@ def read_report(report_path: Path, *, platform: str) -> dict[str, Any]:
     for boot in Boot:
         path = folder / f"vllm-{boot}.log"
         text = read_log(path)
-        kernels[str(boot)] = {"log": path.name if text else None, **(formats.kernel_report(
-            text, scheme if boot.quantized else "bf16", platform) if text else {})}
+        kernels[str(boot)] = {
+            "log": path.name if text else None,
+            **(formats.kernel_report(text, scheme if boot.quantized else "bf16", platform) if text else {}),
+        }
     capacity = report.capacity
     checks = {p.name: p for p in capacity.planner} if capacity else {}
-    rows = [] if capacity is None else [
-        {"name": str(c.name), "kv_cache_dtype": c.kv_cache_dtype, "tensor_parallel_size": c.tensor_parallel_size,
-         "weights_bytes": c.weights_bytes, "kv_cache_memory_bytes": c.kv_cache_memory_bytes,
-         "kv_cache_tokens": c.kv_cache_tokens, "block_size": c.block_size, "max_model_len": c.max_model_len,
-         "max_concurrency": c.max_concurrency, "boot_seconds": c.boot_seconds,
-         "planner_kv_tokens": checks[c.name].predicted_kv_tokens if c.name in checks else None,
-         "planner_error_pct": checks[c.name].error_pct if c.name in checks else None}
-        for c in capacity.configs]
+    rows = (
+        []
+        if capacity is None
+        else [
+            {
+                "name": str(c.name),
+                "kv_cache_dtype": c.kv_cache_dtype,
+                "tensor_parallel_size": c.tensor_parallel_size,
+                "weights_bytes": c.weights_bytes,
+                "kv_cache_memory_bytes": c.kv_cache_memory_bytes,
+                "kv_cache_tokens": c.kv_cache_tokens,
+                "block_size": c.block_size,
+                "max_model_len": c.max_model_len,
+                "max_concurrency": c.max_concurrency,
+                "boot_seconds": c.boot_seconds,
+                "planner_kv_tokens": checks[c.name].predicted_kv_tokens if c.name in checks else None,
+                "planner_error_pct": checks[c.name].error_pct if c.name in checks else None,
+            }
+            for c in capacity.configs
+        ]
+    )
     release = report.release
     model = capacity.model if capacity else None
     return {
-        "run_id": report.run_id, "recipe": report.recipe, "overrides": report.overrides,
-        "hardware": report.hardware, "vllm_version": report.vllm_version, "report_dir": folder.name,
+        "run_id": report.run_id,
+        "recipe": report.recipe,
+        "overrides": report.overrides,
+        "hardware": report.hardware,
+        "vllm_version": report.vllm_version,
+        "report_dir": folder.name,
         "decision": "passed" if report.decision.passed else "rejected",
-        "reasons": [f"{c.check}: {'pass' if c.passed else 'FAIL'}: {c.reason}" for c in report.decision.checks],
-        "release": None if release is None else release.model_dump(
-            include={"status", "repo_id", "ref", "commit_sha", "candidate_sha", "rejection_tag"}),
+        "reasons": [
+            f"{c.check}: {'pass' if c.passed else 'FAIL'}: {c.reason}" for c in report.decision.checks
+        ],
+        "release": None
+        if release is None
+        else release.model_dump(
+            include={"status", "repo_id", "ref", "commit_sha", "candidate_sha", "rejection_tag"}
+        ),
         "quantization": report.checkpoint.model_dump(
-            include={"method", "scheme", "device", "placement", "seconds", "base_bytes", "quantized_bytes"}),
+            include={"method", "scheme", "device", "placement", "seconds", "base_bytes", "quantized_bytes"}
+        ),
         "model": None if model is None else {**model.model_dump(), "summary": model.parameters_line()},
-        "capacity": None if capacity is None else {
-            "method": capacity.method, "rows": rows, "freed_weight_bytes": capacity.freed_weight_bytes,
-            "fp8_token_ratio": capacity.fp8_token_ratio, "gain_quantized": capacity.gain_quantized,
-            "gain_fp8": capacity.gain_fp8, "fp8_kv_unavailable": capacity.fp8_kv_unavailable},
-        "kernels": kernels, "platform": platform,
-        "expected_moe_methods": list(formats.EXPECTED_MOE_METHODS.get((platform, formats.FAMILY.get(scheme, "")), ())),
-        "accuracy": [{"task": Path(c.task).stem, "metric": c.metric, "recovery": c.recovery, "passed": c.passed}
-                     for c in report.accuracy],
+        "capacity": None
+        if capacity is None
+        else {
+            "method": capacity.method,
+            "rows": rows,
+            "freed_weight_bytes": capacity.freed_weight_bytes,
+            "fp8_token_ratio": capacity.fp8_token_ratio,
+            "gain_quantized": capacity.gain_quantized,
+            "gain_fp8": capacity.gain_fp8,
+            "fp8_kv_unavailable": capacity.fp8_kv_unavailable,
+        },
+        "kernels": kernels,
+        "platform": platform,
+        "expected_moe_methods": list(
+            formats.EXPECTED_MOE_METHODS.get((platform, formats.FAMILY.get(scheme, "")), ())
+        ),
+        "accuracy": [
+            {"task": Path(c.task).stem, "metric": c.metric, "recovery": c.recovery, "passed": c.passed}
+            for c in report.accuracy
+        ],
         "stress": stress_summary(report.stress),
     }
 
@@ -161,7 +201,9 @@ def targets(result: dict[str, Any]) -> dict[str, bool | None]:
     release = result.get("release") or {}
     is_moe = bool((result.get("model") or {}).get("num_moe_layers"))
     expected = result.get("expected_moe_methods") or []
-    quantized = [k for name, k in (result.get("kernels") or {}).items() if name != str(Boot.BASE) and k.get("log")]
+    quantized = [
+        k for name, k in (result.get("kernels") or {}).items() if name != str(Boot.BASE) and k.get("log")
+    ]
     served = [m for k in quantized for m in k.get("moe_methods", [])]
     return {
         "completed": result.get("state") == "COMPLETED",
@@ -169,7 +211,8 @@ def targets(result: dict[str, Any]) -> dict[str, bool | None]:
         "release_ref_on_gated_commit": bool(release.get("commit_sha"))
         and (result.get("hub_tags") or {}).get(release.get("ref")) == release.get("commit_sha"),
         "kernel_check_passed": bool(quantized) and all(k.get("kernel_check") == "passed" for k in quantized),
-        "experts_on_marlin_moe": (bool(served) and all(m in expected for m in served)) if is_moe and expected
+        "experts_on_marlin_moe": (bool(served) and all(m in expected for m in served))
+        if is_moe and expected
         else None,
     }
 
@@ -185,14 +228,20 @@ def run_flow(recipe_path: Path, overrides: dict[str, Any], work: Path) -> dict[s
     from huggingface_hub import HfApi  # ~0.5 s: only the run needs it
 
     get_settings.cache_clear()  # QS_RUNS_DIR and QS_WORK_DIR are set by main
-    with start_local_hub(work / "hub", tokens=(TOKEN,)) as hub, hub_client_env(hub.endpoint, cache_dir=work / "hf-cache"):
+    with (
+        start_local_hub(work / "hub", tokens=(TOKEN,)) as hub,
+        hub_client_env(hub.endpoint, cache_dir=work / "hf-cache"),
+    ):
         os.environ["HF_TOKEN"] = TOKEN
         from flows.pipeline import quantize_serve  # Prefect (~2 s), once PREFECT_HOME and the Hub are set
 
         t0 = time.monotonic()
         state = quantize_serve(str(recipe_path), overrides=overrides, return_state=True)
-        out: dict[str, Any] = {"state": state.type.value, "state_message": state.message,
-                               "flow_seconds": round(time.monotonic() - t0, 1)}
+        out: dict[str, Any] = {
+            "state": state.type.value,
+            "state_message": state.message,
+            "flow_seconds": round(time.monotonic() - t0, 1),
+        }
         report = state.result(raise_on_failure=False)
         if isinstance(report, RunReport):
             out["report_path"] = str(Path(report.report_dir) / "report.json")
@@ -206,19 +255,32 @@ def run_flow(recipe_path: Path, overrides: dict[str, Any], work: Path) -> dict[s
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--recipe", default=RECIPE, help=f"default {RECIPE}; recipes/tiny-llama-awq.yaml rehearses "
-                   "the driver on a CPU")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="one more recipe override, dotted key and a YAML value (e.g. quantization.scheme=W4A16); "
-                   "the report lists it")
+    p.add_argument(
+        "--recipe",
+        default=RECIPE,
+        help=f"default {RECIPE}; recipes/tiny-llama-awq.yaml rehearses the driver on a CPU",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more recipe override, dotted key and a YAML value (e.g. quantization.scheme=W4A16); "
+        "the report lists it",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/h200_moe.json")
-    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "qs-h200-moe",
-                   help="the run's folders: Prefect home, local Hub, checkpoints, runs")
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "qs-h200-moe",
+        help="the run's folders: Prefect home, local Hub, checkpoints, runs",
+    )
     args = p.parse_args(argv)
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    os.environ.update(QS_RUNS_DIR=str(work / "runs"), QS_WORK_DIR=str(work / "work"),
-                      PREFECT_HOME=str(work / "prefect"))
+    os.environ.update(
+        QS_RUNS_DIR=str(work / "runs"), QS_WORK_DIR=str(work / "work"), PREFECT_HOME=str(work / "prefect")
+    )
     os.environ.pop("PREFECT_API_URL", None)  # a local, temporary API, as `quantize-serve run` uses
     recipe_path = (ROOT / args.recipe) if not Path(args.recipe).is_absolute() else Path(args.recipe)
     on_gpu = gpu.usable_memory_bytes() is not None
@@ -226,14 +288,21 @@ def main(argv: list[str] | None = None) -> int:
     overrides, why = run_overrides(on_gpu)
     overrides.update(parse_sets(args.set))
     res = Results(args.out, roots=(work,))
-    res.data = {"benchmark": "h200_moe", "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "recipe_file": args.recipe,
-                "run_overrides": overrides, "why": why, "device": gpu.describe_devices() or "no GPU",
-                "platform": platform}
+    res.data = {
+        "benchmark": "h200_moe",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "recipe_file": args.recipe,
+        "run_overrides": overrides,
+        "why": why,
+        "device": gpu.describe_devices() or "no GPU",
+        "platform": platform,
+    }
     log(f"{args.recipe} on {res.data['device']} ({platform}); overrides {overrides}: {why}")
     refusal = host_refusal(recipe_path, overrides)
     if refusal:
-        res.data.update(status="refused before the run", refusal=refusal,
-                        finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        res.data.update(
+            status="refused before the run", refusal=refusal, finished=time.strftime("%Y-%m-%dT%H:%M:%S")
+        )
         res.save()
         print(refusal, file=sys.stderr)
         log(f"refused before the run (nothing started); written to {args.out}")
@@ -248,19 +317,31 @@ def main(argv: list[str] | None = None) -> int:
     if flow.get("report_path") and Path(flow["report_path"]).is_file():
         res.data.update(read_report(Path(flow["report_path"]), platform=platform))
     after = gpu.device_used_bytes()
-    res.data.update(status="finished", wall_seconds=round(time.monotonic() - t0, 1),
-                    gpu_memory_idle_baseline_gib=gib(baseline), gpu_memory_peak_gib=gib(peak.peak),
-                    gpu_memory_after_gib=gib(after), finished=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    res.data.update(
+        status="finished",
+        wall_seconds=round(time.monotonic() - t0, 1),
+        gpu_memory_idle_baseline_gib=gib(baseline),
+        gpu_memory_peak_gib=gib(peak.peak),
+        gpu_memory_after_gib=gib(after),
+        finished=time.strftime("%Y-%m-%dT%H:%M:%S"),
+    )
     res.data["targets"] = targets(res.data)
     res.save()
     for row in (res.data.get("capacity") or {}).get("rows", []):
-        log(f"capacity {row['name']}: {row['kv_cache_tokens']:,} KV tokens (planner {row['planner_kv_tokens']}, "
-            f"{row['planner_error_pct']}%)")
+        log(
+            f"capacity {row['name']}: {row['kv_cache_tokens']:,} KV tokens (planner "
+            f"{row['planner_kv_tokens']}, {row['planner_error_pct']}%)"
+        )
     for name, k in (res.data.get("kernels") or {}).items():
-        log(f"kernels {name}: {k.get('kernels')} {k.get('moe_methods')} backends {k.get('moe_backends')}: "
-            f"{k.get('kernel_check')}")
-    log(f"{res.data['state']} in {res.data['wall_seconds']} s; decision {res.data.get('decision')}, release "
-        f"{(res.data.get('release') or {}).get('status')}; targets {res.data['targets']}; written to {args.out}")
+        log(
+            f"kernels {name}: {k.get('kernels')} {k.get('moe_methods')} backends {k.get('moe_backends')}: "
+            f"{k.get('kernel_check')}"
+        )
+    log(
+        f"{res.data['state']} in {res.data['wall_seconds']} s; decision {res.data.get('decision')}, release "
+        f"{(res.data.get('release') or {}).get('status')}; targets {res.data['targets']}; written to "
+        f"{args.out}"
+    )
     return 0 if all(v is not False for v in res.data["targets"].values()) else 1
 
 

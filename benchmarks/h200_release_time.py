@@ -26,15 +26,15 @@ Four runs, one local stack (Prefect server, `gpu` pool, local Hub):
    Hub repo of its own (``-manual``): ``hf download`` of the base (without original/); an llm-compressor
    ``oneshot`` script the way its examples write one (the model loaded in bf16; the llm-compressor recipe
    the flow builds, the rows the flow calibrates on from the local Hub with ``datasets``, rendered with the
-   chat template, and oneshot's arguments and placement as the flow sets them: the model on the GPU); ``hf upload`` of the checkpoint started right after, in
-   the background (the flow pushes beside the boots too); ``vllm serve`` base (16-bit KV), ``/metrics``,
-   one ``lm_eval --model local-completions`` for the whole task set (one group file with each task's
-   few-shot count, the limits as ``--samples``); ``vllm serve`` W4A16 16-bit KV, ``/metrics``; ``vllm
-   serve`` W4A16 fp8 KV, ``/metrics``, the same ``lm_eval``, the stress ramp by ``vllm bench serve`` with
-   the over-long prompts by hand, the final ``vllm bench serve``; then, the upload done, ``hf repos tag
-   create`` of the release ref. One boot per configuration, the serve settings as the recipe says them.
-   Timed from the first command to the tag (the flow's wall ends after its promotion too);
-   ``decision_inputs_seconds`` is the time to the last figure the decision reads (the fp8 boot done, the
+   chat template, and oneshot's arguments and placement as the flow sets them: the model on the GPU); ``hf
+   upload`` of the checkpoint started right after, in the background (the flow pushes beside the boots too);
+   ``vllm serve`` base (16-bit KV), ``/metrics``, one ``lm_eval --model local-completions`` for the whole task
+   set (one group file with each task's few-shot count, the limits as ``--samples``); ``vllm serve`` W4A16
+   16-bit KV, ``/metrics``; ``vllm serve`` W4A16 fp8 KV, ``/metrics``, the same ``lm_eval``, the stress ramp
+   by ``vllm bench serve`` with the over-long prompts by hand, the final ``vllm bench serve``; then, the
+   upload done, ``hf repos tag create`` of the release ref. One boot per configuration, the serve settings as
+   the recipe says them. Timed from the first command to the tag (the flow's wall ends after its promotion
+   too); ``decision_inputs_seconds`` is the time to the last figure the decision reads (the fp8 boot done, the
    upload done). ``ratio_vs_careful_manual`` = first_release wall / manual wall, whenever both are in
    --out, with the session (its start) and date each came from (``ratio_vs_careful_manual_from``); a
    manual run cut short (its record is saved after every stage) bounds it instead: ``ratio_at_most``.
@@ -111,8 +111,11 @@ SCENARIO = load_scenario("release-time")
 TASKS = SCENARIO["tasks"]
 SMOKE_LIMITS, SMOKE_DATA = SCENARIO["smoke_limits"], SCENARIO["smoke_data"]
 # CPU smoke: the llama3 scenario's CPU rehearsal, lm-eval's concurrency as the gate resolves it
-SMOKE_OVERRIDES = {k: v for k, v in load_scenario("llama3")["rehearse_overrides"].items()
-                   if k != "gates.accuracy.num_concurrent"}
+SMOKE_OVERRIDES = {
+    k: v
+    for k, v in load_scenario("llama3")["rehearse_overrides"].items()
+    if k != "gates.accuracy.num_concurrent"
+}
 BASELINE_ENV = SCENARIO["baseline_env"]
 RUNS = ("baseline", "first_release", "re_release", "manual")
 FLOW_RUNS = RUNS[:3]
@@ -124,26 +127,42 @@ CALIBRATION_LINE = re.compile(r"(\d+) calibration samples, (\d+) tokens")
 # What a run's streamed log says as it goes: kept under "cut_short" until the run ends, so a run that a
 # session's end cuts short still leaves its stages (the final record replaces it)
 STAGE_LINE = re.compile(r"stage done: (.+?)\s*$")
-PROGRESS_LINE = re.compile(r"booting vLLM \([^)]+\)|vLLM \([^)]+\) healthy\b.*"
-                           r"|lm-eval \S+: .+ documents in .*|\d+ calibration samples, \d+ tokens")
+PROGRESS_LINE = re.compile(
+    r"booting vLLM \([^)]+\)|vLLM \([^)]+\) healthy\b.*"
+    r"|lm-eval \S+: .+ documents in .*|\d+ calibration samples, \d+ tokens"
+)
 log = logger("release")
 
 
 def boot_logs(run_dir: Path) -> list[dict[str, Any]]:
     """Each vLLM boot of a run: its compile-cache hits and compiles, as vLLM logged them."""
-    return [{"boot": path.stem.removeprefix("vllm-"), **compile_summary(read_log(path))}
-            for path in sorted(run_dir.rglob("vllm-*.log"))]
+    return [
+        {"boot": path.stem.removeprefix("vllm-"), **compile_summary(read_log(path))}
+        for path in sorted(run_dir.rglob("vllm-*.log"))
+    ]
 
 
-def one_run(stack: Any, res: Results, name: str, *, overrides: dict[str, Any], env: dict[str, str],
-            runs: Path, timeout_s: float, session: str) -> None:
+def one_run(
+    stack: Any,
+    res: Results,
+    name: str,
+    *,
+    overrides: dict[str, Any],
+    env: dict[str, str],
+    runs: Path,
+    timeout_s: float,
+    session: str,
+) -> None:
     before = set(runs.glob("*/report.json"))
     t0 = time.monotonic()
     last_line = [t0]
     progress: dict[str, Any] = {
         "state": "cut short: the session's device time ended before the run did; seconds since the command "
-                 "started, as its log streamed them",
-        "session_started": session, "stage_done_at": {}, "log": []}
+        "started, as its log streamed them",
+        "session_started": session,
+        "stage_done_at": {},
+        "log": [],
+    }
 
     def echo(line: str) -> None:
         last_line[0] = now = time.monotonic()
@@ -158,8 +177,13 @@ def one_run(stack: Any, res: Results, name: str, *, overrides: dict[str, Any], e
         res.save()
 
     rc, output, run_id = stack.run_deployment(
-        DEPLOYMENT, pool="gpu", params={"overrides": json.dumps(overrides)}, job_variables={"env": env},
-        timeout=timeout_s, echo=echo)
+        DEPLOYMENT,
+        pool="gpu",
+        params={"overrides": json.dumps(overrides)},
+        job_variables={"env": env},
+        timeout=timeout_s,
+        echo=echo,
+    )
     # The command's wall ends with its last line (the run's final state); what follows is this harness
     # stopping the worker it started for the run (up to 30 s), no part of the release.
     driver = round(time.monotonic() - t0, 1)
@@ -173,22 +197,34 @@ def one_run(stack: Any, res: Results, name: str, *, overrides: dict[str, Any], e
     decision = report.get("decision") or {}
     res.data.setdefault("cut_short", {}).pop(name, None)
     res.data["runs"][name] = {
-        "measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "session_started": session,
-        "exit_code": rc, "wall_seconds": wall, "driver_seconds": driver, "flow": flow, "stage_seconds": stages,
-        "calibration": {"samples": int(calibration[1]), "tokens": int(calibration[2])} if calibration else None,
+        "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "session_started": session,
+        "exit_code": rc,
+        "wall_seconds": wall,
+        "driver_seconds": driver,
+        "flow": flow,
+        "stage_seconds": stages,
+        "calibration": {"samples": int(calibration[1]), "tokens": int(calibration[2])}
+        if calibration
+        else None,
         "tasks": [t.get("task") for t in overrides.get("gates.accuracy.tasks", [])],
         "accuracy_task_seconds": {},
         "boots": boot_logs(run_dir) if run_dir else [],
-        "boot_seconds": {c["name"]: c["boot_seconds"] for c in (report.get("capacity") or {}).get("configs", [])},
+        "boot_seconds": {
+            c["name"]: c["boot_seconds"] for c in (report.get("capacity") or {}).get("configs", [])
+        },
         "base_reused_from": report.get("base_reused_from"),
         "decision": "passed" if decision.get("passed") else ("rejected" if decision else None),
-        "environment": env, "overrides": overrides,
+        "environment": env,
+        "overrides": overrides,
     }
     for side in ("accuracy-base", "accuracy-quantized"):
         summary = run_dir / side / "accuracy_run.json" if run_dir else None
         if summary and summary.is_file():
             tasks = json.loads(summary.read_text())["tasks"]
-            res.data["runs"][name]["accuracy_task_seconds"][side] = {k: v["seconds"] for k, v in tasks.items()}
+            res.data["runs"][name]["accuracy_task_seconds"][side] = {
+                k: v["seconds"] for k, v in tasks.items()
+            }
     res.save()
     log(f"{name}: rc {rc}, wall {wall} s, stages {stages}")
 
@@ -198,24 +234,26 @@ def one_run(stack: Any, res: Results, name: str, *, overrides: dict[str, Any], e
 # --------------------------------------------------------------------------------------------
 
 MANUAL_NOTE = (
-    "manual: first_release's work by hand, the engines' own commands built from the same recipe and overrides "
-    "(benchmarks/manual.py), one vLLM boot per configuration, one lm_eval invocation per boot for the whole task "
-    "set (a group file: each task's few-shot count; the limits as --samples, the first documents --limit takes), "
-    "a fresh work dir (empty vLLM compile cache) and a Hub repo of its own. Timed from the first command (hf "
-    "download) to the release tag (hf repos tag create), as the flow's wall runs to its promotion; the upload "
-    "(hf upload) runs in the background from the checkpoint's save to the tag, as the flow pushes beside the "
-    "boots. The oneshot script is llm-compressor's examples' way with the flow's own settings: the "
-    "llm-compressor recipe, oneshot's arguments (AWQ's single sequential pass, quantize/run.py "
-    "MEASURED_PIPELINES) and the placement (on a GPU the model and its activations on the device, as the flow "
-    "places a model that fits): the two paths differ in how the steps run, not in how llm-compressor is set. "
-    "The flow's own are its boots' imports started ahead (QS_PREPARE_BOOTS). Flow steps with no manual twin: "
-    "validate (the recipe, the Hub and the calibration rows checked before anything heavy), the decision's "
-    "arithmetic (recoveries, checks: the manual path records the figures and a person reads them, untimed), "
-    "the model card and serving profile pushed with the candidate, the report and the release history. The "
-    "flow's production boot serves the checkpoint under its repo id (a Hub-cache layout, for the compile "
-    "cache production reads); by hand it is served from its folder. After the flow's runs of its session "
-    "(preceded_by), the host's page cache and the stack's datasets cache are warm for the manual run; alone "
-    "in its session it starts as cold as first_release does when that runs first.")
+    "manual: first_release's work by hand, the engines' own commands built from the same recipe and "
+    "overrides (benchmarks/manual.py), one vLLM boot per configuration, one lm_eval invocation per boot for "
+    "the whole task set (a group file: each task's few-shot count; the limits as --samples, the first "
+    "documents --limit takes), a fresh work dir (empty vLLM compile cache) and a Hub repo of its own. Timed "
+    "from the first command (hf download) to the release tag (hf repos tag create), as the flow's wall runs "
+    "to its promotion; the upload (hf upload) runs in the background from the checkpoint's save to the tag, "
+    "as the flow pushes beside the boots. The oneshot script is llm-compressor's examples' way with the "
+    "flow's own settings: the llm-compressor recipe, oneshot's arguments (AWQ's single sequential pass, "
+    "quantize/run.py MEASURED_PIPELINES) and the placement (on a GPU the model and its activations on the "
+    "device, as the flow places a model that fits): the two paths differ in how the steps run, not in how "
+    "llm-compressor is set. The flow's own are its boots' imports started ahead (QS_PREPARE_BOOTS). Flow "
+    "steps with no manual twin: validate (the recipe, the Hub and the calibration rows checked before "
+    "anything heavy), the decision's arithmetic (recoveries, checks: the manual path records the figures and "
+    "a person reads them, untimed), the model card and serving profile pushed with the candidate, the report "
+    "and the release history. The flow's production boot serves the checkpoint under its repo id (a "
+    "Hub-cache layout, for the compile cache production reads); by hand it is served from its folder. After "
+    "the flow's runs of its session (preceded_by), the host's page cache and the stack's datasets cache are "
+    "warm for the manual run; alone in its session it starts as cold as first_release does when that runs "
+    "first."
+)
 
 
 class Marks:
@@ -248,43 +286,79 @@ def lm_eval_settings(recipe: Any, tasks_dir: Path) -> dict[str, Any]:
     group, samples = m.gate_group(gate.tasks)
     tasks_dir.mkdir(parents=True, exist_ok=True)
     (tasks_dir / f"{m.GATE_GROUP}.yaml").write_text(group)
-    settings: dict[str, Any] = {"tasks": [m.GATE_GROUP], "batch_size": gate.batch_size, "include_path": tasks_dir,
-                                "concurrent": lm_eval_concurrency(gate, recipe.serve),
-                                "max_length": recipe.serve.max_model_len}
+    settings: dict[str, Any] = {
+        "tasks": [m.GATE_GROUP],
+        "batch_size": gate.batch_size,
+        "include_path": tasks_dir,
+        "concurrent": lm_eval_concurrency(gate, recipe.serve),
+        "max_length": recipe.serve.max_model_len,
+    }
     if samples:
         (tasks_dir / "samples.json").write_text(json.dumps(samples))
         settings["samples"] = tasks_dir / "samples.json"
     return settings
 
 
-def manual_run(res: Results, *, recipe: Any, overrides: dict[str, Any], env: dict[str, str], work: Path,
-               serving_python: Path, session: str, preceded_by: list[str], ready_timeout_s: float) -> None:
+def manual_run(
+    res: Results,
+    *,
+    recipe: Any,
+    overrides: dict[str, Any],
+    env: dict[str, str],
+    work: Path,
+    serving_python: Path,
+    session: str,
+    preceded_by: list[str],
+    ready_timeout_s: float,
+) -> None:
     """first_release's work by hand (the module doc, run 4); the record is saved as it goes, so a failure
     leaves the stages done so far (``complete`` false)."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    env = {**env, "VLLM_CACHE_ROOT": str(work / "vllm-cache"),  # a fresh compile cache, as first_release's
-           "HF_HUB_DISABLE_UPDATE_CHECK": "1"}  # the hf CLI asks PyPI for a newer version otherwise
+    env = {
+        **env,
+        "VLLM_CACHE_ROOT": str(work / "vllm-cache"),  # a fresh compile cache, as first_release's
+        "HF_HUB_DISABLE_UPDATE_CHECK": "1",
+    }  # the hf CLI asks PyPI for a newer version otherwise
     base, ckpt, hub, serve = work / "base", work / "ckpt", recipe.hub, recipe.serve
     # Written before the clock starts, as a person has them ready: the llm-compressor recipe, the script,
     # the lm-eval group file.
     (work / "recipe.yaml").write_text(build_llmcompressor_recipe(recipe.quantization))
     # On a GPU the model goes on it, as the flow places a model that fits (an 8B on an H200: 9 times over).
-    params = m.oneshot_params(recipe, base, ckpt, work / "recipe.yaml",
-                              device="cuda:0" if gpu.usable_memory_bytes() is not None else None)
+    params = m.oneshot_params(
+        recipe,
+        base,
+        ckpt,
+        work / "recipe.yaml",
+        device="cuda:0" if gpu.usable_memory_bytes() is not None else None,
+    )
     (work / "oneshot.py").write_text(m.oneshot_script(params))
     evaluate = lm_eval_settings(recipe, work / "lm-eval-tasks")
     marks, commands, steps = Marks(), {}, {}
     record: dict[str, Any] = {
-        "measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "session_started": session, "preceded_by": preceded_by,
-        "complete": False, "wall_seconds": None, "decision_inputs_seconds": None, "elapsed_seconds": 0.0,
+        "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "session_started": session,
+        "preceded_by": preceded_by,
+        "complete": False,
+        "wall_seconds": None,
+        "decision_inputs_seconds": None,
+        "elapsed_seconds": 0.0,
         "stage_seconds": marks.stages,
-        "step_seconds": steps, "calibration": None, "tasks": [t.task for t in recipe.gates.accuracy.tasks],
-        "boots": [], "boot_seconds": {}, "capacity": {}, "base_reused_from": None, "decision": None,
-        "repo_id": hub.repo_id, "commands": commands,
+        "step_seconds": steps,
+        "calibration": None,
+        "tasks": [t.task for t in recipe.gates.accuracy.tasks],
+        "boots": [],
+        "boot_seconds": {},
+        "capacity": {},
+        "base_reused_from": None,
+        "decision": None,
+        "repo_id": hub.repo_id,
+        "commands": commands,
         "oneshot": {k: v for k, v in params.items() if k not in ("model", "out", "recipe")},
-        "lm_eval": {**{k: v for k, v in evaluate.items() if k not in ("include_path", "samples")},
-                    "group_file": (work / "lm-eval-tasks" / f"{m.GATE_GROUP}.yaml").read_text()},
+        "lm_eval": {
+            **{k: v for k, v in evaluate.items() if k not in ("include_path", "samples")},
+            "group_file": (work / "lm-eval-tasks" / f"{m.GATE_GROUP}.yaml").read_text(),
+        },
         "environment": {k: env.get(k) for k in ("VLLM_CACHE_ROOT", "VLLM_USE_FLASHINFER_SAMPLER")},
         "overrides": overrides,
     }
@@ -303,8 +377,17 @@ def manual_run(res: Results, *, recipe: Any, overrides: dict[str, Any], env: dic
         steps[step] = round(time.monotonic() - t0, 1)
 
     def boot(name: str, model: Path, kv_dtype: str) -> m.Serve:
-        s = m.Serve(model, kv_dtype, m.kv_budget(serve, model), serve=serve, env=env, log=work / f"vllm-{name}.log",
-                    cli=True, python=serving_python, ready_timeout_s=ready_timeout_s)
+        s = m.Serve(
+            model,
+            kv_dtype,
+            m.kv_budget(serve, model),
+            serve=serve,
+            env=env,
+            log=work / f"vllm-{name}.log",
+            cli=True,
+            python=serving_python,
+            ready_timeout_s=ready_timeout_s,
+        )
         commands[f"serve {name}"] = m.typed(s.argv).replace(f"--port {s.port}", "--port PORT")
         return s
 
@@ -313,7 +396,11 @@ def manual_run(res: Results, *, recipe: Any, overrides: dict[str, Any], env: dic
         record["capacity"][name] = m.cache_info(s.metrics())
 
     def evaluate_on(name: str, s: m.Serve, tokenizer: Path) -> None:  # from work: the group file's folder
-        run(f"lm_eval {name}", m.lm_eval_argv(s.url, tokenizer, work / f"lm-eval-{name}", **evaluate), cwd=work)
+        run(
+            f"lm_eval {name}",
+            m.lm_eval_argv(s.url, tokenizer, work / f"lm-eval-{name}", **evaluate),
+            cwd=work,
+        )
 
     upload = None
     try:
@@ -328,10 +415,16 @@ def manual_run(res: Results, *, recipe: Any, overrides: dict[str, Any], env: dic
         commands["upload"] = m.typed(upload_argv)
         t_upload = time.monotonic()
         with (work / "upload.log").open("w") as upload_log:  # beside the boots, as the flow pushes
-            upload = subprocess.Popen(upload_argv, env=env, stdout=upload_log, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
-        uploaded = threading.Thread(target=lambda: (upload.wait(), steps.__setitem__(
-            "upload (in the background)", round(time.monotonic() - t_upload, 1))), daemon=True)
+            upload = subprocess.Popen(
+                upload_argv, env=env, stdout=upload_log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        uploaded = threading.Thread(
+            target=lambda: (
+                upload.wait(),
+                steps.__setitem__("upload (in the background)", round(time.monotonic() - t_upload, 1)),
+            ),
+            daemon=True,
+        )
         uploaded.start()
         with boot("base", base, "auto") as s:
             up("base", s)
@@ -349,13 +442,19 @@ def manual_run(res: Results, *, recipe: Any, overrides: dict[str, Any], env: dic
         mark("fp8 served")
         uploaded.join()
         if upload.returncode != 0:
-            raise RuntimeError(f"hf upload exited {upload.returncode}: {(work / 'upload.log').read_text()[-2000:]}")
+            raise RuntimeError(
+                f"hf upload exited {upload.returncode}: {(work / 'upload.log').read_text()[-2000:]}"
+            )
         mark("candidate pushed")
         record["decision_inputs_seconds"] = marks.elapsed()
         run("tag", m.tag_argv(hub.repo_id, hub.release_ref, hub.release_ref_kind))
         marks.done("released")
-        record.update(complete=True, wall_seconds=marks.elapsed(), elapsed_seconds=marks.elapsed(),
-                      measured=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        record.update(
+            complete=True,
+            wall_seconds=marks.elapsed(),
+            elapsed_seconds=marks.elapsed(),
+            measured=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        )
         record["stress"] = dict(zip(("ramp", "final"), m.stress_steps(recipe, ckpt), strict=True))
     finally:
         if upload is not None and upload.poll() is None:
@@ -377,14 +476,29 @@ def careful_manual_ratio(runs: dict[str, Any]) -> dict[str, Any] | None:
     if not complete and not manual.get("elapsed_seconds"):
         return None
     manual_s = manual["wall_seconds"] if complete else manual["elapsed_seconds"]
-    source = {name: {"wall_seconds": run.get("wall_seconds"), "measured": run.get("measured"),
-                     "session_started": run.get("session_started")} for name, run in
-              (("first_release", flow), ("manual", manual))}
+    source = {
+        name: {
+            "wall_seconds": run.get("wall_seconds"),
+            "measured": run.get("measured"),
+            "session_started": run.get("session_started"),
+        }
+        for name, run in (("first_release", flow), ("manual", manual))
+    }
     sessions = {run.get("session_started") for run in (flow, manual)}
-    bound = {} if complete else {"ratio_at_most": round(flow["wall_seconds"] / manual_s, 3),
-                                 "manual_cut_short_after_seconds": manual_s}
-    return {"ratio": round(flow["wall_seconds"] / manual_s, 3) if complete else None, **bound, **source,
-            "same_session": None if None in sessions else len(sessions) == 1}
+    bound = (
+        {}
+        if complete
+        else {
+            "ratio_at_most": round(flow["wall_seconds"] / manual_s, 3),
+            "manual_cut_short_after_seconds": manual_s,
+        }
+    )
+    return {
+        "ratio": round(flow["wall_seconds"] / manual_s, 3) if complete else None,
+        **bound,
+        **source,
+        "same_session": None if None in sessions else len(sessions) == 1,
+    }
 
 
 def record_ratio(res: Results) -> None:
@@ -418,16 +532,22 @@ def cmd_run(args: argparse.Namespace) -> None:
     serving_python = str(get_settings().serving_python)
     session = time.strftime("%Y-%m-%dT%H:%M:%S")  # this invocation: each run it measures records it
     res.data.update(
-        started=session, cpu_smoke=args.cpu_smoke, device=gpu.memory_info(0),
-        command=f"prefect deployment run quantize-serve/{DEPLOYMENT} --watch", versions=versions(),
+        started=session,
+        cpu_smoke=args.cpu_smoke,
+        device=gpu.memory_info(0),
+        command=f"prefect deployment run quantize-serve/{DEPLOYMENT} --watch",
+        versions=versions(),
         weights="random bf16 weights of Llama-3-8B's shapes: the accuracy figures are not model quality, the "
-                "times are real" if not args.cpu_smoke else "the project's tiny reference model (CPU smoke)",
-        work="production-shaped (localhub/datasets.py): UltraChat-shaped calibration, log-normal lengths, median "
-             "~1,000 tokens per conversation, the recipe's cap 2,048; the recipe's task set "
-             "(gsm8k 5-shot generation, arc_challenge 25-shot, hellaswag 10-shot, mmlu 5-shot) on rows of "
-             "the real tasks' shape under their real dataset ids, token-true under the served tokenizer, "
-             "lm-eval's own task definitions",
-        task_set=tasks)
+        "times are real"
+        if not args.cpu_smoke
+        else "the project's tiny reference model (CPU smoke)",
+        work="production-shaped (localhub/datasets.py): UltraChat-shaped calibration, log-normal lengths, "
+        "median ~1,000 tokens per conversation, the recipe's cap 2,048; the recipe's task set "
+        "(gsm8k 5-shot generation, arc_challenge 25-shot, hellaswag 10-shot, mmlu 5-shot) on rows of "
+        "the real tasks' shape under their real dataset ids, token-true under the served tokenizer, "
+        "lm-eval's own task definitions",
+        task_set=tasks,
+    )
     if not args.cpu_smoke:
         res.data["build"] = wait_for_build(model_dir, None, args.build_timeout_s)
     res.save()
@@ -443,28 +563,53 @@ def cmd_run(args: argparse.Namespace) -> None:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         publish_ultrachat_production(api, repo_id=c.dataset, train_sft=2 * c.num_samples, tokenizer=tokenizer)
         shas = publish_production_tasks(api, **(SMOKE_DATA if args.cpu_smoke else {}), tokenizer=tokenizer)
-        res.data["hub_setup"] = {"base_model": BASE_ID, "base_sha": base_sha, "datasets": sorted(shas),
-                                 "seconds": round(time.monotonic() - t0, 1)}
+        res.data["hub_setup"] = {
+            "base_model": BASE_ID,
+            "base_sha": base_sha,
+            "datasets": sorted(shas),
+            "seconds": round(time.monotonic() - t0, 1),
+        }
         res.save()
         if any(name in FLOW_RUNS for name in args.runs):
             stack.prefect("--no-prompt", "deploy", "--name", DEPLOYMENT)
         env = deployment_env(serving_python)
         repo = recipe.hub.repo_id
         plan = [
-            ("baseline", {**base_overrides, "hub.repo_id": repo + "-baseline",
-                          "gates.accuracy.num_concurrent": BASELINE_CONCURRENT},
-             {**env, **BASELINE_ENV, "QS_WORK_DIR": str(home / "work-baseline")}),
-            ("first_release", {**base_overrides, "hub.repo_id": repo}, {**env, "QS_WORK_DIR": str(home / "work")}),
-            ("re_release", {**base_overrides, "hub.repo_id": repo, "calibration.shuffle_seed": c.shuffle_seed + 1},
-             {**env, "QS_WORK_DIR": str(home / "work")}),
+            (
+                "baseline",
+                {
+                    **base_overrides,
+                    "hub.repo_id": repo + "-baseline",
+                    "gates.accuracy.num_concurrent": BASELINE_CONCURRENT,
+                },
+                {**env, **BASELINE_ENV, "QS_WORK_DIR": str(home / "work-baseline")},
+            ),
+            (
+                "first_release",
+                {**base_overrides, "hub.repo_id": repo},
+                {**env, "QS_WORK_DIR": str(home / "work")},
+            ),
+            (
+                "re_release",
+                {**base_overrides, "hub.repo_id": repo, "calibration.shuffle_seed": c.shuffle_seed + 1},
+                {**env, "QS_WORK_DIR": str(home / "work")},
+            ),
         ]
         done: list[str] = []
         for name, overrides, run_env in plan:
             if name not in args.runs:
                 continue
             try:
-                one_run(stack, res, name, overrides=overrides, env=run_env, runs=runs, timeout_s=args.timeout_s,
-                        session=session)
+                one_run(
+                    stack,
+                    res,
+                    name,
+                    overrides=overrides,
+                    env=run_env,
+                    runs=runs,
+                    timeout_s=args.timeout_s,
+                    session=session,
+                )
             except Exception as exc:  # noqa: BLE001 - recorded; the next run still tells something
                 res.data["errors"][name] = repr(exc)[:2000]
                 res.save()
@@ -472,17 +617,30 @@ def cmd_run(args: argparse.Namespace) -> None:
         if "manual" in args.runs:  # first_release's recipe and overrides, by hand (benchmarks/manual.py)
             manual, manual_overrides = manual_recipe(base_overrides, repo)
             try:
-                manual_run(res, recipe=manual, overrides=manual_overrides, env={**stack.env, **env},
-                           work=home / "work-manual", serving_python=Path(serving_python), session=session,
-                           preceded_by=done, ready_timeout_s=args.timeout_s / 2)
+                manual_run(
+                    res,
+                    recipe=manual,
+                    overrides=manual_overrides,
+                    env={**stack.env, **env},
+                    work=home / "work-manual",
+                    serving_python=Path(serving_python),
+                    session=session,
+                    preceded_by=done,
+                    ready_timeout_s=args.timeout_s / 2,
+                )
             except Exception as exc:  # noqa: BLE001 - recorded beside what the run did so far
                 res.data["errors"]["manual"] = repr(exc)[:2000]
                 res.save()
     r = res.data["runs"]
-    res.data["summary"] = {name: {"wall_seconds": r[name]["wall_seconds"],
-                                  "calibration_tokens": (r[name]["calibration"] or {}).get("tokens"),
-                                  "compile_cache_hits": sum(b["compile_cache_hits"] for b in r[name]["boots"]),
-                                  "base_reused_from": r[name]["base_reused_from"]} for name in r}
+    res.data["summary"] = {
+        name: {
+            "wall_seconds": r[name]["wall_seconds"],
+            "calibration_tokens": (r[name]["calibration"] or {}).get("tokens"),
+            "compile_cache_hits": sum(b["compile_cache_hits"] for b in r[name]["boots"]),
+            "base_reused_from": r[name]["base_reused_from"],
+        }
+        for name in r
+    }
     record_ratio(res)
     res.data["targets"] = SCENARIO["targets"]
     res.data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -499,9 +657,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--keep-model", action="store_true", help="keep the built weights after publishing them")
     p.add_argument("--build-timeout-s", type=float, default=900)
     p.add_argument("--timeout-s", type=float, default=3000)
-    p.add_argument("--runs", default=",".join(RUNS),
-                   help="which runs (always run in the order baseline, first_release, re_release, manual; a "
-                        "session may not hold them all: the others are kept from --out)")
+    p.add_argument(
+        "--runs",
+        default=",".join(RUNS),
+        help="which runs (always run in the order baseline, first_release, re_release, manual; a "
+        "session may not hold them all: the others are kept from --out)",
+    )
     args = p.parse_args(argv)
     picked = [r.strip() for r in args.runs.split(",") if r.strip()]
     if unknown := [r for r in picked if r not in RUNS]:
@@ -510,8 +671,10 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--runs: name at least one of {', '.join(RUNS)}")
     args.runs = [r for r in RUNS if r in picked]  # the order they run in, whatever the order given
     if "re_release" in args.runs and "first_release" not in args.runs:
-        p.error("--runs: re_release needs first_release in the same invocation (it re-releases that run's "
-                "base from its work dir and Hub repo, which live only as long as this host's scratch folder)")
+        p.error(
+            "--runs: re_release needs first_release in the same invocation (it re-releases that run's "
+            "base from its work dir and Hub repo, which live only as long as this host's scratch folder)"
+        )
     if not args.cpu_smoke and not args.model_dir:
         p.error("--model-dir is required on a GPU host (or --cpu-smoke)")
     cmd_run(args)

@@ -11,7 +11,7 @@ W8A8, each with the fp8 KV cache; the bf16 base with a 16-bit KV cache is the re
 ``--kv16`` the W4A16 checkpoint is also booted with a 16-bit KV cache (capacity only) for its
 ``kv_cache_tokens_16bit_kv``. Weights are random: accuracy means nothing here, recovery is null.
 
-    python benchmarks/h200_schemes.py --out h200_schemes.json          # on the GPU host (host.sh launch-schemes)
+    python benchmarks/h200_schemes.py --out h200_schemes.json  # on the GPU host (host.sh launch-schemes)
     .venv/bin/python benchmarks/h200_schemes.py --rehearse --out /tmp/s.json --work /tmp/qs-schemes
         # CPU rehearsal: the reference model's shape, recipes/tiny-llama-awq.yaml's serve settings,
         # W8A8 and FP8_DYNAMIC only, a tiny bench
@@ -46,8 +46,10 @@ BENCH = SCENARIO["bench"]
 REHEARSE_RECIPE, REHEARSE_SERVE = ROOT / SCENARIO["rehearse_recipe"], SCENARIO["rehearse_serve"]
 REHEARSE_CANDIDATES = [c for c in CANDIDATES if c[1] in SCENARIO["rehearse_schemes"]]
 REHEARSE_BENCH = SCENARIO["rehearse_bench"]
-WEIGHTS_NOTE = ("random (vLLM --load-format dummy): capacity, throughput, latency and kernels only; accuracy "
-                "means nothing with random weights, so recovery is null and no accuracy gate was run")
+WEIGHTS_NOTE = (
+    "random (vLLM --load-format dummy): capacity, throughput, latency and kernels only; accuracy "
+    "means nothing with random weights, so recovery is null and no accuracy gate was run"
+)
 log = logger("schemes")
 
 
@@ -55,7 +57,9 @@ def scheme_folder(config: Path, scheme: str | None, work: Path) -> Path:
     """A weightless folder of the shape ``config`` with the scheme's quantization_config as llm-compressor
     writes it (none: the bf16 base)."""
     quantization = preset_quantization_config(scheme) if scheme else None
-    return shape_folder(config, work / (scheme or "bf16"), tokenizer_dir=TOKENIZER, quantization_config=quantization)
+    return shape_folder(
+        config, work / (scheme or "bf16"), tokenizer_dir=TOKENIZER, quantization_config=quantization
+    )
 
 
 def boot_spec(recipe, folder: Path, scheme: str | None, kv: str, *, warm_up: bool):
@@ -65,26 +69,51 @@ def boot_spec(recipe, folder: Path, scheme: str | None, kv: str, *, warm_up: boo
     if serve.memory_budget is not None:
         planned = planner.plan_capacity(
             planner.ModelShape.from_config(json.loads((folder / "config.json").read_text())),
-            scheme=scheme or "bf16", kv_cache_dtype=kv, device_memory_bytes=int(serve.memory_budget),
-            gpu_memory_utilization=1.0, max_model_len=serve.max_model_len,
-            max_num_batched_tokens=serve.max_num_batched_tokens or 8192, block_size=planner.BLOCK_SIZE_CPU,
-            mode="fixed_budget", group_size=128, ignore=("lm_head",)).weights_bytes
+            scheme=scheme or "bf16",
+            kv_cache_dtype=kv,
+            device_memory_bytes=int(serve.memory_budget),
+            gpu_memory_utilization=1.0,
+            max_model_len=serve.max_model_len,
+            max_num_batched_tokens=serve.max_num_batched_tokens or 8192,
+            block_size=planner.BLOCK_SIZE_CPU,
+            mode="fixed_budget",
+            group_size=128,
+            ignore=("lm_head",),
+        ).weights_bytes
         kv_bytes = max(int(serve.memory_budget) - planned, 1)
-    spec = ServerSpec(model_dir=str(folder), serve=serve, kv_cache_dtype=kv, kv_cache_memory_bytes=kv_bytes,
-                      load_format="dummy", warm_up=warm_up)
+    spec = ServerSpec(
+        model_dir=str(folder),
+        serve=serve,
+        kv_cache_dtype=kv,
+        kv_cache_memory_bytes=kv_bytes,
+        load_format="dummy",
+        warm_up=warm_up,
+    )
     return spec, planned
 
 
-def measure(recipe, args, *, name: str, scheme: str | None, method: str, kv: str, settings, platform: str,
-            reference: bool, bench: bool = True):
+def measure(
+    recipe,
+    args,
+    *,
+    name: str,
+    scheme: str | None,
+    method: str,
+    kv: str,
+    settings,
+    platform: str,
+    reference: bool,
+    bench: bool = True,
+):
     """One boot: (its FormatRow, the boot facts). Failures are recorded in the row, never raised."""
     folder = scheme_folder(args.config, scheme, args.work / "folders")
     spec, planned_weights = boot_spec(recipe, folder, scheme, kv, warm_up=not args.rehearse)
     out = args.work / name
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / f"vllm-{name}.log"
-    row = formats.FormatRow(name=name, method=method, scheme=scheme or "bf16", kv_cache_dtype=kv,
-                            reference=reference)
+    row = formats.FormatRow(
+        name=name, method=method, scheme=scheme or "bf16", kv_cache_dtype=kv, reference=reference
+    )
     facts: dict = {"name": name, "command": spec.serve_command(), "log": f"{name}/{log_path.name}"}
     t0 = time.monotonic()
     log(f"{name}: {spec.serve_command()}")
@@ -102,19 +131,29 @@ def measure(recipe, args, *, name: str, scheme: str | None, method: str, kv: str
                 row.kernels, problem = formats.kernel_problem(scheme, platform, log_text)
                 if problem:
                     row.failures.append("kernel check: " + problem)
-            log(f"{name}: booted in {server.boot_seconds} s; {config.kv_cache_tokens:,} KV tokens, "
-                f"{config.weights_bytes / 1024**3:.2f} GiB weights, kernels {row.kernels}")
+            log(
+                f"{name}: booted in {server.boot_seconds} s; {config.kv_cache_tokens:,} KV tokens, "
+                f"{config.weights_bytes / 1024**3:.2f} GiB weights, kernels {row.kernels}"
+            )
             if bench:
                 try:
-                    row.runs = formats.run_format_bench(server, tokenizer_dir=str(folder), settings=settings,
-                                                        output_dir=out, timeout_s=args.bench_timeout)
+                    row.runs = formats.run_format_bench(
+                        server,
+                        tokenizer_dir=str(folder),
+                        settings=settings,
+                        output_dir=out,
+                        timeout_s=args.bench_timeout,
+                    )
                 except RuntimeError as exc:
                     row.failures.append(f"throughput: {str(exc).splitlines()[0]}")
                 bad = [r for r in row.runs if r.failed]
                 if bad:
                     row.failures.append(f"throughput: {sum(r.failed for r in bad)} requests failed")
-                log(f"{name}: output tok/s {[r.output_throughput for r in row.runs]}, p99 TTFT "
-                    f"{[r.p99_ttft_ms for r in row.runs]} ms, mean TPOT {[r.mean_tpot_ms for r in row.runs]} ms")
+                log(
+                    f"{name}: output tok/s {[r.output_throughput for r in row.runs]}, p99 TTFT "
+                    f"{[r.p99_ttft_ms for r in row.runs]} ms, mean TPOT {[r.mean_tpot_ms for r in row.runs]} "
+                    "ms"
+                )
     except Exception as exc:  # noqa: BLE001 - a refused boot is a result
         row.failures.append(f"boot: {str(exc).splitlines()[0]}")
         log(f"{name}: FAILED: {row.failures[-1]}")
@@ -129,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=None, help="default 64 (4 on --rehearse)")
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--only", default="", help="comma-separated candidate names (default: all)")
-    p.add_argument("--kv16", action="store_true", help="also boot W4A16 with a 16-bit KV cache (capacity only)")
+    p.add_argument(
+        "--kv16", action="store_true", help="also boot W4A16 with a 16-bit KV cache (capacity only)"
+    )
     p.add_argument("--no-reference", action="store_true", help="skip the bf16 reference boot")
     p.add_argument("--bench-timeout", type=float, default=600.0)
     p.add_argument("--rehearse", action="store_true", help="CPU: the reference model's shape, a tiny bench")
@@ -152,21 +193,37 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         candidates = [c for c in candidates if c[0] in args.only.split(",")]
     settings = formats.BenchSettings(num_prompts=4 * bench["concurrency"], **bench)
-    rule = FormatRule(rule="kv_capacity", concurrency=settings.concurrency, input_tokens=settings.input_tokens,
-                      output_tokens=settings.output_tokens, num_prompts=settings.num_prompts,
-                      repeats=settings.repeats)
+    rule = FormatRule(
+        rule="kv_capacity",
+        concurrency=settings.concurrency,
+        input_tokens=settings.input_tokens,
+        output_tokens=settings.output_tokens,
+        num_prompts=settings.num_prompts,
+        repeats=settings.repeats,
+    )
     cc = gpu.compute_capability()
     platform = formats.platform_of(cc)
     device = gpu.describe_devices() or f"CPU ({platform})"
     result: dict = {
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "device": device,
-        "compute_capability": list(cc) if cc else None, "platform": platform,
-        "device_memory_bytes": gpu.usable_memory_bytes(), "shape": "Llama-3-8B" if not args.rehearse else "tiny-llama",
-        "rehearsal": args.rehearse, "weights": WEIGHTS_NOTE,
-        "settings": {"serve": recipe.serve.model_dump(mode="json"), "candidate_kv_cache_dtype": kv,
-                     "reference_kv_cache_dtype": "auto", "load_format": "dummy",
-                     "prefix_caching": "off (--no-enable-prefix-caching); each run's random prompts are new"},
-        "bench": settings.model_dump(), "boots": [], "rows": []}
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "device": device,
+        "compute_capability": list(cc) if cc else None,
+        "platform": platform,
+        "device_memory_bytes": gpu.usable_memory_bytes(),
+        "shape": "Llama-3-8B" if not args.rehearse else "tiny-llama",
+        "rehearsal": args.rehearse,
+        "weights": WEIGHTS_NOTE,
+        "settings": {
+            "serve": recipe.serve.model_dump(mode="json"),
+            "candidate_kv_cache_dtype": kv,
+            "reference_kv_cache_dtype": "auto",
+            "load_format": "dummy",
+            "prefix_caching": "off (--no-enable-prefix-caching); each run's random prompts are new",
+        },
+        "bench": settings.model_dump(),
+        "boots": [],
+        "rows": [],
+    }
     rows: list = []
 
     def save(choice=None) -> None:
@@ -176,37 +233,77 @@ def main(argv: list[str] | None = None) -> int:
         write_json_result(args.out, result, roots=(args.work,))
 
     for name, scheme, method in candidates:
-        row, facts = measure(recipe, args, name=name, scheme=scheme, method=method, kv=kv, settings=settings,
-                             platform=platform, reference=False)
+        row, facts = measure(
+            recipe,
+            args,
+            name=name,
+            scheme=scheme,
+            method=method,
+            kv=kv,
+            settings=settings,
+            platform=platform,
+            reference=False,
+        )
         rows.append(row)
         result["boots"].append(facts)
         save()
     if not args.no_reference:
-        row, facts = measure(recipe, args, name="bf16", scheme=None, method="base", kv="auto", settings=settings,
-                             platform=platform, reference=True)
+        row, facts = measure(
+            recipe,
+            args,
+            name="bf16",
+            scheme=None,
+            method="base",
+            kv="auto",
+            settings=settings,
+            platform=platform,
+            reference=True,
+        )
         rows.append(row)
         result["boots"].append(facts)
         save()
     if args.kv16:
         w4 = next((r for r in rows if r.scheme == "W4A16"), None)
         if w4 is not None:
-            row, facts = measure(recipe, args, name="w4a16-16bit-kv", scheme="W4A16", method="rtn (dummy weights)",
-                                 kv="auto", settings=settings, platform=platform, reference=False, bench=False)
+            row, facts = measure(
+                recipe,
+                args,
+                name="w4a16-16bit-kv",
+                scheme="W4A16",
+                method="rtn (dummy weights)",
+                kv="auto",
+                settings=settings,
+                platform=platform,
+                reference=False,
+                bench=False,
+            )
             w4.kv_cache_tokens_16bit = row.kv_cache_tokens
-            result["boots"].append({**facts, "kv_cache_tokens": row.kv_cache_tokens,
-                                    "failures": row.failures})
+            result["boots"].append(
+                {**facts, "kv_cache_tokens": row.kv_cache_tokens, "failures": row.failures}
+            )
             save()
     # The release under the issue's rule (most KV capacity), and who would win on throughput alone.
     by_kv = formats.choose([r.model_copy(deep=True) for r in rows], rule, settings, device)
     passing = [r for r in by_kv.rows if r.passed and r.output_throughput is not None]
     by_tp = max(passing, key=lambda r: r.output_throughput) if passing else None
-    save({"rule": rule.model_dump(), "rule_text": formats.describe_rule(rule), "winner": by_kv.winner,
-          "reason": by_kv.reason, "pareto": by_kv.pareto,
-          "winner_by_throughput": by_tp.name if by_tp else None,
-          "winner_by_throughput_reason": (
-              f"under 'most output tok/s at concurrency {settings.concurrency}' (no latency limit) the release "
-              f"would be {by_tp.name} with {by_tp.output_throughput:,.1f} tok/s" if by_tp else None),
-          "table": by_kv.markdown(), "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    save(
+        {
+            "rule": rule.model_dump(),
+            "rule_text": formats.describe_rule(rule),
+            "winner": by_kv.winner,
+            "reason": by_kv.reason,
+            "pareto": by_kv.pareto,
+            "winner_by_throughput": by_tp.name if by_tp else None,
+            "winner_by_throughput_reason": (
+                f"under 'most output tok/s at concurrency {settings.concurrency}' (no latency limit) the "
+                f"release would be {by_tp.name} with {by_tp.output_throughput:,.1f} tok/s"
+                if by_tp
+                else None
+            ),
+            "table": by_kv.markdown(),
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+    )
     result["rows"] = [r.summary() for r in by_kv.rows]
     write_json_result(args.out, result, roots=(args.work,))
     print(by_kv.markdown(), flush=True)

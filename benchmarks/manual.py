@@ -67,7 +67,9 @@ def sh(cmd: Sequence[Any], *, env: dict[str, str], cwd: Path = ROOT, log: Path |
             out.close()
     if done.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:]) if log else ""
-        raise RuntimeError(f"{Path(str(cmd[0])).name} {' '.join(map(str, cmd[1:3]))} exited {done.returncode}\n{tail}")
+        raise RuntimeError(
+            f"{Path(str(cmd[0])).name} {' '.join(map(str, cmd[1:3]))} exited {done.returncode}\n{tail}"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -75,7 +77,8 @@ def sh(cmd: Sequence[Any], *, env: dict[str, str], cwd: Path = ROOT, log: Path |
 # --------------------------------------------------------------------------------------------
 
 ONESHOT = '''\
-"""llm-compressor's oneshot, the way its examples write it (model in {dtype}, calibration data from `datasets`)."""
+"""llm-compressor's oneshot, the way its examples write it (model in {dtype}, calibration data from \
+`datasets`)."""
 import sys
 
 from datasets import Dataset, load_dataset
@@ -85,7 +88,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 sys.path.insert(0, {root!r})
 from quantize_serve.quantize.worker import skip_pinning_without_accelerator
 
-skip_pinning_without_accelerator()  # llm-compressor 0.14 on a host without an accelerator only; nothing on a GPU
+skip_pinning_without_accelerator()  # llm-compressor 0.14 on a host without an accelerator only; \
+nothing on a GPU
 
 MODEL, OUT, RECIPE = {model!r}, {out!r}, {recipe!r}
 tokenizer = AutoTokenizer.from_pretrained(MODEL)
@@ -103,8 +107,9 @@ tokenizer.save_pretrained(OUT)
 '''
 
 
-def oneshot_params(recipe: Any, model: Path, out: Path, recipe_file: Path, *,
-                   device: str | None = None) -> dict[str, Any]:
+def oneshot_params(
+    recipe: Any, model: Path, out: Path, recipe_file: Path, *, device: str | None = None
+) -> dict[str, Any]:
     """The script's parameters, from the recipe: its calibration section read as the flow reads it
     (quantize/calibration.py: local files through their `datasets` builder, else the Hub dataset; a seeded
     shuffle, then the first num_samples; chat messages rendered with the tokenizer's template), and
@@ -117,35 +122,70 @@ def oneshot_params(recipe: Any, model: Path, out: Path, recipe_file: Path, *,
         split = "train"
     else:
         dataset, subset, data_files, split = c.dataset, c.subset, None, c.split
-    return {"model": str(model), "out": str(out), "recipe": str(recipe_file), "dtype": recipe.model.dtype,
-            "dataset": dataset, "subset": subset, "split": split, "data_files": data_files,
-            "text_field": c.text_field, "messages_field": c.messages_field, "seed": c.shuffle_seed,
-            "num_samples": c.num_samples, "max_seq_len": c.max_seq_len, "device": device,
-            "arguments": calibration_arguments(recipe, device)}
+    return {
+        "model": str(model),
+        "out": str(out),
+        "recipe": str(recipe_file),
+        "dtype": recipe.model.dtype,
+        "dataset": dataset,
+        "subset": subset,
+        "split": split,
+        "data_files": data_files,
+        "text_field": c.text_field,
+        "messages_field": c.messages_field,
+        "seed": c.shuffle_seed,
+        "num_samples": c.num_samples,
+        "max_seq_len": c.max_seq_len,
+        "device": device,
+        "arguments": calibration_arguments(recipe, device),
+    }
 
 
 def oneshot_script(p: dict[str, Any]) -> str:
     chat = p["messages_field"] is not None
-    texts = (f"[tokenizer.apply_chat_template(m, tokenize=False) for m in ds[{p['messages_field']!r}]]" if chat
-             else f"[str(t) for t in ds[{p['text_field']!r}]]")
-    return ONESHOT.format(root=str(ROOT), texts=texts, add_special_tokens=not chat,
-                          data_files=f", data_files={p['data_files']!r}" if p["data_files"] else "",
-                          **{k: v for k, v in p.items() if k != "data_files"})
+    texts = (
+        f"[tokenizer.apply_chat_template(m, tokenize=False) for m in ds[{p['messages_field']!r}]]"
+        if chat
+        else f"[str(t) for t in ds[{p['text_field']!r}]]"
+    )
+    return ONESHOT.format(
+        root=str(ROOT),
+        texts=texts,
+        add_special_tokens=not chat,
+        data_files=f", data_files={p['data_files']!r}" if p["data_files"] else "",
+        **{k: v for k, v in p.items() if k != "data_files"},
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # vLLM: `vllm serve`
 # --------------------------------------------------------------------------------------------
 
-def serve_argv(serve: Any, model: Path | str, *, kv_dtype: str, kv_bytes: int | None, port: int,
-               cli: bool = False, python: Path = SERVE_PY) -> list[str]:
+
+def serve_argv(
+    serve: Any,
+    model: Path | str,
+    *,
+    kv_dtype: str,
+    kv_bytes: int | None,
+    port: int,
+    cli: bool = False,
+    python: Path = SERVE_PY,
+) -> list[str]:
     """``vllm serve MODEL`` with the recipe's serve settings as a person types them (a flag for each
     setting; the KV budget ``--kv-cache-memory-bytes`` only where the recipe has a memory_budget, else vLLM
     sizes it from --gpu-memory-utilization). ``cli``: through vLLM's CLI (``vllm serve``, VLLM_CLI),
     else ``python -m vllm.entrypoints.openai.api_server``, the server that command runs."""
     head = [python, "-c", VLLM_CLI, "serve", model] if cli else [python, "-m", API_SERVER, "--model", model]
-    argv = [*head, "--served-model-name", SERVED, "--max-model-len", serve.max_model_len,
-            "--max-num-seqs", serve.max_num_seqs]
+    argv = [
+        *head,
+        "--served-model-name",
+        SERVED,
+        "--max-model-len",
+        serve.max_model_len,
+        "--max-num-seqs",
+        serve.max_num_seqs,
+    ]
     if serve.max_num_batched_tokens:
         argv += ["--max-num-batched-tokens", serve.max_num_batched_tokens]
     if kv_bytes is None:
@@ -183,18 +223,32 @@ def kv_budget(serve: Any, model: Path) -> int | None:
 class Serve:
     """`vllm serve` by hand: start, poll ``/health`` until ready, stop (the whole process group, so the
     device memory is back before the next boot)."""
-    def __init__(self, model: Path, kv_dtype: str, kv_bytes: int | None, port: int | None = None, *,
-                 serve: Any, env: dict[str, str], log: Path | None = None, cli: bool = False,
-                 python: Path = SERVE_PY, ready_timeout_s: float = 300) -> None:
+
+    def __init__(
+        self,
+        model: Path,
+        kv_dtype: str,
+        kv_bytes: int | None,
+        port: int | None = None,
+        *,
+        serve: Any,
+        env: dict[str, str],
+        log: Path | None = None,
+        cli: bool = False,
+        python: Path = SERVE_PY,
+        ready_timeout_s: float = 300,
+    ) -> None:
 
         self.port = port = port or free_port()
         self.url, self.ready_timeout_s = f"http://127.0.0.1:{port}", ready_timeout_s
-        self.argv = serve_argv(serve, model, kv_dtype=kv_dtype, kv_bytes=kv_bytes, port=port, cli=cli,
-                               python=python)
+        self.argv = serve_argv(
+            serve, model, kv_dtype=kv_dtype, kv_bytes=kv_bytes, port=port, cli=cli, python=python
+        )
         out = log.open("w") if log else subprocess.DEVNULL
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(self.argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         if log:
             out.close()
         self.boot_seconds: float | None = None
@@ -210,8 +264,11 @@ class Serve:
                 time.sleep(0.5)
         code = self.proc.poll()
         self.__exit__()
-        raise RuntimeError(f"vLLM exited with {code} before it was ready" if code is not None
-                           else f"vLLM did not start within {self.ready_timeout_s:.0f} s")
+        raise RuntimeError(
+            f"vLLM exited with {code} before it was ready"
+            if code is not None
+            else f"vLLM did not start within {self.ready_timeout_s:.0f} s"
+        )
 
     def metrics(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as resp:
@@ -226,29 +283,62 @@ def cache_info(metrics: str) -> dict[str, Any]:
     """What a person reads off ``/metrics`` for capacity: vLLM's ``vllm:cache_config_info``."""
     info = read_cache_info(metrics)
     blocks, block = int(info["num_gpu_blocks"]), int(info["block_size"])
-    return {"cache_dtype": info.get("cache_dtype"), "num_gpu_blocks": blocks, "block_size": block,
-            "kv_cache_tokens": blocks * block}
+    return {
+        "cache_dtype": info.get("cache_dtype"),
+        "num_gpu_blocks": blocks,
+        "block_size": block,
+        "kv_cache_tokens": blocks * block,
+    }
 
 
 # --------------------------------------------------------------------------------------------
 # lm-eval: one invocation for every task of the gate
 # --------------------------------------------------------------------------------------------
 
-def lm_eval_argv(url: str, tokenizer: Path | str, out: Path | str, *, tasks: Sequence[str], batch_size: int,
-                 concurrent: int, max_length: int, include_path: Path | str = ".",
-                 samples: Path | str | None = None) -> list[str]:
-    argv = [LM_EVAL, "--model", "local-completions", "--model_args",
-            f"base_url={url}/v1/completions,model={SERVED},tokenizer={tokenizer},tokenizer_backend=huggingface,"
-            f"tokenized_requests=True,max_length={max_length},num_concurrent={concurrent}",
-            "--tasks", ",".join(tasks), "--include_path", include_path, "--batch_size", batch_size,
-            "--output_path", out]
+
+def lm_eval_argv(
+    url: str,
+    tokenizer: Path | str,
+    out: Path | str,
+    *,
+    tasks: Sequence[str],
+    batch_size: int,
+    concurrent: int,
+    max_length: int,
+    include_path: Path | str = ".",
+    samples: Path | str | None = None,
+) -> list[str]:
+    argv = [
+        LM_EVAL,
+        "--model",
+        "local-completions",
+        "--model_args",
+        f"base_url={url}/v1/completions,model={SERVED},tokenizer={tokenizer},tokenizer_backend=huggingface,"
+        f"tokenized_requests=True,max_length={max_length},num_concurrent={concurrent}",
+        "--tasks",
+        ",".join(tasks),
+        "--include_path",
+        include_path,
+        "--batch_size",
+        batch_size,
+        "--output_path",
+        out,
+    ]
     if samples is not None:
         argv += ["--samples", samples]
     return [str(a) for a in argv]
 
 
-def lm_eval(url: str, tokenizer: Path | str, out: Path | str, *, env: dict[str, str], cwd: Path = ROOT,
-            log: Path | None = None, **kwargs: Any) -> None:
+def lm_eval(
+    url: str,
+    tokenizer: Path | str,
+    out: Path | str,
+    *,
+    env: dict[str, str],
+    cwd: Path = ROOT,
+    log: Path | None = None,
+    **kwargs: Any,
+) -> None:
     """One ``lm_eval`` invocation (:func:`lm_eval_argv`), run from ``cwd`` (task files name their data
     relative to their folder)."""
     sh(lm_eval_argv(url, tokenizer, out, **kwargs), env=env, cwd=cwd, log=log)
@@ -275,25 +365,82 @@ def gate_group(tasks: Sequence[Any]) -> tuple[str, dict[str, list[int]]]:
 # The stress test with vLLM's own tool
 # --------------------------------------------------------------------------------------------
 
-def bench_argv(url: str, tokenizer: Path | str, out: Path | str, *, input_len: int, output_len: int,
-               num_prompts: int, concurrency: int, name: str, python: Path = SERVE_PY) -> list[str]:
-    """``vllm bench serve`` (random dataset, the flow's arguments: quantize_serve.traffic.bench.bench_args)."""
-    return [str(a) for a in [
-        python, "-c", VLLM_CLI, "bench", "serve", "--backend", "openai", "--base-url", url,
-        "--endpoint", "/v1/completions", "--model", SERVED, "--served-model-name", SERVED,
-        "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", input_len,
-        "--random-output-len", output_len, "--num-prompts", num_prompts,
-        "--max-concurrency", concurrency, "--request-rate", "inf", "--ignore-eos", "--temperature", "0",
-        "--seed", "0", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-        "--disable-tqdm", "--save-result", "--result-dir", out, "--result-filename", f"{name}.json"]]
+
+def bench_argv(
+    url: str,
+    tokenizer: Path | str,
+    out: Path | str,
+    *,
+    input_len: int,
+    output_len: int,
+    num_prompts: int,
+    concurrency: int,
+    name: str,
+    python: Path = SERVE_PY,
+) -> list[str]:
+    """``vllm bench serve`` (random dataset, the flow's arguments:
+    quantize_serve.traffic.bench.bench_args)."""
+    return [
+        str(a)
+        for a in [
+            python,
+            "-c",
+            VLLM_CLI,
+            "bench",
+            "serve",
+            "--backend",
+            "openai",
+            "--base-url",
+            url,
+            "--endpoint",
+            "/v1/completions",
+            "--model",
+            SERVED,
+            "--served-model-name",
+            SERVED,
+            "--tokenizer",
+            tokenizer,
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            input_len,
+            "--random-output-len",
+            output_len,
+            "--num-prompts",
+            num_prompts,
+            "--max-concurrency",
+            concurrency,
+            "--request-rate",
+            "inf",
+            "--ignore-eos",
+            "--temperature",
+            "0",
+            "--seed",
+            "0",
+            "--percentile-metrics",
+            "ttft,tpot,itl,e2el",
+            "--metric-percentiles",
+            "50,99",
+            "--disable-tqdm",
+            "--save-result",
+            "--result-dir",
+            out,
+            "--result-filename",
+            f"{name}.json",
+        ]
+    ]
 
 
 def overlong(url: str, max_model_len: int) -> None:
     """A prompt over max_model_len, by hand: vLLM must answer HTTP 400 and stay up."""
-    body = json.dumps({"model": SERVED, "prompt": [1] + [450] * (max_model_len + 15), "max_tokens": 8}).encode()
+    body = json.dumps(
+        {"model": SERVED, "prompt": [1] + [450] * (max_model_len + 15), "max_tokens": 8}
+    ).encode()
     try:
-        urllib.request.urlopen(urllib.request.Request(url + "/v1/completions", body,
-                                                      {"Content-Type": "application/json"}), timeout=60)
+        urllib.request.urlopen(
+            urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"}),
+            timeout=60,
+        )
     except urllib.error.HTTPError as exc:
         if exc.code == 400:
             return
@@ -309,18 +456,29 @@ def stress_steps(recipe: Any, tokenizer: Path | str) -> tuple[list[dict[str, int
     steps = []
     for concurrency, probes in plan_traffic(profile, serve, str(tokenizer), seed=0):
         valid = [p for p in probes if p.kind != "overlong"]
-        steps.append({"concurrency": concurrency, "overlong": len(probes) - len(valid), "num_prompts": len(valid),
-                      "input_len": round(sum(len(p.prompt) for p in valid) / len(valid)),
-                      "output_len": round(sum(p.max_tokens for p in valid) / len(valid))})
+        steps.append(
+            {
+                "concurrency": concurrency,
+                "overlong": len(probes) - len(valid),
+                "num_prompts": len(valid),
+                "input_len": round(sum(len(p.prompt) for p in valid) / len(valid)),
+                "output_len": round(sum(p.max_tokens for p in valid) / len(valid)),
+            }
+        )
     input_len, output_len = bench_lengths(profile, serve)
     target = profile.concurrency or serve.max_num_seqs
-    final = {"concurrency": target, "num_prompts": max(profile.num_requests, target), "input_len": input_len,
-             "output_len": output_len}
+    final = {
+        "concurrency": target,
+        "num_prompts": max(profile.num_requests, target),
+        "input_len": input_len,
+        "output_len": output_len,
+    }
     return steps, final
 
 
-def stress_by_hand(s: Serve, recipe: Any, ckpt: Path, out: Path, *, env: dict[str, str],
-                   python: Path = SERVE_PY) -> None:
+def stress_by_hand(
+    s: Serve, recipe: Any, ckpt: Path, out: Path, *, env: dict[str, str], python: Path = SERVE_PY
+) -> None:
     """The flow's stress test with vLLM's own tool (:func:`stress_steps`): /metrics before, the ramp's
     benches with the over-long prompts sent by hand in the peak, /metrics after; then the final bench."""
     steps, final = stress_steps(recipe, ckpt)
@@ -328,18 +486,41 @@ def stress_by_hand(s: Serve, recipe: Any, ckpt: Path, out: Path, *, env: dict[st
     for step in steps:
         for _ in range(step["overlong"]):
             overlong(s.url, recipe.serve.max_model_len)
-        sh(bench_argv(s.url, ckpt, out, input_len=step["input_len"], output_len=step["output_len"],
-                      num_prompts=step["num_prompts"], concurrency=step["concurrency"],
-                      name=f"ramp-{step['concurrency']}", python=python), env=env)
+        sh(
+            bench_argv(
+                s.url,
+                ckpt,
+                out,
+                input_len=step["input_len"],
+                output_len=step["output_len"],
+                num_prompts=step["num_prompts"],
+                concurrency=step["concurrency"],
+                name=f"ramp-{step['concurrency']}",
+                python=python,
+            ),
+            env=env,
+        )
     s.metrics()
-    sh(bench_argv(s.url, ckpt, out, input_len=final["input_len"], output_len=final["output_len"],
-                  num_prompts=final["num_prompts"], concurrency=final["concurrency"], name="bench", python=python),
-       env=env)
+    sh(
+        bench_argv(
+            s.url,
+            ckpt,
+            out,
+            input_len=final["input_len"],
+            output_len=final["output_len"],
+            num_prompts=final["num_prompts"],
+            concurrency=final["concurrency"],
+            name="bench",
+            python=python,
+        ),
+        env=env,
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # The Hub, by its own CLI
 # --------------------------------------------------------------------------------------------
+
 
 def download_argv(repo_id: str, local_dir: Path) -> list[str]:
     """The base model, without Meta's original/ folder (consolidated .pth weights the size of the model)."""
@@ -347,8 +528,16 @@ def download_argv(repo_id: str, local_dir: Path) -> list[str]:
 
 
 def upload_argv(repo_id: str, folder: Path, *, private: bool) -> list[str]:
-    return [str(HF), "upload", repo_id, str(folder), ".", "--private" if private else "--no-private",
-            "--commit-message", "W4A16 candidate (llm-compressor oneshot)"]
+    return [
+        str(HF),
+        "upload",
+        repo_id,
+        str(folder),
+        ".",
+        "--private" if private else "--no-private",
+        "--commit-message",
+        "W4A16 candidate (llm-compressor oneshot)",
+    ]
 
 
 def tag_argv(repo_id: str, ref: str, kind: str = "tag") -> list[str]:

@@ -60,8 +60,14 @@ from quantize_serve.quantize.run import build_llmcompressor_recipe  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
 
 RECIPE = ROOT / "recipes/tiny-llama-awq.yaml"
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-       "VLLM_USE_FLASHINFER_SAMPLER": "0", "TOKENIZERS_PARALLELISM": "false"}
+ENV = {
+    **os.environ,
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 
 
 def manual(work: Path, name: str) -> tuple[float, int]:
@@ -70,8 +76,14 @@ def manual(work: Path, name: str) -> tuple[float, int]:
     recipe = load_recipe(RECIPE)
     gate, serve_section = recipe.gates.accuracy, recipe.serve
     tasks = [Path(t.task).stem for t in gate.tasks]  # the task files' names are their task names
-    evaluate = {"tasks": tasks, "batch_size": gate.batch_size, "concurrent": lm_eval_concurrency(gate, serve_section),
-                "max_length": serve_section.max_model_len, "env": ENV, "cwd": ROOT / "evals/tasks"}
+    evaluate = {
+        "tasks": tasks,
+        "batch_size": gate.batch_size,
+        "concurrent": lm_eval_concurrency(gate, serve_section),
+        "max_length": serve_section.max_model_len,
+        "env": ENV,
+        "cwd": ROOT / "evals/tasks",
+    }
     work = work / name
     work.mkdir(parents=True)
     base, ckpt = ROOT / "models/tiny-llama", work / "ckpt"
@@ -106,8 +118,14 @@ def pipeline(work: Path, name: str) -> tuple[float, int]:
     env = {**ENV, "QS_WORK_DIR": str(work / name / "work"), "QS_RUNS_DIR": str(work / name / "runs")}
     started = time.monotonic()
     try:
-        subprocess.run([PY, "-m", "quantize_serve.cli", "run", recipe], cwd=ROOT, env=env, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [PY, "-m", "quantize_serve.cli", "run", recipe],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     finally:
         recipe.unlink()
     wall = time.monotonic() - started
@@ -136,24 +154,31 @@ def main() -> None:
             load.append(os.getloadavg()[0])
             pipeline_s, pipeline_boots = pipeline(work, f"pipeline-{i}")
             load.append(os.getloadavg()[0])
-            rounds.append({"careful_manual_seconds": round(manual_s, 1), "pipeline_seconds": round(pipeline_s, 1),
-                           "ratio": round(pipeline_s / manual_s, 3)})
+            rounds.append(
+                {
+                    "careful_manual_seconds": round(manual_s, 1),
+                    "pipeline_seconds": round(pipeline_s, 1),
+                    "ratio": round(pipeline_s / manual_s, 3),
+                }
+            )
             print(rounds[-1], flush=True)
     pipeline_total = sum(r["pipeline_seconds"] for r in rounds)
     manual_total = sum(r["careful_manual_seconds"] for r in rounds)
     result = {
         "rounds": rounds,
-        "pipeline_seconds": round(pipeline_total / len(rounds), 1), "pipeline_vllm_boots": pipeline_boots,
-        "careful_manual_seconds": round(manual_total / len(rounds), 1), "careful_manual_vllm_boots": manual_boots,
+        "pipeline_seconds": round(pipeline_total / len(rounds), 1),
+        "pipeline_vllm_boots": pipeline_boots,
+        "careful_manual_seconds": round(manual_total / len(rounds), 1),
+        "careful_manual_vllm_boots": manual_boots,
         "ratio_vs_careful_manual": round(pipeline_total / manual_total, 3),
         "load_average_1min": {"min": round(min(load), 2), "max": round(max(load), 2)},
         "host": f"{os.cpu_count()} CPU cores",
-        "note": "the two paths interleaved (manual, pipeline, manual, pipeline, ...) so both see the same load; "
-                "the same steps on both sides: quantize from scratch (the same llm-compressor recipe, oneshot arguments "
-                "and calibration rows), 3 vLLM boots, /metrics on each, the five "
-                "accuracy tasks on base and fp8 boots, the stress ramp (one vllm bench serve per step, the "
-                "over-long prompts, /metrics before and after) and the final vllm bench serve; the pipeline "
-                "also writes the report. ratio = sum(pipeline) / sum(manual)",
+        "note": "the two paths interleaved (manual, pipeline, manual, pipeline, ...) so both see the same "
+        "load; the same steps on both sides: quantize from scratch (the same llm-compressor recipe, oneshot "
+        "arguments and calibration rows), 3 vLLM boots, /metrics on each, the five "
+        "accuracy tasks on base and fp8 boots, the stress ramp (one vllm bench serve per step, the "
+        "over-long prompts, /metrics before and after) and the final vllm bench serve; the pipeline "
+        "also writes the report. ratio = sum(pipeline) / sum(manual)",
     }
 
     write_json_result(args.out, result)

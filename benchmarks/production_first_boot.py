@@ -59,16 +59,32 @@ from quantize_serve.serving.server import (  # noqa: E402
 from quantize_serve.serving.vllm_log import compile_facts, read_log  # noqa: E402
 
 
-def production_boot(serving_python: Path, profile: Path, env: dict[str, str], log: Path,
-                    timeout_s: float = 900) -> float:
+def production_boot(
+    serving_python: Path, profile: Path, env: dict[str, str], log: Path, timeout_s: float = 900
+) -> float:
     """Production's `vllm serve --config` until /health answers; stopped after. Seconds to healthy."""
     port = free_port()
     started = time.monotonic()
     with log.open("w") as out:
-        command = [str(serving_python), "-m", ENTRYPOINT, "--config", str(profile), "--host", "127.0.0.1",
-                   "--port", str(port)]
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+        command = [
+            str(serving_python),
+            "-m",
+            ENTRYPOINT,
+            "--config",
+            str(profile),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+        proc = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
 
     def healthy() -> bool:
         try:
@@ -101,8 +117,16 @@ def entries(cache_root: Path) -> set[str]:
     return found
 
 
-def measure_pair(recipe, checkpoint: Path, base_config: dict, *, hit: bool, folder: Path, hub_endpoint: str,
-                 serving_python: Path) -> dict:
+def measure_pair(
+    recipe,
+    checkpoint: Path,
+    base_config: dict,
+    *,
+    hit: bool,
+    folder: Path,
+    hub_endpoint: str,
+    serving_python: Path,
+) -> dict:
     os.environ["QS_WORK_DIR"] = str(folder / "work")  # a fresh work dir: a fresh compile cache
     get_settings.cache_clear()
     cache_root = compile_cache_root()
@@ -110,44 +134,71 @@ def measure_pair(recipe, checkpoint: Path, base_config: dict, *, hit: bool, fold
     with vllm_server(spec, log_path=folder / "vllm-w4a16-fp8kv.log") as server:
         measured = measure_capacity(server, spec, name=Boot.PRODUCTION)
         flow_boot_s = server.boot_seconds
-    profile = write_serving_profile(spec, measured, base_config, folder / "serve-profile.yaml",
-                                    model=recipe.hub.repo_id, device_memory_bytes=None)
+    profile = write_serving_profile(
+        spec,
+        measured,
+        base_config,
+        folder / "serve-profile.yaml",
+        model=recipe.hub.repo_id,
+        device_memory_bytes=None,
+    )
     flow = boot_facts(folder / "vllm-w4a16-fp8kv.log", set())
     before = entries(cache_root)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "VLLM_", "QS_"))}
-    env |= {"HF_ENDPOINT": hub_endpoint, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1",
-            "HF_HUB_CACHE": str(folder / "production-hf-cache"), "VLLM_CACHE_ROOT": str(cache_root),
-            "VLLM_NO_USAGE_STATS": "1", **BOOT_VLLM_DEFAULTS}
+    env |= {
+        "HF_ENDPOINT": hub_endpoint,
+        "HF_HUB_OFFLINE": "0",
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_HUB_CACHE": str(folder / "production-hf-cache"),
+        "VLLM_CACHE_ROOT": str(cache_root),
+        "VLLM_NO_USAGE_STATS": "1",
+        **BOOT_VLLM_DEFAULTS,
+    }
     log = folder / "production.log"
     seconds = production_boot(serving_python, Path(profile.path), env, log)
-    return {"hit_expected": hit, "flow_c_boot_s": flow_boot_s, "flow_c_init_engine_s": flow["init_engine_s"],
-            "production_boot_s": seconds, **boot_facts(log, before)}
+    return {
+        "hit_expected": hit,
+        "flow_c_boot_s": flow_boot_s,
+        "flow_c_init_engine_s": flow["init_engine_s"],
+        "production_boot_s": seconds,
+        **boot_facts(log, before),
+    }
 
 
 def summary(pairs: list[dict]) -> dict:
     """Means over the misses and over the hits: production's boot to /health, vLLM's engine init in it (where
     the compile happens), and the flow's (c) boot (the layout's cost, if any); what the hit saves."""
+
     def mean(key: str, hit: bool) -> float | None:
         values = [p[key] for p in pairs if p["hit_expected"] is hit and p[key] is not None]
         return round(statistics.mean(values), 1) if values else None
 
-    keys = {"production_first_boot_s": "production_boot_s", "production_init_engine_s": "init_engine_s",
-            "flow_c_boot_s": "flow_c_boot_s"}
+    keys = {
+        "production_first_boot_s": "production_boot_s",
+        "production_init_engine_s": "init_engine_s",
+        "flow_c_boot_s": "flow_c_boot_s",
+    }
     out = {name: {"miss_mean": mean(key, False), "hit_mean": mean(key, True)} for name, key in keys.items()}
     first, init = out["production_first_boot_s"], out["production_init_engine_s"]
     saved = round(first["miss_mean"] - first["hit_mean"], 1)
     if not any(p["compile_entries"] for p in pairs):
-        finding = (f"vLLM compiles nothing here (engine init {init['miss_mean']} s and {init['hit_mean']} "
-                   f"s): there is no entry to hit, and the {saved} s between the means is the host's noise")
+        finding = (
+            f"vLLM compiles nothing here (engine init {init['miss_mean']} s and {init['hit_mean']} "
+            f"s): there is no entry to hit, and the {saved} s between the means is the host's noise"
+        )
     else:
         reloaded = all(p["entry_existed_before"] for p in pairs if p["hit_expected"])
         found = "every hit found the entry the flow's (c) wrote" if reloaded else "NOT every hit found it"
-        finding = (f"production's first boot {first['hit_mean']} s instead of {first['miss_mean']} s "
-                   f"({saved} s saved), vLLM's engine init (where it compiles) {init['hit_mean']} s instead "
-                   f"of {init['miss_mean']} s; {found}")
+        finding = (
+            f"production's first boot {first['hit_mean']} s instead of {first['miss_mean']} s "
+            f"({saved} s saved), vLLM's engine init (where it compiles) {init['hit_mean']} s instead "
+            f"of {init['miss_mean']} s; {found}"
+        )
         if any(p["vllm_load_failure_recompiled"] for p in pairs):
-            finding += ("; vLLM CPU could not load its own AOT artifact from it and traced again, but reused "
-                        "Inductor's cache in the same entry: that is what the hit saves on this CPU")
+            finding += (
+                "; vLLM CPU could not load its own AOT artifact from it and traced again, but reused "
+                "Inductor's cache in the same entry: that is what the hit saves on this CPU"
+            )
     return out | {"seconds_saved": saved, "finding": finding}
 
 
@@ -165,8 +216,10 @@ def main() -> None:
     recipe = load_recipe(ROOT / "recipes/tiny-llama-awq.yaml")
     base_config = json.loads((ROOT / "models/tiny-llama/config.json").read_text())
     compiling = recipe.model_copy(update={"serve": recipe.serve.model_copy(update={"enforce_eager": False})})
-    profiles = {"as published (enforce-eager: true)": (recipe, args.eager_rounds),
-                "compiling (enforce_eager: false)": (compiling, args.rounds)}
+    profiles = {
+        "as published (enforce-eager: true)": (recipe, args.eager_rounds),
+        "compiling (enforce_eager: false)": (compiling, args.rounds),
+    }
     serving_python = get_settings().serving_python
     results: dict = {}
     load = [os.getloadavg()[0]]
@@ -182,19 +235,26 @@ def main() -> None:
             for i in range(rounds):
                 for hit in (False, True):
                     folder = Path(tmp) / f"{len(results)}-{i}-{'hit' if hit else 'miss'}"
-                    pair = measure_pair(profile_recipe, checkpoint, base_config, hit=hit, folder=folder,
-                                        hub_endpoint=hub.endpoint, serving_python=serving_python)
+                    pair = measure_pair(
+                        profile_recipe,
+                        checkpoint,
+                        base_config,
+                        hit=hit,
+                        folder=folder,
+                        hub_endpoint=hub.endpoint,
+                        serving_python=serving_python,
+                    )
                     load.append(os.getloadavg()[0])
                     print(name, json.dumps(pair), flush=True)
                     pairs.append(pair)
             results[name] = {"pairs": pairs, **summary(pairs)}
         result = {
             "what": "production's first `vllm serve --config serve-profile.yaml` (the profile the flow "
-                    "writes) on the host that ran the flow's production boot (c), online against a Hub "
-                    "holding the candidate, with the flow's VLLM_CACHE_ROOT and VLLM_* variables: seconds "
-                    "from start to /health. miss: (c) served from the checkpoint folder (before); hit: (c) "
-                    "served under the repo id (now). Each pair in a fresh work dir; rounds alternate miss "
-                    "and hit",
+            "writes) on the host that ran the flow's production boot (c), online against a Hub "
+            "holding the candidate, with the flow's VLLM_CACHE_ROOT and VLLM_* variables: seconds "
+            "from start to /health. miss: (c) served from the checkpoint folder (before); hit: (c) "
+            "served under the repo id (now). Each pair in a fresh work dir; rounds alternate miss "
+            "and hit",
             "host": {"cpus": os.cpu_count(), "load_average_1min": {"min": min(load), "max": max(load)}},
             "checkpoint": "tiny-llama W4A16 (AWQ), recipes/tiny-llama-awq.yaml's serve settings",
             "profiles": results,

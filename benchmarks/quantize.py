@@ -36,14 +36,23 @@ def main() -> None:
         validated = validate_recipe(ROOT / f"recipes/tiny-llama-{method}.yaml")
         base = resolve_base(validated)
         with tempfile.TemporaryDirectory() as work:
-            r = quantize_model(validated.recipe, Path(base.local_dir), base_identity=base.identity,
-                               calibration_fingerprint=validated.calibration_fingerprint,
-                               work_dir=Path(work), log=lambda _: None)
+            r = quantize_model(
+                validated.recipe,
+                Path(base.local_dir),
+                base_identity=base.identity,
+                calibration_fingerprint=validated.calibration_fingerprint,
+                work_dir=Path(work),
+                log=lambda _: None,
+            )
             ppl = perplexity(Path(r.checkpoint_dir))
         results[method] = {
-            "scheme": r.scheme, "base_bytes": r.base_bytes, "quantized_bytes": r.quantized_bytes,
-            "size_ratio": round(r.quantized_bytes / r.base_bytes, 4), "seconds": r.seconds,
-            "base_ppl": results["base_heldout_ppl"], "quantized_ppl": ppl,
+            "scheme": r.scheme,
+            "base_bytes": r.base_bytes,
+            "quantized_bytes": r.quantized_bytes,
+            "size_ratio": round(r.quantized_bytes / r.base_bytes, 4),
+            "seconds": r.seconds,
+            "base_ppl": results["base_heldout_ppl"],
+            "quantized_ppl": ppl,
             "ppl_increase_pct": round(100 * (ppl / results["base_heldout_ppl"] - 1), 3),
             "calibration_samples": validated.recipe.calibration.num_samples,
         }

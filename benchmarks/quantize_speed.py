@@ -75,8 +75,13 @@ from quantize_serve.validate.preflight import resolve_base, validate_recipe  # n
 OUT = ROOT / "benchmarks/results/quantize_speed.json"
 TOLERANCE = 0.005  # the largest recovery loss against today's that an option set may cost
 # The options before this measurement, explicit (the recipe defaults now differ): llm-compressor's defaults.
-TODAY = {"quantization.n_grid": 20, "quantization.duo_scaling": True, "calibration.pipeline": "independent",
-         "calibration.propagate_error": True, "calibration.sequential_targets_per_subgraph": 1}
+TODAY = {
+    "quantization.n_grid": 20,
+    "quantization.duo_scaling": True,
+    "calibration.pipeline": "independent",
+    "calibration.propagate_error": True,
+    "calibration.sequential_targets_per_subgraph": 1,
+}
 SEQUENTIAL = {"calibration.pipeline": "sequential"}
 NO_PROPAGATE = {"calibration.propagate_error": False}
 # (name, changes to TODAY) per method: each option alone, then the passes' two options together, then with
@@ -105,67 +110,138 @@ CPU_SETS = {
 # afford.
 NOT_ELIGIBLE = {
     "pipeline=basic": "holds every layer's calibration state at once (AWQ: each layer's cached inputs, for "
-                      "the 8B shape at ~300k calibration tokens about 13 GB a layer, ~430 GB in all; GPTQ: "
-                      "every Linear's Hessian, ~36 GiB) where the layer-by-layer pipelines hold one layer's; "
-                      "the worker's placement check assumes one layer",
+    "the 8B shape at ~300k calibration tokens about 13 GB a layer, ~430 GB in all; GPTQ: "
+    "every Linear's Hessian, ~36 GiB) where the layer-by-layer pipelines hold one layer's; "
+    "the worker's placement check assumes one layer",
     # per method ("METHOD:SET"):
     "gptq:propagate_error=false": "GPTQ's own design quantizes each layer on the inputs that the already "
-                                  "quantized layers before it produce (its error compensation); the saving "
-                                  "measured here (0.13 CPU-s of 1.38, the slowest repeat 1.35 s against "
-                                  "today's fastest 1.36 s) is at the edge of the noise, too little to give "
-                                  "that up",
+    "quantized layers before it produce (its error compensation); the saving "
+    "measured here (0.13 CPU-s of 1.38, the slowest repeat 1.35 s against "
+    "today's fastest 1.36 s) is at the edge of the noise, too little to give "
+    "that up",
 }
 # Options whose effect is per-step overhead on a device: measured in GPU mode only, on top of the choice.
 GPU_ONLY = {
-    "awq": [("sequential_targets_per_subgraph=4", {"calibration.sequential_targets_per_subgraph": 4}),
-            ("batch_size=4", {"calibration.batch_size": 4})],
+    "awq": [
+        ("sequential_targets_per_subgraph=4", {"calibration.sequential_targets_per_subgraph": 4}),
+        ("batch_size=4", {"calibration.batch_size": 4}),
+    ],
     "gptq": [("sequential_targets_per_subgraph=4", {"calibration.sequential_targets_per_subgraph": 4})],
 }
 # Every option of llm-compressor 0.14 that trades time (signatures read from the installed package), where
 # the project sets it, and how it was judged.
 OPTIONS = [
-    {"option": "AWQModifier.n_grid", "before": 20, "recipe": "quantization.n_grid", "measured": "cpu",
-     "note": "points of the smoothing-scale grid per mapping; each is a forward of the mapping's parent "
-             "module over all the calibration data"},
-    {"option": "AWQModifier.duo_scaling", "before": True, "recipe": "quantization.duo_scaling",
-     "measured": "cpu", "note": "true / false / 'both': n_grid points in every mode, so no time effect "
-                               "by construction (measured to confirm)"},
-    {"option": "oneshot pipeline", "before": "independent", "recipe": "calibration.pipeline", "measured": "cpu",
-     "note": "independent: one layer-by-layer pass per modifier (AWQ + the quantizer: two); sequential: one; "
-             "basic: the whole model at once (NOT_ELIGIBLE); datafree: no data"},
-    {"option": "oneshot propagate_error", "before": True, "recipe": "calibration.propagate_error",
-     "measured": "cpu", "note": "the second forward per layer that feeds the next layer quantized outputs"},
-    {"option": "oneshot sequential_targets_per_subgraph", "before": 1,
-     "recipe": "calibration.sequential_targets_per_subgraph", "measured": "gpu-pending",
-     "note": "decoder layers per step: fewer, larger steps for device memory; per-step overhead is a GPU's"},
-    {"option": "oneshot batch_size", "before": "the recipe's calibration.batch_size (production 1, tiny 8)",
-     "recipe": "calibration.batch_size", "measured": "gpu-pending",
-     "note": "fewer, larger forwards; llm-compressor's truncation collator cuts a batch to its shortest sample, "
-             "so it also calibrates on fewer tokens. Its length-aware sampler (shuffle off, as the worker sets "
-             "it) batches samples of similar length: on production-shaped data (localhub/datasets.py: "
-             "log-normal, median 1,000 tokens, sigma 0.6, cut at 2,048) a batch of 4 drops about 1% of the "
-             "tokens, 8 about 2.5%, 16 about 5-6% (256 samples, three draws)"},
-    {"option": "oneshot sequential_prefetch", "before": False, "recipe": None, "measured": "no",
-     "note": "overlaps loading the next batch from the offload device with compute; the worker keeps the "
-             "activations on the model's device when they fit (sequential_offload_device), so there is nothing "
-             "to prefetch; only QS_QUANTIZE_ON_DEVICE=false or a model larger than the device would use it"},
-    {"option": "oneshot sequential_offload_device", "before": "the model's device (worker.placement)",
-     "recipe": None, "measured": "no", "note": "already chosen per host by the worker's placement"},
-    {"option": "AWQModifier.offload_device", "before": "None for dense models (cpu for MoE)", "recipe": None,
-     "measured": "no", "note": "where AWQ keeps the cached layer inputs; dense models already keep them in "
-                              "place (llm-compressor's default); MoE offloads to save device memory"},
-    {"option": "oneshot dataloader_num_workers", "before": 0, "recipe": None, "measured": "no",
-     "note": "the calibration set is tokenized in memory before oneshot; workers would only collate"},
-    {"option": "GPTQModifier.block_size", "before": 128, "recipe": None, "measured": "no",
-     "note": "the width of GPTQ's lazy column batches: the same arithmetic in other slices; the reference "
-             "model's layers are 128 and 384 columns wide (1-3 blocks), so only a GPU's kernels could tell"},
-    {"option": "GPTQModifier.batched_quantization", "before": "auto", "recipe": None, "measured": "no",
-     "note": "solves same-shape modules together (MoE experts); 'auto' is already on"},
-    {"option": "GPTQModifier.actorder", "before": "static", "recipe": None, "measured": "no",
-     "note": "column order; static costs nothing at serving time; an accuracy option, not a speed one"},
-    {"option": "GPTQModifier.offload_hessians", "before": None, "recipe": None, "measured": "no",
-     "note": "does not exist in 0.14 (GPTQModifier's fields: block_size, dampening_frac, actorder, "
-             "batched_quantization)"},
+    {
+        "option": "AWQModifier.n_grid",
+        "before": 20,
+        "recipe": "quantization.n_grid",
+        "measured": "cpu",
+        "note": "points of the smoothing-scale grid per mapping; each is a forward of the mapping's parent "
+        "module over all the calibration data",
+    },
+    {
+        "option": "AWQModifier.duo_scaling",
+        "before": True,
+        "recipe": "quantization.duo_scaling",
+        "measured": "cpu",
+        "note": "true / false / 'both': n_grid points in every mode, so no time effect "
+        "by construction (measured to confirm)",
+    },
+    {
+        "option": "oneshot pipeline",
+        "before": "independent",
+        "recipe": "calibration.pipeline",
+        "measured": "cpu",
+        "note": "independent: one layer-by-layer pass per modifier (AWQ + the quantizer: two); sequential: "
+        "one; basic: the whole model at once (NOT_ELIGIBLE); datafree: no data",
+    },
+    {
+        "option": "oneshot propagate_error",
+        "before": True,
+        "recipe": "calibration.propagate_error",
+        "measured": "cpu",
+        "note": "the second forward per layer that feeds the next layer quantized outputs",
+    },
+    {
+        "option": "oneshot sequential_targets_per_subgraph",
+        "before": 1,
+        "recipe": "calibration.sequential_targets_per_subgraph",
+        "measured": "gpu-pending",
+        "note": "decoder layers per step: fewer, larger steps for device memory; per-step overhead is a "
+        "GPU's",
+    },
+    {
+        "option": "oneshot batch_size",
+        "before": "the recipe's calibration.batch_size (production 1, tiny 8)",
+        "recipe": "calibration.batch_size",
+        "measured": "gpu-pending",
+        "note": "fewer, larger forwards; llm-compressor's truncation collator cuts a batch to its shortest "
+        "sample, so it also calibrates on fewer tokens. Its length-aware sampler (shuffle off, as the worker "
+        "sets it) batches samples of similar length: on production-shaped data (localhub/datasets.py: "
+        "log-normal, median 1,000 tokens, sigma 0.6, cut at 2,048) a batch of 4 drops about 1% of the "
+        "tokens, 8 about 2.5%, 16 about 5-6% (256 samples, three draws)",
+    },
+    {
+        "option": "oneshot sequential_prefetch",
+        "before": False,
+        "recipe": None,
+        "measured": "no",
+        "note": "overlaps loading the next batch from the offload device with compute; the worker keeps the "
+        "activations on the model's device when they fit (sequential_offload_device), so there is nothing "
+        "to prefetch; only QS_QUANTIZE_ON_DEVICE=false or a model larger than the device would use it",
+    },
+    {
+        "option": "oneshot sequential_offload_device",
+        "before": "the model's device (worker.placement)",
+        "recipe": None,
+        "measured": "no",
+        "note": "already chosen per host by the worker's placement",
+    },
+    {
+        "option": "AWQModifier.offload_device",
+        "before": "None for dense models (cpu for MoE)",
+        "recipe": None,
+        "measured": "no",
+        "note": "where AWQ keeps the cached layer inputs; dense models already keep them in "
+        "place (llm-compressor's default); MoE offloads to save device memory",
+    },
+    {
+        "option": "oneshot dataloader_num_workers",
+        "before": 0,
+        "recipe": None,
+        "measured": "no",
+        "note": "the calibration set is tokenized in memory before oneshot; workers would only collate",
+    },
+    {
+        "option": "GPTQModifier.block_size",
+        "before": 128,
+        "recipe": None,
+        "measured": "no",
+        "note": "the width of GPTQ's lazy column batches: the same arithmetic in other slices; the reference "
+        "model's layers are 128 and 384 columns wide (1-3 blocks), so only a GPU's kernels could tell",
+    },
+    {
+        "option": "GPTQModifier.batched_quantization",
+        "before": "auto",
+        "recipe": None,
+        "measured": "no",
+        "note": "solves same-shape modules together (MoE experts); 'auto' is already on",
+    },
+    {
+        "option": "GPTQModifier.actorder",
+        "before": "static",
+        "recipe": None,
+        "measured": "no",
+        "note": "column order; static costs nothing at serving time; an accuracy option, not a speed one",
+    },
+    {
+        "option": "GPTQModifier.offload_hessians",
+        "before": None,
+        "recipe": None,
+        "measured": "no",
+        "note": "does not exist in 0.14 (GPTQModifier's fields: block_size, dampening_frac, actorder, "
+        "batched_quantization)",
+    },
 ]
 # llm-compressor's own log lines that open a calibration pass and close the last one (IndependentPipeline
 # logs one line per modifier's pass; the other pipelines run one pass in all and log none).
@@ -199,19 +275,35 @@ def quantize_once(recipe: Any, overrides: dict[str, Any], work_dir: Path) -> dic
     validated = validate_recipe(recipe, overrides)
     base = resolve_base(validated)
     emit, passes = pass_timer()
-    result = quantize_model(validated.recipe, Path(base.local_dir), base_identity=base.identity,
-                            calibration_fingerprint=validated.calibration_fingerprint, work_dir=work_dir,
-                            log=emit)
-    return {"seconds": result.seconds, "stage_seconds": result.stage_seconds,
-            "stage_cpu_seconds": result.stage_cpu_seconds, "calibration_passes": passes(),
-            "load_average_1min": round(os.getloadavg()[0], 2), "placement": result.placement,
-            "device": result.device, "checkpoint_dir": result.checkpoint_dir}
+    result = quantize_model(
+        validated.recipe,
+        Path(base.local_dir),
+        base_identity=base.identity,
+        calibration_fingerprint=validated.calibration_fingerprint,
+        work_dir=work_dir,
+        log=emit,
+    )
+    return {
+        "seconds": result.seconds,
+        "stage_seconds": result.stage_seconds,
+        "stage_cpu_seconds": result.stage_cpu_seconds,
+        "calibration_passes": passes(),
+        "load_average_1min": round(os.getloadavg()[0], 2),
+        "placement": result.placement,
+        "device": result.device,
+        "checkpoint_dir": result.checkpoint_dir,
+    }
 
 
 def recovery(base_ppl: float, quantized_ppl: float) -> float:
     """The accuracy gate's recovery for a perplexity (lower is better): base / quantized."""
-    check = check_metric("heldout", "perplexity", MetricResult(value=base_ppl, higher_is_better=False),
-                         MetricResult(value=quantized_ppl, higher_is_better=False), 0.95)
+    check = check_metric(
+        "heldout",
+        "perplexity",
+        MetricResult(value=base_ppl, higher_is_better=False),
+        MetricResult(value=quantized_ppl, higher_is_better=False),
+        0.95,
+    )
     return round(check.recovery, 5)
 
 
@@ -219,16 +311,20 @@ def schedule(sets: dict[str, list[tuple[str, dict]]], repeats: int) -> list[tupl
     """(repeat, method, set, changes), interleaved: every set once per round, the order reversed every
     other round."""
     order = [(m, name, changes) for m, items in sets.items() for name, changes in items]
-    return [(r, m, name, changes) for r in range(repeats)
-            for m, name, changes in (order if r % 2 == 0 else order[::-1])]
+    return [
+        (r, m, name, changes)
+        for r in range(repeats)
+        for m, name, changes in (order if r % 2 == 0 else order[::-1])
+    ]
 
 
 def median(values: list[float]) -> float:
     return round(statistics.median(values), 2)
 
 
-def summarize(runs: list[dict], sets: dict[str, list[tuple[str, dict]]], *, with_recovery: bool,
-              measure: str) -> dict:
+def summarize(
+    runs: list[dict], sets: dict[str, list[tuple[str, dict]]], *, with_recovery: bool, measure: str
+) -> dict:
     """Per method and set: each figure per repeat, medians, the deltas from today, and the fastest set
     within the rule, by the calibrate stage's ``measure`` (stage_cpu_seconds or stage_seconds)."""
     out: dict[str, Any] = {}
@@ -239,12 +335,16 @@ def summarize(runs: list[dict], sets: dict[str, list[tuple[str, dict]]], *, with
             if not mine:
                 continue
             stages = list(mine[0]["stage_seconds"])
-            row = {"set": name, "changes": changes, "repeats": len(mine),
-                   "seconds": [r["seconds"] for r in mine],
-                   "stage_seconds": {k: [r["stage_seconds"].get(k) for r in mine] for k in stages},
-                   "stage_cpu_seconds": {k: [r["stage_cpu_seconds"].get(k) for r in mine] for k in stages},
-                   "calibration_passes": [r["calibration_passes"] for r in mine],
-                   "load_average_1min": [r["load_average_1min"] for r in mine]}
+            row = {
+                "set": name,
+                "changes": changes,
+                "repeats": len(mine),
+                "seconds": [r["seconds"] for r in mine],
+                "stage_seconds": {k: [r["stage_seconds"].get(k) for r in mine] for k in stages},
+                "stage_cpu_seconds": {k: [r["stage_cpu_seconds"].get(k) for r in mine] for k in stages},
+                "calibration_passes": [r["calibration_passes"] for r in mine],
+                "load_average_1min": [r["load_average_1min"] for r in mine],
+            }
             if with_recovery:
                 row["heldout_ppl"] = [r["heldout_ppl"] for r in mine]
                 row["recovery"] = [r["recovery"] for r in mine]
@@ -259,15 +359,20 @@ def summarize(runs: list[dict], sets: dict[str, list[tuple[str, dict]]], *, with
             if today is None:
                 continue
             row["calibrate_saved_s"] = round(today["median_calibrate_s"] - row["median_calibrate_s"], 2)
-            row["calibrate_cpu_saved_s"] = round(today["median_calibrate_cpu_s"] - row["median_calibrate_cpu_s"], 2)
+            row["calibrate_cpu_saved_s"] = round(
+                today["median_calibrate_cpu_s"] - row["median_calibrate_cpu_s"], 2
+            )
             row["total_saved_s"] = round(today["median_total_s"] - row["median_total_s"], 2)
             mine, theirs = row[measure]["calibrate"], today[measure]["calibrate"]
             row["saves_time"] = row["set"] != "today" and max(mine) < min(theirs)
             if with_recovery:
                 row["recovery_delta"] = round(min(row["recovery"]) - min(today["recovery"]), 5)
                 row["within_tolerance"] = row["recovery_delta"] >= -TOLERANCE
-        eligible = [r for r in rows if r.get("saves_time") and r.get("within_tolerance", True)
-                    and "not_eligible" not in r]
+        eligible = [
+            r
+            for r in rows
+            if r.get("saves_time") and r.get("within_tolerance", True) and "not_eligible" not in r
+        ]
         best = min(eligible, key=lambda r: statistics.median(r[measure]["calibrate"]), default=None)
         out[method] = {"rows": rows, "fastest_within_tolerance": best["set"] if best else None}
     return out
@@ -278,14 +383,25 @@ def choice(summary: dict) -> dict:
     out = {}
     for method, part in summary.items():
         row = next((r for r in part["rows"] if r["set"] == part["fastest_within_tolerance"]), None)
-        keys = ("set", "changes", "calibrate_saved_s", "calibrate_cpu_saved_s", "total_saved_s", "recovery_delta")
-        out[method] = {k: row.get(k) for k in keys} if row else {"set": None, "note": "no eligible set saves time "
-                                                                  "within the tolerance: defaults unchanged"}
+        keys = (
+            "set",
+            "changes",
+            "calibrate_saved_s",
+            "calibrate_cpu_saved_s",
+            "total_saved_s",
+            "recovery_delta",
+        )
+        out[method] = (
+            {k: row.get(k) for k in keys}
+            if row
+            else {"set": None, "note": "no eligible set saves time within the tolerance: defaults unchanged"}
+        )
         out[method]["project_defaults"] = project_defaults(method)
         if row:
             defaults, wanted = project_defaults(method), {**TODAY, **row["changes"]}
             out[method]["defaults_match_choice"] = all(
-                defaults[k.split(".")[1]] == v for k, v in wanted.items() if k.split(".")[1] in defaults)
+                defaults[k.split(".")[1]] == v for k, v in wanted.items() if k.split(".")[1] in defaults
+            )
     return out
 
 
@@ -308,16 +424,23 @@ def run_cpu(args: argparse.Namespace) -> None:
     sets = pick(CPU_SETS, args.sets)
     started = time.monotonic()
     results: dict[str, Any] = {
-        "today": TODAY, "tolerance": TOLERANCE, "repeats": args.repeats or 3,
-        "machine": {"cpus": os.cpu_count(), "worker_threads": 1,
-                    "load_average_before": [round(x, 2) for x in os.getloadavg()]},
+        "today": TODAY,
+        "tolerance": TOLERANCE,
+        "repeats": args.repeats or 3,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "worker_threads": 1,
+            "load_average_before": [round(x, 2) for x in os.getloadavg()],
+        },
         "base_heldout_ppl": perplexity(ROOT / "models/tiny-llama"),
     }
     runs = []
     for repeat, method, name, changes in schedule(sets, results["repeats"]):
         with tempfile.TemporaryDirectory() as work:
             try:
-                run = quantize_once(ROOT / f"recipes/tiny-llama-{method}.yaml", {**TODAY, **changes}, Path(work))
+                run = quantize_once(
+                    ROOT / f"recipes/tiny-llama-{method}.yaml", {**TODAY, **changes}, Path(work)
+                )
                 ppl = perplexity(Path(run.pop("checkpoint_dir")))
                 run.update(heldout_ppl=ppl, recovery=recovery(results["base_heldout_ppl"], ppl))
             except Exception as exc:  # recorded; the other sets still run
@@ -336,11 +459,13 @@ def write_cpu_summary(results: dict, sets: dict, out: Path) -> None:
     results.update(method="\n\n".join(paragraphs[1:3]), rule=paragraphs[3], options=OPTIONS)
     results["summary"] = summarize(results["runs"], sets, with_recovery=True, measure="stage_cpu_seconds")
     results["choice"] = choice(results["summary"])
-    results["gpu"] = {"status": "measured-on-GPU-pending",
-                      "command": ".venv/bin/python benchmarks/quantize_speed.py --gpu --model-dir M --work-dir W "
-                                 "--out OUT.json",
-                      "expected_duration": "about 50 minutes on one H200 with 2 repeats (resumable)",
-                      "sets": {m: [n for n, _ in items] for m, items in gpu_sets(results["summary"]).items()}}
+    results["gpu"] = {
+        "status": "measured-on-GPU-pending",
+        "command": ".venv/bin/python benchmarks/quantize_speed.py --gpu --model-dir M --work-dir W "
+        "--out OUT.json",
+        "expected_duration": "about 50 minutes on one H200 with 2 repeats (resumable)",
+        "sets": {m: [n for n, _ in items] for m, items in gpu_sets(results["summary"]).items()},
+    }
     write_json_result(out, results)
     log(f"wrote {out}")
 
@@ -376,8 +501,14 @@ def production_calibration(work_dir: Path, tokenizer_dir: Path, rows: int) -> Pa
 def gpu_recipe(method: str, model_dir: Path, calibration: Path) -> dict[str, Any]:
     """benchmarks/h200.py's recipe for the 8B shape, calibrated as recipes/llama3-8b-instruct-awq.yaml is."""
     recipe = model_recipe(profile_of(rehearse=False), method, model_dir)
-    recipe["calibration"] = {"dataset": str(calibration), "messages_field": "messages", "num_samples": 256,
-                             "max_seq_len": 2048, "shuffle_seed": 42, "batch_size": 1}
+    recipe["calibration"] = {
+        "dataset": str(calibration),
+        "messages_field": "messages",
+        "num_samples": 256,
+        "max_seq_len": 2048,
+        "shuffle_seed": 42,
+        "batch_size": 1,
+    }
     return recipe
 
 
@@ -391,8 +522,10 @@ def run_gpu(args: argparse.Namespace) -> None:
     sets = pick(gpu_sets(json.loads(OUT.read_text())["summary"]), args.sets)
     runs = res.data.setdefault("runs", [])
     for repeat, method, name, changes in schedule(sets, args.repeats or 2):
-        if any(r["method"] == method and r["set"] == name and r["repeat"] == repeat and "error" not in r
-               for r in runs):
+        if any(
+            r["method"] == method and r["set"] == name and r["repeat"] == repeat and "error" not in r
+            for r in runs
+        ):
             continue  # resumed: done before
         scratch = work_dir / "scratch"
         shutil.rmtree(scratch, ignore_errors=True)
@@ -414,8 +547,11 @@ def pick(sets: dict[str, list[tuple[str, dict]]], names: str | None) -> dict[str
     if not names:
         return sets
     wanted = {tuple(n.split(":", 1)) for n in names.split(",")}
-    return {m: [s for s in items if s[0] == "today" or (m, s[0]) in wanted] for m, items in sets.items()
-            if any(w[0] == m for w in wanted)}
+    return {
+        m: [s for s in items if s[0] == "today" or (m, s[0]) in wanted]
+        for m, items in sets.items()
+        if any(w[0] == m for w in wanted)
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

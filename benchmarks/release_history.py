@@ -59,10 +59,14 @@ def dry_run() -> int:
     for name, extra in STEPS:
         overrides = step_overrides(extra)
         recipe = load_recipe(RECIPE, overrides)
-        print(f"{name}: {RECIPE.relative_to(ROOT)} with {json.dumps(overrides)} -> {recipe.hub.repo_id}, "
-              f"{recipe.hub.release_ref_kind} {recipe.hub.release_ref!r}, regression gate "
-              f"{'on' if recipe.gates.regression.enabled else 'off'}")
-    print(f"rollback: {REPO} (the gated commit before the current one), then `quantize-serve releases {REPO}`")
+        print(
+            f"{name}: {RECIPE.relative_to(ROOT)} with {json.dumps(overrides)} -> {recipe.hub.repo_id}, "
+            f"{recipe.hub.release_ref_kind} {recipe.hub.release_ref!r}, regression gate "
+            f"{'on' if recipe.gates.regression.enabled else 'off'}"
+        )
+    print(
+        f"rollback: {REPO} (the gated commit before the current one), then `quantize-serve releases {REPO}`"
+    )
     print(f"would write {OUT.relative_to(ROOT)}")
     return 0
 
@@ -77,39 +81,59 @@ def release(name: str, extra: dict) -> dict:
     if not isinstance(report, RunReport):
         raise SystemExit(f"{name}: the flow failed before its report: {report}")
     rel = report.release
-    return {"step": name, "overrides": overrides, "seconds": round(time.monotonic() - started, 1),
-            "decision": [f"{c.check}: {'off' if c.off else 'pass' if c.passed else 'FAIL'}: {c.reason}"
-                         for c in report.decision.checks],
-            "release": rel.model_dump(include={"status", "ref", "commit_sha", "candidate_sha", "rejection_tag"})
-            if rel else None,
-            "regression": report.regression.model_dump(mode="json") if report.regression else None}
+    return {
+        "step": name,
+        "overrides": overrides,
+        "seconds": round(time.monotonic() - started, 1),
+        "decision": [
+            f"{c.check}: {'off' if c.off else 'pass' if c.passed else 'FAIL'}: {c.reason}"
+            for c in report.decision.checks
+        ],
+        "release": rel.model_dump(include={"status", "ref", "commit_sha", "candidate_sha", "rejection_tag"})
+        if rel
+        else None,
+        "regression": report.regression.model_dump(mode="json") if report.regression else None,
+    }
 
 
 def rollback() -> dict:
     from flows.rollback import rollback_release
 
     started = time.monotonic()
-    state = rollback_release(RollbackRequest(repo_id=REPO, reason="benchmark: back to the previous release"),
-                             return_state=True)
+    state = rollback_release(
+        RollbackRequest(repo_id=REPO, reason="benchmark: back to the previous release"), return_state=True
+    )
     result = state.result(raise_on_failure=False)
     if isinstance(result, BaseException):
         return {"step": "rollback", "failed": str(result)}
-    return {"step": "rollback", "seconds": round(time.monotonic() - started, 1),
-            **result.model_dump(mode="json", include={"moved", "note_commit", "at"}),
-            "plan": result.plan.model_dump(mode="json")}
+    return {
+        "step": "rollback",
+        "seconds": round(time.monotonic() - started, 1),
+        **result.model_dump(mode="json", include={"moved", "note_commit", "at"}),
+        "plan": result.plan.model_dump(mode="json"),
+    }
 
 
 def releases_command(env: dict[str, str]) -> str:
     """`quantize-serve releases REPO`, as a user runs it (its own process)."""
-    done = subprocess.run([sys.executable, "-m", "quantize_serve.cli", "releases", REPO], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "quantize_serve.cli", "releases", REPO],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     return done.stdout.rstrip("\n")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="check the steps and print the plan only")
-    parser.add_argument("--out", type=Path, default=OUT, help=f"result file (default {OUT.relative_to(ROOT)})")
+    parser.add_argument(
+        "--out", type=Path, default=OUT, help=f"result file (default {OUT.relative_to(ROOT)})"
+    )
     args = parser.parse_args(argv)
     if args.dry_run:
         return dry_run()
@@ -119,15 +143,21 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["QS_RUNS_DIR"] = str(root / "runs")
         os.environ["HF_TOKEN"] = TOKEN
         get_settings.cache_clear()
-        with start_local_hub(root / "hub", tokens=(TOKEN,)) as hub, hub_client_env(hub.endpoint,
-                                                                                   cache_dir=root / "hf-cache"):
+        with (
+            start_local_hub(root / "hub", tokens=(TOKEN,)) as hub,
+            hub_client_env(hub.endpoint, cache_dir=root / "hf-cache"),
+        ):
             steps = [release(name, extra) for name, extra in STEPS]
             steps.append(rollback())
             table = releases_command(dict(os.environ))
     result = {
         "what": "two releases and one rollback of the tiny model through the real pipeline (local Hub, "
-                "ephemeral Prefect API); history_table is `quantize-serve releases REPO` as printed",
-        "repo": REPO, "recipe": str(RECIPE.relative_to(ROOT)), "steps": steps, "history_table": table}
+        "ephemeral Prefect API); history_table is `quantize-serve releases REPO` as printed",
+        "repo": REPO,
+        "recipe": str(RECIPE.relative_to(ROOT)),
+        "steps": steps,
+        "history_table": table,
+    }
     write_json_result(args.out, result, roots=[ROOT])
     print(table)
     print(f"wrote {args.out}")

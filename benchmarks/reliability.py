@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run 
 
 from benchmarks.harness import RESULTS, ROOT  # noqa: E402
 from quantize_serve.core.portable import write_json_result  # noqa: E402
+
 MATRIX = ROOT / "docs" / "reliability.md"
 ROW = re.compile(r"^\|\s*(\d+)\s*\|(.+?)\|(.+?)\|(.+?)\|\s*`(tests/[\w/]+\.py::[\w\[\]\-.,]+)`\s*\|\s*$")
 
@@ -35,28 +36,60 @@ ROW = re.compile(r"^\|\s*(\d+)\s*\|(.+?)\|(.+?)\|(.+?)\|\s*`(tests/[\w/]+\.py::[
 def fault_rows(text: str | None = None) -> list[dict]:
     """The matrix rows: number, fault, what the user sees, what is left behind, test id."""
     text = MATRIX.read_text() if text is None else text
-    return [{"case": int(m[1]), "fault": m[2].strip(), "user_sees": m[3].strip(), "left_behind": m[4].strip(),
-             "test": m[5]} for m in map(ROW.match, text.splitlines()) if m]
+    return [
+        {
+            "case": int(m[1]),
+            "fault": m[2].strip(),
+            "user_sees": m[3].strip(),
+            "left_behind": m[4].strip(),
+            "test": m[5],
+        }
+        for m in map(ROW.match, text.splitlines())
+        if m
+    ]
 
 
 def run_tests(test_ids: list[str]) -> dict[str, str]:
     """pytest on exactly these ids; the outcome of each (a parametrised id: all its cases)."""
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-                        *sorted(set(test_ids))], cwd=ROOT, check=False)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                f"--junitxml={junit}",
+                *sorted(set(test_ids)),
+            ],
+            cwd=ROOT,
+            check=False,
+        )
         cases = ET.parse(junit).getroot().iter("testcase") if junit.is_file() else []
         outcomes: dict[str, list[str]] = {}
         for case in cases:
             module = case.get("classname", "").split(".")
-            path = "/".join(module[: module.index(next(p for p in module if p.startswith("test_"))) + 1]) + ".py"
-            result = ("failed" if case.find("failure") is not None or case.find("error") is not None
-                      else "skipped" if case.find("skipped") is not None else "passed")
+            path = (
+                "/".join(module[: module.index(next(p for p in module if p.startswith("test_"))) + 1]) + ".py"
+            )
+            result = (
+                "failed"
+                if case.find("failure") is not None or case.find("error") is not None
+                else "skipped"
+                if case.find("skipped") is not None
+                else "passed"
+            )
             outcomes.setdefault(f"{path}::{case.get('name')}", []).append(result)
 
     def outcome(test_id: str) -> str:
-        found = [r for name, rs in outcomes.items() for r in rs
-                 if name == test_id or (("[" not in test_id) and name.startswith(test_id + "["))]
+        found = [
+            r
+            for name, rs in outcomes.items()
+            for r in rs
+            if name == test_id or (("[" not in test_id) and name.startswith(test_id + "["))
+        ]
         if not found:
             return "missing"
         return "failed" if "failed" in found else "skipped" if "skipped" in found else "passed"
@@ -79,11 +112,14 @@ def main() -> int:
         "fault_tests_seconds": round(time.monotonic() - started, 1),
         "validate_seconds_max": validate["validate_seconds_max"],
         "error_lines_max": validate["error_lines_max"],
-        "source": "docs/reliability.md (rows), pytest (results), benchmarks/validate_cli.py (validate figures)",
+        "source": "docs/reliability.md (rows), pytest (results), benchmarks/validate_cli.py (validate "
+        "figures)",
     }
     write_json_result(RESULTS / "reliability.json", out)
-    print(f"fault cases: {out['fault_cases_passed']}/{len(rows)} passed; validate_seconds_max "
-          f"{out['validate_seconds_max']}; error_lines_max {out['error_lines_max']}")
+    print(
+        f"fault cases: {out['fault_cases_passed']}/{len(rows)} passed; validate_seconds_max "
+        f"{out['validate_seconds_max']}; error_lines_max {out['error_lines_max']}"
+    )
     return 0 if out["fault_cases_passed"] == len(rows) else 1
 
 

@@ -1,6 +1,6 @@
-"""One runner for the GPU benchmarks: each question is a scenario file, ``benchmarks/scenarios/NAME.yaml``, that
-says what runs (its ``driver``), with which recipe and settings, and where its ``result`` goes; this runs any of
-them, recording as it goes, resumes, and collects.
+"""One runner for the GPU benchmarks: each question is a scenario file, ``benchmarks/scenarios/NAME.yaml``,
+that says what runs (its ``driver``), with which recipe and settings, and where its ``result`` goes; this runs
+any of them, recording as it goes, resumes, and collects.
 
     .venv/bin/python benchmarks/run.py --list                              # the scenarios and their questions
     .venv/bin/python benchmarks/run.py NAME [--state DIR] [DRIVER ARGS...]  # run one on this host
@@ -9,12 +9,12 @@ them, recording as it goes, resumes, and collects.
 On the GPU host, ``bash scripts/gpu/host.sh launch NAME [ARGS]`` starts one detached (job NAME, or the
 scenario's ``job``): a new scenario file is a new job, with no edit to host.sh.
 
-A run: the result is ``STATE/<result>`` (STATE: ``--state``, else $QS_GPU_STATE, else /tmp/qs-h200). A scenario
-with ``resume: true`` first seeds it from ``benchmarks/results/<result>``, a result measured in an earlier
-session that this one adds to. The driver runs as ``python DRIVER ARGS --out STATE/<result> [DRIVER ARGS...]``
-(``{state}`` in the scenario's ``args`` and ``env`` is STATE; arguments given here come last, so they win), its
-output passed through; ``STATE/runs.jsonl`` records each start and end (the scenario, the command, its exit
-code and seconds), so a session cut short still says what it started.
+A run: the result is ``STATE/<result>`` (STATE: ``--state``, else $QS_GPU_STATE, else /tmp/qs-h200). A
+scenario with ``resume: true`` first seeds it from ``benchmarks/results/<result>``, a result measured in an
+earlier session that this one adds to. The driver runs as ``python DRIVER ARGS --out STATE/<result> [DRIVER
+ARGS...]`` (``{state}`` in the scenario's ``args`` and ``env`` is STATE; arguments given here come last, so
+they win), its output passed through; ``STATE/runs.jsonl`` records each start and end (the scenario, the
+command, its exit code and seconds), so a session cut short still says what it started.
 """
 
 from __future__ import annotations
@@ -51,21 +51,31 @@ def check_scenario(name: str, scenario: dict[str, Any]) -> None:
     """The runner's part of a scenario file: a driver that exists and a result file name."""
     for key in ("question", "driver", "result"):
         if not scenario.get(key):
-            raise SystemExit(f"benchmarks/scenarios/{name}.yaml: no {key!r}; a scenario names its question, "
-                             "its driver (a script under benchmarks/) and its result file")
+            raise SystemExit(
+                f"benchmarks/scenarios/{name}.yaml: no {key!r}; a scenario names its question, "
+                "its driver (a script under benchmarks/) and its result file"
+            )
     if not (ROOT / scenario["driver"]).is_file():
         raise SystemExit(f"benchmarks/scenarios/{name}.yaml: driver {scenario['driver']!r} does not exist")
 
 
-def command(scenario: dict[str, Any], state: Path, extra: list[str], *,
-            python: str = sys.executable) -> tuple[list[str], dict[str, str], Path]:
+def command(
+    scenario: dict[str, Any], state: Path, extra: list[str], *, python: str = sys.executable
+) -> tuple[list[str], dict[str, str], Path]:
     """(the driver's argv, the env it adds, its result file) for ``scenario`` run in ``state``."""
+
     def fill(value: Any) -> str:
         return str(value).replace("{state}", str(state))
 
     out = state / scenario["result"]
-    argv = [python, str(ROOT / scenario["driver"]), *map(fill, scenario.get("args", [])), "--out", str(out),
-            *extra]
+    argv = [
+        python,
+        str(ROOT / scenario["driver"]),
+        *map(fill, scenario.get("args", [])),
+        "--out",
+        str(out),
+        *extra,
+    ]
     env = {k: fill(v) for k, v in (scenario.get("env") or {}).items()}
     return argv, env, out
 
@@ -91,8 +101,10 @@ def run(name: str, state: Path, extra: list[str]) -> int:
     check_scenario(name, scenario)
     argv, env, out = command(scenario, state, extra)
     if seed(scenario, out):
-        print(f"[run] {out} seeded from benchmarks/results/{scenario['result']} (this session adds to it)",
-              flush=True)
+        print(
+            f"[run] {out} seeded from benchmarks/results/{scenario['result']} (this session adds to it)",
+            flush=True,
+        )
     shown = " ".join(argv[1:]).replace(str(ROOT) + os.sep, "")
     print(f"[run] {name}: {scenario['question']}\n[run] {shown}", flush=True)
     record(state, scenario=name, event="started", command=shown, env=env)
@@ -116,14 +128,23 @@ def collect(dest: Path, state: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                                usage="run.py (--list | --collect DEST | NAME) [--state DIR] [DRIVER ARGS...]")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        allow_abbrev=False,
+        usage="run.py (--list | --collect DEST | NAME) [--state DIR] [DRIVER ARGS...]",
+    )
     p.add_argument("name", nargs="?", help="a scenario: benchmarks/scenarios/NAME.yaml")
-    p.add_argument("--state", type=Path, default=None, help="where results and scratch go (default "
-                   "$QS_GPU_STATE, else /tmp/qs-h200)")
+    p.add_argument(
+        "--state",
+        type=Path,
+        default=None,
+        help="where results and scratch go (default $QS_GPU_STATE, else /tmp/qs-h200)",
+    )
     p.add_argument("--list", action="store_true", help="the scenarios and their questions")
     p.add_argument("--job", action="store_true", help="print the scenario's job name (host.sh)")
-    p.add_argument("--collect", type=Path, metavar="DEST", help="copy every result and the run records to DEST")
+    p.add_argument(
+        "--collect", type=Path, metavar="DEST", help="copy every result and the run records to DEST"
+    )
     args, extra = p.parse_known_args(argv)
     state = (args.state or default_state()).resolve()
     if args.list:

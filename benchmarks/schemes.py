@@ -34,6 +34,7 @@ from quantize_serve.recipe.load import parse_recipe  # noqa: E402
 from quantize_serve.recipe.quantization import FormatRule  # noqa: E402
 from quantize_serve.report.run_report import RunReport  # noqa: E402
 from quantize_serve.serving import host as cpu_support  # noqa: E402
+
 RECIPE = ROOT / "recipes" / "tiny-llama-formats.yaml"
 
 
@@ -49,8 +50,12 @@ def main() -> None:
     report = state.result(raise_on_failure=False)
     assert isinstance(report, RunReport), f"the flow failed before its report: {report}"
     formats = json.loads((Path(report.report_dir) / "formats.json").read_text())
-    by_speed = formats_module.choose(report.formats.rows, FormatRule(rule="throughput", max_p99_ttft_ms=1e9),
-                                     report.formats.bench, report.formats.platform)
+    by_speed = formats_module.choose(
+        report.formats.rows,
+        FormatRule(rule="throughput", max_p99_ttft_ms=1e9),
+        report.formats.bench,
+        report.formats.platform,
+    )
     flags = cpu_support.cpu_flags()
     result = {
         "started": started,
@@ -59,15 +64,23 @@ def main() -> None:
         "avx512": sorted(f for f in flags if f.startswith("avx512")),
         "amx": any(f.startswith("amx") for f in flags),
         "weights": "the trained reference model (models/tiny-llama): recovery is meaningful; speeds are a "
-                   "2-core CPU's, where 8-bit and 4-bit matmuls have no tensor cores to gain from",
+        "2-core CPU's, where 8-bit and 4-bit matmuls have no tensor cores to gain from",
         "recipe": "recipes/tiny-llama-formats.yaml",
-        "rule": formats["rule"], "bench": formats["bench"], "platform": formats["platform"],
-        "rows": formats["rows"], "pareto": formats["pareto"],
-        "chosen": formats["winner"], "reason": formats["reason"],
+        "rule": formats["rule"],
+        "bench": formats["bench"],
+        "platform": formats["platform"],
+        "rows": formats["rows"],
+        "pareto": formats["pareto"],
+        "chosen": formats["winner"],
+        "reason": formats["reason"],
         "winner_by_throughput": by_speed.winner,  # the same rows under rule: throughput, no latency limit
         "winner_by_throughput_reason": by_speed.reason,
-        "release": {"method": report.checkpoint.method, "scheme": report.checkpoint.scheme,
-                    "decision_passed": report.decision.passed, "state": state.type.value},
+        "release": {
+            "method": report.checkpoint.method,
+            "scheme": report.checkpoint.scheme,
+            "decision_passed": report.decision.passed,
+            "state": state.type.value,
+        },
         "report": str(Path(report.report_dir) / "report.md"),
     }
     write_json_result(ROOT / "benchmarks/results/schemes.json", result)

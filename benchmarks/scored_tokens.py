@@ -7,7 +7,8 @@ tokens with the served tokenizer (the reference model's, the one the H200 benchm
 tokens, and the tokens left if each distinct context were scored once (the share a multiple-choice task
 scores again for each answer choice: vLLM skips its prefix cache for requests that ask for prompt logprobs).
 Both data sets: ``unscaled`` (the rows as first published, the real datasets' word counts) and
-``token_true`` (scaled to Llama-3's tokens a word, as the H200 benchmark now publishes them). CPU only, ~2 min.
+``token_true`` (scaled to Llama-3's tokens a word, as the H200 benchmark now publishes them). CPU only,
+~2 min.
 
     .venv/bin/python benchmarks/scored_tokens.py        # -> benchmarks/results/scored_tokens.json
 """
@@ -30,7 +31,9 @@ from quantize_serve.core.portable import write_json_result  # noqa: E402
 
 OUT = ROOT / "benchmarks/results/scored_tokens.json"
 TOKENIZER = ROOT / "models/tiny-llama"
-TASKS = load_scenario("release-time")["tasks"]  # the production recipe's task set, as the H200 benchmark runs it
+TASKS = load_scenario("release-time")[
+    "tasks"
+]  # the production recipe's task set, as the H200 benchmark runs it
 TOKEN = "hf_scored_tokens"
 FEWSHOT_SEED = 1234  # lm_eval.simple_evaluate's fewshot_random_seed default, which the accuracy gate keeps
 
@@ -61,11 +64,17 @@ def count(tasks: list[dict[str, Any]], tokenizer: Any) -> dict[str, Any]:
                 tokens += n_all
                 distinct += n_all - (n_context if context in seen else 0)
                 seen.add(context)
-        out[spec["task"]] = {"requests": requests, "tokens": tokens, "distinct_context_tokens": distinct,
-                             "request_type": request_type}
+        out[spec["task"]] = {
+            "requests": requests,
+            "tokens": tokens,
+            "distinct_context_tokens": distinct,
+            "request_type": request_type,
+        }
     scored = [v for v in out.values() if v["request_type"] == "loglikelihood"]
-    out["loglikelihood_total"] = {"tokens": sum(v["tokens"] for v in scored),
-                                  "distinct_context_tokens": sum(v["distinct_context_tokens"] for v in scored)}
+    out["loglikelihood_total"] = {
+        "tokens": sum(v["tokens"] for v in scored),
+        "distinct_context_tokens": sum(v["distinct_context_tokens"] for v in scored),
+    }
     total = out["loglikelihood_total"]
     total["repeated_share"] = round(1 - total["distinct_context_tokens"] / total["tokens"], 3)
     return out
@@ -79,16 +88,22 @@ def main(argv: list[str] | None = None) -> None:
     from huggingface_hub import HfApi
     from transformers import AutoTokenizer
 
-
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
     result: dict[str, Any] = {
-        "what": __doc__.split("\n\n")[0].replace("\n", " "), "tasks": TASKS,
+        "what": __doc__.split("\n\n")[0].replace("\n", " "),
+        "tasks": TASKS,
         "tokenizer": str(TOKENIZER.relative_to(ROOT)),
-        "tokens_per_word": {"served_tokenizer": round(tokens_per_word(tokenizer), 3), "llama3": TOKENS_PER_WORD}}
+        "tokens_per_word": {
+            "served_tokenizer": round(tokens_per_word(tokenizer), 3),
+            "llama3": TOKENS_PER_WORD,
+        },
+    }
     for name, publish_with in (("unscaled", None), ("token_true", tokenizer)):
-        with tempfile.TemporaryDirectory(prefix="qs-scored-tokens-") as tmp, \
-                start_local_hub(Path(tmp) / "hub", tokens=(TOKEN,)) as hub, \
-                hub_client_env(hub.endpoint, cache_dir=Path(tmp) / "cache"):
+        with (
+            tempfile.TemporaryDirectory(prefix="qs-scored-tokens-") as tmp,
+            start_local_hub(Path(tmp) / "hub", tokens=(TOKEN,)) as hub,
+            hub_client_env(hub.endpoint, cache_dir=Path(tmp) / "cache"),
+        ):
             publish_production_tasks(HfApi(endpoint=hub.endpoint, token=TOKEN), tokenizer=publish_with)
             result[name] = count(TASKS, tokenizer)
         print(name, result[name]["loglikelihood_total"], flush=True)

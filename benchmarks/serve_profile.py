@@ -40,8 +40,16 @@ from quantize_serve.validate.preflight import resolve_base, validate_recipe  # n
 KV_BLOCKS = 41
 BLOCK_TOKENS = 128  # vLLM CPU
 SEARCH = {"min_num_seqs": 4, "max_num_seqs": 32, "step": 4, "max_boots": 6}
-PROFILE = {"num_requests": 8, "max_duration_s": 300, "prompt_tokens": [16, 64], "output_tokens": [256],
-           "long_prompt_share": 0.0, "overlong_prompts": 1, "max_preemptions": 0, "request_timeout_s": 180}
+PROFILE = {
+    "num_requests": 8,
+    "max_duration_s": 300,
+    "prompt_tokens": [16, 64],
+    "output_tokens": [256],
+    "long_prompt_share": 0.0,
+    "overlong_prompts": 1,
+    "max_preemptions": 0,
+    "request_timeout_s": 180,
+}
 
 
 def search_recipe(recipe_path: Path, checkpoint_dir: Path):
@@ -65,17 +73,24 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
     started = time.monotonic()
     validated = validate_recipe(recipe_path)
     base = resolve_base(validated)
-    ckpt = Path(quantize_model(validated.recipe, Path(base.local_dir), base_identity=base.identity,
-                               calibration_fingerprint=validated.calibration_fingerprint,
-                               log=lambda _: None).checkpoint_dir)
+    ckpt = Path(
+        quantize_model(
+            validated.recipe,
+            Path(base.local_dir),
+            base_identity=base.identity,
+            calibration_fingerprint=validated.calibration_fingerprint,
+            log=lambda _: None,
+        ).checkpoint_dir
+    )
     recipe = search_recipe(recipe_path, ckpt)
     model = published_model(recipe, ckpt)  # what the committed profile and commands name
     work = ROOT / ".cache" / "bench-serve-profile" / time.strftime("%Y%m%d-%H%M%S")
     print(f"checkpoint {ckpt}; KV budget {KV_BLOCKS} blocks; logs under {work}", flush=True)
 
     t0 = time.monotonic()
-    result = ps.search_serve_profile(recipe, ckpt, probe=vllm_probe(recipe, ckpt, tokenizer_dir=str(ckpt),
-                                                                    output_dir=work / "search"))
+    result = ps.search_serve_profile(
+        recipe, ckpt, probe=vllm_probe(recipe, ckpt, tokenizer_dir=str(ckpt), output_dir=work / "search")
+    )
     search_s = round(time.monotonic() - t0, 1)
 
     t0 = time.monotonic()
@@ -91,24 +106,34 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
     out: dict = {
         "recipe": recipe.name,
         "setup": {
-            "kv_budget_blocks": KV_BLOCKS, "block_tokens": BLOCK_TOKENS,
+            "kv_budget_blocks": KV_BLOCKS,
+            "block_tokens": BLOCK_TOKENS,
             "memory_budget_bytes": int(recipe.serve.memory_budget),
             "serve": recipe.serve.model_dump(mode="json", exclude={"search"}),
-            "search": SEARCH, "stress_profile": PROFILE,
+            "search": SEARCH,
+            "stress_profile": PROFILE,
             "why": "256-token outputs grow after admission; 3 blocks per request, 40 usable blocks "
-                   "(one is vLLM's null block): the limit (about 13) lies inside 4..32",
+            "(one is vLLM's null block): the limit (about 13) lies inside 4..32",
         },
-        "found": None if found is None else {
-            "max_num_seqs": found.max_num_seqs, "max_num_batched_tokens": found.max_num_batched_tokens,
-            "max_model_len": found.max_model_len, "peak_kv_cache_usage": found.peak_kv_cache_usage,
-            "preemptions": found.preemptions, "output_throughput": found.output_throughput,
+        "found": None
+        if found is None
+        else {
+            "max_num_seqs": found.max_num_seqs,
+            "max_num_batched_tokens": found.max_num_batched_tokens,
+            "max_model_len": found.max_model_len,
+            "peak_kv_cache_usage": found.peak_kv_cache_usage,
+            "preemptions": found.preemptions,
+            "output_throughput": found.output_throughput,
             "profile": profile_output.profile_config(found.spec, model=model),
             "command": found.spec.serve_command(model),
         },
         "boots": result.boots,
         "stop_reason": result.stop_reason,
-        "planner": {"recommended_max_num_seqs": result.planner_recommended,
-                    "max_concurrency": result.planner_max_concurrency, "start": result.planner_start},
+        "planner": {
+            "recommended_max_num_seqs": result.planner_recommended,
+            "max_concurrency": result.planner_max_concurrency,
+            "start": result.planner_start,
+        },
         "points": [point_row(p, model) for p in result.points],
         "search_wall_s": search_s,
         "grid_best": grid_best,
@@ -118,7 +143,8 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
         "grid_wall_s": grid_s,
         "total_wall_s": round(time.monotonic() - started, 1),
         "targets": {
-            "found_within_one_step_of_grid_best": found is not None and grid_best is not None
+            "found_within_one_step_of_grid_best": found is not None
+            and grid_best is not None
             and abs(found.max_num_seqs - grid_best) <= SEARCH["step"],
             "at_most_half_the_grid_boots": result.boots <= len(grid) / 2,
         },
@@ -132,8 +158,10 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
     write_json_result(RESULTS / "serve_profile.json", out)
     print(result.markdown())
     print("grid:", [(p.max_num_seqs, p.passed, p.preemptions) for p in grid])
-    print(f"found {found and found.max_num_seqs} in {result.boots} boots ({search_s} s); "
-          f"grid best {grid_best} in {len(grid)} boots ({grid_s} s); targets {out['targets']}")
+    print(
+        f"found {found and found.max_num_seqs} in {result.boots} boots ({search_s} s); "
+        f"grid best {grid_best} in {len(grid)} boots ({grid_s} s); targets {out['targets']}"
+    )
     print(f"wrote {RESULTS / 'serve_profile.json'}")
 
 

@@ -53,8 +53,14 @@ def run_validate(recipe: Path, repeats: int) -> tuple[list[float], list[float], 
     for _ in range(repeats):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        done = subprocess.run([str(SCRIPT), "validate", str(recipe.relative_to(ROOT))], cwd=ROOT,
-                              capture_output=True, text=True, env=env, timeout=120)
+        done = subprocess.run(
+            [str(SCRIPT), "validate", str(recipe.relative_to(ROOT))],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         seconds.append(time.perf_counter() - t0)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
@@ -67,17 +73,28 @@ def row(name: str, group: str, recipe: Path, repeats: int, case: Case | None = N
     output = (done.stdout + done.stderr).replace(f"{ROOT}{os.sep}", "")  # paths relative to the repository
     lines = output.splitlines()
     result = {
-        "name": name, "group": group, "recipe": str(recipe.relative_to(ROOT)), "exit_code": done.returncode,
-        "seconds": round(statistics.median(seconds), 3), "seconds_slowest": round(max(seconds), 3),
+        "name": name,
+        "group": group,
+        "recipe": str(recipe.relative_to(ROOT)),
+        "exit_code": done.returncode,
+        "seconds": round(statistics.median(seconds), 3),
+        "seconds_slowest": round(max(seconds), 3),
         "cpu_seconds": round(statistics.median(cpu), 3),
         "lines": len(lines),
     }
     if case is not None:
-        result |= {"expected_field": case.field, "names_field": case.field in output,
-                   "names_fix": case.fix in output and "fix: " in output, "traceback": "Traceback" in output}
+        result |= {
+            "expected_field": case.field,
+            "names_field": case.field in output,
+            "names_fix": case.fix in output and "fix: " in output,
+            "traceback": "Traceback" in output,
+        }
     result["output"] = lines
-    print(f"{name:40s} exit {done.returncode}  {result['seconds']:.3f} s wall  {result['cpu_seconds']:.3f} s cpu  "
-          f"{len(lines):2d} lines", flush=True)
+    print(
+        f"{name:40s} exit {done.returncode}  {result['seconds']:.3f} s wall  {result['cpu_seconds']:.3f} s "
+        f"cpu  {len(lines):2d} lines",
+        flush=True,
+    )
     return result
 
 
@@ -101,9 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     errors = [r for r in rows if r["group"] != "shipped"]
     results = {
         "command": "quantize-serve validate RECIPE (console script, subprocess, from the repository root)",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "system": platform.system(),
-                    # a shared machine: other work running at the same time slows every call
-                    "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)]},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "system": platform.system(),
+            # a shared machine: other work running at the same time slows every call
+            "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        },
         "repeats": args.repeats,
         "targets": {"validate_seconds_max": TARGET_SECONDS, "error_lines_max": TARGET_LINES},
         "validate_seconds_max": max(r["seconds"] for r in rows),
@@ -121,12 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     assert str(ROOT) not in text and str(Path.home()) + os.sep not in text, "an absolute path leaked"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
-    print(f"validate_seconds_max {results['validate_seconds_max']} s (median of {args.repeats}), "
-          f"slowest single run {results['validate_seconds_slowest_run']} s, "
-          f"cpu max {results['validate_cpu_seconds_max']} s, "
-          f"error_lines_max {results['error_lines_max']}; wrote {args.out.relative_to(ROOT)}")
-    ok = (results["malformed_exit_2"] and results["malformed_name_field_and_fix"]
-          and results["malformed_without_traceback"] and results["shipped_exit_0"])
+    print(
+        f"validate_seconds_max {results['validate_seconds_max']} s (median of {args.repeats}), "
+        f"slowest single run {results['validate_seconds_slowest_run']} s, "
+        f"cpu max {results['validate_cpu_seconds_max']} s, "
+        f"error_lines_max {results['error_lines_max']}; wrote {args.out.relative_to(ROOT)}"
+    )
+    ok = (
+        results["malformed_exit_2"]
+        and results["malformed_name_field_and_fix"]
+        and results["malformed_without_traceback"]
+        and results["shipped_exit_0"]
+    )
     return 0 if ok else 1
 
 

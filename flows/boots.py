@@ -75,22 +75,42 @@ class _NoProgress:
         pass
 
 
-def accuracy_gate(validated: ValidatedRecipe, server: RunningServer, *, tokenizer_dir: str,
-                  output_dir: Path, paired_with: AccuracyRun | BaseException | None = None) -> State:
+def accuracy_gate(
+    validated: ValidatedRecipe,
+    server: RunningServer,
+    *,
+    tokenizer_dir: str,
+    output_dir: Path,
+    paired_with: AccuracyRun | BaseException | None = None,
+) -> State:
     """The recipe's accuracy tasks against the live server (its final state, failed or not).
     ``paired_with``: the base's run, so the candidate stops at the first look that decides (a base that
     failed gives nothing to pair with: the candidate is scored in full, and the decision fails)."""
     r = validated.recipe
-    return run_accuracy(server.base_url, r.gates.accuracy, tokenizer_dir=tokenizer_dir,
-                        max_length=r.serve.max_model_len, base_dir=Path(r.base_dir), output_dir=output_dir,
-                        num_concurrent=lm_eval_concurrency(r.gates.accuracy, r.serve),
-                        paired_with=paired_with if isinstance(paired_with, AccuracyRun) else None,
-                        return_state=True)
+    return run_accuracy(
+        server.base_url,
+        r.gates.accuracy,
+        tokenizer_dir=tokenizer_dir,
+        max_length=r.serve.max_model_len,
+        base_dir=Path(r.base_dir),
+        output_dir=output_dir,
+        num_concurrent=lm_eval_concurrency(r.gates.accuracy, r.serve),
+        paired_with=paired_with if isinstance(paired_with, AccuracyRun) else None,
+        return_state=True,
+    )
 
 
-def serve_base(validated: ValidatedRecipe, model_dir: str, log_dir: Path, *, accuracy_dir: Path,
-               tensor_parallel_size: int | None = None, also: Also | None = None,
-               prepare_next: tuple[Boot, ...] = (), progress: Progress | None = None) -> BaseServed:
+def serve_base(
+    validated: ValidatedRecipe,
+    model_dir: str,
+    log_dir: Path,
+    *,
+    accuracy_dir: Path,
+    tensor_parallel_size: int | None = None,
+    also: Also | None = None,
+    prepare_next: tuple[Boot, ...] = (),
+    progress: Progress | None = None,
+) -> BaseServed:
     """(a): ``tensor_parallel_size`` when the base needs more GPUs than the recipe's (plan-base-boot).
     ``prepare_next``: the boots that follow in ``log_dir``, their processes started once capacity is read.
     ``progress`` is told as the boot and its accuracy run start and end."""
@@ -103,8 +123,10 @@ def serve_base(validated: ValidatedRecipe, model_dir: str, log_dir: Path, *, acc
             prepare_boot(log_dir, name)
         extra = also(server, spec, capacity) if also else None
         stages.start("accuracy base")
-        accuracy = stages.done("accuracy base", accuracy_gate(validated, server, tokenizer_dir=model_dir,
-                                                              output_dir=accuracy_dir))
+        accuracy = stages.done(
+            "accuracy base",
+            accuracy_gate(validated, server, tokenizer_dir=model_dir, output_dir=accuracy_dir),
+        )
     return BaseServed(capacity=capacity, accuracy=accuracy, also=extra)
 
 
@@ -114,10 +136,19 @@ def reused_base(reference: BaseReference) -> BaseServed:
     return BaseServed(capacity=reference.capacity, accuracy=Completed(data=reference.accuracy))
 
 
-def serve_quantized(validated: ValidatedRecipe, checkpoint_dir: str, log_dir: Path, *, accuracy_dir: Path,
-                    stress_dir: Path, sixteen_bit_kv: bool = True, soak_dir: Path | None = None,
-                    also: Also | None = None, progress: Progress | None = None,
-                    base_accuracy: AccuracyRun | BaseException | None = None) -> QuantizedServed:
+def serve_quantized(
+    validated: ValidatedRecipe,
+    checkpoint_dir: str,
+    log_dir: Path,
+    *,
+    accuracy_dir: Path,
+    stress_dir: Path,
+    sixteen_bit_kv: bool = True,
+    soak_dir: Path | None = None,
+    also: Also | None = None,
+    progress: Progress | None = None,
+    base_accuracy: AccuracyRun | BaseException | None = None,
+) -> QuantizedServed:
     """(b) when ``sixteen_bit_kv``, then (c). ``soak_dir``: run the soak test too (gates.soak), its
     files there. ``progress`` is told as each boot and gate starts and ends. ``base_accuracy``: the
     base's run, which the accuracy gate pairs with look by look."""
@@ -127,8 +158,9 @@ def serve_quantized(validated: ValidatedRecipe, checkpoint_dir: str, log_dir: Pa
     if sixteen_bit_kv:
         stages.start("boot quantized 16-bit KV")
         with served(validated, Boot.QUANTIZED_16BIT_KV, checkpoint_dir, log_dir) as (server, spec):
-            sixteen = stages.done("boot quantized 16-bit KV",
-                                  measure_capacity(server, spec, Boot.QUANTIZED_16BIT_KV))
+            sixteen = stages.done(
+                "boot quantized 16-bit KV", measure_capacity(server, spec, Boot.QUANTIZED_16BIT_KV)
+            )
             prepare_boot(log_dir, Boot.PRODUCTION)  # (c)'s imports while (b) stops, unless started before
         stages.mark("quantized served")
     stages.start("boot production")
@@ -136,31 +168,59 @@ def serve_quantized(validated: ValidatedRecipe, checkpoint_dir: str, log_dir: Pa
         capacity = stages.done("boot production", measure_capacity(server, spec, Boot.PRODUCTION))
         extra = also(server, spec, capacity) if also else None
         stages.start("accuracy")
-        accuracy = stages.done("accuracy", accuracy_gate(validated, server, tokenizer_dir=checkpoint_dir,
-                                                         output_dir=accuracy_dir, paired_with=base_accuracy))
+        accuracy = stages.done(
+            "accuracy",
+            accuracy_gate(
+                validated,
+                server,
+                tokenizer_dir=checkpoint_dir,
+                output_dir=accuracy_dir,
+                paired_with=base_accuracy,
+            ),
+        )
         stages.start("stress")
-        stress = stages.done("stress", run_stress_test(server, r.gates.stress, r.serve,
-                                                       tokenizer_dir=checkpoint_dir, output_dir=stress_dir,
-                                                       return_state=True))
+        stress = stages.done(
+            "stress",
+            run_stress_test(
+                server,
+                r.gates.stress,
+                r.serve,
+                tokenizer_dir=checkpoint_dir,
+                output_dir=stress_dir,
+                return_state=True,
+            ),
+        )
         soak = None
         if soak_dir is not None and r.gates.soak:  # gates.soak is optional
             stages.start("soak")
-            soak = stages.done("soak", run_soak_test(server, r.gates.soak, r.serve, stress=r.gates.stress,
-                                                     tokenizer_dir=checkpoint_dir, output_dir=soak_dir,
-                                                     return_state=True))
+            soak = stages.done(
+                "soak",
+                run_soak_test(
+                    server,
+                    r.gates.soak,
+                    r.serve,
+                    stress=r.gates.stress,
+                    tokenizer_dir=checkpoint_dir,
+                    output_dir=soak_dir,
+                    return_state=True,
+                ),
+            )
     stages.mark("fp8 served")
-    return QuantizedServed(capacity_16bit_kv=sixteen, capacity=capacity, accuracy=accuracy, stress=stress,
-                           soak=soak, also=extra)
+    return QuantizedServed(
+        capacity_16bit_kv=sixteen, capacity=capacity, accuracy=accuracy, stress=stress, soak=soak, also=extra
+    )
 
 
-def serve_release(validated: ValidatedRecipe, model_dir: str, log_dir: Path, *, accuracy_dir: Path,
-                  stress_dir: Path) -> ReleaseServed:
+def serve_release(
+    validated: ValidatedRecipe, model_dir: str, log_dir: Path, *, accuracy_dir: Path, stress_dir: Path
+) -> ReleaseServed:
     """(d): the release the release ref serves, downloaded (release/baseline.py), booted with this run's
     production settings, measured as the candidate's (c) is; its logs in ``log_dir``."""
     r = validated.recipe
     with served(validated, Boot.PRODUCTION, model_dir, log_dir) as (server, spec):
         capacity = measure_capacity(server, spec, Boot.PRODUCTION)
         accuracy = accuracy_gate(validated, server, tokenizer_dir=model_dir, output_dir=accuracy_dir)
-        stress = run_stress_test(server, r.gates.stress, r.serve, tokenizer_dir=model_dir,
-                                 output_dir=stress_dir, return_state=True)
+        stress = run_stress_test(
+            server, r.gates.stress, r.serve, tokenizer_dir=model_dir, output_dir=stress_dir, return_state=True
+        )
     return ReleaseServed(capacity=capacity, accuracy=accuracy, stress=stress)

@@ -35,8 +35,9 @@ FORMATS_DIR = "formats"
 
 
 @flow(name="choose-format", log_prints=True)
-def choose_format(validated: ValidatedRecipe, base: BaseModelRef, run_dir: Path,
-                  base_tp: int | None = None) -> FormatChoice:
+def choose_format(
+    validated: ValidatedRecipe, base: BaseModelRef, run_dir: Path, base_tp: int | None = None
+) -> FormatChoice:
     """``base_tp``: the base model's TP when it needs more GPUs than the recipe's (plan-base-boot)."""
     r = validated.recipe
     settings = BenchSettings.from_recipe(r)
@@ -48,24 +49,51 @@ def choose_format(validated: ValidatedRecipe, base: BaseModelRef, run_dir: Path,
     out = run_dir / FORMATS_DIR
 
     def format_row(name: str, method: str, scheme: str, reference: bool = False):
-        return lambda server, spec, cap: measure_format(server, spec, cap, name=name, method=method, scheme=scheme,
-                                                        settings=settings, output_dir=out / name, reference=reference)
+        return lambda server, spec, cap: measure_format(
+            server,
+            spec,
+            cap,
+            name=name,
+            method=method,
+            scheme=scheme,
+            settings=settings,
+            output_dir=out / name,
+            reference=reference,
+        )
 
     with gpu_slot():
-        base_served = serve_base(validated, base.local_dir, out / "base", accuracy_dir=out / "base" / "accuracy",
-                                 tensor_parallel_size=base_tp, also=format_row("base", "base", "bf16", reference=True))
+        base_served = serve_base(
+            validated,
+            base.local_dir,
+            out / "base",
+            accuracy_dir=out / "base" / "accuracy",
+            tensor_parallel_size=base_tp,
+            also=format_row("base", "base", "bf16", reference=True),
+        )
         rows = [base_served.also]
         for name, (v, made_by) in made.items():
-            quantized = serve_quantized(v, made_by.checkpoint_dir, out / name, accuracy_dir=out / name / "accuracy",
-                                        stress_dir=out / name / "stress",
-                                        sixteen_bit_kv=r.serve.kv_cache_dtype != "auto",  # else (b) is (c)
-                                        also=format_row(name, made_by.method, made_by.scheme),
-                                        base_accuracy=base_served.accuracy.result(raise_on_failure=False))
-            checks = compare_accuracy(base_served.accuracy.result(raise_on_failure=False),
-                                      quantized.accuracy.result(raise_on_failure=False), r.gates.accuracy)
-            row = with_stress(with_accuracy(quantized.also, checks), quantized.stress.result(raise_on_failure=False))
+            quantized = serve_quantized(
+                v,
+                made_by.checkpoint_dir,
+                out / name,
+                accuracy_dir=out / name / "accuracy",
+                stress_dir=out / name / "stress",
+                sixteen_bit_kv=r.serve.kv_cache_dtype != "auto",  # else (b) is (c)
+                also=format_row(name, made_by.method, made_by.scheme),
+                base_accuracy=base_served.accuracy.result(raise_on_failure=False),
+            )
+            checks = compare_accuracy(
+                base_served.accuracy.result(raise_on_failure=False),
+                quantized.accuracy.result(raise_on_failure=False),
+                r.gates.accuracy,
+            )
+            row = with_stress(
+                with_accuracy(quantized.also, checks), quantized.stress.result(raise_on_failure=False)
+            )
             sixteen = quantized.capacity_16bit_kv
-            rows.append(row.model_copy(update={"kv_cache_tokens_16bit": sixteen.kv_cache_tokens if sixteen else None}))
+            rows.append(
+                row.model_copy(update={"kv_cache_tokens_16bit": sixteen.kv_cache_tokens if sixteen else None})
+            )
     choice = choose_format_task(validated, rows, settings, run_dir)
     release_format(choice)  # none passing: the run stops here, with the table
     return choice

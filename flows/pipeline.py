@@ -83,25 +83,36 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     formats = None
     if validated.recipe.quantization.candidates:  # several formats: measure each, keep the rule's choice
         progress.start("choose format")
-        formats = progress.done("choose format", choose_format(validated, base, run_dir,
-                                                               base_tp=base_boot.tensor_parallel_size))
+        formats = progress.done(
+            "choose format", choose_format(validated, base, run_dir, base_tp=base_boot.tensor_parallel_size)
+        )
         validated = with_candidate(validated, formats.winner, formats.row(formats.winner).scheme)
-    # a known base (same sha, tasks, serve settings, vLLM, hardware): its figures from the run that measured them
+    # a known base (same sha, tasks, serve settings, vLLM, hardware): its figures from the run that measured
+    # them
     reference_key, reference = find_base_reference(validated, base, base_boot)
     with prepared_boots():  # a boot's process starts while the device works on the one before
         prepare_boot(run_dir, Boot.QUANTIZED_16BIT_KV if reference else Boot.BASE)  # imports while quantizing
         progress.start("quantize")
         checkpoint = progress.done("quantize", quantize_model(validated, base), mark="quantized")
         profile = None
-        if validated.recipe.serve.search and validated.recipe.serve.search.enabled:  # the largest stable batch
+        if (
+            validated.recipe.serve.search and validated.recipe.serve.search.enabled
+        ):  # the largest stable batch
             progress.start("serving profile search")
             with gpu_slot():
-                profile = search_serve_profile(validated.recipe, checkpoint.checkpoint_dir, output_dir=run_dir,
-                                               model=published_model(validated, checkpoint.checkpoint_dir))
+                profile = search_serve_profile(
+                    validated.recipe,
+                    checkpoint.checkpoint_dir,
+                    output_dir=run_dir,
+                    model=published_model(validated, checkpoint.checkpoint_dir),
+                )
             progress.done("serving profile search", profile)
             validated = with_found_profile(validated, profile)  # replaces serve.max_num_seqs
-        serving_command = (profile.serve_command if profile
-                           else published_serve_command(validated, checkpoint.checkpoint_dir))
+        serving_command = (
+            profile.serve_command
+            if profile
+            else published_serve_command(validated, checkpoint.checkpoint_dir)
+        )
         # Hub I/O needs no device: the push and the production release's download run beside the boots
         pushed = push_candidate.submit(validated, base, checkpoint, serving_command, run_dir, profile)
         in_production = find_production_release.submit(validated)  # its recorded figures, or its files
@@ -110,63 +121,130 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
                 base_served = reused_base(reference)
                 progress.done("base reused", reference)
             else:
-                base_served = serve_base(validated, base.local_dir, run_dir, accuracy_dir=run_dir / ACCURACY_BASE_DIR,
-                                         tensor_parallel_size=base_boot.tensor_parallel_size,
-                                         prepare_next=(Boot.QUANTIZED_16BIT_KV, Boot.PRODUCTION), progress=progress)
-                record_base_reference(validated, base, reference_key, base_served.capacity,
-                                      outcome(base_served.accuracy), run_id(), run_dir)
+                base_served = serve_base(
+                    validated,
+                    base.local_dir,
+                    run_dir,
+                    accuracy_dir=run_dir / ACCURACY_BASE_DIR,
+                    tensor_parallel_size=base_boot.tensor_parallel_size,
+                    prepare_next=(Boot.QUANTIZED_16BIT_KV, Boot.PRODUCTION),
+                    progress=progress,
+                )
+                record_base_reference(
+                    validated,
+                    base,
+                    reference_key,
+                    base_served.capacity,
+                    outcome(base_served.accuracy),
+                    run_id(),
+                    run_dir,
+                )
             progress.mark("base served")
             quantized = serve_quantized(
-                validated, checkpoint.checkpoint_dir, run_dir, accuracy_dir=run_dir / ACCURACY_QUANTIZED_DIR,
-                stress_dir=run_dir / "stress", soak_dir=run_dir, progress=progress,  # soak.png beside report.md
+                validated,
+                checkpoint.checkpoint_dir,
+                run_dir,
+                accuracy_dir=run_dir / ACCURACY_QUANTIZED_DIR,
+                stress_dir=run_dir / "stress",
+                soak_dir=run_dir,
+                progress=progress,  # soak.png beside report.md
                 base_accuracy=outcome(base_served.accuracy),
-                also=lambda server, spec, cap: write_serving_profile(validated, base, spec, cap,
-                                                                     checkpoint.checkpoint_dir, run_dir))
+                also=lambda server, spec, cap: write_serving_profile(
+                    validated, base, spec, cap, checkpoint.checkpoint_dir, run_dir
+                ),
+            )
             baseline = in_production.result()
             release_served = None
             if baseline.local_dir:  # measured under other conditions: serve it again with this run's settings
                 progress.start("production served again")
-                release_served = serve_release(validated, baseline.local_dir, run_dir / "production-release",
-                                               accuracy_dir=run_dir / "production-release" / "accuracy",
-                                               stress_dir=run_dir / "production-release" / "stress")
+                release_served = serve_release(
+                    validated,
+                    baseline.local_dir,
+                    run_dir / "production-release",
+                    accuracy_dir=run_dir / "production-release" / "accuracy",
+                    stress_dir=run_dir / "production-release" / "stress",
+                )
                 progress.done("production served again", release_served.capacity)
     candidate = progress.done("push candidate", pushed.result(), mark="candidate pushed")  # beside the boots
     production, gates = quantized.also, validated.recipe.gates
     capacity = summarize_capacity(
-        validated, base, [base_served.capacity, quantized.capacity_16bit_kv, quantized.capacity], base_boot)
-    checks = progress.done("accuracy gate", compare_accuracy(outcome(base_served.accuracy),
-                                                             outcome(quantized.accuracy), gates.accuracy))
+        validated, base, [base_served.capacity, quantized.capacity_16bit_kv, quantized.capacity], base_boot
+    )
+    checks = progress.done(
+        "accuracy gate",
+        compare_accuracy(outcome(base_served.accuracy), outcome(quantized.accuracy), gates.accuracy),
+    )
     soak = outcome(quantized.soak) if quantized.soak else None
-    results = record_results(validated, outcome(quantized.accuracy), quantized.capacity, outcome(quantized.stress))
+    results = record_results(
+        validated, outcome(quantized.accuracy), quantized.capacity, outcome(quantized.stress)
+    )
     regression = compare_with_production(
-        validated, baseline, results, base=record_results(validated, outcome(base_served.accuracy),
-                                                          base_served.capacity, None),
-        served_again=record_results(validated, outcome(release_served.accuracy), release_served.capacity,
-                                    outcome(release_served.stress)) if release_served else None)
+        validated,
+        baseline,
+        results,
+        base=record_results(validated, outcome(base_served.accuracy), base_served.capacity, None),
+        served_again=record_results(
+            validated,
+            outcome(release_served.accuracy),
+            release_served.capacity,
+            outcome(release_served.stress),
+        )
+        if release_served
+        else None,
+    )
     progress.done("regression", regression)
-    decision = progress.done("decide", decide_release(
-        validated, checks, outcome(quantized.stress), soak, soak_required=gates.soak is not None,
-        regression=regression), mark="decided")
-    report = write_report_files(RunReport(
-        run_id=run_id(), recipe=validated.recipe.name, recipe_source=validated.source,
-        recipe_sha256=validated.recipe_sha256, overrides=validated.overrides,
-        base=base, checkpoint=checkpoint, candidate=candidate, capacity=capacity, preflight=preflight,
-        profile=profile, formats=formats, base_reused_from=reference.run_id if reference else None,
-        accuracy=checks if isinstance(checks, list) else [], results=results, regression=regression,
-        stress=outcome(quantized.stress) if quantized.stress.is_completed() else None,
-        soak=soak if quantized.soak and quantized.soak.is_completed() else None,
-        decision=decision, serving_command=production.command, serving_profile=production), run_dir)
+    decision = progress.done(
+        "decide",
+        decide_release(
+            validated,
+            checks,
+            outcome(quantized.stress),
+            soak,
+            soak_required=gates.soak is not None,
+            regression=regression,
+        ),
+        mark="decided",
+    )
+    report = write_report_files(
+        RunReport(
+            run_id=run_id(),
+            recipe=validated.recipe.name,
+            recipe_source=validated.source,
+            recipe_sha256=validated.recipe_sha256,
+            overrides=validated.overrides,
+            base=base,
+            checkpoint=checkpoint,
+            candidate=candidate,
+            capacity=capacity,
+            preflight=preflight,
+            profile=profile,
+            formats=formats,
+            base_reused_from=reference.run_id if reference else None,
+            accuracy=checks if isinstance(checks, list) else [],
+            results=results,
+            regression=regression,
+            stress=outcome(quantized.stress) if quantized.stress.is_completed() else None,
+            soak=soak if quantized.soak and quantized.soak.is_completed() else None,
+            decision=decision,
+            serving_command=production.command,
+            serving_profile=production,
+        ),
+        run_dir,
+    )
     approved, approved_by = request_approval(validated, report)
     progress.start("release")
-    report.release = progress.done("release", promote_or_reject(validated, report, approved, approved_by),
-                                   mark="released")
+    report.release = progress.done(
+        "release", promote_or_reject(validated, report, approved, approved_by), mark="released"
+    )
     report = publish_report(report, run_dir)
     publish_release_history(validated.recipe.hub)  # the Hub's history as a table in the UI
     progress.done("report", report, mark="reported")
     if report.release.status == "rejected" or not report.decision.passed:
         # a rejected release is a failed run (red in the UI, non-zero for `deployment run --watch`)
-        return Failed(message="release rejected: " + "; ".join(release_reasons(report, approved, approved_by)),
-                      data=report)
+        return Failed(
+            message="release rejected: " + "; ".join(release_reasons(report, approved, approved_by)),
+            data=report,
+        )
     return report
 
 

@@ -13,7 +13,12 @@ from __future__ import annotations
 from prefect import flow
 
 from quantize_serve.release.rollback import RollbackRequest, RollbackResult
-from tasks.releases import apply_release_rollback, plan_release_rollback, publish_release_history, read_release_history
+from tasks.releases import (
+    apply_release_rollback,
+    plan_release_rollback,
+    publish_release_history,
+    read_release_history,
+)
 
 
 @flow(name="quantize-serve", flow_run_name="rollback-{request.repo_id}", log_prints=True)

@@ -29,22 +29,36 @@ def hub_client_env(endpoint: str, *, cache_dir: str | os.PathLike[str]) -> Itera
 
     endpoint = endpoint.rstrip("/")
     cache = Path(cache_dir)
-    env = {"HF_ENDPOINT": endpoint, "HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "0",
-           "HF_HUB_DISABLE_XET": "1", "HF_HUB_CACHE": str(cache / "hub"),
-           "HF_DATASETS_CACHE": str(cache / "datasets")}
-    hub_attrs = {"ENDPOINT": endpoint,
-                 "HUGGINGFACE_CO_URL_TEMPLATE": endpoint + "/{repo_id}/resolve/{revision}/{filename}",
-                 "HF_HUB_OFFLINE": False, "HF_HUB_DISABLE_XET": True, "HF_HUB_CACHE": str(cache / "hub")}
-    datasets_attrs = {"HF_ENDPOINT": endpoint,
-                      "HUB_DATASETS_URL": endpoint + "/datasets/{repo_id}/resolve/{revision}/{path}",
-                      "HF_HUB_OFFLINE": False, "HF_DATASETS_OFFLINE": False,
-                      "HF_DATASETS_CACHE": cache / "datasets",
-                      "DOWNLOADED_DATASETS_PATH": cache / "datasets" / "downloads",
-                      "EXTRACTED_DATASETS_PATH": cache / "datasets" / "downloads" / "extracted"}
+    env = {
+        "HF_ENDPOINT": endpoint,
+        "HF_HUB_OFFLINE": "0",
+        "HF_DATASETS_OFFLINE": "0",
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_HUB_CACHE": str(cache / "hub"),
+        "HF_DATASETS_CACHE": str(cache / "datasets"),
+    }
+    hub_attrs = {
+        "ENDPOINT": endpoint,
+        "HUGGINGFACE_CO_URL_TEMPLATE": endpoint + "/{repo_id}/resolve/{revision}/{filename}",
+        "HF_HUB_OFFLINE": False,
+        "HF_HUB_DISABLE_XET": True,
+        "HF_HUB_CACHE": str(cache / "hub"),
+    }
+    datasets_attrs = {
+        "HF_ENDPOINT": endpoint,
+        "HUB_DATASETS_URL": endpoint + "/datasets/{repo_id}/resolve/{revision}/{path}",
+        "HF_HUB_OFFLINE": False,
+        "HF_DATASETS_OFFLINE": False,
+        "HF_DATASETS_CACHE": cache / "datasets",
+        "DOWNLOADED_DATASETS_PATH": cache / "datasets" / "downloads",
+        "EXTRACTED_DATASETS_PATH": cache / "datasets" / "downloads" / "extracted",
+    }
     saved_env = {k: os.environ.get(k) for k in env}
-    saved: list[tuple[Any, str, Any]] = [(m, k, getattr(m, k)) for m, attrs in
-                                         ((constants, hub_attrs), (datasets.config, datasets_attrs))
-                                         for k in attrs]
+    saved: list[tuple[Any, str, Any]] = [
+        (m, k, getattr(m, k))
+        for m, attrs in ((constants, hub_attrs), (datasets.config, datasets_attrs))
+        for k in attrs
+    ]
     os.environ.update(env)
     for module, attrs in ((constants, hub_attrs), (datasets.config, datasets_attrs)):
         for key, value in attrs.items():

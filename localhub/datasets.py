@@ -35,9 +35,15 @@ ULTRACHAT_ID = "HuggingFaceH4/ultrachat_200k"  # the production recipe's calibra
 SHARD = "{split}-00000-of-00001.parquet"
 
 
-def publish_parquet_dataset(api: Any, repo_id: str, splits: dict[str, list[dict[str, Any]]], *,
-                            config: str = "default", private: bool = False,
-                            commit_message: str | None = None) -> str:
+def publish_parquet_dataset(
+    api: Any,
+    repo_id: str,
+    splits: dict[str, list[dict[str, Any]]],
+    *,
+    config: str = "default",
+    private: bool = False,
+    commit_message: str | None = None,
+) -> str:
     """Create (if needed) the dataset repo ``repo_id`` and commit ``splits`` as config ``config``.
 
     ``api`` is an ``HfApi`` pointed at the hub (``HfApi(endpoint=..., token=...)``); ``splits`` maps a
@@ -49,13 +55,16 @@ def publish_parquet_dataset(api: Any, repo_id: str, splits: dict[str, list[dict[
     import pyarrow.parquet as pq
 
     if not splits or any(not rows for rows in splits.values()):
-        raise ValueError(f"publish_parquet_dataset({repo_id!r}): every split needs rows, got "
-                         f"{ {name: len(rows) for name, rows in splits.items()} }")
+        raise ValueError(
+            f"publish_parquet_dataset({repo_id!r}): every split needs rows, got "
+            f"{ {name: len(rows) for name, rows in splits.items()} }"
+        )
     folder = "data" if config == "default" else config
     api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
     configs = [c for c in _published_configs(api, repo_id) if c.get("config_name") != config]
-    configs.append({"config_name": config,
-                    "data_files": [{"split": s, "path": f"{folder}/{s}-*"} for s in splits]})
+    configs.append(
+        {"config_name": config, "data_files": [{"split": s, "path": f"{folder}/{s}-*"} for s in splits]}
+    )
     configs.sort(key=lambda c: (c["config_name"] != "default", c["config_name"]))
     with tempfile.TemporaryDirectory(prefix="qs-dataset-") as tmp:
         root = Path(tmp)
@@ -64,10 +73,13 @@ def publish_parquet_dataset(api: Any, repo_id: str, splits: dict[str, list[dict[
             pq.write_table(pa.Table.from_pylist(rows), root / folder / SHARD.format(split=split))
         (root / "README.md").write_text(_card(repo_id, configs))
         info = api.upload_folder(
-            folder_path=root, repo_id=repo_id, repo_type="dataset",
+            folder_path=root,
+            repo_id=repo_id,
+            repo_type="dataset",
             delete_patterns=[f"{folder}/*"],  # the config's old shards go; other configs stay
-            commit_message=commit_message or f"Publish config {config!r}: "
-            + ", ".join(f"{s} ({len(r)} rows)" for s, r in splits.items()))
+            commit_message=commit_message
+            or f"Publish config {config!r}: " + ", ".join(f"{s} ({len(r)} rows)" for s, r in splits.items()),
+        )
     return info.oid
 
 
@@ -88,9 +100,11 @@ def _published_configs(api: Any, repo_id: str) -> list[dict[str, Any]]:
 
 def _card(repo_id: str, configs: list[dict[str, Any]]) -> str:
     header = yaml.safe_dump({"configs": configs}, sort_keys=False)
-    return (f"---\n{header}---\n# {repo_id} (made by the project)\n\n"
-            "Rows made by quantize-serve's `localhub.datasets`, deterministic and offline. They have "
-            "the shape of the dataset this id names on the public Hub, not its content.\n")
+    return (
+        f"---\n{header}---\n# {repo_id} (made by the project)\n\n"
+        "Rows made by quantize-serve's `localhub.datasets`, deterministic and offline. They have "
+        "the shape of the dataset this id names on the public Hub, not its content.\n"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,11 +125,15 @@ def gsm8k_rows(n: int, *, seed: int = 0) -> list[dict[str, str]]:
         start, bought, given = rng.randint(5, 40), rng.randint(2, 30), rng.randint(1, 10)
         after_buy = start + bought
         final = after_buy - given
-        question = (f"{name} has {start} {thing}. {name} buys {bought} more and then gives {given} "
-                    f"to a friend. How many {thing} does {name} have now?")
-        answer = (f"After buying, {name} has {start} + {bought} = <<{start}+{bought}={after_buy}>>"
-                  f"{after_buy} {thing}.\nAfter giving some away, {name} has {after_buy} - {given} = "
-                  f"<<{after_buy}-{given}={final}>>{final} {thing}.\n#### {final}")
+        question = (
+            f"{name} has {start} {thing}. {name} buys {bought} more and then gives {given} "
+            f"to a friend. How many {thing} does {name} have now?"
+        )
+        answer = (
+            f"After buying, {name} has {start} + {bought} = <<{start}+{bought}={after_buy}>>"
+            f"{after_buy} {thing}.\nAfter giving some away, {name} has {after_buy} - {given} = "
+            f"<<{after_buy}-{given}={final}>>{final} {thing}.\n#### {final}"
+        )
         rows.append({"question": question, "answer": answer})
     return rows
 
@@ -126,8 +144,9 @@ def gsm8k_splits(*, train: int = 12, test: int = 8, seed: int = 0) -> dict[str, 
     return {"train": rows[:train], "test": rows[train:]}
 
 
-def publish_gsm8k(api: Any, *, repo_id: str = GSM8K_ID, config: str = GSM8K_CONFIG, train: int = 12,
-                  test: int = 8) -> str:
+def publish_gsm8k(
+    api: Any, *, repo_id: str = GSM8K_ID, config: str = GSM8K_CONFIG, train: int = 12, test: int = 8
+) -> str:
     """gsm8k-shaped rows where lm-eval's ``gsm8k`` task looks for them (``openai/gsm8k``, ``main``)."""
     return publish_parquet_dataset(api, repo_id, gsm8k_splits(train=train, test=test), config=config)
 
@@ -148,21 +167,32 @@ def ultrachat_rows(n: int, *, seed: int = 0, source: Path = CHAT_SOURCE) -> list
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
-        messages = [{"content": m["content"], "role": m["role"]}
-                    for pair in rng.sample(pairs, rng.randint(1, 3)) for m in pair]
+        messages = [
+            {"content": m["content"], "role": m["role"]}
+            for pair in rng.sample(pairs, rng.randint(1, 3))
+            for m in pair
+        ]
         prompt = messages[0]["content"]
-        rows.append({"prompt": prompt, "prompt_id": hashlib.sha256(prompt.encode()).hexdigest(),
-                     "messages": messages})
+        rows.append(
+            {"prompt": prompt, "prompt_id": hashlib.sha256(prompt.encode()).hexdigest(), "messages": messages}
+        )
     return rows
 
 
-def publish_ultrachat(api: Any, *, repo_id: str = ULTRACHAT_ID, train_sft: int = 256, test_sft: int = 32,
-                      config: str = "default") -> str:
+def publish_ultrachat(
+    api: Any,
+    *,
+    repo_id: str = ULTRACHAT_ID,
+    train_sft: int = 256,
+    test_sft: int = 32,
+    config: str = "default",
+) -> str:
     """UltraChat-shaped conversations as ``repo_id`` (splits ``train_sft`` and ``test_sft``, the
     production recipe's calibration split being ``train_sft``)."""
     rows = ultrachat_rows(train_sft + test_sft)
-    return publish_parquet_dataset(api, repo_id, {"train_sft": rows[:train_sft], "test_sft": rows[train_sft:]},
-                                   config=config)
+    return publish_parquet_dataset(
+        api, repo_id, {"train_sft": rows[:train_sft], "test_sft": rows[train_sft:]}, config=config
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,17 +236,23 @@ MMLU_SUBJECTS = (
     "high_school_geography high_school_government_and_politics high_school_macroeconomics "
     "high_school_mathematics high_school_microeconomics high_school_physics high_school_psychology "
     "high_school_statistics high_school_us_history high_school_world_history human_aging human_sexuality "
-    "international_law jurisprudence logical_fallacies machine_learning management marketing medical_genetics "
-    "miscellaneous moral_disputes moral_scenarios nutrition philosophy prehistory professional_accounting "
-    "professional_law professional_medicine professional_psychology public_relations security_studies "
-    "sociology us_foreign_policy virology world_religions").split()
+    "international_law jurisprudence logical_fallacies machine_learning management marketing "
+    "medical_genetics miscellaneous moral_disputes moral_scenarios nutrition philosophy prehistory "
+    "professional_accounting professional_law professional_medicine professional_psychology public_relations "
+    "security_studies sociology us_foreign_policy virology world_religions"
+).split()
 # What the production recipe (recipes/llama3-8b-instruct-awq.yaml) gates on: lm-eval's task names
 PRODUCTION_TASKS = ("gsm8k", "arc_challenge", "hellaswag", "mmlu")
 
 
 def _vocabulary(source: Path = CHAT_SOURCE) -> list[str]:
-    words = {w.strip(".,?!").lower() for line in source.read_text().splitlines() if line.strip()
-             for m in json.loads(line)["messages"] for w in m["content"].split()}
+    words = {
+        w.strip(".,?!").lower()
+        for line in source.read_text().splitlines()
+        if line.strip()
+        for m in json.loads(line)["messages"]
+        for w in m["content"].split()
+    }
     return sorted(w for w in words if w.isalpha()) + [t for t in THINGS] + [n.lower() for n in NAMES]
 
 
@@ -251,9 +287,14 @@ class _Words:
         return self.words(self.rng.randint(lo, hi))
 
 
-def ultrachat_production_rows(n: int, *, seed: int = 0, tokenizer: Any = None,
-                              median_tokens: int = ULTRACHAT_MEDIAN_TOKENS,
-                              sigma: float = ULTRACHAT_SIGMA) -> list[dict[str, Any]]:
+def ultrachat_production_rows(
+    n: int,
+    *,
+    seed: int = 0,
+    tokenizer: Any = None,
+    median_tokens: int = ULTRACHAT_MEDIAN_TOKENS,
+    sigma: float = ULTRACHAT_SIGMA,
+) -> list[dict[str, Any]]:
     """``n`` UltraChat-shaped conversations whose lengths follow the log-normal above (``tokenizer``:
     count with it, else TOKENS_PER_WORD); 1-5 user/assistant pairs, a user turn ~10% of a pair."""
     import math
@@ -268,18 +309,24 @@ def ultrachat_production_rows(n: int, *, seed: int = 0, tokenizer: Any = None,
         messages = []
         for _ in range(pairs):
             user = max(4, pair_words // 10)
-            messages += [{"content": words.words(user).rstrip(".") + "?", "role": "user"},
-                         {"content": words.words(pair_words - user), "role": "assistant"}]
+            messages += [
+                {"content": words.words(user).rstrip(".") + "?", "role": "user"},
+                {"content": words.words(pair_words - user), "role": "assistant"},
+            ]
         prompt = messages[0]["content"]
-        rows.append({"prompt": prompt, "prompt_id": hashlib.sha256(prompt.encode()).hexdigest(),
-                     "messages": messages})
+        rows.append(
+            {"prompt": prompt, "prompt_id": hashlib.sha256(prompt.encode()).hexdigest(), "messages": messages}
+        )
     return rows
 
 
-def publish_ultrachat_production(api: Any, *, repo_id: str = ULTRACHAT_ID, train_sft: int = 512,
-                                 test_sft: int = 32, tokenizer: Any = None) -> str:
+def publish_ultrachat_production(
+    api: Any, *, repo_id: str = ULTRACHAT_ID, train_sft: int = 512, test_sft: int = 32, tokenizer: Any = None
+) -> str:
     rows = ultrachat_production_rows(train_sft + test_sft, tokenizer=tokenizer)
-    return publish_parquet_dataset(api, repo_id, {"train_sft": rows[:train_sft], "test_sft": rows[train_sft:]})
+    return publish_parquet_dataset(
+        api, repo_id, {"train_sft": rows[:train_sft], "test_sft": rows[train_sft:]}
+    )
 
 
 def gsm8k_production_rows(n: int, *, seed: int = 0, scale: float = 1.0) -> list[dict[str, str]]:
@@ -290,10 +337,16 @@ def gsm8k_production_rows(n: int, *, seed: int = 0, scale: float = 1.0) -> list[
         value, steps = rng.randint(5, 50), []
         for _ in range(rng.randint(3, 8)):
             add = rng.randint(1, 30)
-            steps.append(f"{words.between(6, 14)} {value} + {add} = <<{value}+{add}={value + add}>>{value + add}.")
+            steps.append(
+                f"{words.between(6, 14)} {value} + {add} = <<{value}+{add}={value + add}>>{value + add}."
+            )
             value += add
-        rows.append({"question": words.between(30, 70).rstrip(".") + "?",
-                     "answer": "\n".join(steps) + f"\n#### {value}"})
+        rows.append(
+            {
+                "question": words.between(30, 70).rstrip(".") + "?",
+                "answer": "\n".join(steps) + f"\n#### {value}",
+            }
+        )
     return rows
 
 
@@ -304,23 +357,40 @@ def arc_rows(n: int, *, seed: int = 0, prefix: str = "Mercury", scale: float = 1
     for i in range(n):
         k = rng.choices((3, 4, 5), weights=(3, 95, 2))[0]
         labels = list("ABCDE"[:k])
-        rows.append({"id": f"{prefix}_{i}", "question": words.between(12, 40).rstrip(".") + "?",
-                     "choices": {"text": [words.between(1, 8).rstrip(".") for _ in labels], "label": labels},
-                     "answerKey": rng.choice(labels)})
+        rows.append(
+            {
+                "id": f"{prefix}_{i}",
+                "question": words.between(12, 40).rstrip(".") + "?",
+                "choices": {"text": [words.between(1, 8).rstrip(".") for _ in labels], "label": labels},
+                "answerKey": rng.choice(labels),
+            }
+        )
     return rows
 
 
-def hellaswag_rows(n: int, *, seed: int = 0, split: str = "train",
-                   scale: float = 1.0) -> list[dict[str, Any]]:
-    """Rowan/hellaswag's columns (lm-eval's process_docs reads ctx_a, ctx_b, activity_label, endings, label)."""
+def hellaswag_rows(
+    n: int, *, seed: int = 0, split: str = "train", scale: float = 1.0
+) -> list[dict[str, Any]]:
+    """Rowan/hellaswag's columns (lm-eval's process_docs reads ctx_a, ctx_b, activity_label, endings,
+    label)."""
     words, rng = _Words(seed, scale), random.Random(seed + 1)
     rows = []
     for i in range(n):
         ctx_a, ctx_b = words.between(20, 50), words.between(3, 10).rstrip(".").lower()
-        rows.append({"ind": i, "activity_label": words.between(1, 3).rstrip("."), "ctx_a": ctx_a, "ctx_b": ctx_b,
-                     "ctx": f"{ctx_a} {ctx_b}", "endings": [words.between(10, 30) for _ in range(4)],
-                     "source_id": f"qs~{i}", "split": split, "split_type": "indomain",
-                     "label": str(rng.randrange(4))})
+        rows.append(
+            {
+                "ind": i,
+                "activity_label": words.between(1, 3).rstrip("."),
+                "ctx_a": ctx_a,
+                "ctx_b": ctx_b,
+                "ctx": f"{ctx_a} {ctx_b}",
+                "endings": [words.between(10, 30) for _ in range(4)],
+                "source_id": f"qs~{i}",
+                "split": split,
+                "split_type": "indomain",
+                "label": str(rng.randrange(4)),
+            }
+        )
     return rows
 
 
@@ -328,21 +398,30 @@ def mmlu_rows(n: int, subject: str, *, seed: int = 0, scale: float = 1.0) -> lis
     """cais/mmlu's columns: question, subject, choices (4), answer (0-3)."""
     words, rng = _Words(seed, scale), random.Random(seed + 1)
     hi = 250 if subject == "professional_law" else 60
-    return [{"question": words.between(10, hi).rstrip(".") + "?", "subject": subject,
-             "choices": [words.between(1, 15).rstrip(".") for _ in range(4)], "answer": rng.randrange(4)}
-            for _ in range(n)]
+    return [
+        {
+            "question": words.between(10, hi).rstrip(".") + "?",
+            "subject": subject,
+            "choices": [words.between(1, 15).rstrip(".") for _ in range(4)],
+            "answer": rng.randrange(4),
+        }
+        for _ in range(n)
+    ]
 
 
-def publish_parquet_configs(api: Any, repo_id: str, configs: dict[str, dict[str, list[dict[str, Any]]]],
-                            *, private: bool = False) -> str:
+def publish_parquet_configs(
+    api: Any, repo_id: str, configs: dict[str, dict[str, list[dict[str, Any]]]], *, private: bool = False
+) -> str:
     """Several configs of one dataset repo in one commit (mmlu's 57 subjects), laid out as
     publish_parquet_dataset lays out one."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
-    declared = [{"config_name": name, "data_files": [{"split": s, "path": f"{name}/{s}-*"} for s in splits]}
-                for name, splits in sorted(configs.items())]
+    declared = [
+        {"config_name": name, "data_files": [{"split": s, "path": f"{name}/{s}-*"} for s in splits]}
+        for name, splits in sorted(configs.items())
+    ]
     with tempfile.TemporaryDirectory(prefix="qs-dataset-") as tmp:
         root = Path(tmp)
         for name, splits in configs.items():
@@ -350,29 +429,66 @@ def publish_parquet_configs(api: Any, repo_id: str, configs: dict[str, dict[str,
             for split, rows in splits.items():
                 pq.write_table(pa.Table.from_pylist(rows), root / name / SHARD.format(split=split))
         (root / "README.md").write_text(_card(repo_id, declared))
-        info = api.upload_folder(folder_path=root, repo_id=repo_id, repo_type="dataset",
-                                 commit_message=f"Publish {len(configs)} configs")
+        info = api.upload_folder(
+            folder_path=root,
+            repo_id=repo_id,
+            repo_type="dataset",
+            commit_message=f"Publish {len(configs)} configs",
+        )
     return info.oid
 
 
-def publish_production_tasks(api: Any, *, gsm8k_test: int = 500, arc_test: int = 500,
-                             hellaswag_validation: int = 1000, mmlu_test: int = 20,
-                             tokenizer: Any = None) -> dict[str, str]:
+def publish_production_tasks(
+    api: Any,
+    *,
+    gsm8k_test: int = 500,
+    arc_test: int = 500,
+    hellaswag_validation: int = 1000,
+    mmlu_test: int = 20,
+    tokenizer: Any = None,
+) -> dict[str, str]:
     """The production recipe's four tasks' data under their real ids (sizes: the recipe's limits), token-true
     under ``tokenizer`` (the served model's; see above); returns {dataset id: commit sha}."""
     k = TOKENS_PER_WORD / tokens_per_word(tokenizer)
-    shas = {GSM8K_ID: publish_parquet_dataset(
-        api, GSM8K_ID, {"train": gsm8k_production_rows(200, seed=1, scale=k),
-                        "test": gsm8k_production_rows(gsm8k_test, seed=2, scale=k)}, config=GSM8K_CONFIG)}
+    shas = {
+        GSM8K_ID: publish_parquet_dataset(
+            api,
+            GSM8K_ID,
+            {
+                "train": gsm8k_production_rows(200, seed=1, scale=k),
+                "test": gsm8k_production_rows(gsm8k_test, seed=2, scale=k),
+            },
+            config=GSM8K_CONFIG,
+        )
+    }
     shas[ARC_ID] = publish_parquet_dataset(
-        api, ARC_ID, {"train": arc_rows(100, seed=3, prefix="train", scale=k),
-                      "validation": arc_rows(50, seed=4, prefix="val", scale=k),
-                      "test": arc_rows(arc_test, seed=5, prefix="test", scale=k)}, config=ARC_CONFIG)
+        api,
+        ARC_ID,
+        {
+            "train": arc_rows(100, seed=3, prefix="train", scale=k),
+            "validation": arc_rows(50, seed=4, prefix="val", scale=k),
+            "test": arc_rows(arc_test, seed=5, prefix="test", scale=k),
+        },
+        config=ARC_CONFIG,
+    )
     shas[HELLASWAG_ID] = publish_parquet_dataset(
-        api, HELLASWAG_ID, {"train": hellaswag_rows(100, seed=6, scale=k),
-                            "validation": hellaswag_rows(hellaswag_validation, seed=7, split="val", scale=k)})
-    shas[MMLU_ID] = publish_parquet_configs(api, MMLU_ID, {
-        s: {"test": mmlu_rows(mmlu_test, s, seed=10 + i, scale=k),
-            "validation": mmlu_rows(5, s, seed=100 + i, scale=k),
-            "dev": mmlu_rows(5, s, seed=200 + i, scale=k)} for i, s in enumerate(MMLU_SUBJECTS)})
+        api,
+        HELLASWAG_ID,
+        {
+            "train": hellaswag_rows(100, seed=6, scale=k),
+            "validation": hellaswag_rows(hellaswag_validation, seed=7, split="val", scale=k),
+        },
+    )
+    shas[MMLU_ID] = publish_parquet_configs(
+        api,
+        MMLU_ID,
+        {
+            s: {
+                "test": mmlu_rows(mmlu_test, s, seed=10 + i, scale=k),
+                "validation": mmlu_rows(5, s, seed=100 + i, scale=k),
+                "dev": mmlu_rows(5, s, seed=200 + i, scale=k),
+            }
+            for i, s in enumerate(MMLU_SUBJECTS)
+        },
+    )
     return shas

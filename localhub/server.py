@@ -62,10 +62,40 @@ LFS_THRESHOLD = 10 * 1024 * 1024  # the Hub sends files of 10 MiB and more throu
 # The .gitattributes the Hub writes into every new repo (abridged): these patterns go to LFS.
 GITATTRIBUTES = "".join(
     f"{pattern} filter=lfs diff=lfs merge=lfs -text\n"
-    for pattern in ("*.7z", "*.arrow", "*.bin", "*.bz2", "*.ckpt", "*.gguf", "*.gz", "*.h5", "*.joblib",
-                    "*.model", "*.msgpack", "*.npy", "*.npz", "*.onnx", "*.ot", "*.parquet", "*.pb",
-                    "*.pickle", "*.pkl", "*.pt", "*.pth", "*.rar", "*.safetensors", "*.tar", "*.tar.*",
-                    "*.tflite", "*.tgz", "*.wasm", "*.xz", "*.zip", "*.zst", "*tfevents*")
+    for pattern in (
+        "*.7z",
+        "*.arrow",
+        "*.bin",
+        "*.bz2",
+        "*.ckpt",
+        "*.gguf",
+        "*.gz",
+        "*.h5",
+        "*.joblib",
+        "*.model",
+        "*.msgpack",
+        "*.npy",
+        "*.npz",
+        "*.onnx",
+        "*.ot",
+        "*.parquet",
+        "*.pb",
+        "*.pickle",
+        "*.pkl",
+        "*.pt",
+        "*.pth",
+        "*.rar",
+        "*.safetensors",
+        "*.tar",
+        "*.tar.*",
+        "*.tflite",
+        "*.tgz",
+        "*.wasm",
+        "*.xz",
+        "*.zip",
+        "*.zst",
+        "*tfevents*",
+    )
 )
 
 
@@ -152,8 +182,9 @@ class Store:
             blob = GITATTRIBUTES.encode()
             tree = {".gitattributes": self._entry(blob, lfs=False)}
             sha = self.write_commit(repo_id, tree, None, "initial commit", "")
-            self.save_repo(repo_id, {"private": private, "createdAt": _now(),
-                                     "branches": {"main": sha}, "tags": {}})
+            self.save_repo(
+                repo_id, {"private": private, "createdAt": _now(), "branches": {"main": sha}, "tags": {}}
+            )
 
     # commits -----------------------------------------------------------------------------
     def _entry(self, data: bytes, *, lfs: bool) -> dict[str, Any]:
@@ -161,15 +192,29 @@ class Store:
         oid = git_blob_sha(lfs_pointer(sha256, len(data))) if lfs else git_blob_sha(data)
         return {"size": len(data), "sha256": sha256, "oid": oid, "lfs": lfs}
 
-    def write_commit(self, repo_id: str, tree: dict[str, Any], parent: str | None, summary: str,
-                     description: str) -> str:
-        canonical = json.dumps({"tree": tree, "parent": parent, "message": [summary, description]},
-                               sort_keys=True, separators=(",", ":")).encode()
+    def write_commit(
+        self, repo_id: str, tree: dict[str, Any], parent: str | None, summary: str, description: str
+    ) -> str:
+        canonical = json.dumps(
+            {"tree": tree, "parent": parent, "message": [summary, description]},
+            sort_keys=True,
+            separators=(",", ":"),
+        ).encode()
         sha = hashlib.sha1(canonical).hexdigest()
         path = self.repo_dir(repo_id) / "commits" / f"{sha}.json"
         if not path.exists():
-            _write_atomic(path, json.dumps({"tree": tree, "parent": parent, "summary": summary,
-                                            "description": description, "date": _now()}).encode())
+            _write_atomic(
+                path,
+                json.dumps(
+                    {
+                        "tree": tree,
+                        "parent": parent,
+                        "summary": summary,
+                        "description": description,
+                        "date": _now(),
+                    }
+                ).encode(),
+            )
         return sha
 
     def has_lfs(self, repo_id: str, oid: str) -> bool:
@@ -231,8 +276,15 @@ class HubServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, addr: tuple[str, int], root: Path, *, tokens: tuple[str, ...] = (),
-                 read_tokens: tuple[str, ...] = (), log_requests: bool = False) -> None:
+    def __init__(
+        self,
+        addr: tuple[str, int],
+        root: Path,
+        *,
+        tokens: tuple[str, ...] = (),
+        read_tokens: tuple[str, ...] = (),
+        log_requests: bool = False,
+    ) -> None:
         super().__init__(addr, Handler)
         self.store = Store(root)
         self.tokens, self.read_tokens = tuple(tokens), tuple(read_tokens)
@@ -286,8 +338,13 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             raise HttpError(400, "body is not valid JSON") from None
 
-    def _send(self, status: int, body: Any = b"", headers: dict[str, str] | None = None,
-              content_type: str = "application/json") -> None:
+    def _send(
+        self,
+        status: int,
+        body: Any = b"",
+        headers: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> None:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         self._record(status)  # before answering: once the client has the answer, the log has it
         self.send_response(status)
@@ -335,8 +392,11 @@ class Handler(BaseHTTPRequestHandler):
             if parts[:1] == ["_requests"]:
                 return self._send(200, [r.__dict__ for r in self.server.requests])
             is_upload = parts[:1] == ["_lfs"] and self.command == "PUT"
-            is_commit = (len(parts) >= 6 and parts[:2] in (["api", "models"], ["api", "datasets"])
-                         and parts[4] == "commit")
+            is_commit = (
+                len(parts) >= 6
+                and parts[:2] in (["api", "models"], ["api", "datasets"])
+                and parts[4] == "commit"
+            )
             faults = self.server.faults
             on = faults.drop_on
             if (is_upload and on in ("any", "lfs")) or (is_commit and on in ("any", "commit")):
@@ -402,7 +462,7 @@ class Handler(BaseHTTPRequestHandler):
         if p[:1] == ["_lfs"] and m == "PUT" and len(p) in (4, 5):
             return self._lfs_put("/".join(p[1:-1]), p[-1], q)
         prefix = 1 if p[:1] == ["datasets"] else 0  # /datasets/{ns}/{name}/... vs /{ns}/{name}/...
-        key_parts, p = p[:prefix + 2], p[prefix:]
+        key_parts, p = p[: prefix + 2], p[prefix:]
         if len(p) == 6 and p[1].endswith(".git") and p[2:6] == ["info", "lfs", "objects", "batch"]:
             return self._lfs_batch("/".join(key_parts)[:-4])
         if len(p) >= 5 and p[2] == "resolve" and m in ("GET", "HEAD"):
@@ -448,7 +508,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def _delete_repo(self) -> None:
         body = self._json_body()
-        repo_id = repo_key(body.get("type") or "model", f"{body.get('organization') or 'local'}/{body.get('name')}")
+        repo_id = repo_key(
+            body.get("type") or "model", f"{body.get('organization') or 'local'}/{body.get('name')}"
+        )
         store = self.server.store
         with store.lock:
             store.load_repo(repo_id)
@@ -466,15 +528,27 @@ class Handler(BaseHTTPRequestHandler):
             if blobs:
                 s.update(size=e["size"], blobId=e["oid"])
                 if e["lfs"]:
-                    s["lfs"] = {"size": e["size"], "sha256": e["sha256"],
-                                "pointerSize": len(lfs_pointer(e["sha256"], e["size"]))}
+                    s["lfs"] = {
+                        "size": e["size"],
+                        "sha256": e["sha256"],
+                        "pointerSize": len(lfs_pointer(e["sha256"], e["size"])),
+                    }
             siblings.append(s)
         repo_type, plain_id = split_key(repo_id)
         info: dict[str, Any] = {
-            "_id": hashlib.sha1(repo_id.encode()).hexdigest()[:24], "id": plain_id,
-            "author": plain_id.split("/")[0], "sha": sha, "private": repo["private"], "disabled": False,
-            "gated": False, "downloads": 0, "likes": 0, "tags": [], "createdAt": repo["createdAt"],
-            "lastModified": commit["date"], "siblings": siblings,
+            "_id": hashlib.sha1(repo_id.encode()).hexdigest()[:24],
+            "id": plain_id,
+            "author": plain_id.split("/")[0],
+            "sha": sha,
+            "private": repo["private"],
+            "disabled": False,
+            "gated": False,
+            "downloads": 0,
+            "likes": 0,
+            "tags": [],
+            "createdAt": repo["createdAt"],
+            "lastModified": commit["date"],
+            "siblings": siblings,
         }
         if repo_type == "model":
             info["modelId"] = plain_id
@@ -486,19 +560,27 @@ class Handler(BaseHTTPRequestHandler):
     def _refs(self, repo_id: str) -> dict[str, Any]:
         repo = self.server.store.load_repo(repo_id)
         return {
-            "branches": [{"name": n, "ref": f"refs/heads/{n}", "targetCommit": s}
-                         for n, s in sorted(repo["branches"].items())],
+            "branches": [
+                {"name": n, "ref": f"refs/heads/{n}", "targetCommit": s}
+                for n, s in sorted(repo["branches"].items())
+            ],
             # "message" is an extra the client ignores; tests read it to see what a tag records.
-            "tags": [{"name": n, "ref": f"refs/tags/{n}", "targetCommit": t["commit"],
-                      "message": t["message"]} for n, t in sorted(repo["tags"].items())],
-            "converts": [], "pullRequests": [],
+            "tags": [
+                {"name": n, "ref": f"refs/tags/{n}", "targetCommit": t["commit"], "message": t["message"]}
+                for n, t in sorted(repo["tags"].items())
+            ],
+            "converts": [],
+            "pullRequests": [],
         }
 
     def _file_json(self, path: str, e: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "file", "oid": e["oid"], "size": e["size"], "path": path}
         if e["lfs"]:
-            out["lfs"] = {"oid": e["sha256"], "size": e["size"],
-                          "pointerSize": len(lfs_pointer(e["sha256"], e["size"]))}
+            out["lfs"] = {
+                "oid": e["sha256"],
+                "size": e["size"],
+                "pointerSize": len(lfs_pointer(e["sha256"], e["size"])),
+            }
         return out
 
     def _tree(self, repo_id: str, rev: str, path: str, q: dict[str, list[str]]) -> list[dict[str, Any]]:
@@ -507,19 +589,21 @@ class Handler(BaseHTTPRequestHandler):
         recursive = q.get("recursive", ["false"])[0].lower() in ("1", "true")
         prefix = f"{path.strip('/')}/" if path.strip("/") else ""
         if prefix and not any(f.startswith(prefix) for f in tree):
-            raise HttpError(404, f"{path} does not exist on \"{rev}\"", "EntryNotFound")
+            raise HttpError(404, f'{path} does not exist on "{rev}"', "EntryNotFound")
         files, dirs = [], set()
         for f, e in sorted(tree.items()):
             if not f.startswith(prefix):
                 continue
-            rel = f[len(prefix):].split("/")
+            rel = f[len(prefix) :].split("/")
             for depth in range(1, len(rel)):
                 if recursive or depth == 1:
                     dirs.add(prefix + "/".join(rel[:depth]))
             if recursive or len(rel) == 1:
                 files.append(self._file_json(f, e))
-        folders = [{"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d}
-                   for d in sorted(dirs)]
+        folders = [
+            {"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d}
+            for d in sorted(dirs)
+        ]
         return folders + files
 
     def _paths_info(self, repo_id: str, rev: str) -> list[dict[str, Any]]:
@@ -531,8 +615,14 @@ class Handler(BaseHTTPRequestHandler):
             if path in tree:
                 out.append(self._file_json(path, tree[path]))
             elif any(f.startswith(path.rstrip("/") + "/") for f in tree):
-                out.append({"type": "directory", "oid": hashlib.sha1(path.encode()).hexdigest(),
-                            "size": 0, "path": path})
+                out.append(
+                    {
+                        "type": "directory",
+                        "oid": hashlib.sha1(path.encode()).hexdigest(),
+                        "size": 0,
+                        "path": path,
+                    }
+                )
         return out
 
     def _commits(self, repo_id: str, rev: str) -> list[dict[str, Any]]:
@@ -541,8 +631,15 @@ class Handler(BaseHTTPRequestHandler):
         out = []
         while sha:
             c = store.load_commit(repo_id, sha)
-            out.append({"id": sha, "title": c["summary"], "message": c["description"],
-                        "authors": [{"user": "local"}], "date": c["date"]})
+            out.append(
+                {
+                    "id": sha,
+                    "title": c["summary"],
+                    "message": c["description"],
+                    "authors": [{"user": "local"}],
+                    "date": c["date"],
+                }
+            )
             sha = c["parent"]
         return out
 
@@ -550,8 +647,9 @@ class Handler(BaseHTTPRequestHandler):
     def _branch_head(self, repo_id: str, rev: str) -> str:
         repo = self.server.store.load_repo(repo_id)
         if rev not in repo["branches"]:
-            raise HttpError(404, f"Invalid rev id: {rev} (commits go to an existing branch)",
-                            "RevisionNotFound")
+            raise HttpError(
+                404, f"Invalid rev id: {rev} (commits go to an existing branch)", "RevisionNotFound"
+            )
         return repo["branches"][rev]
 
     def _preupload(self, repo_id: str, rev: str) -> dict[str, Any]:
@@ -563,10 +661,16 @@ class Handler(BaseHTTPRequestHandler):
         for f in self._json_body().get("files", []):
             sample = base64.b64decode(f.get("sample", ""))
             name = f["path"].rsplit("/", 1)[-1]
-            lfs = (f.get("size", 0) >= LFS_THRESHOLD or b"\0" in sample
-                   or any(fnmatch.fnmatch(name, p) or fnmatch.fnmatch(f["path"], p) for p in patterns))
-            item: dict[str, Any] = {"path": f["path"], "uploadMode": "lfs" if lfs else "regular",
-                                    "shouldIgnore": False}
+            lfs = (
+                f.get("size", 0) >= LFS_THRESHOLD
+                or b"\0" in sample
+                or any(fnmatch.fnmatch(name, p) or fnmatch.fnmatch(f["path"], p) for p in patterns)
+            )
+            item: dict[str, Any] = {
+                "path": f["path"],
+                "uploadMode": "lfs" if lfs else "regular",
+                "shouldIgnore": False,
+            }
             existing = tree.get(f["path"])
             if existing:  # lets the client skip unchanged files (sha256 for LFS, git sha1 otherwise)
                 item["oid"] = existing["sha256"] if existing["lfs"] else existing["oid"]
@@ -585,12 +689,17 @@ class Handler(BaseHTTPRequestHandler):
                 raise HttpError(400, f"invalid LFS oid {oid!r}")
             item: dict[str, Any] = {"oid": oid, "size": size, "authenticated": True}
             if not self.server.store.has_lfs(repo_id, oid):
-                href = (f"{self.base_url}/_lfs/{repo_id}/{oid}?size={size}"
-                        f"&sig={self.server.sign(f'{repo_id}/{oid}')}")
+                href = (
+                    f"{self.base_url}/_lfs/{repo_id}/{oid}?size={size}"
+                    f"&sig={self.server.sign(f'{repo_id}/{oid}')}"
+                )
                 item["actions"] = {"upload": {"href": href, "header": {}, "expires_in": 3600}}
             objects.append(item)
-        self._send(200, {"transfer": "basic", "objects": objects, "hash_algo": "sha256"},
-                   content_type="application/vnd.git-lfs+json")
+        self._send(
+            200,
+            {"transfer": "basic", "objects": objects, "hash_algo": "sha256"},
+            content_type="application/vnd.git-lfs+json",
+        )
 
     def _lfs_put(self, repo_id: str, oid: str, q: dict[str, list[str]]) -> None:
         """The upload URL handed out by the batch call: signed, so it needs no token (like S3's)."""
@@ -629,8 +738,12 @@ class Handler(BaseHTTPRequestHandler):
                     if not (SHA64.match(oid) and store.has_lfs(repo_id, oid)):
                         raise HttpError(422, f"LFS object {oid} for {path} was never uploaded")
                     size = store.blob_path(oid).stat().st_size
-                    tree[path] = {"size": size, "sha256": oid, "lfs": True,
-                                  "oid": git_blob_sha(lfs_pointer(oid, size))}
+                    tree[path] = {
+                        "size": size,
+                        "sha256": oid,
+                        "lfs": True,
+                        "oid": git_blob_sha(lfs_pointer(oid, size)),
+                    }
                 elif key == "deletedFile":
                     if tree.pop(path, None) is None:
                         raise HttpError(404, "A file with this name doesn't exist", "EntryNotFound")
@@ -642,15 +755,23 @@ class Handler(BaseHTTPRequestHandler):
                         del tree[f]
                 else:
                     raise HttpError(400, f"unknown commit operation {key!r}")
-            sha = store.write_commit(repo_id, tree, head, header.get("summary", ""),
-                                     header.get("description", ""))
+            sha = store.write_commit(
+                repo_id, tree, head, header.get("summary", ""), header.get("description", "")
+            )
             repo = store.load_repo(repo_id)
             repo["branches"][rev] = sha
             store.save_repo(repo_id, repo)
         if self.server.faults.take("drop_next_commit_response"):
             return self._drop()
-        self._send(200, {"success": True, "commitOid": sha, "hookOutput": "",
-                         "commitUrl": f"{self.base_url}/{repo_id}/commit/{sha}"})
+        self._send(
+            200,
+            {
+                "success": True,
+                "commitOid": sha,
+                "hookOutput": "",
+                "commitUrl": f"{self.base_url}/{repo_id}/commit/{sha}",
+            },
+        )
 
     # refs --------------------------------------------------------------------------------
     def _ref_change(self, repo_id: str, kind: str, arg: str) -> None:
@@ -688,7 +809,7 @@ class Handler(BaseHTTPRequestHandler):
         sha = store.resolve(repo_id, rev)
         e = store.load_commit(repo_id, sha)["tree"].get(path)
         if e is None:
-            raise HttpError(404, f"{path} does not exist on \"{rev}\"", "EntryNotFound")
+            raise HttpError(404, f'{path} does not exist on "{rev}"', "EntryNotFound")
         blob = store.blob_path(e["sha256"])
         size, start, end, status = e["size"], 0, e["size"] - 1, 200
         rng = re.match(r"bytes=(\d*)-(\d*)$", self.headers.get("Range", ""))
@@ -699,8 +820,13 @@ class Handler(BaseHTTPRequestHandler):
         etag = e["sha256"] if e["lfs"] else e["oid"]
         self._record(status)
         self.send_response(status)
-        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(max(end - start + 1, 0)),
-                   "Accept-Ranges": "bytes", "X-Repo-Commit": sha, "ETag": f'"{etag}"'}
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Content-Length": str(max(end - start + 1, 0)),
+            "Accept-Ranges": "bytes",
+            "X-Repo-Commit": sha,
+            "ETag": f'"{etag}"',
+        }
         if e["lfs"]:
             headers.update({"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(size)})
         if status == 206:
@@ -748,8 +874,9 @@ class LocalHub:
         host, port = server.server_address[:2]
         self.endpoint = f"http://{host}:{port}"
         self.root = server.store.root
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="localhub", daemon=True)
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="localhub", daemon=True
+        )
         self._thread.start()
 
     @property
@@ -760,8 +887,15 @@ class LocalHub:
     def requests(self) -> list[RequestRecord]:
         return list(self.server.requests)
 
-    def inject(self, *, fail_next: int = 0, status: int = 500, drop_next_upload: bool | int = False,
-               drop_on: str = "any", drop_next_commit_response: bool | int = False) -> None:
+    def inject(
+        self,
+        *,
+        fail_next: int = 0,
+        status: int = 500,
+        drop_next_upload: bool | int = False,
+        drop_on: str = "any",
+        drop_next_commit_response: bool | int = False,
+    ) -> None:
         """Same effect as ``POST /_faults``."""
         spec: dict[str, Any] = {}
         if fail_next:
@@ -788,12 +922,23 @@ class LocalHub:
         self.stop()
 
 
-def start_local_hub(root: str | os.PathLike[str], *, tokens: tuple[str, ...] | list[str] = (),
-                    read_tokens: tuple[str, ...] | list[str] = (), port: int = 0,
-                    host: str = "127.0.0.1", log_requests: bool = False) -> LocalHub:
+def start_local_hub(
+    root: str | os.PathLike[str],
+    *,
+    tokens: tuple[str, ...] | list[str] = (),
+    read_tokens: tuple[str, ...] | list[str] = (),
+    port: int = 0,
+    host: str = "127.0.0.1",
+    log_requests: bool = False,
+) -> LocalHub:
     """Start a local hub serving ``root`` (created if missing); use it as a context manager."""
-    server = HubServer((host, port), Path(root), tokens=tuple(tokens), read_tokens=tuple(read_tokens),
-                       log_requests=log_requests)
+    server = HubServer(
+        (host, port),
+        Path(root),
+        tokens=tuple(tokens),
+        read_tokens=tuple(read_tokens),
+        log_requests=log_requests,
+    )
     return LocalHub(server)
 
 
@@ -810,8 +955,13 @@ def serve(argv: list[str] | None = None) -> None:
     parser.add_argument("--read-token", action="append", default=[], help="read-only token: writes get 403")
     parser.add_argument("--log-requests", action="store_true", help="print one line per request")
     args = parser.parse_args(argv)
-    server = HubServer((args.host, args.port), Path(args.root), tokens=tuple(args.token),
-                       read_tokens=tuple(args.read_token), log_requests=args.log_requests)
+    server = HubServer(
+        (args.host, args.port),
+        Path(args.root),
+        tokens=tuple(args.token),
+        read_tokens=tuple(args.read_token),
+        log_requests=args.log_requests,
+    )
     host, port = server.server_address[:2]
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     print(f"localhub serving {Path(args.root).resolve()} on http://{host}:{port}", flush=True)

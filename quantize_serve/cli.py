@@ -76,94 +76,163 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     debug = argparse.ArgumentParser(add_help=False)
-    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                       help="print the traceback of an error as well")
+    debug.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print the traceback of an error as well",
+    )
     parser = argparse.ArgumentParser(
-        prog="quantize-serve", parents=[debug],
-        description="Quantize an LLM, prove it on vLLM, gate it and release it on the Hugging Face Hub.")
+        prog="quantize-serve",
+        parents=[debug],
+        description="Quantize an LLM, prove it on vLLM, gate it and release it on the Hugging Face Hub.",
+    )
     parser.set_defaults(debug=False)
     sub = parser.add_subparsers(dest="name", required=True, metavar="{validate,plan,run,releases,rollback}")
 
-    p = sub.add_parser("validate", parents=[debug], help="check recipes and their inputs (no heavy imports)",
-                       description="Run every recipe and input check without starting anything: the "
-                       "recipe's fields and cross-section rules, the local model folder's files and "
-                       "config.json, the calibration data's field and row count. Exit 0 when all are "
-                       "valid, 2 otherwise.")
+    p = sub.add_parser(
+        "validate",
+        parents=[debug],
+        help="check recipes and their inputs (no heavy imports)",
+        description="Run every recipe and input check without starting anything: the "
+        "recipe's fields and cross-section rules, the local model folder's files and "
+        "config.json, the calibration data's field and row count. Exit 0 when all are "
+        "valid, 2 otherwise.",
+    )
     p.add_argument("recipes", nargs="+", metavar="RECIPE", help="recipe YAML file(s)")
-    p.add_argument("--remote", action="store_true",
-                   help="also fetch a Hub model's config.json (one small download) and check it")
+    p.add_argument(
+        "--remote",
+        action="store_true",
+        help="also fetch a Hub model's config.json (one small download) and check it",
+    )
     p.set_defaults(command=validate_command)
 
-    p = sub.add_parser("plan", parents=[debug], help="print the capacity planner's table",
-                       description="Predict weights, KV cache and batch capacity of the base, W4A16 and "
-                       "W4A16 + fp8 KV configurations from config.json alone (quantize_serve/capacity/planner.py).")
+    p = sub.add_parser(
+        "plan",
+        parents=[debug],
+        help="print the capacity planner's table",
+        description="Predict weights, KV cache and batch capacity of the base, W4A16 and "
+        "W4A16 + fp8 KV configurations from config.json alone (quantize_serve/capacity/planner.py).",
+    )
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("recipe", nargs="?", metavar="RECIPE", help="plan the recipe's model and serve settings")
-    what.add_argument("--model", metavar="DIR_OR_HUB_ID",
-                      help="a model folder, a config.json, or a Hub repo id (only its config.json is fetched)")
+    what.add_argument(
+        "recipe", nargs="?", metavar="RECIPE", help="plan the recipe's model and serve settings"
+    )
+    what.add_argument(
+        "--model",
+        metavar="DIR_OR_HUB_ID",
+        help="a model folder, a config.json, or a Hub repo id (only its config.json is fetched)",
+    )
     p.add_argument("--revision", help="Hub branch, tag or commit of --model")
-    p.add_argument("--gpu", type=_gpu, metavar="h200|h100-80gb|BYTES",
-                   help=f"device memory: a preset or a size (default: the recipe's serve.memory_budget "
-                   f"if set, else {DEFAULT_GPU})")
+    p.add_argument(
+        "--gpu",
+        type=_gpu,
+        metavar="h200|h100-80gb|BYTES",
+        help=f"device memory: a preset or a size (default: the recipe's serve.memory_budget "
+        f"if set, else {DEFAULT_GPU})",
+    )
     p.add_argument("--tp", type=_positive_int, metavar="N", help="tensor parallel size")
     p.add_argument("--max-model-len", type=_positive_int, metavar="N")
     p.add_argument("--max-num-batched-tokens", type=_positive_int, metavar="N")
     p.add_argument("--gpu-memory-utilization", type=_fraction, metavar="F")
-    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES,
-                   help="KV dtype of the production row (default: the recipe's, else fp8)")
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        help="KV dtype of the production row (default: the recipe's, else fp8)",
+    )
     graphs = p.add_mutually_exclusive_group()
-    graphs.add_argument("--enforce-eager", action="store_true", default=None,
-                        help="plan vLLM without CUDA graphs (default: the recipe's serve.enforce_eager, else "
-                        "graphs on, as vLLM serves by default)")
-    graphs.add_argument("--cudagraph-memory", type=_byte_size, metavar="SIZE",
-                        help="CUDA-graph memory vLLM takes from the KV budget per GPU, e.g. 0.72GiB: the "
-                        "'(estimated)' figure of a boot's 'CUDA graph pool memory' line (default: the planner's "
-                        "own, which follows vLLM 0.26: none under its V2 model runner, dense models; a per-layer "
-                        "estimate under its V1 runner, most MoE architectures)")
+    graphs.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        default=None,
+        help="plan vLLM without CUDA graphs (default: the recipe's serve.enforce_eager, else "
+        "graphs on, as vLLM serves by default)",
+    )
+    graphs.add_argument(
+        "--cudagraph-memory",
+        type=_byte_size,
+        metavar="SIZE",
+        help="CUDA-graph memory vLLM takes from the KV budget per GPU, e.g. 0.72GiB: the "
+        "'(estimated)' figure of a boot's 'CUDA graph pool memory' line (default: the planner's "
+        "own, which follows vLLM 0.26: none under its V2 model runner, dense models; a per-layer "
+        "estimate under its V1 runner, most MoE architectures)",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
-    p.add_argument("--measure", action="store_true",
-                   help="measure instead of predict: boot vLLM on this machine with dummy weights of the "
-                   "model's shape (only config.json and the tokenizer are fetched) for the three "
-                   "configurations, with the recipe's serve settings (RECIPE required; --gpu not allowed)")
-    p.add_argument("--out", type=Path, metavar="DIR",
-                   help="--measure: folder for shape-capacity.json/.md/.png and the vLLM logs "
-                   "(default: QS_WORK_DIR/plans/<recipe name>)")
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="measure instead of predict: boot vLLM on this machine with dummy weights of the "
+        "model's shape (only config.json and the tokenizer are fetched) for the three "
+        "configurations, with the recipe's serve settings (RECIPE required; --gpu not allowed)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="--measure: folder for shape-capacity.json/.md/.png and the vLLM logs "
+        "(default: QS_WORK_DIR/plans/<recipe name>)",
+    )
     p.set_defaults(command=plan_command)
 
-    p = sub.add_parser("run", parents=[debug], help="run the pipeline on a recipe, locally",
-                       description="Check the recipe, then run the quantize-serve flow with a local, "
-                       "temporary Prefect API. Exit 0 when the release is promoted, 1 when it is "
-                       "rejected or a stage fails, 2 when the input is wrong. It prints a line as each "
-                       "stage starts and ends and the decision at the end; the full log (Prefect's task "
-                       "logs, lm-eval's and llm-compressor's output) goes to run.log in the run's folder.")
+    p = sub.add_parser(
+        "run",
+        parents=[debug],
+        help="run the pipeline on a recipe, locally",
+        description="Check the recipe, then run the quantize-serve flow with a local, "
+        "temporary Prefect API. Exit 0 when the release is promoted, 1 when it is "
+        "rejected or a stage fails, 2 when the input is wrong. It prints a line as each "
+        "stage starts and ends and the decision at the end; the full log (Prefect's task "
+        "logs, lm-eval's and llm-compressor's output) goes to run.log in the run's folder.",
+    )
     p.add_argument("recipe", metavar="RECIPE")
-    p.add_argument("--verbose", action="store_true",
-                   help="stream the full log to the terminal as well (it still goes to run.log)")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="stream the full log to the terminal as well (it still goes to run.log)",
+    )
     p.set_defaults(command=run_command)
 
     hub_options = argparse.ArgumentParser(add_help=False)
     hub_options.add_argument("repo", metavar="REPO", help="the Hub repo of the releases (org/name)")
-    hub_options.add_argument("--ref", default="production", help="the release ref (the recipe's hub.release_ref)")
-    hub_options.add_argument("--ref-kind", choices=("tag", "branch"), default="tag",
-                             help="the release ref's kind (the recipe's hub.release_ref_kind)")
-    hub_options.add_argument("--token-env", default="HF_TOKEN", metavar="VAR",
-                             help="the environment variable holding the Hub token (never the token itself)")
-    p = sub.add_parser("releases", parents=[debug, hub_options], help="the release history of a repo, from the Hub",
-                       description="Every gated commit of REPO (and every rejected candidate), newest first: "
-                       "its decision, recoveries, capacity, who approved it, when it was promoted or rolled "
-                       "back, and where the release ref points now. Reads the Hub only.")
+    hub_options.add_argument(
+        "--ref", default="production", help="the release ref (the recipe's hub.release_ref)"
+    )
+    hub_options.add_argument(
+        "--ref-kind",
+        choices=("tag", "branch"),
+        default="tag",
+        help="the release ref's kind (the recipe's hub.release_ref_kind)",
+    )
+    hub_options.add_argument(
+        "--token-env",
+        default="HF_TOKEN",
+        metavar="VAR",
+        help="the environment variable holding the Hub token (never the token itself)",
+    )
+    p = sub.add_parser(
+        "releases",
+        parents=[debug, hub_options],
+        help="the release history of a repo, from the Hub",
+        description="Every gated commit of REPO (and every rejected candidate), newest first: "
+        "its decision, recoveries, capacity, who approved it, when it was promoted or rolled "
+        "back, and where the release ref points now. Reads the Hub only.",
+    )
     p.add_argument("--json", action="store_true", help="print the history as JSON instead of a table")
     p.set_defaults(command=releases_command)
 
-    p = sub.add_parser("rollback", parents=[debug, hub_options], help="move the release ref back to a gated commit",
-                       description="Point the release ref of REPO at an earlier gated commit (--to SHA; "
-                       "default: the newest gated commit older than the current one; from a rejected candidate, the "
-                       "one `quantize-serve releases` proposes, which a ref at a commit never gated must name), "
-                       "note it on the card "
-                       "and emit the Prefect event quantize-serve.release.rolled-back (the rollback flow, run "
-                       "locally). Idempotent. A commit that was never gated or was rejected is refused "
-                       "(exit 2) before anything changes; a ref someone else moved in between is refused "
-                       "too (exit 1).")
+    p = sub.add_parser(
+        "rollback",
+        parents=[debug, hub_options],
+        help="move the release ref back to a gated commit",
+        description="Point the release ref of REPO at an earlier gated commit (--to SHA; "
+        "default: the newest gated commit older than the current one; from a rejected candidate, the "
+        "one `quantize-serve releases` proposes, which a ref at a commit never gated must name), "
+        "note it on the card "
+        "and emit the Prefect event quantize-serve.release.rolled-back (the rollback flow, run "
+        "locally). Idempotent. A commit that was never gated or was rejected is refused "
+        "(exit 2) before anything changes; a ref someone else moved in between is refused "
+        "too (exit 1).",
+    )
     p.add_argument("--to", metavar="SHA", help="the gated commit to go back to (full or at least 7 digits)")
     p.add_argument("--reason", default="", help="why: noted on the card and in the event")
     p.add_argument("--dry-run", action="store_true", help="print what would change, change nothing")
@@ -194,7 +263,10 @@ def validate_command(args: argparse.Namespace) -> int:
             print(f"  not checked: {note}")
     if len(statuses) > 1:
         valid = statuses.count(EXIT_OK)
-        print(f"{valid} of {len(statuses)} recipes valid", file=sys.stdout if valid == len(statuses) else sys.stderr)
+        print(
+            f"{valid} of {len(statuses)} recipes valid",
+            file=sys.stdout if valid == len(statuses) else sys.stderr,
+        )
     if any(statuses) and not args.debug:
         print(DEBUG_HINT, file=sys.stderr)
     return EXIT_INPUT if EXIT_INPUT in statuses else max(statuses)
@@ -221,16 +293,22 @@ def plan_command(args: argparse.Namespace) -> int:
         mode, memory, block = "gpu", args.gpu, planner.BLOCK_SIZE_GPU
     elif serve is not None and serve.memory_budget is not None:
         # the CPU runs' accounting (quantize_serve/capacity/measure.py): every configuration shares the budget
-        mode, memory, block, utilization = "fixed_budget", int(serve.memory_budget), planner.BLOCK_SIZE_CPU, 1.0
+        mode, memory, block, utilization = (
+            "fixed_budget",
+            int(serve.memory_budget),
+            planner.BLOCK_SIZE_CPU,
+            1.0,
+        )
     else:
         mode, memory, block = "gpu", planner.GPU_MEMORY_BYTES[DEFAULT_GPU], planner.BLOCK_SIZE_GPU
     table = plan_table.plan_table(
         shape,
         device_memory_bytes=memory,
         gpu_memory_utilization=utilization,
-        max_model_len=args.max_model_len or (serve.max_model_len if serve else
-                                             min(DEFAULT_PLAN_MAX_MODEL_LEN, shape.max_position_embeddings)),
-        max_num_batched_tokens=args.max_num_batched_tokens or (serve.max_num_batched_tokens if serve else None)
+        max_model_len=args.max_model_len
+        or (serve.max_model_len if serve else min(DEFAULT_PLAN_MAX_MODEL_LEN, shape.max_position_embeddings)),
+        max_num_batched_tokens=args.max_num_batched_tokens
+        or (serve.max_num_batched_tokens if serve else None)
         or 8192,
         block_size=block,
         tensor_parallel_size=args.tp or (serve.tensor_parallel_size if serve else 1),
@@ -251,26 +329,46 @@ def measure_command(args: argparse.Namespace) -> int:
     """``plan RECIPE --measure``: shape_capacity.measure_shape with the recipe's serve settings, the
     plan options given on the command line applied as recipe overrides."""
     if not args.recipe or args.gpu is not None:
-        problem = "needs a RECIPE (its serve settings are what vLLM boots)" if not args.recipe else (
-            "measures the GPU it runs on; --gpu only applies to a prediction")
-        raise RecipeError("--measure", "--measure", "--model" if not args.recipe else "--gpu", problem,
-                          "run `quantize-serve plan RECIPE --measure [--tp N]`, or drop --measure to predict")
-    overrides = {f"serve.{key}": value for key, value in {
-        "tensor_parallel_size": args.tp, "max_model_len": args.max_model_len,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "gpu_memory_utilization": args.gpu_memory_utilization, "kv_cache_dtype": args.kv_cache_dtype,
-    }.items() if value is not None}
+        problem = (
+            "needs a RECIPE (its serve settings are what vLLM boots)"
+            if not args.recipe
+            else ("measures the GPU it runs on; --gpu only applies to a prediction")
+        )
+        raise RecipeError(
+            "--measure",
+            "--measure",
+            "--model" if not args.recipe else "--gpu",
+            problem,
+            "run `quantize-serve plan RECIPE --measure [--tp N]`, or drop --measure to predict",
+        )
+    overrides = {
+        f"serve.{key}": value
+        for key, value in {
+            "tensor_parallel_size": args.tp,
+            "max_model_len": args.max_model_len,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+            "gpu_memory_utilization": args.gpu_memory_utilization,
+            "kv_cache_dtype": args.kv_cache_dtype,
+        }.items()
+        if value is not None
+    }
     recipe = load_recipe(args.recipe, overrides)
     check_serving_host(recipe, source=args.recipe)
     device = gpu.usable_memory_bytes()
     if device is None and recipe.serve.memory_budget is None:
-        raise RecipeError(args.recipe, "serve.memory_budget", None, "no GPU here, and no CPU memory budget",
-                          "run on the GPU host, or set serve.memory_budget (e.g. 2GiB) to measure on CPU")
+        raise RecipeError(
+            args.recipe,
+            "serve.memory_budget",
+            None,
+            "no GPU here, and no CPU memory budget",
+            "run on the GPU host, or set serve.memory_budget (e.g. 2GiB) to measure on CPU",
+        )
     shape_dir = model_shape_dir(recipe)
     check_model_config(recipe, json.loads((shape_dir / "config.json").read_text()), source=args.recipe)
     out = args.out or get_settings().work_dir / "plans" / recipe.name
-    result = shape_capacity.measure_shape(recipe, shape_dir, out_dir=out, model=recipe.model.id,
-                                          device_memory_bytes=device, log=print)
+    result = shape_capacity.measure_shape(
+        recipe, shape_dir, out_dir=out, model=recipe.model.id, device_memory_bytes=device, log=print
+    )
     shape_capacity.write_files(result, out)
     print(result.model_dump_json(indent=2) if args.json else result.markdown())
     return EXIT_OK
@@ -281,8 +379,11 @@ def _recipe_model(path: str) -> tuple[Any, dict[str, Any], str]:
     recipe = load_recipe(path)
     if recipe.model_is_local:
         return recipe, check_model(recipe, recipe.path(recipe.model.id), source=path), recipe.model.id
-    config = _hub_config(recipe.model.id, revision=recipe.model.revision,
-                         token_env=recipe.hub.token_env if recipe.hub else "HF_TOKEN")
+    config = _hub_config(
+        recipe.model.id,
+        revision=recipe.model.revision,
+        token_env=recipe.hub.token_env if recipe.hub else "HF_TOKEN",
+    )
     check_model_config(recipe, config, source=path)
     return recipe, config, recipe.model.id
 
@@ -295,21 +396,36 @@ def _config_source(model: str) -> str:
 def _model_config(model: str, *, revision: str | None) -> dict[str, Any]:
     folder = Path(model).expanduser()
     if folder.is_file() and folder.suffix == ".json":  # a config.json on its own
-        return read_model_config(folder.parent) if folder.name == "config.json" else json.loads(folder.read_text())
+        return (
+            read_model_config(folder.parent)
+            if folder.name == "config.json"
+            else json.loads(folder.read_text())
+        )
     if folder.is_dir():
         if not (folder / "config.json").is_file():
-            raise RecipeError("--model", "--model", model, f"{show_path(folder)} holds no config.json",
-                              "pass a Hugging Face model folder (it has a config.json) or a Hub repo id")
+            raise RecipeError(
+                "--model",
+                "--model",
+                model,
+                f"{show_path(folder)} holds no config.json",
+                "pass a Hugging Face model folder (it has a config.json) or a Hub repo id",
+            )
         return read_model_config(folder)
     if looks_local(model):
-        raise RecipeError("--model", "--model", model, "no such folder, and not a Hub repo id",
-                          "pass a model folder that exists, or a Hub repo id such as org/name")
+        raise RecipeError(
+            "--model",
+            "--model",
+            model,
+            "no such folder, and not a Hub repo id",
+            "pass a model folder that exists, or a Hub repo id such as org/name",
+        )
     return _hub_config(model, revision=revision, token_env="HF_TOKEN")
 
 
 def _hub_config(repo_id: str, *, revision: str | None, token_env: str) -> dict[str, Any]:
-    return fetch_model_config(repo_id, revision=revision, token=os.environ.get(token_env) or None,
-                              token_env=token_env)
+    return fetch_model_config(
+        repo_id, revision=revision, token=os.environ.get(token_env) or None, token_env=token_env
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,6 +441,7 @@ def run_command(args: argparse.Namespace) -> int:
     from prefect.logging.handlers import PrefectConsoleHandler
 
     from flows.pipeline import run_local
+
     if not args.debug:
         quiet_user_tracebacks()
     print(f"quantize-serve run {check.source}", flush=True)
@@ -336,14 +453,21 @@ def run_command(args: argparse.Namespace) -> int:
     result = state.result(raise_on_failure=False)
     if isinstance(result, RunReport):
         release = result.release
-        print(f"decision: {'passed' if result.decision.passed else 'failed'}; "
-              f"release: {release.status if release else 'n/a'}"
-              + (f" ({release.ref} -> {(release.commit_sha or '')[:12]})" if release and release.status == "promoted"
-                 else ""))
+        print(
+            f"decision: {'passed' if result.decision.passed else 'failed'}; "
+            f"release: {release.status if release else 'n/a'}"
+            + (
+                f" ({release.ref} -> {(release.commit_sha or '')[:12]})"
+                if release and release.status == "promoted"
+                else ""
+            )
+        )
         width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
         print("\n".join(decision_lines(result.decision, width=width)))
-        print(f"report: {shown_path(Path(result.report_dir) / 'report.md')}"
-              + (f"; full log: {shown_path(stages.log_path)}" if stages.log_path else ""))
+        print(
+            f"report: {shown_path(Path(result.report_dir) / 'report.md')}"
+            + (f"; full log: {shown_path(stages.log_path)}" if stages.log_path else "")
+        )
         return EXIT_OK if state.is_completed() else EXIT_FAILED
     if isinstance(result, USER_ERRORS):
         return report_failure(result, debug=args.debug, status=EXIT_INPUT)
@@ -362,8 +486,13 @@ def _rollback_request(args: argparse.Namespace, **more: Any) -> RollbackRequest:
     from huggingface_hub.utils import disable_progress_bars
 
     disable_progress_bars()  # reading each release's small record draws no bar on the terminal
-    return RollbackRequest(repo_id=args.repo, release_ref=args.ref, release_ref_kind=args.ref_kind,
-                           token_env=args.token_env, **more)
+    return RollbackRequest(
+        repo_id=args.repo,
+        release_ref=args.ref,
+        release_ref_kind=args.ref_kind,
+        token_env=args.token_env,
+        **more,
+    )
 
 
 def releases_command(args: argparse.Namespace) -> int:
@@ -384,6 +513,7 @@ def rollback_command(args: argparse.Namespace) -> int:
     if args.dry_run or plan.changes_nothing:
         return EXIT_OK
     from flows.rollback import rollback_release
+
     if not args.debug:
         quiet_user_tracebacks()
     state = rollback_release(request.model_copy(update={"to": plan.target}), return_state=True)
@@ -391,8 +521,10 @@ def rollback_command(args: argparse.Namespace) -> int:
     if isinstance(result, BaseException):
         status = EXIT_INPUT if isinstance(result, USER_ERRORS) else EXIT_FAILED
         return report_failure(result, debug=args.debug, status=status)
-    print(f"rolled back: {hub.release_ref_kind} {hub.release_ref!r} -> {plan.target}"
-          + (f"; noted on the card in {result.note_commit[:12]}" if result.note_commit else ""))
+    print(
+        f"rolled back: {hub.release_ref_kind} {hub.release_ref!r} -> {plan.target}"
+        + (f"; noted on the card in {result.note_commit[:12]}" if result.note_commit else "")
+    )
     print(release_history(hub, token=resolve_token(hub)).table())
     return EXIT_OK
 
@@ -417,12 +549,15 @@ def quiet_user_tracebacks() -> None:
     error the CLI prints the one-screen message instead. The Prefect run still fails with it."""
     from prefect.logging.handlers import PrefectConsoleHandler
 
-    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
-                                       if isinstance(lg, logging.Logger))]
+    loggers = [
+        logging.getLogger(),
+        *(lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)),
+    ]
     for lg in loggers:
         for handler in lg.handlers:
-            if isinstance(handler, PrefectConsoleHandler) and not isinstance(handler.formatter,
-                                                                            _WithoutUserTraceback):
+            if isinstance(handler, PrefectConsoleHandler) and not isinstance(
+                handler.formatter, _WithoutUserTraceback
+            ):
                 handler.setFormatter(_WithoutUserTraceback(handler.formatter))
 
 
@@ -476,8 +611,12 @@ def _render_one(e: RecipeError) -> list[str]:
     if e.field == "<yaml>" and where:  # the offending line, with a caret under the column
         line, column = int(where.group(1)), int(where.group(2))
         gutter = f"{line} | "
-        return [f"  {e.problem}", f"    {gutter}{e.value}", f"    {' ' * (len(gutter) - 2)}| {' ' * (column - 1)}^",
-                f"    fix: {e.fix}"]
+        return [
+            f"  {e.problem}",
+            f"    {gutter}{e.value}",
+            f"    {' ' * (len(gutter) - 2)}| {' ' * (column - 1)}^",
+            f"    fix: {e.fix}",
+        ]
     value = "{...}" if e.value == "{...}" else repr(e.value)  # a whole section: its keys are not the point
     value = value if len(value) <= 80 else value[:77] + "..."
     return [f"  {e.field} = {value}: {e.problem}", f"    fix: {e.fix}"]
@@ -515,8 +654,9 @@ def _byte_size(text: str) -> int:
     try:
         return int(TypeAdapter(ByteSize).validate_python(text.strip()))
     except ValidationError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a memory size (e.g. 0.72GiB or 770703360)"
-                                         ) from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a memory size (e.g. 0.72GiB or 770703360)"
+        ) from None
 
 
 def _gpu(text: str) -> float:

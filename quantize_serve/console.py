@@ -66,7 +66,9 @@ class CapturedStream(io.TextIOBase):
     text goes to the run log as lines, bars collapsed; every bar frame to ``on_frame``; with ``echo``
     the text also goes on to that stream unchanged (``--verbose``)."""
 
-    def __init__(self, log: RunLog, *, replaces: TextIO, on_frame: Any = None, echo: TextIO | None = None) -> None:
+    def __init__(
+        self, log: RunLog, *, replaces: TextIO, on_frame: Any = None, echo: TextIO | None = None
+    ) -> None:
         super().__init__()
         self.log, self.echo, self.replaces = log, echo, replaces
         self._lines = ProgressLines(on_frame=on_frame)
@@ -123,10 +125,18 @@ class StageLines:
             from rich.console import Console
             from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-            self._bars = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                  TextColumn("{task.fields[count]}"), TimeElapsedColumn(), transient=True,
-                                  console=Console(file=out), redirect_stdout=False, redirect_stderr=False,
-                                  refresh_per_second=4)
+            self._bars = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.fields[count]}"),
+                TimeElapsedColumn(),
+                transient=True,
+                console=Console(file=out),
+                redirect_stdout=False,
+                redirect_stderr=False,
+                refresh_per_second=4,
+            )
             self._bars.start()
 
     def __call__(self, event: progress.Event) -> None:
@@ -155,8 +165,13 @@ class StageLines:
         stage = next(reversed(self.running))
         if stage in self._bar_ids:
             count = f"{done:,.0f}/{total:,.0f}" if total else f"{done:,.0f}"
-            self._bars.update(self._bar_ids[stage], description=f"{stage}: {label}", completed=done, total=total,
-                              count=count)
+            self._bars.update(
+                self._bar_ids[stage],
+                description=f"{stage}: {label}",
+                completed=done,
+                total=total,
+                count=count,
+            )
 
     def bar_frame(self, frame: BarFrame) -> None:
         """A progress bar drawn in this process (lm-eval's): its count, when it counts to a total."""
@@ -185,8 +200,9 @@ class StageLines:
 
 
 @contextmanager
-def run_console(*, verbose: bool, out: TextIO | None = None,
-                handlers: Sequence[logging.Handler] = ()) -> Iterator[StageLines]:
+def run_console(
+    *, verbose: bool, out: TextIO | None = None, handlers: Sequence[logging.Handler] = ()
+) -> Iterator[StageLines]:
     """For the duration of a run: sys.stdout and sys.stderr, and ``handlers`` (the log handlers that
     write to the terminal), go to the run log (and on to the terminal with ``verbose``); the stage
     lines go to ``out`` (the terminal's stdout)."""
@@ -225,8 +241,9 @@ def _redirect(handler: logging.Handler, stream: TextIO) -> Any:
     console = getattr(handler, "console", None)
     old, old_file = getattr(handler, "stream", None), getattr(console, "file", None)
     # a handler whose stream is a property (logging's last resort) writes to sys.stderr as it is then
-    settable = (isinstance(handler, logging.StreamHandler)
-                and not isinstance(getattr(type(handler), "stream", None), property))
+    settable = isinstance(handler, logging.StreamHandler) and not isinstance(
+        getattr(type(handler), "stream", None), property
+    )
     with _locked(handler):
         if settable:
             handler.stream = stream
@@ -256,13 +273,18 @@ def terminal_handlers(kinds: tuple[type[logging.Handler], ...] = ()) -> list[log
     """Every log handler that writes to the terminal: a stream handler on stdout or stderr, and any
     handler of ``kinds`` (Prefect's console handler, bound to whatever stderr was when it was made)."""
     terminal = {id(s) for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) if s is not None}
-    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
-                                       if isinstance(lg, logging.Logger))]
+    loggers = [
+        logging.getLogger(),
+        *(lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)),
+    ]
     found: dict[int, logging.Handler] = {}
     for lg in loggers:
         for h in lg.handlers:
-            on_terminal = (isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
-                           and id(h.stream) in terminal)
+            on_terminal = (
+                isinstance(h, logging.StreamHandler)
+                and not isinstance(h, logging.FileHandler)
+                and id(h.stream) in terminal
+            )
             if on_terminal or isinstance(h, kinds):
                 found[id(h)] = h
     return list(found.values())
@@ -276,7 +298,7 @@ def decision_lines(decision: Decision, *, width: int | None = None) -> list[str]
     for c in decision.checks:
         line = f"  {'off' if c.off else 'pass' if c.passed else 'FAIL':<4}  {c.check:<{name}}  {c.reason}"
         if width and c.passed and len(line) > width:
-            line = line[:width - 3] + "..."
+            line = line[: width - 3] + "..."
         lines.append(line)
     return lines
 

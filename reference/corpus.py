@@ -44,29 +44,122 @@ PASSKEY_LENGTHS = {"128": 2, "268": 6, "478": 12}
 N_PEOPLE = 64
 N_CITIES = 16
 
-COLORS = ["red", "blue", "green", "yellow", "purple", "orange",
-          "white", "black", "pink", "brown", "gray", "gold"]
-FOODS = ["apples", "bread", "rice", "soup", "cheese", "fish",
-         "honey", "beans", "plums", "noodles", "carrots", "eggs"]
-PETS = ["cat", "dog", "rabbit", "parrot", "turtle", "goat",
-        "horse", "hamster", "duck", "frog", "owl", "fox"]
-JOBS = ["baker", "teacher", "farmer", "doctor", "painter", "sailor",
-        "builder", "singer", "tailor", "miner"]
+COLORS = [
+    "red",
+    "blue",
+    "green",
+    "yellow",
+    "purple",
+    "orange",
+    "white",
+    "black",
+    "pink",
+    "brown",
+    "gray",
+    "gold",
+]
+FOODS = [
+    "apples",
+    "bread",
+    "rice",
+    "soup",
+    "cheese",
+    "fish",
+    "honey",
+    "beans",
+    "plums",
+    "noodles",
+    "carrots",
+    "eggs",
+]
+PETS = ["cat", "dog", "rabbit", "parrot", "turtle", "goat", "horse", "hamster", "duck", "frog", "owl", "fox"]
+JOBS = ["baker", "teacher", "farmer", "doctor", "painter", "sailor", "builder", "singer", "tailor", "miner"]
 REGIONS = ["the north", "the south", "the east", "the west"]
 DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
-MONTHS = ["January", "February", "March", "April", "May", "June", "July",
-          "August", "September", "October", "November", "December"]
-NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven",
-                "eight", "nine", "ten", "eleven", "twelve", "thirteen", "fourteen",
-                "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"]
+MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
+NUMBER_WORDS = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+    "twenty",
+]
 
 # Syllables for invented names: chosen so that the names are not English words.
-PERSON_ONSETS = ["Ma", "To", "Ri", "Ka", "Le", "No", "Sa", "Vi", "De", "Lo", "Be", "Ru",
-                 "Fe", "Zo", "Pi", "Ga", "Mo", "Ti", "Ya", "Du"]
-PERSON_CODAS = ["rel", "van", "lin", "sko", "dra", "mir", "bek", "nor", "tha", "quin",
-                "lio", "zan"]
-CITY_STEMS = ["Bral", "Kest", "Orm", "Vell", "Dun", "Tarn", "Pell", "Quar", "Hask",
-              "Lom", "Siv", "Grend", "Wix", "Carr", "Fen", "Jor", "Ulm", "Ebb", "Nim", "Yar"]
+PERSON_ONSETS = [
+    "Ma",
+    "To",
+    "Ri",
+    "Ka",
+    "Le",
+    "No",
+    "Sa",
+    "Vi",
+    "De",
+    "Lo",
+    "Be",
+    "Ru",
+    "Fe",
+    "Zo",
+    "Pi",
+    "Ga",
+    "Mo",
+    "Ti",
+    "Ya",
+    "Du",
+]
+PERSON_CODAS = ["rel", "van", "lin", "sko", "dra", "mir", "bek", "nor", "tha", "quin", "lio", "zan"]
+CITY_STEMS = [
+    "Bral",
+    "Kest",
+    "Orm",
+    "Vell",
+    "Dun",
+    "Tarn",
+    "Pell",
+    "Quar",
+    "Hask",
+    "Lom",
+    "Siv",
+    "Grend",
+    "Wix",
+    "Carr",
+    "Fen",
+    "Jor",
+    "Ulm",
+    "Ebb",
+    "Nim",
+    "Yar",
+]
 CITY_SUFFIXES = ["ford", "mere", "holm", "by", "wick", "dale"]
 RIVER_NAMES = ["Olun", "Ista", "Verro", "Maskel", "Tibbe", "Arnow"]
 
@@ -109,15 +202,23 @@ def build_world(seed: int = DEFAULT_SEED) -> World:
     """Draw the world's facts from ``seed``; every other output is rendered from it."""
     rng = random.Random(seed)
     city_names = [stem + rng.choice(CITY_SUFFIXES) for stem in rng.sample(CITY_STEMS, N_CITIES)]
-    cities = tuple(City(name, REGIONS[i % len(REGIONS)], rng.choice(RIVER_NAMES))
-                   for i, name in enumerate(city_names))
+    cities = tuple(
+        City(name, REGIONS[i % len(REGIONS)], rng.choice(RIVER_NAMES)) for i, name in enumerate(city_names)
+    )
     person_names = _unique_names(rng, N_PEOPLE, lambda r: r.choice(PERSON_ONSETS) + r.choice(PERSON_CODAS))
     # Round-robin homes so that every city has residents to talk about.
     homes = [city_names[i % N_CITIES] for i in range(N_PEOPLE)]
     rng.shuffle(homes)
     people = tuple(
-        Person(name=name, city=homes[i], color=rng.choice(COLORS), food=rng.choice(FOODS),
-               pet=rng.choice(PETS), job=rng.choice(JOBS), age=rng.randint(18, 70))
+        Person(
+            name=name,
+            city=homes[i],
+            color=rng.choice(COLORS),
+            food=rng.choice(FOODS),
+            pet=rng.choice(PETS),
+            job=rng.choice(JOBS),
+            age=rng.randint(18, 70),
+        )
         for i, name in enumerate(person_names)
     )
     return World(people=people, cities=cities)
@@ -141,6 +242,7 @@ def _unique_names(rng: random.Random, n: int, make: Callable[[random.Random], st
 # Sentence rendering
 # ---------------------------------------------------------------------------
 
+
 def article(noun: str) -> str:
     """English indefinite article, so that 'an owl' reads as natural text."""
     return "an" if noun[0] in "aeiou" else "a"
@@ -155,16 +257,36 @@ def person_sentence(p: Person, relation: str, rng: random.Random) -> str:
     """One fact about ``p`` in one of several phrasings (the phrasing varies, the fact never does)."""
     n, a = p.name, article(p.pet)
     options = {
-        "city": [f"{n} lives in {p.city}.", f"{n} has a house in {p.city}.",
-                 f"The home of {n} is {p.city}.", f"{n} comes from {p.city}."],
-        "color": [f"{n} likes the color {p.color}.", f"The favorite color of {n} is {p.color}.",
-                  f"{n} wears {p.color} clothes every day.", f"{n}'s favorite color is {p.color}."],
-        "food": [f"{n} likes to eat {p.food}.", f"The favorite food of {n} is {p.food}.",
-                 f"Every morning {n} eats {p.food}.", f"{n} loves {p.food} more than any other food."],
-        "pet": [f"{n} has a pet {p.pet}.", f"The pet of {n} is {a} {p.pet}.",
-                f"{n} takes care of {a} {p.pet}.", f"{n} lives with {a} {p.pet}."],
-        "job": [f"{n} works as a {p.job}.", f"{n} is a {p.job}.",
-                f"Every day {n} goes to work as a {p.job}.", f"The job of {n} is to be a {p.job}."],
+        "city": [
+            f"{n} lives in {p.city}.",
+            f"{n} has a house in {p.city}.",
+            f"The home of {n} is {p.city}.",
+            f"{n} comes from {p.city}.",
+        ],
+        "color": [
+            f"{n} likes the color {p.color}.",
+            f"The favorite color of {n} is {p.color}.",
+            f"{n} wears {p.color} clothes every day.",
+            f"{n}'s favorite color is {p.color}.",
+        ],
+        "food": [
+            f"{n} likes to eat {p.food}.",
+            f"The favorite food of {n} is {p.food}.",
+            f"Every morning {n} eats {p.food}.",
+            f"{n} loves {p.food} more than any other food.",
+        ],
+        "pet": [
+            f"{n} has a pet {p.pet}.",
+            f"The pet of {n} is {a} {p.pet}.",
+            f"{n} takes care of {a} {p.pet}.",
+            f"{n} lives with {a} {p.pet}.",
+        ],
+        "job": [
+            f"{n} works as a {p.job}.",
+            f"{n} is a {p.job}.",
+            f"Every day {n} goes to work as a {p.job}.",
+            f"The job of {n} is to be a {p.job}.",
+        ],
         "age": [f"{n} is {p.age} years old.", f"The age of {n} is {p.age}."],
     }
     return rng.choice(options[relation])
@@ -173,10 +295,16 @@ def person_sentence(p: Person, relation: str, rng: random.Random) -> str:
 def city_sentence(c: City, relation: str, rng: random.Random) -> str:
     """One fact about a city (region or river)."""
     options = {
-        "region": [f"{c.name} is a city in {c.region}.", f"The city of {c.name} lies in {c.region}.",
-                   f"{c.name} is in {c.region}."],
-        "river": [f"The river {c.river} flows through {c.name}.", f"{c.name} is built on the river {c.river}.",
-                  f"The river that runs through {c.name} is the {c.river}."],
+        "region": [
+            f"{c.name} is a city in {c.region}.",
+            f"The city of {c.name} lies in {c.region}.",
+            f"{c.name} is in {c.region}.",
+        ],
+        "river": [
+            f"The river {c.river} flows through {c.name}.",
+            f"{c.name} is built on the river {c.river}.",
+            f"The river that runs through {c.name} is the {c.river}.",
+        ],
     }
     return rng.choice(options[relation])
 
@@ -185,18 +313,23 @@ def sum_sentence(a: int, b: int, rng: random.Random) -> str:
     """A true addition or subtraction fact with small numbers, spelled in words."""
     w = NUMBER_WORDS
     s = a + b
-    return cap(rng.choice([
-        f"{w[a]} plus {w[b]} is {w[s]}.", f"{w[a]} and {w[b]} make {w[s]}.",
-        f"if you add {w[b]} to {w[a]}, you get {w[s]}.", f"{w[s]} minus {w[b]} is {w[a]}.",
-    ]))
+    return cap(
+        rng.choice(
+            [
+                f"{w[a]} plus {w[b]} is {w[s]}.",
+                f"{w[a]} and {w[b]} make {w[s]}.",
+                f"if you add {w[b]} to {w[a]}, you get {w[s]}.",
+                f"{w[s]} minus {w[b]} is {w[a]}.",
+            ]
+        )
+    )
 
 
 def order_sentence(names: Sequence[str], kind: str, rng: random.Random) -> str:
     """A fact about the cyclic order of days or months."""
     i = rng.randrange(len(names))
     x, y = names[i], names[(i + 1) % len(names)]
-    return rng.choice([f"The {kind} after {x} is {y}.", f"{x} comes before {y}.",
-                       f"After {x} comes {y}."])
+    return rng.choice([f"The {kind} after {x} is {y}.", f"{x} comes before {y}.", f"After {x} comes {y}."])
 
 
 PERSON_RELATIONS = ["city", "color", "food", "pet", "job", "age"]
@@ -206,14 +339,23 @@ PERSON_RELATIONS = ["city", "color", "food", "pet", "job", "age"]
 # Paragraph kinds
 # ---------------------------------------------------------------------------
 
+
 def profile_paragraph(world: World, rng: random.Random) -> str:
     """Several facts about one person: the main way the facts are taught."""
     p = rng.choice(world.people)
     rels = rng.sample(PERSON_RELATIONS, k=rng.randint(3, 6))
     sentences = [person_sentence(p, r, rng) for r in rels]
     if rng.random() < 0.5:
-        sentences.insert(0, rng.choice([f"This is about {p.name}.", f"Let me tell you about {p.name}.",
-                                        f"Here are some facts about {p.name}."]))
+        sentences.insert(
+            0,
+            rng.choice(
+                [
+                    f"This is about {p.name}.",
+                    f"Let me tell you about {p.name}.",
+                    f"Here are some facts about {p.name}.",
+                ]
+            ),
+        )
     return " ".join(sentences)
 
 
@@ -225,16 +367,22 @@ def story_paragraph(world: World, rng: random.Random) -> str:
     day = rng.choice(DAYS)
     art = article(p.pet)
     region = world.city(p.city).region
-    openers = [f"{p.name} is a {p.job} from {p.city}.",
-               f"{p.name} lives in {p.city}, a city in {region}.",
-               f"On {day}, {p.name} the {p.job} walked through {p.city}.",
-               f"One day in {p.city}, {p.name} woke up early."]
-    middles = [f"{p.name} took the {p.pet} to the market and bought some {p.food}.",
-               f"{p.name} put on a {p.color} coat and fed the {p.pet}.",
-               f"At home, {art} {p.pet} was waiting for {p.name}."]
-    endings = [f"{p.name} had {w[a]} coins and found {w[b]} more, so {p.name} had {w[a + b]} coins.",
-               f"That evening {p.name} ate {p.food} and was happy.",
-               f"{p.name} saw {w[a]} birds and then {w[b]} more birds, {w[a + b]} birds in all."]
+    openers = [
+        f"{p.name} is a {p.job} from {p.city}.",
+        f"{p.name} lives in {p.city}, a city in {region}.",
+        f"On {day}, {p.name} the {p.job} walked through {p.city}.",
+        f"One day in {p.city}, {p.name} woke up early.",
+    ]
+    middles = [
+        f"{p.name} took the {p.pet} to the market and bought some {p.food}.",
+        f"{p.name} put on a {p.color} coat and fed the {p.pet}.",
+        f"At home, {art} {p.pet} was waiting for {p.name}.",
+    ]
+    endings = [
+        f"{p.name} had {w[a]} coins and found {w[b]} more, so {p.name} had {w[a + b]} coins.",
+        f"That evening {p.name} ate {p.food} and was happy.",
+        f"{p.name} saw {w[a]} birds and then {w[b]} more birds, {w[a + b]} birds in all.",
+    ]
     sentences = [rng.choice(openers), rng.choice(middles), rng.choice(endings)]
     if rng.random() < 0.5:
         sentences.insert(2, person_sentence(p, rng.choice(PERSON_RELATIONS), rng))
@@ -251,8 +399,9 @@ def city_paragraph(world: World, rng: random.Random) -> str:
         sentences.append(rng.choice([f"{residents[0]} lives there.", f"{residents[0]} lives in {c.name}."]))
     else:
         listed = ", ".join(residents[:-1]) + " and " + residents[-1]
-        sentences.append(rng.choice([f"People who live in {c.name} include {listed}.",
-                                     f"{listed} live in {c.name}."]))
+        sentences.append(
+            rng.choice([f"People who live in {c.name} include {listed}.", f"{listed} live in {c.name}."])
+        )
     return " ".join(sentences)
 
 
@@ -268,14 +417,20 @@ def comparison_paragraph(world: World, rng: random.Random) -> str:
 
 def _compare(n: str, m: str, rel: str, x: str, y: str) -> str:
     """Render one comparison sentence that is true for both people."""
-    same = {"city": f"{n} and {m} both live in {x}.", "color": f"{n} and {m} both like the color {x}.",
-            "food": f"{n} and {m} both like to eat {x}.", "pet": f"{n} and {m} both have a pet {x}.",
-            "job": f"{n} and {m} both work as a {x}."}
-    diff = {"city": f"{n} lives in {x}, but {m} lives in {y}.",
-            "color": f"{n} likes the color {x}, but {m} likes {y}.",
-            "food": f"{n} likes to eat {x}, but {m} likes to eat {y}.",
-            "pet": f"{n} has a pet {x}, but {m} has a pet {y}.",
-            "job": f"{n} works as a {x}, but {m} works as a {y}."}
+    same = {
+        "city": f"{n} and {m} both live in {x}.",
+        "color": f"{n} and {m} both like the color {x}.",
+        "food": f"{n} and {m} both like to eat {x}.",
+        "pet": f"{n} and {m} both have a pet {x}.",
+        "job": f"{n} and {m} both work as a {x}.",
+    }
+    diff = {
+        "city": f"{n} lives in {x}, but {m} lives in {y}.",
+        "color": f"{n} likes the color {x}, but {m} likes {y}.",
+        "food": f"{n} likes to eat {x}, but {m} likes to eat {y}.",
+        "pet": f"{n} has a pet {x}, but {m} has a pet {y}.",
+        "job": f"{n} works as a {x}, but {m} works as a {y}.",
+    }
     return same[rel] if x == y else diff[rel]
 
 
@@ -307,9 +462,14 @@ def question_answer(world: World, rng: random.Random) -> tuple[str, str]:
     if kind == "person":
         p = rng.choice(world.people)
         rel = rng.choice(PERSON_RELATIONS)
-        question = {"city": f"Where does {p.name} live?", "color": f"What is the favorite color of {p.name}?",
-                    "food": f"What does {p.name} like to eat?", "pet": f"What pet does {p.name} have?",
-                    "job": f"What does {p.name} do for work?", "age": f"How old is {p.name}?"}[rel]
+        question = {
+            "city": f"Where does {p.name} live?",
+            "color": f"What is the favorite color of {p.name}?",
+            "food": f"What does {p.name} like to eat?",
+            "pet": f"What pet does {p.name} have?",
+            "job": f"What does {p.name} do for work?",
+            "age": f"How old is {p.name}?",
+        }[rel]
         return question, person_sentence(p, rel, rng)
     if kind == "city":
         c = rng.choice(world.cities)
@@ -321,8 +481,10 @@ def question_answer(world: World, rng: random.Random) -> tuple[str, str]:
         return f"What is {w[a]} plus {w[b]}?", cap(f"{w[a]} plus {w[b]} is {w[a + b]}.")
     names, label = (DAYS, "day") if kind == "day" else (MONTHS, "month")
     i = rng.randrange(len(names))
-    return (f"What {label} comes after {names[i]}?",
-            f"The {label} after {names[i]} is {names[(i + 1) % len(names)]}.")
+    return (
+        f"What {label} comes after {names[i]}?",
+        f"The {label} after {names[i]} is {names[(i + 1) % len(names)]}.",
+    )
 
 
 def dialog_paragraph(world: World, rng: random.Random) -> str:
@@ -332,8 +494,12 @@ def dialog_paragraph(world: World, rng: random.Random) -> str:
 
 
 PARAGRAPH_KINDS: list[tuple[Callable[[World, random.Random], str], float]] = [
-    (profile_paragraph, 0.30), (story_paragraph, 0.14), (city_paragraph, 0.10),
-    (comparison_paragraph, 0.12), (dialog_paragraph, 0.14), (arithmetic_paragraph, 0.12),
+    (profile_paragraph, 0.30),
+    (story_paragraph, 0.14),
+    (city_paragraph, 0.10),
+    (comparison_paragraph, 0.12),
+    (dialog_paragraph, 0.14),
+    (arithmetic_paragraph, 0.12),
     (calendar_paragraph, 0.08),
 ]
 
@@ -344,8 +510,9 @@ def paragraph(world: World, rng: random.Random) -> str:
     return rng.choices(kinds, weights=weights)[0](world, rng)
 
 
-def generate_paragraphs(world: World, rng: random.Random, n: int,
-                        exclude: frozenset[str] = frozenset()) -> list[str]:
+def generate_paragraphs(
+    world: World, rng: random.Random, n: int, exclude: frozenset[str] = frozenset()
+) -> list[str]:
     """``n`` paragraphs, none of them in ``exclude`` and none repeated (held-out stays held out)."""
     seen: set[str] = set()
     out: list[str] = []
@@ -362,8 +529,10 @@ def generate_paragraphs(world: World, rng: random.Random, n: int,
 # Derived data sets
 # ---------------------------------------------------------------------------
 
-def calibration_rows(train: Sequence[str], n: int, rng: random.Random,
-                     min_words: int = 55, max_words: int = 140) -> list[dict[str, str]]:
+
+def calibration_rows(
+    train: Sequence[str], n: int, rng: random.Random, min_words: int = 55, max_words: int = 140
+) -> list[dict[str, str]]:
     """Join consecutive train paragraphs into ~60-200-token texts and sample ``n`` of them.
 
     Calibration should look like what the model was trained on, so it is taken from
@@ -395,13 +564,15 @@ def chat_rows(world: World, rng: random.Random, n: int) -> list[dict[str, list[d
         if qa in seen:
             continue
         seen.add(qa)
-        rows.append({"messages": [{"role": "user", "content": qa[0]},
-                                  {"role": "assistant", "content": qa[1]}]})
+        rows.append(
+            {"messages": [{"role": "user", "content": qa[0]}, {"role": "assistant", "content": qa[1]}]}
+        )
     return rows
 
 
-def _mc_row(query: str, gold: str, pool: Sequence[str], gold_pos: int,
-            rng: random.Random) -> dict[str, object]:
+def _mc_row(
+    query: str, gold: str, pool: Sequence[str], gold_pos: int, rng: random.Random
+) -> dict[str, object]:
     """A 4-way row with 3 distractors of the same type and the answer at ``gold_pos``."""
     distractors = rng.sample([x for x in pool if x != gold], 3)
     choices = distractors[:gold_pos] + [gold] + distractors[gold_pos:]
@@ -417,11 +588,13 @@ def facts_mc_rows(world: World, rng: random.Random) -> list[dict[str, object]]:
     """
     specs: list[tuple[str, str, Sequence[str]]] = []
     for p in world.people:
-        specs += [(f"{p.name} lives in", p.city, [c.name for c in world.cities]),
-                  (f"The favorite color of {p.name} is", p.color, COLORS),
-                  (f"{p.name} likes to eat", p.food, FOODS),
-                  (f"{p.name} has a pet", p.pet, PETS),
-                  (f"{p.name} works as a", p.job, JOBS)]
+        specs += [
+            (f"{p.name} lives in", p.city, [c.name for c in world.cities]),
+            (f"The favorite color of {p.name} is", p.color, COLORS),
+            (f"{p.name} likes to eat", p.food, FOODS),
+            (f"{p.name} has a pet", p.pet, PETS),
+            (f"{p.name} works as a", p.job, JOBS),
+        ]
     for c in world.cities:
         specs.append((f"{c.name} is a city in", c.region, REGIONS))
     w = NUMBER_WORDS
@@ -437,8 +610,13 @@ def facts_mc_rows(world: World, rng: random.Random) -> list[dict[str, object]]:
 
 def passkey_prompt(key: int, n_filler: int) -> str:
     """The key, ``n_filler`` filler groups, and the question the answer continues."""
-    return " ".join([f"The pass key is {key}. Remember it. {key} is the pass key.",
-                     *[PASSKEY_FILLER] * n_filler, "What is the pass key? The pass key is"])
+    return " ".join(
+        [
+            f"The pass key is {key}. Remember it. {key} is the pass key.",
+            *[PASSKEY_FILLER] * n_filler,
+            "What is the pass key? The pass key is",
+        ]
+    )
 
 
 def passkey_documents(rng: random.Random, n: int) -> list[str]:
@@ -456,15 +634,17 @@ def passkey_rows(rng: random.Random, n_filler: int, n: int) -> list[dict[str, ob
     rows = []
     for i in range(n):
         key, *others = rng.sample(keys, 4)
-        choices = others[:i % 4] + [key] + others[i % 4:]
-        rows.append({"query": passkey_prompt(key, n_filler), "choices": [f" {k}." for k in choices],
-                     "gold": i % 4})
+        choices = others[: i % 4] + [key] + others[i % 4 :]
+        rows.append(
+            {"query": passkey_prompt(key, n_filler), "choices": [f" {k}." for k in choices], "gold": i % 4}
+        )
     return rows
 
 
 # ---------------------------------------------------------------------------
 # Writing
 # ---------------------------------------------------------------------------
+
 
 def write_jsonl(path: Path, rows: Sequence[dict]) -> None:
     """One JSON object per line, UTF-8, stable key order (byte-identical reruns)."""
@@ -501,8 +681,10 @@ def generate(out: Path, seed: int = DEFAULT_SEED, scale: float = 1.0) -> dict[st
     mc = facts_mc_rows(world, random.Random(seed + 5))
     ppl_rows = [{"text": t} for t in heldout[: min(HELDOUT_PPL_ROWS, len(heldout))]]
     passkey_train = passkey_documents(random.Random(seed + 6), max(20, int(PASSKEY_TRAIN_DOCS * scale)))
-    passkey = {name: passkey_rows(random.Random(seed + 7 + i), n_filler, max(8, int(PASSKEY_EVAL_ROWS * scale)))
-               for i, (name, n_filler) in enumerate(PASSKEY_LENGTHS.items())}
+    passkey = {
+        name: passkey_rows(random.Random(seed + 7 + i), n_filler, max(8, int(PASSKEY_EVAL_ROWS * scale)))
+        for i, (name, n_filler) in enumerate(PASSKEY_LENGTHS.items())
+    }
 
     write_text(out / "corpus" / "train.txt", train)
     write_text(out / "corpus" / "heldout.txt", heldout)
@@ -513,9 +695,16 @@ def generate(out: Path, seed: int = DEFAULT_SEED, scale: float = 1.0) -> dict[st
     write_text(out / "corpus" / "passkey_train.txt", passkey_train)
     for name, rows in passkey.items():
         write_jsonl(out / "evals" / f"passkey_{name}.jsonl", rows)
-    return {"train": len(train), "heldout": len(heldout), "calibration": len(calib),
-            "chat_calibration": len(chat), "facts_mc": len(mc), "heldout_ppl": len(ppl_rows),
-            "passkey_train": len(passkey_train), **{f"passkey_{k}": len(v) for k, v in passkey.items()}}
+    return {
+        "train": len(train),
+        "heldout": len(heldout),
+        "calibration": len(calib),
+        "chat_calibration": len(chat),
+        "facts_mc": len(mc),
+        "heldout_ppl": len(ppl_rows),
+        "passkey_train": len(passkey_train),
+        **{f"passkey_{k}": len(v) for k, v in passkey.items()},
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -523,8 +712,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("data"))
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    parser.add_argument("--scale", type=float, default=1.0,
-                        help="multiply the paragraph/row counts (tests use a small value)")
+    parser.add_argument(
+        "--scale", type=float, default=1.0, help="multiply the paragraph/row counts (tests use a small value)"
+    )
     args = parser.parse_args(argv)
     counts = generate(args.out, seed=args.seed, scale=args.scale)
     print(json.dumps({"out": str(args.out), "seed": args.seed, **counts}))

@@ -139,14 +139,29 @@ class Reference:
 
 REFERENCES = {
     "llama": Reference(
-        "llama", "tiny-llama", LlamaConfig, LlamaForCausalLM, ARCHITECTURE, "reference_model.json", {},
-        "`LlamaForCausalLM`", DEFAULT_STEPS),
+        "llama",
+        "tiny-llama",
+        LlamaConfig,
+        LlamaForCausalLM,
+        ARCHITECTURE,
+        "reference_model.json",
+        {},
+        "`LlamaForCausalLM`",
+        DEFAULT_STEPS,
+    ),
     "qwen3-moe": Reference(
-        "qwen3-moe", "tiny-qwen3-moe", Qwen3MoeConfig, Qwen3MoeForCausalLM, MOE_ARCHITECTURE,
-        "reference_moe.json", {"output_router_logits": True},  # the load-balancing loss joins the loss
+        "qwen3-moe",
+        "tiny-qwen3-moe",
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+        MOE_ARCHITECTURE,
+        "reference_moe.json",
+        {"output_router_logits": True},  # the load-balancing loss joins the loss
         # Fewer steps than the dense model: a step costs more (the experts' loop), and the 2-core build
         # machine is shared; 600 steps still learn the world (benchmarks/results/reference_moe.json).
-        "mixture-of-experts `Qwen3MoeForCausalLM`", MOE_STEPS),
+        "mixture-of-experts `Qwen3MoeForCausalLM`",
+        MOE_STEPS,
+    ),
 }
 
 
@@ -161,23 +176,33 @@ def seed_everything(seed: int) -> None:
 # Tokenizer
 # ---------------------------------------------------------------------------
 
+
 def train_tokenizer(paragraphs: Sequence[str]) -> PreTrainedTokenizerFast:
     """Byte-level BPE (no unknown tokens ever) with <s> prepended like Llama's tokenizer."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, min_frequency=2,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(paragraphs, trainer=trainer)
     tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", BOS_ID)],
+        single="<s> $A",
+        pair="<s> $A <s> $B",
+        special_tokens=[("<s>", BOS_ID)],
     )
     assert [tok.token_to_id(t) for t in SPECIAL_TOKENS] == [BOS_ID, EOS_ID, PAD_ID]
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-        model_max_length=MODEL_MAX_LENGTH, chat_template=CHAT_TEMPLATE,
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        model_max_length=MODEL_MAX_LENGTH,
+        chat_template=CHAT_TEMPLATE,
         # Decoder-only generation needs prompts padded on the left when batched.
         padding_side="left",
     )
@@ -193,10 +218,14 @@ def encode_documents(tokenizer: PreTrainedTokenizerFast, paragraphs: Sequence[st
 # Model and data
 # ---------------------------------------------------------------------------
 
+
 def build_config(ref: Reference = REFERENCES["llama"]):
     """The fixed reference architecture (see ARCHITECTURE, MOE_ARCHITECTURE), stored as bf16."""
     return ref.config_class(
-        **ref.architecture, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+        **ref.architecture,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
         dtype="bfloat16",
     )
 
@@ -221,10 +250,10 @@ def packed_batches(docs: Sequence[list[int]], steps: int, seed: int) -> Iterator
             windows[-1].extend(doc)
         batch = torch.full((len(windows), TRAIN_SEQ_LEN), PAD_ID, dtype=torch.long)
         for row, w in enumerate(windows):
-            batch[row, :len(w)] = torch.tensor(w, dtype=torch.long)
+            batch[row, : len(w)] = torch.tensor(w, dtype=torch.long)
         batch = batch[torch.randperm(len(batch), generator=gen)]
         for start in range(0, len(batch) - BATCH_SIZE + 1, BATCH_SIZE):
-            yield batch[start:start + BATCH_SIZE]
+            yield batch[start : start + BATCH_SIZE]
             produced += 1
             if produced == steps:
                 return
@@ -238,8 +267,9 @@ def lr_at(step: int, steps: int) -> float:
     return PEAK_LR * (MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train_model(docs: Sequence[list[int]], steps: int, seed: int,
-                ref: Reference = REFERENCES["llama"]) -> tuple[PreTrainedModel, float, list[float]]:
+def train_model(
+    docs: Sequence[list[int]], steps: int, seed: int, ref: Reference = REFERENCES["llama"]
+) -> tuple[PreTrainedModel, float, list[float]]:
     """Train from scratch in float32; returns the model, wall seconds and the loss curve."""
     seed_everything(seed)
     model = ref.model_class(build_config(ref)).float()
@@ -248,14 +278,18 @@ def train_model(docs: Sequence[list[int]], steps: int, seed: int,
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optim = torch.optim.AdamW(
         [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=PEAK_LR, betas=(0.9, 0.95), eps=1e-8,
+        lr=PEAK_LR,
+        betas=(0.9, 0.95),
+        eps=1e-8,
     )
     losses: list[float] = []
     start = time.perf_counter()
     for step, batch in enumerate(packed_batches(docs, steps, seed)):
         for group in optim.param_groups:
             group["lr"] = lr_at(step, steps)
-        loss = model(input_ids=batch, labels=batch.masked_fill(batch == PAD_ID, -100), **ref.train_kwargs).loss
+        loss = model(
+            input_ids=batch, labels=batch.masked_fill(batch == PAD_ID, -100), **ref.train_kwargs
+        ).loss
         optim.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -263,8 +297,11 @@ def train_model(docs: Sequence[list[int]], steps: int, seed: int,
         losses.append(loss.item())
         if step % 50 == 0 or step == steps - 1:
             elapsed = time.perf_counter() - start
-            print(f"step {step:4d}/{steps} loss {loss.item():.4f} lr {lr_at(step, steps):.2e} "
-                  f"{elapsed / (step + 1):.3f} s/step", flush=True)
+            print(
+                f"step {step:4d}/{steps} loss {loss.item():.4f} lr {lr_at(step, steps):.2e} "
+                f"{elapsed / (step + 1):.3f} s/step",
+                flush=True,
+            )
     return model, time.perf_counter() - start, losses
 
 
@@ -274,7 +311,10 @@ def save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, out: 
     model = model.to(torch.bfloat16)
     model.config.dtype = "bfloat16"
     model.generation_config = GenerationConfig(
-        bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID, max_new_tokens=64,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        max_new_tokens=64,
     )
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
@@ -296,6 +336,7 @@ def _portable_tokenizer_class(path: Path) -> None:
 # Evaluation of the saved checkpoint
 # ---------------------------------------------------------------------------
 
+
 def load_saved(out: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
     """Reload from disk so the figures describe the committed bf16 files, not RAM state."""
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16)
@@ -309,7 +350,7 @@ def heldout_perplexity(model: PreTrainedModel, docs: Sequence[list[int]]) -> tup
     stream = torch.tensor([t for d in docs for t in d], dtype=torch.long)
     total_nll, total_tokens = 0.0, 0
     for start in range(0, len(stream) - 1, SEQ_LEN):
-        window = stream[start:start + SEQ_LEN].unsqueeze(0)
+        window = stream[start : start + SEQ_LEN].unsqueeze(0)
         if window.shape[1] < 2:
             break
         logits = model(input_ids=window).logits.float()
@@ -321,15 +362,16 @@ def heldout_perplexity(model: PreTrainedModel, docs: Sequence[list[int]]) -> tup
 
 
 @torch.no_grad()
-def continuation_logprob(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast,
-                         query: str, choice: str) -> float:
+def continuation_logprob(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, query: str, choice: str
+) -> float:
     """Sum log p(choice | query), splitting tokens the way lm-eval does (whole minus context)."""
     context = tokenizer(query)["input_ids"]
     whole = tokenizer(query + choice)["input_ids"]
     ids = torch.tensor([whole])
     logp = torch.log_softmax(model(input_ids=ids).logits.float()[0, :-1], dim=-1)
-    targets = ids[0, len(context):]
-    return logp[len(context) - 1:].gather(1, targets.unsqueeze(1)).sum().item()
+    targets = ids[0, len(context) :]
+    return logp[len(context) - 1 :].gather(1, targets.unsqueeze(1)).sum().item()
 
 
 def mc_accuracy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, path: Path) -> float:
@@ -346,6 +388,7 @@ def mc_accuracy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, path
 # Provenance files
 # ---------------------------------------------------------------------------
 
+
 def write_sha256sums(folder: Path) -> None:
     """``sha256sum -c`` compatible list of every file in the model folder."""
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != "SHA256SUMS")
@@ -353,23 +396,30 @@ def write_sha256sums(folder: Path) -> None:
     (folder / "SHA256SUMS").write_text("".join(lines), encoding="utf-8")
 
 
-def write_model_card(folder: Path, results: dict, command: str,
-                     ref: Reference = REFERENCES["llama"]) -> None:
+def write_model_card(folder: Path, results: dict, command: str, ref: Reference = REFERENCES["llama"]) -> None:
     """Short model card: what this is, how to rebuild it, and where its data came from."""
     cfg = results["config"]
     moe = "num_experts" in cfg
     tags = "[qwen3_moe, mixture-of-experts, tiny" if moe else "[llama, tiny"
-    params = (f"{results['params']:,}-parameter ({results['active_params']:,} active per token)" if moe
-              else f"{results['params']:,}-parameter")
-    experts = (f"""
-- Mixture of experts: in each of the {cfg['num_hidden_layers']} layers {cfg['num_experts']} routed experts
-  (gated MLPs of width {cfg['moe_intermediate_size']}), {cfg['num_experts_per_tok']} per token with normalised
+    params = (
+        f"{results['params']:,}-parameter ({results['active_params']:,} active per token)"
+        if moe
+        else f"{results['params']:,}-parameter"
+    )
+    experts = (
+        f"""
+- Mixture of experts: in each of the {cfg["num_hidden_layers"]} layers {cfg["num_experts"]} routed experts
+  (gated MLPs of width {cfg["moe_intermediate_size"]}), {cfg["num_experts_per_tok"]} per token with normalised
   top-k weights, behind a router (`mlp.gate`, hidden -> experts, kept 16-bit by quantization); trained with
-  the router's load-balancing loss (coefficient {cfg['router_aux_loss_coef']:g}). Share of held-out tokens
-  each expert receives (layer by layer, top-{cfg['num_experts_per_tok']} picks):
-  {'; '.join(' '.join(f'{x:.2f}' for x in layer) for layer in results['expert_load'])}.""" if moe else "")
-    intermediate = (f"expert width {cfg['moe_intermediate_size']}" if moe
-                    else f"intermediate {cfg['intermediate_size']}")
+  the router's load-balancing loss (coefficient {cfg["router_aux_loss_coef"]:g}). Share of held-out tokens
+  each expert receives (layer by layer, top-{cfg["num_experts_per_tok"]} picks):
+  {"; ".join(" ".join(f"{x:.2f}" for x in layer) for layer in results["expert_load"])}."""
+        if moe
+        else ""
+    )
+    intermediate = (
+        f"expert width {cfg['moe_intermediate_size']}" if moe else f"intermediate {cfg['intermediate_size']}"
+    )
     text = f"""---
 library_name: transformers
 pipeline_tag: text-generation
@@ -383,22 +433,22 @@ as a fixture for the quantize -> serve -> evaluate pipeline. It knows only a sma
 invented world (people, cities, pets, foods, jobs, small sums, days and months); it is not
 a general language model.
 
-- Architecture: hidden {cfg['hidden_size']}, {intermediate},
-  {cfg['num_hidden_layers']} layers, {cfg['num_attention_heads']} attention heads with
-  {cfg['num_key_value_heads']} KV heads (GQA), head_dim {cfg['head_dim']},
-  vocab {cfg['vocab_size']} (byte-level BPE), max positions {cfg['max_position_embeddings']},
-  untied embeddings, rope_theta {cfg['rope_theta']:g}. Every linear dimension is a multiple
+- Architecture: hidden {cfg["hidden_size"]}, {intermediate},
+  {cfg["num_hidden_layers"]} layers, {cfg["num_attention_heads"]} attention heads with
+  {cfg["num_key_value_heads"]} KV heads (GQA), head_dim {cfg["head_dim"]},
+  vocab {cfg["vocab_size"]} (byte-level BPE), max positions {cfg["max_position_embeddings"]},
+  untied embeddings, rope_theta {cfg["rope_theta"]:g}. Every linear dimension is a multiple
   of 32 and every quantized linear's in_features divides by 128 (W4A16 group 128).{experts}
 - Weights: bfloat16 safetensors. Tokenizer: `<s>` is prepended, `</s>` ends a document,
   `<pad>` pads; the chat template renders `User: ...` / `Assistant: ...` turns.
-- Held-out perplexity: {results['heldout_ppl']:.3f}: {results['method']}
-- facts_mc accuracy (4-way, chance 0.25): {results['facts_mc_accuracy']:.3f}
+- Held-out perplexity: {results["heldout_ppl"]:.3f}: {results["method"]}
+- facts_mc accuracy (4-way, chance 0.25): {results["facts_mc_accuracy"]:.3f}
 - Passkey retrieval accuracy (4-way, the key at the start, rows of at most 128 / 268 / 478 tokens):
-  {' / '.join(f'{v:.3f}' for v in results['passkey_accuracy'].values())}
-- Training: {results['steps']} AdamW steps of {BATCH_SIZE} x {TRAIN_SEQ_LEN} tokens (whole documents:
+  {" / ".join(f"{v:.3f}" for v in results["passkey_accuracy"].values())}
+- Training: {results["steps"]} AdamW steps of {BATCH_SIZE} x {TRAIN_SEQ_LEN} tokens (whole documents:
   the world's paragraphs and passkey documents), float32 on CPU
-  ({TORCH_THREADS} threads), fixed seeds, {results['train_seconds']:.0f} s
-  ({results['seconds_per_step']:.2f} s/step).
+  ({TORCH_THREADS} threads), fixed seeds, {results["train_seconds"]:.0f} s
+  ({results["seconds_per_step"]:.2f} s/step).
 
 ## How it was made
 
@@ -424,6 +474,7 @@ distributed under the same license as the quantize-serve repository.
 # Entry point
 # ---------------------------------------------------------------------------
 
+
 @torch.no_grad()
 def expert_load(model: PreTrainedModel, docs: Sequence[list[int]]) -> list[list[float]]:
     """Per sparse layer, the share of the top-k picks each expert receives over the held-out text
@@ -434,6 +485,7 @@ def expert_load(model: PreTrainedModel, docs: Sequence[list[int]]) -> list[list[
         def hook(module, args, output):
             picks = output[2].flatten()  # (router logits, weights, indices)
             counts[index] = counts.get(index, 0) + torch.bincount(picks, minlength=module.num_experts)
+
         return hook
 
     hooks = [layer.mlp.gate.register_forward_hook(count(i)) for i, layer in enumerate(model.model.layers)]
@@ -455,8 +507,9 @@ def active_parameters(model: PreTrainedModel) -> int:
     return total - experts + experts * cfg.num_experts_per_tok // cfg.num_experts
 
 
-def run(data: Path, out: Path, results_path: Path, steps: int, seed: int,
-        ref: Reference = REFERENCES["llama"]) -> dict:
+def run(
+    data: Path, out: Path, results_path: Path, steps: int, seed: int, ref: Reference = REFERENCES["llama"]
+) -> dict:
     """Tokenizer -> model -> save -> evaluate the saved files -> provenance."""
     # A fixed thread count: CPU GEMM reduction order (hence the last bits) depends on it.
     torch.set_num_threads(TORCH_THREADS)
@@ -476,10 +529,18 @@ def run(data: Path, out: Path, results_path: Path, steps: int, seed: int,
     saved, saved_tok = load_saved(out)
     ppl, n_tokens = heldout_perplexity(saved, encode_documents(saved_tok, heldout_pars))
     acc = mc_accuracy(saved, saved_tok, data / "evals" / "facts_mc.jsonl")
-    passkey = {name: round(mc_accuracy(saved, saved_tok, data / "evals" / f"passkey_{name}.jsonl"), 4)
-               for name in PASSKEY_LENGTHS}
-    moe = {"active_params": active,
-           "expert_load": expert_load(saved, encode_documents(saved_tok, heldout_pars))} if active != params else {}
+    passkey = {
+        name: round(mc_accuracy(saved, saved_tok, data / "evals" / f"passkey_{name}.jsonl"), 4)
+        for name in PASSKEY_LENGTHS
+    }
+    moe = (
+        {
+            "active_params": active,
+            "expert_load": expert_load(saved, encode_documents(saved_tok, heldout_pars)),
+        }
+        if active != params
+        else {}
+    )
     results = {
         "architecture": ref.model_class.__name__,
         "params": params,
@@ -499,9 +560,11 @@ def run(data: Path, out: Path, results_path: Path, steps: int, seed: int,
         # train_seconds is wall time on a shared machine: the load shows how busy it was.
         "cpu_load_1m_before_after": [round(load_before, 2), round(load_after, 2)],
         "config": ref.architecture,
-        "method": ("exp(mean token NLL) of the saved bf16 checkpoint over data/corpus/heldout.txt, "
-                   "each paragraph encoded as <s> text </s>, concatenated and scored in "
-                   f"non-overlapping {SEQ_LEN}-token windows (first token of each window not scored)."),
+        "method": (
+            "exp(mean token NLL) of the saved bf16 checkpoint over data/corpus/heldout.txt, "
+            "each paragraph encoded as <s> text </s>, concatenated and scored in "
+            f"non-overlapping {SEQ_LEN}-token windows (first token of each window not scored)."
+        ),
     }
     arch = "" if ref.name == "llama" else f" --arch {ref.name}"
     command = f"python -m reference.train{arch} --data {data}/ --out {out}"
@@ -516,20 +579,31 @@ def run(data: Path, out: Path, results_path: Path, steps: int, seed: int,
 def main(argv: Sequence[str] | None = None) -> None:
     """CLI entry: ``python -m reference.train --data data/ --out models/tiny-llama``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", choices=sorted(REFERENCES), default="llama",
-                        help="llama: the dense tiny-llama; qwen3-moe: the mixture of experts tiny-qwen3-moe")
+    parser.add_argument(
+        "--arch",
+        choices=sorted(REFERENCES),
+        default="llama",
+        help="llama: the dense tiny-llama; qwen3-moe: the mixture of experts tiny-qwen3-moe",
+    )
     parser.add_argument("--data", type=Path, default=Path("data"))
     parser.add_argument("--out", type=Path, help="default: models/tiny-llama or models/tiny-qwen3-moe")
-    parser.add_argument("--results", type=Path, help="default: benchmarks/results/reference_model.json "
-                        "or reference_moe.json")
-    parser.add_argument("--steps", type=int, help=f"default: {DEFAULT_STEPS} (llama), {MOE_STEPS} (qwen3-moe)")
+    parser.add_argument(
+        "--results", type=Path, help="default: benchmarks/results/reference_model.json or reference_moe.json"
+    )
+    parser.add_argument(
+        "--steps", type=int, help=f"default: {DEFAULT_STEPS} (llama), {MOE_STEPS} (qwen3-moe)"
+    )
     parser.add_argument("--seed", type=int, default=SEED)
     args = parser.parse_args(argv)
     ref = REFERENCES[args.arch]
     out = args.out or Path("models") / ref.folder
     results_path = args.results or Path("benchmarks/results") / ref.results
     results = run(args.data, out, results_path, args.steps or ref.steps, args.seed, ref)
-    print(json.dumps({k: v for k, v in results.items() if k not in ("config", "method", "expert_load")}, indent=2))
+    print(
+        json.dumps(
+            {k: v for k, v in results.items() if k not in ("config", "method", "expert_load")}, indent=2
+        )
+    )
 
 
 if __name__ == "__main__":

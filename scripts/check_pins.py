@@ -43,9 +43,12 @@ def read_pins(root: Path = ROOT) -> Pins:
     docker = (root / "Dockerfile").read_text() if (root / "Dockerfile").is_file() else ""
     arg = re.search(r"^ARG VLLM_VERSION=(\S+)\s*$", docker, re.M)
     frm = re.search(r"^FROM (\S+)", docker, re.M)
-    return Pins(vllm=_pin(root / "requirements/serving-cuda.txt", "vllm"),
-                torch_cuda=_pin(root / "requirements/torch-cuda.txt", "torch"),
-                docker_arg=arg.group(1) if arg else None, docker_from=frm.group(1) if frm else None)
+    return Pins(
+        vllm=_pin(root / "requirements/serving-cuda.txt", "vllm"),
+        torch_cuda=_pin(root / "requirements/torch-cuda.txt", "torch"),
+        docker_arg=arg.group(1) if arg else None,
+        docker_from=frm.group(1) if frm else None,
+    )
 
 
 def torch_pinned_by_vllm(version: str, wheelhouse: Path | None = None) -> str | None:
@@ -67,12 +70,19 @@ def problems(root: Path = ROOT, *, vllm_arg: str | None = None, wheelhouse: Path
         out.append("requirements/torch-cuda.txt: expected exactly one line torch==VERSION")
     wanted_torch = torch_pinned_by_vllm(p.vllm, wheelhouse)
     if wanted_torch is None:
-        out.append(f"vllm=={p.vllm}: its torch pin is unknown here: pass --wheelhouse with its wheel, "
-                   f"or add it to VLLM_TORCH in scripts/check_pins.py")
+        out.append(
+            f"vllm=={p.vllm}: its torch pin is unknown here: pass --wheelhouse with its wheel, "
+            f"or add it to VLLM_TORCH in scripts/check_pins.py"
+        )
     elif p.torch_cuda and p.torch_cuda != wanted_torch:
-        out.append(f"requirements/torch-cuda.txt pins torch=={p.torch_cuda}, vllm=={p.vllm} pins torch=={wanted_torch}")
+        out.append(
+            f"requirements/torch-cuda.txt pins torch=={p.torch_cuda}, vllm=={p.vllm} pins "
+            f"torch=={wanted_torch}"
+        )
     if p.docker_arg != p.vllm:
-        out.append(f"Dockerfile: ARG VLLM_VERSION={p.docker_arg}, requirements/serving-cuda.txt: vllm=={p.vllm}")
+        out.append(
+            f"Dockerfile: ARG VLLM_VERSION={p.docker_arg}, requirements/serving-cuda.txt: vllm=={p.vllm}"
+        )
     if p.docker_from != "vllm/vllm-openai:v${VLLM_VERSION}":
         out.append(f"Dockerfile: FROM {p.docker_from}, expected vllm/vllm-openai:v${{VLLM_VERSION}}")
     if vllm_arg is not None and vllm_arg != p.vllm:
@@ -90,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"check_pins: {line}", file=sys.stderr)
     if not found:
         p = read_pins()
-        print(f"check_pins: vllm=={p.vllm} (requirements/serving-cuda.txt), torch=={p.torch_cuda}, "
-              f"Dockerfile vllm/vllm-openai:v{p.docker_arg}: they agree")
+        print(
+            f"check_pins: vllm=={p.vllm} (requirements/serving-cuda.txt), torch=={p.torch_cuda}, "
+            f"Dockerfile vllm/vllm-openai:v{p.docker_arg}: they agree"
+        )
     return 1 if found else 0
 
 

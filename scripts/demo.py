@@ -31,13 +31,17 @@ def demo_overrides() -> tuple[dict, str | None]:
     from quantize_serve.serving.host import GPU_OVERRIDES, servable_overrides
 
     if gpu.usable_memory_bytes():
-        return dict(GPU_OVERRIDES), (f"demo: {gpu.describe_devices()}: the tiny recipe runs on the GPU, its KV "
-                                     "cache sized by vLLM from gpu_memory_utilization (serve.memory_budget is for CPUs)")
+        return dict(GPU_OVERRIDES), (
+            f"demo: {gpu.describe_devices()}: the tiny recipe runs on the GPU, its KV "
+            "cache sized by vLLM from gpu_memory_utilization (serve.memory_budget is for CPUs)"
+        )
     overrides, why = servable_overrides()
     if not overrides:
         return {}, None
     return {**overrides, **W8A8_NAMES}, (
-        f"demo: {why}; so the demo quantizes INT8 W8A8 (SmoothQuant + GPTQ) and serves it with a 16-bit KV cache")
+        f"demo: {why}; so the demo quantizes INT8 W8A8 (SmoothQuant + GPTQ) and serves it with a 16-bit KV "
+        "cache"
+    )
 
 
 def latest_report(name: str = "tiny-llama-awq") -> Path | None:
@@ -47,7 +51,7 @@ def latest_report(name: str = "tiny-llama-awq") -> Path | None:
 
 def echo(line: str, width: int = 200) -> None:
     """One line of the watched run, cut to one terminal line."""
-    print(line if len(line) <= width else line[:width - 3] + "...", flush=True)
+    print(line if len(line) <= width else line[: width - 3] + "...", flush=True)
 
 
 def main() -> int:
@@ -70,10 +74,13 @@ def main() -> int:
     started = time.monotonic()
     with local_stack(HOME, hub_token=DEMO_TOKEN) as stack:
         print(f"demo: Prefect API {stack.api_url}, local Hub {stack.hub_endpoint}", flush=True)
-        print("demo: prefect deployment run quantize-serve/tiny-awq --watch  (the run's logs as they come)",
-              flush=True)
+        print(
+            "demo: prefect deployment run quantize-serve/tiny-awq --watch  (the run's logs as they come)",
+            flush=True,
+        )
         rc, output, run_id = stack.run_deployment(
-            "tiny-awq", echo=echo, params={"overrides": json.dumps(overrides)} if overrides else None)
+            "tiny-awq", echo=echo, params={"overrides": json.dumps(overrides)} if overrides else None
+        )
         if rc:
             print(output.split("\n--- worker ---\n", 1)[-1][-4000:])  # the worker's own output
         refs = ""
@@ -91,8 +98,10 @@ def main() -> int:
     print("\n=== quantize-serve demo ===")
     print(f"flow run:   {run_id} ({'Completed' if rc == 0 else 'FAILED'}) in {wall:.0f} s")
     if report_path:
-        print(f"decision:   {'passed' if report['decision']['passed'] else 'failed'}; release: "
-              f"{(report.get('release') or {}).get('status')}")
+        print(
+            f"decision:   {'passed' if report['decision']['passed'] else 'failed'}; release: "
+            f"{(report.get('release') or {}).get('status')}"
+        )
         print(f"report:     {report_path.parent / 'report.md'} (and report.json, capacity.png)")
     print(f"Hub ref:    {refs or 'n/a'} (local endpoint, data in {HOME / 'hub'})")
     print(f"UI:         make ui   (opens the Prefect UI on this run's database, {HOME / 'prefect'})")

@@ -33,8 +33,11 @@ PREFECT = str(BIN / "prefect") if (BIN / "prefect").exists() else (shutil.which(
 # pool -> (type, base job template file or None for the type's default), as `prefect work-pool create`
 # takes them. gpu-k8s is there because `prefect deploy --all` fails on a deployment whose pool does not
 # exist (llama3-k8s); nothing runs on it here.
-WORK_POOLS = {"local-cpu": ("process", None), "gpu": ("process", None),
-              "gpu-k8s": ("kubernetes", ROOT / "deploy" / "k8s" / "gpu-k8s-job-template.json")}
+WORK_POOLS = {
+    "local-cpu": ("process", None),
+    "gpu": ("process", None),
+    "gpu-k8s": ("kubernetes", ROOT / "deploy" / "k8s" / "gpu-k8s-job-template.json"),
+}
 
 
 def wait_http(url: str, timeout_s: float, proc: subprocess.Popen, log: Path) -> None:
@@ -64,15 +67,25 @@ class Stack:
     procs: list[subprocess.Popen] = field(default_factory=list)
 
     def prefect(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-        out = subprocess.run([PREFECT, *args], cwd=ROOT, env=self.env, capture_output=True,
-                             text=True, timeout=timeout)
+        out = subprocess.run(
+            [PREFECT, *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
         if check and out.returncode != 0:
-            raise RuntimeError(f"prefect {' '.join(args)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+            raise RuntimeError(
+                f"prefect {' '.join(args)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}"
+            )
         return out
 
-    def run_deployment(self, name: str, *, pool: str = "local-cpu", params: dict | None = None,
-                       job_variables: dict | None = None, timeout: float = 1800,
-                       echo: Callable[[str], None] | None = None) -> tuple[int, str, str | None]:
+    def run_deployment(
+        self,
+        name: str,
+        *,
+        pool: str = "local-cpu",
+        params: dict | None = None,
+        job_variables: dict | None = None,
+        timeout: float = 1800,
+        echo: Callable[[str], None] | None = None,
+    ) -> tuple[int, str, str | None]:
         """Run the deployment with --watch while a process worker serves the pool; (rc, output, run id).
 
         --watch prints the run's log lines and state changes as they happen; ``echo`` receives
@@ -82,9 +95,14 @@ class Stack:
         """
         log = self.home / f"worker-{int(time.time())}.log"
         with log.open("w") as fh:
-            worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", pool],
-                                      cwd=ROOT, env=self.env, stdout=fh, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+            worker = subprocess.Popen(
+                [PREFECT, "worker", "start", "--pool", pool],
+                cwd=ROOT,
+                env=self.env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
             args = ["deployment", "run", f"quantize-serve/{name}", "--watch"]
             for k, v in (params or {}).items():
@@ -98,12 +116,20 @@ class Stack:
         match = re.search(r"UUID: ([0-9a-f-]{36})", output)
         return rc, text, match.group(1) if match else None
 
-    def watch(self, args: list[str], *, timeout: float,
-              echo: Callable[[str], None] | None) -> tuple[int, str]:
+    def watch(
+        self, args: list[str], *, timeout: float, echo: Callable[[str], None] | None
+    ) -> tuple[int, str]:
         """A prefect command whose output is read line by line as it comes; (rc, output)."""
         env = {**self.env, "PREFECT_CLI_WRAP_LINES": "false"}  # one log record, one line
-        proc = subprocess.Popen([PREFECT, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            [PREFECT, *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         timed_out = threading.Event()
 
         def stop() -> None:
@@ -143,12 +169,17 @@ def create_pools_and_limit(api_url: str) -> None:
     async def create() -> None:
         async with get_client() as client:
             try:
-                await client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name="gpu", limit=1))
+                await client.create_global_concurrency_limit(
+                    GlobalConcurrencyLimitCreate(name="gpu", limit=1)
+                )
             except ObjectAlreadyExists:
                 pass
             for pool, (kind, template) in WORK_POOLS.items():
-                job = (json.loads(template.read_text()) if template
-                       else await get_default_base_job_template_for_infrastructure_type(kind))
+                job = (
+                    json.loads(template.read_text())
+                    if template
+                    else await get_default_base_job_template_for_infrastructure_type(kind)
+                )
                 try:
                     await client.create_work_pool(WorkPoolCreate(name=pool, type=kind, base_job_template=job))
                 except ObjectAlreadyExists:
@@ -159,8 +190,9 @@ def create_pools_and_limit(api_url: str) -> None:
 
 
 @contextmanager
-def local_stack(home: Path, *, hub_token: str, deploy: bool = True,
-                extra_env: dict[str, str] | None = None) -> Iterator[Stack]:
+def local_stack(
+    home: Path, *, hub_token: str, deploy: bool = True, extra_env: dict[str, str] | None = None
+) -> Iterator[Stack]:
     home.mkdir(parents=True, exist_ok=True)
     port, hub_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "PREFECT_API_URL")}
@@ -185,14 +217,37 @@ def local_stack(home: Path, *, hub_token: str, deploy: bool = True,
     stack = Stack(home=home, env=env, api_url=env["PREFECT_API_URL"], hub_endpoint=env["HF_ENDPOINT"])
     try:
         server_log = home / "prefect-server.log"
-        stack.procs.append(subprocess.Popen(
-            [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=ROOT, env=env, stdout=server_log.open("w"), stderr=subprocess.STDOUT, start_new_session=True))
+        stack.procs.append(
+            subprocess.Popen(
+                [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                cwd=ROOT,
+                env=env,
+                stdout=server_log.open("w"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
         hub_log = home / "hub.log"
-        stack.procs.append(subprocess.Popen(
-            [sys.executable, "-m", "localhub", "--root", str(home / "hub"), "--port", str(hub_port),
-             "--token", hub_token], cwd=ROOT, env=env, stdout=hub_log.open("w"), stderr=subprocess.STDOUT,
-            start_new_session=True))
+        stack.procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "localhub",
+                    "--root",
+                    str(home / "hub"),
+                    "--port",
+                    str(hub_port),
+                    "--token",
+                    hub_token,
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=hub_log.open("w"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
         wait_http(f"{env['PREFECT_API_URL']}/health", 120, stack.procs[0], server_log)
         wait_http(f"{env['HF_ENDPOINT']}/api/models/local/health", 30, stack.procs[1], hub_log)
         create_pools_and_limit(stack.api_url)

@@ -35,10 +35,14 @@ from pathlib import Path
 from tasks.releases import history_artifact_key
 
 # The capacity chart's colours (quantize_serve/capacity/chart.py): weights, KV cache, concurrency.
-CHART_COLOURS = {"weights": (0x4C, 0x72, 0xB0), "KV cache": (0xDD, 0x84, 0x52),
-                 "concurrency": (0x55, 0xA8, 0x68)}
+CHART_COLOURS = {
+    "weights": (0x4C, 0x72, 0xB0),
+    "KV cache": (0xDD, 0x84, 0x52),
+    "concurrency": (0x55, 0xA8, 0x68),
+}
 MIN_PIXELS = 500  # per colour; a bar of the chart at any sensible size has many more
-# What the release-history table must show (quantize_serve/release/history.py rows): its columns and a release.
+# What the release-history table must show (quantize_serve/release/history.py rows): its columns and a
+# release.
 HISTORY_CELLS = ("commit", "decision", "min recovery", "KV tokens", "promoted")
 
 
@@ -55,10 +59,23 @@ def latest_artifact_id(ui: str, key: str) -> str:
 def chromium(binary: str, url: str, *extra: str, width: int, height: int) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory() as profile:
         return subprocess.run(
-            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
-             f"--user-data-dir={profile}", f"--window-size={width},{height}", "--virtual-time-budget=20000",
-             *extra, url],
-            capture_output=True, text=True, timeout=180)
+            [
+                binary,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                "--no-first-run",
+                f"--user-data-dir={profile}",
+                f"--window-size={width},{height}",
+                "--virtual-time-budget=20000",
+                *extra,
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
 
 
 def png_size(data: bytes) -> tuple[int, int]:
@@ -108,14 +125,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ui", default="http://127.0.0.1:4200", help="the Prefect server (UI and API)")
     ap.add_argument("--key", default="tiny-llama-awq-report", help="the report artifact's key")
-    ap.add_argument("--releases", metavar="REPO",
-                    help="screenshot the release-history table of this Hub repo instead of the report")
+    ap.add_argument(
+        "--releases",
+        metavar="REPO",
+        help="screenshot the release-history table of this Hub repo instead of the report",
+    )
     ap.add_argument("--ui-version", choices=("v2", "v1"), default="v2")
     ap.add_argument("--out", type=Path, default=Path("ui-report.png"))
     ap.add_argument("--width", type=int, default=1280)
     ap.add_argument("--height", type=int, default=2400)
-    ap.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser")
-                    or "chromium")
+    ap.add_argument(
+        "--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser") or "chromium"
+    )
     args = ap.parse_args(argv)
 
     ui = args.ui.rstrip("/")
@@ -128,19 +149,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.releases:
         return screenshot_table(args, url, missing_cells(dom.stdout, HISTORY_CELLS))
     size = chart_image_in_dom(dom.stdout)
-    print(f"rendered page: {len(dom.stdout):,} characters; capacity chart <img>: "
-          f"{'%d x %d PNG data URI' % size if size else 'NOT FOUND'}")
+    print(
+        f"rendered page: {len(dom.stdout):,} characters; capacity chart <img>: "
+        f"{'%d x %d PNG data URI' % size if size else 'NOT FOUND'}"
+    )
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    shot = chromium(args.chromium, url, f"--screenshot={args.out.resolve()}", width=args.width,
-                    height=args.height)
+    shot = chromium(
+        args.chromium, url, f"--screenshot={args.out.resolve()}", width=args.width, height=args.height
+    )
     if not args.out.is_file():
         print(f"no screenshot was written:\n{shot.stderr[-2000:]}")
         return 1
     pixels = colour_pixels(args.out)
     compact(args.out)
-    print(f"screenshot {args.out} ({args.out.stat().st_size:,} bytes); chart colours on screen (pixels): "
-          + ", ".join(f"{k} {v:,}" for k, v in pixels.items()))
+    print(
+        f"screenshot {args.out} ({args.out.stat().st_size:,} bytes); chart colours on screen (pixels): "
+        + ", ".join(f"{k} {v:,}" for k, v in pixels.items())
+    )
 
     ok = bool(size and size[0] > 0 and size[1] > 0) and min(pixels.values()) >= MIN_PIXELS
     print("OK: the capacity chart renders in the UI" if ok else "FAILED: the capacity chart did not render")
@@ -157,7 +183,11 @@ def screenshot_table(args: argparse.Namespace, url: str, missing: list[str]) -> 
         return 1
     compact(args.out)
     print(f"screenshot {args.out} ({args.out.stat().st_size:,} bytes)")
-    print("OK: the release history renders in the UI" if not missing else "FAILED: the release history did not render")
+    print(
+        "OK: the release history renders in the UI"
+        if not missing
+        else "FAILED: the release history did not render"
+    )
     return 0 if not missing else 1
 
 

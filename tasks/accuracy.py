@@ -45,7 +45,8 @@ def run_accuracy(
     log = run_log()
     for run in result.tasks.values():  # a line per task for a person following the run
         looks = f" (look {run.looks_run} of {run.looks_planned})" if run.looks_planned > 1 else ""
-        log(f"lm-eval {run.lm_eval_name}: {run.num_docs} of {run.planned_docs} documents{looks} "
-            f"in {run.seconds:.0f} s: "
-            + ", ".join(f"{k} {m.value:.4g}" for k, m in run.metrics.items()))
+        log(
+            f"lm-eval {run.lm_eval_name}: {run.num_docs} of {run.planned_docs} documents{looks} "
+            f"in {run.seconds:.0f} s: " + ", ".join(f"{k} {m.value:.4g}" for k, m in run.metrics.items())
+        )
     return result

@@ -16,8 +16,11 @@ from quantize_serve.validate.preflight import ValidatedRecipe
 
 
 @task(name="compare-accuracy")
-def compare_accuracy(base: accuracy.AccuracyRun | BaseException, quantized: accuracy.AccuracyRun | BaseException,
-                     gate: AccuracyGate) -> list[accuracy.AccuracyCheck] | BaseException:
+def compare_accuracy(
+    base: accuracy.AccuracyRun | BaseException,
+    quantized: accuracy.AccuracyRun | BaseException,
+    gate: AccuracyGate,
+) -> list[accuracy.AccuracyCheck] | BaseException:
     for run in (base, quantized):
         if isinstance(run, BaseException):
             return run  # the check could not run: decide() turns it into a failed row
@@ -31,10 +34,20 @@ def accuracy_task_labels(validated: ValidatedRecipe) -> dict[str, str]:
 
 
 @task(name="decide-release")
-def decide_release(validated: ValidatedRecipe, checks: list[accuracy.AccuracyCheck] | BaseException,
-                   stress: StressResult | BaseException,
-                   soak: SoakResult | BaseException | None = None, *,
-                   soak_required: bool = False,
-                   regression: RegressionResult | BaseException | None = None) -> decision.Decision:
-    return decision.decide(checks, stress, soak, soak_required=soak_required, regression=regression,
-                           task_labels=accuracy_task_labels(validated))
+def decide_release(
+    validated: ValidatedRecipe,
+    checks: list[accuracy.AccuracyCheck] | BaseException,
+    stress: StressResult | BaseException,
+    soak: SoakResult | BaseException | None = None,
+    *,
+    soak_required: bool = False,
+    regression: RegressionResult | BaseException | None = None,
+) -> decision.Decision:
+    return decision.decide(
+        checks,
+        stress,
+        soak,
+        soak_required=soak_required,
+        regression=regression,
+        task_labels=accuracy_task_labels(validated),
+    )

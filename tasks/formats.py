@@ -38,33 +38,67 @@ def check_candidate_checkpoints(validated: ValidatedRecipe, base: BaseModelRef) 
         if c.checkpoint:
             folder, _ = checkpoint_folder(with_candidate(validated, c.name))
             schemes[c.name] = existing_checkpoint.check_checkpoint(
-                folder, base_config, source=validated.source, field=f"quantization.candidates[{i}].checkpoint",
-                value=c.checkpoint)
+                folder,
+                base_config,
+                source=validated.source,
+                field=f"quantization.candidates[{i}].checkpoint",
+                value=c.checkpoint,
+            )
     return schemes
 
 
 @task(name="measure-format", cache_policy=NO_CACHE)
-def measure_format(server: RunningServer, spec: ServerSpec, config: capacity.CapacityConfig, *, name: str,
-                   method: str, scheme: str, settings: formats.BenchSettings, output_dir: Path,
-                   reference: bool = False) -> formats.FormatRow:
+def measure_format(
+    server: RunningServer,
+    spec: ServerSpec,
+    config: capacity.CapacityConfig,
+    *,
+    name: str,
+    method: str,
+    scheme: str,
+    settings: formats.BenchSettings,
+    output_dir: Path,
+    reference: bool = False,
+) -> formats.FormatRow:
     """One boot's row: its capacity, throughput runs and (for a candidate) the kernel check."""
     log_text = Path(server.log_path).read_text(errors="replace")
     if reference:
         kernels, problem = formats.boot_kernels(log_text), None
     else:
-        kernels, problem = formats.kernel_problem(scheme, formats.platform_of(gpu.compute_capability()), log_text)
+        kernels, problem = formats.kernel_problem(
+            scheme, formats.platform_of(gpu.compute_capability()), log_text
+        )
     failures = ["kernel check: " + problem] if problem else []
     try:
-        runs = formats.run_format_bench(server, tokenizer_dir=spec.tokenizer_dir or spec.model_dir,
-                                        settings=settings, output_dir=output_dir / f"bench-{name}")
+        runs = formats.run_format_bench(
+            server,
+            tokenizer_dir=spec.tokenizer_dir or spec.model_dir,
+            settings=settings,
+            output_dir=output_dir / f"bench-{name}",
+        )
     except RuntimeError as exc:
         runs, failures = [], [*failures, f"throughput: {exc}"]
-    row = formats.FormatRow(name=name, method=method, scheme=scheme, kv_cache_dtype=config.kv_cache_dtype,
-                            weights_bytes=config.weights_bytes, kv_cache_tokens=config.kv_cache_tokens,
-                            max_concurrency=config.max_concurrency, runs=runs, kernels=kernels,
-                            failures=failures, reference=reference)
-    get_run_logger().info("%s: %s KV tokens, %s output tok/s, kernels %s%s", name, config.kv_cache_tokens,
-                          row.output_throughput, kernels, f"; FAILS: {failures}" if failures else "")
+    row = formats.FormatRow(
+        name=name,
+        method=method,
+        scheme=scheme,
+        kv_cache_dtype=config.kv_cache_dtype,
+        weights_bytes=config.weights_bytes,
+        kv_cache_tokens=config.kv_cache_tokens,
+        max_concurrency=config.max_concurrency,
+        runs=runs,
+        kernels=kernels,
+        failures=failures,
+        reference=reference,
+    )
+    get_run_logger().info(
+        "%s: %s KV tokens, %s output tok/s, kernels %s%s",
+        name,
+        config.kv_cache_tokens,
+        row.output_throughput,
+        kernels,
+        f"; FAILS: {failures}" if failures else "",
+    )
     return row
 
 
@@ -74,25 +108,30 @@ def with_accuracy(row: formats.FormatRow, checks: list[AccuracyCheck] | BaseExce
         return row.model_copy(update={"failures": [*row.failures, f"accuracy: {checks}"]})
     recoveries = [c.recovery for c in checks if c.recovery is not None]
     failed = [f"accuracy: {c.task} {c.metric} {c.reason}" for c in checks if not c.passed]
-    return row.model_copy(update={"recovery": min(recoveries) if recoveries else None,
-                                  "failures": [*row.failures, *failed]})
+    return row.model_copy(
+        update={"recovery": min(recoveries) if recoveries else None, "failures": [*row.failures, *failed]}
+    )
 
 
 def with_stress(row: formats.FormatRow, result: StressResult | BaseException) -> formats.FormatRow:
     """The row with the stress gate's verdict (its failures, or why it could not run)."""
-    failed = ([f"stress: {result}"] if isinstance(result, BaseException)
-              else [f"stress: {f}" for f in result.failures])
+    failed = (
+        [f"stress: {result}"]
+        if isinstance(result, BaseException)
+        else [f"stress: {f}" for f in result.failures]
+    )
     return row.model_copy(update={"failures": [*row.failures, *failed]})
 
 
 @task(name="choose-format")
-def choose_format_task(validated: ValidatedRecipe, rows: list[formats.FormatRow], settings: formats.BenchSettings,
-                       run_dir: Path) -> formats.FormatChoice:
+def choose_format_task(
+    validated: ValidatedRecipe, rows: list[formats.FormatRow], settings: formats.BenchSettings, run_dir: Path
+) -> formats.FormatChoice:
     """Apply the recipe's rule; write formats.json/.md/.png into the run folder."""
     platform = formats.platform_of(gpu.compute_capability())
-    choice = formats.choose(rows, validated.recipe.quantization.rule, settings,
-                            gpu.describe_devices() or f"CPU ({platform})")
+    choice = formats.choose(
+        rows, validated.recipe.quantization.rule, settings, gpu.describe_devices() or f"CPU ({platform})"
+    )
     formats.write_files(choice, run_dir)
     get_run_logger().info("release format:\n%s", choice.markdown())
     return choice
-

@@ -29,8 +29,18 @@ from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
 
 # The marks every run passes, in order: the UI's progress bar, and the "stage done: <mark>" log lines
 # that benchmarks/ time a run by (the seconds between two marks).
-MARKS = ("validated", "base resolved", "quantized", "base served", "quantized served", "fp8 served",
-         "candidate pushed", "decided", "released", "reported")
+MARKS = (
+    "validated",
+    "base resolved",
+    "quantized",
+    "base served",
+    "quantized served",
+    "fp8 served",
+    "candidate pushed",
+    "decided",
+    "released",
+    "reported",
+)
 T = TypeVar("T")
 
 
@@ -40,8 +50,11 @@ class Progress:
     ``done(..., mark=)`` where a stage ends at one)."""
 
     def __init__(self, recipe_name: str) -> None:
-        self.id = create_progress_artifact(progress=0.0, key=f"{recipe_name}-progress",
-                                           description=f"quantize-serve stages: {' -> '.join(MARKS)}")
+        self.id = create_progress_artifact(
+            progress=0.0,
+            key=f"{recipe_name}-progress",
+            description=f"quantize-serve stages: {' -> '.join(MARKS)}",
+        )
         self.started: dict[str, float] = {}
 
     def start(self, stage: str) -> None:
@@ -56,8 +69,9 @@ class Progress:
         seconds = None if began is None else time.monotonic() - began
         passed, figure = key_figure(result)
         took = "" if seconds is None else f" in {seconds:.0f} s"
-        get_run_logger().info("stage %s %s%s%s", stage, "done" if passed else "FAILED", took,
-                              f": {figure}" if figure else "")
+        get_run_logger().info(
+            "stage %s %s%s%s", stage, "done" if passed else "FAILED", took, f": {figure}" if figure else ""
+        )
         progress.publish(progress.StageEnded(stage, seconds, figure, passed))
         if mark:
             self.mark(mark)
@@ -78,8 +92,11 @@ def key_figure(result: Any) -> tuple[bool, str]:
     if isinstance(result, ValidatedRecipe):
         r = result.recipe
         q = r.quantization
-        what = (f"checkpoint {portable_path(q.checkpoint) if r.is_local(q.checkpoint) else q.checkpoint}"
-                if q.checkpoint else f"{q.method} {q.scheme}, {r.calibration.num_samples} calibration samples")
+        what = (
+            f"checkpoint {portable_path(q.checkpoint) if r.is_local(q.checkpoint) else q.checkpoint}"
+            if q.checkpoint
+            else f"{q.method} {q.scheme}, {r.calibration.num_samples} calibration samples"
+        )
         return True, f"{r.name}: {what}"
     if isinstance(result, BaseModelRef):
         return True, f"{result.repo_id or portable_path(result.local_dir)} at {result.sha[:12]}"
@@ -90,28 +107,39 @@ def key_figure(result: Any) -> tuple[bool, str]:
         tokens = f"{result.calibration_tokens:,} calibration tokens, " if result.calibration_tokens else ""
         return True, tokens + size
     if isinstance(result, CapacityConfig):
-        return True, (f"{result.kv_cache_tokens:,} KV tokens ({result.kv_cache_dtype}), max concurrency "
-                      f"{result.max_concurrency:.1f} at {result.max_model_len} tokens")
+        return True, (
+            f"{result.kv_cache_tokens:,} KV tokens ({result.kv_cache_dtype}), max concurrency "
+            f"{result.max_concurrency:.1f} at {result.max_model_len} tokens"
+        )
     if isinstance(result, BaseReference):
-        return True, (f"measured by run {result.run_id[:8]}: {result.capacity.kv_cache_tokens:,} KV tokens, "
-                      f"{len(result.accuracy.tasks)} accuracy tasks")
+        return True, (
+            f"measured by run {result.run_id[:8]}: {result.capacity.kv_cache_tokens:,} KV tokens, "
+            f"{len(result.accuracy.tasks)} accuracy tasks"
+        )
     if isinstance(result, AccuracyRun):
         docs = sum(t.num_docs or 0 for t in result.tasks.values())
         return True, f"{len(result.tasks)} tasks, {docs:,} documents"
     if isinstance(result, StressResult):
         usage = "n/a" if result.peak_kv_cache_usage is None else f"{result.peak_kv_cache_usage:.0%}"
-        figure = (f"{result.completed}/{result.requests - result.overlong_expected} requests completed, "
-                  f"{result.rejected_overlong}/{result.overlong_expected} over-long rejected, peak KV {usage}")
+        figure = (
+            f"{result.completed}/{result.requests - result.overlong_expected} requests completed, "
+            f"{result.rejected_overlong}/{result.overlong_expected} over-long rejected, peak KV {usage}"
+        )
         return result.passed, figure if result.passed else f"{figure}; {'; '.join(result.failures)}"
     if isinstance(result, SoakResult):
-        return result.passed, "; ".join(result.failures) or f"{result.traffic.completed} requests, memory flat"
+        return result.passed, "; ".join(
+            result.failures
+        ) or f"{result.traffic.completed} requests, memory flat"
     if isinstance(result, list) and all(isinstance(c, AccuracyCheck) for c in result):
         return accuracy_figure(result)
     if isinstance(result, RegressionResult):
         if result.off:
             return True, f"off: {result.off}"
         failed = sum(not r.passed for r in result.rows)
-        return not failed, f"{len(result.rows) - failed} of {len(result.rows)} figures no worse than production"
+        return (
+            not failed,
+            f"{len(result.rows) - failed} of {len(result.rows)} figures no worse than production",
+        )
     if isinstance(result, Decision):
         failed = [c.check for c in result.checks if not c.passed]
         return result.passed, "passed" if result.passed else f"failed: {', '.join(failed)}"
@@ -119,15 +147,21 @@ def key_figure(result: Any) -> tuple[bool, str]:
         same = "" if result.created_commit else " (unchanged)"
         return True, f"{result.repo_id}@{result.commit_sha[:12]}{same}"
     if isinstance(result, Release):
-        where = (f"{result.ref} -> {(result.commit_sha or '')[:12]}" if result.status == "promoted"
-                 else f"tag {result.rejection_tag}" if result.rejection_tag else "")
+        where = (
+            f"{result.ref} -> {(result.commit_sha or '')[:12]}"
+            if result.status == "promoted"
+            else f"tag {result.rejection_tag}"
+            if result.rejection_tag
+            else ""
+        )
         return result.status != "rejected", f"{result.status}{': ' + where if where else ''}"
     if isinstance(result, FormatChoice):
         return result.winner is not None, f"releases {result.winner}" if result.winner else "no format passed"
     if isinstance(result, ProfileSearchResult):
         found = result.found
-        return found is not None, (f"max_num_seqs {found.max_num_seqs} in {result.boots} boots" if found
-                                   else result.stop_reason)
+        return found is not None, (
+            f"max_num_seqs {found.max_num_seqs} in {result.boots} boots" if found else result.stop_reason
+        )
     if isinstance(result, RunReport):
         return True, f"{portable_path(result.report_dir)}/report.md"
     return True, ""

@@ -20,10 +20,15 @@ def quantize_model(validated: ValidatedRecipe, base: BaseModelRef) -> quantize.Q
     r = validated.recipe
     if r.quantization.checkpoint:
         folder, identity = checkpoint_folder(validated)
-        result = existing_checkpoint.use_checkpoint(r, folder, Path(base.local_dir), base.config,
-                                                    source=validated.source, identity=identity)
-        logger.info("using the existing %s (%s) at %s: nothing to quantize", result.method, result.scheme,
-                    result.source_checkpoint)
+        result = existing_checkpoint.use_checkpoint(
+            r, folder, Path(base.local_dir), base.config, source=validated.source, identity=identity
+        )
+        logger.info(
+            "using the existing %s (%s) at %s: nothing to quantize",
+            result.method,
+            result.scheme,
+            result.source_checkpoint,
+        )
         return result
     return quantize.quantize_model(
         r,

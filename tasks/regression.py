@@ -19,8 +19,9 @@ from tasks.decide import accuracy_task_labels
 
 
 def conditions_now(validated: ValidatedRecipe) -> regression.MeasurementConditions:
-    return regression.measurement_conditions(validated.recipe, vllm_version=serving_vllm_version(),
-                                             hardware=describe_hardware())
+    return regression.measurement_conditions(
+        validated.recipe, vllm_version=serving_vllm_version(), hardware=describe_hardware()
+    )
 
 
 @task(name="find-production-release", cache_policy=NO_CACHE)
@@ -38,28 +39,46 @@ def find_production_release(validated: ValidatedRecipe) -> ProductionBaseline:
 
 
 @task(name="record-results")
-def record_results(validated: ValidatedRecipe, accuracy: AccuracyRun | BaseException | None,
-                   capacity: CapacityConfig | None, stress: StressResult | BaseException | None
-                   ) -> regression.ReleaseResults:
+def record_results(
+    validated: ValidatedRecipe,
+    accuracy: AccuracyRun | BaseException | None,
+    capacity: CapacityConfig | None,
+    stress: StressResult | BaseException | None,
+) -> regression.ReleaseResults:
     """A served model's figures under this run's conditions (what the release records and compares)."""
     return regression.release_results(
-        conditions_now(validated), accuracy=accuracy, stress=stress,
+        conditions_now(validated),
+        accuracy=accuracy,
+        stress=stress,
         kv_cache_tokens=capacity.kv_cache_tokens if capacity else None,
-        max_concurrency=capacity.max_concurrency if capacity else None)
+        max_concurrency=capacity.max_concurrency if capacity else None,
+    )
 
 
 @task(name="compare-with-production")
-def compare_with_production(validated: ValidatedRecipe, baseline: ProductionBaseline,
-                            candidate: regression.ReleaseResults, *, base: regression.ReleaseResults | None = None,
-                            served_again: regression.ReleaseResults | None = None) -> regression.RegressionResult:
+def compare_with_production(
+    validated: ValidatedRecipe,
+    baseline: ProductionBaseline,
+    candidate: regression.ReleaseResults,
+    *,
+    base: regression.ReleaseResults | None = None,
+    served_again: regression.ReleaseResults | None = None,
+) -> regression.RegressionResult:
     if baseline.off:
         return regression.regression_off(baseline.off, release_ref=baseline.release_ref)
     production = baseline.recorded or served_again
     if production is None:  # the flow serves it again whenever nothing was recorded: a bug if reached
         raise ValueError(f"production {baseline.commit} has neither recorded nor measured figures")
     result = regression.compare_with_production(
-        candidate, production, validated.recipe.gates.regression, base=base, release_ref=baseline.release_ref,
-        production_sha=baseline.commit, source="recorded" if baseline.recorded else "served again",
-        differences=baseline.differences, task_labels=accuracy_task_labels(validated))
+        candidate,
+        production,
+        validated.recipe.gates.regression,
+        base=base,
+        release_ref=baseline.release_ref,
+        production_sha=baseline.commit,
+        source="recorded" if baseline.recorded else "served again",
+        differences=baseline.differences,
+        task_labels=accuracy_task_labels(validated),
+    )
     get_run_logger().info("against production:\n%s", result.markdown())
     return result

@@ -33,7 +33,9 @@ def read_release_history(hub: HubSection) -> ReleaseHistory:
 
 
 @task(name="publish-release-history", cache_policy=NO_CACHE)
-def publish_release_history(hub: HubSection | None, history: ReleaseHistory | None = None) -> ReleaseHistory | None:
+def publish_release_history(
+    hub: HubSection | None, history: ReleaseHistory | None = None
+) -> ReleaseHistory | None:
     """The history as a table artifact (the same rows `quantize-serve releases` prints). A Hub that
     cannot be read here fails nothing: the release already happened; the log says why."""
     if hub is None:
@@ -45,8 +47,11 @@ def publish_release_history(hub: HubSection | None, history: ReleaseHistory | No
         except Exception as exc:  # noqa: BLE001 - the history is a view; the release is done either way
             logger.warning("release history not published: %s", exc)
             return None
-    create_table_artifact(key=history_artifact_key(hub.repo_id), table=history.rows() or [{"commit": "-"}],
-                          description=history_description(history))
+    create_table_artifact(
+        key=history_artifact_key(hub.repo_id),
+        table=history.rows() or [{"commit": "-"}],
+        description=history_description(history),
+    )
     logger.info("release history:\n%s", history.table())
     if history.ref_warning:
         logger.warning("%s", history.ref_warning)
@@ -55,8 +60,10 @@ def publish_release_history(hub: HubSection | None, history: ReleaseHistory | No
 
 def history_description(history: ReleaseHistory) -> str:
     """The artifact's description: the warning on top when the ref serves no release, as the CLI prints it."""
-    title = (f"Release history of {history.repo_id}: {history.release_ref_kind} {history.release_ref!r} -> "
-             f"{(history.current or 'nothing')[:12]}")
+    title = (
+        f"Release history of {history.repo_id}: {history.release_ref_kind} {history.release_ref!r} -> "
+        f"{(history.current or 'nothing')[:12]}"
+    )
     return f"**WARNING:** {history.ref_warning}\n\n{title}" if history.ref_warning else title
 
 
@@ -82,9 +89,19 @@ def rollback_event(hub: HubSection, result: RollbackResult) -> dict[str, Any]:
     plan = result.plan
     return {
         "event": ROLLED_BACK_EVENT,
-        "resource": {"prefect.resource.id": f"huggingface.model.{hub.repo_id}",
-                     "prefect.resource.name": hub.repo_id, "huggingface.revision": plan.target},
-        "payload": {"ref": plan.release_ref, "ref_kind": plan.release_ref_kind, "to": plan.target,
-                    "from": plan.previous, "moved": result.moved, "note_commit": result.note_commit,
-                    "reason": result.reason, "at": result.at},
+        "resource": {
+            "prefect.resource.id": f"huggingface.model.{hub.repo_id}",
+            "prefect.resource.name": hub.repo_id,
+            "huggingface.revision": plan.target,
+        },
+        "payload": {
+            "ref": plan.release_ref,
+            "ref_kind": plan.release_ref_kind,
+            "to": plan.target,
+            "from": plan.previous,
+            "moved": result.moved,
+            "note_commit": result.note_commit,
+            "reason": result.reason,
+            "at": result.at,
+        },
     }

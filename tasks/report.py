@@ -32,7 +32,9 @@ def run_url() -> str | None:
 
 def run_folder(validated: ValidatedRecipe) -> Path:
     """runs/<recipe>-<time>-<run>: the report, the boots' logs and (``quantize-serve run``) run.log."""
-    folder = get_settings().runs_dir / f"{validated.recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}-{run_id()[:8]}"
+    folder = (
+        get_settings().runs_dir / f"{validated.recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}-{run_id()[:8]}"
+    )
     folder.mkdir(parents=True, exist_ok=True)
     progress.publish(progress.RunFolder(str(folder)))
     return folder
@@ -52,12 +54,15 @@ def request_approval(validated: ValidatedRecipe, report: RunReport) -> tuple[boo
         return True, None
     if not report.decision.passed:
         return False, None  # nothing to sign off: the gates already rejected it
-    create_markdown_artifact(key=f"{validated.recipe.name}-pending-approval",
-                             markdown=render_markdown(report, embed_images=True),
-                             description="Report awaiting sign-off")
+    create_markdown_artifact(
+        key=f"{validated.recipe.name}-pending-approval",
+        markdown=render_markdown(report, embed_images=True),
+        description="Report awaiting sign-off",
+    )
     answer = pause_flow_run(
         wait_for_input=Approval.with_initial_data(
-            description="Gates passed. Read the report artifact, then approve to promote, or reject."),
+            description="Gates passed. Read the report artifact, then approve to promote, or reject."
+        ),
         timeout=7 * 24 * 3600,
     )
     report.approval_note = answer.note.strip()  # the release step records it (a rejection's reason)
@@ -80,21 +85,34 @@ def publish_report(report: RunReport, run_dir: Path) -> RunReport:
     """The final report on disk and as the run's artifacts, one write per key."""
     paths = write_report(report, run_dir)
     name = report.recipe
-    create_markdown_artifact(key=f"{name}-report", markdown=render_markdown(report, embed_images=True),
-                             description=f"quantize-serve report ({'passed' if report.decision.passed else 'failed'})")
-    create_table_artifact(key=f"{name}-decision", table=[c.model_dump() for c in report.decision.checks],
-                          description="Promotion checks")
+    create_markdown_artifact(
+        key=f"{name}-report",
+        markdown=render_markdown(report, embed_images=True),
+        description=f"quantize-serve report ({'passed' if report.decision.passed else 'failed'})",
+    )
+    create_table_artifact(
+        key=f"{name}-decision",
+        table=[c.model_dump() for c in report.decision.checks],
+        description="Promotion checks",
+    )
     if report.capacity:
-        create_table_artifact(key=f"{name}-capacity", table=[c.model_dump() for c in report.capacity.configs],
-                              description=report.capacity.method)
+        create_table_artifact(
+            key=f"{name}-capacity",
+            table=[c.model_dump() for c in report.capacity.configs],
+            description=report.capacity.method,
+        )
     if report.accuracy:
         labels = report.task_labels()  # lm-eval's names, not the recipe's (maybe absolute) task paths
-        create_table_artifact(key=f"{name}-accuracy", table=[{**c.model_dump(), "task": labels[c.task]}
-                                                           for c in report.accuracy],
-                              description="Accuracy recovery, quantized vs base")
+        create_table_artifact(
+            key=f"{name}-accuracy",
+            table=[{**c.model_dump(), "task": labels[c.task]} for c in report.accuracy],
+            description="Accuracy recovery, quantized vs base",
+        )
     if report.stress:
-        create_table_artifact(key=f"{name}-stress",
-                              table=[{"figure": k, "value": v} for k, v in stress_summary(report.stress).items()],
-                              description="Stress test on the production serving settings")
+        create_table_artifact(
+            key=f"{name}-stress",
+            table=[{"figure": k, "value": v} for k, v in stress_summary(report.stress).items()],
+            description="Stress test on the production serving settings",
+        )
     get_run_logger().info("report written to %s", paths["markdown"].parent)
     return report

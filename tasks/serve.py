@@ -74,25 +74,41 @@ def published_serve_command(validated: ValidatedRecipe, checkpoint_dir: str) -> 
 @task(name="plan-base-boot")
 def plan_base_boot(validated: ValidatedRecipe, base: BaseModelRef) -> capacity.BaseBoot:
     """The TP the base boots at: the recipe's, or the smallest that fits this host when the bf16 base
-    does not fit the recipe's GPUs; fails, before quantizing, when this host has too few (capacity.base_boot)."""
+    does not fit the recipe's GPUs; fails, before quantizing, when this host has too few
+    (capacity.base_boot)."""
     config = base.config
-    boot = capacity.base_boot(validated.recipe, config, device_memory_bytes=gpu.usable_memory_bytes(),
-                              gpu_count=len(gpu.device_handles()))
+    boot = capacity.base_boot(
+        validated.recipe,
+        config,
+        device_memory_bytes=gpu.usable_memory_bytes(),
+        gpu_count=len(gpu.device_handles()),
+    )
     if boot.reason:
         get_run_logger().warning("base boot: %s", boot.reason)
     return boot
 
 
 @contextmanager
-def served(validated: ValidatedRecipe, name: capacity.Boot, model_dir: str, run_dir: Path, *,
-           tensor_parallel_size: int | None = None) -> Iterator[tuple[RunningServer, ServerSpec]]:
+def served(
+    validated: ValidatedRecipe,
+    name: capacity.Boot,
+    model_dir: str,
+    run_dir: Path,
+    *,
+    tensor_parallel_size: int | None = None,
+) -> Iterator[tuple[RunningServer, ServerSpec]]:
     """Boot one capacity configuration for the duration of the block (always stopped after);
     ``tensor_parallel_size``: another TP than the recipe's (the base's, see plan_base_boot). The
     production settings name the model as the published profile does (its Hub repo id at the release
     ref): such a boot fills the compile-cache entry production's first boot on this host reads."""
     logger = get_run_logger()
-    spec = capacity.capacity_spec(validated.recipe, name, Path(model_dir), tensor_parallel_size=tensor_parallel_size,
-                                  as_published=name is capacity.Boot.PRODUCTION)
+    spec = capacity.capacity_spec(
+        validated.recipe,
+        name,
+        Path(model_dir),
+        tensor_parallel_size=tensor_parallel_size,
+        as_published=name is capacity.Boot.PRODUCTION,
+    )
     label = name.label(validated.recipe.quantization.scheme)
     logger.info("booting vLLM (%s): %s", label, spec.serve_command())
     with vllm_server(spec, log_path=boot_log(run_dir, name)) as server:
@@ -127,23 +143,42 @@ def measure_capacity(server: RunningServer, spec: ServerSpec, name: capacity.Boo
 
 
 @task(name="summarize-capacity")
-def summarize_capacity(validated: ValidatedRecipe, base: BaseModelRef, configs: list[capacity.CapacityConfig],
-                       base_boot: capacity.BaseBoot | None = None) -> capacity.CapacityReport:
+def summarize_capacity(
+    validated: ValidatedRecipe,
+    base: BaseModelRef,
+    configs: list[capacity.CapacityConfig],
+    base_boot: capacity.BaseBoot | None = None,
+) -> capacity.CapacityReport:
     config = base.config
-    return capacity.summarize_capacity(validated.recipe, configs, config, device_memory_bytes=gpu.usable_memory_bytes(),
-                                       base_boot=base_boot.reason if base_boot else None,
-                                       fp8_kv_unavailable=host.serving_host_gap(None, "fp8"))
+    return capacity.summarize_capacity(
+        validated.recipe,
+        configs,
+        config,
+        device_memory_bytes=gpu.usable_memory_bytes(),
+        base_boot=base_boot.reason if base_boot else None,
+        fp8_kv_unavailable=host.serving_host_gap(None, "fp8"),
+    )
 
 
 @task(name="write-serving-profile")
-def write_serving_profile(validated: ValidatedRecipe, base: BaseModelRef, spec: ServerSpec,
-                          config: capacity.CapacityConfig, checkpoint_dir: str,
-                          run_dir: Path) -> serving_profile.ServingProfile:
+def write_serving_profile(
+    validated: ValidatedRecipe,
+    base: BaseModelRef,
+    spec: ServerSpec,
+    config: capacity.CapacityConfig,
+    checkpoint_dir: str,
+    run_dir: Path,
+) -> serving_profile.ServingProfile:
     """serve-profile.yaml for the boot the gates validated, its KV cache pinned (serving_profile.py)."""
     base_config = base.config
     profile = serving_profile.write_serving_profile(
-        spec, config, base_config, run_dir / profile_output.PROFILE_FILE,
-        model=published_model(validated, checkpoint_dir), device_memory_bytes=gpu.usable_memory_bytes())
+        spec,
+        config,
+        base_config,
+        run_dir / profile_output.PROFILE_FILE,
+        model=published_model(validated, checkpoint_dir),
+        device_memory_bytes=gpu.usable_memory_bytes(),
+    )
     get_run_logger().info("serving profile (KV cache pinned):\n%s", profile.markdown())
     return profile
 
@@ -154,55 +189,92 @@ def measure_shape_capacity(validated: ValidatedRecipe, run_dir: Path) -> shape_c
     are downloaded (only its config and tokenizer are); fails when the production one does not fit."""
     logger = get_run_logger()
     r = validated.recipe
-    result = shape_capacity.measure_shape(r, model_shape_dir(r), out_dir=run_dir / "preflight", model=r.model.id,
-                                          device_memory_bytes=gpu.usable_memory_bytes(), production_first=True,
-                                          log=logger.info)
+    result = shape_capacity.measure_shape(
+        r,
+        model_shape_dir(r),
+        out_dir=run_dir / "preflight",
+        model=r.model.id,
+        device_memory_bytes=gpu.usable_memory_bytes(),
+        production_first=True,
+        log=logger.info,
+    )
     shape_capacity.write_files(result, run_dir / "preflight")
     logger.info("capacity before download:\n%s", result.markdown())
     production = result.row(capacity.Boot.PRODUCTION)
     if production.refused:
-        raise GateError(f"the production configuration ({production.name}, TP {production.tensor_parallel_size}) "
-                        f"does not fit: vLLM refused its dummy-weights boot: {production.refused}. Nothing was "
-                        "downloaded or quantized. Fix: raise serve.tensor_parallel_size or "
-                        "serve.gpu_memory_utilization, or lower serve.max_model_len")
+        raise GateError(
+            f"the production configuration ({production.name}, TP {production.tensor_parallel_size}) "
+            f"does not fit: vLLM refused its dummy-weights boot: {production.refused}. Nothing was "
+            "downloaded or quantized. Fix: raise serve.tensor_parallel_size or "
+            "serve.gpu_memory_utilization, or lower serve.max_model_len"
+        )
     return result
 
 
 @task(name="find-base-reference", cache_policy=NO_CACHE)
-def find_base_reference(validated: ValidatedRecipe, base: BaseModelRef, base_boot: capacity.BaseBoot,
-                        ) -> tuple[str, base_reference.BaseReference | None]:
+def find_base_reference(
+    validated: ValidatedRecipe,
+    base: BaseModelRef,
+    base_boot: capacity.BaseBoot,
+) -> tuple[str, base_reference.BaseReference | None]:
     """(the key of this run's base figures, the reference a previous run stored under it, if any)."""
     import importlib.metadata
 
-    spec = capacity.capacity_spec(validated.recipe, capacity.Boot.BASE, Path(base.local_dir),
-                                  tensor_parallel_size=base_boot.tensor_parallel_size)
+    spec = capacity.capacity_spec(
+        validated.recipe,
+        capacity.Boot.BASE,
+        Path(base.local_dir),
+        tensor_parallel_size=base_boot.tensor_parallel_size,
+    )
     try:
         lm_eval_version = importlib.metadata.version("lm_eval")
     except importlib.metadata.PackageNotFoundError:
         lm_eval_version = None
     factors = base_reference.reference_factors(
-        validated.recipe, base.identity, spec.vllm_config(), vllm_version=serving_vllm_version(),
-        hardware=describe_hardware(), lm_eval_version=lm_eval_version)
+        validated.recipe,
+        base.identity,
+        spec.vllm_config(),
+        vllm_version=serving_vllm_version(),
+        hardware=describe_hardware(),
+        lm_eval_version=lm_eval_version,
+    )
     key = base_reference.reference_key(factors)
     settings = get_settings()
     found = base_reference.find_reference(settings.work_dir, key) if settings.reuse_base_reference else None
     logger = get_run_logger()
     if found:
-        logger.info("base %s: capacity row (%s) and base accuracy reused from run %s (same base sha, tasks, "
-                    "serve settings, vLLM version and hardware): the base is not booted", base.identity,
-                    capacity.Boot.BASE, found.run_id)
+        logger.info(
+            "base %s: capacity row (%s) and base accuracy reused from run %s (same base sha, tasks, "
+            "serve settings, vLLM version and hardware): the base is not booted",
+            base.identity,
+            capacity.Boot.BASE,
+            found.run_id,
+        )
     else:
         logger.info("base %s: no reference under key %s, the base is served", base.identity, key)
     return key, found
 
 
 @task(name="record-base-reference", cache_policy=NO_CACHE)
-def record_base_reference(validated: ValidatedRecipe, base: BaseModelRef, key: str, capacity_config: capacity.CapacityConfig,
-                          accuracy: Any, run_id: str, run_dir: Path) -> None:
+def record_base_reference(
+    validated: ValidatedRecipe,
+    base: BaseModelRef,
+    key: str,
+    capacity_config: capacity.CapacityConfig,
+    accuracy: Any,
+    run_id: str,
+    run_dir: Path,
+) -> None:
     """Keep the base's figures for later runs of the same base (only a completed accuracy run)."""
     if not isinstance(accuracy, AccuracyRun):
         return
     factors = {"base": base.identity}
-    reference = base_reference.BaseReference(key=key, run_id=run_id, run_dir=portable_path(str(run_dir)),
-                                             capacity=capacity_config, accuracy=accuracy, factors=factors)
+    reference = base_reference.BaseReference(
+        key=key,
+        run_id=run_id,
+        run_dir=portable_path(str(run_dir)),
+        capacity=capacity_config,
+        accuracy=accuracy,
+        factors=factors,
+    )
     base_reference.save_reference(get_settings().work_dir, reference)

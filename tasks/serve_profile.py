@@ -37,21 +37,34 @@ def search_serve_profile(
     """
     log = run_log()
     output_dir = Path(output_dir)
-    probe = profile_probe.vllm_probe(recipe, Path(checkpoint_dir), tokenizer_dir=tokenizer_dir or checkpoint_dir,
-                                     output_dir=output_dir / "profile-search", log=log)
+    probe = profile_probe.vllm_probe(
+        recipe,
+        Path(checkpoint_dir),
+        tokenizer_dir=tokenizer_dir or checkpoint_dir,
+        output_dir=output_dir / "profile-search",
+        log=log,
+    )
     result = profile_search.search_serve_profile(
-        recipe, checkpoint_dir, probe=probe,
-        device_memory_bytes=device_memory_bytes if device_memory_bytes is not None else gpu.usable_memory_bytes(),
-        log=log)
+        recipe,
+        checkpoint_dir,
+        probe=probe,
+        device_memory_bytes=device_memory_bytes
+        if device_memory_bytes is not None
+        else gpu.usable_memory_bytes(),
+        log=log,
+    )
     update: dict = {"plot_path": str(profile_output.plot_search(result, output_dir / PLOT_FILE))}
     if result.found is not None:
-        path, command = profile_output.write_serve_profile(result.found, output_dir / profile_output.PROFILE_FILE,
-                                                           model=model)
+        path, command = profile_output.write_serve_profile(
+            result.found, output_dir / profile_output.PROFILE_FILE, model=model
+        )
         update |= {"profile_path": str(path), "serve_command": command}
     return result.model_copy(update=update)
 
 
-def with_found_profile(validated: ValidatedRecipe, result: profile_search.ProfileSearchResult) -> ValidatedRecipe:
+def with_found_profile(
+    validated: ValidatedRecipe, result: profile_search.ProfileSearchResult
+) -> ValidatedRecipe:
     """The run's recipe with the found serving settings: what capacity, gates and card then use.
 
     No passing setting raises (GateError): the release cannot promise any batch size.

@@ -29,6 +29,12 @@ def run_soak_test(
     """Soak the live server; the result's ``failures`` say why it did not pass."""
     log = run_log()
     return soak.run_soak_test(
-        server, gate, serve, stress=stress, tokenizer_dir=tokenizer_dir, output_dir=Path(output_dir),
-        server_process_alive=server_process_alive, log=log,
+        server,
+        gate,
+        serve,
+        stress=stress,
+        tokenizer_dir=tokenizer_dir,
+        output_dir=Path(output_dir),
+        server_process_alive=server_process_alive,
+        log=log,
     )

@@ -28,6 +28,11 @@ def run_stress_test(
     """Run the profile against the live server; the result's ``failures`` say why it did not pass."""
     log = run_log()
     return stress.run_stress_test(
-        server, profile, serve, tokenizer_dir=tokenizer_dir, output_dir=Path(output_dir),
-        server_process_alive=server_process_alive, log=log,
+        server,
+        profile,
+        serve,
+        tokenizer_dir=tokenizer_dir,
+        output_dir=Path(output_dir),
+        server_process_alive=server_process_alive,
+        log=log,
     )

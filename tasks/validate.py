@@ -12,8 +12,9 @@ from quantize_serve.validate import preflight as validate
 
 
 @task(name="validate-recipe")
-def validate_recipe(recipe: Recipe | str | Path,
-                    overrides: dict[str, Any] | None = None) -> validate.ValidatedRecipe:
+def validate_recipe(
+    recipe: Recipe | str | Path, overrides: dict[str, Any] | None = None
+) -> validate.ValidatedRecipe:
     validated = validate.validate_recipe(recipe, overrides)
     validate.check_quantize_host(validated.recipe, source=validated.source)
     validate.check_serving_host(validated.recipe, source=validated.source)

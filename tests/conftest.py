@@ -59,14 +59,17 @@ if LANE and not GPU_MEMORY:
 # shipped recipe as INT8 W8A8 with a 16-bit KV cache (SERVING_OVERRIDES, as `make demo` runs there),
 # and only the tests about W4A16 kernels or the fp8 KV cache skip, each with the reason (its gap).
 SERVING_OVERRIDES, _ = servable_overrides()
-SERVING_GAPS = {"w4a16_serving": ("W4A16 kernels", serving_host_gap("W4A16", None)),
-                "fp8_kv_serving": ("the fp8 KV cache", serving_host_gap(None, "fp8"))}
+SERVING_GAPS = {
+    "w4a16_serving": ("W4A16 kernels", serving_host_gap("W4A16", None)),
+    "fp8_kv_serving": ("the fp8 KV cache", serving_host_gap(None, "fp8")),
+}
 # The flags of an AVX2-only x86 CPU (seen: an AMD EPYC of family 25), for tests that fake one.
 AVX2_ONLY = frozenset("fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma bmi2".split())
 
 
 def as_cpu_host(monkeypatch, flags: frozenset[str]) -> None:
-    """This machine as an x86 CPU host with ``flags`` and no GPU, as quantize_serve/serving/host.py sees it."""
+    """This machine as an x86 CPU host with ``flags`` and no GPU, as quantize_serve/serving/host.py sees
+    it."""
     from quantize_serve.serving import gpu, host
 
     monkeypatch.setattr(host, "cpu_flags", lambda cpuinfo=None: flags)
@@ -82,8 +85,13 @@ def avx2_host(monkeypatch):
 
 TIERS = ("unit", "engines", "flows", "gpu")  # tests/<tier>/: the tier is the folder, and so the marker
 # The gpu tier needs an NVIDIA GPU (NVML); elsewhere it is skipped with this reason.
-NO_GPU = None if GPU_MEMORY else ("no NVIDIA GPU here (NVML finds none): the gpu tier runs on a "
-                                  "GPU host, where `make test` includes it")
+NO_GPU = (
+    None
+    if GPU_MEMORY
+    else (
+        "no NVIDIA GPU here (NVML finds none): the gpu tier runs on a GPU host, where `make test` includes it"
+    )
+)
 # On a GPU host `make test` runs the unit and gpu tiers, and of the engines and flows tiers the tests
 # marked ``gpu_host``: those whose subject is how the engine behaves on the device (a boot that cannot
 # fit its KV cache, a refused setting, a cancelled or killed engine and the memory it must give back, a
@@ -91,8 +99,10 @@ NO_GPU = None if GPU_MEMORY else ("no NVIDIA GPU here (NVML finds none): the gpu
 # under half of that on a CPU, so the whole of those tiers would take about 40 minutes there; the rest of
 # them (orchestration, the Hub, the CLI, the gates' arithmetic) does not depend on the device and runs
 # wherever the CPU suite runs, as CI does.
-ON_GPU_HOST_ONLY_MARKED = ("proved by the CPU suite: its subject does not depend on the device (on a GPU "
-                           "host `make test` runs the unit and gpu tiers and the tests marked gpu_host)")
+ON_GPU_HOST_ONLY_MARKED = (
+    "proved by the CPU suite: its subject does not depend on the device (on a GPU "
+    "host `make test` runs the unit and gpu tiers and the tests marked gpu_host)"
+)
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -108,10 +118,15 @@ def tier_of(item) -> str | None:
 # `make test`'s two lanes (pytest-xdist), by test file: each lane runs its files in one process, so its
 # session boots and flow runs stay shared; every other test is a unit of its own, run where there is
 # room. The split balances the lanes' seconds (benchmarks/results/test_durations.json).
-LANES = {"tests/engines/test_moe.py": "flows",  # its own quantization, none of the engines' session boots
-         "tests/engines/test_shape_capacity.py": "flows",  # dummy-weight boots of its own (79 s): balances the lanes
-         "tests/engines/test_real_model_gate.py": "flows",  # its own model, quantization and boots
-         "tests/engines/": "engines", "tests/flows/test_formats.py": "engines", "tests/flows/": "flows"}
+LANES = {
+    "tests/engines/test_moe.py": "flows",  # its own quantization, none of the engines' session boots
+    # dummy-weight boots of its own (79 s): balances the lanes
+    "tests/engines/test_shape_capacity.py": "flows",
+    "tests/engines/test_real_model_gate.py": "flows",  # its own model, quantization and boots
+    "tests/engines/": "engines",
+    "tests/flows/test_formats.py": "engines",
+    "tests/flows/": "flows",
+}
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -149,7 +164,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=ON_GPU_HOST_ONLY_MARKED))
         for marker, (about, gap) in SERVING_GAPS.items():
             if gap and item.get_closest_marker(marker):
-                item.add_marker(pytest.mark.skip(reason=f"about {about}, which vLLM cannot serve here: {gap}"))
+                item.add_marker(
+                    pytest.mark.skip(reason=f"about {about}, which vLLM cannot serve here: {gap}")
+                )
                 break
 
 
@@ -192,7 +209,8 @@ def quantize_logs() -> dict[str, list[str]]:
 
 
 def safetensors_tensors(path: Path) -> dict[str, tuple[str, list[int]]]:
-    """name -> (dtype, shape) of every tensor in a .safetensors file, from its JSON header alone (no torch)."""
+    """name -> (dtype, shape) of every tensor in a .safetensors file, from its JSON header alone (no
+    torch)."""
     with open(path, "rb") as f:
         header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
     return {k: (v["dtype"], v["shape"]) for k, v in header.items() if k != "__metadata__"}
@@ -204,14 +222,22 @@ def _quantize(recipe_path: Path, log=lambda _: None, overrides: dict | None = No
 
     validated = validate_recipe(recipe_path, overrides)
     base = resolve_base(validated)
-    return quantize_model(validated.recipe, Path(base.local_dir), base_identity=base.identity,
-                          calibration_fingerprint=validated.calibration_fingerprint, log=log)
+    return quantize_model(
+        validated.recipe,
+        Path(base.local_dir),
+        base_identity=base.identity,
+        calibration_fingerprint=validated.calibration_fingerprint,
+        log=log,
+    )
 
 
 @pytest.fixture(scope="session")
 def awq_checkpoint():
-    return _quantize(ROOT / "recipes" / "tiny-llama-awq.yaml", log=QUANTIZE_LOGS.setdefault("awq", []).append,
-                     overrides=SERVING_OVERRIDES)
+    return _quantize(
+        ROOT / "recipes" / "tiny-llama-awq.yaml",
+        log=QUANTIZE_LOGS.setdefault("awq", []).append,
+        overrides=SERVING_OVERRIDES,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -267,8 +293,9 @@ def vllm_processes_of(log_path: str = "") -> list:
 
 
 @contextmanager
-def local_hub(root: Path, *, tokens: tuple[str, ...] = (), read_tokens: tuple[str, ...] = (),
-              online: bool = False) -> Iterator[LocalHub]:
+def local_hub(
+    root: Path, *, tokens: tuple[str, ...] = (), read_tokens: tuple[str, ...] = (), online: bool = False
+) -> Iterator[LocalHub]:
     """The one way tests start a local Hub (localhub/, the Hub's HTTP protocol) under ``root``.
 
     ``tokens`` may write, ``read_tokens`` only read (none: anyone may). ``online``: this process and
@@ -335,15 +362,20 @@ def use_local_hub_client(monkeypatch: pytest.MonkeyPatch, endpoint: str, hf_cach
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_TELEMETRY", True)
     monkeypatch.setattr(hf_constants, "ENDPOINT", endpoint)
-    monkeypatch.setattr(hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                        endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(
+        hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    )
     monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(hf_cache))
     monkeypatch.delenv("HF_TOKEN", raising=False)
 
 
 def pytest_addoption(parser):
-    parser.addoption("--durations-json", metavar="PATH", default=None,
-                     help="write each test's seconds (setup + call + teardown), its tier and outcome to PATH")
+    parser.addoption(
+        "--durations-json",
+        metavar="PATH",
+        default=None,
+        help="write each test's seconds (setup + call + teardown), its tier and outcome to PATH",
+    )
 
 
 DURATIONS: dict[str, dict] = {}
@@ -365,19 +397,31 @@ def pytest_sessionfinish(session, exitstatus):
     path = session.config.getoption("--durations-json")
     if not path or not DURATIONS or LANE:  # two lanes: the controller, which sees every report, writes it
         return
-    tiers = {tier: round(sum(r["seconds"] for n, r in DURATIONS.items() if n.startswith(f"tests/{tier}/")), 1)
-             for tier in TIERS}
+    tiers = {
+        tier: round(sum(r["seconds"] for n, r in DURATIONS.items() if n.startswith(f"tests/{tier}/")), 1)
+        for tier in TIERS
+    }
     tests = dict(sorted(DURATIONS.items(), key=lambda kv: -kv[1]["seconds"]))
-    Path(path).write_text(json.dumps({
-        "what": "seconds per test of the last `make test` (setup + call + teardown; session fixtures are "
-                "charged to the first test that uses them)",
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-        "wall_s": round(time.monotonic() - SESSION_STARTED[0], 1),
-        "total_s": round(sum(r["seconds"] for r in DURATIONS.values()), 1),
-        "tiers_s": tiers,
-        "count": len(DURATIONS),
-        "outcomes": {o: sum(1 for r in DURATIONS.values() if r["outcome"] == o) for o in ("passed", "failed", "skipped")},
-        "tests": tests}, indent=1) + "\n")
+    Path(path).write_text(
+        json.dumps(
+            {
+                "what": "seconds per test of the last `make test` (setup + call + teardown; session fixtures "
+                "are charged to the first test that uses them)",
+                "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+                "wall_s": round(time.monotonic() - SESSION_STARTED[0], 1),
+                "total_s": round(sum(r["seconds"] for r in DURATIONS.values()), 1),
+                "tiers_s": tiers,
+                "count": len(DURATIONS),
+                "outcomes": {
+                    o: sum(1 for r in DURATIONS.values() if r["outcome"] == o)
+                    for o in ("passed", "failed", "skipped")
+                },
+                "tests": tests,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 def pytest_unconfigure(config):

@@ -23,8 +23,13 @@ import importlib.abc
 import os
 import sys
 
-AVX512_CHECKS = ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_avx512_vnni_supported",
-                 "_is_amx_tile_supported", "_is_amx_fp16_supported")
+AVX512_CHECKS = (
+    "_is_avx512_supported",
+    "_is_avx512_bf16_supported",
+    "_is_avx512_vnni_supported",
+    "_is_amx_tile_supported",
+    "_is_amx_fp16_supported",
+)
 
 
 def without_avx512(module):
@@ -39,7 +44,11 @@ def without_avx512(module):
 
     def cpu_flags(cpuinfo=None):
         flags = read_flags(cpuinfo)
-        return flags if cpuinfo is not None else frozenset(f for f in flags if not f.startswith(("avx512", "amx")))
+        return (
+            flags
+            if cpuinfo is not None
+            else frozenset(f for f in flags if not f.startswith(("avx512", "amx")))
+        )
 
     module.cpu_flags = cpu_flags
 
@@ -51,8 +60,16 @@ class AfterImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name not in ("torch.cpu", "quantize_serve.serving.host"):
             return None
-        spec = next((found for finder in sys.meta_path if finder is not self and hasattr(finder, "find_spec")
-                     and (found := finder.find_spec(name, path, target))), None)
+        spec = next(
+            (
+                found
+                for finder in sys.meta_path
+                if finder is not self
+                and hasattr(finder, "find_spec")
+                and (found := finder.find_spec(name, path, target))
+            ),
+            None,
+        )
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module

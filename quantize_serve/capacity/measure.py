@@ -47,7 +47,7 @@ METHOD_FIXED = (
 )
 METHOD_GPU = (
     "device accounting: every boot gets gpu_memory_utilization x device memory; vLLM profiles "
-    "weights (\"Model loading took\") and activations and gives the rest to the KV cache. KV "
+    'weights ("Model loading took") and activations and gives the rest to the KV cache. KV '
     "figures are vLLM's own (vllm:cache_config_info)."
 )
 FP8_UNAVAILABLE = "not available on this CPU"
@@ -106,7 +106,11 @@ class CapacityReport(BaseModel):
         quantized = Boot.QUANTIZED_16BIT_KV.label(self.scheme)
         for c in self.configs:
             p = checks.get(c.name)
-            tp = f" (TP {c.tensor_parallel_size})" if c.tensor_parallel_size != self.configs[-1].tensor_parallel_size else ""
+            tp = (
+                f" (TP {c.tensor_parallel_size})"
+                if c.tensor_parallel_size != self.configs[-1].tensor_parallel_size
+                else ""
+            )
             rows.append(
                 f"| {c.name.label(self.scheme)}{tp} | {c.kv_cache_dtype} | {c.weights_bytes / GIB:.4f} | "
                 f"{c.kv_cache_memory_bytes / GIB:.4f} | {c.kv_cache_tokens:,} | "
@@ -114,12 +118,19 @@ class CapacityReport(BaseModel):
                 + (f"{p.predicted_kv_tokens:,} ({p.error_pct:+.2f}%) |" if p else "- |")
             )
         if self.fp8_kv_unavailable:
-            rows.append(f"| {Boot.PRODUCTION.label(self.scheme)} | fp8 | - | - | {FP8_UNAVAILABLE}: "
-                        f"{self.fp8_kv_unavailable} | - | - |")
-            fp8 = (f"fp8 KV {FP8_UNAVAILABLE}; the production boot serves the 16-bit KV cache of the "
-                   f"{quantized} row.")
+            rows.append(
+                f"| {Boot.PRODUCTION.label(self.scheme)} | fp8 | - | - | {FP8_UNAVAILABLE}: "
+                f"{self.fp8_kv_unavailable} | - | - |"
+            )
+            fp8 = (
+                f"fp8 KV {FP8_UNAVAILABLE}; the production boot serves the 16-bit KV cache of the "
+                f"{quantized} row."
+            )
         else:
-            fp8 = f"{quantized} + fp8 KV x{self.gain_fp8:.2f}; fp8/16-bit KV tokens x{self.fp8_token_ratio:.3f}."
+            fp8 = (
+                f"{quantized} + fp8 KV x{self.gain_fp8:.2f}; "
+                f"fp8/16-bit KV tokens x{self.fp8_token_ratio:.3f}."
+            )
         rows += [
             "",
             *([self.model.parameters_line(), ""] if self.model else []),
@@ -134,8 +145,15 @@ class CapacityReport(BaseModel):
         return "\n".join(rows)
 
 
-def capacity_spec(recipe: Recipe, boot: Boot, model_dir: Path, *, weights_bytes: int | None = None,
-                  tensor_parallel_size: int | None = None, as_published: bool = False) -> ServerSpec:
+def capacity_spec(
+    recipe: Recipe,
+    boot: Boot,
+    model_dir: Path,
+    *,
+    weights_bytes: int | None = None,
+    tensor_parallel_size: int | None = None,
+    as_published: bool = False,
+) -> ServerSpec:
     """The boot spec of one configuration under the recipe's (shared) budget. ``weights_bytes``: what
     the boot's weights take (default: the checkpoint's tensor bytes; a dummy boot has no checkpoint).
     ``tensor_parallel_size``: another TP than the recipe's (the base, when it needs more GPUs: BaseBoot).
@@ -154,9 +172,14 @@ def capacity_spec(recipe: Recipe, boot: Boot, model_dir: Path, *, weights_bytes:
     if tensor_parallel_size is not None and tensor_parallel_size != serve.tensor_parallel_size:
         serve = serve.model_copy(update={"tensor_parallel_size": tensor_parallel_size})
     hub = recipe.hub if as_published else None
-    return ServerSpec(model_dir=str(model_dir), serve=serve, kv_cache_dtype=kv_dtype,
-                      kv_cache_memory_bytes=kv_bytes, repo_id=hub.repo_id if hub else None,
-                      revision=hub.release_ref if hub else None)
+    return ServerSpec(
+        model_dir=str(model_dir),
+        serve=serve,
+        kv_cache_dtype=kv_dtype,
+        kv_cache_memory_bytes=kv_bytes,
+        repo_id=hub.repo_id if hub else None,
+        revision=hub.release_ref if hub else None,
+    )
 
 
 class BaseBoot(BaseModel):
@@ -167,8 +190,9 @@ class BaseBoot(BaseModel):
     reason: str | None = None
 
 
-def base_boot(recipe: Recipe, base_config: dict, *, device_memory_bytes: int | None,
-              gpu_count: int) -> BaseBoot:
+def base_boot(
+    recipe: Recipe, base_config: dict, *, device_memory_bytes: int | None, gpu_count: int
+) -> BaseBoot:
     """Where the base boots (capacity row (a) and the accuracy baseline). A release that only fits
     quantized (a 70B on one H200) still needs its base served for the accuracy gate: at the smallest
     TP that fits, when this host has that many GPUs. Otherwise it raises GateError naming what the
@@ -176,23 +200,44 @@ def base_boot(recipe: Recipe, base_config: dict, *, device_memory_bytes: int | N
     tp = recipe.serve.tensor_parallel_size
     if recipe.serve.memory_budget is not None or not device_memory_bytes:
         return BaseBoot(tensor_parallel_size=tp)
-    plan = plan_for(recipe, base_config, Boot.BASE, block_size=planner.BLOCK_SIZE_GPU,
-                    device_memory_bytes=device_memory_bytes)
+    plan = plan_for(
+        recipe,
+        base_config,
+        Boot.BASE,
+        block_size=planner.BLOCK_SIZE_GPU,
+        device_memory_bytes=device_memory_bytes,
+    )
     if plan.fits:
         return BaseBoot(tensor_parallel_size=tp)
     why = f"the bf16 base does not fit at TP {tp}: {plan.reason}"
     heads = planner.ModelShape.from_config(base_config).num_heads
-    fitting = [t for t in planner.TP_SIZES if t > tp and heads % t == 0 and plan_for(
-        recipe, base_config, Boot.BASE, block_size=planner.BLOCK_SIZE_GPU, device_memory_bytes=device_memory_bytes,
-        tensor_parallel_size=t).fits]
+    fitting = [
+        t
+        for t in planner.TP_SIZES
+        if t > tp
+        and heads % t == 0
+        and plan_for(
+            recipe,
+            base_config,
+            Boot.BASE,
+            block_size=planner.BLOCK_SIZE_GPU,
+            device_memory_bytes=device_memory_bytes,
+            tensor_parallel_size=t,
+        ).fits
+    ]
     if fitting and fitting[0] <= gpu_count:
-        return BaseBoot(tensor_parallel_size=fitting[0], reason=f"{why}; measured at TP {fitting[0]}, the smallest "
-                        f"that fits (the planner), on {fitting[0]} of this host's {gpu_count} GPUs")
+        return BaseBoot(
+            tensor_parallel_size=fitting[0],
+            reason=f"{why}; measured at TP {fitting[0]}, the smallest "
+            f"that fits (the planner), on {fitting[0]} of this host's {gpu_count} GPUs",
+        )
     fits_at = f"it fits at TP {fitting[0]}" if fitting else f"it fits at no TP up to {planner.TP_SIZES[-1]}"
-    raise GateError(f"{why}; {fits_at}, and this host has {gpu_count} GPU(s). The accuracy gate compares "
-                    "the release with its base served the same way, so the base must be served. Nothing was "
-                    f"quantized. Fix: run on a host with at least {fitting[0] if fitting else 'more'} GPUs (the "
-                    f"release keeps serve.tensor_parallel_size {tp}), or lower serve.max_model_len")
+    raise GateError(
+        f"{why}; {fits_at}, and this host has {gpu_count} GPU(s). The accuracy gate compares "
+        "the release with its base served the same way, so the base must be served. Nothing was "
+        f"quantized. Fix: run on a host with at least {fitting[0] if fitting else 'more'} GPUs (the "
+        f"release keeps serve.tensor_parallel_size {tp}), or lower serve.max_model_len"
+    )
 
 
 def published_model(recipe: Recipe, checkpoint_dir: str | Path) -> str:
@@ -227,8 +272,12 @@ def checkpoint_tensor_bytes(model_dir: Path) -> int:
         with f.open("rb") as fh:
             (n,) = struct.unpack("<Q", fh.read(8))
             header = json.loads(fh.read(n))
-        total += sum(end - start for k, v in header.items() if k != "__metadata__"
-                     for start, end in [v["data_offsets"]])
+        total += sum(
+            end - start
+            for k, v in header.items()
+            if k != "__metadata__"
+            for start, end in [v["data_offsets"]]
+        )
     return total
 
 
@@ -259,7 +308,9 @@ def measure_capacity(server: RunningServer, spec: ServerSpec, *, name: Boot) -> 
     block_size = int(info["block_size"])
     tokens = int(label_number(info, "kv_cache_size_tokens") or num_blocks * block_size)
     max_len = spec.serve.max_model_len
-    log_text = "" if spec.kv_cache_memory_bytes is not None else Path(server.log_path).read_text(errors="replace")
+    log_text = (
+        "" if spec.kv_cache_memory_bytes is not None else Path(server.log_path).read_text(errors="replace")
+    )
     if spec.kv_cache_memory_bytes is not None:
         weights = checkpoint_tensor_bytes(Path(spec.model_dir))
     else:
@@ -284,9 +335,16 @@ def measure_capacity(server: RunningServer, spec: ServerSpec, *, name: Boot) -> 
     )
 
 
-def plan_for(recipe: Recipe, base_config: dict, name: Boot, *, block_size: int,
-             device_memory_bytes: int | None = None, tensor_parallel_size: int | None = None,
-             cudagraph_memory_bytes: int | None = None) -> planner.CapacityPlan:
+def plan_for(
+    recipe: Recipe,
+    base_config: dict,
+    name: Boot,
+    *,
+    block_size: int,
+    device_memory_bytes: int | None = None,
+    tensor_parallel_size: int | None = None,
+    cudagraph_memory_bytes: int | None = None,
+) -> planner.CapacityPlan:
     """The planner's prediction for one configuration, in the same mode as the measurement
     (``tensor_parallel_size``: another TP than the recipe's; ``cudagraph_memory_bytes``: vLLM's
     CUDA-graph estimate from a boot's log, for a vLLM that takes one from the budget)."""
@@ -296,7 +354,8 @@ def plan_for(recipe: Recipe, base_config: dict, name: Boot, *, block_size: int,
     fixed = recipe.serve.memory_budget is not None
     return planner.plan_capacity(
         planner.ModelShape.from_config(base_config),
-        scheme=scheme, kv_cache_dtype=kv,
+        scheme=scheme,
+        kv_cache_dtype=kv,
         device_memory_bytes=int(recipe.serve.memory_budget) if fixed else int(device_memory_bytes or 0),
         gpu_memory_utilization=1.0 if fixed else recipe.serve.gpu_memory_utilization,
         max_model_len=recipe.serve.max_model_len,
@@ -311,9 +370,15 @@ def plan_for(recipe: Recipe, base_config: dict, name: Boot, *, block_size: int,
     )
 
 
-def summarize_capacity(recipe: Recipe, configs: list[CapacityConfig], base_config: dict,
-                       *, device_memory_bytes: int | None = None, base_boot: str | None = None,
-                       fp8_kv_unavailable: str | None = None) -> CapacityReport:
+def summarize_capacity(
+    recipe: Recipe,
+    configs: list[CapacityConfig],
+    base_config: dict,
+    *,
+    device_memory_bytes: int | None = None,
+    base_boot: str | None = None,
+    fp8_kv_unavailable: str | None = None,
+) -> CapacityReport:
     """Derived figures and the planner's predictions beside the measured ones.
 
     ``fp8_kv_unavailable``: why this host cannot serve an fp8 KV cache (serving.host). When the
@@ -326,18 +391,31 @@ def summarize_capacity(recipe: Recipe, configs: list[CapacityConfig], base_confi
     configs = [a, b] if fp8_kv_unavailable else [a, b, c]
     checks = []
     for cfg in configs:
-        plan = plan_for(recipe, base_config, cfg.name, block_size=cfg.block_size,
-                        device_memory_bytes=device_memory_bytes, tensor_parallel_size=cfg.tensor_parallel_size)
-        checks.append(PlannerCheck(name=cfg.name, predicted_kv_tokens=plan.kv_cache_tokens,
-                                   measured_kv_tokens=cfg.kv_cache_tokens,
-                                   error_pct=planner.kv_error_pct(plan.kv_cache_tokens, cfg.kv_cache_tokens)))
+        plan = plan_for(
+            recipe,
+            base_config,
+            cfg.name,
+            block_size=cfg.block_size,
+            device_memory_bytes=device_memory_bytes,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+        )
+        checks.append(
+            PlannerCheck(
+                name=cfg.name,
+                predicted_kv_tokens=plan.kv_cache_tokens,
+                measured_kv_tokens=cfg.kv_cache_tokens,
+                error_pct=planner.kv_error_pct(plan.kv_cache_tokens, cfg.kv_cache_tokens),
+            )
+        )
     return CapacityReport(
         method=METHOD_FIXED if recipe.serve.memory_budget is not None else METHOD_GPU,
         base_boot=base_boot,
         budget_bytes=int(recipe.serve.memory_budget) if recipe.serve.memory_budget is not None else None,
         configs=configs,
         freed_weight_bytes=a.weights_bytes - b.weights_bytes,
-        fp8_token_ratio=None if fp8_kv_unavailable else round(c.kv_cache_tokens / max(b.kv_cache_tokens, 1), 4),
+        fp8_token_ratio=None
+        if fp8_kv_unavailable
+        else round(c.kv_cache_tokens / max(b.kv_cache_tokens, 1), 4),
         gain_quantized=round(b.kv_cache_tokens / max(a.kv_cache_tokens, 1), 4),
         gain_fp8=None if fp8_kv_unavailable else round(c.kv_cache_tokens / max(a.kv_cache_tokens, 1), 4),
         planner=checks,
@@ -347,9 +425,15 @@ def summarize_capacity(recipe: Recipe, configs: list[CapacityConfig], base_confi
     )
 
 
-def measure_boot(recipe: Recipe, boot: Boot, model_dir: str | Path, *, log_path: Path,
-                 log: Callable[[str], None] = lambda _: None,
-                 while_up: Callable[[RunningServer, CapacityConfig], None] | None = None) -> CapacityConfig:
+def measure_boot(
+    recipe: Recipe,
+    boot: Boot,
+    model_dir: str | Path,
+    *,
+    log_path: Path,
+    log: Callable[[str], None] = lambda _: None,
+    while_up: Callable[[RunningServer, CapacityConfig], None] | None = None,
+) -> CapacityConfig:
     """The capacity stage for one configuration on its own: boot it, measure it, (``while_up``:
     use the same server for more, e.g. a stress test), stop it. The flow measures the same way on
     the boots it shares with the gates (``measure_capacity`` on a ``capacity_spec`` boot; the
@@ -363,16 +447,34 @@ def measure_boot(recipe: Recipe, boot: Boot, model_dir: str | Path, *, log_path:
     return measured
 
 
-def run_capacity_stage(recipe: Recipe, base_dir: str | Path, checkpoint_dir: str | Path, *, log_dir: Path,
-                       device_memory_bytes: int | None = None,
-                       log: Callable[[str], None] = lambda _: None) -> CapacityReport:
+def run_capacity_stage(
+    recipe: Recipe,
+    base_dir: str | Path,
+    checkpoint_dir: str | Path,
+    *,
+    log_dir: Path,
+    device_memory_bytes: int | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> CapacityReport:
     """The capacity stage with a boot of its own per configuration (what the flow does while it
     shares those boots with the gates): the three boots in order, then the summary."""
     configs = []
     for boot in Boot:
-        configs.append(measure_boot(recipe, boot, boot.model_dir(base_dir, checkpoint_dir),
-                                    log_path=Path(log_dir) / f"vllm-{boot}.log", log=log))
+        configs.append(
+            measure_boot(
+                recipe,
+                boot,
+                boot.model_dir(base_dir, checkpoint_dir),
+                log_path=Path(log_dir) / f"vllm-{boot}.log",
+                log=log,
+            )
+        )
         log(f"capacity {boot}: {configs[-1]}")
     base_config = json.loads((Path(base_dir) / "config.json").read_text())
-    return summarize_capacity(recipe, configs, base_config, device_memory_bytes=device_memory_bytes,
-                              fp8_kv_unavailable=serving_host_gap(None, "fp8"))
+    return summarize_capacity(
+        recipe,
+        configs,
+        base_config,
+        device_memory_bytes=device_memory_bytes,
+        fp8_kv_unavailable=serving_host_gap(None, "fp8"),
+    )

@@ -72,10 +72,12 @@ ARCHITECTURES: dict[str, Architecture] = {
     "MixtralForCausalLM": Architecture("mixtral", "attention_bias", False, "num_local_experts", 8),
 }
 # The measured path a refusal names first: the project's own (capacity/shape.py), then vLLM's by hand.
-_MEASURE_FIX = ("measure it instead: `quantize-serve plan RECIPE --measure` boots this shape in vLLM with "
-                "random weights (nothing downloaded but config.json and the tokenizer) under the recipe's "
-                "serve settings and reads vLLM's own KV figures; without a recipe, `vllm serve MODEL "
-                "--load-format dummy` logs 'GPU KV cache size: N tokens'")
+_MEASURE_FIX = (
+    "measure it instead: `quantize-serve plan RECIPE --measure` boots this shape in vLLM with "
+    "random weights (nothing downloaded but config.json and the tokenizer) under the recipe's "
+    "serve settings and reads vLLM's own KV figures; without a recipe, `vllm serve MODEL "
+    "--load-format dummy` logs 'GPU KV cache size: N tokens'"
+)
 
 
 def _supported() -> str:
@@ -96,8 +98,9 @@ class ModelShape(BaseModel):
     architecture: str = "LlamaForCausalLM"
     num_layers: int = Field(gt=0, description="num_hidden_layers")
     num_heads: int = Field(gt=0, description="num_attention_heads")
-    num_kv_heads: int = Field(gt=0, description="num_key_value_heads (GQA); if absent, transformers' default "
-                              "(Llama: = heads)")
+    num_kv_heads: int = Field(
+        gt=0, description="num_key_value_heads (GQA); if absent, transformers' default (Llama: = heads)"
+    )
     head_dim: int = Field(gt=0, description="head_dim, or hidden_size // num_attention_heads")
     hidden_size: int = Field(gt=0)
     intermediate_size: int = Field(ge=0, description="the dense MLP's; 0 when every layer is sparse")
@@ -114,19 +117,24 @@ class ModelShape(BaseModel):
     moe_intermediate_size: int = Field(0, ge=0, description="each routed expert's MLP width")
     num_moe_layers: int = Field(0, ge=0, description="how many layers are sparse")
     shared_expert_intermediate_size: int = Field(0, ge=0, description="0: no shared expert")
-    assumed: tuple[str, ...] = Field((), description="what config.json left out and the plan assumed, in "
-                                     "words: every plan of the shape carries them as notes")
+    assumed: tuple[str, ...] = Field(
+        (),
+        description="what config.json left out and the plan assumed, in "
+        "words: every plan of the shape carries them as notes",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelShape:
         if self.num_moe_layers > self.num_layers:
             raise ValueError(f"num_moe_layers {self.num_moe_layers} exceeds num_layers {self.num_layers}")
-        if self.num_moe_layers and not (self.num_experts and self.moe_intermediate_size
-                                        and self.num_experts_per_tok):
+        if self.num_moe_layers and not (
+            self.num_experts and self.moe_intermediate_size and self.num_experts_per_tok
+        ):
             raise ValueError("sparse layers need num_experts, num_experts_per_tok and moe_intermediate_size")
         if self.num_experts_per_tok > self.num_experts:
-            raise ValueError(f"num_experts_per_tok {self.num_experts_per_tok} exceeds num_experts "
-                             f"{self.num_experts}")
+            raise ValueError(
+                f"num_experts_per_tok {self.num_experts_per_tok} exceeds num_experts {self.num_experts}"
+            )
         if self.num_dense_layers and not self.intermediate_size:
             raise ValueError(f"{self.num_dense_layers} dense layers need an intermediate_size")
         return self
@@ -207,15 +215,27 @@ class ModelShape(BaseModel):
         return self._count(experts=self.num_experts_per_tok)
 
     def _count(self, *, experts: int) -> int:
-        per_layer = (_elements(self.attention_linears()) + self.norm_elements_per_layer()
-                     + self.bias_elements_per_layer())
+        per_layer = (
+            _elements(self.attention_linears())
+            + self.norm_elements_per_layer()
+            + self.bias_elements_per_layer()
+        )
         dense_mlp = _elements(self.mlp_linears(self.intermediate_size)) + self.mlp_bias_elements()
-        sparse_mlp = (experts * _elements(self.expert_linears()) + _elements(self.shared_expert_linears())
-                      + self.router_elements())
+        sparse_mlp = (
+            experts * _elements(self.expert_linears())
+            + _elements(self.shared_expert_linears())
+            + self.router_elements()
+        )
         embed = self.vocab_size * self.hidden_size
         lm_head = 0 if self.tie_word_embeddings else embed
-        return (self.num_layers * per_layer + self.num_dense_layers * dense_mlp
-                + self.num_moe_layers * sparse_mlp + self.hidden_size + embed + lm_head)
+        return (
+            self.num_layers * per_layer
+            + self.num_dense_layers * dense_mlp
+            + self.num_moe_layers * sparse_mlp
+            + self.hidden_size
+            + embed
+            + lm_head
+        )
 
     def norm_elements_per_layer(self) -> int:
         """input_layernorm + post_attention_layernorm, and q_norm + k_norm where the model has them."""
@@ -223,8 +243,11 @@ class ModelShape(BaseModel):
 
     def bias_elements_per_layer(self) -> int:
         """Attention biases of one layer (q/k/v/o with attention_bias; q/k/v only with qkv_bias)."""
-        biased = ("q_proj", "k_proj", "v_proj", "o_proj") if self.attention_bias else (
-            ("q_proj", "k_proj", "v_proj") if self.qkv_bias else ())
+        biased = (
+            ("q_proj", "k_proj", "v_proj", "o_proj")
+            if self.attention_bias
+            else (("q_proj", "k_proj", "v_proj") if self.qkv_bias else ())
+        )
         return sum(out for name, out, _ in self.attention_linears() if name in biased)
 
     def mlp_bias_elements(self) -> int:
@@ -256,17 +279,25 @@ def _architecture(data: Mapping[str, Any], source: str) -> tuple[str, Architectu
         name = str(names[0])
         if name in ARCHITECTURES:
             return name, ARCHITECTURES[name]
-        raise UnplannableShapeError(source, "architectures", names,
-                                    "the capacity planner has no model of this architecture's memory",
-                                    f"{_MEASURE_FIX}; the planner models {_supported()}")
+        raise UnplannableShapeError(
+            source,
+            "architectures",
+            names,
+            "the capacity planner has no model of this architecture's memory",
+            f"{_MEASURE_FIX}; the planner models {_supported()}",
+        )
     model_type = data.get("model_type")
     for name, arch in ARCHITECTURES.items():
         if arch.model_type == model_type:
             return name, arch
-    raise RecipeError(source, "model_type" if model_type else "architectures", model_type or names,
-                      "names no architecture the capacity planner models",
-                      f"use the model's own config.json (its architectures list names the model class); "
-                      f"the planner models {_supported()}")
+    raise RecipeError(
+        source,
+        "model_type" if model_type else "architectures",
+        model_type or names,
+        "names no architecture the capacity planner models",
+        f"use the model's own config.json (its architectures list names the model class); "
+        f"the planner models {_supported()}",
+    )
 
 
 def _unmodelled_attention(data: Mapping[str, Any], source: str) -> UnplannableShapeError | None:
@@ -274,17 +305,25 @@ def _unmodelled_attention(data: Mapping[str, Any], source: str) -> UnplannableSh
     token per layer, so any plan would be wrong."""
     if data.get("kv_lora_rank"):
         return UnplannableShapeError(
-            source, "kv_lora_rank", data["kv_lora_rank"],
+            source,
+            "kv_lora_rank",
+            data["kv_lora_rank"],
             "multi-latent attention: the KV cache holds a compressed latent per token, not "
-            "num_key_value_heads x head_dim, and the capacity planner has no model of it", _MEASURE_FIX)
+            "num_key_value_heads x head_dim, and the capacity planner has no model of it",
+            _MEASURE_FIX,
+        )
     layer_types = data.get("layer_types")
     if isinstance(layer_types, list):
         other = sorted({str(t) for t in layer_types} - {"full_attention"})
         if other:
             return UnplannableShapeError(
-                source, "layer_types", other,
+                source,
+                "layer_types",
+                other,
                 "layers other than full attention keep a different KV cache (a sliding window holds only its "
-                "last tokens), which the capacity planner does not model", _MEASURE_FIX)
+                "last tokens), which the capacity planner does not model",
+                _MEASURE_FIX,
+            )
     window = data.get("sliding_window")
     if not window:
         return None
@@ -292,16 +331,24 @@ def _unmodelled_attention(data: Mapping[str, Any], source: str) -> UnplannableSh
         if not data["use_sliding_window"]:
             return None
         return UnplannableShapeError(
-            source, "use_sliding_window", data["use_sliding_window"],
+            source,
+            "use_sliding_window",
+            data["use_sliding_window"],
             f"layers from max_window_layers ({data.get('max_window_layers')}) on attend through a sliding "
-            f"window of {window} tokens, a KV cache the capacity planner does not model", _MEASURE_FIX)
+            f"window of {window} tokens, a KV cache the capacity planner does not model",
+            _MEASURE_FIX,
+        )
     names = data.get("architectures")
     model = names[0] if isinstance(names, list) and names else data.get("model_type", "the model")
     return UnplannableShapeError(
-        source, "sliding_window", window,
+        source,
+        "sliding_window",
+        window,
         f"{model} attends through a sliding window of {window} tokens (in every layer, or interleaved with "
         "full attention): vLLM keeps only the window for those layers, a KV cache the capacity planner does "
-        "not model", _MEASURE_FIX)
+        "not model",
+        _MEASURE_FIX,
+    )
 
 
 class _Reader:
@@ -316,15 +363,27 @@ class _Reader:
         if value is None:
             if default is not None:
                 return default
-            self.errors.append(RecipeError(
-                self.source, key, None,
-                f"is missing, and the capacity planner needs it for {why} ({self.arch})",
-                f"add the model's {key} to config.json (a config.json saved by transformers has every key)"))
+            self.errors.append(
+                RecipeError(
+                    self.source,
+                    key,
+                    None,
+                    f"is missing, and the capacity planner needs it for {why} ({self.arch})",
+                    f"add the model's {key} to config.json (a config.json saved by transformers has every "
+                    "key)",
+                )
+            )
             return max(minimum, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            self.errors.append(RecipeError(
-                self.source, key, value, f"is not a whole number >= {minimum} ({why})",
-                f"set {key} to the model's value, a whole number >= {minimum}"))
+            self.errors.append(
+                RecipeError(
+                    self.source,
+                    key,
+                    value,
+                    f"is not a whole number >= {minimum} ({why})",
+                    f"set {key} to the model's value, a whole number >= {minimum}",
+                )
+            )
             return max(minimum, 1)
         return value
 
@@ -337,8 +396,9 @@ def _read(data: Mapping[str, Any], source: str) -> ModelShape:
     layers = r.int("num_hidden_layers", why="the number of layers")
     heads = r.int("num_attention_heads", why="the attention projections")
     hidden = r.int("hidden_size", why="every weight matrix")
-    head_dim = r.int("head_dim", default=hidden // max(heads, 1),
-                     why="the attention projections and the KV cache")
+    head_dim = r.int(
+        "head_dim", default=hidden // max(heads, 1), why="the attention projections and the KV cache"
+    )
     kv_heads = r.int("num_key_value_heads", default=arch.kv_heads_default or heads, why="the KV cache")
     assumed = [] if "num_key_value_heads" in data else [_kv_heads_assumed(name, arch, heads, kv_heads)]
     vocab = r.int("vocab_size", why="the embeddings and the LM head")
@@ -347,14 +407,22 @@ def _read(data: Mapping[str, Any], source: str) -> ModelShape:
     if arch.experts:
         # transformers 5 saves Qwen MoE configs with num_local_experts (its attribute_map's name for
         # num_experts); the Hub's configs, written by transformers 4, say num_experts.
-        key = "num_local_experts" if arch.experts not in data and "num_local_experts" in data else arch.experts
+        key = (
+            "num_local_experts" if arch.experts not in data and "num_local_experts" in data else arch.experts
+        )
         experts = r.int(key, default=0, minimum=0, why="the routed experts")
     if experts:
         per_token = r.int("num_experts_per_tok", why="the experts each token passes through")
         if per_token > experts:
-            r.errors.append(RecipeError(source, "num_experts_per_tok", per_token,
-                                        f"exceeds the {experts} experts ({arch.experts})",
-                                        f"set num_experts_per_tok to the model's value, at most {experts}"))
+            r.errors.append(
+                RecipeError(
+                    source,
+                    "num_experts_per_tok",
+                    per_token,
+                    f"exceeds the {experts} experts ({arch.experts})",
+                    f"set num_experts_per_tok to the model's value, at most {experts}",
+                )
+            )
         moe_layers = _sparse_layers(r, layers)
         expert_key = "intermediate_size" if arch.experts == "num_local_experts" else "moe_intermediate_size"
         expert_size = r.int(expert_key, why="each routed expert's MLP")
@@ -363,7 +431,9 @@ def _read(data: Mapping[str, Any], source: str) -> ModelShape:
     intermediate = 0
     if dense_layers:
         intermediate = r.int("intermediate_size", why=f"the dense MLP of {dense_layers} layer(s)")
-    elif isinstance(data.get("intermediate_size"), int):  # unused (every layer is sparse) or Mixtral's experts
+    elif isinstance(
+        data.get("intermediate_size"), int
+    ):  # unused (every layer is sparse) or Mixtral's experts
         intermediate = data["intermediate_size"]
     if r.errors:
         raise r.errors[0] if len(r.errors) == 1 else RecipeErrors(r.errors)
@@ -397,12 +467,16 @@ def _kv_heads_assumed(name: str, arch: Architecture, heads: int, kv_heads: int) 
     """The note for a config.json without num_key_value_heads: what the plan took, whose default it is."""
     config_class = name.removesuffix("ForCausalLM") + "Config"
     if arch.kv_heads_default is None:
-        return (f"config.json has no num_key_value_heads: planned with {kv_heads} KV heads, one per attention "
-                f"head, as transformers' {config_class} (and so vLLM) defaults it; a model with grouped-query "
-                "attention holds more KV tokens than planned: add its num_key_value_heads to config.json")
-    return (f"config.json has no num_key_value_heads: planned with {kv_heads} KV heads ({heads} attention "
-            f"heads), the default of transformers' {config_class} (and so vLLM's), which is its default model's "
-            "count, not necessarily this one's: add the model's num_key_value_heads to config.json")
+        return (
+            f"config.json has no num_key_value_heads: planned with {kv_heads} KV heads, one per attention "
+            f"head, as transformers' {config_class} (and so vLLM) defaults it; a model with grouped-query "
+            "attention holds more KV tokens than planned: add its num_key_value_heads to config.json"
+        )
+    return (
+        f"config.json has no num_key_value_heads: planned with {kv_heads} KV heads ({heads} attention "
+        f"heads), the default of transformers' {config_class} (and so vLLM's), which is its default model's "
+        "count, not necessarily this one's: add the model's num_key_value_heads to config.json"
+    )
 
 
 def _sparse_layers(r: _Reader, layers: int) -> int:
@@ -413,8 +487,14 @@ def _sparse_layers(r: _Reader, layers: int) -> int:
     step = r.int("decoder_sparse_step", default=1, why="which layers are sparse")
     dense = r.data.get("mlp_only_layers") or []
     if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
-        r.errors.append(RecipeError(
-            r.source, "mlp_only_layers", dense, "is not a list of layer indices",
-            "set mlp_only_layers to the model's list of dense layers (e.g. [] or [0, 1])"))
+        r.errors.append(
+            RecipeError(
+                r.source,
+                "mlp_only_layers",
+                dense,
+                "is not a list of layer indices",
+                "set mlp_only_layers to the model's list of dense layers (e.g. [] or [0, 1])",
+            )
+        )
         dense = []
     return sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)

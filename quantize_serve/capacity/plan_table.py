@@ -46,19 +46,29 @@ class ModelSummary(BaseModel):
 
     @classmethod
     def of(cls, shape: ModelShape) -> ModelSummary:
-        return cls(architecture=shape.architecture, total_parameters=shape.num_parameters(),
-                   active_parameters=shape.num_active_parameters(), num_experts=shape.num_experts,
-                   num_experts_per_tok=shape.num_experts_per_tok, num_moe_layers=shape.num_moe_layers,
-                   shared_expert_intermediate_size=shape.shared_expert_intermediate_size,
-                   num_layers=shape.num_layers)
+        return cls(
+            architecture=shape.architecture,
+            total_parameters=shape.num_parameters(),
+            active_parameters=shape.num_active_parameters(),
+            num_experts=shape.num_experts,
+            num_experts_per_tok=shape.num_experts_per_tok,
+            num_moe_layers=shape.num_moe_layers,
+            shared_expert_intermediate_size=shape.shared_expert_intermediate_size,
+            num_layers=shape.num_layers,
+        )
 
     def parameters_line(self) -> str:
         """Total and active parameters in one line (equal for a dense model): what the capacity table,
         the report and the model card say about the model's size."""
-        kind = (f"mixture of experts: {self.num_experts_per_tok} of {self.num_experts} routed experts per token"
-                if self.num_moe_layers else "dense: every parameter is active")
-        return (f"Parameters: {_count(self.total_parameters)} total, {_count(self.active_parameters)} active "
-                f"per token ({kind}).")
+        kind = (
+            f"mixture of experts: {self.num_experts_per_tok} of {self.num_experts} routed experts per token"
+            if self.num_moe_layers
+            else "dense: every parameter is active"
+        )
+        return (
+            f"Parameters: {_count(self.total_parameters)} total, {_count(self.active_parameters)} active "
+            f"per token ({kind})."
+        )
 
 
 class PlanTable(BaseModel):
@@ -66,11 +76,15 @@ class PlanTable(BaseModel):
 
     model: str
     summary: ModelSummary | None = None
-    rows: dict[str, CapacityPlan] = Field(description="keys: base, w4a16, w4a16-fp8kv (the production row, "
-                                          "whatever its KV dtype; the text labels it by it: row_label)")
+    rows: dict[str, CapacityPlan] = Field(
+        description="keys: base, w4a16, w4a16-fp8kv (the production row, "
+        "whatever its KV dtype; the text labels it by it: row_label)"
+    )
     fits_at_tp: dict[str, int | None] = Field(
-        default_factory=dict, description="for a row that does not fit: the smallest tensor_parallel_size "
-        f"(up to {max(TP_SIZES)}) at which it would, or None")
+        default_factory=dict,
+        description="for a row that does not fit: the smallest tensor_parallel_size "
+        f"(up to {max(TP_SIZES)}) at which it would, or None",
+    )
     freed_weight_bytes: int = Field(description="whole checkpoint: base - w4a16 weights")
     freed_weight_bytes_per_gpu: int
     gains: dict[str, ConfigGain] = Field(description="keys: w4a16, w4a16-fp8kv")
@@ -108,8 +122,10 @@ def gpu_memory_bytes(gpu: str) -> float:
     except ValidationError:
         size = 0
     if size <= 0:
-        raise ValueError(f"unknown GPU {gpu!r}: use one of {', '.join(GPU_MEMORY_BYTES)} or a memory size "
-                         "in bytes (e.g. 150109880320 or 80GiB)")
+        raise ValueError(
+            f"unknown GPU {gpu!r}: use one of {', '.join(GPU_MEMORY_BYTES)} or a memory size "
+            "in bytes (e.g. 150109880320 or 80GiB)"
+        )
     return float(size)
 
 
@@ -147,16 +163,23 @@ def plan_table(
         enforce_eager=enforce_eager,
         cudagraph_memory_bytes=cudagraph_memory_bytes,
     )
-    settings = {boot: dict(scheme=quant_scheme if boot.quantized else "bf16",
-                           kv_cache_dtype="auto" if boot.sixteen_bit_kv else fp8_kv_cache_dtype, **common)
-                for boot in Boot}
+    settings = {
+        boot: dict(
+            scheme=quant_scheme if boot.quantized else "bf16",
+            kv_cache_dtype="auto" if boot.sixteen_bit_kv else fp8_kv_cache_dtype,
+            **common,
+        )
+        for boot in Boot
+    }
     rows = {boot: plan_capacity(shape, **settings[boot]) for boot in Boot}
     base = rows[Boot.BASE]
     return PlanTable(
         model=model,
         summary=ModelSummary.of(shape),
         rows=rows,
-        fits_at_tp={boot: smallest_fitting_tp(shape, **settings[boot]) for boot in Boot if not rows[boot].fits},
+        fits_at_tp={
+            boot: smallest_fitting_tp(shape, **settings[boot]) for boot in Boot if not rows[boot].fits
+        },
         freed_weight_bytes=base.total_weights_bytes - rows[Boot.QUANTIZED_16BIT_KV].total_weights_bytes,
         freed_weight_bytes_per_gpu=base.weights_bytes - rows[Boot.QUANTIZED_16BIT_KV].weights_bytes,
         gains={k: _gain(rows[k], base) for k in Boot if k.quantized},
@@ -191,17 +214,23 @@ def _model_lines(table: PlanTable) -> list[str]:
     if m is None:
         return []
     if not m.num_moe_layers:
-        return [f"Model: {m.architecture}, {_count(m.total_parameters)} parameters, "
-                f"{_count(m.active_parameters)} active per token (dense)."]
+        return [
+            f"Model: {m.architecture}, {_count(m.total_parameters)} parameters, "
+            f"{_count(m.active_parameters)} active per token (dense)."
+        ]
     shared = ", and a shared expert" if m.shared_expert_intermediate_size else ""
-    lines = [f"Model: {m.architecture}, mixture of experts: {_count(m.total_parameters)} parameters, "
-             f"{_count(m.active_parameters)} active per token ({m.num_experts} experts in "
-             f"{m.num_moe_layers} of {m.num_layers} layers, {m.num_experts_per_tok} routed per token{shared})."]
+    lines = [
+        f"Model: {m.architecture}, mixture of experts: {_count(m.total_parameters)} parameters, "
+        f"{_count(m.active_parameters)} active per token ({m.num_experts} experts in "
+        f"{m.num_moe_layers} of {m.num_layers} layers, {m.num_experts_per_tok} routed per token{shared})."
+    ]
     parts = [r.weights for r in table.rows.values() if r.weights is not None]
     by_scheme = dict.fromkeys(f"{_gib(w.experts)} GiB {w.scheme}" for w in parts)
     router = parts[0].router if parts else 0
-    lines.append(f"Expert weights (routed and shared, whole checkpoint): {', '.join(by_scheme)}; "
-                 f"router gates {_gib(router)} GiB, kept 16-bit.")
+    lines.append(
+        f"Expert weights (routed and shared, whole checkpoint): {', '.join(by_scheme)}; "
+        f"router gates {_gib(router)} GiB, kept 16-bit."
+    )
     return lines
 
 
@@ -248,14 +277,19 @@ def format_table(table: PlanTable, *, title: str | None = None) -> str:
     for name, r in table.rows.items():
         if r.reason:
             tp = table.fits_at_tp.get(name)
-            where = (f"; fits at TP {tp}" if tp else f"; fits at no TP up to {max(TP_SIZES)}"
-                     ) if name in table.fits_at_tp else ""
+            where = (
+                (f"; fits at TP {tp}" if tp else f"; fits at no TP up to {max(TP_SIZES)}")
+                if name in table.fits_at_tp
+                else ""
+            )
             lines.append(f"- {labels[name]} does not fit at TP {r.tensor_parallel_size}: {r.reason}{where}")
     production = table.rows.get(Boot.PRODUCTION)
     if production is not None and labels[Boot.PRODUCTION] != Boot.PRODUCTION.value:
-        lines.append(f"- note: {labels[Boot.PRODUCTION]} is the production configuration with KV cache dtype "
-                     f"{production.kv_cache_dtype}: a 16-bit KV cache, as in the {Boot.QUANTIZED_16BIT_KV} row "
-                     "(--kv-cache-dtype fp8 plans an fp8 one)")
+        lines.append(
+            f"- note: {labels[Boot.PRODUCTION]} is the production configuration with KV cache dtype "
+            f"{production.kv_cache_dtype}: a 16-bit KV cache, as in the {Boot.QUANTIZED_16BIT_KV} row "
+            "(--kv-cache-dtype fp8 plans an fp8 one)"
+        )
     notes = dict.fromkeys(n for r in table.rows.values() for n in r.notes)
     lines.extend(f"- note: {n}" for n in notes)
     return "\n".join(lines)

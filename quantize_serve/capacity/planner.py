@@ -145,22 +145,23 @@ NON_TORCH_OVERHEAD_BYTES: int = int(0.22 * GiB)
 # both TP-2 rows.
 NON_TORCH_OVERHEAD_BYTES_TP: int = int(0.065 * GiB)
 
-# CUDA graphs on means torch.compile, and vLLM's compiled profiling pass of a dense model (its V2 model runner)
-# peaks at one vocabulary x hidden tensor in the model dtype plus two max_num_batched_tokens x hidden tensors,
-# whatever the MLP's width: compiled_pass_peak_bytes. Measured on the H200 (vLLM 0.26.0, 8,192 batched tokens,
-# issue 25; benchmarks/results/h200_activation_peak.json, 4-layer variants of one shape, one difference each):
-# a 4-layer Qwen2-72B peaks at its full depth's 2.57 GiB, and so does one without its biases and one with Llama's
-# intermediate size (28,672); one with Llama's vocabulary (128,256) peaks at Llama-3-70B's 2.21 GiB, 0.36 GiB
-# lower: (152,064 - 128,256) x 8,192 x 2 B = 0.363 GiB, one vocabulary x hidden tensor. The term gives
-# Llama-3-8B 1.10 (1.11 logged), Llama-3-70B 2.21 (2.21) and Qwen2-72B 2.57 (2.57); Llama-3-8B, whose hidden
-# size (4,096) is not its batched tokens (8,192), tells the hidden-sized tensors from token x vocabulary ones.
-# The eager forward (ACTIVATION_TENSORS_PER_TOKEN) stays the floor: 0.84, 1.69 and 1.73 GiB for the three.
-# Which of vLLM's allocations this is has not been traced; the vocabulary shards with tensor parallelism as the
-# embedding does (an assumption: no compiled TP > 1 boot was measured). Eager, Qwen2-72B peaks 0.12 GiB above
-# the eager model (1.85 against 1.73 GiB), which is not explained. Every boot measured compiled its graphs
-# afresh; vLLM charges a cold compile's temporaries to this peak (vllm-project/vllm#54122, #54383), so a boot
-# that loads its graphs from vLLM's compile cache may be granted more KV cache than planned: the plan is the
-# first boot's, the lower of the two (a cache-hit boot has not been measured on a GPU).
+# CUDA graphs on means torch.compile, and vLLM's compiled profiling pass of a dense model (its V2 model
+# runner) peaks at one vocabulary x hidden tensor in the model dtype plus two max_num_batched_tokens x hidden
+# tensors, whatever the MLP's width: compiled_pass_peak_bytes. Measured on the H200 (vLLM 0.26.0, 8,192
+# batched tokens, issue 25; benchmarks/results/h200_activation_peak.json, 4-layer variants of one shape, one
+# difference each): a 4-layer Qwen2-72B peaks at its full depth's 2.57 GiB, and so does one without its biases
+# and one with Llama's intermediate size (28,672); one with Llama's vocabulary (128,256) peaks at
+# Llama-3-70B's 2.21 GiB, 0.36 GiB lower: (152,064 - 128,256) x 8,192 x 2 B = 0.363 GiB, one vocabulary x
+# hidden tensor. The term gives Llama-3-8B 1.10 (1.11 logged), Llama-3-70B 2.21 (2.21) and Qwen2-72B 2.57
+# (2.57); Llama-3-8B, whose hidden size (4,096) is not its batched tokens (8,192), tells the hidden-sized
+# tensors from token x vocabulary ones. The eager forward (ACTIVATION_TENSORS_PER_TOKEN) stays the floor:
+# 0.84, 1.69 and 1.73 GiB for the three. Which of vLLM's allocations this is has not been traced; the
+# vocabulary shards with tensor parallelism as the embedding does (an assumption: no compiled TP > 1 boot was
+# measured). Eager, Qwen2-72B peaks 0.12 GiB above the eager model (1.85 against 1.73 GiB), which is not
+# explained. Every boot measured compiled its graphs afresh; vLLM charges a cold compile's temporaries to this
+# peak (vllm-project/vllm#54122, #54383), so a boot that loads its graphs from vLLM's compile cache may be
+# granted more KV cache than planned: the plan is the first boot's, the lower of the two (a cache-hit boot has
+# not been measured on a GPU).
 # A sparse layer's compiled extra, per batched token, in units of num_experts_per_tok x hidden: calibrated on
 # Qwen3-30B-A3B's three graphs-on boots (issue 25's table), whose compiled peak vLLM logged as 1.15 GiB with
 # Triton (bf16) and with Marlin (W4A16) experts alike, against 0.62 GiB for the eager model: one shape, so a
@@ -178,20 +179,29 @@ FP8_KV_LOAD_BYTES: int = 32 * 2**20
 # show a fixed part as well: the per-layer figure holds at full depth, where it was measured, and feeds only
 # that check, never the KV tokens.
 CUDAGRAPH_POOL_BYTES_PER_LAYER: int = 20 * 2**20
-# The V1 model runner's profiled CUDA-graph estimate, which it takes from the KV budget: a fixed part and a part
-# per decoder layer (51 piecewise + 35 full graphs, max_num_seqs 256). vLLM logged 0.56 GiB for Qwen3-30B-A3B
-# W4A16 (48 layers; 0.49 in bf16) and 0.26 GiB for a 4-layer Mixtral-8x7B W4A16 (benchmarks/results/
-# h200_activation_peak.json), which refuted the earlier per-layer-only form (11.2 MiB x 4 = 0.04 GiB). The two
-# points give 0.2327 GiB + 6.98 MiB a layer: a calibration on two shapes, with none left to test it.
+# The V1 model runner's profiled CUDA-graph estimate, which it takes from the KV budget: a fixed part and a
+# part per decoder layer (51 piecewise + 35 full graphs, max_num_seqs 256). vLLM logged 0.56 GiB for
+# Qwen3-30B-A3B W4A16 (48 layers; 0.49 in bf16) and 0.26 GiB for a 4-layer Mixtral-8x7B W4A16
+# (benchmarks/results/h200_activation_peak.json), which refuted the earlier per-layer-only form (11.2 MiB x 4
+# = 0.04 GiB). The two points give 0.2327 GiB + 6.98 MiB a layer: a calibration on two shapes, with none left
+# to test it.
 CUDAGRAPH_ESTIMATE_FIXED_BYTES: int = int(0.2327 * GiB)
 CUDAGRAPH_ESTIMATE_BYTES_PER_LAYER: int = int(6.98 * 2**20)
-# vLLM 0.26 serves a model with its V2 model runner unless it is a mixture of experts whose architecture is not
-# one of these (vllm/config/vllm.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, _is_default_v2_model_runner_model);
-# VLLM_USE_V2_MODEL_RUNNER overrides it. Measured: the dense Llama-3 and Qwen2 boots logged the V2 runner
-# (v1/worker/gpu/model_runner.py) and no graph estimate; Qwen3-30B-A3B logged the V1 runner and one.
-V2_RUNNER_MOE_ARCHITECTURES: frozenset[str] = frozenset({
-    "DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM", "InklingForConditionalGeneration",
-    "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"})
+# vLLM 0.26 serves a model with its V2 model runner unless it is a mixture of experts whose architecture is
+# not one of these (vllm/config/vllm.py: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES,
+# _is_default_v2_model_runner_model); VLLM_USE_V2_MODEL_RUNNER overrides it. Measured: the dense Llama-3 and
+# Qwen2 boots logged the V2 runner (v1/worker/gpu/model_runner.py) and no graph estimate; Qwen3-30B-A3B logged
+# the V1 runner and one.
+V2_RUNNER_MOE_ARCHITECTURES: frozenset[str] = frozenset(
+    {
+        "DeepseekV2ForCausalLM",
+        "GraniteMoeForCausalLM",
+        "InklingForCausalLM",
+        "InklingForConditionalGeneration",
+        "LongcatFlashNgramForCausalLM",
+        "Qwen2MoeForCausalLM",
+    }
+)
 
 # recommended_max_num_seqs = floor(RECOMMENDED_SEQS_FRACTION x max_concurrency).
 # max_concurrency counts how many requests of the full max_model_len fit in the KV cache at
@@ -200,6 +210,7 @@ V2_RUNNER_MOE_ARCHITECTURES: frozenset[str] = frozenset({
 # tokens each), and for a few pages held by prefix caching, so a batch of worst-case
 # requests does not trigger preemption. Shorter requests let vLLM admit more than this.
 RECOMMENDED_SEQS_FRACTION: float = 0.9
+
 
 def _kv_elem_bytes(kv_cache_dtype: KVCacheDtype, model_dtype_bytes: int) -> int:
     if kv_cache_dtype == "auto":
@@ -224,13 +235,18 @@ def kv_bytes_per_token(
 
 
 def kv_bytes_per_token_per_gpu(
-    shape: ModelShape, *, kv_cache_dtype: KVCacheDtype = "auto", model_dtype_bytes: int = 2,
+    shape: ModelShape,
+    *,
+    kv_cache_dtype: KVCacheDtype = "auto",
+    model_dtype_bytes: int = 2,
     tensor_parallel_size: int = 1,
 ) -> int:
     """What one GPU of the TP group holds of :func:`kv_bytes_per_token`: ``ceil(kv_heads / TP)``
     heads (vLLM replicates KV heads when TP exceeds their number)."""
     heads_gpu = math.ceil(shape.num_kv_heads / tensor_parallel_size)
-    return 2 * shape.num_layers * heads_gpu * shape.head_dim * _kv_elem_bytes(kv_cache_dtype, model_dtype_bytes)
+    return (
+        2 * shape.num_layers * heads_gpu * shape.head_dim * _kv_elem_bytes(kv_cache_dtype, model_dtype_bytes)
+    )
 
 
 def activation_peak_bytes(
@@ -264,21 +280,31 @@ def activation_peak_bytes(
     if shape.is_moe:
         moe = moe_activation_elements_per_token(shape, tensor_parallel_size=tp)
         if compiled:
-            moe += math.ceil(COMPILED_EXTRA_PER_ROUTED_HIDDEN * shape.num_experts_per_tok * shape.hidden_size / tp)
+            moe += math.ceil(
+                COMPILED_EXTRA_PER_ROUTED_HIDDEN * shape.num_experts_per_tok * shape.hidden_size / tp
+            )
         per_token = max(per_token, moe)
     forward = max_num_batched_tokens * dtype_bytes * per_token
     if not compiled:
         return forward
-    return max(forward, compiled_pass_peak_bytes(shape, max_num_batched_tokens=max_num_batched_tokens,
-                                                 tensor_parallel_size=tp, dtype_bytes=dtype_bytes))
+    return max(
+        forward,
+        compiled_pass_peak_bytes(
+            shape,
+            max_num_batched_tokens=max_num_batched_tokens,
+            tensor_parallel_size=tp,
+            dtype_bytes=dtype_bytes,
+        ),
+    )
 
 
-def compiled_pass_peak_bytes(shape: ModelShape, *, max_num_batched_tokens: int, tensor_parallel_size: int = 1,
-                             dtype_bytes: int = 2) -> int:
+def compiled_pass_peak_bytes(
+    shape: ModelShape, *, max_num_batched_tokens: int, tensor_parallel_size: int = 1, dtype_bytes: int = 2
+) -> int:
     """The torch peak of vLLM's compiled profiling pass as measured on the H200 (the calibration note above
     :data:`COMPILED_EXTRA_PER_ROUTED_HIDDEN`): one vocabulary x hidden tensor (the vocabulary per GPU) and two
-    batched-token x hidden tensors, in the model dtype. Llama-3-8B: (128,256 x 4,096 + 2 x 8,192 x 4,096) x 2 B
-    = 1.10 GiB; Qwen2-72B: (152,064 + 2 x 8,192) x 8,192 x 2 B = 2.57 GiB."""
+    batched-token x hidden tensors, in the model dtype. Llama-3-8B: (128,256 x 4,096 + 2 x 8,192 x 4,096)
+    x 2 B = 1.10 GiB; Qwen2-72B: (152,064 + 2 x 8,192) x 8,192 x 2 B = 2.57 GiB."""
     h = shape.hidden_size
     return dtype_bytes * h * (math.ceil(shape.vocab_size / tensor_parallel_size) + 2 * max_num_batched_tokens)
 
@@ -316,8 +342,8 @@ def vllm_model_runner(shape: ModelShape) -> Literal["v1", "v2"]:
 
 def cudagraph_estimate_bytes(shape: ModelShape) -> int:
     """The CUDA-graph estimate vLLM's V1 model runner takes from the KV budget, per GPU:
-    :data:`CUDAGRAPH_ESTIMATE_FIXED_BYTES` + :data:`CUDAGRAPH_ESTIMATE_BYTES_PER_LAYER` x layers; 0 under the V2
-    runner, which takes none."""
+    :data:`CUDAGRAPH_ESTIMATE_FIXED_BYTES` + :data:`CUDAGRAPH_ESTIMATE_BYTES_PER_LAYER` x layers; 0 under the
+    V2 runner, which takes none."""
     if vllm_model_runner(shape) != "v1":
         return 0
     return CUDAGRAPH_ESTIMATE_FIXED_BYTES + CUDAGRAPH_ESTIMATE_BYTES_PER_LAYER * shape.num_layers
@@ -342,22 +368,32 @@ class CapacityPlan(BaseModel):
     max_model_len: int
     max_num_batched_tokens: int
     block_size: int
-    weights_bytes: int = Field(description="per GPU, as vLLM counts it: total_weights_bytes / TP, plus (mode "
-                               "gpu) allocator_rounding_bytes")
+    weights_bytes: int = Field(
+        description="per GPU, as vLLM counts it: total_weights_bytes / TP, plus (mode "
+        "gpu) allocator_rounding_bytes"
+    )
     total_weights_bytes: int = Field(description="the checkpoint's tensors")
-    allocator_rounding_bytes: int = Field(0, description="per GPU: the CUDA caching allocator's rounding of "
-                                          "large weight tensors (weights.allocator_rounding_bytes)")
+    allocator_rounding_bytes: int = Field(
+        0,
+        description="per GPU: the CUDA caching allocator's rounding of "
+        "large weight tensors (weights.allocator_rounding_bytes)",
+    )
     activation_bytes: int
     overhead_bytes: int
     enforce_eager: bool = False
     cudagraph_bytes: int = Field(0, description="per GPU: the CUDA-graph estimate taken from the KV budget")
     cudagraph_source: Literal["off", "none", "modelled", "given"] = Field(
-        "off", description="off: eager or fixed_budget; none: graphs on under vLLM's V2 model runner, which "
-        "takes no estimate from the budget; modelled: the V1 runner's estimate, per layer; given: a figure a vLLM "
-        "boot logged")
-    cudagraph_pool_bytes: int = Field(0, description="per GPU, graphs on: the pool captured after the KV cache; "
-                                      "what cudagraph_bytes did not reserve of it comes from outside the budget "
-                                      "(an estimate from H200 boots)")
+        "off",
+        description="off: eager or fixed_budget; none: graphs on under vLLM's V2 model runner, which "
+        "takes no estimate from the budget; modelled: the V1 runner's estimate, per layer; given: a figure a "
+        "vLLM boot logged",
+    )
+    cudagraph_pool_bytes: int = Field(
+        0,
+        description="per GPU, graphs on: the pool captured after the KV cache; "
+        "what cudagraph_bytes did not reserve of it comes from outside the budget "
+        "(an estimate from H200 boots)",
+    )
     weights: WeightBytes | None = Field(None, description="whole checkpoint, by part (experts, router...)")
     total_parameters: int = 0
     active_parameters: int = Field(0, description="per token; = total_parameters for a dense model")
@@ -375,7 +411,8 @@ class CapacityPlan(BaseModel):
 
 
 def kv_error_pct(planned_tokens: int, measured_tokens: int) -> float:
-    """The planner's error on KV tokens, in % of the measured figure, to 0.001 (positive: the plan is high)."""
+    """The planner's error on KV tokens, in % of the measured figure, to 0.001 (positive: the plan is
+    high)."""
     return round(100.0 * (planned_tokens - measured_tokens) / max(measured_tokens, 1), 3)
 
 
@@ -407,10 +444,10 @@ def plan_capacity(
     which equals vLLM's floor(available / page_size / num_layers).
 
     CUDA graphs (``enforce_eager`` False, vLLM's default, mode ``gpu`` only): the compiled activation peak,
-    and the CUDA-graph estimate vLLM's V1 model runner takes from the KV budget (:func:`cudagraph_estimate_bytes`;
-    none under the V2 runner), or ``cudagraph_memory_bytes`` per GPU when given (a vLLM boot's logged
-    estimate). What the estimate leaves of the graph pool is checked against the memory above the budget,
-    and a note says when it may not fit there.
+    and the CUDA-graph estimate vLLM's V1 model runner takes from the KV budget
+    (:func:`cudagraph_estimate_bytes`; none under the V2 runner), or ``cudagraph_memory_bytes`` per GPU when
+    given (a vLLM boot's logged estimate). What the estimate leaves of the graph pool is checked against the
+    memory above the budget, and a note says when it may not fit there.
 
     ``fits`` is False, with a ``reason`` naming the largest ``max_model_len`` that would
     fit, when the cache cannot hold one request of ``max_model_len`` tokens: vLLM refuses
@@ -425,14 +462,22 @@ def plan_capacity(
     budget = int(device_memory_bytes * gpu_memory_utilization)
     parts = weight_breakdown(shape, scheme=scheme, group_size=group_size, ignore=ignore)
     total_w = parts.total
-    rounding = allocator_rounding_bytes(shape, scheme=scheme, group_size=group_size, ignore=ignore,
-                                        tensor_parallel_size=tp) if mode == "gpu" else 0
+    rounding = (
+        allocator_rounding_bytes(
+            shape, scheme=scheme, group_size=group_size, ignore=ignore, tensor_parallel_size=tp
+        )
+        if mode == "gpu"
+        else 0
+    )
     fp8_load = FP8_KV_LOAD_BYTES if mode == "gpu" and kv_cache_dtype != "auto" else 0
     w_gpu = math.ceil(total_w / tp) + rounding + fp8_load
     if mode == "gpu":
         act = activation_peak_bytes(
-            shape, max_num_batched_tokens=max_num_batched_tokens, tensor_parallel_size=tp,
-            dtype_bytes=dtype_b, compiled=not enforce_eager,
+            shape,
+            max_num_batched_tokens=max_num_batched_tokens,
+            tensor_parallel_size=tp,
+            dtype_bytes=dtype_b,
+            compiled=not enforce_eager,
         )
         default = NON_TORCH_OVERHEAD_BYTES if tp == 1 else NON_TORCH_OVERHEAD_BYTES_TP
         ovh = default if overhead_bytes is None else overhead_bytes
@@ -452,8 +497,9 @@ def plan_capacity(
 
     kv_tok_full = kv_bytes_per_token(shape, kv_cache_dtype=kv_cache_dtype, model_dtype_bytes=dtype_b)
     heads_gpu = math.ceil(shape.num_kv_heads / tp)
-    kv_tok_gpu = kv_bytes_per_token_per_gpu(shape, kv_cache_dtype=kv_cache_dtype, model_dtype_bytes=dtype_b,
-                                            tensor_parallel_size=tp)
+    kv_tok_gpu = kv_bytes_per_token_per_gpu(
+        shape, kv_cache_dtype=kv_cache_dtype, model_dtype_bytes=dtype_b, tensor_parallel_size=tp
+    )
     num_blocks = max(0, kv_mem) // (block_size * kv_tok_gpu)
     tokens = num_blocks * block_size
     concurrency = tokens / max_model_len
@@ -471,29 +517,44 @@ def plan_capacity(
             f"{shape.max_position_embeddings:,}: vLLM needs rope scaling or an override"
         )
     if mode == "gpu" and tp > 1:
-        notes.append(f"TP {tp}: NCCL takes ~0.95 GiB per GPU before vLLM starts counting; it must be free "
-                     "at start, on top of the budget")
+        notes.append(
+            f"TP {tp}: NCCL takes ~0.95 GiB per GPU before vLLM starts counting; it must be free "
+            "at start, on top of the budget"
+        )
     if graphs_source == "given":
-        notes.append(f"CUDA graphs on: {graphs / GiB:.2f} GiB/GPU taken from the KV budget, as given (a "
-                     "measured estimate of vLLM's)")
+        notes.append(
+            f"CUDA graphs on: {graphs / GiB:.2f} GiB/GPU taken from the KV budget, as given (a "
+            "measured estimate of vLLM's)"
+        )
     elif graphs_source == "modelled":
-        notes.append(f"CUDA graphs on: vLLM's V1 model runner (an MoE architecture its V2 runner does not take "
-                     f"by default) takes its graph estimate, ~{graphs / GiB:.2f} GiB/GPU, from the KV budget")
+        notes.append(
+            f"CUDA graphs on: vLLM's V1 model runner (an MoE architecture its V2 runner does not take "
+            f"by default) takes its graph estimate, ~{graphs / GiB:.2f} GiB/GPU, from the KV budget"
+        )
     headroom = int(device_memory_bytes) - budget
     if pool - graphs > headroom:
-        notes.append(f"CUDA graphs on: the graph pool (~{pool / GiB:.2f} GiB/GPU, captured after the KV cache"
-                     + (f", {graphs / GiB:.2f} of it reserved in the budget" if graphs else "")
-                     + f") may not fit in the {headroom / GiB:.2f} GiB above the budget: lower "
-                     "gpu_memory_utilization or serve with enforce_eager")
+        notes.append(
+            f"CUDA graphs on: the graph pool (~{pool / GiB:.2f} GiB/GPU, captured after the KV cache"
+            + (f", {graphs / GiB:.2f} of it reserved in the budget" if graphs else "")
+            + f") may not fit in the {headroom / GiB:.2f} GiB above the budget: lower "
+            "gpu_memory_utilization or serve with enforce_eager"
+        )
     if mode == "gpu" and enforce_eager and shape.architecture == "Qwen2ForCausalLM":
-        notes.append("Qwen2, eager: vLLM's activation peak on Qwen2-72B was 0.12 GiB above this model's, "
-                     "not yet explained (Qwen2-72B's eager KV tokens planned 0.21% high): an eager Qwen2 "
-                     "plan may be high by as much; with CUDA graphs on it is modelled")
+        notes.append(
+            "Qwen2, eager: vLLM's activation peak on Qwen2-72B was 0.12 GiB above this model's, "
+            "not yet explained (Qwen2-72B's eager KV tokens planned 0.21% high): an eager Qwen2 "
+            "plan may be high by as much; with CUDA graphs on it is modelled"
+        )
     if shape.is_moe and mode == "gpu":
-        notes.append("mixture of experts: the activation peak is modelled from vLLM's fused-MoE workspaces"
-                     + (", its compiled extra calibrated on Qwen3-30B-A3B (Mixtral-8x7B within 0.05 GiB "
-                        "of it) and the CUDA-graph estimate on Qwen3-30B-A3B and Mixtral-8x7B"
-                        if not enforce_eager else ", not yet calibrated against a measured eager boot"))
+        notes.append(
+            "mixture of experts: the activation peak is modelled from vLLM's fused-MoE workspaces"
+            + (
+                ", its compiled extra calibrated on Qwen3-30B-A3B (Mixtral-8x7B within 0.05 GiB "
+                "of it) and the CUDA-graph estimate on Qwen3-30B-A3B and Mixtral-8x7B"
+                if not enforce_eager
+                else ", not yet calibrated against a measured eager boot"
+            )
+        )
 
     reason: str | None = None
     if not fits:
@@ -550,5 +611,3 @@ def plan_capacity(
         reason=reason,
         notes=notes,
     )
-
-

@@ -55,16 +55,22 @@ def quantization_config(q: QuantizationSection) -> dict:
     """The ``quantization_config`` llm-compressor writes into a checkpoint of this scheme
     (compressed-tensors, pack-quantized int4), built by compressed-tensors itself."""
     if q.llmcompressor_recipe is not None:
-        raise RecipeError("recipe", "quantization.llmcompressor_recipe", "(a raw recipe)",
-                          "a raw llm-compressor recipe does not say which checkpoint format it writes, so "
-                          "its shape cannot be booted without weights",
-                          "describe the scheme with quantization.scheme/group_size/ignore to measure "
-                          "capacity before quantizing, or run the flow without serve.preflight")
+        raise RecipeError(
+            "recipe",
+            "quantization.llmcompressor_recipe",
+            "(a raw recipe)",
+            "a raw llm-compressor recipe does not say which checkpoint format it writes, so "
+            "its shape cannot be booted without weights",
+            "describe the scheme with quantization.scheme/group_size/ignore to measure "
+            "capacity before quantizing, or run the flow without serve.preflight",
+        )
     scheme, fmt = weight_scheme(q), CHECKPOINT_FORMAT[q.scheme]
     groups = {name: {**group, "format": fmt} for name, group in scheme["config_groups"].items()}
     if q.method in ("gptq", "smoothquant-gptq"):  # GPTQModifier writes its default activation ordering
-        groups = {name: {**group, "weights": {**group["weights"], "actorder": "static"}}
-                  for name, group in groups.items()}
+        groups = {
+            name: {**group, "weights": {**group["weights"], "actorder": "static"}}
+            for name, group in groups.items()
+        }
     return checkpoint_quantization_config(groups, ignore=scheme["ignore"], format=fmt)
 
 
@@ -74,18 +80,27 @@ def checkpoint_quantization_config(config_groups: dict, *, ignore: list[str], fo
     import compressed_tensors
     from compressed_tensors.quantization import QuantizationConfig
 
-    config = QuantizationConfig(config_groups=config_groups, ignore=ignore, format=format,
-                                quantization_status="compressed")
-    return {"version": compressed_tensors.__version__, "quant_method": "compressed-tensors",
-            "sparsity_config": {}, "transform_config": {}, **config.model_dump(exclude=["quant_method"])}
+    config = QuantizationConfig(
+        config_groups=config_groups, ignore=ignore, format=format, quantization_status="compressed"
+    )
+    return {
+        "version": compressed_tensors.__version__,
+        "quant_method": "compressed-tensors",
+        "sparsity_config": {},
+        "transform_config": {},
+        **config.model_dump(exclude=["quant_method"]),
+    }
 
 
-def preset_quantization_config(preset: str, *, ignore: Collection[str] = ("lm_head",),
-                               format: str | None = None) -> dict:
+def preset_quantization_config(
+    preset: str, *, ignore: Collection[str] = ("lm_head",), format: str | None = None
+) -> dict:
     """compressed-tensors' preset scheme ``preset`` (W4A16, W8A8, FP8_DYNAMIC, ...) on every Linear as the
     ``quantization_config`` llm-compressor writes for it, in ``format`` (default: the format the project's
     checkpoints of that scheme have, quantize.run.CHECKPOINT_FORMAT)."""
-    from compressed_tensors.quantization import preset_name_to_scheme  # imports torch: only when a folder is made
+    from compressed_tensors.quantization import (
+        preset_name_to_scheme,
+    )  # imports torch: only when a folder is made
 
     fmt = format or CHECKPOINT_FORMAT[preset]
     group = {**preset_name_to_scheme(preset, ["Linear"]).model_dump(), "format": fmt}
@@ -109,16 +124,22 @@ def weightless_folder(base_dir: Path, folder: Path, *, quantization_config: dict
     """``folder`` (made afresh) with ``base_dir``'s config.json and tokenizer files but no weights,
     config.json carrying ``quantization_config`` when given: what a dummy-weights boot reads."""
     base_dir = Path(base_dir)
-    files = [f for f in base_dir.iterdir()
-             if f.is_file() and f.suffix not in WEIGHT_SUFFIXES and f.name != "config.json"]
-    return _write_folder(folder, json.loads((base_dir / "config.json").read_text()), files, quantization_config)
+    files = [
+        f
+        for f in base_dir.iterdir()
+        if f.is_file() and f.suffix not in WEIGHT_SUFFIXES and f.name != "config.json"
+    ]
+    return _write_folder(
+        folder, json.loads((base_dir / "config.json").read_text()), files, quantization_config
+    )
 
 
-def shape_folder(config: Path | dict, folder: Path, *, tokenizer_dir: Path,
-                 quantization_config: dict | None = None) -> Path:
-    """``folder`` (made afresh): a model of the shape ``config`` (a config.json, or its mapping) with no weights
-    and ``tokenizer_dir``'s tokenizer files (a dummy-weights boot needs a tokenizer; any will do), config.json
-    carrying ``quantization_config`` when given."""
+def shape_folder(
+    config: Path | dict, folder: Path, *, tokenizer_dir: Path, quantization_config: dict | None = None
+) -> Path:
+    """``folder`` (made afresh): a model of the shape ``config`` (a config.json, or its mapping) with no
+    weights and ``tokenizer_dir``'s tokenizer files (a dummy-weights boot needs a tokenizer; any will do),
+    config.json carrying ``quantization_config`` when given."""
     data = dict(config) if isinstance(config, dict) else json.loads(Path(config).read_text())
     files = [f for f in Path(tokenizer_dir).iterdir() if f.is_file() and f.name.startswith(TOKENIZER_FILES)]
     return _write_folder(folder, data, files, quantization_config)
@@ -128,7 +149,9 @@ def shape_folders(base_dir: Path, q: QuantizationSection, out_dir: Path) -> dict
     """A weightless model folder per boot: the base's, and for the quantized boots the same with the
     scheme's quantization_config."""
     base = weightless_folder(base_dir, Path(out_dir) / "shape-base")
-    quantized = weightless_folder(base_dir, Path(out_dir) / "shape-w4a16", quantization_config=quantization_config(q))
+    quantized = weightless_folder(
+        base_dir, Path(out_dir) / "shape-w4a16", quantization_config=quantization_config(q)
+    )
     return {boot: quantized if boot.quantized else base for boot in Boot}
 
 
@@ -172,24 +195,36 @@ class ShapeCapacity(BaseModel):
             if r.measured:
                 m = r.measured
                 err = f" ({r.error_pct:+.2f}%)" if r.error_pct is not None else ""
-                lines.append(f"| {name} ({r.kv_cache_dtype}) | {m.weights_bytes / GIB:.2f} | "
-                             f"{m.kv_cache_tokens:,} | {m.max_concurrency:.2f}x | {plan}{err} |")
+                lines.append(
+                    f"| {name} ({r.kv_cache_dtype}) | {m.weights_bytes / GIB:.2f} | "
+                    f"{m.kv_cache_tokens:,} | {m.max_concurrency:.2f}x | {plan}{err} |"
+                )
             else:
                 why = r.not_booted or "production was refused first"  # a report made before not_booted
                 what = f"refused by vLLM: {r.refused}" if r.refused else f"not booted: {why}"
                 weights = "-" if p is None else f"{p.weights_bytes / GIB:.2f} (planned)"
                 lines.append(f"| {name} ({r.kv_cache_dtype}) | {weights} | {what} | - | {plan} |")
-        lines += ["", f"Model shape: {self.model}. Weights are random (vLLM --load-format dummy); sizes, "
-                  "kernels and memory accounting are the real ones. Method: " + self.method]
+        lines += [
+            "",
+            f"Model shape: {self.model}. Weights are random (vLLM --load-format dummy); sizes, "
+            "kernels and memory accounting are the real ones. Method: " + self.method,
+        ]
         if self.unplanned:
             lines += ["", f"No planner prediction: {self.unplanned}"]
         return "\n".join(lines)
 
 
-def measure_shape(recipe: Recipe, base_dir: str | Path, *, out_dir: Path, model: str,
-                  device_memory_bytes: int | None = None, production_first: bool = False,
-                  boots: Collection[Boot] | None = None,
-                  log: Callable[[str], None] = lambda _: None) -> ShapeCapacity:
+def measure_shape(
+    recipe: Recipe,
+    base_dir: str | Path,
+    *,
+    out_dir: Path,
+    model: str,
+    device_memory_bytes: int | None = None,
+    production_first: bool = False,
+    boots: Collection[Boot] | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> ShapeCapacity:
     """Boot the three configurations of ``base_dir``'s shape with dummy weights, one at a time,
     and measure each like the flow's capacity stage does (``capacity.measure_capacity``).
 
@@ -202,16 +237,22 @@ def measure_shape(recipe: Recipe, base_dir: str | Path, *, out_dir: Path, model:
     fixed = recipe.serve.memory_budget is not None
     block = planner.BLOCK_SIZE_CPU if fixed else planner.BLOCK_SIZE_GPU
     tp = recipe.serve.tensor_parallel_size
-    plans, unplanned = planned_rows(recipe, base_config, block_size=block, device_memory_bytes=device_memory_bytes)
+    plans, unplanned = planned_rows(
+        recipe, base_config, block_size=block, device_memory_bytes=device_memory_bytes
+    )
     specs, rows = {}, {}
     for boot in Boot:
         planned = plans[boot]
         weights = planned.weights_bytes if planned else None  # None: on a GPU, vLLM profiles them
-        specs[boot] = capacity_spec(recipe, boot, folders[boot], weights_bytes=weights
-                                    ).model_copy(update={"load_format": "dummy", "warm_up": False})
-        rows[boot] = ShapeRow(name=boot, kv_cache_dtype=specs[boot].effective_kv_dtype, planned=planned,
-                              tensor_parallel_size=tp)
-    order = [Boot.PRODUCTION, *(b for b in Boot if b is not Boot.PRODUCTION)] if production_first else list(Boot)
+        specs[boot] = capacity_spec(recipe, boot, folders[boot], weights_bytes=weights).model_copy(
+            update={"load_format": "dummy", "warm_up": False}
+        )
+        rows[boot] = ShapeRow(
+            name=boot, kv_cache_dtype=specs[boot].effective_kv_dtype, planned=planned, tensor_parallel_size=tp
+        )
+    order = (
+        [Boot.PRODUCTION, *(b for b in Boot if b is not Boot.PRODUCTION)] if production_first else list(Boot)
+    )
     for boot in order:
         spec, row, planned = specs[boot], rows[boot], rows[boot].planned
         if boots is not None and boot not in boots:
@@ -230,32 +271,47 @@ def measure_shape(recipe: Recipe, base_dir: str | Path, *, out_dir: Path, model:
             row.measured = measured
             if planned is not None:
                 row.error_pct = planner.kv_error_pct(planned.kv_cache_tokens, measured.kv_cache_tokens)
-            log(f"shape capacity {boot}: {measured.kv_cache_tokens:,} KV tokens "
-                f"(planner {f'{planned.kv_cache_tokens:,}' if planned else '-'})")
+            log(
+                f"shape capacity {boot}: {measured.kv_cache_tokens:,} KV tokens "
+                f"(planner {f'{planned.kv_cache_tokens:,}' if planned else '-'})"
+            )
         if production_first and boot is Boot.PRODUCTION and row.refused:
             for other in Boot:  # the run stops here: the other rows stay planned only
                 if other is not boot:
                     rows[other].not_booted = "production was refused first"
             break
-    return ShapeCapacity(model=model, method=METHOD_FIXED if fixed else METHOD_GPU, rows=[rows[b] for b in Boot],
-                         max_model_len=recipe.serve.max_model_len, unplanned=unplanned)
+    return ShapeCapacity(
+        model=model,
+        method=METHOD_FIXED if fixed else METHOD_GPU,
+        rows=[rows[b] for b in Boot],
+        max_model_len=recipe.serve.max_model_len,
+        unplanned=unplanned,
+    )
 
 
-def planned_rows(recipe: Recipe, base_config: dict, *, block_size: int, device_memory_bytes: int | None
-                 ) -> tuple[dict[Boot, planner.CapacityPlan | None], str | None]:
+def planned_rows(
+    recipe: Recipe, base_config: dict, *, block_size: int, device_memory_bytes: int | None
+) -> tuple[dict[Boot, planner.CapacityPlan | None], str | None]:
     """The planner's row of each configuration, or none with the reason when it has no model of the
     shape (a GPU boot measures it all the same; a fixed budget cannot be split without its weights)."""
     try:
-        return {boot: plan_for(recipe, base_config, boot, block_size=block_size,
-                               device_memory_bytes=device_memory_bytes) for boot in Boot}, None
+        return {
+            boot: plan_for(
+                recipe, base_config, boot, block_size=block_size, device_memory_bytes=device_memory_bytes
+            )
+            for boot in Boot
+        }, None
     except UnplannableShapeError as exc:
         if recipe.serve.memory_budget is not None:
             raise RecipeError(
-                "recipe", "serve.memory_budget", str(recipe.serve.memory_budget),
+                "recipe",
+                "serve.memory_budget",
+                str(recipe.serve.memory_budget),
                 f"a fixed budget is split between weights and KV cache with the planner's weight bytes (no "
                 f"checkpoint exists yet to read them from), and the planner has no model of this shape: "
-                f"{exc.field} = {exc.value}", "measure on the GPU host (serve.memory_budget unset): vLLM "
-                "profiles the weights itself") from None
+                f"{exc.field} = {exc.value}",
+                "measure on the GPU host (serve.memory_budget unset): vLLM profiles the weights itself",
+            ) from None
         return dict.fromkeys(Boot), f"{exc.field} = {exc.value}: {exc.problem}"
 
 

@@ -25,8 +25,15 @@ from pydantic import BaseModel
 
 from quantize_serve.capacity.model_shape import Linear, ModelShape
 
-__all__ = ["Scheme", "WeightBytes", "weight_breakdown", "weight_bytes", "packed_int4_linear_bytes",
-           "channel_int8_linear_bytes", "allocator_rounding_bytes"]
+__all__ = [
+    "Scheme",
+    "WeightBytes",
+    "weight_breakdown",
+    "weight_bytes",
+    "packed_int4_linear_bytes",
+    "channel_int8_linear_bytes",
+    "allocator_rounding_bytes",
+]
 
 Scheme = Literal["bf16", "W4A16", "W4A16_ASYM", "W8A8", "FP8_DYNAMIC"]
 
@@ -84,8 +91,16 @@ class WeightBytes(BaseModel):
 
     @property
     def total(self) -> int:
-        return (self.embeddings + self.lm_head + self.attention + self.dense_mlp + self.routed_experts
-                + self.shared_experts + self.router + self.norms_and_biases)
+        return (
+            self.embeddings
+            + self.lm_head
+            + self.attention
+            + self.dense_mlp
+            + self.routed_experts
+            + self.shared_experts
+            + self.router
+            + self.norms_and_biases
+        )
 
     @property
     def experts(self) -> int:
@@ -123,8 +138,10 @@ def weight_breakdown(
     else:
         lm_head = _quantized_linear_bytes(v, h, scheme=scheme, group_size=group_size)
     norms = shape.num_layers * shape.norm_elements_per_layer() + h
-    biases = (shape.num_layers * shape.bias_elements_per_layer()
-              + shape.num_dense_layers * shape.mlp_bias_elements())
+    biases = (
+        shape.num_layers * shape.bias_elements_per_layer()
+        + shape.num_dense_layers * shape.mlp_bias_elements()
+    )
     moe, dense = shape.num_moe_layers, shape.num_dense_layers
     return WeightBytes(
         scheme=scheme,
@@ -168,8 +185,9 @@ def _rounding(size: int) -> int:
     return left if left <= ALLOCATOR_SMALL_SIZE else 0
 
 
-def _tensor_sizes(out_f: int, in_f: int, *, scheme: Scheme, group_size: int | None, quantized: bool,
-                  stacked: int = 1) -> list[int]:
+def _tensor_sizes(
+    out_f: int, in_f: int, *, scheme: Scheme, group_size: int | None, quantized: bool, stacked: int = 1
+) -> list[int]:
     """Bytes of the tensors vLLM allocates for one Linear (``stacked`` experts in one tensor each)."""
     if scheme == "bf16" or not quantized:
         return [stacked * out_f * in_f * 2]
@@ -203,8 +221,9 @@ def allocator_rounding_bytes(
         sizes = []
         for name, out_f, in_f in items:
             quantized = name not in ignored and group not in ignored
-            sizes += _tensor_sizes(out_f, in_f, scheme=scheme, group_size=group_size, quantized=quantized,
-                                   stacked=stacked)
+            sizes += _tensor_sizes(
+                out_f, in_f, scheme=scheme, group_size=group_size, quantized=quantized, stacked=stacked
+            )
         return sizes
 
     def merged(items: list[Linear], names: tuple[str, ...], *, column: bool) -> list[Linear]:
@@ -221,8 +240,9 @@ def allocator_rounding_bytes(
 
     def mlp(intermediate: int, *, group: str = "", stacked: int = 1) -> list[int]:
         items = shape.mlp_linears(intermediate)
-        return (linears(merged(items, ("gate_proj", "up_proj"), column=True), group=group, stacked=stacked)
-                + linears(merged(items, ("down_proj",), column=False), group=group, stacked=stacked))
+        return linears(
+            merged(items, ("gate_proj", "up_proj"), column=True), group=group, stacked=stacked
+        ) + linears(merged(items, ("down_proj",), column=False), group=group, stacked=stacked)
 
     total = shape.num_layers * sum(_rounding(b) for b in per_layer)
     if shape.num_dense_layers:

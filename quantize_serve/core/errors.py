@@ -92,8 +92,13 @@ class ReleaseRefusedError(QuantizeServeError, ValueError):
 
 # Mistakes in the input that the person running the pipeline can fix (a recipe, a file it names, a
 # Hub repo id, a token): the command line prints them as one screen with the fix and exits 2.
-USER_ERRORS: tuple[type[QuantizeServeError], ...] = (RecipeError, RecipeErrors, HubAuthError, HubNotFoundError,
-                                                     ReleaseRefusedError)
+USER_ERRORS: tuple[type[QuantizeServeError], ...] = (
+    RecipeError,
+    RecipeErrors,
+    HubAuthError,
+    HubNotFoundError,
+    ReleaseRefusedError,
+)
 
 
 def _show(value: object) -> str:

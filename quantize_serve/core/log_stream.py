@@ -22,7 +22,8 @@ from typing import IO
 # "desc:  35%|███▌      | 7/20 [00:05<00:09,  1.4it/s, best_error=6.5e-06]" (a known total) or
 # "desc: 12it [00:03, 3.9it/s]" (an unknown total); desc may be empty.
 _KNOWN = re.compile(
-    r"^(?P<desc>.*?):?\s*(?P<pct>\d{1,3})%\|[^|]*\|\s*(?P<n>[^\s/]+)/(?P<total>\S+) \[[^\]]*\]")
+    r"^(?P<desc>.*?):?\s*(?P<pct>\d{1,3})%\|[^|]*\|\s*(?P<n>[^\s/]+)/(?P<total>\S+) \[[^\]]*\]"
+)
 _UNKNOWN = re.compile(r"^(?P<desc>.*?):\s*(?P<n>[\d.]+[kMGTP]?)[A-Za-z/]* \[\d+:\d+(?::\d+)?, [^\]]*\]")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _BREAKS = re.compile(r"\r\n|\r|\n")
@@ -71,19 +72,25 @@ def parse_bar(segment: str) -> BarFrame | None:
     """The progress-bar frame at the start of ``segment``, or None if it is not one."""
     m = _KNOWN.match(segment)
     if m:
-        return BarFrame(m["desc"].strip(), m["n"], m["total"], m["pct"] == "100", m.group(0),
-                        segment[m.end():])
+        return BarFrame(
+            m["desc"].strip(), m["n"], m["total"], m["pct"] == "100", m.group(0), segment[m.end() :]
+        )
     m = _UNKNOWN.match(segment)
     if m and m["desc"].strip():
-        return BarFrame(m["desc"].strip(), m["n"], None, False, m.group(0), segment[m.end():])
+        return BarFrame(m["desc"].strip(), m["n"], None, False, m.group(0), segment[m.end() :])
     return None
 
 
 class ProgressLines:
     """Feed raw output (any chunking); get back the log lines to emit."""
 
-    def __init__(self, *, interval_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
-                 on_frame: Callable[[BarFrame], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        interval_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_frame: Callable[[BarFrame], None] | None = None,
+    ) -> None:
         self.interval_s = interval_s
         self.clock = clock
         self.on_frame = on_frame
@@ -159,8 +166,13 @@ class ProgressLines:
         bar.emitted_n, bar.emitted_frame, bar.emitted_at = bar.n, bar.frame, self.clock()
 
 
-def stream_lines(stream: IO[bytes], emit: Callable[[str], None], *, interval_s: float = 30.0,
-                 on_frame: Callable[[BarFrame], None] | None = None) -> None:
+def stream_lines(
+    stream: IO[bytes],
+    emit: Callable[[str], None],
+    *,
+    interval_s: float = 30.0,
+    on_frame: Callable[[BarFrame], None] | None = None,
+) -> None:
     """Read a binary stream to its end, emitting collapsed log lines as they arrive.
 
     Binary on purpose: a text-mode pipe translates every carriage return into a line break, so

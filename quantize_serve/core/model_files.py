@@ -29,16 +29,22 @@ def check_model_files(model_dir: Path, *, source: str, field: str = "model.id", 
     def error(problem: str, fix: str) -> RecipeError:
         return RecipeError(source, field, value, problem, fix)
 
-    refetch = ("download the model again (a Hub id re-downloads what is missing), or point "
-               f"{field} at a complete Hugging Face model folder")
+    refetch = (
+        "download the model again (a Hub id re-downloads what is missing), or point "
+        f"{field} at a complete Hugging Face model folder"
+    )
     if not (model_dir / "config.json").is_file():
-        raise error(f"no model folder with a config.json at {model_dir}",
-                    f"point {field} at a Hugging Face model folder (relative paths resolve against the "
-                    "recipe's folder) or at a Hub repo id such as org/name")
+        raise error(
+            f"no model folder with a config.json at {model_dir}",
+            f"point {field} at a Hugging Face model folder (relative paths resolve against the "
+            "recipe's folder) or at a Hub repo id such as org/name",
+        )
     try:
         json.loads((model_dir / "config.json").read_text())
     except (OSError, ValueError) as exc:
-        raise error(f"config.json in {model_dir} cannot be read as JSON ({exc.__class__.__name__})", refetch) from None
+        raise error(
+            f"config.json in {model_dir} cannot be read as JSON ({exc.__class__.__name__})", refetch
+        ) from None
     index = model_dir / INDEX
     if index.is_file():
         try:
@@ -47,8 +53,11 @@ def check_model_files(model_dir: Path, *, source: str, field: str = "model.id", 
             raise error(f"{INDEX} in {model_dir} is not a valid safetensors index", refetch) from None
         missing = [s for s in shards if not (model_dir / s).is_file()]
         if missing:
-            raise error(f"{len(missing)} of {len(shards)} weight shards named by {INDEX} are missing "
-                        f"(first: {missing[0]})", refetch)
+            raise error(
+                f"{len(missing)} of {len(shards)} weight shards named by {INDEX} are missing "
+                f"(first: {missing[0]})",
+                refetch,
+            )
         weights = [model_dir / s for s in shards]
     else:
         weights = sorted(model_dir.glob("*.safetensors"))
@@ -59,9 +68,10 @@ def check_model_files(model_dir: Path, *, source: str, field: str = "model.id", 
         if problem:
             raise error(f"{path.name} is corrupt: {problem}", refetch)
     if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
-        raise error(f"no tokenizer in {model_dir} (none of {', '.join(TOKENIZER_FILES)})",
-                    "add the tokenizer files of the base model to the folder (quantizing and "
-                    "serving both need them)")
+        raise error(
+            f"no tokenizer in {model_dir} (none of {', '.join(TOKENIZER_FILES)})",
+            "add the tokenizer files of the base model to the folder (quantizing and serving both need them)",
+        )
 
 
 def safetensors_problem(path: Path) -> str:
@@ -88,6 +98,7 @@ def safetensors_problem(path: Path) -> str:
     if size != expected:
         return f"{size} bytes on disk, {expected} expected from its header (truncated or padded)"
     return ""
+
 
 MODEL_FILE_SUFFIXES = {".json", ".safetensors", ".model", ".txt", ".jinja"}
 

@@ -37,16 +37,22 @@ class Settings(BaseSettings):
     server_boot_timeout_s: float = Field(default=600.0, gt=0)
     server_stop_timeout_s: float = Field(default=20.0, gt=0)
     reuse_base_reference: bool = Field(
-        default=True, description="Take a known base's capacity row (a) and base accuracy from a previous "
+        default=True,
+        description="Take a known base's capacity row (a) and base accuracy from a previous "
         "run when base sha, tasks, serve settings, vLLM version and hardware all match "
-        "(report/base_reference.py), instead of booting the base again.")
+        "(report/base_reference.py), instead of booting the base again.",
+    )
     quantize_on_device: bool = Field(
-        default=True, description="On a GPU host, load the whole model and keep llm-compressor's calibration "
+        default=True,
+        description="On a GPU host, load the whole model and keep llm-compressor's calibration "
         "activations on the GPU when both fit its free memory (quantize/worker.py placement); false: "
-        "llm-compressor's default placement, the model on the CPU and onloaded one layer at a time.")
+        "llm-compressor's default placement, the model on the CPU and onloaded one layer at a time.",
+    )
     prepare_boots: bool = Field(
-        default=True, description="Start the next vLLM boot's process (its imports) while the device "
-        "works on something else (serving/server.py prepare_server).")
+        default=True,
+        description="Start the next vLLM boot's process (its imports) while the device "
+        "works on something else (serving/server.py prepare_server).",
+    )
     gpu_concurrency_limit: str = Field(
         default="gpu", description="Prefect global concurrency limit that serialises GPU stages."
     )

@@ -81,8 +81,10 @@ def moe_problem(scheme: str, platform: Platform, log_text: str) -> tuple[list[st
     expected = EXPECTED_MOE_METHODS.get((platform, FAMILY[scheme]))
     wrong = [m for m in methods if expected and m not in expected]
     if wrong:
-        return methods, (f"vLLM chose {', '.join(wrong)} for the {scheme} experts on {platform}, a fallback: they "
-                         f"should get {' or '.join(expected)} here (see the boot log for why)")
+        return methods, (
+            f"vLLM chose {', '.join(wrong)} for the {scheme} experts on {platform}, a fallback: they "
+            f"should get {' or '.join(expected)} here (see the boot log for why)"
+        )
     return methods, None
 
 
@@ -91,19 +93,29 @@ def kernel_problem(scheme: str, platform: Platform, log_text: str) -> tuple[list
     kernels = boot_kernels(log_text)
     expected = EXPECTED_KERNELS.get((platform, FAMILY[scheme]))
     if expected is None:  # e.g. FP8 weights on a GPU without fp8 tensor cores
-        reason = ("this GPU has no fp8 tensor cores (compute capability below 8.9), so vLLM serves FP8 weights "
-                  "weight-only through Marlin: no compute speed-up" if FAMILY[scheme] == "fp8"
-                  else f"no fast kernel is known for {scheme} on {platform}")
+        reason = (
+            "this GPU has no fp8 tensor cores (compute capability below 8.9), so vLLM serves FP8 weights "
+            "weight-only through Marlin: no compute speed-up"
+            if FAMILY[scheme] == "fp8"
+            else f"no fast kernel is known for {scheme} on {platform}"
+        )
         return kernels, f"{scheme} on {platform}: {reason}"
     if FP8_MARLIN_FALLBACK.search(log_text):
-        return kernels, f"{scheme}: vLLM fell back to weight-only FP8 through Marlin (no fp8 tensor cores here)"
+        return (
+            kernels,
+            f"{scheme}: vLLM fell back to weight-only FP8 through Marlin (no fp8 tensor cores here)",
+        )
     if not kernels:
-        return kernels, (f"the boot log names no linear kernel; expected {' or '.join(expected)} for {scheme} on "
-                         f"{platform}")
+        return kernels, (
+            f"the boot log names no linear kernel; expected {' or '.join(expected)} for {scheme} on "
+            f"{platform}"
+        )
     fallback = [k for k in kernels if k not in expected]
     if fallback or not any(k in expected for k in kernels):
-        return kernels, (f"vLLM chose {', '.join(fallback or kernels)} for {scheme} on {platform}, a fallback: the "
-                         f"scheme should get {' or '.join(expected)} here (see the boot log for why)")
+        return kernels, (
+            f"vLLM chose {', '.join(fallback or kernels)} for {scheme} on {platform}, a fallback: the "
+            f"scheme should get {' or '.join(expected)} here (see the boot log for why)"
+        )
     methods, problem = moe_problem(scheme, platform, log_text)
     return kernels + methods, problem
 
@@ -114,9 +126,13 @@ def kernel_report(log_text: str, scheme: str, platform: Platform) -> dict[str, A
     kernels, problem = boot_kernels(log_text), None
     if scheme in FAMILY:
         kernels, problem = kernel_problem(scheme, platform, log_text)
-    return {"kernels": kernels, "moe_methods": moe_methods(log_text), "moe_backends": moe_backends(log_text),
-            "experts": experts_classes(log_text),
-            "kernel_check": problem or ("passed" if scheme in FAMILY else None)}
+    return {
+        "kernels": kernels,
+        "moe_methods": moe_methods(log_text),
+        "moe_backends": moe_backends(log_text),
+        "experts": experts_classes(log_text),
+        "kernel_check": problem or ("passed" if scheme in FAMILY else None),
+    }
 
 
 class BenchSettings(BaseModel):
@@ -133,31 +149,56 @@ class BenchSettings(BaseModel):
         rule = recipe.quantization.rule
         mean_in, mean_out = bench_lengths(recipe.gates.stress, recipe.serve)
         concurrency = rule.concurrency or recipe.serve.max_num_seqs
-        return cls(concurrency=concurrency, input_tokens=rule.input_tokens or mean_in,
-                   output_tokens=rule.output_tokens or mean_out,
-                   num_prompts=rule.num_prompts or 4 * concurrency, repeats=rule.repeats)
+        return cls(
+            concurrency=concurrency,
+            input_tokens=rule.input_tokens or mean_in,
+            output_tokens=rule.output_tokens or mean_out,
+            num_prompts=rule.num_prompts or 4 * concurrency,
+            repeats=rule.repeats,
+        )
 
 
-def run_format_bench(server: RunningServer, *, tokenizer_dir: str, settings: BenchSettings,
-                     output_dir: Path, timeout_s: float = 1800.0) -> list[ThroughputFigures]:
+def run_format_bench(
+    server: RunningServer,
+    *,
+    tokenizer_dir: str,
+    settings: BenchSettings,
+    output_dir: Path,
+    timeout_s: float = 1800.0,
+) -> list[ThroughputFigures]:
     """``settings.repeats`` runs of `vllm bench serve`; each run's seed differs (its random prompts are
     new to the prefix cache) and run i has the same seed for every candidate (the same prompts)."""
     runs = []
     for i in range(settings.repeats):
         out = Path(output_dir) / f"bench-{i + 1}"
         out.mkdir(parents=True, exist_ok=True)
-        argv = bench_args(server, tokenizer_dir=tokenizer_dir, input_len=settings.input_tokens,
-                          output_len=settings.output_tokens, num_prompts=settings.num_prompts,
-                          concurrency=settings.concurrency, output_dir=out, seed=1000 + i)
+        argv = bench_args(
+            server,
+            tokenizer_dir=tokenizer_dir,
+            input_len=settings.input_tokens,
+            output_len=settings.output_tokens,
+            num_prompts=settings.num_prompts,
+            concurrency=settings.concurrency,
+            output_dir=out,
+            seed=1000 + i,
+        )
         result, error = asyncio.run(run_bench(argv, out, max(timeout_s, BENCH_MIN_TIMEOUT_S)))
         if result is None:
             raise RuntimeError(error)
         if result.get("failed") or result.get("completed", 0) < settings.num_prompts:
-            raise RuntimeError(f"{result.get('failed', 0)} of {settings.num_prompts} requests failed "
-                               f"({result.get('completed', 0)} completed); see {out / 'bench.log'}")
-        runs.append(ThroughputFigures(command="vllm " + " ".join(argv), result_path=str(out / "bench.json"),
-                                      input_len=settings.input_tokens, output_len=settings.output_tokens,
-                                      **{k: v for k, v in result.items() if k in ThroughputFigures.model_fields}))
+            raise RuntimeError(
+                f"{result.get('failed', 0)} of {settings.num_prompts} requests failed "
+                f"({result.get('completed', 0)} completed); see {out / 'bench.log'}"
+            )
+        runs.append(
+            ThroughputFigures(
+                command="vllm " + " ".join(argv),
+                result_path=str(out / "bench.json"),
+                input_len=settings.input_tokens,
+                output_len=settings.output_tokens,
+                **{k: v for k, v in result.items() if k in ThroughputFigures.model_fields},
+            )
+        )
     return runs
 
 
@@ -208,14 +249,25 @@ class FormatRow(BaseModel):
 
     def summary(self) -> dict[str, Any]:
         """The row as results files show it (medians of the runs, their spread, pass/fail)."""
-        return {"name": self.name, "method": self.method, "scheme": self.scheme, "kv_cache_dtype": self.kv_cache_dtype,
-                "weights_bytes": self.weights_bytes, "kv_cache_tokens": self.kv_cache_tokens,
-                "kv_cache_tokens_16bit_kv": self.kv_cache_tokens_16bit,
-                "max_concurrency": self.max_concurrency, "output_tok_s": _round(self.output_throughput),
-                "output_tok_s_spread": _round(self.output_throughput_spread), "p99_ttft_ms": _round(self.p99_ttft_ms),
-                "mean_tpot_ms": _round(self.mean_tpot_ms), "runs": len(self.runs),
-                "recovery": None if self.recovery is None else round(self.recovery, 4), "kernels": self.kernels,
-                "passed": None if self.reference else self.passed, "failures": self.failures}
+        return {
+            "name": self.name,
+            "method": self.method,
+            "scheme": self.scheme,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "weights_bytes": self.weights_bytes,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            "kv_cache_tokens_16bit_kv": self.kv_cache_tokens_16bit,
+            "max_concurrency": self.max_concurrency,
+            "output_tok_s": _round(self.output_throughput),
+            "output_tok_s_spread": _round(self.output_throughput_spread),
+            "p99_ttft_ms": _round(self.p99_ttft_ms),
+            "mean_tpot_ms": _round(self.mean_tpot_ms),
+            "runs": len(self.runs),
+            "recovery": None if self.recovery is None else round(self.recovery, 4),
+            "kernels": self.kernels,
+            "passed": None if self.reference else self.passed,
+            "failures": self.failures,
+        }
 
 
 def _round(value: float | None) -> float | None:
@@ -225,20 +277,33 @@ def _round(value: float | None) -> float | None:
 def slo_failures(row: FormatRow, rule: FormatRule) -> list[str]:
     """The rule's latency limits this row breaks (medians over the runs)."""
     out = []
-    if rule.max_p99_ttft_ms is not None and (row.p99_ttft_ms is None or row.p99_ttft_ms > rule.max_p99_ttft_ms):
-        out.append(f"p99 TTFT {row.p99_ttft_ms} ms is over the limit {rule.max_p99_ttft_ms} ms "
-                   "(quantization.choose.max_p99_ttft_ms)")
-    if rule.max_mean_tpot_ms is not None and (row.mean_tpot_ms is None or row.mean_tpot_ms > rule.max_mean_tpot_ms):
-        out.append(f"mean TPOT {row.mean_tpot_ms} ms is over the limit {rule.max_mean_tpot_ms} ms "
-                   "(quantization.choose.max_mean_tpot_ms)")
+    if rule.max_p99_ttft_ms is not None and (
+        row.p99_ttft_ms is None or row.p99_ttft_ms > rule.max_p99_ttft_ms
+    ):
+        out.append(
+            f"p99 TTFT {row.p99_ttft_ms} ms is over the limit {rule.max_p99_ttft_ms} ms "
+            "(quantization.choose.max_p99_ttft_ms)"
+        )
+    if rule.max_mean_tpot_ms is not None and (
+        row.mean_tpot_ms is None or row.mean_tpot_ms > rule.max_mean_tpot_ms
+    ):
+        out.append(
+            f"mean TPOT {row.mean_tpot_ms} ms is over the limit {rule.max_mean_tpot_ms} ms "
+            "(quantization.choose.max_mean_tpot_ms)"
+        )
     return out
 
 
 def pareto_front(rows: list[FormatRow]) -> list[str]:
     """Names of the candidates no other candidate beats on KV tokens, output tok/s and recovery at once
     (at least as good on all three, better on one). Measured candidates only; the base is a reference."""
+
     def key(r: FormatRow) -> tuple[float, float, float]:
-        return (r.kv_cache_tokens or 0, r.output_throughput or 0.0, r.recovery if r.recovery is not None else 1.0)
+        return (
+            r.kv_cache_tokens or 0,
+            r.output_throughput or 0.0,
+            r.recovery if r.recovery is not None else 1.0,
+        )
 
     rows = [r for r in rows if not r.reference and r.kv_cache_tokens is not None]
     front = []
@@ -265,25 +330,37 @@ class FormatChoice(BaseModel):
     def markdown(self) -> str:
         lines = [
             "| candidate | method | scheme | kernel | weights GiB | KV tokens | max concurrency | "
-            f"out tok/s @ C={self.bench.concurrency} (spread) | p99 TTFT ms | mean TPOT ms | recovery | result |",
+            f"out tok/s @ C={self.bench.concurrency} (spread) | p99 TTFT ms | mean TPOT ms | recovery | "
+            "result |",
             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for r in self.rows:
             s = r.summary()
-            mark = "reference" if r.reference else ("**release**" if r.name == self.winner else
-                                                     ("pass" if r.passed else "fail: " + "; ".join(r.failures)))
+            mark = (
+                "reference"
+                if r.reference
+                else (
+                    "**release**"
+                    if r.name == self.winner
+                    else ("pass" if r.passed else "fail: " + "; ".join(r.failures))
+                )
+            )
             pareto = " (Pareto)" if r.name in self.pareto else ""
             spread = f" (±{s['output_tok_s_spread'] / 2:.1f})" if s["output_tok_s_spread"] is not None else ""
             lines.append(
                 f"| {r.name}{pareto} | {r.method} | {r.scheme} | {', '.join(r.kernels) or '-'} | "
                 f"{_gib(r.weights_bytes)} | {_num(r.kv_cache_tokens)} | {_num(r.max_concurrency)} | "
                 f"{_num(s['output_tok_s'])}{spread} | {_num(s['p99_ttft_ms'])} | {_num(s['mean_tpot_ms'])} | "
-                f"{'-' if r.recovery is None else f'{r.recovery:.3f}'} | {mark} |")
-        lines += ["", f"Rule: {describe_rule(self.rule)}. {self.reason}",
-                  f"Throughput: `vllm bench serve`, random prompts {self.bench.input_tokens} -> "
-                  f"{self.bench.output_tokens} tokens, {self.bench.num_prompts} prompts at concurrency "
-                  f"{self.bench.concurrency}, {self.bench.repeats} run(s) per candidate (median; ± half the "
-                  f"spread), the same prompts for every candidate and none repeated. Platform: {self.platform}."]
+                f"{'-' if r.recovery is None else f'{r.recovery:.3f}'} | {mark} |"
+            )
+        lines += [
+            "",
+            f"Rule: {describe_rule(self.rule)}. {self.reason}",
+            f"Throughput: `vllm bench serve`, random prompts {self.bench.input_tokens} -> "
+            f"{self.bench.output_tokens} tokens, {self.bench.num_prompts} prompts at concurrency "
+            f"{self.bench.concurrency}, {self.bench.repeats} run(s) per candidate (median; ± half the "
+            f"spread), the same prompts for every candidate and none repeated. Platform: {self.platform}.",
+        ]
         return "\n".join(lines)
 
 
@@ -302,8 +379,10 @@ def describe_rule(rule: FormatRule) -> str:
         text = "the most KV-cache tokens among the candidates that pass every check"
     else:
         text = "the most output tokens/s among the candidates that pass every check"
-    limits = [f"p99 TTFT <= {rule.max_p99_ttft_ms} ms" if rule.max_p99_ttft_ms else "",
-              f"mean TPOT <= {rule.max_mean_tpot_ms} ms" if rule.max_mean_tpot_ms else ""]
+    limits = [
+        f"p99 TTFT <= {rule.max_p99_ttft_ms} ms" if rule.max_p99_ttft_ms else "",
+        f"mean TPOT <= {rule.max_mean_tpot_ms} ms" if rule.max_mean_tpot_ms else "",
+    ]
     limits = [x for x in limits if x]
     return text + (f", within {' and '.join(limits)}" if limits else "")
 
@@ -319,38 +398,67 @@ def rank(row: FormatRow, rule: str) -> tuple[float, float, float]:
 def choose(rows: list[FormatRow], rule: FormatRule, bench: BenchSettings, platform: str) -> FormatChoice:
     """The release under ``rule``: the best passing candidate. Equal on the rule's measure, the higher
     recovery wins, then the other measure; then the earlier in the recipe."""
-    rows = [r if r.reference else r.model_copy(update={"failures": [
-        *r.failures, *(f for f in slo_failures(r, rule) if f not in r.failures)]}) for r in rows]
+    rows = [
+        r
+        if r.reference
+        else r.model_copy(
+            update={"failures": [*r.failures, *(f for f in slo_failures(r, rule) if f not in r.failures)]}
+        )
+        for r in rows
+    ]
     passing = [r for r in rows if r.passed]
-    winner = max(passing, key=lambda r: rank(r, rule.rule)) if passing else None  # max keeps the first of equals
+    winner = (
+        max(passing, key=lambda r: rank(r, rule.rule)) if passing else None
+    )  # max keeps the first of equals
     if winner is None:
         reason = "No candidate passed every check, so nothing is released."
     else:
-        measure = (f"{winner.kv_cache_tokens:,} KV tokens" if rule.rule == "kv_capacity"
-                   else f"{winner.output_throughput:,.1f} output tok/s")
-        tied = [r.name for r in passing if r is not winner and rank(r, rule.rule)[0] == rank(winner, rule.rule)[0]]
-        reason = (f"Chosen: {winner.name} ({winner.method}, {winner.scheme}) with {measure}"
-                  + (f" (tied with {', '.join(tied)}; the higher recovery decided)" if tied else "")
-                  + f"; {len(passing)} of {sum(not r.reference for r in rows)} candidates passed.")
-    return FormatChoice(rule=rule, bench=bench, platform=platform, rows=rows, pareto=pareto_front(rows),
-                        winner=winner.name if winner else None, reason=reason)
+        measure = (
+            f"{winner.kv_cache_tokens:,} KV tokens"
+            if rule.rule == "kv_capacity"
+            else f"{winner.output_throughput:,.1f} output tok/s"
+        )
+        tied = [
+            r.name for r in passing if r is not winner and rank(r, rule.rule)[0] == rank(winner, rule.rule)[0]
+        ]
+        reason = (
+            f"Chosen: {winner.name} ({winner.method}, {winner.scheme}) with {measure}"
+            + (f" (tied with {', '.join(tied)}; the higher recovery decided)" if tied else "")
+            + f"; {len(passing)} of {sum(not r.reference for r in rows)} candidates passed."
+        )
+    return FormatChoice(
+        rule=rule,
+        bench=bench,
+        platform=platform,
+        rows=rows,
+        pareto=pareto_front(rows),
+        winner=winner.name if winner else None,
+        reason=reason,
+    )
 
 
 def release_format(choice: FormatChoice) -> str:
     """The chosen candidate. None passing is a GateError with the table: the flow stops there, before
     anything is quantized again, pushed or released."""
     if choice.winner is None:
-        raise GateError("no release format passed every check, so nothing is pushed or released:\n"
-                        + choice.markdown())
+        raise GateError(
+            "no release format passed every check, so nothing is pushed or released:\n" + choice.markdown()
+        )
     return choice.winner
 
 
 def write_files(choice: FormatChoice, out_dir: Path) -> None:
     """formats.json, formats.md and formats.png (KV tokens vs output tok/s, the Pareto frontier)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    data = {"rule": choice.rule.model_dump(), "bench": choice.bench.model_dump(), "platform": choice.platform,
-            "winner": choice.winner, "reason": choice.reason, "pareto": choice.pareto,
-            "rows": [r.summary() for r in choice.rows]}
+    data = {
+        "rule": choice.rule.model_dump(),
+        "bench": choice.bench.model_dump(),
+        "platform": choice.platform,
+        "winner": choice.winner,
+        "reason": choice.reason,
+        "pareto": choice.pareto,
+        "rows": [r.summary() for r in choice.rows],
+    }
     (out_dir / "formats.json").write_text(json.dumps(data, indent=2) + "\n")
     (out_dir / "formats.md").write_text("# Release format\n\n" + choice.markdown() + "\n")
     chart(choice, out_dir / CHART)
@@ -368,20 +476,41 @@ def chart(choice: FormatChoice, path: Path) -> None:
             continue
         color = "grey" if r.reference else ("tab:green" if r.passed else "tab:red")
         marker = "*" if r.name == choice.winner else ("s" if r.reference else "o")
-        ax.scatter(r.kv_cache_tokens, r.output_throughput, c=color, marker=marker, s=160 if marker == "*" else 60,
-                   zorder=3)
+        ax.scatter(
+            r.kv_cache_tokens,
+            r.output_throughput,
+            c=color,
+            marker=marker,
+            s=160 if marker == "*" else 60,
+            zorder=3,
+        )
         label = r.name + ("" if r.recovery is None else f" (rec {r.recovery:.3f})")
-        ax.annotate(label, (r.kv_cache_tokens, r.output_throughput), textcoords="offset points", xytext=(6, 6),
-                    fontsize=8)
-    front = sorted((r for r in choice.rows if r.name in choice.pareto and r.output_throughput is not None),
-                   key=lambda r: r.kv_cache_tokens or 0)
+        ax.annotate(
+            label,
+            (r.kv_cache_tokens, r.output_throughput),
+            textcoords="offset points",
+            xytext=(6, 6),
+            fontsize=8,
+        )
+    front = sorted(
+        (r for r in choice.rows if r.name in choice.pareto and r.output_throughput is not None),
+        key=lambda r: r.kv_cache_tokens or 0,
+    )
     if len(front) > 1:
-        ax.plot([r.kv_cache_tokens for r in front], [r.output_throughput for r in front], "--", c="tab:blue",
-                lw=1, label="Pareto frontier (KV tokens, tok/s, recovery)")
+        ax.plot(
+            [r.kv_cache_tokens for r in front],
+            [r.output_throughput for r in front],
+            "--",
+            c="tab:blue",
+            lw=1,
+            label="Pareto frontier (KV tokens, tok/s, recovery)",
+        )
         ax.legend(fontsize=8, loc="lower right")
     ax.set_xlabel("KV-cache tokens")
     ax.set_ylabel(f"output tok/s at concurrency {choice.bench.concurrency}")
-    ax.set_title(f"Release formats ({choice.platform}): green passes, red fails, star is the release", fontsize=9)
+    ax.set_title(
+        f"Release formats ({choice.platform}): green passes, red fails, star is the release", fontsize=9
+    )
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -118,35 +118,56 @@ def run_accuracy(
     is clear (recovery.task_decided). Any failure raises :class:`GateError`.
     """
     if not gate.tasks:
-        raise GateError("the accuracy gate has no tasks, so it cannot run. Fix: list lm-eval task "
-                        "names or task YAML paths under gates.accuracy.tasks in the recipe")
+        raise GateError(
+            "the accuracy gate has no tasks, so it cannot run. Fix: list lm-eval task "
+            "names or task YAML paths under gates.accuracy.tasks in the recipe"
+        )
     started = time.monotonic()
     output_dir.mkdir(parents=True, exist_ok=True)
     lm_eval = import_lm_eval()
     specs = [resolve_task(t, base_dir) for t in gate.tasks]  # file problems fail before any request
     check_server(server_base_url)
     task_manager = index_tasks(specs)
-    lm = completions_model(server_base_url, gate, tokenizer_dir=tokenizer_dir, max_length=max_length,
-                           num_concurrent=num_concurrent)
+    lm = completions_model(
+        server_base_url,
+        gate,
+        tokenizer_dir=tokenizer_dir,
+        max_length=max_length,
+        num_concurrent=num_concurrent,
+    )
     runs: dict[str, TaskRun] = {}
     for spec in specs:
         base = paired_with.tasks.get(spec.task.task) if paired_with else None
         runs[spec.task.task] = run_task(lm, spec, gate, task_manager, server_base_url, output_dir, base)
-    run = AccuracyRun(server_base_url=server_base_url, tasks=runs,
-                      seconds=round(time.monotonic() - started, 1),
-                      lm_eval_version=getattr(lm_eval, "__version__", "unknown"))
+    run = AccuracyRun(
+        server_base_url=server_base_url,
+        tasks=runs,
+        seconds=round(time.monotonic() - started, 1),
+        lm_eval_version=getattr(lm_eval, "__version__", "unknown"),
+    )
     (output_dir / "accuracy_run.json").write_text(run.model_dump_json(indent=2))
     return run
 
 
-def run_task(lm: Any, spec: _TaskSpec, gate: AccuracyGate, task_manager: Any, server_base_url: str,
-             output_dir: Path, base: TaskRun | None) -> TaskRun:
+def run_task(
+    lm: Any,
+    spec: _TaskSpec,
+    gate: AccuracyGate,
+    task_manager: Any,
+    server_base_url: str,
+    output_dir: Path,
+    base: TaskRun | None,
+) -> TaskRun:
     """One task: its seeded draw of documents, scored look by look when paired with ``base`` (all at
     once otherwise), each document's outcome kept."""
     t0 = time.monotonic()
     members = load_members(spec, task_manager)
-    order = draw_documents({name: len(task.eval_docs) for name, task in members.items()}, spec.task.limit,
-                           gate.seed, spec.task.task)
+    order = draw_documents(
+        {name: len(task.eval_docs) for name, task in members.items()},
+        spec.task.limit,
+        gate.seed,
+        spec.task.task,
+    )
     fractions = gate.looks if base is not None and base.documents else [1.0]
     documents: dict[str, DocOutcome] = {}
     start, run = 0.0, None
@@ -154,15 +175,32 @@ def run_task(lm: Any, spec: _TaskSpec, gate: AccuracyGate, task_manager: Any, se
         chunk = look_documents(order, start, end)
         start = end
         if chunk:
-            log.info("lm-eval: %s look %d of %d: %d documents against %s", spec.task.task, look + 1,
-                     len(fractions), sum(map(len, chunk.values())), server_base_url)
+            log.info(
+                "lm-eval: %s look %d of %d: %d documents against %s",
+                spec.task.task,
+                look + 1,
+                len(fractions),
+                sum(map(len, chunk.values())),
+                server_base_url,
+            )
             results = evaluate_task(lm, spec, members, server_base_url, samples=chunk, seed=gate.seed)
             documents.update(outcomes(results.pop("samples", None) or {}))
             write_raw_results(spec, results, output_dir)
-        run = task_run(spec, members, order, documents, output_dir, seconds=time.monotonic() - t0,
-                       looks_run=look + 1, looks_planned=len(fractions))
-        if base is not None and look < len(fractions) - 1 and task_decided(base, run, gate,
-                                                                            gate.rates(spec.task), look):
+        run = task_run(
+            spec,
+            members,
+            order,
+            documents,
+            output_dir,
+            seconds=time.monotonic() - t0,
+            looks_run=look + 1,
+            looks_planned=len(fractions),
+        )
+        if (
+            base is not None
+            and look < len(fractions) - 1
+            and task_decided(base, run, gate, gate.rates(spec.task), look)
+        ):
             break
     assert run is not None  # looks has at least one entry (recipe)
     return run
@@ -173,8 +211,10 @@ def import_lm_eval() -> Any:
     try:
         import lm_eval
     except ImportError as exc:
-        raise GateError(f"lm-eval cannot be imported ({exc}). Fix: install the pipeline environment "
-                        "(`make setup`; it pins lm-eval[api])") from exc
+        raise GateError(
+            f"lm-eval cannot be imported ({exc}). Fix: install the pipeline environment "
+            "(`make setup`; it pins lm-eval[api])"
+        ) from exc
     return lm_eval
 
 
@@ -188,12 +228,20 @@ def index_tasks(specs: list[_TaskSpec]) -> Any:
     try:
         return TaskManager(include_path=include_paths or None, include_defaults=needs_builtin)
     except Exception as exc:
-        raise GateError(f"lm-eval could not index the task folders {include_paths}: {exc!r}. Fix: "
-                        "check the task YAML files in those folders") from exc
+        raise GateError(
+            f"lm-eval could not index the task folders {include_paths}: {exc!r}. Fix: "
+            "check the task YAML files in those folders"
+        ) from exc
 
 
-def completions_model(server_base_url: str, gate: AccuracyGate, *, tokenizer_dir: str, max_length: int,
-                      num_concurrent: int | None = None) -> Any:
+def completions_model(
+    server_base_url: str,
+    gate: AccuracyGate,
+    *,
+    tokenizer_dir: str,
+    max_length: int,
+    num_concurrent: int | None = None,
+) -> Any:
     """lm-eval's ``local-completions`` model, pointed at the served model."""
     from lm_eval.api.registry import get_model
 
@@ -211,9 +259,11 @@ def completions_model(server_base_url: str, gate: AccuracyGate, *, tokenizer_dir
     try:
         return get_model("local-completions").create_from_arg_obj(model_args, {"batch_size": gate.batch_size})
     except Exception as exc:
-        raise GateError(f"lm-eval could not set up local-completions with the tokenizer at {tokenizer_dir}: "
-                        f"{exc!r}. Fix: point tokenizer_dir at the served model's folder (it needs "
-                        "tokenizer.json / tokenizer_config.json)") from exc
+        raise GateError(
+            f"lm-eval could not set up local-completions with the tokenizer at {tokenizer_dir}: "
+            f"{exc!r}. Fix: point tokenizer_dir at the served model's folder (it needs "
+            "tokenizer.json / tokenizer_config.json)"
+        ) from exc
 
 
 def load_members(spec: _TaskSpec, task_manager: Any) -> dict[str, Any]:
@@ -234,13 +284,22 @@ def load_members(spec: _TaskSpec, task_manager: Any) -> dict[str, Any]:
         elif isinstance(item, Task):
             members[item.config.task] = item
     if not members:
-        raise GateError(f"lm-eval loaded no task for {spec.task.task!r}. Fix: check the task name "
-                        "(`lm_eval ls tasks`) or its YAML")
+        raise GateError(
+            f"lm-eval loaded no task for {spec.task.task!r}. Fix: check the task name "
+            "(`lm_eval ls tasks`) or its YAML"
+        )
     return members
 
 
-def evaluate_task(lm: Any, spec: _TaskSpec, members: dict[str, Any], server_base_url: str, *,
-                  samples: dict[str, list[int]], seed: int) -> dict[str, Any]:
+def evaluate_task(
+    lm: Any,
+    spec: _TaskSpec,
+    members: dict[str, Any],
+    server_base_url: str,
+    *,
+    samples: dict[str, list[int]],
+    seed: int,
+) -> dict[str, Any]:
     """These documents of the task's members against the server, with per-document samples; a failure
     says whether the server stopped answering."""
     import lm_eval
@@ -264,8 +323,10 @@ def evaluate_task(lm: Any, spec: _TaskSpec, members: dict[str, Any], server_base
             ) from exc
         raise data_or_task_error(exc, spec, server_base_url) from exc
     if not results or not results.get("results"):
-        raise GateError(f"lm-eval returned no results for task {spec.task.task!r}. Fix: check "
-                        "that the task has documents in its test/validation split")
+        raise GateError(
+            f"lm-eval returned no results for task {spec.task.task!r}. Fix: check "
+            "that the task has documents in its test/validation split"
+        )
     return results
 
 
@@ -278,12 +339,14 @@ def data_or_task_error(exc: BaseException, spec: _TaskSpec, server_base_url: str
             f"{_hub_endpoint()}{_offline_note()} ({_short(data_error, 300)}). Fix: set HF_ENDPOINT to a "
             "hub or mirror that serves the task's dataset (lm-eval's task YAML names it: dataset_path, "
             "dataset_name), with HF_HUB_OFFLINE / HF_DATASETS_OFFLINE unset (and HF_TOKEN if it is "
-            "gated); or give the task as a YAML file with local data files")
+            "gated); or give the task as a YAML file with local data files"
+        )
     where = f" against {server_base_url}" if server_base_url else ""
     return GateError(
         f"lm-eval failed on task {spec.task.task!r}{where}: {exc!r}. "
         "Fix: if the server stopped answering, read its log; if the task did not load, "
-        "check the task name (`lm_eval ls tasks`) or its YAML and data files")
+        "check the task name (`lm_eval ls tasks`) or its YAML and data files"
+    )
 
 
 def write_raw_results(spec: _TaskSpec, results: dict[str, Any], output_dir: Path) -> Path:
@@ -296,12 +359,23 @@ def write_raw_results(spec: _TaskSpec, results: dict[str, Any], output_dir: Path
     return raw_path
 
 
-def task_run(spec: _TaskSpec, members: dict[str, Any], order: dict[str, list[int]],
-             documents: dict[str, DocOutcome], output_dir: Path, *, seconds: float, looks_run: int,
-             looks_planned: int) -> TaskRun:
+def task_run(
+    spec: _TaskSpec,
+    members: dict[str, Any],
+    order: dict[str, list[int]],
+    documents: dict[str, DocOutcome],
+    output_dir: Path,
+    *,
+    seconds: float,
+    looks_run: int,
+    looks_planned: int,
+) -> TaskRun:
     """The task as scored so far: its documents in the draw's order and its metrics over them."""
-    ordered = {key: documents[key] for key in (document_key(m, d) for m, docs in order.items() for d in docs)
-               if key in documents}
+    ordered = {
+        key: documents[key]
+        for key in (document_key(m, d) for m, docs in order.items() for d in docs)
+        if key in documents
+    }
     run = TaskRun(
         task=spec.task.task,
         lm_eval_name=spec.name,
@@ -317,8 +391,10 @@ def task_run(spec: _TaskSpec, members: dict[str, Any], order: dict[str, list[int
         looks_planned=looks_planned,
     )
     if not run.metrics:
-        raise GateError(f"lm-eval reported no numeric metric for task {spec.task.task!r} "
-                        f"(see {run.results_path}). Fix: give the task a metric_list")
+        raise GateError(
+            f"lm-eval reported no numeric metric for task {spec.task.task!r} "
+            f"(see {run.results_path}). Fix: give the task a metric_list"
+        )
     return run
 
 
@@ -345,8 +421,9 @@ def document_metrics(members: dict[str, Any], documents: dict[str, DocOutcome]) 
         stderr = None
         if aggregation in MEAN_AGGREGATIONS and len(values) > 1:
             stderr = statistics.stdev(map(float, values)) / math.sqrt(len(values))  # type: ignore[arg-type]
-        metrics[name] = MetricResult(value=value, stderr=stderr, higher_is_better=directions.get(base_name),
-                                     aggregation=aggregation)
+        metrics[name] = MetricResult(
+            value=value, stderr=stderr, higher_is_better=directions.get(base_name), aggregation=aggregation
+        )
     return metrics
 
 
@@ -364,27 +441,39 @@ def resolve_task(task: AccuracyTask, base_dir: Path) -> _TaskSpec:
     path = Path(task.task).expanduser()
     path = path if path.is_absolute() else (base_dir / path).resolve()
     if not path.is_file():
-        raise GateError(f"accuracy task file {task.task!r} does not exist (looked at {path}). Fix: "
-                        "give gates.accuracy.tasks[].task as a path relative to the recipe's folder, "
-                        "or an lm-eval task name")
+        raise GateError(
+            f"accuracy task file {task.task!r} does not exist (looked at {path}). Fix: "
+            "give gates.accuracy.tasks[].task as a path relative to the recipe's folder, "
+            "or an lm-eval task name"
+        )
     from lm_eval.tasks._yaml_loader import load_yaml  # lm-eval's own loader: !function, include:
 
     try:
         config = load_yaml(path, resolve_func=True, recursive=True)
     except Exception as exc:
-        raise GateError(f"accuracy task file {path} cannot be loaded: {exc!r}. Fix: correct the YAML "
-                        "(lm-eval task format)") from exc
+        raise GateError(
+            f"accuracy task file {path} cannot be loaded: {exc!r}. Fix: correct the YAML "
+            "(lm-eval task format)"
+        ) from exc
     if "task" not in config:  # a group or tag file: lm-eval loads it by path, siblings by name
         name = config.get("group") or config.get("tag")
         if not isinstance(name, str):
-            raise GateError(f"accuracy task file {path} names no `task:` or `group:`. Fix: add "
-                            "`task: <name>` (see lm-eval's task guide)")
+            raise GateError(
+                f"accuracy task file {path} names no `task:` or `group:`. Fix: add "
+                "`task: <name>` (see lm-eval's task guide)"
+            )
         return _TaskSpec(task=task, name=name, load_spec=str(path), include_path=path.parent)
     if not isinstance(config["task"], str):
-        raise GateError(f"accuracy task file {path}: `task:` must be one name, got {config['task']!r}. "
-                        "Fix: one task per file, or a group file")
-    return _TaskSpec(task=task, name=config["task"], load_spec=absolute_data_paths(config, path.parent),
-                     include_path=path.parent)
+        raise GateError(
+            f"accuracy task file {path}: `task:` must be one name, got {config['task']!r}. "
+            "Fix: one task per file, or a group file"
+        )
+    return _TaskSpec(
+        task=task,
+        name=config["task"],
+        load_spec=absolute_data_paths(config, path.parent),
+        include_path=path.parent,
+    )
 
 
 def absolute_data_paths(config: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -443,7 +532,9 @@ def _offline_note() -> str:
 
     if not datasets.config.HF_HUB_OFFLINE:
         return ""
-    return " (offline: HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set, so only the local datasets cache is read)"
+    return (
+        " (offline: HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set, so only the local datasets cache is read)"
+    )
 
 
 def _answers(server_base_url: str) -> bool:
@@ -466,14 +557,16 @@ def check_server(server_base_url: str) -> None:
         with urllib.request.urlopen(url, timeout=30) as resp:
             served = [m.get("id") for m in json.loads(resp.read()).get("data", [])]
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise GateError(f"the vLLM server at {server_base_url} did not answer {url}: {exc!r}. Fix: start "
-                        "the server (quantize_serve.serving.server.vllm_server) and pass its base_url") from exc
+        raise GateError(
+            f"the vLLM server at {server_base_url} did not answer {url}: {exc!r}. Fix: start "
+            "the server (quantize_serve.serving.server.vllm_server) and pass its base_url"
+        ) from exc
     if SERVED_NAME not in served:
-        raise GateError(f"the server at {server_base_url} serves {served}, not {SERVED_NAME!r}. Fix: "
-                        f"start it with --served-model-name {SERVED_NAME} (vllm_server does)")
+        raise GateError(
+            f"the server at {server_base_url} serves {served}, not {SERVED_NAME!r}. Fix: "
+            f"start it with --served-model-name {SERVED_NAME} (vllm_server does)"
+        )
 
 
 def _file_stem(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-
-

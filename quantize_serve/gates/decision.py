@@ -36,16 +36,22 @@ class Decision(BaseModel):
 
     def markdown(self) -> str:
         rows = ["| check | result | reason |", "|---|---|---|"]
-        rows += [f"| {c.check} | {'off' if c.off else 'pass' if c.passed else '**FAIL**'} | {c.reason} |"
-                 for c in self.checks]
+        rows += [
+            f"| {c.check} | {'off' if c.off else 'pass' if c.passed else '**FAIL**'} | {c.reason} |"
+            for c in self.checks
+        ]
         return "\n".join(rows)
 
 
-def decide(accuracy: list[AccuracyCheck] | BaseException | None,
-           stress: StressResult | BaseException | None,
-           soak: SoakResult | BaseException | None = None, *, soak_required: bool = False,
-           regression: RegressionResult | BaseException | None = None,
-           task_labels: Mapping[str, str] | None = None) -> Decision:
+def decide(
+    accuracy: list[AccuracyCheck] | BaseException | None,
+    stress: StressResult | BaseException | None,
+    soak: SoakResult | BaseException | None = None,
+    *,
+    soak_required: bool = False,
+    regression: RegressionResult | BaseException | None = None,
+    task_labels: Mapping[str, str] | None = None,
+) -> Decision:
     """soak_required: the recipe sets gates.soak, so a soak that did not run is a failed row.
     ``regression``: the comparison with production (gates/regression.py), or why it was off.
     ``task_labels``: each accuracy task as the recipe spells it -> how its rows name it (lm-eval's name)."""
@@ -56,29 +62,41 @@ def decide(accuracy: list[AccuracyCheck] | BaseException | None,
     return Decision(passed=all(r.passed for r in rows), checks=rows)
 
 
-def accuracy_rows(accuracy: list[AccuracyCheck] | BaseException | None,
-                  task_labels: Mapping[str, str] | None = None) -> list[CheckRow]:
+def accuracy_rows(
+    accuracy: list[AccuracyCheck] | BaseException | None, task_labels: Mapping[str, str] | None = None
+) -> list[CheckRow]:
     if isinstance(accuracy, BaseException):
         return [CheckRow(check="accuracy", passed=False, reason=f"could not run: {_first_line(accuracy)}")]
     if not accuracy:
-        return [CheckRow(check="accuracy", passed=False,
-                         reason="no accuracy result: add tasks under gates.accuracy.tasks")]
+        return [
+            CheckRow(
+                check="accuracy",
+                passed=False,
+                reason="no accuracy result: add tasks under gates.accuracy.tasks",
+            )
+        ]
     rows = []
     for c in accuracy:
         reason = c.reason
         if c.recovery is not None:
             flips = f", {c.flip_rate:.1%} flipped" if c.flip_rate is not None else ""
-            reason += (f" (base {c.base:.4g}, quantized {c.quantized:.4g}; {c.docs_text}{flips}"
-                       f"{'; ' + c.rates_text if c.rates_text else ''})")
+            reason += (
+                f" (base {c.base:.4g}, quantized {c.quantized:.4g}; {c.docs_text}{flips}"
+                f"{'; ' + c.rates_text if c.rates_text else ''})"
+            )
             if c.warning:
                 reason += f"; warning: {c.warning}"
-        rows.append(CheckRow(check=f"accuracy {task_label(c.task, task_labels)} {c.metric}", passed=c.passed,
-                             reason=reason))
+        rows.append(
+            CheckRow(
+                check=f"accuracy {task_label(c.task, task_labels)} {c.metric}", passed=c.passed, reason=reason
+            )
+        )
     return rows
 
 
-def _failed_row(check: str, result: StressResult | SoakResult | BaseException | None,
-                not_run: str) -> CheckRow | None:
+def _failed_row(
+    check: str, result: StressResult | SoakResult | BaseException | None, not_run: str
+) -> CheckRow | None:
     """The failed row of a load gate that raised, did not run, or failed; None when it passed."""
     if isinstance(result, BaseException):
         return CheckRow(check=check, passed=False, reason=f"could not run: {_first_line(result)}")
@@ -94,11 +112,16 @@ def stress_row(stress: StressResult | BaseException | None) -> CheckRow:
     if failed:
         return failed
     usage = f"{stress.peak_kv_cache_usage:.0%}" if stress.peak_kv_cache_usage is not None else "n/a"
-    return CheckRow(check="stress", passed=True, reason=(
-        f"{stress.completed}/{stress.requests - stress.overlong_expected} requests completed with the "
-        f"requested tokens at concurrency up to {max(stress.concurrency_steps, default=0)}, "
-        f"{stress.rejected_overlong}/{stress.overlong_expected} over-long prompts rejected with 400, "
-        f"{stress.preemptions} preemptions, peak KV usage {usage}, no 5xx, no timeouts"))
+    return CheckRow(
+        check="stress",
+        passed=True,
+        reason=(
+            f"{stress.completed}/{stress.requests - stress.overlong_expected} requests completed with the "
+            f"requested tokens at concurrency up to {max(stress.concurrency_steps, default=0)}, "
+            f"{stress.rejected_overlong}/{stress.overlong_expected} over-long prompts rejected with 400, "
+            f"{stress.preemptions} preemptions, peak KV usage {usage}, no 5xx, no timeouts"
+        ),
+    )
 
 
 def soak_row(soak: SoakResult | BaseException | None) -> CheckRow:
@@ -107,11 +130,16 @@ def soak_row(soak: SoakResult | BaseException | None) -> CheckRow:
         return failed
     f = soak.figures
     gpu = "" if f.gpu_slope_mib_per_min is None else f", GPU memory {f.gpu_slope_mib_per_min:+.1f} MiB/min"
-    return CheckRow(check="soak", passed=True, reason=(
-        f"{soak.traffic.completed} requests over {soak.measured_s:g} s at concurrency {soak.concurrency}: "
-        f"RSS {f.rss_slope_mib_per_min:+.1f} MiB/min after the {soak.warmup_s:g} s warm-up{gpu} "
-        f"(limit {soak.max_memory_growth_mib_per_min:g}), {f.preemptions_after_warmup} preemptions after "
-        "warm-up, no failed requests"))
+    return CheckRow(
+        check="soak",
+        passed=True,
+        reason=(
+            f"{soak.traffic.completed} requests over {soak.measured_s:g} s at concurrency "
+            f"{soak.concurrency}: RSS {f.rss_slope_mib_per_min:+.1f} MiB/min after the {soak.warmup_s:g} s "
+            f"warm-up{gpu} (limit {soak.max_memory_growth_mib_per_min:g}), {f.preemptions_after_warmup} "
+            "preemptions after warm-up, no failed requests"
+        ),
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -122,8 +150,7 @@ def _first_line(exc: BaseException) -> str:
 def regression_rows(result: RegressionResult | BaseException | None) -> list[CheckRow]:
     """The decision's rows: one per kind (accuracy, capacity, throughput), or one ``off`` row."""
     if isinstance(result, BaseException):
-        return [CheckRow(check="regression", passed=False,
-                         reason=f"could not run: {_first_line(result)}")]
+        return [CheckRow(check="regression", passed=False, reason=f"could not run: {_first_line(result)}")]
     if result is None:
         return []
     if result.off:

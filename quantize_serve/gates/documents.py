@@ -44,7 +44,9 @@ class DocOutcome(BaseModel):
     values: dict[str, float | tuple[float, float]]
 
 
-def draw_documents(sizes: dict[str, int], limit: int | float | None, seed: int, task: str) -> dict[str, list[int]]:
+def draw_documents(
+    sizes: dict[str, int], limit: int | float | None, seed: int, task: str
+) -> dict[str, list[int]]:
     """Per member task: ``limit`` document indices (int: that many; float: that share; None: all) in a
     random order seeded by ``seed`` and the member's name."""
     order: dict[str, list[int]] = {}

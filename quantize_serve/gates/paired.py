@@ -56,8 +56,9 @@ class Paired:
     def of(cls, num: list[float], den: list[float]) -> Paired:
         n, d = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
         if n.shape != d.shape or n.ndim != 1 or len(n) == 0:
-            raise ValueError(f"paired series need one value per document on both sides, got {n.shape} "
-                             f"and {d.shape}")
+            raise ValueError(
+                f"paired series need one value per document on both sides, got {n.shape} and {d.shape}"
+            )
         binary = bool(np.isin(n, (0.0, 1.0)).all() and np.isin(d, (0.0, 1.0)).all())
         return cls(n, d, binary)
 
@@ -85,7 +86,9 @@ class Paired:
         pseudo-documents (the same moments as per document, in constant time)."""
         if not self.binary:
             return self.num, self.den, np.full(self.docs, 1 / self.docs)
-        cell = (2 * self.num + self.den).astype(int)  # 0: both wrong, 1: base only, 2: candidate only, 3: both
+        cell = (2 * self.num + self.den).astype(
+            int
+        )  # 0: both wrong, 1: base only, 2: candidate only, 3: both
         counts = np.bincount(cell, minlength=4).astype(float) + np.array([0, PSEUDO_FLIPS, PSEUDO_FLIPS, 0])
         num, den = np.array([0.0, 0.0, 1.0, 1.0]), np.array([0.0, 1.0, 0.0, 1.0])
         return num, den, counts / counts.sum()
@@ -182,8 +185,9 @@ def design(fractions: tuple[float, ...], max_false_pass: float, min_true_pass: f
     # P(any look k: Z_k >= c / sqrt(t_k)) = P(max_k Z_k sqrt(t_k) >= c): the quantile of that maximum
     c = float(np.quantile((z * root_t).max(axis=1), 1 - max_false_pass))
     d = float(np.quantile((-z[:, :-1] * root_t[:-1]).max(axis=1), 1 - FUTILITY_SHARE * (1 - min_true_pass)))
-    return Design(fractions, tuple(c / float(t) for t in root_t),
-                  tuple(d / float(t) for t in root_t[:-1]) + (math.inf,))
+    return Design(
+        fractions, tuple(c / float(t) for t in root_t), tuple(d / float(t) for t in root_t[:-1]) + (math.inf,)
+    )
 
 
 @dataclass(frozen=True)
@@ -226,13 +230,15 @@ def _pass_probability(d: Design, docs: int, drift_bad: float, gap: float) -> flo
     return float(passed.mean())
 
 
-def operating_point(d: Design, docs: int, *, sd: float, mean_den: float, bad: float, good: float,
-                    min_true_pass: float) -> OperatingPoint:
+def operating_point(
+    d: Design, docs: int, *, sd: float, mean_den: float, bad: float, good: float, min_true_pass: float
+) -> OperatingPoint:
     """False- and true-pass rates of design ``d`` on ``docs`` documents whose paired noise is ``sd``
     per document and whose denominator averages ``mean_den``; and the documents min_true_pass needs."""
     if sd <= 0 or mean_den <= 0:
-        return OperatingPoint(false_pass=_pass_probability(d, max(docs, 1), 0.0, 0.0), true_pass=1.0,
-                              docs_needed=1)
+        return OperatingPoint(
+            false_pass=_pass_probability(d, max(docs, 1), 0.0, 0.0), true_pass=1.0, docs_needed=1
+        )
     unit = mean_den / sd  # a recovery difference of 1 moves Z by unit * sqrt(n)
     gap = (good - bad) * unit
 
@@ -246,8 +252,9 @@ def operating_point(d: Design, docs: int, *, sd: float, mean_den: float, bad: fl
             mid = (lo + hi) // 2
             lo, hi = (mid + 1, hi) if true_pass(mid) < min_true_pass else (lo, mid)
         needed = lo
-    return OperatingPoint(false_pass=_pass_probability(d, docs, 0.0, gap), true_pass=true_pass(docs),
-                          docs_needed=needed)
+    return OperatingPoint(
+        false_pass=_pass_probability(d, docs, 0.0, gap), true_pass=true_pass(docs), docs_needed=needed
+    )
 
 
 @dataclass(frozen=True)
@@ -256,8 +263,9 @@ class Simulated:
     mean_docs: float  # documents the candidate was scored on, on average
 
 
-def synthetic_pairs(rng: np.random.Generator, *, docs: int, base_accuracy: float, flip_rate: float,
-                    recovery: float) -> Paired:
+def synthetic_pairs(
+    rng: np.random.Generator, *, docs: int, base_accuracy: float, flip_rate: float, recovery: float
+) -> Paired:
     """``docs`` paired 0/1 outcomes: the base right with probability ``base_accuracy``, a share
     ``flip_rate`` of the documents flipped so that the candidate's true recovery is ``recovery``."""
     p10 = (flip_rate - (recovery - 1) * base_accuracy) / 2  # base right, candidate wrong
@@ -270,9 +278,20 @@ def synthetic_pairs(rng: np.random.Generator, *, docs: int, base_accuracy: float
     return Paired((base ^ flip).astype(float), base.astype(float), True)
 
 
-def simulate_gate(*, docs: int, base_accuracy: float, flip_rate: float, recovery: float,
-                  fractions: tuple[float, ...], bad: float, max_false_pass: float, good: float,
-                  min_true_pass: float, trials: int, seed: int) -> Simulated:
+def simulate_gate(
+    *,
+    docs: int,
+    base_accuracy: float,
+    flip_rate: float,
+    recovery: float,
+    fractions: tuple[float, ...],
+    bad: float,
+    max_false_pass: float,
+    good: float,
+    min_true_pass: float,
+    trials: int,
+    seed: int,
+) -> Simulated:
     """The implemented rule (look_verdict at each look) on synthetic paired 0/1 outcomes: ``docs``
     documents, the base right with probability ``base_accuracy``, a share ``flip_rate`` of them flipped
     so that the candidate's true recovery is ``recovery``. How often it passes, on how many documents."""
@@ -280,7 +299,9 @@ def simulate_gate(*, docs: int, base_accuracy: float, flip_rate: float, recovery
     rng = np.random.default_rng(seed)
     passed = used = 0
     for _ in range(trials):
-        pair = synthetic_pairs(rng, docs=docs, base_accuracy=base_accuracy, flip_rate=flip_rate, recovery=recovery)
+        pair = synthetic_pairs(
+            rng, docs=docs, base_accuracy=base_accuracy, flip_rate=flip_rate, recovery=recovery
+        )
         for look, t in enumerate(fractions):
             n = round(t * docs)
             verdict = look_verdict(pair.head(n), d, look, bad, good)

@@ -39,17 +39,32 @@ def paired_metrics(base: TaskRun, quantized: TaskRun) -> tuple[list[PairedMetric
     extra = [k for k in quantized.documents if k not in base.documents]
     if not quantized.documents or not base.documents:
         side = "base" if not base.documents else "quantized"
-        return [], [("*", f"the {side} run has no per-document outcomes to pair (a result recorded before "
-                     "the paired gate?): serve both models again")]
+        return [], [
+            (
+                "*",
+                f"the {side} run has no per-document outcomes to pair (a result recorded before "
+                "the paired gate?): serve both models again",
+            )
+        ]
     if extra:
-        return [], [("*", f"{len(extra)} documents the candidate scored are not in the base run (e.g. "
-                     f"{extra[0]}): the two runs drew different documents. Fix: run both with the same "
-                     "gates.accuracy.seed, limits and task files")]
+        return [], [
+            (
+                "*",
+                f"{len(extra)} documents the candidate scored are not in the base run (e.g. "
+                f"{extra[0]}): the two runs drew different documents. Fix: run both with the same "
+                "gates.accuracy.seed, limits and task files",
+            )
+        ]
     differ = [k for k in keys if base.documents[k].prompt_hash != quantized.documents[k].prompt_hash]
     if differ:
-        return [], [("*", f"{len(differ)} of {len(keys)} documents were scored with different prompts by base "
-                     f"and candidate (e.g. {differ[0]}), so they cannot be paired. Fix: serve both again in "
-                     "one run (a reused base result from another lm-eval or task version?)")]
+        return [], [
+            (
+                "*",
+                f"{len(differ)} of {len(keys)} documents were scored with different prompts by base "
+                f"and candidate (e.g. {differ[0]}), so they cannot be paired. Fix: serve both again in "
+                "one run (a reused base result from another lm-eval or task version?)",
+            )
+        ]
     gated: list[PairedMetric] = []
     log_family: list[str] = []
     for metric in [*base.metrics, *(m for m in quantized.metrics if m not in base.metrics)]:
@@ -64,31 +79,61 @@ def paired_metrics(base: TaskRun, quantized: TaskRun) -> tuple[list[PairedMetric
             log_family.append(metric)
             continue
         if aggregation not in MEAN_AGGREGATIONS:
-            problems.append((metric, f"lm-eval aggregates it as {aggregation!r} over the whole corpus, which "
-                             "the paired gate cannot split per document. Fix: gate the task on a mean "
-                             "(accuracy, exact match) or perplexity metric"))
+            problems.append(
+                (
+                    metric,
+                    f"lm-eval aggregates it as {aggregation!r} over the whole corpus, which "
+                    "the paired gate cannot split per document. Fix: gate the task on a mean "
+                    "(accuracy, exact match) or perplexity metric",
+                )
+            )
             continue
         if direction is None:
-            problems.append((metric, "lm-eval does not say whether higher is better for this metric, so "
-                             "recovery has no direction; give the task's metric_list a higher_is_better"))
+            problems.append(
+                (
+                    metric,
+                    "lm-eval does not say whether higher is better for this metric, so "
+                    "recovery has no direction; give the task's metric_list a higher_is_better",
+                )
+            )
             continue
-        missing = [k for k in keys if metric not in base.documents[k].values
-                   or metric not in quantized.documents[k].values]
+        missing = [
+            k
+            for k in keys
+            if metric not in base.documents[k].values or metric not in quantized.documents[k].values
+        ]
         if missing:
-            problems.append((metric, f"{len(missing)} documents have no per-document value (e.g. {missing[0]})"))
+            problems.append(
+                (metric, f"{len(missing)} documents have no per-document value (e.g. {missing[0]})")
+            )
             continue
         b_vals = [float(base.documents[k].values[metric]) for k in keys]  # type: ignore[arg-type]
         q_vals = [float(quantized.documents[k].values[metric]) for k in keys]  # type: ignore[arg-type]
         num, den = (q_vals, b_vals) if direction else (b_vals, q_vals)
-        gated.append(PairedMetric(metric, Paired.of(num, den), _over(b, base, keys, metric),
-                                  _over(q, quantized, keys, metric), direction, []))
+        gated.append(
+            PairedMetric(
+                metric,
+                Paired.of(num, den),
+                _over(b, base, keys, metric),
+                _over(q, quantized, keys, metric),
+                direction,
+                [],
+            )
+        )
     if log_family:
         name = LOG_SCALE_METRIC if LOG_SCALE_METRIC in log_family else log_family[0]
         b_nats = [nats(base.documents[k].values[name]) for k in keys]
         q_nats = [nats(quantized.documents[k].values[name]) for k in keys]
-        gated.append(PairedMetric(name, Paired.of(b_nats, q_nats), _over(base.metrics[name], base, keys, name),
-                                  _over(quantized.metrics[name], quantized, keys, name), False,
-                                  [m for m in log_family if m != name]))
+        gated.append(
+            PairedMetric(
+                name,
+                Paired.of(b_nats, q_nats),
+                _over(base.metrics[name], base, keys, name),
+                _over(quantized.metrics[name], quantized, keys, name),
+                False,
+                [m for m in log_family if m != name],
+            )
+        )
     return gated, problems
 
 
@@ -125,25 +170,56 @@ def compare_accuracy(base: AccuracyRun, quantized: AccuracyRun, gate: AccuracyGa
         b, q = base.tasks.get(task.task), quantized.tasks.get(task.task)
         if b is None or q is None:
             side = " and ".join(s for s, r in (("base", b), ("quantized", q)) if r is None)
-            checks.append(AccuracyCheck(
-                task=task.task, metric="*", base=None, quantized=None, recovery=None,
-                threshold=rates.bad_recovery, passed=False, higher_is_better=None,
-                reason=f"the task has no results in the {side} run"))
+            checks.append(
+                AccuracyCheck(
+                    task=task.task,
+                    metric="*",
+                    base=None,
+                    quantized=None,
+                    recovery=None,
+                    threshold=rates.bad_recovery,
+                    passed=False,
+                    higher_is_better=None,
+                    reason=f"the task has no results in the {side} run",
+                )
+            )
             continue
         gated, problems = paired_metrics(b, q)
-        checks += [AccuracyCheck(task=task.task, metric=metric, base=_value(b, metric), quantized=_value(q, metric),
-                                 recovery=None, threshold=rates.bad_recovery, passed=False,
-                                 higher_is_better=None, reason=reason) for metric, reason in problems]
+        checks += [
+            AccuracyCheck(
+                task=task.task,
+                metric=metric,
+                base=_value(b, metric),
+                quantized=_value(q, metric),
+                recovery=None,
+                threshold=rates.bad_recovery,
+                passed=False,
+                higher_is_better=None,
+                reason=reason,
+            )
+            for metric, reason in problems
+        ]
         look = max(q.looks_run - 1, 0)
         d = look_design(gate, rates, q)
         verdicts = [look_verdict(m.pair, d, look, rates.bad_recovery, rates.good_recovery) for m in gated]
         stopped_by = next((m.metric for m, v in zip(gated, verdicts) if v.decided and not v.passed), None)
         for m, verdict in zip(gated, verdicts):
-            checks.append(check_metric(task.task, m, verdict.passed, rates, d, look, q,
-                                       undecided_because=None if verdict.decided else stopped_by))
+            checks.append(
+                check_metric(
+                    task.task,
+                    m,
+                    verdict.passed,
+                    rates,
+                    d,
+                    look,
+                    q,
+                    undecided_because=None if verdict.decided else stopped_by,
+                )
+            )
         if gate.min_samples is not None:
-            samples = check_samples(task.task, b.num_docs, q.planned_docs or q.num_docs, gate.min_samples,
-                                    rates.bad_recovery)
+            samples = check_samples(
+                task.task, b.num_docs, q.planned_docs or q.num_docs, gate.min_samples, rates.bad_recovery
+            )
             if samples is not None:
                 checks.append(samples)
     return checks
@@ -154,20 +230,40 @@ def _value(run: TaskRun, metric: str) -> float | None:
     return result.value if result else None
 
 
-def check_metric(task: str, m: PairedMetric, passed: bool, rates: ErrorRates, d: Design, look: int,
-                 quantized: TaskRun, *, undecided_because: str | None = None) -> AccuracyCheck:
+def check_metric(
+    task: str,
+    m: PairedMetric,
+    passed: bool,
+    rates: ErrorRates,
+    d: Design,
+    look: int,
+    quantized: TaskRun,
+    *,
+    undecided_because: str | None = None,
+) -> AccuracyCheck:
     """The check of one paired metric, with the error rates this run's documents achieve."""
     pair = m.pair
     sd = pair.sd_at(1.0)
     planned = quantized.planned_docs or pair.docs
-    point = operating_point(d, planned, sd=pair.score_sd(rates.bad_recovery), mean_den=float(pair.den.mean()),
-                            bad=rates.bad_recovery, good=rates.good_recovery, min_true_pass=rates.min_true_pass)
+    point = operating_point(
+        d,
+        planned,
+        sd=pair.score_sd(rates.bad_recovery),
+        mean_den=float(pair.den.mean()),
+        bad=rates.bad_recovery,
+        good=rates.good_recovery,
+        min_true_pass=rates.min_true_pass,
+    )
     interval = pair.interval()
     interval = (float(interval[0]), float(interval[1])) if interval else None
     recovery = pair.recovery
-    formula = ("quantized/base" if m.higher_is_better else
-               "base/quantized nats (log scale)" if m.also or m.base.aggregation in LOG_AGGREGATIONS
-               else "base/quantized (lower is better)")
+    formula = (
+        "quantized/base"
+        if m.higher_is_better
+        else "base/quantized nats (log scale)"
+        if m.also or m.base.aggregation in LOG_AGGREGATIONS
+        else "base/quantized (lower is better)"
+    )
     line = f"{rates.bad_recovery:g} at {rates.max_false_pass:.0%} false pass"
     if undecided_because:
         passed = False
@@ -179,35 +275,72 @@ def check_metric(task: str, m: PairedMetric, passed: bool, rates: ErrorRates, d:
         reason += f" ({', '.join(m.also)}: the same measurement)"
     warning = ""
     if point.true_pass < rates.min_true_pass:
-        need = (f"raise the task's limit to {point.docs_needed} documents" if point.docs_needed
-                else "no document count reaches it at this noise")
-        warning = (f"{planned} documents at this paired noise pass a candidate at {rates.good_recovery:g} only "
-                   f"{point.true_pass:.0%} of the time, below the stated {rates.min_true_pass:.0%}: {need} "
-                   "(or state a lower min_true_pass)")
+        need = (
+            f"raise the task's limit to {point.docs_needed} documents"
+            if point.docs_needed
+            else "no document count reaches it at this noise"
+        )
+        warning = (
+            f"{planned} documents at this paired noise pass a candidate at {rates.good_recovery:g} only "
+            f"{point.true_pass:.0%} of the time, below the stated {rates.min_true_pass:.0%}: {need} "
+            "(or state a lower min_true_pass)"
+        )
     return AccuracyCheck(
-        task=task, metric=m.metric, base=m.base.value, quantized=m.quantized.value, recovery=recovery,
-        threshold=rates.bad_recovery, passed=passed, higher_is_better=m.higher_is_better, reason=reason,
-        recovery_interval=interval, warning=warning, good_recovery=rates.good_recovery,
-        max_false_pass=rates.max_false_pass, min_true_pass=rates.min_true_pass, docs=pair.docs,
-        planned_docs=planned, look=look + 1, looks=len(d.fractions), flip_rate=pair.flip_rate,
-        paired_sd=sd, false_pass=point.false_pass, true_pass=point.true_pass, docs_needed=point.docs_needed)
+        task=task,
+        metric=m.metric,
+        base=m.base.value,
+        quantized=m.quantized.value,
+        recovery=recovery,
+        threshold=rates.bad_recovery,
+        passed=passed,
+        higher_is_better=m.higher_is_better,
+        reason=reason,
+        recovery_interval=interval,
+        warning=warning,
+        good_recovery=rates.good_recovery,
+        max_false_pass=rates.max_false_pass,
+        min_true_pass=rates.min_true_pass,
+        docs=pair.docs,
+        planned_docs=planned,
+        look=look + 1,
+        looks=len(d.fractions),
+        flip_rate=pair.flip_rate,
+        paired_sd=sd,
+        false_pass=point.false_pass,
+        true_pass=point.true_pass,
+        docs_needed=point.docs_needed,
+    )
 
 
-def check_samples(task: str, base_docs: int | None, quantized_docs: int | None, min_samples: int,
-                  threshold: float) -> AccuracyCheck | None:
+def check_samples(
+    task: str, base_docs: int | None, quantized_docs: int | None, min_samples: int, threshold: float
+) -> AccuracyCheck | None:
     """The failed ``samples`` check of a task evaluated on fewer than ``min_samples`` documents
     (or on an unknown number); None when both runs saw enough."""
     counts = [n for n in (base_docs, quantized_docs) if n is not None]
     if len(counts) == 2 and min(counts) >= min_samples:
         return None
     if len(counts) < 2:
-        reason = (f"lm-eval did not report how many documents task {task!r} was evaluated on, so "
-                  f"gates.accuracy.min_samples = {min_samples} cannot be checked. Fix: gate a task "
-                  "lm-eval counts (a single task rather than a group), or unset min_samples")
+        reason = (
+            f"lm-eval did not report how many documents task {task!r} was evaluated on, so "
+            f"gates.accuracy.min_samples = {min_samples} cannot be checked. Fix: gate a task "
+            "lm-eval counts (a single task rather than a group), or unset min_samples"
+        )
     else:
-        reason = (f"task {task!r} was evaluated on {min(counts)} documents, fewer than "
-                  f"gates.accuracy.min_samples = {min_samples}: too few to measure recovery. Fix: raise "
-                  f"the task's limit (gates.accuracy.tasks[].limit) to at least {min_samples}, or unset it "
-                  "to run the whole task; if the task has fewer documents, lower min_samples")
-    return AccuracyCheck(task=task, metric="samples", base=None, quantized=None, recovery=None,
-                         threshold=threshold, passed=False, higher_is_better=None, reason=reason)
+        reason = (
+            f"task {task!r} was evaluated on {min(counts)} documents, fewer than "
+            f"gates.accuracy.min_samples = {min_samples}: too few to measure recovery. Fix: raise "
+            f"the task's limit (gates.accuracy.tasks[].limit) to at least {min_samples}, or unset it "
+            "to run the whole task; if the task has fewer documents, lower min_samples"
+        )
+    return AccuracyCheck(
+        task=task,
+        metric="samples",
+        base=None,
+        quantized=None,
+        recovery=None,
+        threshold=threshold,
+        passed=False,
+        higher_is_better=None,
+        reason=reason,
+    )

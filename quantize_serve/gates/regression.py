@@ -44,13 +44,15 @@ TASK_FIELDS_MEASURED = ("task", "num_fewshot", "limit")
 class MeasurementConditions(BaseModel):
     """What a release's figures depend on besides the checkpoint: equal conditions, comparable figures."""
 
-    tasks: list[dict[str, Any]] = Field(description="The accuracy tasks as the recipe gives them "
-                                        "(task, num_fewshot, limit).")
+    tasks: list[dict[str, Any]] = Field(
+        description="The accuracy tasks as the recipe gives them (task, num_fewshot, limit)."
+    )
     vllm_version: str | None = Field(description="vLLM of the serving environment.")
     hardware: str = Field(description="CPU and GPU model(s) of the host that measured (describe_hardware).")
     serve: dict[str, Any] = Field(description="The serve settings of the production boot.")
-    stress: dict[str, Any] = Field(description="The stress profile (concurrency, request mix) the "
-                                   "throughput was measured under.")
+    stress: dict[str, Any] = Field(
+        description="The stress profile (concurrency, request mix) the throughput was measured under."
+    )
 
 
 class RecordedMetric(BaseModel):
@@ -69,8 +71,9 @@ class ReleaseResults(BaseModel):
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
     stress_concurrency: int | None = None
-    output_throughput: float | None = Field(default=None, description="Output tok/s of vllm bench serve at "
-                                            "the stress concurrency.")
+    output_throughput: float | None = Field(
+        default=None, description="Output tok/s of vllm bench serve at the stress concurrency."
+    )
     accuracy: list[RecordedMetric] = Field(default_factory=list)
 
     def metric(self, task: str, metric: str) -> RecordedMetric | None:
@@ -85,8 +88,11 @@ class RegressionRow(BaseModel):
     base: float | None = None
     production: float | None = None
     candidate: float | None = None
-    ratio: float | None = Field(default=None, description="candidate vs production, oriented so that "
-                                "above 1 is better (production / candidate where lower is better)")
+    ratio: float | None = Field(
+        default=None,
+        description="candidate vs production, oriented so that "
+        "above 1 is better (production / candidate where lower is better)",
+    )
     limit: float
     passed: bool
     reason: str
@@ -99,8 +105,10 @@ class RegressionResult(BaseModel):
     release_ref: str | None = None
     production_sha: str | None = None
     source: Literal["recorded", "served again"] | None = None
-    differences: list[str] = Field(default_factory=list, description="why production was served again: the "
-                                   "conditions that differ from its recorded ones")
+    differences: list[str] = Field(
+        default_factory=list,
+        description="why production was served again: the conditions that differ from its recorded ones",
+    )
     rows: list[RegressionRow] = Field(default_factory=list)
 
     @property
@@ -111,16 +119,25 @@ class RegressionResult(BaseModel):
         """The side-by-side table (report.md, the card)."""
         if self.off:
             return f"Regression gate off: {self.off}."
-        head = (f"Against the release at `{self.release_ref}` (`{(self.production_sha or '')[:12]}`), its "
-                + ("figures as recorded with it on the Hub (same conditions)." if self.source == "recorded"
-                   else "served again in this run with this run's settings ("
-                   + "; ".join(self.differences or ["no figures recorded with it"]) + ")."))
-        lines = [head, "", "| measure | base | production | candidate | candidate vs production | limit | result |",
-                 "|---|---:|---:|---:|---:|---:|---|"]
+        head = f"Against the release at `{self.release_ref}` (`{(self.production_sha or '')[:12]}`), its " + (
+            "figures as recorded with it on the Hub (same conditions)."
+            if self.source == "recorded"
+            else "served again in this run with this run's settings ("
+            + "; ".join(self.differences or ["no figures recorded with it"])
+            + ")."
+        )
+        lines = [
+            head,
+            "",
+            "| measure | base | production | candidate | candidate vs production | limit | result |",
+            "|---|---:|---:|---:|---:|---:|---|",
+        ]
         for r in self.rows:
-            lines.append(f"| {r.measure} | {_num(r.base)} | {_num(r.production)} | {_num(r.candidate)} | "
-                         f"{'n/a' if r.ratio is None else f'x{r.ratio:.4f}'} | >= x{r.limit:.2f} | "
-                         f"{'pass' if r.passed else '**FAIL**'} |")
+            lines.append(
+                f"| {r.measure} | {_num(r.base)} | {_num(r.production)} | {_num(r.candidate)} | "
+                f"{'n/a' if r.ratio is None else f'x{r.ratio:.4f}'} | >= x{r.limit:.2f} | "
+                f"{'pass' if r.passed else '**FAIL**'} |"
+            )
         return "\n".join(lines)
 
 
@@ -135,14 +152,19 @@ def _num(v: float | None) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def measurement_conditions(recipe: Recipe, *, vllm_version: str | None, hardware: str) -> MeasurementConditions:
+def measurement_conditions(
+    recipe: Recipe, *, vllm_version: str | None, hardware: str
+) -> MeasurementConditions:
     """The conditions a run of ``recipe`` measures under on this host."""
     serve = recipe.serve.model_dump(mode="json", exclude=set(SERVE_FIELDS_NOT_MEASURED))
-    tasks = [t.model_dump(mode="json", include=set(TASK_FIELDS_MEASURED)) for t in recipe.gates.accuracy.tasks]
+    tasks = [
+        t.model_dump(mode="json", include=set(TASK_FIELDS_MEASURED)) for t in recipe.gates.accuracy.tasks
+    ]
     stress = recipe.gates.stress.model_dump(mode="json")
     stress["concurrency"] = stress["concurrency"] or recipe.serve.max_num_seqs
-    return MeasurementConditions(tasks=tasks, vllm_version=vllm_version, hardware=hardware, serve=serve,
-                                 stress=stress)
+    return MeasurementConditions(
+        tasks=tasks, vllm_version=vllm_version, hardware=hardware, serve=serve, stress=stress
+    )
 
 
 def condition_differences(recorded: MeasurementConditions, now: MeasurementConditions) -> list[str]:
@@ -155,7 +177,10 @@ def condition_differences(recorded: MeasurementConditions, now: MeasurementCondi
         out.append(f"vLLM {recorded.vllm_version} -> {now.vllm_version}")
     if recorded.hardware != now.hardware:
         out.append(f"hardware {recorded.hardware!r} -> {now.hardware!r}")
-    for section, old, new in (("serve", recorded.serve, now.serve), ("gates.stress", recorded.stress, now.stress)):
+    for section, old, new in (
+        ("serve", recorded.serve, now.serve),
+        ("gates.stress", recorded.stress, now.stress),
+    ):
         for key in sorted(set(old) | set(new)):
             if old.get(key) != new.get(key):
                 out.append(f"{section}.{key} {old.get(key)!r} -> {new.get(key)!r}")
@@ -174,22 +199,38 @@ def _tasks(tasks: list[dict[str, Any]]) -> str:
 def recorded_metrics(run: AccuracyRun | BaseException | None) -> list[RecordedMetric]:
     if not isinstance(run, AccuracyRun):
         return []
-    return [RecordedMetric(task=t.task, metric=name, value=m.value, higher_is_better=m.higher_is_better,
-                           stderr=m.stderr)
-            for t in run.tasks.values() for name, m in t.metrics.items() if math.isfinite(m.value)]
+    return [
+        RecordedMetric(
+            task=t.task, metric=name, value=m.value, higher_is_better=m.higher_is_better, stderr=m.stderr
+        )
+        for t in run.tasks.values()
+        for name, m in t.metrics.items()
+        if math.isfinite(m.value)
+    ]
 
 
-def release_results(conditions: MeasurementConditions, *, accuracy: AccuracyRun | BaseException | None,
-                    kv_cache_tokens: int | None, max_concurrency: float | None,
-                    stress: StressResult | BaseException | None) -> ReleaseResults:
+def release_results(
+    conditions: MeasurementConditions,
+    *,
+    accuracy: AccuracyRun | BaseException | None,
+    kv_cache_tokens: int | None,
+    max_concurrency: float | None,
+    stress: StressResult | BaseException | None,
+) -> ReleaseResults:
     """One served release's figures (what failed to run is left out: the comparison fails on it)."""
     throughput = stress.throughput if isinstance(stress, StressResult) else None
     return ReleaseResults(
-        conditions=conditions, kv_cache_tokens=kv_cache_tokens, max_concurrency=max_concurrency,
-        stress_concurrency=(throughput.max_concurrency if throughput and throughput.max_concurrency
-                            else conditions.stress.get("concurrency")),
+        conditions=conditions,
+        kv_cache_tokens=kv_cache_tokens,
+        max_concurrency=max_concurrency,
+        stress_concurrency=(
+            throughput.max_concurrency
+            if throughput and throughput.max_concurrency
+            else conditions.stress.get("concurrency")
+        ),
         output_throughput=throughput.output_throughput if throughput else None,
-        accuracy=recorded_metrics(accuracy))
+        accuracy=recorded_metrics(accuracy),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,11 +242,18 @@ def regression_off(why: str, *, release_ref: str | None = None) -> RegressionRes
     return RegressionResult(off=why, release_ref=release_ref)
 
 
-def compare_with_production(candidate: ReleaseResults, production: ReleaseResults, gate: RegressionGate, *,
-                            base: ReleaseResults | None = None, release_ref: str, production_sha: str,
-                            source: Literal["recorded", "served again"],
-                            differences: list[str] | None = None,
-                            task_labels: Mapping[str, str] | None = None) -> RegressionResult:
+def compare_with_production(
+    candidate: ReleaseResults,
+    production: ReleaseResults,
+    gate: RegressionGate,
+    *,
+    base: ReleaseResults | None = None,
+    release_ref: str,
+    production_sha: str,
+    source: Literal["recorded", "served again"],
+    differences: list[str] | None = None,
+    task_labels: Mapping[str, str] | None = None,
+) -> RegressionResult:
     """One row per accuracy metric, KV tokens, max concurrency and throughput; each passes or fails
     with its reason. A figure production has and the candidate lacks (its stage failed) is a failure.
     ``task_labels``: how the rows name each accuracy task (gates/task_label.py)."""
@@ -216,52 +264,124 @@ def compare_with_production(candidate: ReleaseResults, production: ReleaseResult
         rows.append(_accuracy_row(p, c, b, gate.max_drop(p.metric), task_label(p.task, task_labels)))
     for p in candidate.accuracy:  # measured now, not with production: nothing to compare with
         if production.metric(p.task, p.metric) is None:
-            rows.append(RegressionRow(kind="accuracy", measure=f"{task_label(p.task, task_labels)} {p.metric}",
-                                      candidate=p.value,
-                                      limit=1 - gate.max_drop(p.metric), passed=False,
-                                      reason="production has no figure for this metric; serve it again "
-                                      "(its recorded conditions should have differed)"))
-    rows.append(_ratio_row("capacity", "KV tokens", production.kv_cache_tokens, candidate.kv_cache_tokens,
-                           base.kv_cache_tokens if base else None, gate.min_capacity_ratio,
-                           "gates.regression.min_capacity_ratio"))
-    rows.append(_ratio_row("capacity", "max concurrency", production.max_concurrency, candidate.max_concurrency,
-                           base.max_concurrency if base else None, gate.min_capacity_ratio,
-                           "gates.regression.min_capacity_ratio"))
+            rows.append(
+                RegressionRow(
+                    kind="accuracy",
+                    measure=f"{task_label(p.task, task_labels)} {p.metric}",
+                    candidate=p.value,
+                    limit=1 - gate.max_drop(p.metric),
+                    passed=False,
+                    reason="production has no figure for this metric; serve it again "
+                    "(its recorded conditions should have differed)",
+                )
+            )
+    rows.append(
+        _ratio_row(
+            "capacity",
+            "KV tokens",
+            production.kv_cache_tokens,
+            candidate.kv_cache_tokens,
+            base.kv_cache_tokens if base else None,
+            gate.min_capacity_ratio,
+            "gates.regression.min_capacity_ratio",
+        )
+    )
+    rows.append(
+        _ratio_row(
+            "capacity",
+            "max concurrency",
+            production.max_concurrency,
+            candidate.max_concurrency,
+            base.max_concurrency if base else None,
+            gate.min_capacity_ratio,
+            "gates.regression.min_capacity_ratio",
+        )
+    )
     concurrency = candidate.stress_concurrency or production.stress_concurrency
     if gate.min_throughput_ratio is not None:  # null: throughput is not compared
-        rows.append(_ratio_row("throughput", f"output tok/s @ concurrency {concurrency}",
-                               production.output_throughput, candidate.output_throughput, None,
-                               gate.min_throughput_ratio, "gates.regression.min_throughput_ratio"))
-    return RegressionResult(release_ref=release_ref, production_sha=production_sha, source=source,
-                            differences=differences or [], rows=rows)
+        rows.append(
+            _ratio_row(
+                "throughput",
+                f"output tok/s @ concurrency {concurrency}",
+                production.output_throughput,
+                candidate.output_throughput,
+                None,
+                gate.min_throughput_ratio,
+                "gates.regression.min_throughput_ratio",
+            )
+        )
+    return RegressionResult(
+        release_ref=release_ref,
+        production_sha=production_sha,
+        source=source,
+        differences=differences or [],
+        rows=rows,
+    )
 
 
 def _accuracy_row(p: Any, c: Any, b: Any, max_drop: float, task: str) -> RegressionRow:
     measure, limit = f"{task} {p.metric}", 1 - max_drop
-    row = {"kind": "accuracy", "measure": measure, "production": p.value, "candidate": c.value if c else None,
-           "base": b.value if b else None, "limit": limit}
+    row = {
+        "kind": "accuracy",
+        "measure": measure,
+        "production": p.value,
+        "candidate": c.value if c else None,
+        "base": b.value if b else None,
+        "limit": limit,
+    }
     if c is None:
-        return RegressionRow(**row, passed=False, reason="the candidate has no figure (its accuracy run failed "
-                             "or lm-eval did not report this metric)")
+        return RegressionRow(
+            **row,
+            passed=False,
+            reason="the candidate has no figure (its accuracy run failed "
+            "or lm-eval did not report this metric)",
+        )
     lower = (p.higher_is_better is False) or (c.higher_is_better is False)
     num, den = (p.value, c.value) if lower else (c.value, p.value)
     ratio = 1.0 if num == den else (math.inf if den == 0 else num / den)
     passed = ratio >= limit
     side = "lower is better" if lower else "higher is better"
-    return RegressionRow(**row, ratio=ratio, passed=passed, reason=(
-        f"candidate {c.value:.4g} vs production {p.value:.4g} ({side}): x{ratio:.4f} "
-        f"{'>=' if passed else '<'} {limit:.2f} (at most {max_drop:.0%} worse)"))
+    return RegressionRow(
+        **row,
+        ratio=ratio,
+        passed=passed,
+        reason=(
+            f"candidate {c.value:.4g} vs production {p.value:.4g} ({side}): x{ratio:.4f} "
+            f"{'>=' if passed else '<'} {limit:.2f} (at most {max_drop:.0%} worse)"
+        ),
+    )
 
 
-def _ratio_row(kind: str, measure: str, production: float | None, candidate: float | None, base: float | None,
-               limit: float, field: str) -> RegressionRow:
-    row = {"kind": kind, "measure": measure, "production": production, "candidate": candidate, "base": base,
-           "limit": limit}
+def _ratio_row(
+    kind: str,
+    measure: str,
+    production: float | None,
+    candidate: float | None,
+    base: float | None,
+    limit: float,
+    field: str,
+) -> RegressionRow:
+    row = {
+        "kind": kind,
+        "measure": measure,
+        "production": production,
+        "candidate": candidate,
+        "base": base,
+        "limit": limit,
+    }
     if production is None or candidate is None:
-        missing = " and ".join(s for s, v in (("production", production), ("the candidate", candidate)) if v is None)
+        missing = " and ".join(
+            s for s, v in (("production", production), ("the candidate", candidate)) if v is None
+        )
         return RegressionRow(**row, passed=False, reason=f"not measured for {missing}")
     ratio = candidate / production if production else math.inf
     passed = ratio >= limit
-    return RegressionRow(**row, ratio=ratio, passed=passed, reason=(
-        f"candidate {_num(candidate)} vs production {_num(production)}: x{ratio:.3f} "
-        f"{'>=' if passed else '<'} {limit:.2f} ({field})"))
+    return RegressionRow(
+        **row,
+        ratio=ratio,
+        passed=passed,
+        reason=(
+            f"candidate {_num(candidate)} vs production {_num(production)}: x{ratio:.3f} "
+            f"{'>=' if passed else '<'} {limit:.2f} ({field})"
+        ),
+    )

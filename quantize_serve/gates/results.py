@@ -81,8 +81,10 @@ class AccuracyCheck(BaseModel):
         """The error rates achieved: ``false pass 4.9% at 0.93, true pass 97.1% at 0.99``."""
         if self.false_pass is None or self.true_pass is None:
             return ""
-        return (f"false pass {self.false_pass:.1%} at <= {self.threshold:g}, true pass {self.true_pass:.1%} "
-                f"at >= {self.good_recovery:g}")
+        return (
+            f"false pass {self.false_pass:.1%} at <= {self.threshold:g}, true pass {self.true_pass:.1%} "
+            f"at >= {self.good_recovery:g}"
+        )
 
     @property
     def docs_text(self) -> str:

@@ -117,13 +117,17 @@ class SoakResult(BaseModel):
         """The figures a report shows, by name."""
         f = self.figures
         return {
-            "duration_s": self.measured_s, "warmup_s": self.warmup_s, "concurrency": self.concurrency,
-            "requests_completed": self.traffic.completed, "requests_failed": self.traffic.failed,
+            "duration_s": self.measured_s,
+            "warmup_s": self.warmup_s,
+            "concurrency": self.concurrency,
+            "requests_completed": self.traffic.completed,
+            "requests_failed": self.traffic.failed,
             "samples_after_warmup": f.samples_after_warmup,
             "rss_slope_mib_per_min": f.rss_slope_mib_per_min,
             "gpu_memory_slope_mib_per_min": f.gpu_slope_mib_per_min,
             "max_memory_growth_mib_per_min": self.max_memory_growth_mib_per_min,
-            "peak_rss_bytes": f.peak_rss_bytes, "peak_gpu_memory_bytes": f.peak_gpu_memory_bytes,
+            "peak_rss_bytes": f.peak_rss_bytes,
+            "peak_gpu_memory_bytes": f.peak_gpu_memory_bytes,
             "peak_kv_cache_usage": f.peak_kv_cache_usage,
             "preemptions_after_warmup": f.preemptions_after_warmup,
         }
@@ -189,8 +193,14 @@ def soak_figures(samples: Sequence[dict], warmup_s: float) -> SoakFigures:
     )
 
 
-def judge_soak(figures: SoakFigures, traffic: SoakTraffic, gate: SoakGate, *, server_died: bool = False,
-               death_reason: str = "") -> list[str]:
+def judge_soak(
+    figures: SoakFigures,
+    traffic: SoakTraffic,
+    gate: SoakGate,
+    *,
+    server_died: bool = False,
+    death_reason: str = "",
+) -> list[str]:
     """One line per violated condition; empty means passed."""
     f: list[str] = []
     limit = gate.max_memory_growth_mib_per_min
@@ -198,34 +208,47 @@ def judge_soak(figures: SoakFigures, traffic: SoakTraffic, gate: SoakGate, *, se
     if server_died:
         f.append(f"the server died during the soak test: {death_reason or 'no reason recorded'}")
     if figures.samples_after_warmup < MIN_SOAK_SAMPLES:
-        f.append(f"the soak captured {figures.samples_after_warmup} memory sample(s) after the "
-                 f"{gate.warmup_s:g} s warm-up ({figures.samples} in all); a trend needs at least "
-                 f"{MIN_SOAK_SAMPLES}, and a measurement that saw nothing is not a pass: raise "
-                 "gates.soak.duration_s or lower warmup_s or sample_interval_s")
+        f.append(
+            f"the soak captured {figures.samples_after_warmup} memory sample(s) after the "
+            f"{gate.warmup_s:g} s warm-up ({figures.samples} in all); a trend needs at least "
+            f"{MIN_SOAK_SAMPLES}, and a measurement that saw nothing is not a pass: raise "
+            "gates.soak.duration_s or lower warmup_s or sample_interval_s"
+        )
     else:
         for name, slope, start, end in (
-                ("server memory (RSS of its process tree)", figures.rss_slope_mib_per_min,
-                 figures.rss_after_warmup_bytes, figures.rss_last_bytes),
-                ("GPU memory (NVML)", figures.gpu_slope_mib_per_min, None, None)):
+            (
+                "server memory (RSS of its process tree)",
+                figures.rss_slope_mib_per_min,
+                figures.rss_after_warmup_bytes,
+                figures.rss_last_bytes,
+            ),
+            ("GPU memory (NVML)", figures.gpu_slope_mib_per_min, None, None),
+        ):
             if slope is not None and slope > limit:
-                span = (f", {start / MIB:,.0f} -> {end / MIB:,.0f} MiB" if start and end else "")
-                f.append(f"{name} grew {slope:.1f} MiB/min after warm-up (least squares over "
-                         f"{figures.fit_window_s:g} s{span}), over max_memory_growth_mib_per_min={limit:g}: "
-                         f"{slope * 60 / 1024:.2f} GiB an hour, an out-of-memory kill in production; "
-                         "look for a leak or an unbounded cache in the server")
+                span = f", {start / MIB:,.0f} -> {end / MIB:,.0f} MiB" if start and end else ""
+                f.append(
+                    f"{name} grew {slope:.1f} MiB/min after warm-up (least squares over "
+                    f"{figures.fit_window_s:g} s{span}), over max_memory_growth_mib_per_min={limit:g}: "
+                    f"{slope * 60 / 1024:.2f} GiB an hour, an out-of-memory kill in production; "
+                    "look for a leak or an unbounded cache in the server"
+                )
     if figures.preemptions_after_warmup is None:
         f.append("vllm:num_preemptions_total was never read from /metrics, so preemptions are unknown")
     elif figures.preemptions_after_warmup > gate.max_preemptions_after_warmup:
-        f.append(f"{figures.preemptions_after_warmup} preemption(s) after warm-up (vllm:num_preemptions_total "
-                 f"kept climbing), over max_preemptions_after_warmup={gate.max_preemptions_after_warmup}: "
-                 "the KV cache cannot hold this load for long; lower gates.soak.concurrency or "
-                 "serve.max_num_seqs, or give the KV cache more memory")
+        f.append(
+            f"{figures.preemptions_after_warmup} preemption(s) after warm-up (vllm:num_preemptions_total "
+            f"kept climbing), over max_preemptions_after_warmup={gate.max_preemptions_after_warmup}: "
+            "the KV cache cannot hold this load for long; lower gates.soak.concurrency or "
+            "serve.max_num_seqs, or give the KV cache more memory"
+        )
     f += answer_failures(traffic, gate.request_timeout_s, first)
     if traffic.other_errors:
         f.append(f"{traffic.other_errors} request(s) failed otherwise{first}")
     if not traffic.completed_after_warmup and not server_died:
-        f.append("no request completed after warm-up: the soak measured an idle server; raise "
-                 "gates.soak.duration_s, or lower output_tokens so requests finish within it")
+        f.append(
+            "no request completed after warm-up: the soak measured an idle server; raise "
+            "gates.soak.duration_s, or lower output_tokens so requests finish within it"
+        )
     return f
 
 
@@ -257,14 +280,18 @@ def run_soak_test(
     stress = stress or StressGate()
     prompts, outputs = gate.prompt_tokens or stress.prompt_tokens, gate.output_tokens or stress.output_tokens
     if max(prompts) + max(outputs) > serve.max_model_len:
-        raise GateError(f"gates.soak: the largest prompt ({max(prompts)}) + the largest output ({max(outputs)}) "
-                        f"tokens exceed serve.max_model_len={serve.max_model_len}. Fix: lower "
-                        "gates.soak.prompt_tokens / output_tokens (or gates.stress's, which it defaults to)")
+        raise GateError(
+            f"gates.soak: the largest prompt ({max(prompts)}) + the largest output ({max(outputs)}) "
+            f"tokens exceed serve.max_model_len={serve.max_model_len}. Fix: lower "
+            "gates.soak.prompt_tokens / output_tokens (or gates.stress's, which it defaults to)"
+        )
     rng = random.Random(seed)
     prompt = token_prompts(tokenizer_dir, rng)
     if not server.healthy():
-        raise GateError(f"the server at {server.base_url} is not healthy before the soak test; "
-                        f"last lines of its log:\n{server.log_tail(20)}")
+        raise GateError(
+            f"the server at {server.base_url} is not healthy before the soak test; "
+            f"last lines of its log:\n{server.log_tail(20)}"
+        )
     alive = server_process_alive or (lambda: process_alive(server.pid))
     concurrency = gate.concurrency or serve.max_num_seqs
 
@@ -285,33 +312,54 @@ def run_soak_test(
     with samples_path.open("w") as fh:
         fh.writelines(json.dumps(s) + "\n" for s in samples)
     result = SoakResult(
-        duration_s=gate.duration_s, measured_s=measured, warmup_s=gate.warmup_s,
-        sample_interval_s=gate.sample_interval_s, concurrency=concurrency, prompt_tokens=list(prompts),
-        output_tokens=list(outputs), max_memory_growth_mib_per_min=gate.max_memory_growth_mib_per_min,
-        max_preemptions_after_warmup=gate.max_preemptions_after_warmup, figures=figures, traffic=traffic,
-        server_died=died, failures=judge_soak(figures, traffic, gate, server_died=died, death_reason=death_reason),
-        samples_path=str(samples_path), chart_path=None, output_dir=str(output_dir),
+        duration_s=gate.duration_s,
+        measured_s=measured,
+        warmup_s=gate.warmup_s,
+        sample_interval_s=gate.sample_interval_s,
+        concurrency=concurrency,
+        prompt_tokens=list(prompts),
+        output_tokens=list(outputs),
+        max_memory_growth_mib_per_min=gate.max_memory_growth_mib_per_min,
+        max_preemptions_after_warmup=gate.max_preemptions_after_warmup,
+        figures=figures,
+        traffic=traffic,
+        server_died=died,
+        failures=judge_soak(figures, traffic, gate, server_died=died, death_reason=death_reason),
+        samples_path=str(samples_path),
+        chart_path=None,
+        output_dir=str(output_dir),
     )
     with contextlib.suppress(Exception):  # a chart that cannot be drawn must not hide the verdict
         result.chart_path = str(soak_chart(samples, result, output_dir / CHART))
     (output_dir / "soak_result.json").write_text(result.model_dump_json(indent=2))
     slope = figures.rss_slope_mib_per_min
-    log(f"soak: RSS {'n/a' if slope is None else f'{slope:+.1f}'} MiB/min after warm-up, "
-        f"{traffic.completed} requests; {'passed' if result.passed else 'FAILED: ' + '; '.join(result.failures)}")
+    log(
+        f"soak: RSS {'n/a' if slope is None else f'{slope:+.1f}'} MiB/min after warm-up, "
+        f"{traffic.completed} requests; "
+        f"{'passed' if result.passed else 'FAILED: ' + '; '.join(result.failures)}"
+    )
     return result
 
 
-async def _soak(server: RunningServer, gate: SoakGate, draw: Callable[[], tuple[list[int], int]],
-                concurrency: int, alive: Callable[[], bool],
-                log: Callable[[str], None]) -> tuple[list[dict], SoakTraffic, float, str, bool]:
+async def _soak(
+    server: RunningServer,
+    gate: SoakGate,
+    draw: Callable[[], tuple[list[int], int]],
+    concurrency: int,
+    alive: Callable[[], bool],
+    log: Callable[[str], None],
+) -> tuple[list[dict], SoakTraffic, float, str, bool]:
     t0 = time.monotonic()
     sampler, stop = Sampler(server, alive), asyncio.Event()
     sampling = asyncio.create_task(_sample_every(sampler, gate.sample_interval_s, stop))
     traffic = SoakTraffic()
-    log(f"soak: {concurrency} requests in flight for {gate.duration_s:g} s (warm-up {gate.warmup_s:g} s), "
-        f"sampled every {gate.sample_interval_s:g} s")
-    ended, _ = await race(_sustain(server.base_url, draw, concurrency, gate, t0, traffic),
-                          sampler.dead, gate.duration_s)  # ends by time ("timeout") or by death ("died")
+    log(
+        f"soak: {concurrency} requests in flight for {gate.duration_s:g} s (warm-up {gate.warmup_s:g} s), "
+        f"sampled every {gate.sample_interval_s:g} s"
+    )
+    ended, _ = await race(
+        _sustain(server.base_url, draw, concurrency, gate, t0, traffic), sampler.dead, gate.duration_s
+    )  # ends by time ("timeout") or by death ("died")
     measured = round(time.monotonic() - t0, 1)
     stop.set()
     with contextlib.suppress(asyncio.CancelledError):
@@ -333,8 +381,14 @@ async def _sample_every(sampler: Sampler, interval_s: float, stop: asyncio.Event
                 await asyncio.wait_for(stop.wait(), max(0.0, interval_s - (time.monotonic() - started)))
 
 
-async def _sustain(base_url: str, draw: Callable[[], tuple[list[int], int]], concurrency: int, gate: SoakGate,
-                   t0: float, traffic: SoakTraffic) -> None:
+async def _sustain(
+    base_url: str,
+    draw: Callable[[], tuple[list[int], int]],
+    concurrency: int,
+    gate: SoakGate,
+    t0: float,
+    traffic: SoakTraffic,
+) -> None:
     import aiohttp  # heavy (~0.15 s): imported where requests are sent
 
     """Keep ``concurrency`` requests in flight until cancelled (race() ends it at duration_s)."""
@@ -344,8 +398,9 @@ async def _sustain(base_url: str, draw: Callable[[], tuple[list[int], int]], con
         async def worker() -> None:
             while True:
                 tokens, max_tokens = draw()
-                rec = await send_probe(session, url, Probe(next(index), "normal", tokens, max_tokens),
-                                       gate.request_timeout_s)
+                rec = await send_probe(
+                    session, url, Probe(next(index), "normal", tokens, max_tokens), gate.request_timeout_s
+                )
                 outcome = rec["outcome"]
                 if outcome == "completed":
                     traffic.completed += 1
@@ -377,8 +432,9 @@ def soak_chart(samples: Sequence[dict], result: SoakResult, path: Path) -> Path:
     f, warm_min = result.figures, result.warmup_s / 60
     fig, (mem, kv) = plt.subplots(2, 1, figsize=(9, 6), sharex=True, height_ratios=[2, 1])
     for key, label, color, line in (
-            (RSS, "RSS, server process tree", "#4c72b0", (f.rss_slope_mib_per_min, f.rss_intercept_mib)),
-            (GPU, "GPU memory (NVML)", "#c44e52", (f.gpu_slope_mib_per_min, f.gpu_intercept_mib))):
+        (RSS, "RSS, server process tree", "#4c72b0", (f.rss_slope_mib_per_min, f.rss_intercept_mib)),
+        (GPU, "GPU memory (NVML)", "#c44e52", (f.gpu_slope_mib_per_min, f.gpu_intercept_mib)),
+    ):
         points = [(s["t"] / 60, s[key] / MIB) for s in samples if s.get(key) is not None]
         if not points:
             continue
@@ -387,13 +443,20 @@ def soak_chart(samples: Sequence[dict], result: SoakResult, path: Path) -> Path:
         slope, intercept = line
         if slope is not None and intercept is not None:
             fit_t = [tt for tt in t if tt >= warm_min]
-            mem.plot([fit_t[0], fit_t[-1]], [intercept + slope * fit_t[0], intercept + slope * fit_t[-1]], "-",
-                     color=color, label=f"fit after warm-up: {slope:+.1f} MiB/min")
+            mem.plot(
+                [fit_t[0], fit_t[-1]],
+                [intercept + slope * fit_t[0], intercept + slope * fit_t[-1]],
+                "-",
+                color=color,
+                label=f"fit after warm-up: {slope:+.1f} MiB/min",
+            )
     mem.axvspan(0, warm_min, color="#dddddd", label="warm-up (not fitted)")
     mem.set_ylabel("MiB")
     verdict = "passed" if result.passed else "FAILED"
-    mem.set_title(f"Soak: {result.concurrency} in flight for {result.measured_s:g} s, limit "
-                  f"{result.max_memory_growth_mib_per_min:g} MiB/min: {verdict}")
+    mem.set_title(
+        f"Soak: {result.concurrency} in flight for {result.measured_s:g} s, limit "
+        f"{result.max_memory_growth_mib_per_min:g} MiB/min: {verdict}"
+    )
     mem.legend(loc="best", fontsize=8)
     usage = [(s["t"] / 60, 100 * s[KV_USAGE]) for s in samples if s.get(KV_USAGE) is not None]
     if usage:

@@ -93,8 +93,9 @@ def concurrency_steps(target: int) -> list[int]:
     return sorted({1, max(1, target // 4), max(1, target // 2), target})
 
 
-def plan_traffic(profile: StressGate, serve: ServeSection, tokenizer_dir: str, *,
-                 seed: int) -> list[tuple[int, list[Probe]]]:
+def plan_traffic(
+    profile: StressGate, serve: ServeSection, tokenizer_dir: str, *, seed: int
+) -> list[tuple[int, list[Probe]]]:
     """(concurrency, requests) per step; over-long prompts go into the peak step."""
     max_len, max_out = serve.max_model_len, max(profile.output_tokens)
     long_len = max_len - max_out - LONG_MARGIN
@@ -103,7 +104,8 @@ def plan_traffic(profile: StressGate, serve: ServeSection, tokenizer_dir: str, *
         raise GateError(
             f"stress profile does not fit serve.max_model_len={max_len}: prompt_tokens {too_long or ''} "
             f"+ the largest output_tokens ({max_out}) exceed it. Fix: lower gates.stress.prompt_tokens / "
-            f"output_tokens or raise serve.max_model_len")
+            f"output_tokens or raise serve.max_model_len"
+        )
     rng = random.Random(seed)
     prompt = token_prompts(tokenizer_dir, rng)
     n = profile.num_requests
@@ -127,7 +129,7 @@ def plan_traffic(profile: StressGate, serve: ServeSection, tokenizer_dir: str, *
     schedule, start = [], 0
     for c, k in zip(steps, counts):
         if k:
-            schedule.append((c, probes[start:start + k]))
+            schedule.append((c, probes[start : start + k]))
         start += k
     peak, k = schedule[-1][1], profile.overlong_prompts
     for j, at in enumerate([(j + 1) * len(peak) // (k + 1) for j in range(k)]):  # spread through the peak
@@ -175,8 +177,10 @@ def run_stress_test(
     output_dir.mkdir(parents=True, exist_ok=True)
     schedule = plan_traffic(profile, serve, tokenizer_dir, seed=seed)
     if not server.healthy():
-        raise GateError(f"the server at {server.base_url} is not healthy before the stress test; "
-                        f"last lines of its log:\n{server.log_tail(20)}")
+        raise GateError(
+            f"the server at {server.base_url} is not healthy before the stress test; "
+            f"last lines of its log:\n{server.log_tail(20)}"
+        )
     alive = server_process_alive or (lambda: process_alive(server.pid))
     coro = _stress(server, profile, serve, schedule, alive, tokenizer_dir, output_dir, seed, log)
     try:
@@ -187,40 +191,70 @@ def run_stress_test(
         return pool.submit(asyncio.run, coro).result()
 
 
-async def _stress(server: RunningServer, profile: StressGate, serve: ServeSection,
-                  schedule: list[tuple[int, list[Probe]]], alive: Callable[[], bool], tokenizer_dir: str,
-                  output_dir: Path, seed: int, log: Callable[[str], None]) -> StressResult:
+async def _stress(
+    server: RunningServer,
+    profile: StressGate,
+    serve: ServeSection,
+    schedule: list[tuple[int, list[Probe]]],
+    alive: Callable[[], bool],
+    tokenizer_dir: str,
+    output_dir: Path,
+    seed: int,
+    log: Callable[[str], None],
+) -> StressResult:
     t0 = time.monotonic()
     target = profile.concurrency or serve.max_num_seqs
     sampler, stop = Sampler(server, alive), asyncio.Event()
     sampling = asyncio.create_task(sampler.run(stop))
     await sampler.baseline.wait()  # counters before the first request (preemptions are a delta)
     records: dict[int, dict] = {}
-    traffic, _ = await race(run_steps(server.base_url, schedule, profile.request_timeout_s, records, log),
-                            sampler.dead, profile.max_duration_s)
+    traffic, _ = await race(
+        run_steps(server.base_url, schedule, profile.request_timeout_s, records, log),
+        sampler.dead,
+        profile.max_duration_s,
+    )
     if traffic == "done" and not sampler.still_up():  # requests failing fast can outrun the sampler
         traffic = "died"
 
     throughput, bench_error = None, ""
     if traffic == "done":
         input_len, output_len = bench_lengths(profile, serve)
-        argv = bench_args(server, tokenizer_dir=tokenizer_dir, input_len=input_len, output_len=output_len,
-                          num_prompts=max(profile.num_requests, target), concurrency=target,
-                          output_dir=output_dir, seed=seed)
+        argv = bench_args(
+            server,
+            tokenizer_dir=tokenizer_dir,
+            input_len=input_len,
+            output_len=output_len,
+            num_prompts=max(profile.num_requests, target),
+            concurrency=target,
+            output_dir=output_dir,
+            seed=seed,
+        )
         log(f"stress: vllm bench serve, {input_len} -> {output_len} tokens, concurrency {target}")
         timeout = max(profile.max_duration_s - (time.monotonic() - t0), BENCH_MIN_TIMEOUT_S)
         ended, outcome = await race(run_bench(argv, output_dir, timeout), sampler.dead, timeout + 30)
-        bench, bench_error = outcome if ended == "done" else (None, "vllm bench serve was stopped: " + (
-            "the server died" if ended == "died" else "it ran past its time limit"))
+        bench, bench_error = (
+            outcome
+            if ended == "done"
+            else (
+                None,
+                "vllm bench serve was stopped: "
+                + ("the server died" if ended == "died" else "it ran past its time limit"),
+            )
+        )
         if bench is not None:
             throughput = ThroughputFigures(
-                command="vllm " + " ".join(argv), result_path=str(output_dir / "bench.json"),
-                input_len=input_len, output_len=output_len,
-                **{k: bench.get(k) for k in BENCH_KEYS if bench.get(k) is not None})
+                command="vllm " + " ".join(argv),
+                result_path=str(output_dir / "bench.json"),
+                input_len=input_len,
+                output_len=output_len,
+                **{k: bench.get(k) for k in BENCH_KEYS if bench.get(k) is not None},
+            )
     else:
-        bench_error = ("vllm bench serve did not run: " +
-                       ("the server died during the traffic" if traffic == "died" else
-                        f"the traffic used up max_duration_s={profile.max_duration_s:g} s"))
+        bench_error = "vllm bench serve did not run: " + (
+            "the server died during the traffic"
+            if traffic == "died"
+            else f"the traffic used up max_duration_s={profile.max_duration_s:g} s"
+        )
     stop.set()
     with contextlib.suppress(asyncio.CancelledError):
         await sampling
@@ -256,11 +290,14 @@ async def _stress(server: RunningServer, profile: StressGate, serve: ServeSectio
         error_samples=list(dict.fromkeys(errors))[:5],
         output_dir=str(output_dir),
     )
-    result.failures = judge(result, profile, traffic=traffic, death_reason=sampler.death_reason,
-                            bench_error=bench_error)
+    result.failures = judge(
+        result, profile, traffic=traffic, death_reason=sampler.death_reason, bench_error=bench_error
+    )
     with (output_dir / "requests.jsonl").open("w") as f:
-        f.writelines(json.dumps(records.get(p.index, {"index": p.index, "kind": p.kind, "outcome": "aborted"}))
-                     + "\n" for p in planned)
+        f.writelines(
+            json.dumps(records.get(p.index, {"index": p.index, "kind": p.kind, "outcome": "aborted"})) + "\n"
+            for p in planned
+        )
     with (output_dir / "metrics.jsonl").open("w") as f:
         f.writelines(json.dumps(s) + "\n" for s in sampler.samples)
     (output_dir / "stress_result.json").write_text(result.model_dump_json(indent=2))
@@ -268,47 +305,64 @@ async def _stress(server: RunningServer, profile: StressGate, serve: ServeSectio
     return result
 
 
-def judge(r: StressResult, profile: StressGate, *, traffic: str, death_reason: str,
-          bench_error: str) -> list[str]:
+def judge(
+    r: StressResult, profile: StressGate, *, traffic: str, death_reason: str, bench_error: str
+) -> list[str]:
     """One line per violated condition; empty means passed."""
     f = []
     first = f" (first: {r.error_samples[0]})" if r.error_samples else ""
     if r.server_died:
-        f.append(f"the server died during the stress test: {death_reason}"
-                 + (f"; {r.aborted} request(s) were never sent or never answered" if r.aborted else ""))
+        f.append(
+            f"the server died during the stress test: {death_reason}"
+            + (f"; {r.aborted} request(s) were never sent or never answered" if r.aborted else "")
+        )
     if r.server_restarts:
-        f.append(f"the server restarted {r.server_restarts} time(s) during the test "
-                 "(process_start_time_seconds changed)")
+        f.append(
+            f"the server restarted {r.server_restarts} time(s) during the test "
+            "(process_start_time_seconds changed)"
+        )
     if traffic == "timeout":
-        f.append(f"the traffic did not finish within max_duration_s={profile.max_duration_s:g} s; "
-                 f"{r.aborted} request(s) unanswered")
+        f.append(
+            f"the traffic did not finish within max_duration_s={profile.max_duration_s:g} s; "
+            f"{r.aborted} request(s) unanswered"
+        )
     f += answer_failures(r, profile.request_timeout_s, first)
     if r.completed < profile.num_requests:
-        f.append(f"only {r.completed} of {profile.num_requests} valid requests completed with the "
-                 "requested token count")
+        f.append(
+            f"only {r.completed} of {profile.num_requests} valid requests completed with the "
+            "requested token count"
+        )
     if r.rejected_overlong < r.overlong_expected:
-        f.append(f"{r.overlong_expected - r.rejected_overlong} of {r.overlong_expected} over-long prompts "
-                 "did not get HTTP 400")
+        f.append(
+            f"{r.overlong_expected - r.rejected_overlong} of {r.overlong_expected} over-long prompts "
+            "did not get HTTP 400"
+        )
     if r.other_errors:
         f.append(f"{r.other_errors} request(s) failed otherwise{first}")
     if not r.server_died and not r.peak_running:
         # A measurement that captured nothing proves nothing: the KV and memory peaks would be
         # those of an idle server, so the check fails instead of passing on empty data.
-        f.append(f"the /metrics sampler saw no running request (peak vllm:num_requests_running = "
-                 f"{r.peak_running}, peak KV usage = {r.peak_kv_cache_usage}): the test measured an idle "
-                 "server; raise gates.stress.num_requests or output_tokens so the traffic lasts longer "
-                 f"than the {SAMPLE_EVERY_S:g} s sampling interval")
+        f.append(
+            f"the /metrics sampler saw no running request (peak vllm:num_requests_running = "
+            f"{r.peak_running}, peak KV usage = {r.peak_kv_cache_usage}): the test measured an idle "
+            "server; raise gates.stress.num_requests or output_tokens so the traffic lasts longer "
+            f"than the {SAMPLE_EVERY_S:g} s sampling interval"
+        )
     if r.preemptions is None:
         f.append("vllm:num_preemptions_total was never read from /metrics, so preemptions are unknown")
     elif r.preemptions > profile.max_preemptions:
-        f.append(f"{r.preemptions} preemption(s) (vllm:num_preemptions_total), over max_preemptions="
-                 f"{profile.max_preemptions}: the KV cache cannot hold this concurrency; lower "
-                 "serve.max_num_seqs or serve.max_model_len, or give the KV cache more memory")
+        f.append(
+            f"{r.preemptions} preemption(s) (vllm:num_preemptions_total), over max_preemptions="
+            f"{profile.max_preemptions}: the KV cache cannot hold this concurrency; lower "
+            "serve.max_num_seqs or serve.max_model_len, or give the KV cache more memory"
+        )
     if r.throughput is None:
         f.append(bench_error or "vllm bench serve produced no result")
     elif r.throughput.failed or r.throughput.completed < r.throughput.num_prompts:
-        f.append(f"vllm bench serve: {r.throughput.failed} of {r.throughput.num_prompts} requests failed "
-                 f"(see {Path(r.output_dir) / 'bench.log'})")
+        f.append(
+            f"vllm bench serve: {r.throughput.failed} of {r.throughput.num_prompts} requests failed "
+            f"(see {Path(r.output_dir) / 'bench.log'})"
+        )
     return f
 
 

@@ -10,6 +10,7 @@ exception (whose request carries the ``Authorization`` header) travels with them
 Downloads (the base model, existing checkpoints) are in ``hub.download``; the release (push, promote,
 reject) in ``hub.publish``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -182,56 +183,67 @@ def _translate(call: _Call, exc: BaseException, attempts: int) -> HubError:
     status, code, message, transient = _classify(exc)
     where = f"{call.action} on {call.repo_id}" + (f"@{call.revision}" if call.revision else "")
     token_source = f"the environment variable {call.token_env}" + (
-        f" or the Prefect Secret block {call.secret_block!r}" if call.secret_block else "")
+        f" or the Prefect Secret block {call.secret_block!r}" if call.secret_block else ""
+    )
     namespace = call.repo_id.split("/")[0]
     if status == 401:
         err: HubError = HubAuthError(
             f"{where} failed: the Hub rejected the token (missing or wrong): set {token_source} "
-            "to a valid token (https://huggingface.co/settings/tokens) and re-run.")
+            "to a valid token (https://huggingface.co/settings/tokens) and re-run."
+        )
     elif status == 403 and not call.writes:
         err = HubAuthError(
             f"{where} failed: the token may not read {call.repo_id!r} (HTTP 403: {message}). If it "
             "is a gated or restricted repo, request access on its page, then use a token of that "
-            f"account in {token_source}.")
+            f"account in {token_source}."
+        )
     elif status == 403:
         err = HubAuthError(
             f"{where} failed: the token has no write access to {namespace!r} (HTTP 403: "
             f"{message}). Put a token with the 'write' role, or a fine-grained token with write "
-            f"access to {namespace!r}, in {token_source}.")
+            f"access to {namespace!r}, in {token_source}."
+        )
     elif status == 404 and code == "RevisionNotFound":
         err = HubNotFoundError(
             f"{where} failed: revision {call.revision!r} does not exist in {call.repo_id}. "
-            "Use an existing branch, tag or full 40-character commit sha.")
+            "Use an existing branch, tag or full 40-character commit sha."
+        )
     elif status == 404 and code == "EntryNotFound":
         err = HubNotFoundError(f"{where} failed: a file is missing at that revision ({message}).")
     elif status == 404:
         err = HubNotFoundError(
             f"{where} failed: the repo {call.repo_id!r} (revision {call.revision or 'main'!r}) was "
             "not found, or it is private and the token cannot see it. Check the repo id and "
-            f"that {token_source} holds a token with access.")
+            f"that {token_source} holds a token with access."
+        )
     elif status in (409, 412):
         err = HubError(
             f"{where} failed: the repo changed while this run worked (HTTP {status}: {message}); "
             "another run pushed or moved a ref at the same time. Nothing was overwritten; re-run "
-            "to work on top of the new state.")
+            "to work on top of the new state."
+        )
     elif status == 429:
         err = HubError(
             f"{where} failed after {attempts} attempt(s): the Hub rate-limited these requests (HTTP 429: "
             f"{message}). Wait a few minutes and re-run; pushes are content-addressed, so a re-run "
-            "ends in one complete revision and the release ref is untouched until promotion.")
+            "ends in one complete revision and the release ref is untouched until promotion."
+        )
     elif transient and "xet" in message.lower():
         err = HubError(
             f"{where} failed: {message}. The endpoint does not speak the Xet upload protocol (the "
-            "local test hub speaks plain LFS only): set HF_HUB_DISABLE_XET=1 before starting.")
+            "local test hub speaks plain LFS only): set HF_HUB_DISABLE_XET=1 before starting."
+        )
     elif transient and not call.writes:
         err = HubError(
             f"{where} failed after {attempts} attempt(s): {message or 'HTTP ' + str(status)}. "
-            "The Hub or the network failed; check that the Hub (or HF_ENDPOINT) is reachable and re-run.")
+            "The Hub or the network failed; check that the Hub (or HF_ENDPOINT) is reachable and re-run."
+        )
     elif transient:
         err = HubError(
             f"{where} failed after {attempts} attempt(s): {message or 'HTTP ' + str(status)}. "
             "The Hub or the network failed; re-run: pushes are content-addressed, so a re-run "
-            "ends in one complete revision and the release ref is untouched until promotion.")
+            "ends in one complete revision and the release ref is untouched until promotion."
+        )
     elif status is not None:
         err = HubError(f"{where} failed: HTTP {status}: {message}")
     else:
@@ -259,8 +271,15 @@ def _run(call: _Call, attempt_fn: Callable[[int], T]) -> T:
             _, _, message, transient = _classify(exc)
             if transient and attempt < call.retry.attempts:
                 delay = call.retry.delay(attempt, _retry_after_s(exc))
-                logger.warning("%s on %s: %s; retrying in %.2fs (attempt %d of %d)", call.action,
-                               call.repo_id, call.scrub(message), delay, attempt + 1, call.retry.attempts)
+                logger.warning(
+                    "%s on %s: %s; retrying in %.2fs (attempt %d of %d)",
+                    call.action,
+                    call.repo_id,
+                    call.scrub(message),
+                    delay,
+                    attempt + 1,
+                    call.retry.attempts,
+                )
             else:
                 failure = _translate(call, exc, attempt)
         if failure is not None:
@@ -274,6 +293,7 @@ def _api(endpoint: str | None, token: str | None) -> HfApi:
     return HfApi(endpoint=endpoint, token=token)
 
 
-def _hub_call(hub: HubSection, action: str, revision: str | None, token: str | None,
-              retry: RetryPolicy) -> _Call:
+def _hub_call(
+    hub: HubSection, action: str, revision: str | None, token: str | None, retry: RetryPolicy
+) -> _Call:
     return _Call(action, hub.repo_id, revision, token, hub.token_env, hub.token_secret_block, retry)

@@ -1,5 +1,6 @@
 """Downloads from the Hub: a base model (or an existing checkpoint) pinned to a commit, only the files
 quantizing and serving read, with the disk space checked first; a repo's config.json alone."""
+
 from __future__ import annotations
 
 import errno
@@ -26,7 +27,6 @@ from quantize_serve.recipe.model import Recipe
 logger = logging.getLogger(__name__)
 
 
-
 # What quantizing (llm-compressor) and serving (vLLM) read from a base model repo: the config, the
 # weights as safetensors (shards and their index), the tokenizer and the chat template. Nothing else
 # is fetched:
@@ -36,11 +36,21 @@ logger = logging.getLogger(__name__)
 #   consolidated*.safetensors) when the repo has safetensors; a repo without any gets its
 #   pytorch_model*.bin instead (BASE_MODEL_LEGACY_WEIGHTS), which llm-compressor can still load.
 BASE_MODEL_FILES = (
-    "config.json", "generation_config.json",
-    "*.safetensors", "*.safetensors.index.json",
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "tokenizer.model", "*.tiktoken", "vocab.json", "merges.txt", "vocab.txt",
-    "chat_template.json", "*.jinja",
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "*.tiktoken",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "chat_template.json",
+    "*.jinja",
 )
 BASE_MODEL_IGNORED = ("*/*", "consolidated*")
 BASE_MODEL_LEGACY_WEIGHTS = ("pytorch_model*.bin", "pytorch_model*.bin.index.json")
@@ -67,10 +77,18 @@ def base_model_patterns(filenames: list[str], *, weights: bool = True) -> tuple[
     return allow, ignore
 
 
-def resolve_base_model(repo_id: str, *, revision: str | None, token: str | None,
-                       cache_dir: str | Path | None = None, endpoint: str | None = None,
-                       token_env: str = "HF_TOKEN", secret_block: str | None = None,
-                       retry: RetryPolicy = DEFAULT_RETRY, weights: bool = True) -> ResolvedModel:
+def resolve_base_model(
+    repo_id: str,
+    *,
+    revision: str | None,
+    token: str | None,
+    cache_dir: str | Path | None = None,
+    endpoint: str | None = None,
+    token_env: str = "HF_TOKEN",
+    secret_block: str | None = None,
+    retry: RetryPolicy = DEFAULT_RETRY,
+    weights: bool = True,
+) -> ResolvedModel:
     """Pin ``revision`` (branch, tag, sha or None = main) to a commit, then download that commit.
 
     Resolving first means the whole run (quantization, card, provenance) names one immutable
@@ -88,8 +106,9 @@ def resolve_base_model(repo_id: str, *, revision: str | None, token: str | None,
     token = token or get_token()
     cache = Path(cache_dir) if cache_dir is not None else base_model_cache()  # never str(None)
     api = _api(endpoint, token)
-    call = _Call("resolve the base model", repo_id, revision, token, token_env, secret_block, retry,
-                 writes=False)
+    call = _Call(
+        "resolve the base model", repo_id, revision, token, token_env, secret_block, retry, writes=False
+    )
 
     def attempt(_: int) -> ResolvedModel:
         info = api.model_info(repo_id, revision=revision, files_metadata=True)
@@ -103,11 +122,24 @@ def resolve_base_model(repo_id: str, *, revision: str | None, token: str | None,
         free = _free_bytes(cache)
         if free is not None and missing > free:
             raise _disk_space_error(repo_id, sha, cache, missing, started=False)
-        logger.info("downloading %d file(s) of %s@%s into %s (%.1f MB not in the cache yet)",
-                    len(wanted), repo_id, sha[:12], cache, missing / 1e6)
+        logger.info(
+            "downloading %d file(s) of %s@%s into %s (%.1f MB not in the cache yet)",
+            len(wanted),
+            repo_id,
+            sha[:12],
+            cache,
+            missing / 1e6,
+        )
         try:
-            local = snapshot_download(repo_id, revision=sha, cache_dir=cache, token=token, endpoint=endpoint,
-                                      allow_patterns=allow, ignore_patterns=ignore)
+            local = snapshot_download(
+                repo_id,
+                revision=sha,
+                cache_dir=cache,
+                token=token,
+                endpoint=endpoint,
+                allow_patterns=allow,
+                ignore_patterns=ignore,
+            )
         except OSError as exc:
             if not any(isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS for e in _chain(exc)):
                 raise
@@ -125,8 +157,9 @@ def _select(siblings: list, allow: list[str], ignore: list[str]) -> list:
     """The siblings snapshot_download will fetch with these patterns (the client's own filter)."""
     from huggingface_hub.utils import filter_repo_objects
 
-    return list(filter_repo_objects(siblings, allow_patterns=allow, ignore_patterns=ignore,
-                                    key=lambda s: s.rfilename))
+    return list(
+        filter_repo_objects(siblings, allow_patterns=allow, ignore_patterns=ignore, key=lambda s: s.rfilename)
+    )
 
 
 def _missing_bytes(cache: Path, repo_id: str, siblings: list) -> int:
@@ -166,20 +199,31 @@ def _disk_space_error(repo_id: str, sha: str, cache: Path, needed: int, *, start
 
     what = f"download the base model {repo_id}@{sha}"
     if started:
-        head = (f"{what} failed: the disk is full (no space left on the device holding the download "
-                f"cache {cache}; {size(free)} free, the files to download take {size(needed)}).")
+        head = (
+            f"{what} failed: the disk is full (no space left on the device holding the download "
+            f"cache {cache}; {size(free)} free, the files to download take {size(needed)})."
+        )
     else:
-        head = (f"{what} was not started: the disk is full for this model (the files to download take "
-                f"{size(needed)}, the device holding the download cache {cache} has {size(free)} free).")
+        head = (
+            f"{what} was not started: the disk is full for this model (the files to download take "
+            f"{size(needed)}, the device holding the download cache {cache} has {size(free)} free)."
+        )
     return HubError(
         f"{head} Fix: free space there, or point QS_WORK_DIR at a disk with room (base models are "
         "downloaded to its hub/ folder, not to HF_HUB_CACHE), and re-run: files already downloaded "
-        "are kept.")
+        "are kept."
+    )
 
 
-def fetch_model_config(repo_id: str, *, revision: str | None = None, token: str | None = None,
-                       endpoint: str | None = None, token_env: str = "HF_TOKEN",
-                       retry: RetryPolicy = RetryPolicy(attempts=1)) -> dict:
+def fetch_model_config(
+    repo_id: str,
+    *,
+    revision: str | None = None,
+    token: str | None = None,
+    endpoint: str | None = None,
+    token_env: str = "HF_TOKEN",
+    retry: RetryPolicy = RetryPolicy(attempts=1),
+) -> dict:
     """A Hub model's config.json, and nothing else (the planner and the command line's checks need
     only its shape). Made for a command line: one attempt, and one plain request first, because
     ``hf_hub_download`` alone retries a dead network for about half a minute; when the Hub cannot be
@@ -198,8 +242,9 @@ def fetch_model_config(repo_id: str, *, revision: str | None = None, token: str 
     def attempt(_: int) -> dict:
         if not constants.HF_HUB_OFFLINE:
             try:
-                get_hf_file_metadata(hf_hub_url(repo_id, "config.json", revision=revision, endpoint=endpoint),
-                                     token=token)
+                get_hf_file_metadata(
+                    hf_hub_url(repo_id, "config.json", revision=revision, endpoint=endpoint), token=token
+                )
             except httpx.TransportError:
                 cached = try_to_load_from_cache(repo_id, "config.json", revision=revision)
                 if not isinstance(cached, str):
@@ -212,25 +257,40 @@ def fetch_model_config(repo_id: str, *, revision: str | None = None, token: str 
 
 
 def download_base(recipe: Recipe, *, cache_dir: Path | None = None, weights: bool = True) -> ResolvedModel:
-    """Download the recipe's Hub base model at its pinned commit (the token: the recipe's ``hub.token_env``, then ``hub.token_secret_block``; without a hub section, HF_TOKEN or a login on this machine);
+    """Download the recipe's Hub base model at its pinned commit (the token: the recipe's ``hub.token_env``,
+    then ``hub.token_secret_block``; without a hub section, HF_TOKEN or a login on this machine);
     ``weights=False``: its config and tokenizer files only."""
-    return download_model(recipe, recipe.model.id, recipe.model.revision, cache_dir=cache_dir, weights=weights)
+    return download_model(
+        recipe, recipe.model.id, recipe.model.revision, cache_dir=cache_dir, weights=weights
+    )
 
 
-def download_model(recipe: Recipe, repo_id: str, revision: str | None, *, cache_dir: Path | None = None,
-                   weights: bool = True) -> ResolvedModel:
+def download_model(
+    recipe: Recipe, repo_id: str, revision: str | None, *, cache_dir: Path | None = None, weights: bool = True
+) -> ResolvedModel:
     """Download a Hub model repo (the base, or an existing checkpoint) at its pinned commit, with the
     recipe's token (see resolve_base)."""
     hub = recipe.hub
-    return resolve_base_model(repo_id, revision=revision,
-                              token=resolve_token(hub) if hub else None, cache_dir=cache_dir,
-                              token_env=hub.token_env if hub else "HF_TOKEN",
-                              secret_block=hub.token_secret_block if hub else None, weights=weights)
+    return resolve_base_model(
+        repo_id,
+        revision=revision,
+        token=resolve_token(hub) if hub else None,
+        cache_dir=cache_dir,
+        token_env=hub.token_env if hub else "HF_TOKEN",
+        secret_block=hub.token_secret_block if hub else None,
+        weights=weights,
+    )
 
 
-def resolve_dataset_commit(repo_id: str, *, revision: str | None, token: str | None,
-                           endpoint: str | None = None, token_env: str = "HF_TOKEN",
-                           retry: RetryPolicy = DEFAULT_RETRY) -> str | None:
+def resolve_dataset_commit(
+    repo_id: str,
+    *,
+    revision: str | None,
+    token: str | None,
+    endpoint: str | None = None,
+    token_env: str = "HF_TOKEN",
+    retry: RetryPolicy = DEFAULT_RETRY,
+) -> str | None:
     """The commit sha a Hub dataset's ``revision`` (branch, tag, sha; None = main) points at now, so a
     run loads exactly that commit and the card can name it (as the base model's). None offline
     (HF_HUB_OFFLINE): the datasets cache is all there is, and no commit can be asked for."""
@@ -240,7 +300,9 @@ def resolve_dataset_commit(repo_id: str, *, revision: str | None, token: str | N
         return None
     token = token or get_token()
     api = _api(endpoint, token)
-    call = _Call("resolve the calibration dataset", repo_id, revision, token, token_env, None, retry, writes=False)
+    call = _Call(
+        "resolve the calibration dataset", repo_id, revision, token, token_env, None, retry, writes=False
+    )
 
     def attempt(_: int) -> str:
         sha = api.dataset_info(repo_id, revision=revision).sha

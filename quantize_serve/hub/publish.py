@@ -17,6 +17,7 @@ The release model, and why consumers never see a half-uploaded revision:
 4. ``record_rejection`` never touches the release ref.
 
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
     from huggingface_hub import HfApi
 
 logger = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True)
@@ -78,9 +78,16 @@ def _same(local: _LocalFile, remote: object) -> bool:
     return lfs.sha256 == local.sha256 if lfs else getattr(remote, "blob_id", None) == local.git_sha1
 
 
-def push_candidate(hub: HubSection, folder: str | Path, *, token: str | None, commit_message: str,
-                   commit_description: str = "", endpoint: str | None = None,
-                   retry: RetryPolicy = DEFAULT_RETRY) -> PushResult:
+def push_candidate(
+    hub: HubSection,
+    folder: str | Path,
+    *,
+    token: str | None,
+    commit_message: str,
+    commit_description: str = "",
+    endpoint: str | None = None,
+    retry: RetryPolicy = DEFAULT_RETRY,
+) -> PushResult:
     """Make ``main`` hold exactly ``folder`` (checkpoint + README.md) in ONE commit.
 
     Creates the repo (private per ``hub.private``) if missing. Compares local sizes and hashes
@@ -96,8 +103,10 @@ def push_candidate(hub: HubSection, folder: str | Path, *, token: str | None, co
         raise HubError(f"cannot push {folder}: not a folder")
     local = _scan_folder(folder)
     if CARD not in local:
-        raise HubError(f"cannot push {folder}: it has no {CARD} model card (render one with "
-                       "quantize_serve.release.card.render_model_card and save it there)")
+        raise HubError(
+            f"cannot push {folder}: it has no {CARD} model card (render one with "
+            "quantize_serve.release.card.render_model_card and save it there)"
+        )
     api = _api(endpoint, token)
     call = _hub_call(hub, "push the candidate", "main", token, retry)
     first_head: list[str] = []
@@ -112,29 +121,60 @@ def push_candidate(hub: HubSection, folder: str | Path, *, token: str | None, co
         removed = [p for p in remote if p not in local and p not in HUB_OWNED]
         if changed or removed:
             ops: list[CommitOperationAdd | CommitOperationDelete] = [
-                CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(local[p].path)) for p in changed]
+                CommitOperationAdd(path_in_repo=p, path_or_fileobj=str(local[p].path)) for p in changed
+            ]
             ops += [CommitOperationDelete(path_in_repo=p) for p in removed]
-            logger.info("pushing %d changed and %d removed file(s) to %s on top of %s",
-                        len(changed), len(removed), hub.repo_id, head[:12])
-            head = api.create_commit(hub.repo_id, ops, commit_message=commit_message,
-                                     commit_description=commit_description, revision="main",
-                                     parent_commit=head).oid
+            logger.info(
+                "pushing %d changed and %d removed file(s) to %s on top of %s",
+                len(changed),
+                len(removed),
+                hub.repo_id,
+                head[:12],
+            )
+            head = api.create_commit(
+                hub.repo_id,
+                ops,
+                commit_message=commit_message,
+                commit_description=commit_description,
+                revision="main",
+                parent_commit=head,
+            ).oid
         if info.private is not None and info.private != hub.private:
-            logger.warning("%s exists with private=%s; hub.private=%s is applied on creation only",
-                           hub.repo_id, info.private, hub.private)
-        return PushResult(repo_id=hub.repo_id, commit_sha=head, created_commit=head != first_head[0],
-                          url=f"{api.endpoint}/{hub.repo_id}/commit/{head}")
+            logger.warning(
+                "%s exists with private=%s; hub.private=%s is applied on creation only",
+                hub.repo_id,
+                info.private,
+                hub.private,
+            )
+        return PushResult(
+            repo_id=hub.repo_id,
+            commit_sha=head,
+            created_commit=head != first_head[0],
+            url=f"{api.endpoint}/{hub.repo_id}/commit/{head}",
+        )
 
     result = _run(call, attempt)
-    logger.info("%s: main is at %s (%s)", hub.repo_id, result.commit_sha,
-                "new commit" if result.created_commit else "unchanged, no commit")
+    logger.info(
+        "%s: main is at %s (%s)",
+        hub.repo_id,
+        result.commit_sha,
+        "new commit" if result.created_commit else "unchanged, no commit",
+    )
     return result
 
 
-def update_model_card(hub: HubSection, card_text: str, *, parent_commit: str, token: str | None,
-                      files: dict[str, bytes] | None = None, commit_message: str = "Update model card",
-                      commit_description: str = "", endpoint: str | None = None,
-                      retry: RetryPolicy = DEFAULT_RETRY) -> str:
+def update_model_card(
+    hub: HubSection,
+    card_text: str,
+    *,
+    parent_commit: str,
+    token: str | None,
+    files: dict[str, bytes] | None = None,
+    commit_message: str = "Update model card",
+    commit_description: str = "",
+    endpoint: str | None = None,
+    retry: RetryPolicy = DEFAULT_RETRY,
+) -> str:
     """One commit on ``main`` that changes README.md (and the card's own ``files``, such as its
     chart) only; returns the new sha, or the parent when nothing changed.
 
@@ -144,7 +184,9 @@ def update_model_card(hub: HubSection, card_text: str, *, parent_commit: str, to
     from huggingface_hub import CommitOperationAdd
 
     contents = {CARD: card_text.encode(), **(files or {})}
-    blob_ids = {name: hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() for name, data in contents.items()}
+    blob_ids = {
+        name: hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() for name, data in contents.items()
+    }
     api = _api(endpoint, token)
     call = _hub_call(hub, "update the model card", parent_commit, token, retry)
 
@@ -158,11 +200,21 @@ def update_model_card(hub: HubSection, card_text: str, *, parent_commit: str, to
             return parent_commit
         if n > 1:  # a lost answer may hide a commit that landed: is main our card on our parent?
             commits = api.list_repo_commits(hub.repo_id, revision="main")
-            if len(commits) > 1 and commits[1].commit_id == parent_commit and holds_card(commits[0].commit_id):
+            if (
+                len(commits) > 1
+                and commits[1].commit_id == parent_commit
+                and holds_card(commits[0].commit_id)
+            ):
                 return commits[0].commit_id
         ops = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=data) for name, data in contents.items()]
-        return api.create_commit(hub.repo_id, ops, commit_message=commit_message, revision="main",
-                                 commit_description=commit_description, parent_commit=parent_commit).oid
+        return api.create_commit(
+            hub.repo_id,
+            ops,
+            commit_message=commit_message,
+            revision="main",
+            commit_description=commit_description,
+            parent_commit=parent_commit,
+        ).oid
 
     return _run(call, attempt)
 
@@ -179,8 +231,9 @@ def _check_sha(commit_sha: str) -> None:
 
 def _ref_target(api: HfApi, repo_id: str, name: str, kind: str) -> str | None:
     refs = api.list_repo_refs(repo_id)
-    return next((r.target_commit for r in (refs.tags if kind == "tag" else refs.branches)
-                 if r.name == name), None)
+    return next(
+        (r.target_commit for r in (refs.tags if kind == "tag" else refs.branches) if r.name == name), None
+    )
 
 
 def _delete_ref(api: HfApi, repo_id: str, name: str, kind: str) -> None:
@@ -198,8 +251,15 @@ def _create_ref(api: HfApi, repo_id: str, name: str, kind: str, commit_sha: str,
         api.create_branch(repo_id, branch=name, revision=commit_sha)
 
 
-def promote_revision(hub: HubSection, commit_sha: str, *, token: str | None, run_id: str | None = None,
-                     endpoint: str | None = None, retry: RetryPolicy = DEFAULT_RETRY) -> str:
+def promote_revision(
+    hub: HubSection,
+    commit_sha: str,
+    *,
+    token: str | None,
+    run_id: str | None = None,
+    endpoint: str | None = None,
+    retry: RetryPolicy = DEFAULT_RETRY,
+) -> str:
     """Point the release ref (``hub.release_ref``, a tag or branch) at exactly ``commit_sha``.
 
     Checks the commit exists before touching the ref, moves the ref if it points elsewhere
@@ -209,8 +269,10 @@ def promote_revision(hub: HubSection, commit_sha: str, *, token: str | None, run
     _check_sha(commit_sha)
     ref, kind = hub.release_ref, hub.release_ref_kind
     if kind == "branch" and ref == "main":
-        raise HubError("hub.release_ref must not be 'main' when it is a branch: candidates are pushed "
-                       "to main; name the release branch e.g. 'production'")
+        raise HubError(
+            "hub.release_ref must not be 'main' when it is a branch: candidates are pushed "
+            "to main; name the release branch e.g. 'production'"
+        )
     api = _api(endpoint, token)
     call = _hub_call(hub, f"promote to {kind} {ref!r}", commit_sha, token, retry)
     message = f"quantize-serve: promoted {commit_sha}" + (f" (run {run_id})" if run_id else "")
@@ -222,12 +284,20 @@ def promote_revision(hub: HubSection, commit_sha: str, *, token: str | None, run
             if current is not None:
                 _delete_ref(api, hub.repo_id, ref, kind)
             _create_ref(api, hub.repo_id, ref, kind, commit_sha, message)
-            logger.info("%s: %s %r moved %s -> %s", hub.repo_id, kind, ref,
-                        current[:12] if current else "(none)", commit_sha[:12])
+            logger.info(
+                "%s: %s %r moved %s -> %s",
+                hub.repo_id,
+                kind,
+                ref,
+                current[:12] if current else "(none)",
+                commit_sha[:12],
+            )
         after = _ref_target(api, hub.repo_id, ref, kind)
         if after != commit_sha:
-            raise HubError(f"promote on {hub.repo_id}: {kind} {ref!r} points at {after} after the move, "
-                           f"not {commit_sha}; another promotion ran at the same time. Re-run.")
+            raise HubError(
+                f"promote on {hub.repo_id}: {kind} {ref!r} points at {after} after the move, "
+                f"not {commit_sha}; another promotion ran at the same time. Re-run."
+            )
         return commit_sha
 
     return _run(call, attempt)
@@ -238,9 +308,18 @@ def rejection_tag(commit_sha: str) -> str:
     return f"{REJECTION_TAG_PREFIX}{commit_sha[:12]}"
 
 
-def record_rejection(hub: HubSection, commit_sha: str, reasons: list[str], *, token: str | None,
-                     run_id: str, card_text: str | None = None, files: dict[str, bytes] | None = None,
-                     endpoint: str | None = None, retry: RetryPolicy = DEFAULT_RETRY) -> str:
+def record_rejection(
+    hub: HubSection,
+    commit_sha: str,
+    reasons: list[str],
+    *,
+    token: str | None,
+    run_id: str,
+    card_text: str | None = None,
+    files: dict[str, bytes] | None = None,
+    endpoint: str | None = None,
+    retry: RetryPolicy = DEFAULT_RETRY,
+) -> str:
     """Record that ``commit_sha`` failed its gates, without touching the release ref.
 
     Where a release engineer sees it: a tag ``rejected-<12-char sha>`` on that exact commit (listed
@@ -268,12 +347,29 @@ def record_rejection(hub: HubSection, commit_sha: str, reasons: list[str], *, to
     head = _run(call, attempt)
     if card_text is not None:
         if head == commit_sha:
-            update_model_card(hub, card_text, parent_commit=commit_sha, token=token, endpoint=endpoint, files=files,
-                              commit_message=f"Model card: candidate {commit_sha[:12]} rejected",
-                              retry=retry)
+            update_model_card(
+                hub,
+                card_text,
+                parent_commit=commit_sha,
+                token=token,
+                endpoint=endpoint,
+                files=files,
+                commit_message=f"Model card: candidate {commit_sha[:12]} rejected",
+                retry=retry,
+            )
         else:
-            logger.warning("%s: main moved on to %s; the rejection of %s is recorded in tag %s only",
-                           hub.repo_id, head[:12], commit_sha[:12], tag)
-    logger.info("%s: candidate %s rejected (%s); release ref %r untouched", hub.repo_id,
-                commit_sha[:12], "; ".join(reasons), hub.release_ref)
+            logger.warning(
+                "%s: main moved on to %s; the rejection of %s is recorded in tag %s only",
+                hub.repo_id,
+                head[:12],
+                commit_sha[:12],
+                tag,
+            )
+    logger.info(
+        "%s: candidate %s rejected (%s); release ref %r untouched",
+        hub.repo_id,
+        commit_sha[:12],
+        "; ".join(reasons),
+        hub.release_ref,
+    )
     return tag

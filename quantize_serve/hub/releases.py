@@ -5,6 +5,7 @@ Plain reads and one guarded write, through ``huggingface_hub``'s own API and the
 translator (``hub.client._run``: retries for transient failures, the token never in a message). What
 the commits mean (gated, rejected, rolled back) is the release layer's (``release/history.py``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -50,8 +51,9 @@ class RepoState(BaseModel):
         return [c for c in self.commits if c.parent == sha]
 
 
-def read_repo_state(hub: HubSection, *, token: str | None, endpoint: str | None = None,
-                    retry: RetryPolicy = DEFAULT_RETRY) -> RepoState:
+def read_repo_state(
+    hub: HubSection, *, token: str | None, endpoint: str | None = None, retry: RetryPolicy = DEFAULT_RETRY
+) -> RepoState:
     """Tags, branches and ``main``'s commits of ``hub.repo_id`` (a read: a read-only token is enough)."""
     api = _api(endpoint, token)
     call = _hub_call(hub, "read the release history", "main", token, retry)
@@ -59,19 +61,36 @@ def read_repo_state(hub: HubSection, *, token: str | None, endpoint: str | None 
     def attempt(_: int) -> RepoState:
         refs = api.list_repo_refs(hub.repo_id)
         listed = api.list_repo_commits(hub.repo_id, revision="main")
-        commits = [HubCommit(sha=c.commit_id, title=c.title or "", message=c.message or "",
-                             date=c.created_at.strftime("%Y-%m-%dT%H:%M:%SZ") if c.created_at else "",
-                             authors=list(c.authors or []),
-                             parent=listed[i + 1].commit_id if i + 1 < len(listed) else None)
-                   for i, c in enumerate(listed)]
-        return RepoState(repo_id=hub.repo_id, tags={t.name: t.target_commit for t in refs.tags},
-                         branches={b.name: b.target_commit for b in refs.branches}, commits=commits)
+        commits = [
+            HubCommit(
+                sha=c.commit_id,
+                title=c.title or "",
+                message=c.message or "",
+                date=c.created_at.strftime("%Y-%m-%dT%H:%M:%SZ") if c.created_at else "",
+                authors=list(c.authors or []),
+                parent=listed[i + 1].commit_id if i + 1 < len(listed) else None,
+            )
+            for i, c in enumerate(listed)
+        ]
+        return RepoState(
+            repo_id=hub.repo_id,
+            tags={t.name: t.target_commit for t in refs.tags},
+            branches={b.name: b.target_commit for b in refs.branches},
+            commits=commits,
+        )
 
     return _run(replace_writes(call), attempt)
 
 
-def read_file_at(hub: HubSection, revision: str, filename: str, *, token: str | None,
-                 endpoint: str | None = None, retry: RetryPolicy = DEFAULT_RETRY) -> bytes | None:
+def read_file_at(
+    hub: HubSection,
+    revision: str,
+    filename: str,
+    *,
+    token: str | None,
+    endpoint: str | None = None,
+    retry: RetryPolicy = DEFAULT_RETRY,
+) -> bytes | None:
     """One file of the repo at ``revision``; None when that revision has no such file."""
     from huggingface_hub.errors import EntryNotFoundError
 
@@ -93,8 +112,16 @@ def replace_writes(call: _Call) -> _Call:
     return replace(call, writes=False)
 
 
-def move_release_ref(hub: HubSection, commit_sha: str, *, expected: str | None, token: str | None,
-                     message: str, endpoint: str | None = None, retry: RetryPolicy = DEFAULT_RETRY) -> str:
+def move_release_ref(
+    hub: HubSection,
+    commit_sha: str,
+    *,
+    expected: str | None,
+    token: str | None,
+    message: str,
+    endpoint: str | None = None,
+    retry: RetryPolicy = DEFAULT_RETRY,
+) -> str:
     """Point the release ref at ``commit_sha`` only while it still points at ``expected`` (what the
     caller read; None: it did not exist), so a ref someone else moved in between is never overwritten:
     that is a :class:`RefMovedError` and nothing changes. The Hub has no compare-and-swap for refs, so
@@ -117,18 +144,27 @@ def move_release_ref(hub: HubSection, commit_sha: str, *, expected: str | None, 
                     f"{kind} {ref!r} of {hub.repo_id} points at {current or 'nothing'}, not at "
                     f"{expected or 'nothing'} as when this rollback read it: someone else moved it in "
                     f"between. Nothing was changed. Fix: look at `quantize-serve releases {hub.repo_id}` "
-                    "and run the rollback again against the new state.")
+                    "and run the rollback again against the new state."
+                )
             if current is not None:
                 _delete_ref(api, hub.repo_id, ref, kind)
                 deleted.append(True)
             _create_ref(api, hub.repo_id, ref, kind, commit_sha, message)
-            logger.info("%s: %s %r moved %s -> %s", hub.repo_id, kind, ref, (current or "(none)")[:12],
-                        commit_sha[:12])
+            logger.info(
+                "%s: %s %r moved %s -> %s",
+                hub.repo_id,
+                kind,
+                ref,
+                (current or "(none)")[:12],
+                commit_sha[:12],
+            )
         after = _ref_target(api, hub.repo_id, ref, kind)
         if after != commit_sha:
-            raise RefMovedError(f"{kind} {ref!r} of {hub.repo_id} points at {after or 'nothing'} right after it "
-                                f"was moved to {commit_sha}: someone else moved it at the same time. Look at "
-                                f"`quantize-serve releases {hub.repo_id}` and run the rollback again.")
+            raise RefMovedError(
+                f"{kind} {ref!r} of {hub.repo_id} points at {after or 'nothing'} right after it "
+                f"was moved to {commit_sha}: someone else moved it at the same time. Look at "
+                f"`quantize-serve releases {hub.repo_id}` and run the rollback again."
+            )
         return commit_sha
 
     try:
@@ -137,7 +173,9 @@ def move_release_ref(hub: HubSection, commit_sha: str, *, expected: str | None, 
         raise
     except HubError as exc:
         if deleted:  # the ref is gone: say so, and how to put it back
-            raise type(exc)(f"{exc} The {kind} {ref!r} was deleted before the failure and not created "
-                            f"again: it points at nothing now. Re-run the rollback with --to {commit_sha} "
-                            "(it is idempotent) to create it.") from None
+            raise type(exc)(
+                f"{exc} The {kind} {ref!r} was deleted before the failure and not created "
+                f"again: it points at nothing now. Re-run the rollback with --to {commit_sha} "
+                "(it is idempotent) to create it."
+            ) from None
         raise

@@ -34,9 +34,13 @@ def load_calibration(recipe: Recipe, *, source: str = "<recipe>") -> Any:
             ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train")
         except Exception as exc:  # datasets wraps the parser's error in its own classes
             cause = str(exc.__cause__ or exc).splitlines()[0][:200]
-            raise RecipeError(source, "calibration.dataset", c.dataset,
-                              f"cannot be read as {builder} ({cause})",
-                              f"fix the file so that every row is valid {builder}") from None
+            raise RecipeError(
+                source,
+                "calibration.dataset",
+                c.dataset,
+                f"cannot be read as {builder} ({cause})",
+                f"fix the file so that every row is valid {builder}",
+            ) from None
     else:
         ds = load_hub_calibration(recipe, source=source)
     check_calibration_rows(recipe, list(ds.column_names), len(ds), source=source)
@@ -55,31 +59,51 @@ def load_hub_calibration(recipe: Recipe, *, source: str = "<recipe>") -> Any:
     try:
         return datasets.load_dataset(c.dataset, c.subset, split=c.split, revision=c.revision)
     except DatasetNotFoundError as exc:
-        raise RecipeError(source, "calibration.dataset", c.dataset,
-                          f"the Hub at {endpoint} has no such dataset, or not for this token ({_first_line(exc)})",
-                          "give the dataset's id as owner/name (set HF_TOKEN if it is private or gated, "
-                          "HF_ENDPOINT if it lives on another hub or mirror), or a local file") from None
+        raise RecipeError(
+            source,
+            "calibration.dataset",
+            c.dataset,
+            f"the Hub at {endpoint} has no such dataset, or not for this token ({_first_line(exc)})",
+            "give the dataset's id as owner/name (set HF_TOKEN if it is private or gated, "
+            "HF_ENDPOINT if it lives on another hub or mirror), or a local file",
+        ) from None
     except ConnectionError as exc:  # offline mode, or the endpoint does not answer
-        raise RecipeError(source, "calibration.dataset", c.dataset,
-                          f"the Hub at {endpoint} cannot be reached and the dataset is not in the local "
-                          f"datasets cache ({_first_line(exc)})",
-                          "unset HF_HUB_OFFLINE / HF_DATASETS_OFFLINE and set HF_ENDPOINT to a hub or mirror "
-                          "that serves it, or point calibration.dataset at a local file") from None
+        raise RecipeError(
+            source,
+            "calibration.dataset",
+            c.dataset,
+            f"the Hub at {endpoint} cannot be reached and the dataset is not in the local "
+            f"datasets cache ({_first_line(exc)})",
+            "unset HF_HUB_OFFLINE / HF_DATASETS_OFFLINE and set HF_ENDPOINT to a hub or mirror "
+            "that serves it, or point calibration.dataset at a local file",
+        ) from None
     except ValueError as exc:  # datasets says "BuilderConfig ... not found" / "Unknown split ..."
         configs = datasets.get_dataset_config_names(c.dataset)
         if c.subset not in configs and not (c.subset is None and len(configs) == 1):
-            raise RecipeError(source, "calibration.subset", c.subset,
-                              f"the dataset {c.dataset!r} has no config {c.subset!r} (it has: {', '.join(configs)})",
-                              f"set calibration.subset to one of: {', '.join(configs)}") from None
+            raise RecipeError(
+                source,
+                "calibration.subset",
+                c.subset,
+                f"the dataset {c.dataset!r} has no config {c.subset!r} (it has: {', '.join(configs)})",
+                f"set calibration.subset to one of: {', '.join(configs)}",
+            ) from None
         splits = datasets.get_dataset_split_names(c.dataset, c.subset)
         if c.split not in splits:
             where = f"{c.dataset!r}" + (f" (config {c.subset!r})" if c.subset else "")
-            raise RecipeError(source, "calibration.split", c.split,
-                              f"the dataset {where} has no split {c.split!r} (it has: {', '.join(splits)})",
-                              f"set calibration.split to one of: {', '.join(splits)}") from None
-        raise RecipeError(source, "calibration.dataset", c.dataset,
-                          f"cannot be loaded from the Hub at {endpoint} ({_first_line(exc)})",
-                          "check the dataset's files and the README's configs: block") from None
+            raise RecipeError(
+                source,
+                "calibration.split",
+                c.split,
+                f"the dataset {where} has no split {c.split!r} (it has: {', '.join(splits)})",
+                f"set calibration.split to one of: {', '.join(splits)}",
+            ) from None
+        raise RecipeError(
+            source,
+            "calibration.dataset",
+            c.dataset,
+            f"cannot be loaded from the Hub at {endpoint} ({_first_line(exc)})",
+            "check the dataset's files and the README's configs: block",
+        ) from None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -92,19 +116,32 @@ def local_calibration_files(recipe: Recipe, *, source: str = "<recipe>") -> tupl
     files = recipe.calibration_files()
     missing = [show_path(f) for f in files if not f.is_file()]
     if missing:
-        raise RecipeError(source, "calibration.dataset", c.dataset,
-                          f"no such file: {', '.join(missing)}",
-                          "point calibration.dataset at a json/jsonl/csv/parquet/txt file "
-                          "(relative to the recipe's folder) or a Hub dataset id")
+        raise RecipeError(
+            source,
+            "calibration.dataset",
+            c.dataset,
+            f"no such file: {', '.join(missing)}",
+            "point calibration.dataset at a json/jsonl/csv/parquet/txt file "
+            "(relative to the recipe's folder) or a Hub dataset id",
+        )
     kinds = {DATA_FORMATS.get(f.suffix) for f in files}
     if None in kinds or len(kinds) != 1:
-        raise RecipeError(source, "calibration.dataset", c.dataset,
-                          "files must all be one of .json, .jsonl, .csv, .parquet, .txt",
-                          "convert the data to one of those formats")
+        raise RecipeError(
+            source,
+            "calibration.dataset",
+            c.dataset,
+            "files must all be one of .json, .jsonl, .csv, .parquet, .txt",
+            "convert the data to one of those formats",
+        )
     empty = [show_path(f) for f in files if f.stat().st_size == 0]
     if empty:
-        raise RecipeError(source, "calibration.dataset", c.dataset, f"empty file: {', '.join(empty)}",
-                          "point calibration.dataset at a file with calibration rows")
+        raise RecipeError(
+            source,
+            "calibration.dataset",
+            c.dataset,
+            f"empty file: {', '.join(empty)}",
+            "point calibration.dataset at a file with calibration rows",
+        )
     return files, kinds.pop()
 
 
@@ -118,9 +155,13 @@ def peek_calibration(recipe: Recipe, *, source: str = "<recipe>") -> tuple[list[
         try:
             names, n = _peek_file(f, builder)
         except (ValueError, csv.Error, OSError) as exc:
-            raise RecipeError(source, "calibration.dataset", recipe.calibration.dataset,
-                              f"cannot be read as {builder} ({str(exc).splitlines()[0][:200]})",
-                              f"fix the file so that every row is valid {builder}") from None
+            raise RecipeError(
+                source,
+                "calibration.dataset",
+                recipe.calibration.dataset,
+                f"cannot be read as {builder} ({str(exc).splitlines()[0][:200]})",
+                f"fix the file so that every row is valid {builder}",
+            ) from None
         columns.update(dict.fromkeys(names))
         rows += n
     check_calibration_rows(recipe, list(columns), rows, source=source)
@@ -187,15 +228,26 @@ def check_samples(recipe: Recipe, rows: Any, *, source: str = "<recipe>") -> Non
             ok = isinstance(value, str) and value.strip()
             shape = "a non-empty string"
         else:
-            ok = isinstance(value, list) and value and all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in value)
+            ok = (
+                isinstance(value, list)
+                and value
+                and all(
+                    isinstance(m, dict)
+                    and isinstance(m.get("role"), str)
+                    and isinstance(m.get("content"), str)
+                    for m in value
+                )
+            )
             shape = 'a non-empty list of {"role": ..., "content": ...} messages'
         if not ok:
-            raise RecipeError(source, key, field,
-                              f"selected sample {i} of {c.dataset!r} is not {shape} (it is {_preview(value)})",
-                              f"fix or drop such rows, or set {key} to the column that holds "
-                              + ("plain text" if c.text_field else "chat messages"))
+            raise RecipeError(
+                source,
+                key,
+                field,
+                f"selected sample {i} of {c.dataset!r} is not {shape} (it is {_preview(value)})",
+                f"fix or drop such rows, or set {key} to the column that holds "
+                + ("plain text" if c.text_field else "chat messages"),
+            )
 
 
 def _preview(value: Any) -> str:
@@ -212,7 +264,9 @@ def calibration_fingerprint(recipe: Recipe, *, source: str = "<recipe>") -> str:
 def pin_calibration(recipe: Recipe, commit_sha: str) -> Recipe:
     """The recipe with ``calibration.revision`` set to the Hub dataset's commit sha the run resolved,
     so every load (the validate stage's, the quantization worker's) reads that one commit."""
-    return recipe.model_copy(update={"calibration": recipe.calibration.model_copy(update={"revision": commit_sha})})
+    return recipe.model_copy(
+        update={"calibration": recipe.calibration.model_copy(update={"revision": commit_sha})}
+    )
 
 
 def describe(recipe: Recipe) -> dict[str, Any]:

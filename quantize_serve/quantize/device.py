@@ -63,8 +63,13 @@ def parse_build(python: str, version: str | None, version_py: str | None) -> Tor
             cuda = found.group(1)
     elif version is not None:
         local = version.partition("+")[2]
-        cuda = (f"{local[2:-1]}.{local[-1]}" if re.fullmatch(r"cu\d{3,}", local)
-                else None if local else "unknown (no local version label)")
+        cuda = (
+            f"{local[2:-1]}.{local[-1]}"
+            if re.fullmatch(r"cu\d{3,}", local)
+            else None
+            if local
+            else "unknown (no local version label)"
+        )
     return TorchBuild(python=python, version=version, cuda=str(cuda) if cuda else None)
 
 
@@ -95,5 +100,7 @@ def quantize_device_gap() -> str | None:
     if build.version is not None and build.cuda:
         return None
     has = f"torch {build.version}, a build without CUDA" if build.version else "no torch"
-    return (f"this host has an NVIDIA GPU ({gpus}), but the pipeline environment ({build.python}) has {has}: "
-            "llm-compressor would quantize on the CPU (hours for an 8B model) instead of the GPU")
+    return (
+        f"this host has an NVIDIA GPU ({gpus}), but the pipeline environment ({build.python}) has {has}: "
+        "llm-compressor would quantize on the CPU (hours for an 8B model) instead of the GPU"
+    )

@@ -82,9 +82,13 @@ def build_llmcompressor_recipe(q: QuantizationSection) -> str:
     if q.method == "gptq":
         modifiers = {"GPTQModifier": {**scheme, "dampening_frac": q.dampening_frac}}
     elif q.method == "smoothquant-gptq":  # INT8 W8A8: move activation outliers into the weights, then GPTQ
-        modifiers = {"SmoothQuantModifier": {"smoothing_strength": q.smoothing_strength},
-                     "GPTQModifier": {**scheme, "dampening_frac": q.dampening_frac}}
-    elif q.method == "rtn":  # FP8_DYNAMIC: per-channel weights rounded, activations scaled per token at run time
+        modifiers = {
+            "SmoothQuantModifier": {"smoothing_strength": q.smoothing_strength},
+            "GPTQModifier": {**scheme, "dampening_frac": q.dampening_frac},
+        }
+    elif (
+        q.method == "rtn"
+    ):  # FP8_DYNAMIC: per-channel weights rounded, activations scaled per token at run time
         modifiers = {"QuantizationModifier": scheme}
     else:
         modifiers = {
@@ -110,25 +114,50 @@ def calibration_pipeline(recipe: Recipe) -> dict:
     c, q = recipe.calibration, recipe.quantization
     measured = MEASURED_PIPELINES.get(q.method or "", {}) if q.llmcompressor_recipe is None else {}
     chosen = {**LLMCOMPRESSOR_PIPELINE, **measured}
-    return {"pipeline": c.pipeline or chosen["pipeline"],
-            "propagate_error": chosen["propagate_error"] if c.propagate_error is None else c.propagate_error,
-            "sequential_targets_per_subgraph": c.sequential_targets_per_subgraph}
+    return {
+        "pipeline": c.pipeline or chosen["pipeline"],
+        "propagate_error": chosen["propagate_error"] if c.propagate_error is None else c.propagate_error,
+        "sequential_targets_per_subgraph": c.sequential_targets_per_subgraph,
+    }
 
 
 # compressed-tensors' presets, written out (compressed_tensors.quantization.quant_scheme): the
 # 8-bit schemes quantize weights per output channel and activations per token at run time.
 EIGHT_BIT = {
-    "W8A8": {"weights": {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True, "dynamic": False},
-             "input_activations": {"num_bits": 8, "type": "int", "strategy": "token", "symmetric": True,
-                                   "dynamic": True}},
-    "FP8_DYNAMIC": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True,
-                                "dynamic": False},
-                    "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "symmetric": True,
-                                          "dynamic": True}},
+    "W8A8": {
+        "weights": {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True, "dynamic": False},
+        "input_activations": {
+            "num_bits": 8,
+            "type": "int",
+            "strategy": "token",
+            "symmetric": True,
+            "dynamic": True,
+        },
+    },
+    "FP8_DYNAMIC": {
+        "weights": {
+            "num_bits": 8,
+            "type": "float",
+            "strategy": "channel",
+            "symmetric": True,
+            "dynamic": False,
+        },
+        "input_activations": {
+            "num_bits": 8,
+            "type": "float",
+            "strategy": "token",
+            "symmetric": True,
+            "dynamic": True,
+        },
+    },
 }
 # The checkpoint format llm-compressor saves each scheme in (config.json's quantization_config.format).
-CHECKPOINT_FORMAT = {"W4A16": "pack-quantized", "W4A16_ASYM": "pack-quantized", "W8A8": "int-quantized",
-                     "FP8_DYNAMIC": "float-quantized"}
+CHECKPOINT_FORMAT = {
+    "W4A16": "pack-quantized",
+    "W4A16_ASYM": "pack-quantized",
+    "W8A8": "int-quantized",
+    "FP8_DYNAMIC": "float-quantized",
+}
 
 
 def weight_scheme(q: QuantizationSection) -> dict:
@@ -137,13 +166,26 @@ def weight_scheme(q: QuantizationSection) -> dict:
     if q.scheme in EIGHT_BIT:
         group = {"targets": list(q.targets), **EIGHT_BIT[q.scheme]}
     else:
-        group = {"targets": list(q.targets),
-                 "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": q.group_size,
-                             "symmetric": q.scheme == "W4A16", "dynamic": False}}
+        group = {
+            "targets": list(q.targets),
+            "weights": {
+                "num_bits": 4,
+                "type": "int",
+                "strategy": "group",
+                "group_size": q.group_size,
+                "symmetric": q.scheme == "W4A16",
+                "dynamic": False,
+            },
+        }
     scheme: dict = {"config_groups": {"group_0": group}, "ignore": list(q.ignore)}
     if q.kv_cache_scales:
-        scheme["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "strategy": "tensor",
-                                     "dynamic": False, "symmetric": True}
+        scheme["kv_cache_scheme"] = {
+            "num_bits": 8,
+            "type": "float",
+            "strategy": "tensor",
+            "dynamic": False,
+            "symmetric": True,
+        }
     return scheme
 
 
@@ -177,7 +219,9 @@ def quantize_model(
     waits on the key's lock file and then reuses what the first made."""
     work_dir = work_dir or get_settings().work_dir
     key = checkpoint_key(recipe, base_identity=base_identity, calibration_fingerprint=calibration_fingerprint)
-    out = work_dir / "checkpoints" / f"{recipe.quantization.method}-{key}"  # recipes that differ elsewhere share it
+    out = (
+        work_dir / "checkpoints" / f"{recipe.quantization.method}-{key}"
+    )  # recipes that differ elsewhere share it
     locks = work_dir / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     with FileLock(locks / f"{out.name}.lock"):
@@ -185,18 +229,41 @@ def quantize_model(
             log(f"reusing checkpoint {out} (same base, recipe, calibration data and engines)")
             manifest = json.loads((out / MANIFEST).read_text())
             result = manifest["result"]  # older manifests keep the device beside the result only
-            return QuantizeResult.model_validate({**result, "device": result.get("device") or manifest.get("device"),
-                                                  "cached": True})
-        return _quantize_once(out, work_dir, recipe, base_model_dir, base_identity=base_identity,
-                              calibration_fingerprint=calibration_fingerprint, log=log)
+            return QuantizeResult.model_validate(
+                {**result, "device": result.get("device") or manifest.get("device"), "cached": True}
+            )
+        return _quantize_once(
+            out,
+            work_dir,
+            recipe,
+            base_model_dir,
+            base_identity=base_identity,
+            calibration_fingerprint=calibration_fingerprint,
+            log=log,
+        )
 
 
-def _quantize_once(out: Path, work_dir: Path, recipe: Recipe, base_model_dir: Path, *, base_identity: str,
-                   calibration_fingerprint: str, log: Callable[[str], None]) -> QuantizeResult:
+def _quantize_once(
+    out: Path,
+    work_dir: Path,
+    recipe: Recipe,
+    base_model_dir: Path,
+    *,
+    base_identity: str,
+    calibration_fingerprint: str,
+    log: Callable[[str], None],
+) -> QuantizeResult:
     partial = out.with_name(out.name + ".partial")
     try:
-        return _quantize_into(partial, out, recipe, base_model_dir, base_identity=base_identity,
-                              calibration_fingerprint=calibration_fingerprint, log=log)
+        return _quantize_into(
+            partial,
+            out,
+            recipe,
+            base_model_dir,
+            base_identity=base_identity,
+            calibration_fingerprint=calibration_fingerprint,
+            log=log,
+        )
     except BaseException as exc:
         shutil.rmtree(partial, ignore_errors=True)  # never leave half a checkpoint on the disk
         if not disk_full(exc):
@@ -208,11 +275,20 @@ def _quantize_once(out: Path, work_dir: Path, recipe: Recipe, base_model_dir: Pa
         f"{weights_bytes_on_disk(base_model_dir) / 1e6:.1f} MB and the checkpoint needs up to as much). "
         "The half-written checkpoint was removed, so nothing partial can be reused. Fix: free space "
         "there, or set QS_WORK_DIR to a folder on a disk with room, and re-run.\n"
-        f"--- what failed ---\n{_last_lines(str(failure), 4)}")
+        f"--- what failed ---\n{_last_lines(str(failure), 4)}"
+    )
 
 
-def _quantize_into(partial: Path, out: Path, recipe: Recipe, base_model_dir: Path, *, base_identity: str,
-                   calibration_fingerprint: str, log: Callable[[str], None]) -> QuantizeResult:
+def _quantize_into(
+    partial: Path,
+    out: Path,
+    recipe: Recipe,
+    base_model_dir: Path,
+    *,
+    base_identity: str,
+    calibration_fingerprint: str,
+    log: Callable[[str], None],
+) -> QuantizeResult:
     """Quantize into ``partial``, write the manifest, then rename it to ``out`` (complete or absent)."""
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -232,7 +308,8 @@ def _quantize_into(partial: Path, out: Path, recipe: Recipe, base_model_dir: Pat
     if worker_report["calibration_fingerprint"] != calibration_fingerprint:
         raise QuantizationError(
             "the calibration data changed while quantizing (fingerprint "
-            f"{worker_report['calibration_fingerprint'][:12]} != {calibration_fingerprint[:12]}); rerun")
+            f"{worker_report['calibration_fingerprint'][:12]} != {calibration_fingerprint[:12]}); rerun"
+        )
 
     result = QuantizeResult(
         checkpoint_dir=str(out),
@@ -249,10 +326,16 @@ def _quantize_into(partial: Path, out: Path, recipe: Recipe, base_model_dir: Pat
         stage_seconds=worker_report.get("stage_seconds", {}),
         stage_cpu_seconds=worker_report.get("stage_cpu_seconds", {}),
     )
-    write_manifest(partial, result, extra={"base_identity": base_identity,
-                                           "calibration_pipeline": calibration_pipeline(recipe),
-                                           "device": worker_report.get("device"),
-                                           "workarounds": worker_report.get("workarounds", [])})
+    write_manifest(
+        partial,
+        result,
+        extra={
+            "base_identity": base_identity,
+            "calibration_pipeline": calibration_pipeline(recipe),
+            "device": worker_report.get("device"),
+            "workarounds": worker_report.get("workarounds", []),
+        },
+    )
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)  # the folder appears complete or not at all
     return result
@@ -274,9 +357,14 @@ def _run_child(spec_path: Path, *, log: Callable[[str], None]) -> dict:
         tail.append(line)
         log(line)
 
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=env, cwd=str(PROJECT_ROOT),
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=str(PROJECT_ROOT),
+        start_new_session=True,
+    )
     try:
         assert proc.stdout is not None
         stream_lines(proc.stdout, emit, on_frame=count_layers)
@@ -287,14 +375,16 @@ def _run_child(spec_path: Path, *, log: Callable[[str], None]) -> dict:
         raise
     if code != 0:
         raise QuantizationError(
-            f"llm-compressor exited with code {code}.\n--- last lines of its output ---\n" + "\n".join(tail))
+            f"llm-compressor exited with code {code}.\n--- last lines of its output ---\n" + "\n".join(tail)
+        )
     report_path = spec_path.with_name("worker_report.json")
     report = json.loads(report_path.read_text())
     report_path.unlink()
     return report
 
 
-# llm-compressor's sequential pipeline calibrates one subgraph (about a layer) at a time: "(3/5): Calibrating".
+# llm-compressor's sequential pipeline calibrates one subgraph (about a layer) at a time:
+# "(3/5): Calibrating".
 _SUBGRAPH = re.compile(r"^\((\d+)/(\d+)\)")
 
 
@@ -335,7 +425,8 @@ def weights_bytes_on_disk(model_dir: Path) -> int:
 def write_manifest(folder: Path, result: QuantizeResult, *, extra: dict) -> None:
     files = {
         f.name: {"bytes": f.stat().st_size, "sha256": file_sha256(f)}
-        for f in sorted(folder.iterdir()) if f.is_file() and f.name != MANIFEST
+        for f in sorted(folder.iterdir())
+        if f.is_file() and f.name != MANIFEST
     }
     manifest = {"result": result.model_dump(exclude={"cached"}), "files": files, **extra}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2))

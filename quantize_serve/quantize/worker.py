@@ -71,11 +71,16 @@ def placement(free_bytes: int | None, weights_bytes: int, activation_bytes: int)
         return False, "no accelerator: the model and its activations on the CPU"
     need = weights_bytes + 2 * activation_bytes + CALIBRATION_HEADROOM_BYTES
     fits = need <= free_bytes
-    verdict = ("model and calibration activations on the device" if fits
-               else "model on the CPU, onloaded one layer at a time (llm-compressor's default)")
-    return fits, (f"{verdict}: needs {need / GIB:.1f} GiB (weights {weights_bytes / GIB:.1f}, activations "
-                  f"2 x {activation_bytes / GIB:.1f}, headroom {CALIBRATION_HEADROOM_BYTES / GIB:.0f}), "
-                  f"{free_bytes / GIB:.1f} GiB free")
+    verdict = (
+        "model and calibration activations on the device"
+        if fits
+        else "model on the CPU, onloaded one layer at a time (llm-compressor's default)"
+    )
+    return fits, (
+        f"{verdict}: needs {need / GIB:.1f} GiB (weights {weights_bytes / GIB:.1f}, activations "
+        f"2 x {activation_bytes / GIB:.1f}, headroom {CALIBRATION_HEADROOM_BYTES / GIB:.0f}), "
+        f"{free_bytes / GIB:.1f} GiB free"
+    )
 
 
 def calibration_arguments(recipe: Recipe, target: str | None) -> dict:
@@ -125,24 +130,33 @@ def main(spec_path: str) -> None:
     rows = select_samples(recipe, load_calibration(recipe))
     texts = render_texts(recipe, rows, tokenizer)
     chat = recipe.calibration.messages_field is not None
-    encoded = tokenizer(texts, truncation=True, max_length=recipe.calibration.max_seq_len,
-                        add_special_tokens=not chat)
-    dataset = Dataset.from_dict({"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]})
-    print(f"[quantize] {len(texts)} calibration samples, "
-          f"{sum(len(x) for x in encoded['input_ids'])} tokens", flush=True)
+    encoded = tokenizer(
+        texts, truncation=True, max_length=recipe.calibration.max_seq_len, add_special_tokens=not chat
+    )
+    dataset = Dataset.from_dict(
+        {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+    )
+    print(
+        f"[quantize] {len(texts)} calibration samples, {sum(len(x) for x in encoded['input_ids'])} tokens",
+        flush=True,
+    )
 
     tokens = sum(len(x) for x in encoded["input_ids"])
     hidden = int(json.loads((Path(base) / "config.json").read_text()).get("hidden_size") or 0)
     free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
     if free is not None and not get_settings().quantize_on_device:
-        on_device, where = False, "model on the CPU, onloaded one layer at a time (QS_QUANTIZE_ON_DEVICE=false)"
+        on_device, where = (
+            False,
+            "model on the CPU, onloaded one layer at a time (QS_QUANTIZE_ON_DEVICE=false)",
+        )
     else:
         on_device, where = placement(free, weights_bytes_on_disk(Path(base)), tokens * hidden * 2)  # 16-bit
     target = f"cuda:{torch.cuda.current_device()}" if on_device else None
     print(f"[quantize] placement: {where}", flush=True)
     mark("prepare")  # imports, tokenizer, calibration data
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=recipe.model.dtype, trust_remote_code=trust,
-                                                 device_map=target)
+    model = AutoModelForCausalLM.from_pretrained(
+        base, dtype=recipe.model.dtype, trust_remote_code=trust, device_map=target
+    )
     # Mixtures of experts: llm-compressor's own MoE support. linearize_moe turns each layer's fused
     # experts (3D tensors) into one Linear per expert's gate/up/down projection, which the modifiers
     # quantize and the checkpoint stores per expert (what vLLM's MoE kernels load); with
@@ -152,8 +166,12 @@ def main(spec_path: str) -> None:
     # way that imports every model module, vision ones included, which fails without torchvision.)
     linearize_moe(model)
     mark("load")
-    oneshot(model=model, dataset=dataset, recipe=spec["llmcompressor_recipe"],
-            **calibration_arguments(recipe, target))
+    oneshot(
+        model=model,
+        dataset=dataset,
+        recipe=spec["llmcompressor_recipe"],
+        **calibration_arguments(recipe, target),
+    )
     mark("calibrate")
     model.save_pretrained(out, save_compressed=True)
     tokenizer.save_pretrained(out)

@@ -33,10 +33,14 @@ def read_model_config(model_dir: Path) -> dict[str, Any]:
 def check_model(recipe: Recipe, model_dir: Path, *, source: str) -> dict[str, Any]:
     """Check the recipe against the base model's config.json; return the config."""
     if not (model_dir / "config.json").is_file():
-        raise RecipeError(source, "model.id", recipe.model.id,
-                          f"no model folder with a config.json at {show_path(model_dir)}",
-                          "point model.id at a Hugging Face model folder (relative paths resolve "
-                          "against the recipe's folder) or at a Hub repo id such as org/name")
+        raise RecipeError(
+            source,
+            "model.id",
+            recipe.model.id,
+            f"no model folder with a config.json at {show_path(model_dir)}",
+            "point model.id at a Hugging Face model folder (relative paths resolve "
+            "against the recipe's folder) or at a Hub repo id such as org/name",
+        )
     config = read_model_config(model_dir)
     check_model_config(recipe, config, source=source)
     return config
@@ -45,9 +49,14 @@ def check_model(recipe: Recipe, model_dir: Path, *, source: str) -> dict[str, An
 def grouped_sizes(q: QuantizationSection) -> list[tuple[str, int]]:
     """(field, group size) of every 4-bit scheme the section quantizes (checkpoints bring their own)."""
     if q.candidates:
-        return [(f"quantization.candidates[{i}].group_size" if c.group_size else "quantization.group_size",
-                 c.group_size or q.group_size)
-                for i, c in enumerate(q.candidates) if c.method and (c.scheme or q.scheme).startswith("W4")]
+        return [
+            (
+                f"quantization.candidates[{i}].group_size" if c.group_size else "quantization.group_size",
+                c.group_size or q.group_size,
+            )
+            for i, c in enumerate(q.candidates)
+            if c.method and (c.scheme or q.scheme).startswith("W4")
+        ]
     return [("quantization.group_size", q.group_size)] if q.method and q.scheme.startswith("W4") else []
 
 
@@ -60,7 +69,9 @@ def router_names(config: dict[str, Any]) -> list[str]:
     vLLM builds both unquantized, so a quantized gate in the checkpoint would not load."""
     if not int(config.get("num_experts") or config.get("num_local_experts") or 0):
         return []
-    shared = ["model.layers.0.mlp.shared_expert_gate"] if config.get("shared_expert_intermediate_size") else []
+    shared = (
+        ["model.layers.0.mlp.shared_expert_gate"] if config.get("shared_expert_intermediate_size") else []
+    )
     return ["model.layers.0.mlp.gate", *shared]
 
 
@@ -86,31 +97,51 @@ def check_model_config(recipe: Recipe, config: dict[str, Any], *, source: str) -
         bad = {k: v for k, v in dims.items() if v and v % group_size}
         if bad and q.llmcompressor_recipe is None:
             divisors = sorted({g for g in (32, 64, 128) if all(v % g == 0 for v in dims.values() if v)})
-            errors.append(RecipeError(
-                source, field, group_size,
-                f"does not divide the model's {', '.join(f'{k}={v}' for k, v in bad.items())}",
-                f"use a group size that divides them: {divisors or 'none of 32/64/128 does'}"))
+            errors.append(
+                RecipeError(
+                    source,
+                    field,
+                    group_size,
+                    f"does not divide the model's {', '.join(f'{k}={v}' for k, v in bad.items())}",
+                    f"use a group size that divides them: {divisors or 'none of 32/64/128 does'}",
+                )
+            )
     quantizes = q.method is not None or any(c.method for c in q.candidates)
     gates = [n for n in router_names(config) if not ignored(n, q.ignore)]
     if gates and quantizes and q.llmcompressor_recipe is None:
         fix = [ROUTER_IGNORE] + (["re:.*shared_expert_gate$"] if any("shared" in g for g in gates) else [])
-        errors.append(RecipeError(
-            source, "quantization.ignore", list(q.ignore),
-            f"leaves this mixture of experts' router gates ({', '.join(gates)}, and the same in every "
-            "sparse layer) to be quantized; vLLM builds them unquantized and could not load them",
-            f"add {', '.join(repr(f) for f in fix)} to quantization.ignore"))
+        errors.append(
+            RecipeError(
+                source,
+                "quantization.ignore",
+                list(q.ignore),
+                f"leaves this mixture of experts' router gates ({', '.join(gates)}, and the same in every "
+                "sparse layer) to be quantized; vLLM builds them unquantized and could not load them",
+                f"add {', '.join(repr(f) for f in fix)} to quantization.ignore",
+            )
+        )
     max_pos = config.get("max_position_embeddings")
     if max_pos and recipe.serve.max_model_len > int(max_pos):
-        errors.append(RecipeError(
-            source, "serve.max_model_len", recipe.serve.max_model_len,
-            f"exceeds the model's max_position_embeddings ({max_pos})",
-            f"set serve.max_model_len to at most {max_pos}"))
+        errors.append(
+            RecipeError(
+                source,
+                "serve.max_model_len",
+                recipe.serve.max_model_len,
+                f"exceeds the model's max_position_embeddings ({max_pos})",
+                f"set serve.max_model_len to at most {max_pos}",
+            )
+        )
     tp = recipe.serve.tensor_parallel_size
     if heads % tp:
-        errors.append(RecipeError(
-            source, "serve.tensor_parallel_size", tp,
-            f"does not divide num_attention_heads ({heads})",
-            "use a tensor_parallel_size that divides the number of attention heads"))
+        errors.append(
+            RecipeError(
+                source,
+                "serve.tensor_parallel_size",
+                tp,
+                f"does not divide num_attention_heads ({heads})",
+                "use a tensor_parallel_size that divides the number of attention heads",
+            )
+        )
     if errors:
         raise RecipeErrors(errors) if len(errors) > 1 else errors[0]
 
@@ -119,13 +150,23 @@ def check_calibration_rows(recipe: Recipe, columns: list[str], num_rows: int, *,
     """The named field exists and there are enough rows (both numbers in the message)."""
     c = recipe.calibration
     field_name, field_key = (
-        (c.text_field, "calibration.text_field") if c.text_field else (c.messages_field, "calibration.messages_field")
+        (c.text_field, "calibration.text_field")
+        if c.text_field
+        else (c.messages_field, "calibration.messages_field")
     )
     if field_name not in columns:
-        raise RecipeError(source, field_key, field_name,
-                          f"the calibration data {c.dataset!r} has no such field (it has: {', '.join(columns)})",
-                          f"set {field_key} to one of: {', '.join(columns)}")
+        raise RecipeError(
+            source,
+            field_key,
+            field_name,
+            f"the calibration data {c.dataset!r} has no such field (it has: {', '.join(columns)})",
+            f"set {field_key} to one of: {', '.join(columns)}",
+        )
     if num_rows < c.num_samples:
-        raise RecipeError(source, "calibration.num_samples", c.num_samples,
-                          f"the calibration data {c.dataset!r} (split {c.split!r}) has only {num_rows} rows",
-                          f"lower calibration.num_samples to at most {num_rows} or add data")
+        raise RecipeError(
+            source,
+            "calibration.num_samples",
+            c.num_samples,
+            f"the calibration data {c.dataset!r} (split {c.split!r}) has only {num_rows} rows",
+            f"lower calibration.num_samples to at most {num_rows} or add data",
+        )

@@ -36,18 +36,32 @@ FIXES = {
 }
 
 
-BOUND_FIXES = {"greater_than": "above {gt}", "greater_than_equal": "of at least {ge}",
-               "less_than": "below {lt}", "less_than_equal": "of at most {le}"}
+BOUND_FIXES = {
+    "greater_than": "above {gt}",
+    "greater_than_equal": "of at least {ge}",
+    "less_than": "below {lt}",
+    "less_than_equal": "of at most {le}",
+}
 
 
 def parse_recipe(data: Any, *, source: str = RECIPE_SOURCE, base_dir: Path | None = None) -> Recipe:
     """Validate a mapping into a Recipe, translating pydantic's errors into ours."""
     if data is None:
-        raise RecipeError(source, "<file>", "", "the recipe is empty (or holds only comments)",
-                          "start from a shipped recipe, e.g. recipes/tiny-llama-awq.yaml")
+        raise RecipeError(
+            source,
+            "<file>",
+            "",
+            "the recipe is empty (or holds only comments)",
+            "start from a shipped recipe, e.g. recipes/tiny-llama-awq.yaml",
+        )
     if not isinstance(data, dict):
-        raise RecipeError(source, "<top level>", type(data).__name__, "a recipe is a mapping",
-                          "start the file with keys such as name:, model:, calibration:")
+        raise RecipeError(
+            source,
+            "<top level>",
+            type(data).__name__,
+            "a recipe is a mapping",
+            "start the file with keys such as name:, model:, calibration:",
+        )
     if base_dir is not None:
         data = {**data, "base_dir": str(base_dir)}
     try:
@@ -76,9 +90,13 @@ def apply_overrides(data: Any, overrides: dict[str, Any], *, source: str) -> dic
             else:
                 where = ".".join(keys[:i]) or "<top level>"
                 raise RecipeError(
-                    source, f"overrides.{dotted}", value, f"{where} has no entry {key!r} to set",
+                    source,
+                    f"overrides.{dotted}",
+                    value,
+                    f"{where} has no entry {key!r} to set",
                     "name a recipe field with dots (serve.max_num_seqs), list items by index "
-                    "(gates.accuracy.tasks.0.limit)")
+                    "(gates.accuracy.tasks.0.limit)",
+                )
             if last:
                 node[index] = value
             else:
@@ -93,13 +111,23 @@ def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Re
     the first read, before anything heavy."""
     path = Path(path)
     if not path.is_file():
-        raise RecipeError(str(path), "<file>", str(path), "no such recipe file",
-                          "pass the path of a YAML recipe, e.g. recipes/tiny-llama-awq.yaml")
+        raise RecipeError(
+            str(path),
+            "<file>",
+            str(path),
+            "no such recipe file",
+            "pass the path of a YAML recipe, e.g. recipes/tiny-llama-awq.yaml",
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise RecipeError(str(path), "<file>", str(path), "not a UTF-8 text file",
-                          "pass the path of a YAML recipe, e.g. recipes/tiny-llama-awq.yaml") from None
+        raise RecipeError(
+            str(path),
+            "<file>",
+            str(path),
+            "not a UTF-8 text file",
+            "pass the path of a YAML recipe, e.g. recipes/tiny-llama-awq.yaml",
+        ) from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except _DuplicateKey as exc:
@@ -107,8 +135,13 @@ def load_recipe(path: str | Path, overrides: dict[str, Any] | None = None) -> Re
     except yaml.MarkedYAMLError as exc:
         raise yaml_error(str(path), text, exc) from None
     except yaml.YAMLError as exc:
-        raise RecipeError(str(path), "<yaml>", str(exc).splitlines()[0], "not valid YAML",
-                          "fix the YAML syntax at the line shown") from None
+        raise RecipeError(
+            str(path),
+            "<yaml>",
+            str(exc).splitlines()[0],
+            "not valid YAML",
+            "fix the YAML syntax at the line shown",
+        ) from None
     if overrides:
         data = apply_overrides(data, overrides, source=str(path))
     return parse_recipe(data, source=str(path), base_dir=path.resolve().parent)
@@ -141,28 +174,37 @@ def duplicate_key_error(source: str, text: str, exc: _DuplicateKey) -> RecipeErr
     """Both lines of a key written twice in one mapping."""
     lines = text.splitlines()
     first, second = exc.first.line, exc.second.line
-    return RecipeError(source, str(exc.key), exc.key,
-                       f"the key is written twice in one mapping: line {first + 1} "
-                       f"({lines[first].strip()!r}) and line {second + 1} ({lines[second].strip()!r})",
-                       f"keep one of the two lines ({first + 1} or {second + 1}); YAML would silently use "
-                       "the last")
+    return RecipeError(
+        source,
+        str(exc.key),
+        exc.key,
+        f"the key is written twice in one mapping: line {first + 1} "
+        f"({lines[first].strip()!r}) and line {second + 1} ({lines[second].strip()!r})",
+        f"keep one of the two lines ({first + 1} or {second + 1}); YAML would silently use the last",
+    )
 
 
 def yaml_error(source: str, text: str, exc: yaml.MarkedYAMLError) -> RecipeError:
     """The line, the column and the offending line of a YAML syntax error."""
     mark = exc.problem_mark or exc.context_mark
     if mark is None:
-        return RecipeError(source, "<yaml>", "", f"not valid YAML: {exc.problem or exc}",
-                           "fix the YAML syntax")
+        return RecipeError(
+            source, "<yaml>", "", f"not valid YAML: {exc.problem or exc}", "fix the YAML syntax"
+        )
     lines = text.splitlines()
     offending = lines[mark.line] if mark.line < len(lines) else ""
     where = f"line {mark.line + 1}, column {mark.column + 1}"
     context = ""
     if exc.context and exc.context_mark is not None and exc.context_mark.line != mark.line:
         context = f" ({exc.context} at line {exc.context_mark.line + 1})"
-    return RecipeError(source, "<yaml>", offending, f"not valid YAML at {where}: {exc.problem}{context}",
-                       f"fix {where}: indent with spaces (not tabs) so nested keys line up, end every key "
-                       "with ':', close every quote and bracket")
+    return RecipeError(
+        source,
+        "<yaml>",
+        offending,
+        f"not valid YAML at {where}: {exc.problem}{context}",
+        f"fix {where}: indent with spaces (not tabs) so nested keys line up, end every key "
+        "with ':', close every quote and bracket",
+    )
 
 
 def translate_errors(source: str, errors: list[dict[str, Any]]) -> list[RecipeError]:
@@ -172,7 +214,6 @@ def translate_errors(source: str, errors: list[dict[str, Any]]) -> list[RecipeEr
     "Field required" of the key it stands for is dropped: a misspelled section is one mistake, not
     two. Errors raised as RecipeError(s) by our validators keep their own field and fix.
     """
-    missing = {tuple(e["loc"]) for e in errors if e["type"] == "missing"}
     meant: dict[tuple[Any, ...], str | None] = {}
     for e in errors:
         if e["type"] == "extra_forbidden" and e["loc"]:
@@ -224,12 +265,18 @@ def _unknown_key(source: str, err: dict[str, Any], guess: str | None) -> RecipeE
     field = ".".join(str(p) for p in err["loc"])
     value = "{...}" if isinstance(err.get("input"), dict) else err.get("input")
     if guess is not None:
-        return RecipeError(source, field, value, f"unknown key; did you mean {guess!r}?",
-                           f"rename {str(key)!r} to {guess!r}")
+        return RecipeError(
+            source, field, value, f"unknown key; did you mean {guess!r}?", f"rename {str(key)!r} to {guess!r}"
+        )
     allowed = _allowed_keys(tuple(parent))
     where = ".".join(str(p) for p in parent) or "the top level"
-    return RecipeError(source, field, value, "unknown key",
-                       f"remove it; {where} allows: {', '.join(allowed)}" if allowed else FIXES["extra_forbidden"])
+    return RecipeError(
+        source,
+        field,
+        value,
+        "unknown key",
+        f"remove it; {where} allows: {', '.join(allowed)}" if allowed else FIXES["extra_forbidden"],
+    )
 
 
 def _split_fix(message: str) -> tuple[str, str]:
@@ -245,7 +292,7 @@ def _split_fix(message: str) -> tuple[str, str]:
         if depth == 0 and message.startswith("; ", i):
             cut = i
     if cut > 0:
-        return message[:cut], message[cut + 2:]
+        return message[:cut], message[cut + 2 :]
     return message, "see the problem above"
 
 

@@ -65,8 +65,10 @@ class CalibrationSection(Section):
     subset: str | None = Field(default=None, description="Hub dataset configuration name.")
     split: str = "train"
     revision: str | None = Field(
-        default=None, description="Hub dataset branch, tag or commit sha (None = main). A run pins it to "
-        "the commit sha it resolves to, loads exactly that commit, and the model card names the sha.")
+        default=None,
+        description="Hub dataset branch, tag or commit sha (None = main). A run pins it to "
+        "the commit sha it resolves to, loads exactly that commit, and the model card names the sha.",
+    )
     text_field: str | None = Field(default=None, description="Column holding plain text.")
     messages_field: str | None = Field(
         default=None, description="Column holding chat messages, rendered with the chat template."
@@ -121,8 +123,9 @@ class ProfileSearch(Section):
     """
 
     enabled: bool = True
-    max_boots: PositiveInt = Field(default=6, description="vLLM boots the max_num_seqs search may spend "
-                                   f"(at most {MAX_SEARCH_BOOTS}).")
+    max_boots: PositiveInt = Field(
+        default=6, description=f"vLLM boots the max_num_seqs search may spend (at most {MAX_SEARCH_BOOTS})."
+    )
     min_num_seqs: PositiveInt = Field(default=1, description="Lower end of the searched range.")
     max_num_seqs: PositiveInt | None = Field(
         default=None,
@@ -130,7 +133,8 @@ class ProfileSearch(Section):
         "(KV tokens / max_model_len).",
     )
     step: PositiveInt = Field(
-        default=4, description="Search resolution in sequences: the search stops when the largest "
+        default=4,
+        description="Search resolution in sequences: the search stops when the largest "
         "passing and the smallest failing max_num_seqs are at most this far apart.",
     )
     max_model_len_search: bool = Field(
@@ -144,9 +148,10 @@ class ProfileSearch(Section):
     def _max_boots(cls, value: int) -> int:
         if value > MAX_SEARCH_BOOTS:
             raise ValueError(
-                f"is more than {MAX_SEARCH_BOOTS}: each boot is a vLLM start plus a stress test (minutes on a "
-                f"GPU), and {MAX_SEARCH_BOOTS} already bisect any max_num_seqs range to one sequence. Fix: "
-                f"use at most {MAX_SEARCH_BOOTS} (6 is the default), or narrow min_num_seqs..max_num_seqs")
+                f"is more than {MAX_SEARCH_BOOTS}: each boot is a vLLM start plus a stress test (minutes on "
+                f"a GPU), and {MAX_SEARCH_BOOTS} already bisect any max_num_seqs range to one sequence. Fix: "
+                f"use at most {MAX_SEARCH_BOOTS} (6 is the default), or narrow min_num_seqs..max_num_seqs"
+            )
         return value
 
     @model_validator(mode="after")
@@ -177,11 +182,13 @@ class ServeSection(Section):
     )
     extra_args: list[str] = Field(default_factory=list, description="More vLLM server flags.")
     search: ProfileSearch | None = Field(
-        default=None, description="Search the largest stable max_num_seqs with real boots "
+        default=None,
+        description="Search the largest stable max_num_seqs with real boots "
         "(quantize_serve/serve_profile/search.py); off when absent.",
     )
     preflight: Literal["off", "measure"] = Field(
-        default="off", description="measure: before the base model's weights are downloaded, boot its "
+        default="off",
+        description="measure: before the base model's weights are downloaded, boot its "
         "shape with dummy weights (config.json and tokenizer only) in the three configurations, and stop "
         "the run with vLLM's reason when the production configuration does not fit "
         "(quantize_serve/capacity/shape.py). `quantize-serve plan RECIPE --measure` does the same alone.",
@@ -197,7 +204,8 @@ class ServeSection(Section):
                     "--revision would replace the revision serve-profile.yaml and the model card name: "
                     "the release ref (hub.release_ref), which promotion moves to the gated commit, so "
                     "that production serves what the gates passed. Fix: remove --revision from "
-                    "serve.extra_args; to serve another ref, set hub.release_ref")
+                    "serve.extra_args; to serve another ref, set hub.release_ref"
+                )
             if flag in RESERVED_VLLM_FLAGS:
                 raise ValueError(
                     f"{flag} is set by its own serve.* field; remove it from extra_args and set "
@@ -242,16 +250,19 @@ class HubSection(Section):
             raise ValueError(
                 f"'{CANDIDATE_BRANCH}' is the branch every candidate is committed to (a tag of that name "
                 "would make the revision ambiguous), so promotion could not point it at a gated commit. "
-                "Fix: name the release ref something else, e.g. production")
+                "Fix: name the release ref something else, e.g. production"
+            )
         if value.startswith(REJECTION_TAG_PREFIX):
             raise ValueError(
                 f"names starting with '{REJECTION_TAG_PREFIX}' are the tags this pipeline writes on "
                 f"rejected candidates ({REJECTION_TAG_PREFIX}<sha>). Fix: name the release ref something "
-                "else, e.g. production")
+                "else, e.g. production"
+            )
         if not GIT_REF_NAME.match(value):
             raise ValueError(
                 "not a valid tag or branch name. Fix: use letters, digits, '.', '_', '-' and '/', e.g. "
-                "production or release/v1")
+                "production or release/v1"
+            )
         return value
 
     @field_validator("commit_message")
@@ -261,8 +272,10 @@ class HubSection(Section):
         try:
             names = [name for _, name, _, _ in string.Formatter().parse(value) if name is not None]
         except ValueError as exc:
-            raise ValueError(f"is not a valid message template ({exc}). Fix: write literal braces as "
-                             f"{{{{ and }}}}; placeholders are {allowed}") from None
+            raise ValueError(
+                f"is not a valid message template ({exc}). Fix: write literal braces as "
+                f"{{{{ and }}}}; placeholders are {allowed}"
+            ) from None
         unknown = [n or "{}" for n in names if n not in COMMIT_MESSAGE_FIELDS]
         if unknown:
             raise ValueError(f"unknown placeholder(s) {', '.join(unknown)}. Fix: use only {allowed}")
@@ -273,10 +286,13 @@ class HubSection(Section):
     def _no_token(cls, data: Any) -> Any:
         if isinstance(data, dict) and "token" in data:
             raise RecipeError(
-                RECIPE_SOURCE, "hub.token", "<hidden>",
+                RECIPE_SOURCE,
+                "hub.token",
+                "<hidden>",
                 "a token never goes in a recipe file (recipes are committed and shared)",
                 "remove hub.token and set the environment variable named by hub.token_env "
-                "(default HF_TOKEN) or hub.token_secret_block")
+                "(default HF_TOKEN) or hub.token_secret_block",
+            )
         return data
 
 
@@ -349,45 +365,67 @@ def cross_section_problems(recipe: Recipe) -> list[RecipeError]:
     # output size, and long requests of prompt + output = max_model_len - LONG_PROMPT_MARGIN.
     longest_in, longest_out = max(stress.prompt_tokens), max(stress.output_tokens)
     if longest_in + longest_out > limit:
-        problem("gates.stress.prompt_tokens", stress.prompt_tokens,
-                f"the longest prompt ({longest_in}) plus the longest output ({longest_out}) is "
-                f"{longest_in + longest_out} tokens, over serve.max_model_len ({limit}); the stress test "
-                "would fail on requests the server must refuse",
-                f"keep max(prompt_tokens) + max(output_tokens) <= {limit}: lower gates.stress.prompt_tokens "
-                "or gates.stress.output_tokens, or raise serve.max_model_len")
+        problem(
+            "gates.stress.prompt_tokens",
+            stress.prompt_tokens,
+            f"the longest prompt ({longest_in}) plus the longest output ({longest_out}) is "
+            f"{longest_in + longest_out} tokens, over serve.max_model_len ({limit}); the stress test "
+            "would fail on requests the server must refuse",
+            f"keep max(prompt_tokens) + max(output_tokens) <= {limit}: lower gates.stress.prompt_tokens "
+            "or gates.stress.output_tokens, or raise serve.max_model_len",
+        )
     elif limit - longest_out - LONG_PROMPT_MARGIN < 1:
-        problem("gates.stress.output_tokens", stress.output_tokens,
-                f"leaves no room for the stress test's long prompts (max_model_len {limit} - longest output "
-                f"{longest_out} - {LONG_PROMPT_MARGIN} tokens of margin)",
-                f"keep max(output_tokens) below {limit - LONG_PROMPT_MARGIN}, or raise serve.max_model_len")
+        problem(
+            "gates.stress.output_tokens",
+            stress.output_tokens,
+            f"leaves no room for the stress test's long prompts (max_model_len {limit} - longest output "
+            f"{longest_out} - {LONG_PROMPT_MARGIN} tokens of margin)",
+            f"keep max(output_tokens) below {limit - LONG_PROMPT_MARGIN}, or raise serve.max_model_len",
+        )
     # vLLM runs at most max_num_seqs requests at once and queues the rest: a stress concurrency
     # above it would report a batch size the server never ran.
     if stress.concurrency is not None:
         if search is None and stress.concurrency > serve.max_num_seqs:
-            problem("gates.stress.concurrency", stress.concurrency,
-                    f"is above serve.max_num_seqs ({serve.max_num_seqs}); vLLM runs at most max_num_seqs "
-                    "requests at once and queues the rest, so the gate would not test the concurrency it "
-                    "reports",
-                    f"set gates.stress.concurrency to at most {serve.max_num_seqs} (or leave it unset: it "
-                    "defaults to serve.max_num_seqs), or raise serve.max_num_seqs")
-        elif search is not None and search.max_num_seqs is not None and stress.concurrency > search.max_num_seqs:
-            problem("gates.stress.concurrency", stress.concurrency,
-                    f"is above serve.search.max_num_seqs ({search.max_num_seqs}); no max_num_seqs the "
-                    "search can choose runs that many requests at once",
-                    "leave gates.stress.concurrency unset (the gates then run at the max_num_seqs the search "
-                    f"finds) or set it to at most {search.max_num_seqs}")
+            problem(
+                "gates.stress.concurrency",
+                stress.concurrency,
+                f"is above serve.max_num_seqs ({serve.max_num_seqs}); vLLM runs at most max_num_seqs "
+                "requests at once and queues the rest, so the gate would not test the concurrency it "
+                "reports",
+                f"set gates.stress.concurrency to at most {serve.max_num_seqs} (or leave it unset: it "
+                "defaults to serve.max_num_seqs), or raise serve.max_num_seqs",
+            )
+        elif (
+            search is not None
+            and search.max_num_seqs is not None
+            and stress.concurrency > search.max_num_seqs
+        ):
+            problem(
+                "gates.stress.concurrency",
+                stress.concurrency,
+                f"is above serve.search.max_num_seqs ({search.max_num_seqs}); no max_num_seqs the "
+                "search can choose runs that many requests at once",
+                "leave gates.stress.concurrency unset (the gates then run at the max_num_seqs the search "
+                f"finds) or set it to at most {search.max_num_seqs}",
+            )
     rule = recipe.quantization.choose
     if rule is not None:
         if rule.concurrency is not None and search is None and rule.concurrency > serve.max_num_seqs:
-            problem("quantization.choose.concurrency", rule.concurrency,
-                    f"is above serve.max_num_seqs ({serve.max_num_seqs}); vLLM would queue the extra requests "
-                    "and the throughput would be measured at a concurrency it never ran",
-                    f"set it to at most {serve.max_num_seqs}, or raise serve.max_num_seqs")
+            problem(
+                "quantization.choose.concurrency",
+                rule.concurrency,
+                f"is above serve.max_num_seqs ({serve.max_num_seqs}); vLLM would queue the extra requests "
+                "and the throughput would be measured at a concurrency it never ran",
+                f"set it to at most {serve.max_num_seqs}, or raise serve.max_num_seqs",
+            )
         if rule.input_tokens and rule.output_tokens and rule.input_tokens + rule.output_tokens > limit:
-            problem("quantization.choose.input_tokens", rule.input_tokens,
-                    f"plus output_tokens ({rule.output_tokens}) is {rule.input_tokens + rule.output_tokens} "
-                    f"tokens, over serve.max_model_len ({limit}); the server would refuse every request",
-                    f"keep input_tokens + output_tokens <= {limit}")
+            problem(
+                "quantization.choose.input_tokens",
+                rule.input_tokens,
+                f"plus output_tokens ({rule.output_tokens}) is {rule.input_tokens + rule.output_tokens} "
+                f"tokens, over serve.max_model_len ({limit}); the server would refuse every request",
+                f"keep input_tokens + output_tokens <= {limit}",
+            )
     return problems
 
 
@@ -397,5 +435,3 @@ DATA_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "p
 # --------------------------------------------------------------------------------------------
 # Checks that look at files (small reads only: config.json and the calibration data).
 # --------------------------------------------------------------------------------------------
-
-

@@ -31,14 +31,18 @@ def scheme_method_problem(method: str | None, scheme: str) -> str | None:
     if method is None or method in allowed:
         return None
     makes = sorted(s for s, methods in SCHEME_METHODS.items() if method in methods)
-    return (f"method {method!r} does not make scheme {scheme!r} (it makes {', '.join(makes)}). Fix: use "
-            f"method {' or '.join(repr(m) for m in allowed)} for {scheme}, or another scheme")
+    return (
+        f"method {method!r} does not make scheme {scheme!r} (it makes {', '.join(makes)}). Fix: use "
+        f"method {' or '.join(repr(m) for m in allowed)} for {scheme}, or another scheme"
+    )
 
 
 def even_group_size(value: int | None) -> int | None:
     if value is not None and value % 2:
-        raise ValueError("must be even (vLLM's int4 kernels need an even group size). Fix: use an "
-                         "even group size that divides the model's layer widths, e.g. 128")
+        raise ValueError(
+            "must be even (vLLM's int4 kernels need an even group size). Fix: use an "
+            "even group size that divides the model's layer widths, e.g. 128"
+        )
     return value
 
 
@@ -51,8 +55,10 @@ class Candidate(Section):
     method: Method | None = None
     scheme: Scheme | None = None
     group_size: PositiveInt | None = None
-    checkpoint: str | None = Field(default=None, description="Local folder or Hub repo id of a quantized "
-                                   "checkpoint of the recipe's base model.")
+    checkpoint: str | None = Field(
+        default=None,
+        description="Local folder or Hub repo id of a quantized checkpoint of the recipe's base model.",
+    )
     revision: str | None = Field(default=None, description="Hub branch, tag or commit of `checkpoint`.")
 
     @field_validator("group_size")
@@ -63,11 +69,15 @@ class Candidate(Section):
     @model_validator(mode="after")
     def _one_source(self) -> Candidate:
         if (self.method is None) == (self.checkpoint is None):
-            raise ValueError(f"candidate {self.name!r}: set exactly one of method (quantize the base model) "
-                             "or checkpoint (an already-quantized checkpoint)")
+            raise ValueError(
+                f"candidate {self.name!r}: set exactly one of method (quantize the base model) "
+                "or checkpoint (an already-quantized checkpoint)"
+            )
         if self.checkpoint is not None and (self.scheme or self.group_size):
-            raise ValueError(f"candidate {self.name!r}: a checkpoint's scheme and group size are read from "
-                             "its config.json; remove scheme/group_size")
+            raise ValueError(
+                f"candidate {self.name!r}: a checkpoint's scheme and group size are read from "
+                "its config.json; remove scheme/group_size"
+            )
         if self.revision is not None and self.checkpoint is None:
             raise ValueError(f"candidate {self.name!r}: revision applies to a checkpoint only; remove it")
         return self
@@ -79,8 +89,10 @@ class FormatRule(Section):
     never repeat, so prefix caching cannot flatter a format) at ``concurrency``."""
 
     rule: Literal["kv_capacity", "throughput"] = Field(
-        default="kv_capacity", description="kv_capacity: the most KV-cache tokens; throughput: the most "
-        "output tokens/s at `concurrency`, within the TTFT/TPOT limits.")
+        default="kv_capacity",
+        description="kv_capacity: the most KV-cache tokens; throughput: the most "
+        "output tokens/s at `concurrency`, within the TTFT/TPOT limits.",
+    )
     concurrency: PositiveInt | None = Field(default=None, description="Default: serve.max_num_seqs.")
     input_tokens: PositiveInt | None = Field(default=None, description="Default: the stress profile's mean.")
     output_tokens: PositiveInt | None = Field(default=None, description="Default: the stress profile's mean.")
@@ -92,9 +104,11 @@ class FormatRule(Section):
     @model_validator(mode="after")
     def _slo_for_throughput(self) -> FormatRule:
         if self.rule == "throughput" and self.max_p99_ttft_ms is None and self.max_mean_tpot_ms is None:
-            raise ValueError("rule 'throughput' chooses the most throughput under a latency limit: set "
-                             "quantization.choose.max_p99_ttft_ms and/or max_mean_tpot_ms (or use rule "
-                             "'kv_capacity')")
+            raise ValueError(
+                "rule 'throughput' chooses the most throughput under a latency limit: set "
+                "quantization.choose.max_p99_ttft_ms and/or max_mean_tpot_ms (or use rule "
+                "'kv_capacity')"
+            )
         return self
 
 
@@ -115,7 +129,9 @@ class QuantizationSection(Section):
     )
     dampening_frac: float = Field(default=0.01, gt=0, lt=1, description="GPTQ only.")
     n_grid: int = Field(
-        default=5, ge=4, le=100,
+        default=5,
+        ge=4,
+        le=100,
         description="awq only: AWQModifier.n_grid, the points of the smoothing-scale grid search per "
         "mapping. Each point is a forward pass of the mapping's parent module over all the calibration "
         "data: where AWQ spends its time. 5 by measurement (benchmarks/results/quantize_speed.json); "
@@ -127,14 +143,23 @@ class QuantizationSection(Section):
         "llm-compressor's default), activations alone (false), or half the grid each way (both). The grid "
         "has n_grid points in every mode.",
     )
-    smoothing_strength: float = Field(default=0.8, gt=0, lt=1, description="smoothquant-gptq only (SmoothQuant alpha).")
-    checkpoint: str | None = Field(default=None, description="An already-quantized checkpoint (local folder "
-                                   "or Hub repo id) of the base model, validated without re-quantizing.")
+    smoothing_strength: float = Field(
+        default=0.8, gt=0, lt=1, description="smoothquant-gptq only (SmoothQuant alpha)."
+    )
+    checkpoint: str | None = Field(
+        default=None,
+        description="An already-quantized checkpoint (local folder "
+        "or Hub repo id) of the base model, validated without re-quantizing.",
+    )
     checkpoint_revision: str | None = None
-    candidates: list[Candidate] = Field(default_factory=list, description="Formats to compare; the release "
-                                        "is the best that passes every gate (see choose).")
-    choose: FormatRule | None = Field(default=None, description="With candidates: the rule that picks the "
-                                      "release (default: most KV capacity).")
+    candidates: list[Candidate] = Field(
+        default_factory=list,
+        description="Formats to compare; the release is the best that passes every gate (see choose).",
+    )
+    choose: FormatRule | None = Field(
+        default=None,
+        description="With candidates: the rule that picks the release (default: most KV capacity).",
+    )
     llmcompressor_recipe: str | dict[str, Any] | list[Any] | None = Field(
         default=None,
         description="Escape hatch: a raw llm-compressor recipe (YAML text, a path, or a mapping) "
@@ -151,9 +176,11 @@ class QuantizationSection(Section):
         given = [k for k in ("method", "checkpoint", "candidates") if getattr(self, k)]
         if len(given) != 1:
             raise ValueError(
-                ("sets " + " and ".join(given) if given else "names no quantization") + ". Fix: set exactly one "
+                ("sets " + " and ".join(given) if given else "names no quantization")
+                + ". Fix: set exactly one "
                 "of quantization.method (quantize the base model, e.g. method: awq), quantization.checkpoint "
-                "(validate an already-quantized checkpoint) or quantization.candidates (compare formats)")
+                "(validate an already-quantized checkpoint) or quantization.candidates (compare formats)"
+            )
         problem = scheme_method_problem(self.method, self.scheme)
         if problem:
             raise ValueError(problem)
@@ -165,8 +192,10 @@ class QuantizationSection(Section):
             if problem:
                 raise ValueError(f"candidate {c.name!r}: {problem}")
         if self.candidates and self.llmcompressor_recipe is not None:
-            raise ValueError("llmcompressor_recipe replaces the recipe of a single method; it cannot "
-                             "apply to several candidates. Fix: remove it, or remove candidates")
+            raise ValueError(
+                "llmcompressor_recipe replaces the recipe of a single method; it cannot "
+                "apply to several candidates. Fix: remove it, or remove candidates"
+            )
         if self.choose is not None and not self.candidates:
             raise ValueError("choose picks among candidates; add quantization.candidates or remove choose")
         return self
@@ -176,11 +205,16 @@ class QuantizationSection(Section):
         c = next((c for c in self.candidates if c.name == name), None)
         if c is None:
             raise KeyError(f"no candidate named {name!r} (candidates: {[c.name for c in self.candidates]})")
-        shared = self.model_dump(exclude={"candidates", "choose", "method", "checkpoint", "checkpoint_revision"})
+        shared = self.model_dump(
+            exclude={"candidates", "choose", "method", "checkpoint", "checkpoint_revision"}
+        )
         if c.checkpoint is not None:
             return QuantizationSection(**shared, checkpoint=c.checkpoint, checkpoint_revision=c.revision)
-        own = {"method": c.method, "scheme": c.scheme or self.scheme,
-               **({"group_size": c.group_size} if c.group_size else {})}
+        own = {
+            "method": c.method,
+            "scheme": c.scheme or self.scheme,
+            **({"group_size": c.group_size} if c.group_size else {}),
+        }
         return QuantizationSection(**{**shared, **own})
 
     @property

@@ -16,9 +16,19 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 # Flags the server wrapper owns; a recipe's extra_args must not fight over them.
 RESERVED_VLLM_FLAGS = (
-    "--model", "--host", "--port", "--served-model-name", "--max-model-len",
-    "--gpu-memory-utilization", "--kv-cache-dtype", "--max-num-seqs", "--tensor-parallel-size",
-    "--max-num-batched-tokens", "--kv-cache-memory-bytes", "--dtype", "--enforce-eager",
+    "--model",
+    "--host",
+    "--port",
+    "--served-model-name",
+    "--max-model-len",
+    "--gpu-memory-utilization",
+    "--kv-cache-dtype",
+    "--max-num-seqs",
+    "--tensor-parallel-size",
+    "--max-num-batched-tokens",
+    "--kv-cache-memory-bytes",
+    "--dtype",
+    "--enforce-eager",
 )
 
 

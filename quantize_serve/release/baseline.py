@@ -22,7 +22,9 @@ class ProductionBaseline(BaseModel):
     off: str = Field(default="", description="why there is nothing to compare with")
     release_ref: str | None = None
     commit: str | None = None
-    recorded: ReleaseResults | None = Field(default=None, description="its recorded figures, comparable as they are")
+    recorded: ReleaseResults | None = Field(
+        default=None, description="its recorded figures, comparable as they are"
+    )
     differences: list[str] = Field(default_factory=list, description="why it must be served again")
     local_dir: str | None = Field(default=None, description="its files, downloaded to serve it again")
 
@@ -31,21 +33,30 @@ def find_baseline(recipe: Recipe, conditions: MeasurementConditions) -> Producti
     """The release in production and how to compare with it (see the module docstring)."""
     gate, hub = recipe.gates.regression, recipe.hub
     if not gate.enabled:
-        return ProductionBaseline(off="gates.regression.enabled is false: the candidate is compared with its base only")
+        return ProductionBaseline(
+            off="gates.regression.enabled is false: the candidate is compared with its base only"
+        )
     if hub is None:
         return ProductionBaseline(off="the recipe has no hub section, so no release is in production")
     ref = f"{hub.release_ref_kind} {hub.release_ref!r}"
     try:
         history = release_history(hub, token=resolve_token(hub))
     except HubNotFoundError:  # the flow pushes its candidate first, so only outside a run
-        return ProductionBaseline(off=f"no release to compare with: {hub.repo_id} does not exist yet (a first release)",
-                                  release_ref=hub.release_ref)
+        return ProductionBaseline(
+            off=f"no release to compare with: {hub.repo_id} does not exist yet (a first release)",
+            release_ref=hub.release_ref,
+        )
     entry = current_release(history)
     if entry is None:
-        where = (f"points at {history.current[:12]}, which is no gated commit of {hub.repo_id}" if history.current
-                 else f"does not exist in {hub.repo_id} yet")
-        return ProductionBaseline(off=f"no release to compare with: the {ref} {where} (a first release)",
-                                  release_ref=hub.release_ref)
+        where = (
+            f"points at {history.current[:12]}, which is no gated commit of {hub.repo_id}"
+            if history.current
+            else f"does not exist in {hub.repo_id} yet"
+        )
+        return ProductionBaseline(
+            off=f"no release to compare with: the {ref} {where} (a first release)",
+            release_ref=hub.release_ref,
+        )
     found = ProductionBaseline(release_ref=hub.release_ref, commit=entry.commit)
     recorded = entry.record.results if entry.record else None
     if recorded is not None:

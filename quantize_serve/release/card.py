@@ -56,8 +56,10 @@ EVAL_RESULTS_NOTE = (
 # inputs should never hold one, but a serving command may be pasted with --api-key in it).
 SECRET_PATTERNS = (
     (re.compile(r"\bhf_[A-Za-z0-9]{16,}"), "hf_<redacted>"),
-    (re.compile(r"(?i)(--api-key[= ]|--hf-token[= ]|bearer\s+|(?:HF_TOKEN|HUGGING_FACE_HUB_TOKEN)=)\S+"),
-     r"\1<redacted>"),
+    (
+        re.compile(r"(?i)(--api-key[= ]|--hf-token[= ]|bearer\s+|(?:HF_TOKEN|HUGGING_FACE_HUB_TOKEN)=)\S+"),
+        r"\1<redacted>",
+    ),
 )
 
 
@@ -69,18 +71,25 @@ class AccuracyRow(BaseModel):
     dataset_config: str | None = None
     dataset_split: str | None = None
     dataset_revision: str | None = Field(
-        default=None, description="the dataset's revision; for local data, the sha256 of its file(s)")
+        default=None, description="the dataset's revision; for local data, the sha256 of its file(s)"
+    )
     metric: str
     base: float
     quantized: float
     recovery: float
     recovery_interval: tuple[float, float] | None = Field(
-        default=None, description="~95% paired interval on the recovery (per-document differences, Fieller)")
-    threshold: float = Field(description="the stated bad recovery: a candidate this bad passes at most "
-                             "max_false_pass of the time")
+        default=None, description="~95% paired interval on the recovery (per-document differences, Fieller)"
+    )
+    threshold: float = Field(
+        description="the stated bad recovery: a candidate this bad passes at most max_false_pass of the time"
+    )
     documents: str = Field(default="", description="documents paired, and the look the gate stopped at")
-    false_pass: float | None = Field(default=None, description="achieved chance to pass a candidate at threshold")
-    true_pass: float | None = Field(default=None, description="achieved chance to pass one at the good recovery")
+    false_pass: float | None = Field(
+        default=None, description="achieved chance to pass a candidate at threshold"
+    )
+    true_pass: float | None = Field(
+        default=None, description="achieved chance to pass one at the good recovery"
+    )
     passed: bool
 
 
@@ -103,22 +112,28 @@ class ModelCardInputs(BaseModel):
     repo_id: str
     base_model: str
     base_revision_sha: str | None = Field(
-        default=None, pattern=r"^[0-9a-f]{40,64}$",
-        description="Hub commit sha of the base model (a content hash for a local folder).")
+        default=None,
+        pattern=r"^[0-9a-f]{40,64}$",
+        description="Hub commit sha of the base model (a content hash for a local folder).",
+    )
     method: str
     scheme: str
     group_size: int | None  # None: per output channel (the 8-bit schemes)
     source_checkpoint: str | None = None  # an existing checkpoint released as it is (not quantized here)
     checkpoint_format: str = "compressed-tensors"  # awq, gptq or compressed-tensors
     quantization_device: str | None = Field(
-        default=None, description="where llm-compressor ran (cpu, cuda:0 NVIDIA H200, ...); None: not recorded")
+        default=None,
+        description="where llm-compressor ran (cpu, cuda:0 NVIDIA H200, ...); None: not recorded",
+    )
     calibration: dict[str, Any] = Field(default_factory=dict)
     calibration_fingerprint: str = ""
     status: Status = "candidate"
     rejection_reasons: list[str] = Field(default_factory=list)
     capacity_markdown: str = ""
-    regression_markdown: str = Field(default="", description="base, production and candidate side by side "
-                                     "(the regression gate), or why it was off")
+    regression_markdown: str = Field(
+        default="",
+        description="base, production and candidate side by side (the regression gate), or why it was off",
+    )
     accuracy: list[AccuracyRow] = Field(default_factory=list)
     stress: dict[str, Any] = Field(default_factory=dict)
     serving_command: str = ""
@@ -151,8 +166,10 @@ def _rate(value: float | None) -> str:
 
 
 def _dataset_cell(row: AccuracyRow) -> str:
-    parts = [row.dataset, *(f"{k} {v}" for k, v in (("config", row.dataset_config), ("split", row.dataset_split))
-                            if v)]
+    parts = [
+        row.dataset,
+        *(f"{k} {v}" for k, v in (("config", row.dataset_config), ("split", row.dataset_split)) if v),
+    ]
     if row.dataset_revision:
         parts.append(f"revision {row.dataset_revision[:12]}")
     return ", ".join(parts)
@@ -174,10 +191,18 @@ def render_model_card(inputs: ModelCardInputs) -> ModelCard:
     # text only.
     on_hub = bool(REPO_ID.match(i.base_model)) and not looks_local(i.base_model)
     eval_results = [
-        EvalResult(task_type="text-generation", task_name=row.task, dataset_type=row.dataset,
-                   dataset_name=row.dataset, dataset_config=row.dataset_config,
-                   dataset_split=row.dataset_split, dataset_revision=row.dataset_revision,
-                   metric_type=row.metric, metric_name=row.metric, metric_value=row.quantized)
+        EvalResult(
+            task_type="text-generation",
+            task_name=row.task,
+            dataset_type=row.dataset,
+            dataset_name=row.dataset,
+            dataset_config=row.dataset_config,
+            dataset_split=row.dataset_split,
+            dataset_revision=row.dataset_revision,
+            metric_type=row.metric,
+            metric_name=row.metric,
+            metric_value=row.quantized,
+        )
         for row in i.accuracy
     ]
     data = ModelCardData(
@@ -188,13 +213,22 @@ def render_model_card(inputs: ModelCardInputs) -> ModelCard:
         library_name="vllm",  # the pipeline proves it on vLLM; the format is checkpoint_format
         pipeline_tag="text-generation",
         license=i.license,
-        tags=["quantized", i.checkpoint_format, "vllm", i.method.lower().replace(" ", "-"), i.scheme.lower(),
-              f"quantize-serve-{i.status}"],
+        tags=[
+            "quantized",
+            i.checkpoint_format,
+            "vllm",
+            i.method.lower().replace(" ", "-"),
+            i.scheme.lower(),
+            f"quantize-serve-{i.status}",
+        ],
     )
     rev = i.base_revision_sha or "main"
     granularity = f"group size {i.group_size}" if i.group_size else "per channel"
-    base = (f"[{i.base_model}](https://huggingface.co/{i.base_model}/tree/{rev})" if on_hub
-            else f"`{i.base_model}`")
+    base = (
+        f"[{i.base_model}](https://huggingface.co/{i.base_model}/tree/{rev})"
+        if on_hub
+        else f"`{i.base_model}`"
+    )
     pinned = f" at `{i.base_revision_sha}`" if i.base_revision_sha else ""
     engine = f"vLLM {i.provenance.vllm_version}" if i.provenance.vllm_version else "vLLM"
     parts = [
@@ -206,49 +240,104 @@ def render_model_card(inputs: ModelCardInputs) -> ModelCard:
     parts += [
         f"{i.scheme} ({i.method.upper()}, {granularity}) quantization of "
         f"{base}{pinned}, "
-        + (f"the existing checkpoint `{i.source_checkpoint}` (not quantized again), validated "
-           if i.source_checkpoint else "made with llm-compressor and measured ")
+        + (
+            f"the existing checkpoint `{i.source_checkpoint}` (not quantized again), validated "
+            if i.source_checkpoint
+            else "made with llm-compressor and measured "
+        )
         + f"on {engine} by quantize-serve."
-        + ("" if on_hub else " The base is a local folder, not a Hub repo id, so the card's metadata "
-           "names no `base_model` (and the Hub's model tree shows no link to it)."),
-        "## Quantization\n\n" + _table(["setting", "value"], [
-            ["method", i.method], ["scheme", i.scheme], ["group size", i.group_size or "per channel"],
-            ["quantization device", i.quantization_device or "not recorded"],
-            *[[f"calibration {k}", f"`{v}`" if k == "revision" and SHA40.match(str(v)) else v]
-              for k, v in sorted(i.calibration.items())],
-            ["calibration fingerprint",
-             f"`{i.calibration_fingerprint}`" if i.calibration_fingerprint else "-"],
-        ]),
+        + (
+            ""
+            if on_hub
+            else " The base is a local folder, not a Hub repo id, so the card's metadata "
+            "names no `base_model` (and the Hub's model tree shows no link to it)."
+        ),
+        "## Quantization\n\n"
+        + _table(
+            ["setting", "value"],
+            [
+                ["method", i.method],
+                ["scheme", i.scheme],
+                ["group size", i.group_size or "per channel"],
+                ["quantization device", i.quantization_device or "not recorded"],
+                *[
+                    [f"calibration {k}", f"`{v}`" if k == "revision" and SHA40.match(str(v)) else v]
+                    for k, v in sorted(i.calibration.items())
+                ],
+                [
+                    "calibration fingerprint",
+                    f"`{i.calibration_fingerprint}`" if i.calibration_fingerprint else "-",
+                ],
+            ],
+        ),
     ]
     if i.accuracy:
-        parts.append("## Accuracy (gate: paired recovery shown above the bad recovery)\n\n" + _table(
-            ["task", "dataset", "metric", "base", "quantized", "recovery [95%]", "bad recovery", "documents",
-             "false pass", "true pass", "passed"],
-            [[r.task, _dataset_cell(r), r.metric, r.base, r.quantized,
-              format_recovery(r.recovery, r.recovery_interval), r.threshold, r.documents or "-",
-              _rate(r.false_pass), _rate(r.true_pass), "yes" if r.passed else "NO"] for r in i.accuracy])
+        parts.append(
+            "## Accuracy (gate: paired recovery shown above the bad recovery)\n\n"
+            + _table(
+                [
+                    "task",
+                    "dataset",
+                    "metric",
+                    "base",
+                    "quantized",
+                    "recovery [95%]",
+                    "bad recovery",
+                    "documents",
+                    "false pass",
+                    "true pass",
+                    "passed",
+                ],
+                [
+                    [
+                        r.task,
+                        _dataset_cell(r),
+                        r.metric,
+                        r.base,
+                        r.quantized,
+                        format_recovery(r.recovery, r.recovery_interval),
+                        r.threshold,
+                        r.documents or "-",
+                        _rate(r.false_pass),
+                        _rate(r.true_pass),
+                        "yes" if r.passed else "NO",
+                    ]
+                    for r in i.accuracy
+                ],
+            )
             + "\n\nTasks are lm-eval task names. Base and quantized are scored on the same documents with "
             "the same prompts; the interval is paired (per-document differences), perplexities on the log "
             "scale (nats, base / quantized). `false pass` / `true pass`: the chance this run's documents "
             "give to pass a candidate at the bad / good recovery the recipe states (docs/gates.md). "
-            + EVAL_RESULTS_NOTE)
+            + EVAL_RESULTS_NOTE
+        )
     if i.regression_markdown.strip():
-        parts.append("## Against production (base, production, candidate)\n\n" + i.regression_markdown.strip())
+        parts.append(
+            "## Against production (base, production, candidate)\n\n" + i.regression_markdown.strip()
+        )
     if i.capacity_markdown.strip():
         parts.append("## Memory and batch capacity\n\n" + i.capacity_markdown.strip())
     if i.stress:
-        parts.append("## Stress test\n\n" + _table(["measure", "value"],
-                                                   [[k, v] for k, v in sorted(i.stress.items())]))
+        parts.append(
+            "## Stress test\n\n" + _table(["measure", "value"], [[k, v] for k, v in sorted(i.stress.items())])
+        )
     if i.serving_command.strip():
         parts.append("## Serving\n\n```bash\n" + i.serving_command.strip() + "\n```")
     p = i.provenance
-    parts.append("## Provenance\n\n" + _table(["item", "value"], [
-        ["recipe sha256", f"`{p.recipe_sha256}`"], ["run id", p.run_id or "-"],
-        ["run", f"[Prefect flow run]({p.run_url})" if p.run_url else "-"],
-        ["hardware", p.hardware or "-"],
-        ["vLLM version (serving)", p.vllm_version or "unknown"],
-        *[[f"{k} version (quantization)", v] for k, v in sorted(p.engine_versions.items())],
-    ]))
+    parts.append(
+        "## Provenance\n\n"
+        + _table(
+            ["item", "value"],
+            [
+                ["recipe sha256", f"`{p.recipe_sha256}`"],
+                ["run id", p.run_id or "-"],
+                ["run", f"[Prefect flow run]({p.run_url})" if p.run_url else "-"],
+                ["hardware", p.hardware or "-"],
+                ["vLLM version (serving)", p.vllm_version or "unknown"],
+                *[[f"{k} version (quantization)", v] for k, v in sorted(p.engine_versions.items())],
+            ],
+        )
+    )
     content = f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(parts) + "\n"
     return ModelCard(scrub_secrets(content))
 
@@ -257,10 +346,18 @@ def calibration_summary(validated: ValidatedRecipe) -> dict:
     return describe(validated.recipe)
 
 
-def card_inputs(validated: ValidatedRecipe, base: BaseModelRef, checkpoint: QuantizeResult,
-                serving_command: str, *, status: str = "candidate", hardware: str | None = None,
-                vllm_version: str | None = None, report: RunReport | None = None,
-                rejection_reasons: list[str] | None = None) -> ModelCardInputs:
+def card_inputs(
+    validated: ValidatedRecipe,
+    base: BaseModelRef,
+    checkpoint: QuantizeResult,
+    serving_command: str,
+    *,
+    status: str = "candidate",
+    hardware: str | None = None,
+    vllm_version: str | None = None,
+    report: RunReport | None = None,
+    rejection_reasons: list[str] | None = None,
+) -> ModelCardInputs:
     """What the model card says. Without ``report``: the card pushed with the candidate, with no
     run id, timings or gate figures, so identical inputs give identical bytes (and no new commit).
     With ``report``: the card of the gated release, with its figures and, if rejected, why
@@ -270,48 +367,84 @@ def card_inputs(validated: ValidatedRecipe, base: BaseModelRef, checkpoint: Quan
     q = recipe.quantization
     gates: dict = {}
     if report is not None:
-        refs = eval_task_refs([c.task for c in report.accuracy], base_dir=Path(recipe.base_dir),
-                              report_dir=report.report_dir)
+        refs = eval_task_refs(
+            [c.task for c in report.accuracy], base_dir=Path(recipe.base_dir), report_dir=report.report_dir
+        )
         # the decision's rows name a task by lm-eval's name already (report/provenance.py task_labels)
         reasons = (rejection_reasons or report.decision.reasons) if status == "rejected" else []
         gates = {
             "rejection_reasons": reasons,
-            "capacity_markdown": (report.capacity.markdown() + f"\n\n![capacity]({CHART})"
-                                  if report.capacity else ""),
-            "accuracy": [AccuracyRow(**refs[c.task].model_dump(), metric=c.metric, base=c.base,
-                                     quantized=c.quantized, recovery=c.recovery,
-                                     recovery_interval=c.recovery_interval, threshold=c.threshold,
-                                     documents=c.docs_text, false_pass=c.false_pass, true_pass=c.true_pass,
-                                     passed=c.passed)
-                         for c in report.accuracy if None not in (c.base, c.quantized, c.recovery)],
+            "capacity_markdown": (
+                report.capacity.markdown() + f"\n\n![capacity]({CHART})" if report.capacity else ""
+            ),
+            "accuracy": [
+                AccuracyRow(
+                    **refs[c.task].model_dump(),
+                    metric=c.metric,
+                    base=c.base,
+                    quantized=c.quantized,
+                    recovery=c.recovery,
+                    recovery_interval=c.recovery_interval,
+                    threshold=c.threshold,
+                    documents=c.docs_text,
+                    false_pass=c.false_pass,
+                    true_pass=c.true_pass,
+                    passed=c.passed,
+                )
+                for c in report.accuracy
+                if None not in (c.base, c.quantized, c.recovery)
+            ],
             "stress": stress_summary(report.stress),
-            "regression_markdown": report.regression.markdown() if report.regression else ""}
+            "regression_markdown": report.regression.markdown() if report.regression else "",
+        }
     return ModelCardInputs(
         repo_id=recipe.hub.repo_id if recipe.hub else recipe.name,
-        base_model=base.repo_id or recipe.model.id, base_revision_sha=base.sha,
-        method=checkpoint.method, scheme=checkpoint.scheme,
-        group_size=(checkpoint_group_size(Path(checkpoint.checkpoint_dir)) if checkpoint.source_checkpoint
-                    else q.group_size if checkpoint.scheme.startswith("W4") else None),
-        source_checkpoint=checkpoint.source_checkpoint, checkpoint_format=checkpoint.format,
+        base_model=base.repo_id or recipe.model.id,
+        base_revision_sha=base.sha,
+        method=checkpoint.method,
+        scheme=checkpoint.scheme,
+        group_size=(
+            checkpoint_group_size(Path(checkpoint.checkpoint_dir))
+            if checkpoint.source_checkpoint
+            else q.group_size
+            if checkpoint.scheme.startswith("W4")
+            else None
+        ),
+        source_checkpoint=checkpoint.source_checkpoint,
+        checkpoint_format=checkpoint.format,
         quantization_device=checkpoint.device,
         calibration={} if checkpoint.source_checkpoint else calibration_summary(validated),
         calibration_fingerprint=checkpoint.calibration_fingerprint,
         status="candidate" if status == "not-published" else status,
         serving_command=serving_command,
-        provenance=Provenance(recipe_sha256=validated.recipe_sha256,
-                              engine_versions=checkpoint.engine_versions,
-                              hardware=hardware or describe_hardware(),
-                              run_id=report.run_id if report else "",
-                              run_url=public_url(report.run_url) if report else None,
-                              vllm_version=vllm_version),
+        provenance=Provenance(
+            recipe_sha256=validated.recipe_sha256,
+            engine_versions=checkpoint.engine_versions,
+            hardware=hardware or describe_hardware(),
+            run_id=report.run_id if report else "",
+            run_url=public_url(report.run_url) if report else None,
+            vllm_version=vllm_version,
+        ),
         **gates,
     )
 
 
-def report_card_inputs(validated: ValidatedRecipe, report: RunReport, *, status: str | None = None,
-                       rejection_reasons: list[str] | None = None) -> ModelCardInputs:
+def report_card_inputs(
+    validated: ValidatedRecipe,
+    report: RunReport,
+    *,
+    status: str | None = None,
+    rejection_reasons: list[str] | None = None,
+) -> ModelCardInputs:
     """The card of a gated run, with its figures (see :func:`card_inputs`)."""
-    return card_inputs(validated, report.base, report.checkpoint, report.serving_command,
-                       status=status or (report.release.status if report.release else "candidate"),
-                       hardware=report.hardware, vllm_version=report.vllm_version, report=report,
-                       rejection_reasons=rejection_reasons)
+    return card_inputs(
+        validated,
+        report.base,
+        report.checkpoint,
+        report.serving_command,
+        status=status or (report.release.status if report.release else "candidate"),
+        hardware=report.hardware,
+        vllm_version=report.vllm_version,
+        report=report,
+        rejection_reasons=rejection_reasons,
+    )

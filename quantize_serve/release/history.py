@@ -30,10 +30,25 @@ from quantize_serve.report.release_results import RELEASE_RESULTS_FILE, ReleaseR
 
 GATED_TITLE = "Gates passed"  # promote_or_reject's commit: "Gates passed (run <id>)"
 REJECTED_CARD_TITLE = re.compile(r"^Model card: candidate (?P<sha>[0-9a-f]{12}) rejected")
-ROLLBACK_TITLE = re.compile(r"^Rollback of (?P<kind>tag|branch) (?P<ref>\S+) to (?P<to>[0-9a-f]{40}) "
-                            r"from (?P<from>[0-9a-f]{40}|nothing)")
-HISTORY_COLUMNS = ("commit", "decision", "run", "recipe", "min recovery", "KV tokens", "max concurrency",
-                   "out tok/s", "approved by", "promoted", "rolled back from here", "rolled back to here", "now")
+ROLLBACK_TITLE = re.compile(
+    r"^Rollback of (?P<kind>tag|branch) (?P<ref>\S+) to (?P<to>[0-9a-f]{40}) "
+    r"from (?P<from>[0-9a-f]{40}|nothing)"
+)
+HISTORY_COLUMNS = (
+    "commit",
+    "decision",
+    "run",
+    "recipe",
+    "min recovery",
+    "KV tokens",
+    "max concurrency",
+    "out tok/s",
+    "approved by",
+    "promoted",
+    "rolled back from here",
+    "rolled back to here",
+    "now",
+)
 
 
 def rollback_title(kind: str, ref: str, to: str, previous: str | None) -> str:
@@ -110,28 +125,41 @@ class ReleaseHistory(BaseModel):
         if self.current is None:
             if target is None:
                 return None
-            problem = (f"{self.release_ref} points at nothing, though {len(self.gated())} commit(s) of "
-                       f"{self.repo_id} passed the gates")
+            problem = (
+                f"{self.release_ref} points at nothing, though {len(self.gated())} commit(s) of "
+                f"{self.repo_id} passed the gates"
+            )
         else:
             entry, sha = self.entry(self.current), self.current[:12]
             if entry is not None and entry.status == "promoted":
                 return None
             if entry is not None:
                 why = f": {'; '.join(entry.reasons)}" if entry.reasons else ""
-                problem = (f"{self.release_ref} serves {sha}, which the gates rejected "
-                           f"({entry.rejection_tag or REJECTION_TAG_PREFIX + sha} tag{why})")
+                problem = (
+                    f"{self.release_ref} serves {sha}, which the gates rejected "
+                    f"({entry.rejection_tag or REJECTION_TAG_PREFIX + sha} tag{why})"
+                )
             else:
                 child = next((e for e in self.gated() if e.candidate == self.current), None)
-                how = (f"it is the candidate of the gated commit {child.commit[:12]}, without its final card "
-                       "and recorded results" if child else f"the {self.release_ref_kind} was moved there by hand")
+                how = (
+                    f"it is the candidate of the gated commit {child.commit[:12]}, without its final card "
+                    "and recorded results"
+                    if child
+                    else f"the {self.release_ref_kind} was moved there by hand"
+                )
                 problem = f"{self.release_ref} serves {sha}, which no gate passed ({how})"
         if target is None:
-            return (f"{problem}. No commit of {self.repo_id} passed the gates yet, so there is none to roll back "
-                    "to. Fix: release one through the gates (`quantize-serve run RECIPE`)")
+            return (
+                f"{problem}. No commit of {self.repo_id} passed the gates yet, so there is none to roll back "
+                "to. Fix: release one through the gates (`quantize-serve run RECIPE`)"
+            )
         newest = self.gated()[-1]
-        which = ("the newest gated commit" if target.commit == newest.commit else
-                 f"where the last rollback put it; the newest gated commit, {newest.commit[:12]}, was rolled "
-                 "back from")
+        which = (
+            "the newest gated commit"
+            if target.commit == newest.commit
+            else f"where the last rollback put it; the newest gated commit, {newest.commit[:12]}, was rolled "
+            "back from"
+        )
         return f"{problem}. Fix: `{self.repair_command(target)}` ({which})"
 
     def rows(self) -> list[dict[str, str]]:
@@ -139,14 +167,23 @@ class ReleaseHistory(BaseModel):
         first, a row for the ref's target when that is no commit the gates saw."""
         rows = [history_row(e) for e in reversed(self.entries)]
         if self.current is not None and self.entry(self.current) is None:
-            rows.insert(0, {**dict.fromkeys(HISTORY_COLUMNS, "-"), "commit": self.current[:12],
-                            "decision": "never gated", "now": "<- current"})
+            rows.insert(
+                0,
+                {
+                    **dict.fromkeys(HISTORY_COLUMNS, "-"),
+                    "commit": self.current[:12],
+                    "decision": "never gated",
+                    "now": "<- current",
+                },
+            )
         return rows
 
     def table(self) -> str:
         """The CLI's view: the warning on top (ref_warning), the ref's target, the rows."""
-        title = (f"{self.repo_id}: {self.release_ref_kind} {self.release_ref!r} -> "
-                 f"{self.current[:12] if self.current else 'nothing'}")
+        title = (
+            f"{self.repo_id}: {self.release_ref_kind} {self.release_ref!r} -> "
+            f"{self.current[:12] if self.current else 'nothing'}"
+        )
         warning = f"WARNING: {self.ref_warning}\n" if self.ref_warning else ""
         if not self.entries:
             return f"{warning}{title}\nno gated release yet"
@@ -169,7 +206,8 @@ def history_row(e: ReleaseEntry) -> dict[str, str]:
         approved = "-"
     return {
         "commit": e.commit[:12],
-        "decision": e.status + (f": {'; '.join(e.reasons)[:80]}" if e.status == "rejected" and e.reasons else ""),
+        "decision": e.status
+        + (f": {'; '.join(e.reasons)[:80]}" if e.status == "rejected" and e.reasons else ""),
         "run": r.run_id if r else "-",
         "recipe": r.recipe if r else "-",
         "min recovery": f"{r.min_recovery:.4f}" if r and r.min_recovery is not None else "-",
@@ -178,9 +216,14 @@ def history_row(e: ReleaseEntry) -> dict[str, str]:
         "out tok/s": f"{res.output_throughput:,.0f}" if res and res.output_throughput is not None else "-",
         "approved by": approved,
         "promoted": _day(e.at) if e.status == "promoted" else "-",
-        "rolled back from here": "; ".join(f"{_day(v.at)} (to {v.to[:12]}{_by(v)})" for v in e.rolled_back_from) or "-",
-        "rolled back to here": "; ".join(f"{_day(v.at)} (from {(v.previous or 'nothing')[:12]}{_by(v)})"
-                                         for v in e.rolled_back_to) or "-",
+        "rolled back from here": "; ".join(
+            f"{_day(v.at)} (to {v.to[:12]}{_by(v)})" for v in e.rolled_back_from
+        )
+        or "-",
+        "rolled back to here": "; ".join(
+            f"{_day(v.at)} (from {(v.previous or 'nothing')[:12]}{_by(v)})" for v in e.rolled_back_to
+        )
+        or "-",
         "now": ("<- current" if e.status == "promoted" else "<- current (rejected)") if e.current else "",
     }
 
@@ -189,14 +232,17 @@ def format_table(rows: list[dict[str, str]]) -> str:
     """Columns padded to their widest cell, as a terminal shows them."""
     columns = list(rows[0]) if rows else list(HISTORY_COLUMNS)
     widths = {c: max([len(c), *(len(r[c]) for r in rows)]) for c in columns}
-    lines = ["  ".join(c.ljust(widths[c]) for c in columns).rstrip(),
-             "  ".join("-" * widths[c] for c in columns)]
+    lines = [
+        "  ".join(c.ljust(widths[c]) for c in columns).rstrip(),
+        "  ".join("-" * widths[c] for c in columns),
+    ]
     lines += ["  ".join(r[c].ljust(widths[c]) for c in columns).rstrip() for r in rows]
     return "\n".join(lines)
 
 
-def release_history(hub: HubSection, *, token: str | None, endpoint: str | None = None,
-                    state: RepoState | None = None) -> ReleaseHistory:
+def release_history(
+    hub: HubSection, *, token: str | None, endpoint: str | None = None, state: RepoState | None = None
+) -> ReleaseHistory:
     """The history of ``hub.repo_id`` for its release ref, read from the Hub (refs, main's commits
     and the release-results.json of each gated or rejected commit)."""
     state = state or read_repo_state(hub, token=token, endpoint=endpoint)
@@ -210,7 +256,9 @@ def release_history(hub: HubSection, *, token: str | None, endpoint: str | None 
     return interpret(hub, state, record)
 
 
-def interpret(hub: HubSection, state: RepoState, record: Callable[[str], ReleaseRecord | None]) -> ReleaseHistory:
+def interpret(
+    hub: HubSection, state: RepoState, record: Callable[[str], ReleaseRecord | None]
+) -> ReleaseHistory:
     """The history from a repo's state (pure but for ``record(sha)``, which reads a commit's record)."""
     ref, kind = hub.release_ref, hub.release_ref_kind
     current = state.ref_target(ref, kind)
@@ -222,21 +270,42 @@ def interpret(hub: HubSection, state: RepoState, record: Callable[[str], Release
         by = ", ".join(c.authors)
         if c.title.startswith(GATED_TITLE):
             rec = record(c.sha)
-            entries.append(ReleaseEntry(commit=c.sha, candidate=c.parent, status="promoted", at=c.date,
-                                        record=rec))
-            events.append(RefEvent(kind="promoted", to=c.sha, at=c.date, by=by,
-                                   previous=events[-1].to if events else None))
+            entries.append(
+                ReleaseEntry(commit=c.sha, candidate=c.parent, status="promoted", at=c.date, record=rec)
+            )
+            events.append(
+                RefEvent(
+                    kind="promoted", to=c.sha, at=c.date, by=by, previous=events[-1].to if events else None
+                )
+            )
         elif c.sha in rejected:
             card = next((k for k in state.children(c.sha) if REJECTED_CARD_TITLE.match(k.title)), None)
             rec = record(card.sha) if card else None
-            entries.append(ReleaseEntry(commit=c.sha, candidate=c.sha, status="rejected",
-                                        at=card.date if card else c.date, record=rec,
-                                        reasons=rec.reasons if rec else [], rejection_tag=rejected[c.sha]))
+            entries.append(
+                ReleaseEntry(
+                    commit=c.sha,
+                    candidate=c.sha,
+                    status="rejected",
+                    at=card.date if card else c.date,
+                    record=rec,
+                    reasons=rec.reasons if rec else [],
+                    rejection_tag=rejected[c.sha],
+                )
+            )
         match = ROLLBACK_TITLE.match(c.title)
         if match and match["ref"] == ref and match["kind"] == kind:
             previous = None if match["from"] == "nothing" else match["from"]
-            events.append(RefEvent(kind="rolled back", to=match["to"], previous=previous, at=c.date, by=by,
-                                   reason=c.message.strip(), note_commit=c.sha))
+            events.append(
+                RefEvent(
+                    kind="rolled back",
+                    to=match["to"],
+                    previous=previous,
+                    at=c.date,
+                    by=by,
+                    reason=c.message.strip(),
+                    note_commit=c.sha,
+                )
+            )
     by_sha = {e.commit: e for e in entries}
     for event in events:
         if event.kind != "rolled back":
@@ -247,8 +316,15 @@ def interpret(hub: HubSection, state: RepoState, record: Callable[[str], Release
             by_sha[event.to].rolled_back_to.append(event)
     if current in by_sha:
         by_sha[current].current = True
-    return ReleaseHistory(repo_id=hub.repo_id, release_ref=ref, release_ref_kind=kind, current=current,
-                          main_head=state.commits[0].sha, entries=entries, events=events)
+    return ReleaseHistory(
+        repo_id=hub.repo_id,
+        release_ref=ref,
+        release_ref_kind=kind,
+        current=current,
+        main_head=state.commits[0].sha,
+        entries=entries,
+        events=events,
+    )
 
 
 def current_release(history: ReleaseHistory) -> ReleaseEntry | None:

@@ -9,9 +9,9 @@ same key takes them instead of booting the base (the report says so, and from wh
 The key (:func:`reference_factors`): the base's identity (repo id and sha, or the local folder's
 content sha); the base boot's vLLM settings as vLLM gets them (ServerSpec.vllm_config without its
 folders: KV dtype and bytes, max_model_len, max_num_seqs, TP...); the accuracy tasks as the recipe
-gives them (task, num_fewshot, limit, error rates) and the gate's seed, with the bytes of each task file and of the data files
-it names; the serving vLLM's version, the hardware (CPU and GPU models), lm-eval's version. Anything
-else changing means a new key, and the base is served again.
+gives them (task, num_fewshot, limit, error rates) and the gate's seed, with the bytes of each task file and
+of the data files it names; the serving vLLM's version, the hardware (CPU and GPU models), lm-eval's version.
+Anything else changing means a new key, and the base is served again.
 
 Stored as JSON in the work dir (``<work_dir>/base-references/<key>.json``), beside the checkpoint
 cache: the same place a platform team keeps between runs.
@@ -50,8 +50,15 @@ class BaseReference(BaseModel):
     factors: dict[str, Any]
 
 
-def reference_factors(recipe: Recipe, base_identity: str, vllm_config: dict[str, Any], *,
-                      vllm_version: str | None, hardware: str, lm_eval_version: str | None) -> dict[str, Any]:
+def reference_factors(
+    recipe: Recipe,
+    base_identity: str,
+    vllm_config: dict[str, Any],
+    *,
+    vllm_version: str | None,
+    hardware: str,
+    lm_eval_version: str | None,
+) -> dict[str, Any]:
     """Everything the base's capacity and accuracy figures depend on (see the module's doc)."""
     base_dir = Path(recipe.base_dir)
     tasks = []

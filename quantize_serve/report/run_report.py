@@ -28,7 +28,12 @@ from quantize_serve.gates.soak import SoakResult
 from quantize_serve.gates.stress import StressResult
 from quantize_serve.hub.client import PushResult
 from quantize_serve.quantize.run import QuantizeResult
-from quantize_serve.report.provenance import describe_hardware, eval_task_refs, serving_vllm_version, task_labels
+from quantize_serve.report.provenance import (
+    describe_hardware,
+    eval_task_refs,
+    serving_vllm_version,
+    task_labels,
+)
 from quantize_serve.serve_profile.pinned import ServingProfile
 from quantize_serve.serve_profile.search import ProfileSearchResult
 from quantize_serve.validate.preflight import BaseModelRef
@@ -83,19 +88,34 @@ class RunReport(BaseModel):
 
     def task_labels(self) -> dict[str, str]:
         """Each accuracy task as the recipe spells it -> its name in the report (provenance.task_labels)."""
-        return task_labels([c.task for c in self.accuracy], base_dir=self.recipe_dir, report_dir=self.report_dir)
+        return task_labels(
+            [c.task for c in self.accuracy], base_dir=self.recipe_dir, report_dir=self.report_dir
+        )
 
 
 def stress_summary(stress: StressResult | None) -> dict:
     if stress is None:
         return {}
-    keys = ("requests", "completed", "rejected_overlong", "errors_5xx", "timeouts", "server_restarts",
-            "peak_kv_cache_usage", "preemptions", "peak_rss_bytes", "peak_gpu_memory_bytes", "duration_s")
+    keys = (
+        "requests",
+        "completed",
+        "rejected_overlong",
+        "errors_5xx",
+        "timeouts",
+        "server_restarts",
+        "peak_kv_cache_usage",
+        "preemptions",
+        "peak_rss_bytes",
+        "peak_gpu_memory_bytes",
+        "duration_s",
+    )
     out = {k: getattr(stress, k) for k in keys}
     if stress.throughput:
-        out.update(request_throughput=stress.throughput.request_throughput,
-                   output_throughput=stress.throughput.output_throughput,
-                   p99_ttft_ms=stress.throughput.p99_ttft_ms)
+        out.update(
+            request_throughput=stress.throughput.request_throughput,
+            output_throughput=stress.throughput.output_throughput,
+            p99_ttft_ms=stress.throughput.p99_ttft_ms,
+        )
     return out
 
 
@@ -122,71 +142,109 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
         "",
         "## Summary",
         f"- base model: `{r.base.repo_id or portable_path(r.base.local_dir)}` at `{r.base.sha[:12]}`"
-        + (f"; {_lower_first(r.capacity.model.parameters_line())}" if r.capacity and r.capacity.model else ""),
-        (f"- quantized: {r.checkpoint.method} {r.checkpoint.scheme}, {r.checkpoint.base_bytes:,} -> "
-         f"{r.checkpoint.quantized_bytes:,} bytes on disk ({r.checkpoint.seconds:.0f} s"
-         f"{', reused' if r.checkpoint.cached else ''})"),
+        + (
+            f"; {_lower_first(r.capacity.model.parameters_line())}" if r.capacity and r.capacity.model else ""
+        ),
+        (
+            f"- quantized: {r.checkpoint.method} {r.checkpoint.scheme}, {r.checkpoint.base_bytes:,} -> "
+            f"{r.checkpoint.quantized_bytes:,} bytes on disk ({r.checkpoint.seconds:.0f} s"
+            f"{', reused' if r.checkpoint.cached else ''})"
+        ),
         f"- quantization device: {r.checkpoint.device or 'not recorded'}"
         + (f"; {r.checkpoint.placement}" if r.checkpoint.placement else ""),
-        (f"- recipe: `{_recipe_source(r.recipe_source)}` (sha256 `{r.recipe_sha256[:12]}`), run `{r.run_id}`"
-         + (f" ({r.run_url})" if r.run_url else "") + f", {r.hardware}"),
+        (
+            f"- recipe: `{_recipe_source(r.recipe_source)}` (sha256 `{r.recipe_sha256[:12]}`), run "
+            f"`{r.run_id}`" + (f" ({r.run_url})" if r.run_url else "") + f", {r.hardware}"
+        ),
         f"- served with vLLM {r.vllm_version or 'unknown'}",
     ]
     if r.overrides:  # the deployment's parameters changed the recipe file: say how, next to it
-        lines.append("- the run's parameters changed the recipe: "
-                     + "; ".join(f"`{k}` = `{json.dumps(v)}`" for k, v in r.overrides.items()))
+        lines.append(
+            "- the run's parameters changed the recipe: "
+            + "; ".join(f"`{k}` = `{json.dumps(v)}`" for k, v in r.overrides.items())
+        )
     if rel and rel.repo_id:
-        lines.append(f"- Hub: `{rel.repo_id}` candidate `{(rel.candidate_sha or '')[:12]}`"
-                     + (f", `{rel.ref}` -> `{(rel.commit_sha or '')[:12]}`" if rel.status == "promoted" else "")
-                     + (f", rejection recorded as tag `{rel.rejection_tag}`" if rel.rejection_tag else "")
-                     + (f" ({rel.url})" if rel.url else ""))
+        lines.append(
+            f"- Hub: `{rel.repo_id}` candidate `{(rel.candidate_sha or '')[:12]}`"
+            + (f", `{rel.ref}` -> `{(rel.commit_sha or '')[:12]}`" if rel.status == "promoted" else "")
+            + (f", rejection recorded as tag `{rel.rejection_tag}`" if rel.rejection_tag else "")
+            + (f" ({rel.url})" if rel.url else "")
+        )
     lines += ["", "## Decision", r.decision.markdown(), ""]
     if r.regression:
         lines += ["## Against production (base, production, candidate)", r.regression.markdown(), ""]
     if r.capacity:
         lines += ["## Capacity (same memory budget)", r.capacity.markdown(), ""]
         if r.base_reused_from:
-            lines += [f"Row `base` and the base accuracy are reused from run `{r.base_reused_from}`: the same "
-                      "base sha, accuracy tasks, serve settings, vLLM version and hardware; the base was not "
-                      "booted again.", ""]
+            lines += [
+                f"Row `base` and the base accuracy are reused from run `{r.base_reused_from}`: the same "
+                "base sha, accuracy tasks, serve settings, vLLM version and hardware; the base was not "
+                "booted again.",
+                "",
+            ]
         lines += [image_markdown("capacity", (folder or Path()) / CHART, embed=embed), ""]
     if r.preflight:
-        lines += ["## Capacity before download (the model's shape, dummy weights)", r.preflight.markdown(), ""]
+        lines += [
+            "## Capacity before download (the model's shape, dummy weights)",
+            r.preflight.markdown(),
+            "",
+        ]
     if r.formats:
-        lines += ["## Release format (every candidate, production serving settings)", r.formats.markdown(), ""]
+        lines += [
+            "## Release format (every candidate, production serving settings)",
+            r.formats.markdown(),
+            "",
+        ]
         lines += [image_markdown("release formats", (folder or Path()) / FORMATS_CHART, embed=embed), ""]
     if r.profile:
         lines += ["## Serving profile search (largest stable max_num_seqs)", r.profile.markdown(), ""]
         if r.profile.plot_path:
             lines += [image_markdown("profile search", Path(r.profile.plot_path), embed=embed), ""]
     if r.accuracy:
-        lines += ["## Accuracy (paired per document)",
-                  "| task | dataset | metric | base | quantized | recovery [95%] | documents | flipped | "
-                  "false pass at bad | true pass at good | result |",
-                  "|---|---|---|---:|---:|---:|---|---:|---:|---:|---|"]
+        lines += [
+            "## Accuracy (paired per document)",
+            "| task | dataset | metric | base | quantized | recovery [95%] | documents | flipped | "
+            "false pass at bad | true pass at good | result |",
+            "|---|---|---|---:|---:|---:|---|---:|---:|---:|---|",
+        ]
         refs = eval_task_refs([c.task for c in r.accuracy], base_dir=r.recipe_dir, report_dir=r.report_dir)
         labels = r.task_labels()
         for c in r.accuracy:
             ref = refs[c.task]
-            rates = [f"{x:.1%} ({edge:g})" if x is not None and edge is not None else "-"
-                     for x, edge in ((c.false_pass, c.threshold), (c.true_pass, c.good_recovery))]
+            rates = [
+                f"{x:.1%} ({edge:g})" if x is not None and edge is not None else "-"
+                for x, edge in ((c.false_pass, c.threshold), (c.true_pass, c.good_recovery))
+            ]
             flips = f"{c.flip_rate:.1%}" if c.flip_rate is not None else "-"
-            lines.append(f"| {labels[c.task]} | {ref.dataset} | {c.metric} | {_num(c.base)} | {_num(c.quantized)} | "
-                         f"{c.recovery_text} | {c.docs_text or '-'} | {flips} | {rates[0]} | {rates[1]} | "
-                         f"{'pass' if c.passed else '**FAIL**'}{', too few documents' if c.warning else ''} |")
-        lines += ["", "Base and candidate are scored on the same documents (seeded random draw, same prompts); "
-                  "recovery's interval is paired (Fieller), perplexities on the log scale (nats: base / "
-                  "candidate). A metric passes when the sequential test shows recovery above the stated bad "
-                  "recovery; `false pass` and `true pass` are the chances this run's documents give to pass a "
-                  "candidate at the stated bad and good recoveries. `too few documents`: the run could not "
-                  "reach the stated true-pass rate (see the Decision's reason and docs/gates.md).", ""]
+            lines.append(
+                f"| {labels[c.task]} | {ref.dataset} | {c.metric} | {_num(c.base)} | {_num(c.quantized)} | "
+                f"{c.recovery_text} | {c.docs_text or '-'} | {flips} | {rates[0]} | {rates[1]} | "
+                f"{'pass' if c.passed else '**FAIL**'}{', too few documents' if c.warning else ''} |"
+            )
+        lines += [
+            "",
+            "Base and candidate are scored on the same documents (seeded random draw, same prompts); "
+            "recovery's interval is paired (Fieller), perplexities on the log scale (nats: base / "
+            "candidate). A metric passes when the sequential test shows recovery above the stated bad "
+            "recovery; `false pass` and `true pass` are the chances this run's documents give to pass a "
+            "candidate at the stated bad and good recoveries. `too few documents`: the run could not "
+            "reach the stated true-pass rate (see the Decision's reason and docs/gates.md).",
+            "",
+        ]
     if r.stress:
-        lines += ["## Stress test (quantized, production serving settings)",
-                  "| figure | value |", "|---|---|"]
+        lines += [
+            "## Stress test (quantized, production serving settings)",
+            "| figure | value |",
+            "|---|---|",
+        ]
         lines += [f"| {k} | {_num(v)} |" for k, v in stress_summary(r.stress).items()]
         lines.append("")
     if r.soak:  # the chart lies beside the report when the flow's soak writes into the run folder
-        lines += ["## Soak test (sustained traffic, production serving settings)", "| figure | value |", "|---|---|"]
+        lines += [
+            "## Soak test (sustained traffic, production serving settings)",
+            "| figure | value |",
+            "|---|---|",
+        ]
         lines += [f"| {k} | {_num(v)} |" for k, v in r.soak.summary().items()]
         lines += [""] + ([f"![soak]({Path(r.soak.chart_path).name})", ""] if r.soak.chart_path else [])
     lines += ["## Validated vLLM command", "```", r.serving_command, "```", ""]
@@ -217,7 +275,9 @@ def write_report(report: RunReport, run_dir: Path) -> dict[str, Path]:
     paths = {"json": run_dir / "report.json", "markdown": run_dir / "report.md"}
     report.report_dir = str(run_dir)
     if report.capacity:
-        paths["chart"] = capacity_chart(report.capacity.configs, run_dir / CHART, scheme=report.capacity.scheme)
+        paths["chart"] = capacity_chart(
+            report.capacity.configs, run_dir / CHART, scheme=report.capacity.scheme
+        )
     paths["json"].write_text(json.dumps(report.model_dump(mode="json"), indent=2))
     paths["markdown"].write_text(render_markdown(report))
     return paths

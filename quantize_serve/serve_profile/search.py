@@ -14,8 +14,8 @@ and the smallest failing value are at most ``serve.search.step`` apart, or ``ser
 boots are spent. Every boot is recorded as a :class:`SearchPoint`: its settings, pass/fail and why
 (the stress test's failures), the peak KV usage and the throughput.
 
-The boot-and-stress step is a ``probe(serve_section) -> SearchPoint`` callable (``serve_profile.probe.vllm_probe``
-for the real one), so the search logic is tested without boots.
+The boot-and-stress step is a ``probe(serve_section) -> SearchPoint`` callable
+(``serve_profile.probe.vllm_probe`` for the real one), so the search logic is tested without boots.
 
 What shows the limit: preemptions come from outputs that grow after admission (vLLM reserves a
 prompt's blocks before it admits the request, so long prompts alone never preempt). A profile that
@@ -24,7 +24,8 @@ a few dozen 128-token blocks on the tiny model (see benchmarks/serve_profile.py)
 
 The winner ships as ``serve-profile.yaml`` (``profile_output.write_serve_profile``), a file ``vllm serve
 --config`` reads: the boot's vLLM config (``ServerSpec.vllm_config``). The modules: this one (the
-search and its records), ``serve_profile.probe`` (the real boots), ``serve_profile.output`` (the file and the chart).
+search and its records), ``serve_profile.probe`` (the real boots), ``serve_profile.output`` (the file and the
+chart).
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ class SearchPoint(BaseModel):
     max_num_batched_tokens: int | None
     max_model_len: int
     passed: bool
-    why: list[str] = Field(default_factory=list,
-                           description="The stress test's failures (or the boot error).")
+    why: list[str] = Field(
+        default_factory=list, description="The stress test's failures (or the boot error)."
+    )
     peak_kv_cache_usage: float | None = Field(default=None, description="Fraction 0..1 (vLLM's gauge).")
     preemptions: int | None = None
     output_throughput: float | None = Field(default=None, description="tokens/s, vllm bench serve")
@@ -81,8 +83,10 @@ class SearchPoint(BaseModel):
         kv = f"{self.peak_kv_cache_usage:.0%}" if self.peak_kv_cache_usage is not None else "-"
         tput = f"{self.output_throughput:.0f} tok/s" if self.output_throughput is not None else "-"
         verdict = "pass" if self.passed else "FAIL: " + "; ".join(self.why)[:300]
-        return (f"max_num_seqs={self.max_num_seqs} max_model_len={self.max_model_len} "
-                f"preemptions={self.preemptions} peak KV={kv} output {tput}: {verdict}")
+        return (
+            f"max_num_seqs={self.max_num_seqs} max_model_len={self.max_model_len} "
+            f"preemptions={self.preemptions} peak KV={kv} output {tput}: {verdict}"
+        )
 
 
 Probe = Callable[[ServeSection], SearchPoint]
@@ -105,23 +109,34 @@ class ProfileSearchResult(BaseModel):
     plot_path: str | None = None
 
     def markdown(self) -> str:
-        rows = ["| boot | max_num_seqs | max_model_len | result | preemptions | peak KV | output tok/s "
-                "| why |",
-                "|---:|---:|---:|---|---:|---:|---:|---|"]
+        rows = [
+            "| boot | max_num_seqs | max_model_len | result | preemptions | peak KV | output tok/s | why |",
+            "|---:|---:|---:|---|---:|---:|---:|---|",
+        ]
         for i, p in enumerate(self.points, 1):
             kv = f"{p.peak_kv_cache_usage:.0%}" if p.peak_kv_cache_usage is not None else "-"
             tput = f"{p.output_throughput:.0f}" if p.output_throughput is not None else "-"
             why = "; ".join(p.why).replace("|", "/")[:160]
-            rows.append(f"| {i} | {p.max_num_seqs} | {p.max_model_len} | {'pass' if p.passed else 'fail'} | "
-                        f"{p.preemptions if p.preemptions is not None else '-'} | {kv} | {tput} | {why} |")
-        found = (f"max_num_seqs={self.found.max_num_seqs}, max_num_batched_tokens="
-                 f"{self.found.max_num_batched_tokens}, max_model_len={self.found.max_model_len}"
-                 if self.found else "nothing passed")
-        return "\n".join([
-            f"Found: {found} after {self.boots} boot(s); searched {self.min_num_seqs}..{self.max_num_seqs} "
-            f"at step {self.step}, starting at the planner's {self.planner_start} "
-            f"(max concurrency {self.planner_max_concurrency:.2f}). Stopped: {self.stop_reason}",
-            "", *rows])
+            rows.append(
+                f"| {i} | {p.max_num_seqs} | {p.max_model_len} | {'pass' if p.passed else 'fail'} | "
+                f"{p.preemptions if p.preemptions is not None else '-'} | {kv} | {tput} | {why} |"
+            )
+        found = (
+            f"max_num_seqs={self.found.max_num_seqs}, max_num_batched_tokens="
+            f"{self.found.max_num_batched_tokens}, max_model_len={self.found.max_model_len}"
+            if self.found
+            else "nothing passed"
+        )
+        return "\n".join(
+            [
+                f"Found: {found} after {self.boots} boot(s); searched "
+                f"{self.min_num_seqs}..{self.max_num_seqs} at step {self.step}, starting at the planner's "
+                f"{self.planner_start} (max concurrency {self.planner_max_concurrency:.2f}). Stopped: "
+                f"{self.stop_reason}",
+                "",
+                *rows,
+            ]
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -133,9 +148,16 @@ class _BudgetSpent(Exception):
     pass
 
 
-def search_largest(try_value: Callable[[int], SearchPoint], *, start: int, lo: int, hi: int, step: int,
-                   max_boots: int, known: Sequence[SearchPoint] = ()
-                   ) -> tuple[SearchPoint | None, list[SearchPoint], str]:
+def search_largest(
+    try_value: Callable[[int], SearchPoint],
+    *,
+    start: int,
+    lo: int,
+    hi: int,
+    step: int,
+    max_boots: int,
+    known: Sequence[SearchPoint] = (),
+) -> tuple[SearchPoint | None, list[SearchPoint], str]:
     """The largest value in [lo, hi] whose probe passes, to within ``step``.
 
     Start at ``start`` (or from ``known`` points, already measured, which cost no boot); while the
@@ -177,18 +199,18 @@ def search_largest(try_value: Callable[[int], SearchPoint], *, start: int, lo: i
         while passed is not None and failed is not None and failed.value - passed.value > step:  # bisect
             record(probe((passed.value + failed.value) // 2))
     except _BudgetSpent:
-        bracket = (f"bracket [{passed.value if passed else '-'}, {failed.value if failed else '-'}]")
+        bracket = f"bracket [{passed.value if passed else '-'}, {failed.value if failed else '-'}]"
         return passed, points, f"max_boots={max_boots} spent with {bracket} (step {step})"
     if passed is None:
         return None, points, f"even the lower end {lo} failed"
     if failed is None:
         return passed, points, f"the upper end {hi} passed: the limit lies above the searched range"
-    return passed, points, (f"bracketed: {passed.value} passes, {failed.value} fails "
-                            f"(within step {step})")
+    return passed, points, (f"bracketed: {passed.value} passes, {failed.value} fails (within step {step})")
 
 
-def candidate_serve(serve: ServeSection, *, max_num_seqs: int,
-                    max_model_len: int | None = None) -> ServeSection:
+def candidate_serve(
+    serve: ServeSection, *, max_num_seqs: int, max_model_len: int | None = None
+) -> ServeSection:
     """The recipe's serve section with one candidate's values (validated like a recipe's).
 
     max_num_batched_tokens is the recipe's (or the planner's default, 8192), raised to max_num_seqs
@@ -196,14 +218,24 @@ def candidate_serve(serve: ServeSection, *, max_num_seqs: int,
     """
     batched = max(serve.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS, max_num_seqs)
     data = serve.model_dump()
-    data.update(max_num_seqs=max_num_seqs, max_num_batched_tokens=batched,
-                max_model_len=max_model_len or serve.max_model_len)
+    data.update(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=batched,
+        max_model_len=max_model_len or serve.max_model_len,
+    )
     return ServeSection.model_validate(data)
 
 
-def search_profile(probe: Probe, serve: ServeSection, search: ProfileSearch, *, planner_recommended: int,
-                   planner_max_concurrency: float, max_model_len_range: tuple[int, int] | None = None,
-                   max_model_len_step: int = CPU_BLOCK_SIZE) -> ProfileSearchResult:
+def search_profile(
+    probe: Probe,
+    serve: ServeSection,
+    search: ProfileSearch,
+    *,
+    planner_recommended: int,
+    planner_max_concurrency: float,
+    max_model_len_range: tuple[int, int] | None = None,
+    max_model_len_step: int = CPU_BLOCK_SIZE,
+) -> ProfileSearchResult:
     """Search max_num_seqs (and, if asked, then max_model_len) through ``probe``."""
     lo = search.min_num_seqs
     hi = search.max_num_seqs or max(lo, int(planner_max_concurrency))
@@ -214,8 +246,9 @@ def search_profile(probe: Probe, serve: ServeSection, search: ProfileSearch, *, 
         point = probe(candidate_serve(serve, max_num_seqs=value))
         return point.model_copy(update={"dimension": "max_num_seqs"})
 
-    found, points, reason = search_largest(seqs, start=start, lo=lo, hi=hi, step=search.step,
-                                           max_boots=search.max_boots)
+    found, points, reason = search_largest(
+        seqs, start=start, lo=lo, hi=hi, step=search.step, max_boots=search.max_boots
+    )
     len_reason = None
     if search.max_model_len_search and found is not None and max_model_len_range is not None:
         len_lo, len_hi = max_model_len_range
@@ -227,21 +260,41 @@ def search_profile(probe: Probe, serve: ServeSection, search: ProfileSearch, *, 
 
         # The found point already passed at the recipe's max_model_len: the bracket's known lower end.
         longest, len_points, len_reason = search_largest(
-            length, start=len_lo, lo=len_lo, hi=len_hi, step=max_model_len_step, max_boots=search.max_boots,
-            known=[found.model_copy(update={"dimension": "max_model_len"})])
+            length,
+            start=len_lo,
+            lo=len_lo,
+            hi=len_hi,
+            step=max_model_len_step,
+            max_boots=search.max_boots,
+            known=[found.model_copy(update={"dimension": "max_model_len"})],
+        )
         points += len_points
         if longest is not None and longest.max_model_len > found.max_model_len:
             found = longest
     return ProfileSearchResult(
-        found=found, boots=len(points), points=points, planner_start=start,
-        planner_recommended=planner_recommended, planner_max_concurrency=round(planner_max_concurrency, 3),
-        min_num_seqs=lo, max_num_seqs=hi, step=search.step, stop_reason=reason,
-        max_model_len_stop_reason=len_reason)
+        found=found,
+        boots=len(points),
+        points=points,
+        planner_start=start,
+        planner_recommended=planner_recommended,
+        planner_max_concurrency=round(planner_max_concurrency, 3),
+        min_num_seqs=lo,
+        max_num_seqs=hi,
+        step=search.step,
+        stop_reason=reason,
+        max_model_len_stop_reason=len_reason,
+    )
 
 
-def search_serve_profile(recipe: Recipe, checkpoint_dir: str | Path, *, probe: Probe,
-                         block_size: int | None = None, device_memory_bytes: int | None = None,
-                         log: Callable[[str], None] = print) -> ProfileSearchResult:
+def search_serve_profile(
+    recipe: Recipe,
+    checkpoint_dir: str | Path,
+    *,
+    probe: Probe,
+    block_size: int | None = None,
+    device_memory_bytes: int | None = None,
+    log: Callable[[str], None] = print,
+) -> ProfileSearchResult:
     """Search the recipe's serving profile on the quantized checkpoint (serve.search's settings).
 
     The planner's numbers come from the checkpoint's config.json (same shape as the base), in the
@@ -256,20 +309,31 @@ def search_serve_profile(recipe: Recipe, checkpoint_dir: str | Path, *, probe: P
     config = json.loads((checkpoint_dir / "config.json").read_text())
     fixed = recipe.serve.memory_budget is not None
     block = block_size or (CPU_BLOCK_SIZE if fixed else GPU_BLOCK_SIZE)
-    plan = plan_for(recipe, config, Boot.PRODUCTION, block_size=block,
-                    device_memory_bytes=device_memory_bytes)
+    plan = plan_for(
+        recipe, config, Boot.PRODUCTION, block_size=block, device_memory_bytes=device_memory_bytes
+    )
     len_range = None
     if search.max_model_len_search:
         longest = min(plan.largest_max_model_len, int(config.get("max_position_embeddings") or 0) or 10**9)
         len_range = (recipe.serve.max_model_len, max(recipe.serve.max_model_len, longest))
-    log(f"profile search: planner: KV {plan.kv_cache_tokens:,} tokens, max concurrency "
+    log(
+        f"profile search: planner: KV {plan.kv_cache_tokens:,} tokens, max concurrency "
         f"{plan.max_concurrency:.2f} at max_model_len {recipe.serve.max_model_len}, recommends "
-        f"max_num_seqs={plan.recommended_max_num_seqs}")
-    result = search_profile(probe, recipe.serve, search, planner_recommended=plan.recommended_max_num_seqs,
-                            planner_max_concurrency=plan.max_concurrency, max_model_len_range=len_range,
-                            max_model_len_step=block)
-    log(f"profile search: {result.stop_reason}; found "
-        + (result.found.summary() if result.found else "nothing that passes"))
+        f"max_num_seqs={plan.recommended_max_num_seqs}"
+    )
+    result = search_profile(
+        probe,
+        recipe.serve,
+        search,
+        planner_recommended=plan.recommended_max_num_seqs,
+        planner_max_concurrency=plan.max_concurrency,
+        max_model_len_range=len_range,
+        max_model_len_step=block,
+    )
+    log(
+        f"profile search: {result.stop_reason}; found "
+        + (result.found.summary() if result.found else "nothing that passes")
+    )
     return result
 
 
@@ -281,11 +345,16 @@ def search_serve_profile(recipe: Recipe, checkpoint_dir: str | Path, *, probe: P
 def found_serve(serve: ServeSection, result: ProfileSearchResult) -> ServeSection:
     """``serve`` with the found max_num_seqs / max_num_batched_tokens / max_model_len (for ServerSpec)."""
     if result.found is None:
-        raise GateError(f"the profile search found no passing max_num_seqs ({result.stop_reason}); "
-                        "give the KV cache more memory, lower serve.max_model_len, or lower "
-                        "serve.search.min_num_seqs")
+        raise GateError(
+            f"the profile search found no passing max_num_seqs ({result.stop_reason}); "
+            "give the KV cache more memory, lower serve.max_model_len, or lower "
+            "serve.search.min_num_seqs"
+        )
     f = result.found
     data = serve.model_dump()
-    data.update(max_num_seqs=f.max_num_seqs, max_num_batched_tokens=f.max_num_batched_tokens,
-                max_model_len=f.max_model_len)
+    data.update(
+        max_num_seqs=f.max_num_seqs,
+        max_num_batched_tokens=f.max_num_batched_tokens,
+        max_model_len=f.max_model_len,
+    )
     return ServeSection.model_validate(data)

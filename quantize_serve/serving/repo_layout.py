@@ -45,8 +45,9 @@ else:
 """
 
 
-def lay_out_as_hub_cache(model_dir: str | Path, repo_id: str, cache_dir: str | Path, *,
-                         revision: str | None = None) -> Path:
+def lay_out_as_hub_cache(
+    model_dir: str | Path, repo_id: str, cache_dir: str | Path, *, revision: str | None = None
+) -> Path:
     """Lay out ``model_dir`` in the Hub cache ``cache_dir`` as repo ``repo_id`` at ``revision`` (None: the
     default branch, what ``vllm serve <repo id>`` resolves); return the snapshot folder. Each of its
     entries links to the checkpoint's own (nothing is copied). Laying out again replaces the layout."""
@@ -72,8 +73,9 @@ def lay_out_as_hub_cache(model_dir: str | Path, repo_id: str, cache_dir: str | P
 
 
 @contextmanager
-def laid_out_as_hub_cache(model_dir: str | Path, repo_id: str, cache_dir: str | Path, *,
-                          revision: str | None = None) -> Iterator[Path]:
+def laid_out_as_hub_cache(
+    model_dir: str | Path, repo_id: str, cache_dir: str | Path, *, revision: str | None = None
+) -> Iterator[Path]:
     """:func:`lay_out_as_hub_cache` for the duration of the block, in ``cache_dir``, a folder of its own:
     removed afterwards (links only; the checkpoint is untouched)."""
     try:

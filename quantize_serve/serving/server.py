@@ -161,8 +161,9 @@ def flags_config(flags: list[str]) -> dict[str, Any]:
         while not eq and i < len(flags) and not flags[i].startswith("--"):
             values.append(flags[i])
             i += 1
-        config[key] = True if not values else _scalar(values[0]) if len(values) == 1 else [
-            _scalar(v) for v in values]
+        config[key] = (
+            True if not values else _scalar(values[0]) if len(values) == 1 else [_scalar(v) for v in values]
+        )
     return config
 
 
@@ -211,18 +212,28 @@ class RunningServer(BaseModel):
         log_text = tail(Path(self.log_path), 400)
         cause = root_cause(log_text)
         if not process_alive(self.pid):
-            state, remedy = "has exited", (
-                "the server died while in use (killed by a signal or the OOM killer, or its engine "
-                "crashed): read vLLM's error and the log below; if memory ran out, lower "
-                "serve.max_num_seqs or serve.max_model_len or give the host more memory; then re-run")
+            state, remedy = (
+                "has exited",
+                (
+                    "the server died while in use (killed by a signal or the OOM killer, or its engine "
+                    "crashed): read vLLM's error and the log below; if memory ran out, lower "
+                    "serve.max_num_seqs or serve.max_model_len or give the host more memory; then re-run"
+                ),
+            )
         else:
-            state, remedy = "is still running", (
-                "the server is up but does not answer (overloaded or hung): read the log below; "
-                "re-run with less load, or stop it and re-run")
+            state, remedy = (
+                "is still running",
+                (
+                    "the server is up but does not answer (overloaded or hung): read the log below; "
+                    "re-run with less load, or stop it and re-run"
+                ),
+            )
         return ServerUnavailableError(
             f"the vLLM server at {self.base_url} did not answer {what} ({failure}); its process "
             f"(pid {self.pid}) {state}" + (f"; vLLM said: {cause}" if cause else ""),
-            log_tail=self.log_tail(), remedy=remedy)
+            log_tail=self.log_tail(),
+            remedy=remedy,
+        )
 
     def log_tail(self, lines: int = 40) -> str:
         return tail(Path(self.log_path), lines)
@@ -230,31 +241,49 @@ class RunningServer(BaseModel):
 
 # What vLLM said -> what to do. The first match wins.
 REMEDIES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"estimated maximum model length is (\d+)"),
-     "the KV cache cannot hold one request of serve.max_model_len; the largest max_model_len "
-     "that fits is {0}: lower serve.max_model_len to at most {0}, or raise "
-     "serve.gpu_memory_utilization (serve.memory_budget on CPU)"),
-    (re.compile(r"No available memory for the cache blocks"),
-     "no memory is left for the KV cache after the weights: raise serve.gpu_memory_utilization "
-     "(serve.memory_budget on CPU) or lower serve.max_model_len"),
-    (re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.I),
-     "the device ran out of memory at start: lower serve.gpu_memory_utilization or "
-     "serve.max_num_seqs, or set serve.enforce_eager: true (no CUDA-graph memory)"),
-    (re.compile(r"larger than the available KV cache memory"),
-     "lower serve.max_model_len or raise serve.gpu_memory_utilization"),
-    (re.compile(r"No module named 'vllm'|ModuleNotFoundError: No module named"),
-     "the serving environment lacks vLLM or one of its modules: run `make setup`, or point "
-     "QS_SERVING_PYTHON at a Python that has vLLM"),
-    (re.compile(r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len "
-                r"\((?:max_position_embeddings=)?(\d+)"),
-     "serve.max_model_len = {0} is longer than the model's context ({1} tokens: max_position_embeddings "
-     "in its config.json): lower serve.max_model_len to at most {1}"),
-    (re.compile(r"error: unrecognized arguments: (.+)"),
-     "vLLM does not know {0}: remove it from serve.extra_args or correct it (`python -m "
-     "vllm.entrypoints.openai.api_server --help` in the serving environment lists the flags of the "
-     "installed vLLM)"),
-    (re.compile(r"error: argument ([\w/-]+): (.+)"),
-     "vLLM rejects the value of {0} ({1}): correct it in the recipe (serve.* or serve.extra_args)"),
+    (
+        re.compile(r"estimated maximum model length is (\d+)"),
+        "the KV cache cannot hold one request of serve.max_model_len; the largest max_model_len "
+        "that fits is {0}: lower serve.max_model_len to at most {0}, or raise "
+        "serve.gpu_memory_utilization (serve.memory_budget on CPU)",
+    ),
+    (
+        re.compile(r"No available memory for the cache blocks"),
+        "no memory is left for the KV cache after the weights: raise serve.gpu_memory_utilization "
+        "(serve.memory_budget on CPU) or lower serve.max_model_len",
+    ),
+    (
+        re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.I),
+        "the device ran out of memory at start: lower serve.gpu_memory_utilization or "
+        "serve.max_num_seqs, or set serve.enforce_eager: true (no CUDA-graph memory)",
+    ),
+    (
+        re.compile(r"larger than the available KV cache memory"),
+        "lower serve.max_model_len or raise serve.gpu_memory_utilization",
+    ),
+    (
+        re.compile(r"No module named 'vllm'|ModuleNotFoundError: No module named"),
+        "the serving environment lacks vLLM or one of its modules: run `make setup`, or point "
+        "QS_SERVING_PYTHON at a Python that has vLLM",
+    ),
+    (
+        re.compile(
+            r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len "
+            r"\((?:max_position_embeddings=)?(\d+)"
+        ),
+        "serve.max_model_len = {0} is longer than the model's context ({1} tokens: max_position_embeddings "
+        "in its config.json): lower serve.max_model_len to at most {1}",
+    ),
+    (
+        re.compile(r"error: unrecognized arguments: (.+)"),
+        "vLLM does not know {0}: remove it from serve.extra_args or correct it (`python -m "
+        "vllm.entrypoints.openai.api_server --help` in the serving environment lists the flags of the "
+        "installed vLLM)",
+    ),
+    (
+        re.compile(r"error: argument ([\w/-]+): (.+)"),
+        "vLLM rejects the value of {0} ({1}): correct it in the recipe (serve.* or serve.extra_args)",
+    ),
 ]
 
 
@@ -342,9 +371,13 @@ if alive(group, True):
 
 def _guard(server_pid: int, stop_timeout_s: float) -> subprocess.Popen:
     """Start the GUARDIAN for the server process group led by ``server_pid``."""
-    return subprocess.Popen([sys.executable, "-S", "-c", GUARDIAN, str(os.getpid()), str(server_pid),
-                             str(stop_timeout_s)], start_new_session=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-S", "-c", GUARDIAN, str(os.getpid()), str(server_pid), str(stop_timeout_s)],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 # vLLM variables every boot gets unless the host sets them. vLLM's compile-cache key holds every VLLM_*
@@ -427,8 +460,13 @@ def prepare_server(log_path: Path) -> None:
     # appending (O_APPEND): the boot's own lines, written later by the pipeline, are never overwritten
     with log_path.open("a") as log:  # the imports' warnings go at the top of the boot's log
         _prepared[key] = subprocess.Popen(
-            [str(settings.serving_python), "-c", BOOT], stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.PIPE, env=boot_env(log_path), preexec_fn=_die_with_parent)
+            [str(settings.serving_python), "-c", BOOT],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.PIPE,
+            env=boot_env(log_path),
+            preexec_fn=_die_with_parent,
+        )
 
 
 def discard_prepared_servers() -> None:
@@ -455,16 +493,25 @@ PORT_ATTEMPTS = 3
 
 
 @contextmanager
-def vllm_server(spec: ServerSpec, *, log_path: Path, boot_timeout_s: float | None = None) -> Iterator[RunningServer]:
+def vllm_server(
+    spec: ServerSpec, *, log_path: Path, boot_timeout_s: float | None = None
+) -> Iterator[RunningServer]:
     """Run a vLLM server for the duration of the block; it is always gone afterwards."""
     settings = get_settings()
     timeout = boot_timeout_s or settings.server_boot_timeout_s
     if not Path(settings.serving_python).exists():
-        raise ServerBootError(f"serving Python {settings.serving_python} does not exist",
-                              remedy="run `make setup`, or set QS_SERVING_PYTHON to a Python with vLLM")
+        raise ServerBootError(
+            f"serving Python {settings.serving_python} does not exist",
+            remedy="run `make setup`, or set QS_SERVING_PYTHON to a Python with vLLM",
+        )
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    layout = nullcontext() if spec.repo_id is None else laid_out_as_hub_cache(
-        spec.model_dir, spec.repo_id, boot_hub_cache(log_path), revision=spec.revision)  # the profile's
+    layout = (
+        nullcontext()
+        if spec.repo_id is None
+        else laid_out_as_hub_cache(
+            spec.model_dir, spec.repo_id, boot_hub_cache(log_path), revision=spec.revision
+        )
+    )  # the profile's
     with layout:
         started = time.monotonic()
         for attempt in range(1, PORT_ATTEMPTS + 1):
@@ -480,8 +527,9 @@ def vllm_server(spec: ServerSpec, *, log_path: Path, boot_timeout_s: float | Non
                 if PORT_TAKEN not in tail(log_path, 400) or attempt == PORT_ATTEMPTS:
                     raise
                 with log_path.open("a") as log:
-                    log.write(f"\n(port {server.port} was taken before vLLM bound it: starting again on "
-                              "another)\n")
+                    log.write(
+                        f"\n(port {server.port} was taken before vLLM bound it: starting again on another)\n"
+                    )
         try:
             if spec.warm_up:
                 server.warmup_prompt_tokens = _warm_up(proc, server, spec.serve.max_model_len)
@@ -493,8 +541,9 @@ def vllm_server(spec: ServerSpec, *, log_path: Path, boot_timeout_s: float | Non
             guardian.wait()
 
 
-def _start(spec: ServerSpec, settings: Settings, log_path: Path, *,
-           append: bool) -> tuple[subprocess.Popen, RunningServer]:
+def _start(
+    spec: ServerSpec, settings: Settings, log_path: Path, *, append: bool
+) -> tuple[subprocess.Popen, RunningServer]:
     """Start vLLM's OpenAI server on a free port, its output into ``log_path``."""
     host, port = settings.server_host, free_port(settings.server_host)
     args = [*spec.vllm_args(), "--host", host, "--port", str(port)]
@@ -502,9 +551,11 @@ def _start(spec: ServerSpec, settings: Settings, log_path: Path, *,
     with log_path.open("a" if append or prepared else "w") as log:
         log.write(f"$ {shlex.join([str(settings.serving_python), '-m', ENTRYPOINT, *args])}\n")
         if spec.repo_id:
-            log.write(f"(quantize-serve: {spec.repo_id} is {spec.model_dir}, laid out in this boot's Hub "
-                      f"cache {boot_hub_cache(log_path)}; the model keeps the repo id as its name, as in "
-                      "production)\n")
+            log.write(
+                f"(quantize-serve: {spec.repo_id} is {spec.model_dir}, laid out in this boot's Hub "
+                f"cache {boot_hub_cache(log_path)}; the model keeps the repo id as its name, as in "
+                "production)\n"
+            )
         log.flush()
         if prepared is not None:  # imports done already (prepare_server): give it its command line
             try:
@@ -514,17 +565,35 @@ def _start(spec: ServerSpec, settings: Settings, log_path: Path, *,
                 stop_process_group(prepared, settings.server_stop_timeout_s)
                 prepared = None
         if prepared is not None:
-            return prepared, RunningServer(base_url=f"http://{host}:{port}", port=port, pid=prepared.pid,
-                                           log_path=str(log_path), command=spec.serve_command(), boot_seconds=0.0)
-        proc = subprocess.Popen([str(settings.serving_python), "-c", BOOT, ENTRYPOINT, *args], stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=boot_env(log_path),
-                                preexec_fn=_die_with_parent)
-    return proc, RunningServer(base_url=f"http://{host}:{port}", port=port, pid=proc.pid, log_path=str(log_path),
-                               command=spec.serve_command(), boot_seconds=0.0)
+            return prepared, RunningServer(
+                base_url=f"http://{host}:{port}",
+                port=port,
+                pid=prepared.pid,
+                log_path=str(log_path),
+                command=spec.serve_command(),
+                boot_seconds=0.0,
+            )
+        proc = subprocess.Popen(
+            [str(settings.serving_python), "-c", BOOT, ENTRYPOINT, *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=boot_env(log_path),
+            preexec_fn=_die_with_parent,
+        )
+    return proc, RunningServer(
+        base_url=f"http://{host}:{port}",
+        port=port,
+        pid=proc.pid,
+        log_path=str(log_path),
+        command=spec.serve_command(),
+        boot_seconds=0.0,
+    )
 
 
-def wait_ready(proc: subprocess.Popen, ready: Callable[[], bool], timeout_s: float,
-               *, interval_s: float = 0.25) -> Literal["ready", "exited", "timed out"]:
+def wait_ready(
+    proc: subprocess.Popen, ready: Callable[[], bool], timeout_s: float, *, interval_s: float = 0.25
+) -> Literal["ready", "exited", "timed out"]:
     """Poll ``ready`` a bounded time: until it answers True, the process exits, or time runs out.
     The caller turns "exited" and "timed out" into its own error, with its own log and remedy."""
     deadline = time.monotonic() + timeout_s
@@ -544,12 +613,17 @@ def _wait_healthy(proc: subprocess.Popen, server: RunningServer, timeout: float)
     if outcome == "exited":
         log_text = Path(server.log_path).read_text(errors="replace")
         cause = root_cause(log_text)
-        raise ServerBootError(f"vLLM exited with code {proc.returncode} before it became healthy"
-                              + (f": {cause}" if cause else ""),
-                              log_tail=server.log_tail(), remedy=remedy_for(log_text))
-    raise ServerBootError(f"vLLM did not answer /health within {timeout:.0f} s",
-                          log_tail=server.log_tail(),
-                          remedy="raise QS_SERVER_BOOT_TIMEOUT_S if the model is large, else read the log")
+        raise ServerBootError(
+            f"vLLM exited with code {proc.returncode} before it became healthy"
+            + (f": {cause}" if cause else ""),
+            log_tail=server.log_tail(),
+            remedy=remedy_for(log_text),
+        )
+    raise ServerBootError(
+        f"vLLM did not answer /health within {timeout:.0f} s",
+        log_tail=server.log_tail(),
+        remedy="raise QS_SERVER_BOOT_TIMEOUT_S if the model is large, else read the log",
+    )
 
 
 def _warm_up(proc: subprocess.Popen, server: RunningServer, max_model_len: int) -> int:
@@ -557,7 +631,9 @@ def _warm_up(proc: subprocess.Popen, server: RunningServer, max_model_len: int) 
     words = WARMUP_PROMPT.split()
     prompt = " ".join(words[: max(WARMUP_MIN_PROMPT_TOKENS, min(len(words), max_model_len // 2))])
     body = json.dumps({"model": SERVED_NAME, "prompt": prompt, "max_tokens": 1, "temperature": 0}).encode()
-    request = urllib.request.Request(server.base_url + "/v1/completions", body, {"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        server.base_url + "/v1/completions", body, {"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=120) as resp:
             return int(json.loads(resp.read())["usage"]["prompt_tokens"])
@@ -565,9 +641,12 @@ def _warm_up(proc: subprocess.Popen, server: RunningServer, max_model_len: int) 
         log_text = Path(server.log_path).read_text(errors="replace")
         cause = root_cause(log_text)
         state = "running" if proc.poll() is None else f"exited with code {proc.returncode}"
-        raise ServerBootError(f"vLLM answered /health but failed its warm-up request ({exc}; server {state})"
-                              + (f": {cause}" if cause else ""),
-                              log_tail=server.log_tail(), remedy=remedy_for(log_text)) from None
+        raise ServerBootError(
+            f"vLLM answered /health but failed its warm-up request ({exc}; server {state})"
+            + (f": {cause}" if cause else ""),
+            log_tail=server.log_tail(),
+            remedy=remedy_for(log_text),
+        ) from None
 
 
 def stop_process_group(proc: subprocess.Popen, grace_s: float) -> None:

@@ -25,10 +25,12 @@ MODEL_LOADING = re.compile(r"Model loading took ([\d.]+) GiB")
 AVAILABLE_KV = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 GRAPH_POOL = re.compile(r"CUDA graph pool memory: ([\d.]+) GiB \(actual\), ([\d.]+) GiB \(estimated\)")
 GRAPH_ESTIMATE = re.compile(r"Estimated CUDA graph memory: ([\d.]+) GiB")
-ACTUAL_USAGE = {"weights": re.compile(r"([\d.]+) GiB for weight"),
-                "peak_activation": re.compile(r"([\d.]+) GiB for peak activation"),
-                "non_torch": re.compile(r"([\d.]+) GiB for non-torch memory"),
-                "cuda_graphs": re.compile(r"([\d.]+) GiB for CUDAGraph memory")}
+ACTUAL_USAGE = {
+    "weights": re.compile(r"([\d.]+) GiB for weight"),
+    "peak_activation": re.compile(r"([\d.]+) GiB for peak activation"),
+    "non_torch": re.compile(r"([\d.]+) GiB for non-torch memory"),
+    "cuda_graphs": re.compile(r"([\d.]+) GiB for CUDAGraph memory"),
+}
 # Compile cache: a hit loads the graph, a miss compiles it (nothing of either: an eager boot)
 COMPILE_HIT = ("Directly load the compiled graph", "Directly load AOT compilation")
 COMPILE_MISS = re.compile(r"Compiling a graph for compile range .*? takes ([\d.]+) s")
@@ -37,8 +39,19 @@ COMPILE_LOAD_FAILED = "Compiling model again due to a load failure"
 INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
 EAGER = "Enforce eager set"
 # The lines a measurement keeps as evidence (what its figures are read from, and a refusal's reason)
-EVIDENCE = ("Model loading took", "Available KV cache memory", "KV cache size", "Maximum concurrency", "CUDA graph",
-            "Graph capturing", "Actual usage", "Kernel", "MoE", "Experts", "Error:")
+EVIDENCE = (
+    "Model loading took",
+    "Available KV cache memory",
+    "KV cache size",
+    "Maximum concurrency",
+    "CUDA graph",
+    "Graph capturing",
+    "Actual usage",
+    "Kernel",
+    "MoE",
+    "Experts",
+    "Error:",
+)
 PROGRESS_BAR = re.compile(r"\d+/\d+ \[[\d:<]+|it/s\]")
 
 
@@ -107,28 +120,39 @@ def compile_cache(log_text: str) -> str | None:
 def compile_summary(log_text: str) -> dict[str, Any]:
     """A boot's compile-cache hits, graphs compiled and their seconds, and whether it ran eager."""
     compiles = [float(s) for s in COMPILE_MISS.findall(log_text)]
-    return {"compile_cache_hits": log_text.count(COMPILE_HIT[0]), "graphs_compiled": len(compiles),
-            "compile_seconds": round(sum(compiles), 1), "eager": EAGER in log_text}
+    return {
+        "compile_cache_hits": log_text.count(COMPILE_HIT[0]),
+        "graphs_compiled": len(compiles),
+        "compile_seconds": round(sum(compiles), 1),
+        "eager": EAGER in log_text,
+    }
 
 
 def compile_facts(log_text: str, before: set[str]) -> dict[str, Any]:
-    """vLLM's engine init seconds, the compile-cache entries the boot used, whether they existed ``before`` it,
-    and whether vLLM failed to load what was there (and compiled again)."""
+    """vLLM's engine init seconds, the compile-cache entries the boot used, whether they existed ``before``
+    it, and whether vLLM failed to load what was there (and compiled again)."""
     init = INIT_ENGINE.findall(log_text)
     used = sorted(set(COMPILE_DIR.findall(log_text)))
-    return {"init_engine_s": float(init[-1]) if init else None, "compile_entries": used,
-            "entry_existed_before": bool(used) and all(e in before for e in used),
-            "vllm_load_failure_recompiled": COMPILE_LOAD_FAILED in log_text}
+    return {
+        "init_engine_s": float(init[-1]) if init else None,
+        "compile_entries": used,
+        "entry_existed_before": bool(used) and all(e in before for e in used),
+        "vllm_load_failure_recompiled": COMPILE_LOAD_FAILED in log_text,
+    }
 
 
-def evidence_lines(log_text: str, keys: tuple[str, ...] = EVIDENCE, *, limit: int = 30, width: int = 600,
-                   last: bool = False) -> list[str]:
-    """The log's lines that carry a measurement's figures (any of ``keys``), each at most ``width`` characters,
-    the first ``limit`` distinct ones (``last``: the last ``limit`` lines, each line's end). Progress bars
-    ("Capturing CUDA graphs ... it/s") are left out: they carry no figure, and on the H200 they filled the
-    whole limit before the "Actual usage" line."""
-    lines = [line.strip() for line in log_text.splitlines()
-             if any(k in line for k in keys) and not PROGRESS_BAR.search(line)]
+def evidence_lines(
+    log_text: str, keys: tuple[str, ...] = EVIDENCE, *, limit: int = 30, width: int = 600, last: bool = False
+) -> list[str]:
+    """The log's lines that carry a measurement's figures (any of ``keys``), each at most ``width``
+    characters, the first ``limit`` distinct ones (``last``: the last ``limit`` lines, each line's end).
+    Progress bars ("Capturing CUDA graphs ... it/s") are left out: they carry no figure, and on the H200 they
+    filled the whole limit before the "Actual usage" line."""
+    lines = [
+        line.strip()
+        for line in log_text.splitlines()
+        if any(k in line for k in keys) and not PROGRESS_BAR.search(line)
+    ]
     if last:
         return [line[-width:] for line in lines[-limit:]]
     return list(dict.fromkeys(line[:width] for line in lines))[:limit]

@@ -45,9 +45,20 @@ main()
 """
 
 
-BENCH_KEYS = ("completed", "failed", "num_prompts", "max_concurrency", "duration", "request_throughput",
-              "output_throughput", "total_token_throughput", "mean_ttft_ms", "p99_ttft_ms",
-              "mean_tpot_ms", "p99_tpot_ms")
+BENCH_KEYS = (
+    "completed",
+    "failed",
+    "num_prompts",
+    "max_concurrency",
+    "duration",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "mean_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "p99_tpot_ms",
+)
 
 
 class ThroughputFigures(BaseModel):
@@ -78,17 +89,59 @@ def bench_lengths(profile: StressGate, serve: ServeSection) -> tuple[int, int]:
     return inp, out
 
 
-def bench_args(server: RunningServer, *, tokenizer_dir: str, input_len: int, output_len: int,
-               num_prompts: int, concurrency: int, output_dir: Path, seed: int) -> list[str]:
+def bench_args(
+    server: RunningServer,
+    *,
+    tokenizer_dir: str,
+    input_len: int,
+    output_len: int,
+    num_prompts: int,
+    concurrency: int,
+    output_dir: Path,
+    seed: int,
+) -> list[str]:
     return [
-        "bench", "serve", "--backend", "openai", "--base-url", server.base_url,
-        "--endpoint", "/v1/completions", "--model", SERVED_NAME, "--served-model-name", SERVED_NAME,
-        "--tokenizer", tokenizer_dir, "--dataset-name", "random",
-        "--random-input-len", str(input_len), "--random-output-len", str(output_len),
-        "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
-        "--request-rate", "inf", "--ignore-eos", "--temperature", "0", "--seed", str(seed),
-        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-        "--disable-tqdm", "--save-result", "--result-dir", str(output_dir), "--result-filename", "bench.json",
+        "bench",
+        "serve",
+        "--backend",
+        "openai",
+        "--base-url",
+        server.base_url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        SERVED_NAME,
+        "--served-model-name",
+        SERVED_NAME,
+        "--tokenizer",
+        tokenizer_dir,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(input_len),
+        "--random-output-len",
+        str(output_len),
+        "--num-prompts",
+        str(num_prompts),
+        "--max-concurrency",
+        str(concurrency),
+        "--request-rate",
+        "inf",
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--seed",
+        str(seed),
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,99",
+        "--disable-tqdm",
+        "--save-result",
+        "--result-dir",
+        str(output_dir),
+        "--result-filename",
+        "bench.json",
     ]
 
 
@@ -99,8 +152,16 @@ async def run_bench(argv: list[str], output_dir: Path, timeout_s: float) -> tupl
     python = str(get_settings().serving_python)
     with (output_dir / "bench.log").open("w") as log:
         proc = await asyncio.create_subprocess_exec(
-            python, "-c", BENCH_LAUNCHER, *argv, stdout=log, stderr=asyncio.subprocess.STDOUT,
-            stdin=asyncio.subprocess.DEVNULL, env=serving_env(), start_new_session=True)
+            python,
+            "-c",
+            BENCH_LAUNCHER,
+            *argv,
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
+            env=serving_env(),
+            start_new_session=True,
+        )
         try:
             await asyncio.wait_for(proc.wait(), timeout_s)
         except TimeoutError:
@@ -111,6 +172,8 @@ async def run_bench(argv: list[str], output_dir: Path, timeout_s: float) -> tupl
                     os.killpg(proc.pid, signal.SIGKILL)
                 await proc.wait()
     if proc.returncode != 0 or not result_path.is_file():
-        return None, (f"vllm bench serve exited with code {proc.returncode}; last lines of "
-                      f"{output_dir / 'bench.log'}:\n{tail(output_dir / 'bench.log', 15)}")
+        return None, (
+            f"vllm bench serve exited with code {proc.returncode}; last lines of "
+            f"{output_dir / 'bench.log'}:\n{tail(output_dir / 'bench.log', 15)}"
+        )
     return json.loads(result_path.read_text()), ""

@@ -38,8 +38,10 @@ def token_prompts(tokenizer_dir: str, rng: random.Random) -> Callable[[int], lis
     try:
         tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     except (OSError, ValueError) as exc:
-        raise GateError(f"cannot load the tokenizer from {tokenizer_dir}: {exc}. Fix: pass the "
-                        "served checkpoint's folder (it holds tokenizer.json)") from exc
+        raise GateError(
+            f"cannot load the tokenizer from {tokenizer_dir}: {exc}. Fix: pass the "
+            "served checkpoint's folder (it holds tokenizer.json)"
+        ) from exc
     special = set(tok.all_special_ids)
     vocab = [i for i in range(tok.vocab_size) if i not in special]
     bos = tok.bos_token_id
@@ -54,10 +56,19 @@ def token_prompts(tokenizer_dir: str, rng: random.Random) -> Callable[[int], lis
 async def send_probe(session: aiohttp.ClientSession, url: str, probe: Probe, timeout_s: float) -> dict:
     import aiohttp  # heavy (~0.15 s): imported where requests are sent
 
-    rec: dict[str, Any] = {"index": probe.index, "kind": probe.kind, "prompt_tokens": len(probe.prompt),
-                           "max_tokens": probe.max_tokens}
-    body = {"model": SERVED_NAME, "prompt": probe.prompt, "max_tokens": probe.max_tokens,
-            "ignore_eos": True, "temperature": 0.0}
+    rec: dict[str, Any] = {
+        "index": probe.index,
+        "kind": probe.kind,
+        "prompt_tokens": len(probe.prompt),
+        "max_tokens": probe.max_tokens,
+    }
+    body = {
+        "model": SERVED_NAME,
+        "prompt": probe.prompt,
+        "max_tokens": probe.max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+    }
     t0 = time.monotonic()
     try:
         async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
@@ -88,8 +99,13 @@ def classify(probe: Probe, rec: dict) -> str:
     return "5xx" if (status or 0) >= 500 else "other_error"
 
 
-async def run_steps(base_url: str, schedule: list[tuple[int, list[Probe]]], timeout_s: float,
-                    records: dict[int, dict], log: Callable[[str], None]) -> None:
+async def run_steps(
+    base_url: str,
+    schedule: list[tuple[int, list[Probe]]],
+    timeout_s: float,
+    records: dict[int, dict],
+    log: Callable[[str], None],
+) -> None:
     import aiohttp  # heavy (~0.15 s): imported where requests are sent
 
     url = base_url + "/v1/completions"
@@ -113,8 +129,9 @@ async def race(coro: Coroutine, dead: asyncio.Event, timeout_s: float) -> tuple[
     Returns ("done", its value), ("died", None) or ("timeout", None).
     """
     task, watcher = asyncio.ensure_future(coro), asyncio.ensure_future(dead.wait())
-    done, _ = await asyncio.wait({task, watcher}, timeout=max(timeout_s, 0.0),
-                                 return_when=asyncio.FIRST_COMPLETED)
+    done, _ = await asyncio.wait(
+        {task, watcher}, timeout=max(timeout_s, 0.0), return_when=asyncio.FIRST_COMPLETED
+    )
     watcher.cancel()
     if task in done:
         return "done", task.result()
@@ -131,9 +148,11 @@ def answer_failures(counts: Any, request_timeout_s: float, first: str) -> list[s
     if counts.errors_5xx:
         f.append(f"{counts.errors_5xx} request(s) got a server error (5xx){first}")
     if counts.timeouts:
-        f.append(f"{counts.timeouts} request(s) got no answer within "
-                 f"request_timeout_s={request_timeout_s:g} s")
+        f.append(
+            f"{counts.timeouts} request(s) got no answer within request_timeout_s={request_timeout_s:g} s"
+        )
     if counts.wrong_token_counts:
-        f.append(f"{counts.wrong_token_counts} request(s) returned a completion_tokens count other "
-                 "than max_tokens")
+        f.append(
+            f"{counts.wrong_token_counts} request(s) returned a completion_tokens count other than max_tokens"
+        )
     return f

@@ -23,8 +23,13 @@ SAMPLE_EVERY_S = 0.2  # short requests on a fast CPU finish between slower sampl
 HEALTH_FAILURES_DEAD = 3  # consecutive /health failures that mean "dead"
 
 
-WATCHED = ("vllm:kv_cache_usage_perc", "vllm:num_preemptions_total", "vllm:num_requests_running",
-           "vllm:num_requests_waiting", "process_start_time_seconds")
+WATCHED = (
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_preemptions_total",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "process_start_time_seconds",
+)
 
 
 class Sampler:
@@ -47,9 +52,13 @@ class Sampler:
         if not self.alive():
             return self.die(f"the server process (pid {self.server.pid}) is gone")
         try:
-            async with session.get(self.server.base_url + "/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
+            async with session.get(
+                self.server.base_url + "/health", timeout=aiohttp.ClientTimeout(total=5)
+            ) as r:
                 healthy = r.status == 200
-            async with session.get(self.server.base_url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
+            async with session.get(
+                self.server.base_url + "/metrics", timeout=aiohttp.ClientTimeout(total=5)
+            ) as r:
                 metrics = read_gauges(await r.text(), WATCHED) if r.status == 200 else {}
         except (aiohttp.ClientError, TimeoutError):
             healthy, metrics = False, {}

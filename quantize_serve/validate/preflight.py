@@ -11,9 +11,9 @@ calibration problem reported together, and a note for each input it cannot check
 model's config.json unless asked to fetch it, a Hub dataset's columns and rows).
 
 Two checks of the host, before anything heavy: ``check_serving_host`` (a CPU whose vLLM lacks the
-kernels the run's quantized boots need, among them any quantized mixture of experts) and ``check_quantize_host`` (a GPU host whose pipeline
-environment's torch has no CUDA, so the quantization would run on the CPU; `validate` and `run` say
-so too).
+kernels the run's quantized boots need, among them any quantized mixture of experts) and
+``check_quantize_host`` (a GPU host whose pipeline environment's torch has no CUDA, so the quantization would
+run on the CPU; `validate` and `run` say so too).
 """
 
 from __future__ import annotations
@@ -64,8 +64,9 @@ class BaseModelRef(BaseModel):
         return f"{self.repo_id}@{self.sha}" if self.repo_id else f"local:{self.sha}"
 
 
-def validate_recipe(recipe: Recipe | str | Path | dict,
-                    overrides: dict[str, Any] | None = None) -> ValidatedRecipe:
+def validate_recipe(
+    recipe: Recipe | str | Path | dict, overrides: dict[str, Any] | None = None
+) -> ValidatedRecipe:
     """The recipe, with ``overrides`` (dotted keys, recipe.apply_overrides) applied, validated."""
     overrides = overrides or {}
     if isinstance(recipe, (str, Path)):
@@ -73,8 +74,9 @@ def validate_recipe(recipe: Recipe | str | Path | dict,
         recipe = load_recipe(recipe, overrides)
     elif isinstance(recipe, dict):
         source = "<parameters>"
-        recipe = parse_recipe(apply_overrides(recipe, overrides, source=source), source=source,
-                              base_dir=Path.cwd())
+        recipe = parse_recipe(
+            apply_overrides(recipe, overrides, source=source), source=source, base_dir=Path.cwd()
+        )
     else:
         source = f"<recipe {recipe.name}>"
         if overrides:
@@ -101,13 +103,24 @@ def pin_calibration_commit(recipe: Recipe, *, source: str) -> Recipe:
     c = recipe.calibration
     hub = recipe.hub
     try:
-        sha = resolve_dataset_commit(c.dataset, revision=c.revision, token=resolve_token(hub) if hub else None,
-                                     token_env=hub.token_env if hub else "HF_TOKEN")
+        sha = resolve_dataset_commit(
+            c.dataset,
+            revision=c.revision,
+            token=resolve_token(hub) if hub else None,
+            token_env=hub.token_env if hub else "HF_TOKEN",
+        )
     except HubNotFoundError as exc:
-        field, value = ("calibration.revision", c.revision) if c.revision else ("calibration.dataset", c.dataset)
-        raise RecipeError(source, field, value, f"the Hub cannot resolve it to a commit ({exc})",
-                          "give an existing dataset id (owner/name) and revision (branch, tag or full commit "
-                          "sha), and a token that can read it (HF_TOKEN or hub.token_env)") from None
+        field, value = (
+            ("calibration.revision", c.revision) if c.revision else ("calibration.dataset", c.dataset)
+        )
+        raise RecipeError(
+            source,
+            field,
+            value,
+            f"the Hub cannot resolve it to a commit ({exc})",
+            "give an existing dataset id (owner/name) and revision (branch, tag or full commit "
+            "sha), and a token that can read it (HF_TOKEN or hub.token_env)",
+        ) from None
     return pin_calibration(recipe, sha) if sha else recipe
 
 
@@ -117,15 +130,23 @@ def check_local_checkpoints(recipe: Recipe, base_config: dict[str, Any], *, sour
     download, quantization or boot. Hub checkpoints are checked when fetched (flows/formats.py)."""
     q = recipe.quantization
     named = [("quantization.checkpoint", q.checkpoint)] if q.checkpoint else []
-    named += [(f"quantization.candidates[{i}].checkpoint", c.checkpoint) for i, c in enumerate(q.candidates)
-              if c.checkpoint]
+    named += [
+        (f"quantization.candidates[{i}].checkpoint", c.checkpoint)
+        for i, c in enumerate(q.candidates)
+        if c.checkpoint
+    ]
     for field, value in named:
         if recipe.is_local(value):
             folder = recipe.path(value)
             if not folder.is_dir():
-                raise RecipeError(source, field, value, f"no such folder ({show_path(folder)})",
-                                  "point it at a checkpoint folder (relative paths resolve against the recipe's "
-                                  "folder) or at a Hub repo id such as org/name")
+                raise RecipeError(
+                    source,
+                    field,
+                    value,
+                    f"no such folder ({show_path(folder)})",
+                    "point it at a checkpoint folder (relative paths resolve against the recipe's "
+                    "folder) or at a Hub repo id such as org/name",
+                )
             check_checkpoint(folder, base_config, source=source, field=field, value=value)
 
 
@@ -141,25 +162,39 @@ def check_serving_host(recipe: Recipe, *, source: str, base_config: dict[str, An
     if moe_gap and base_is_moe(recipe, base_config):
         where, scheme = served[0]
         raise RecipeError(
-            source, where, f"{scheme or 'a quantized'} mixture of experts ({recipe.model.id})", moe_gap,
+            source,
+            where,
+            f"{scheme or 'a quantized'} mixture of experts ({recipe.model.id})",
+            moe_gap,
             "run on a GPU host (the production path; vLLM's GPU kernels serve quantized experts, Marlin "
             "MoE for W4A16); a CPU serves this model only unquantized, so it has no quantized release to "
-            "validate here. `quantize-serve validate` and `quantize-serve plan` work on any machine")
+            "validate here. `quantize-serve validate` and `quantize-serve plan` work on any machine",
+        )
     kv = production_kv_dtype(recipe)
     for where, scheme in served:
         gap = serving_host_gap(scheme or "W4A16", kv)
         if not gap:
             continue
         if scheme is None and not serving_host_gap(None, kv):  # only the Hub checkpoint's unknown scheme
-            raise RecipeError(source, where, "a Hub checkpoint", "its scheme is read only once it is "
-                              f"downloaded, and {gap}", "download it and name its folder (its scheme is then "
-                              "checked here), or run on a GPU host or an x86 CPU with AVX-512")
-        raise RecipeError(source, "serve", f"vLLM on this machine's CPU ({scheme or where}, KV {kv})", gap,
-                          "run on a GPU host (the production path: `prefect deployment run quantize-serve/llama3`) "
-                          "or on an x86 CPU with AVX-512; on this CPU, quantize to what its vLLM serves "
-                          "(quantization.method smoothquant-gptq with scheme W8A8, or rtn with FP8_DYNAMIC) with "
-                          "serve.kv_cache_dtype auto and quantization.kv_cache_scales false, as `make demo` does "
-                          "here by itself; `quantize-serve validate` and `quantize-serve plan` work on any machine")
+            raise RecipeError(
+                source,
+                where,
+                "a Hub checkpoint",
+                f"its scheme is read only once it is downloaded, and {gap}",
+                "download it and name its folder (its scheme is then "
+                "checked here), or run on a GPU host or an x86 CPU with AVX-512",
+            )
+        raise RecipeError(
+            source,
+            "serve",
+            f"vLLM on this machine's CPU ({scheme or where}, KV {kv})",
+            gap,
+            "run on a GPU host (the production path: `prefect deployment run quantize-serve/llama3`) "
+            "or on an x86 CPU with AVX-512; on this CPU, quantize to what its vLLM serves "
+            "(quantization.method smoothquant-gptq with scheme W8A8, or rtn with FP8_DYNAMIC) with "
+            "serve.kv_cache_dtype auto and quantization.kv_cache_scales false, as `make demo` does "
+            "here by itself; `quantize-serve validate` and `quantize-serve plan` work on any machine",
+        )
 
 
 def base_is_moe(recipe: Recipe, config: dict[str, Any] | None = None) -> bool:
@@ -173,8 +208,12 @@ def base_is_moe(recipe: Recipe, config: dict[str, Any] | None = None) -> bool:
             config = read_model_config(folder)
         else:
             token_env = recipe.hub.token_env if recipe.hub else "HF_TOKEN"
-            config = fetch_model_config(recipe.model.id, revision=recipe.model.revision,
-                                        token=os.environ.get(token_env) or None, token_env=token_env)
+            config = fetch_model_config(
+                recipe.model.id,
+                revision=recipe.model.revision,
+                token=os.environ.get(token_env) or None,
+                token_env=token_env,
+            )
     try:
         return ModelShape.from_config(config).is_moe
     except (RecipeError, RecipeErrors):
@@ -186,9 +225,14 @@ def served_schemes(recipe: Recipe) -> list[tuple[str, str | None]]:
     scheme, each candidate's, an existing local checkpoint's (read from its config.json); None for a
     Hub checkpoint, whose scheme is known once downloaded."""
     q = recipe.quantization
-    named = [("quantization", q.method, q.scheme, q.checkpoint)] if not q.candidates else [
-        (f"quantization.candidates.{i}", c.method, c.scheme or q.scheme, c.checkpoint)
-        for i, c in enumerate(q.candidates)]
+    named = (
+        [("quantization", q.method, q.scheme, q.checkpoint)]
+        if not q.candidates
+        else [
+            (f"quantization.candidates.{i}", c.method, c.scheme or q.scheme, c.checkpoint)
+            for i, c in enumerate(q.candidates)
+        ]
+    )
     out: list[tuple[str, str | None]] = []
     for where, method, scheme, checkpoint in named:
         if method or not checkpoint:
@@ -198,8 +242,12 @@ def served_schemes(recipe: Recipe) -> list[tuple[str, str | None]]:
         else:
             config = recipe.path(checkpoint) / "config.json"
             try:
-                out.append((f"{where}.checkpoint", checkpoint_scheme(
-                    json.loads(config.read_text()).get("quantization_config") or {})))
+                out.append(
+                    (
+                        f"{where}.checkpoint",
+                        checkpoint_scheme(json.loads(config.read_text()).get("quantization_config") or {}),
+                    )
+                )
             except (OSError, ValueError):
                 pass  # not a checkpoint the pipeline serves: check_local_checkpoints says why
     return out
@@ -220,10 +268,15 @@ def check_quantize_host(recipe: Recipe, *, source: str) -> None:
         return  # existing checkpoints only: nothing is quantized here
     gap = quantize_device_gap()
     if gap:
-        raise RecipeError(source, "quantization", q.method or "candidates", gap,
-                          "run `make setup` on this host: it detects the GPU and installs the CUDA build of torch "
-                          "that the pinned vLLM uses (`QS_DEVICE=cuda make setup` where it does not detect it), "
-                          "or point QS_PIPELINE_PYTHON at an environment whose torch has CUDA")
+        raise RecipeError(
+            source,
+            "quantization",
+            q.method or "candidates",
+            gap,
+            "run `make setup` on this host: it detects the GPU and installs the CUDA build of torch "
+            "that the pinned vLLM uses (`QS_DEVICE=cuda make setup` where it does not detect it), "
+            "or point QS_PIPELINE_PYTHON at an environment whose torch has CUDA",
+        )
 
 
 def check_local_model(recipe: Recipe, *, source: str) -> dict[str, Any]:
@@ -286,8 +339,12 @@ def check_recipe(path: str | Path, *, remote: bool = False) -> RecipeCheck:
                 checked.append("existing checkpoints: format, scheme, same base model (local folders)")
     elif remote:
         token_env = recipe.hub.token_env if recipe.hub else "HF_TOKEN"
-        config = fetch_model_config(recipe.model.id, revision=recipe.model.revision,
-                                    token=os.environ.get(token_env) or None, token_env=token_env)
+        config = fetch_model_config(
+            recipe.model.id,
+            revision=recipe.model.revision,
+            token=os.environ.get(token_env) or None,
+            token_env=token_env,
+        )
         before = len(errors)
         collect(lambda: check_model_config(recipe, config, source=source))
         collect(lambda: check_plannable(config, config_source=f"{recipe.model.id}/config.json"))
@@ -296,7 +353,8 @@ def check_recipe(path: str | Path, *, remote: bool = False) -> RecipeCheck:
     else:
         not_checked.append(
             f"model.id {recipe.model.id!r} is a Hub repo: its config.json (group size, max_model_len, "
-            "tensor_parallel_size) is checked when a run resolves it, or now with --remote")
+            "tensor_parallel_size) is checked when a run resolves it, or now with --remote"
+        )
     c = recipe.calibration
     if recipe.calibration_is_local:
         peeked = collect(lambda: peek_calibration(recipe, source=source))
@@ -305,14 +363,20 @@ def check_recipe(path: str | Path, *, remote: bool = False) -> RecipeCheck:
     else:
         not_checked.append(
             f"calibration.dataset {c.dataset!r} is a Hub dataset: its columns and row count are checked "
-            "by the run's validate stage, which loads it")
+            "by the run's validate stage, which loads it"
+        )
     for i, task in enumerate(recipe.gates.accuracy.tasks):
         if task.task.endswith(TASK_FILE_SUFFIXES) and not recipe.path(task.task).is_file():
-            errors.append(RecipeError(
-                source, f"gates.accuracy.tasks.{i}.task", task.task,
-                f"no such task file ({show_path(recipe.path(task.task))})",
-                "give the path of an lm-eval task YAML relative to the recipe's folder, or an lm-eval "
-                "task name"))
+            errors.append(
+                RecipeError(
+                    source,
+                    f"gates.accuracy.tasks.{i}.task",
+                    task.task,
+                    f"no such task file ({show_path(recipe.path(task.task))})",
+                    "give the path of an lm-eval task YAML relative to the recipe's folder, or an lm-eval "
+                    "task name",
+                )
+            )
     collect(lambda: check_quantize_host(recipe, source=source))  # a GPU host quantizes on its GPU
     if errors:
         raise RecipeErrors(errors) if len(errors) > 1 else errors[0]
@@ -333,9 +397,13 @@ def resolve_base(validated: ValidatedRecipe, *, cache_dir: Path | None = None) -
     check_model_files(Path(resolved.local_dir), source=validated.source, value=recipe.model.id)
     config = check_model(recipe, Path(resolved.local_dir), source=validated.source)
     check_plannable(config, config_source=f"{recipe.model.id}/config.json")
-    return BaseModelRef(local_dir=str(resolved.local_dir), repo_id=recipe.model.id,
-                        revision=recipe.model.revision, sha=resolved.sha, config=config)
-
+    return BaseModelRef(
+        local_dir=str(resolved.local_dir),
+        repo_id=recipe.model.id,
+        revision=recipe.model.revision,
+        sha=resolved.sha,
+        config=config,
+    )
 
 
 def model_shape_dir(recipe: Recipe) -> Path:
@@ -344,5 +412,3 @@ def model_shape_dir(recipe: Recipe) -> Path:
     if recipe.model_is_local:
         return recipe.path(recipe.model.id)
     return Path(download_base(recipe, weights=False).local_dir)
-
-

@@ -62,9 +62,16 @@ def read_requirements(path: Path) -> list[str]:
 
 def marker_env(python: str) -> dict[str, str]:
     env = default_environment()
-    env.update(python_version=python, python_full_version=f"{python}.0", sys_platform="linux",
-               platform_system="Linux", platform_machine="x86_64", implementation_name="cpython",
-               platform_python_implementation="CPython", os_name="posix")
+    env.update(
+        python_version=python,
+        python_full_version=f"{python}.0",
+        sys_platform="linux",
+        platform_system="Linux",
+        platform_machine="x86_64",
+        implementation_name="cpython",
+        platform_python_implementation="CPython",
+        os_name="posix",
+    )
     return env
 
 
@@ -75,8 +82,9 @@ def fits(req: Requirement, version: str) -> bool:
         return False
 
 
-def check(host: dict[str, str], folder: Path, python: str, roots: list[str],
-          extras: dict[str, set[str]]) -> tuple[list[str], str]:
+def check(
+    host: dict[str, str], folder: Path, python: str, roots: list[str], extras: dict[str, set[str]]
+) -> tuple[list[str], str]:
     """(unmet requirements, summary line)."""
     wheels: dict[str, list[tuple[str, list[Requirement]]]] = {}
     unparsed = []
@@ -106,8 +114,11 @@ def check(host: dict[str, str], folder: Path, python: str, roots: list[str],
             for _, reqs in versions:
                 for req in reqs:
                     dep = canonicalize_name(req.name)
-                    if req.extras and active(req, wanted.get(pkg, set())) \
-                            and not req.extras <= wanted.get(dep, set()):
+                    if (
+                        req.extras
+                        and active(req, wanted.get(pkg, set()))
+                        and not req.extras <= wanted.get(dep, set())
+                    ):
                         wanted.setdefault(dep, set()).update(req.extras)
                         changed = True
 
@@ -132,8 +143,10 @@ def check(host: dict[str, str], folder: Path, python: str, roots: list[str],
     files = sum(len(v) for v in wheels.values())
     multi = [f"{p} {'/'.join(v for v, _ in vs)}" for p, vs in sorted(wheels.items()) if len(vs) > 1]
     shadowed = sorted(set(wheels) & set(host))
-    summary = (f"{files} wheels of {len(wheels)} packages; several versions: {', '.join(multi) or '-'}; "
-               f"{len(shadowed)} also on the host: {', '.join(shadowed) or '-'}")
+    summary = (
+        f"{files} wheels of {len(wheels)} packages; several versions: {', '.join(multi) or '-'}; "
+        f"{len(shadowed)} also on the host: {', '.join(shadowed) or '-'}"
+    )
     return unmet, summary
 
 

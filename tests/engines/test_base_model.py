@@ -33,11 +33,26 @@ READ = "hf_ReadTokenForBaseModelTests0123456789"
 WRONG = "hf_WrongTokenForBaseModelTests012345678"
 FAST = RetryPolicy(attempts=2, base_s=0.01, max_s=0.05)
 # What a Llama repo on the Hub holds besides what we need: Meta's consolidated weights, other formats.
-EXTRA = {"original/consolidated.00.pth": b"pth" * 1000, "original/params.json": b"{}",
-         "original/tokenizer.model": b"tok", "pytorch_model.bin": b"bin" * 1000, "model.gguf": b"gguf",
-         "flax_model.msgpack": b"msgpack", "tf_model.h5": b"h5", "notes.txt": b"notes"}
-NEEDED = sorted(["config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                 "tokenizer_config.json", "chat_template.jinja"])
+EXTRA = {
+    "original/consolidated.00.pth": b"pth" * 1000,
+    "original/params.json": b"{}",
+    "original/tokenizer.model": b"tok",
+    "pytorch_model.bin": b"bin" * 1000,
+    "model.gguf": b"gguf",
+    "flax_model.msgpack": b"msgpack",
+    "tf_model.h5": b"h5",
+    "notes.txt": b"notes",
+}
+NEEDED = sorted(
+    [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    ]
+)
 Usage = namedtuple("Usage", "total used free")
 
 
@@ -80,10 +95,15 @@ def _client_env(local_hub: LocalHub, monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
 def validated_for(recipe, repo_id: str, **hub: object) -> ValidatedRecipe:
     """The tiny-llama recipe pointed at a Hub repo, its hub section changed by ``hub``."""
-    recipe = recipe.model_copy(update={"model": recipe.model.model_copy(update={"id": repo_id}),
-                                       "hub": recipe.hub.model_copy(update=hub)})
-    return ValidatedRecipe(recipe=recipe, source="x.yaml", recipe_sha256="0" * 64,
-                           calibration_fingerprint="0" * 64)
+    recipe = recipe.model_copy(
+        update={
+            "model": recipe.model.model_copy(update={"id": repo_id}),
+            "hub": recipe.hub.model_copy(update=hub),
+        }
+    )
+    return ValidatedRecipe(
+        recipe=recipe, source="x.yaml", recipe_sha256="0" * 64, calibration_fingerprint="0" * 64
+    )
 
 
 def files_in(folder: Path) -> list[str]:
@@ -105,11 +125,13 @@ def assert_no_none_folder(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_only_the_needed_files_are_fetched_into_the_work_cache(local_hub: LocalHub, base_repo: str,
-                                                               tmp_path: Path):
+def test_only_the_needed_files_are_fetched_into_the_work_cache(
+    local_hub: LocalHub, base_repo: str, tmp_path: Path
+):
     mark = len(local_hub.requests)
-    resolved = resolve_base_model(base_repo, revision=None, token=WRITE, endpoint=local_hub.endpoint,
-                                  retry=FAST)
+    resolved = resolve_base_model(
+        base_repo, revision=None, token=WRITE, endpoint=local_hub.endpoint, retry=FAST
+    )
     assert files_in(resolved.local_dir) == NEEDED
     fetched = downloads_since(local_hub, mark)
     assert fetched and not [p for p in fetched if "original/" in p or p.endswith((".bin", ".pth", ".gguf"))]
@@ -122,7 +144,8 @@ def test_only_the_needed_files_are_fetched_into_the_work_cache(local_hub: LocalH
 
 
 def test_base_model_pulled_by_repo_id_and_revision(local_hub: LocalHub, tmp_path: Path):
-    """Moved here from tests/engines/test_hub.py: a tag pins its commit, None follows main, unknown ones fail."""
+    """Moved here from tests/engines/test_hub.py: a tag pins its commit, None follows main, unknown ones
+    fail."""
     client = HfApi(endpoint=local_hub.endpoint, token=WRITE)
     repo = f"org/base-{uuid.uuid4().hex[:8]}"
     client.create_repo(repo)
@@ -142,28 +165,72 @@ def test_base_model_pulled_by_repo_id_and_revision(local_hub: LocalHub, tmp_path
         resolve_base_model("org/missing", revision=None, **opts)
 
 
-@pytest.mark.parametrize("files, weights", [
-    (["model.safetensors", "pytorch_model.bin", "original/consolidated.00.pth"], ["model.safetensors"]),
-    (["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json",
-      "consolidated.safetensors", "original/model.safetensors"],
-     ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
-      "model.safetensors.index.json"]),
-    (["pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin", "pytorch_model.bin.index.json",
-      "model.pt", "original/consolidated.00.pth"],
-     ["pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin",
-      "pytorch_model.bin.index.json"]),
-], ids=["safetensors", "sharded-with-consolidated", "bin-only"])
+@pytest.mark.parametrize(
+    "files, weights",
+    [
+        (["model.safetensors", "pytorch_model.bin", "original/consolidated.00.pth"], ["model.safetensors"]),
+        (
+            [
+                "model-00001-of-00002.safetensors",
+                "model-00002-of-00002.safetensors",
+                "model.safetensors.index.json",
+                "consolidated.safetensors",
+                "original/model.safetensors",
+            ],
+            [
+                "model-00001-of-00002.safetensors",
+                "model-00002-of-00002.safetensors",
+                "model.safetensors.index.json",
+            ],
+        ),
+        (
+            [
+                "pytorch_model-00001-of-00002.bin",
+                "pytorch_model-00002-of-00002.bin",
+                "pytorch_model.bin.index.json",
+                "model.pt",
+                "original/consolidated.00.pth",
+            ],
+            [
+                "pytorch_model-00001-of-00002.bin",
+                "pytorch_model-00002-of-00002.bin",
+                "pytorch_model.bin.index.json",
+            ],
+        ),
+    ],
+    ids=["safetensors", "sharded-with-consolidated", "bin-only"],
+)
 def test_base_model_patterns_pick_one_weight_format(files: list[str], weights: list[str]):
     from huggingface_hub.utils import filter_repo_objects
 
-    other = ["config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-             "tokenizer.model", "chat_template.jinja", "README.md", "LICENSE", "original/params.json",
-             "flax_model.msgpack", "tf_model.h5", "model.gguf"]
+    other = [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "tokenizer.model",
+        "chat_template.jinja",
+        "README.md",
+        "LICENSE",
+        "original/params.json",
+        "flax_model.msgpack",
+        "tf_model.h5",
+        "model.gguf",
+    ]
     allow, ignore = base_model_patterns(files + other)
     assert "*.safetensors" in BASE_MODEL_FILES
     taken = sorted(filter_repo_objects(files + other, allow_patterns=allow, ignore_patterns=ignore))
-    assert taken == sorted(weights + ["config.json", "tokenizer.json", "tokenizer_config.json",
-                                      "special_tokens_map.json", "tokenizer.model", "chat_template.jinja"])
+    assert taken == sorted(
+        weights
+        + [
+            "config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "special_tokens_map.json",
+            "tokenizer.model",
+            "chat_template.jinja",
+        ]
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -171,10 +238,15 @@ def test_base_model_patterns_pick_one_weight_format(files: list[str], weights: l
 # --------------------------------------------------------------------------------------------
 
 
-def test_private_base_model_uses_the_recipe_token_env(local_hub: LocalHub, base_repo: str, awq_recipe,
-                                                      monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                      caplog: pytest.LogCaptureFixture,
-                                                      capfd: pytest.CaptureFixture):
+def test_private_base_model_uses_the_recipe_token_env(
+    local_hub: LocalHub,
+    base_repo: str,
+    awq_recipe,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture,
+):
     caplog.set_level(logging.DEBUG)
     validated = validated_for(awq_recipe, base_repo, token_env="QS_TEST_BASE_TOKEN")
     with pytest.raises(HubAuthError, match="QS_TEST_BASE_TOKEN") as missing:  # private: no token, no model
@@ -201,8 +273,9 @@ def test_private_base_model_uses_the_recipe_token_env(local_hub: LocalHub, base_
 # --------------------------------------------------------------------------------------------
 
 
-def test_too_little_disk_space_fails_before_any_download(local_hub: LocalHub, base_repo: str, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch):
+def test_too_little_disk_space_fails_before_any_download(
+    local_hub: LocalHub, base_repo: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     seen: list[Path] = []
 
     def small_disk(path):
@@ -225,8 +298,9 @@ def test_too_little_disk_space_fails_before_any_download(local_hub: LocalHub, ba
     assert_no_none_folder(tmp_path)
 
 
-def test_what_the_cache_holds_needs_no_space(local_hub: LocalHub, base_repo: str,
-                                             monkeypatch: pytest.MonkeyPatch):
+def test_what_the_cache_holds_needs_no_space(
+    local_hub: LocalHub, base_repo: str, monkeypatch: pytest.MonkeyPatch
+):
     first = resolve_base_model(base_repo, revision=None, token=WRITE, endpoint=local_hub.endpoint, retry=FAST)
     monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**9, 10**9, 0))
     mark = len(local_hub.requests)
@@ -234,8 +308,9 @@ def test_what_the_cache_holds_needs_no_space(local_hub: LocalHub, base_repo: str
     assert again == first and downloads_since(local_hub, mark) == []
 
 
-def test_a_download_that_fills_the_disk_shares_the_message(local_hub: LocalHub, base_repo: str,
-                                                           monkeypatch: pytest.MonkeyPatch):
+def test_a_download_that_fills_the_disk_shares_the_message(
+    local_hub: LocalHub, base_repo: str, monkeypatch: pytest.MonkeyPatch
+):
     import huggingface_hub
 
     def fill_the_disk(*args, **kwargs):
@@ -249,21 +324,28 @@ def test_a_download_that_fills_the_disk_shares_the_message(local_hub: LocalHub, 
     assert info.value.__context__ is None and WRITE not in message
 
 
-def test_base_model_token_from_a_prefect_secret_block(prefect_api, local_hub: LocalHub, base_repo: str,
-                                                      awq_recipe):
+def test_base_model_token_from_a_prefect_secret_block(
+    prefect_api, local_hub: LocalHub, base_repo: str, awq_recipe
+):
     from prefect.blocks.system import Secret
 
     block = f"qs-base-token-{uuid.uuid4().hex[:8]}"
     Secret(value=READ).save(block, overwrite=True)
-    validated = validated_for(awq_recipe, base_repo, token_env="QS_TEST_UNSET_TOKEN",
-                              token_secret_block=block)
+    validated = validated_for(
+        awq_recipe, base_repo, token_env="QS_TEST_UNSET_TOKEN", token_secret_block=block
+    )
     base = resolve_base(validated)
     assert files_in(Path(base.local_dir)) == NEEDED
 
 
-def test_the_task_reads_the_token_itself_and_tries_a_4xx_once(prefect_api, local_hub: LocalHub, base_repo: str,
-                                                              awq_recipe, monkeypatch: pytest.MonkeyPatch,
-                                                              caplog: pytest.LogCaptureFixture):
+def test_the_task_reads_the_token_itself_and_tries_a_4xx_once(
+    prefect_api,
+    local_hub: LocalHub,
+    base_repo: str,
+    awq_recipe,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+):
     """Prefect records a task's inputs: the token is no parameter of resolve-base-model, which
     reads it itself; a 401 or 404 costs exactly one request (no task or client retry)."""
     from prefect import flow

@@ -1,6 +1,5 @@
 """Capacity stage with real vLLM boots: the three configurations, failed and cancelled boots."""
 
-
 from __future__ import annotations
 
 import json
@@ -39,7 +38,9 @@ def test_three_configurations_same_budget(awq_recipe, awq_checkpoint, base_serve
     budget = int(awq_recipe.serve.memory_budget)
     for cfg in (a, b, c):
         assert cfg.weights_bytes + cfg.kv_cache_memory_bytes == budget
-    assert a.kv_cache_dtype == "auto" and b.kv_cache_dtype == "bfloat16" and c.kv_cache_dtype.startswith("fp8")
+    assert (
+        a.kv_cache_dtype == "auto" and b.kv_cache_dtype == "bfloat16" and c.kv_cache_dtype.startswith("fp8")
+    )
     assert report.freed_weight_bytes > 1_000_000
     assert b.kv_cache_tokens > a.kv_cache_tokens
     assert abs(report.fp8_token_ratio - 2.0) <= 0.02
@@ -51,8 +52,12 @@ def test_three_configurations_same_budget(awq_recipe, awq_checkpoint, base_serve
 def test_boot_that_cannot_fit_names_the_remedy_and_leaves_nothing(awq_recipe, base_model_dir, tmp_path):
     # 300 KiB of KV holds 300 tokens at 16-bit (1 KiB per token): 2 blocks of 128 on a CPU, 18 of 16 on a
     # GPU, not one 512-token request; vLLM estimates the longest request that fits, in whole blocks
-    spec = ServerSpec(model_dir=str(base_model_dir), serve=awq_recipe.serve, kv_cache_dtype="auto",
-                      kv_cache_memory_bytes=300 * 1024)
+    spec = ServerSpec(
+        model_dir=str(base_model_dir),
+        serve=awq_recipe.serve,
+        kv_cache_dtype="auto",
+        kv_cache_memory_bytes=300 * 1024,
+    )
     log = tmp_path / "vllm.log"
     with pytest.raises(ServerBootError) as info:
         with vllm_server(spec, log_path=log):
@@ -91,8 +96,19 @@ def test_cancelled_boot_leaves_no_process(base_model_dir, tmp_path, sig):
     """Cancellation (SIGINT -> KeyboardInterrupt -> finally) and a hard kill of the pipeline
     process (the server dies with its parent) both leave no vLLM process behind."""
     log = tmp_path / "vllm.log"
-    proc = subprocess.Popen([sys.executable, "-c", CANCEL_SCRIPT, str(ROOT / "recipes/tiny-llama-awq.yaml"),
-                             str(base_model_dir), str(log)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            CANCEL_SCRIPT,
+            str(ROOT / "recipes/tiny-llama-awq.yaml"),
+            str(base_model_dir),
+            str(log),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and "api_server" not in (log.read_text() if log.exists() else ""):
         time.sleep(0.5)  # the log's first line is the command that starts the server

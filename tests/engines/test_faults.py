@@ -20,7 +20,6 @@ and capacity faults (the accuracy test kills it, the capacity test then meets th
 the engine-worker faults need a boot each, since each one ends its boot.
 """
 
-
 from __future__ import annotations
 
 import os
@@ -57,8 +56,12 @@ KV_BYTES = 12_000_000  # the stress tests' budget: ~11.6k 16-bit tokens, more th
 
 def spec(**serve_changes) -> ServerSpec:
     # bf16 weights and a 16-bit KV cache: what vLLM serves on every CPU (quantize_serve/serving/host.py)
-    return ServerSpec(model_dir=str(MODEL), serve=RECIPE.serve.model_copy(update=serve_changes),
-                      kv_cache_dtype="auto", kv_cache_memory_bytes=KV_BYTES)
+    return ServerSpec(
+        model_dir=str(MODEL),
+        serve=RECIPE.serve.model_copy(update=serve_changes),
+        kv_cache_dtype="auto",
+        kv_cache_memory_bytes=KV_BYTES,
+    )
 
 
 class Boot:
@@ -108,13 +111,23 @@ class After(threading.Thread):
 
 @pytest.mark.gpu_host
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("changes, cause, remedy", [
-    # extra_args travel as vLLM config keys (ServerSpec.vllm_config), so vLLM sees `--no-such-flag 1`
-    ({"extra_args": ["--no-such-flag=1"]}, "unrecognized arguments: --no-such-flag",
-     "vLLM does not know --no-such-flag"),
-    ({"max_model_len": 2048}, "User-specified max_model_len (2048) is greater than the derived max_model_len",
-     "serve.max_model_len = 2048 is longer than the model's context (1024 tokens"),
-], ids=["unknown-extra-arg", "max-model-len-beyond-model"])
+@pytest.mark.parametrize(
+    "changes, cause, remedy",
+    [
+        # extra_args travel as vLLM config keys (ServerSpec.vllm_config), so vLLM sees `--no-such-flag 1`
+        (
+            {"extra_args": ["--no-such-flag=1"]},
+            "unrecognized arguments: --no-such-flag",
+            "vLLM does not know --no-such-flag",
+        ),
+        (
+            {"max_model_len": 2048},
+            "User-specified max_model_len (2048) is greater than the derived max_model_len",
+            "serve.max_model_len = 2048 is longer than the model's context (1024 tokens",
+        ),
+    ],
+    ids=["unknown-extra-arg", "max-model-len-beyond-model"],
+)
 def test_boot_refused_setting_names_cause_and_fix(tmp_path, changes, cause, remedy):
     log = tmp_path / "vllm.log"
     with pytest.raises(ServerBootError) as info:
@@ -142,9 +155,14 @@ def test_vllm_killed_during_accuracy_gate_fails_the_gate_fast(doomed_boot, tmp_p
     server = doomed_boot.server
     killer = After(server, 3, lambda: os.kill(server.pid, signal.SIGKILL))  # once lm-eval is sending
     with pytest.raises(GateError) as info:  # a failed gate, never a skip or an empty result
-        run_accuracy(server.base_url, RECIPE.gates.accuracy, tokenizer_dir=str(MODEL),
-                     max_length=RECIPE.serve.max_model_len, base_dir=Path(RECIPE.base_dir),
-                     output_dir=tmp_path / "accuracy")
+        run_accuracy(
+            server.base_url,
+            RECIPE.gates.accuracy,
+            tokenizer_dir=str(MODEL),
+            max_length=RECIPE.serve.max_model_len,
+            base_dir=Path(RECIPE.base_dir),
+            output_dir=tmp_path / "accuracy",
+        )
     failed_at = time.monotonic()
     killer.join(timeout=5)
     message = str(info.value)
@@ -193,11 +211,15 @@ def engine_process(server_pid: int, name: str) -> psutil.Process:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("target, sig", [
-    # the engine core is a process of its own on every device; on a GPU host it also holds the GPU memory
-    pytest.param("VLLM::EngineCore", signal.SIGKILL, marks=pytest.mark.gpu_host),
-    ("VLLM::Worker", signal.SIGILL),  # a process of its own only in vLLM's CPU layout
-], ids=["engine-core-SIGKILL", "worker-SIGILL"])
+@pytest.mark.parametrize(
+    "target, sig",
+    [
+        # the engine core is a process of its own on every device; on a GPU host it also holds the GPU memory
+        pytest.param("VLLM::EngineCore", signal.SIGKILL, marks=pytest.mark.gpu_host),
+        ("VLLM::Worker", signal.SIGILL),  # a process of its own only in vLLM's CPU layout
+    ],
+    ids=["engine-core-SIGKILL", "worker-SIGILL"],
+)
 def test_engine_death_during_stress_fails_the_check_and_leaves_nothing(tmp_path, monkeypatch, target, sig):
     """SIGKILL of the engine core is what the OOM killer does to the biggest process; SIGILL of the
     worker is the CPU crash seen on AMX machines (see WARMUP_PROMPT in quantize_serve/serving/server.py).
@@ -211,8 +233,14 @@ def test_engine_death_during_stress_fails_the_check_and_leaves_nothing(tmp_path,
         victim = engine_process(server.pid, target)
         assert victim.pid != server.pid
         killer = After(server, 6, lambda: os.kill(victim.pid, sig))
-        result = run_stress_test(server, RECIPE.gates.stress, RECIPE.serve, tokenizer_dir=str(MODEL),
-                                 output_dir=tmp_path / "stress", log=lambda _: None)
+        result = run_stress_test(
+            server,
+            RECIPE.gates.stress,
+            RECIPE.serve,
+            tokenizer_dir=str(MODEL),
+            output_dir=tmp_path / "stress",
+            log=lambda _: None,
+        )
         killer.join(timeout=5)
     finally:
         boot.close()
@@ -234,16 +262,22 @@ def test_disk_full_during_quantization_names_the_disk_and_keeps_nothing(tmp_path
     validated = validate_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml")
     base = resolve_base(validated)
     recipe = validated.recipe  # less calibration: the fault is in the save, not in the calibration
-    recipe = recipe.model_copy(update={"calibration": recipe.calibration.model_copy(
-        update={"num_samples": 16, "max_seq_len": 64})})
+    recipe = recipe.model_copy(
+        update={"calibration": recipe.calibration.model_copy(update={"num_samples": 16, "max_seq_len": 64})}
+    )
     # room for the spec and the config files, not for the weights (the checkpoint is ~1 MB)
     with small_disk(tmp_path, "256k") as disk:
         monkeypatch.setenv("QS_WORK_DIR", str(disk))
         get_settings.cache_clear()
         try:
             with pytest.raises(QuantizationError) as info:
-                quantize_model(recipe, Path(base.local_dir), base_identity=base.identity,
-                               calibration_fingerprint=validated.calibration_fingerprint, log=lambda _: None)
+                quantize_model(
+                    recipe,
+                    Path(base.local_dir),
+                    base_identity=base.identity,
+                    calibration_fingerprint=validated.calibration_fingerprint,
+                    log=lambda _: None,
+                )
             left = sorted(p.name for p in (disk / "checkpoints").iterdir())
         finally:
             get_settings.cache_clear()
@@ -253,7 +287,8 @@ def test_disk_full_during_quantization_names_the_disk_and_keeps_nothing(tmp_path
     assert "QS_WORK_DIR" in message and "Fix: free space there" in message, message
     assert "No space left on device" in message  # what llm-compressor's save hit, kept as evidence
     # nothing a rerun could trust: no checkpoint folder under its key, no half-written one
-    key = checkpoint_key(recipe, base_identity=base.identity,
-                         calibration_fingerprint=validated.calibration_fingerprint)
+    key = checkpoint_key(
+        recipe, base_identity=base.identity, calibration_fingerprint=validated.calibration_fingerprint
+    )
     assert left == [], f"left on the full disk: {left}"
     assert not (disk / "checkpoints" / f"awq-{key}" / MANIFEST).exists()

@@ -78,18 +78,39 @@ def opts(hub: LocalHub, **extra: object) -> dict:
 
 def card_inputs(repo_id: str, **overrides: object) -> ModelCardInputs:
     values: dict = {
-        "repo_id": repo_id, "base_model": "org/tiny-base", "base_revision_sha": "a" * 40, "method": "awq",
-        "scheme": "W4A16", "group_size": 32, "calibration": {"dataset": "calib.jsonl", "num_samples": 64},
+        "repo_id": repo_id,
+        "base_model": "org/tiny-base",
+        "base_revision_sha": "a" * 40,
+        "method": "awq",
+        "scheme": "W4A16",
+        "group_size": 32,
+        "calibration": {"dataset": "calib.jsonl", "num_samples": 64},
         "calibration_fingerprint": "f" * 16,
         "capacity_markdown": "| config | tokens |\n|---|---|\n| w4a16 | 4096 |",
-        "accuracy": [AccuracyRow(task="arc_easy", dataset="allenai/ai2_arc", dataset_config="ARC-Easy",
-                                 dataset_split="test", metric="acc", base=0.50, quantized=0.49, recovery=0.98,
-                                 threshold=0.95, passed=True)],
+        "accuracy": [
+            AccuracyRow(
+                task="arc_easy",
+                dataset="allenai/ai2_arc",
+                dataset_config="ARC-Easy",
+                dataset_split="test",
+                metric="acc",
+                base=0.50,
+                quantized=0.49,
+                recovery=0.98,
+                threshold=0.95,
+                passed=True,
+            )
+        ],
         "stress": {"completed": 64, "failed": 0, "preemptions": 0},
         "serving_command": "python -m vllm.entrypoints.openai.api_server --model org/m --kv-cache-dtype fp8",
-        "provenance": Provenance(recipe_sha256="b" * 64, engine_versions={"torch": "2.9.0"}, hardware="cpu",
-                                 run_id="run-1", run_url="https://prefect.example.com/runs/flow-run/run-1",
-                                 vllm_version="0.32.0"),
+        "provenance": Provenance(
+            recipe_sha256="b" * 64,
+            engine_versions={"torch": "2.9.0"},
+            hardware="cpu",
+            run_id="run-1",
+            run_url="https://prefect.example.com/runs/flow-run/run-1",
+            vllm_version="0.32.0",
+        ),
     }
     values.update(overrides)
     return ModelCardInputs(**values)
@@ -107,8 +128,9 @@ def make_candidate(folder: Path, repo_id: str, *, seed: int = 0, **card: object)
 
 
 def files_of(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
 
 
 def api(hub: LocalHub) -> HfApi:
@@ -147,8 +169,13 @@ def test_push_then_download_is_byte_identical(local_hub: LocalHub, section: HubS
     assert info.sha == result.commit_sha and info.private is True
     assert {s.rfilename: bool(s.lfs) for s in info.siblings}["model.safetensors"] is True
 
-    local = snapshot_download(section.repo_id, revision=result.commit_sha, token=WRITE,
-                              cache_dir=tmp_path / "dl", endpoint=local_hub.endpoint)
+    local = snapshot_download(
+        section.repo_id,
+        revision=result.commit_sha,
+        token=WRITE,
+        cache_dir=tmp_path / "dl",
+        endpoint=local_hub.endpoint,
+    )
     downloaded = files_of(Path(local))
     assert downloaded.pop(".gitattributes")  # the Hub's own file, written at repo creation
     assert downloaded == files_of(folder)
@@ -162,7 +189,11 @@ def test_card_loads_back_with_eval_results(local_hub: LocalHub, section: HubSect
     assert card.data.library_name == "vllm"
     [result] = card.data.eval_results
     assert (result.task_name, result.dataset_type, result.dataset_config, result.dataset_split) == (
-        "arc_easy", "allenai/ai2_arc", "ARC-Easy", "test")
+        "arc_easy",
+        "allenai/ai2_arc",
+        "ARC-Easy",
+        "test",
+    )
     assert (result.metric_type, result.metric_value) == ("acc", 0.49)
     assert "candidate: gates pending" in card.text
     assert "| arc_easy | allenai/ai2_arc, config ARC-Easy, split test | acc | 0.5 | 0.49 |" in card.text
@@ -205,8 +236,15 @@ def test_changed_folder_is_one_commit_with_deletions(
     second = push_candidate(section, folder, commit_message="c2", **opts(local_hub))
     assert second.created_commit and second.commit_sha != first.commit_sha
     assert commits_of(section.repo_id, local_hub.endpoint)[:2] == [second.commit_sha, first.commit_sha]
-    local = Path(snapshot_download(section.repo_id, revision=second.commit_sha, token=WRITE,
-                                   cache_dir=tmp_path / "dl", endpoint=local_hub.endpoint))
+    local = Path(
+        snapshot_download(
+            section.repo_id,
+            revision=second.commit_sha,
+            token=WRITE,
+            cache_dir=tmp_path / "dl",
+            endpoint=local_hub.endpoint,
+        )
+    )
     downloaded = files_of(local)
     downloaded.pop(".gitattributes")
     assert downloaded == files_of(folder)  # the stale shard is gone
@@ -249,8 +287,15 @@ def test_promote_points_release_ref_at_pushed_commit(local_hub: LocalHub, tmp_pa
     promote_revision(hub, second.commit_sha, **opts(local_hub))
     assert all(r.method == "GET" for r in local_hub.requests[mark:])  # already there: reads only
     # Consumers pinning the release ref get the promoted bytes.
-    local = Path(snapshot_download(hub.repo_id, revision=hub.release_ref, token=WRITE,
-                                   cache_dir=tmp_path / "dl", endpoint=local_hub.endpoint))
+    local = Path(
+        snapshot_download(
+            hub.repo_id,
+            revision=hub.release_ref,
+            token=WRITE,
+            cache_dir=tmp_path / "dl",
+            endpoint=local_hub.endpoint,
+        )
+    )
     assert (local / "config.json").read_text() == (folder / "config.json").read_text()
 
     with pytest.raises(HubNotFoundError, match="does not exist"):  # unknown sha: ref untouched
@@ -269,8 +314,9 @@ def test_rejection_leaves_release_ref_and_records_reasons(
 
     reasons = ["arc_easy acc recovery 0.91 < 0.95", "stress: 3 of 64 requests failed"]
     card = str(render_model_card(card_inputs(section.repo_id, status="rejected", rejection_reasons=reasons)))
-    tag = record_rejection(section, bad.commit_sha, reasons, run_id="run-42", card_text=card,
-                           **opts(local_hub))
+    tag = record_rejection(
+        section, bad.commit_sha, reasons, run_id="run-42", card_text=card, **opts(local_hub)
+    )
 
     assert release_target(section, local_hub.endpoint) == good.commit_sha  # untouched
     refs = api(local_hub).list_repo_refs(section.repo_id)
@@ -284,7 +330,8 @@ def test_rejection_leaves_release_ref_and_records_reasons(
     assert record_rejection(section, bad.commit_sha, reasons, run_id="run-42", **opts(local_hub)) == tag
 
 
-# Base model downloads (repo id and revision, the recipe's token, disk space): tests/engines/test_base_model.py
+# Base model downloads (repo id and revision, the recipe's token, disk space):
+# tests/engines/test_base_model.py
 
 
 # --------------------------------------------------------------------------------------------
@@ -300,8 +347,13 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return out
 
 
-def test_wrong_token_is_clear_and_never_leaks(local_hub: LocalHub, section: HubSection, tmp_path: Path,
-                                              caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture):
+def test_wrong_token_is_clear_and_never_leaks(
+    local_hub: LocalHub,
+    section: HubSection,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture,
+):
     from huggingface_hub.utils import logging as hf_logging
 
     folder = make_candidate(tmp_path / "ckpt", section.repo_id)
@@ -312,8 +364,9 @@ def test_wrong_token_is_clear_and_never_leaks(local_hub: LocalHub, section: HubS
         with pytest.raises(HubAuthError) as push_err:
             push_candidate(section, folder, commit_message="c", **opts(local_hub, token=WRONG))
         with pytest.raises(HubAuthError) as pull_err:
-            resolve_base_model("org/anything", revision="main", cache_dir=tmp_path / "c",
-                               **opts(local_hub, token=WRONG))
+            resolve_base_model(
+                "org/anything", revision="main", cache_dir=tmp_path / "c", **opts(local_hub, token=WRONG)
+            )
     finally:
         hf_logging.set_verbosity(verbosity)
     text = str(push_err.value)
@@ -387,7 +440,7 @@ def test_three_500s_then_success_pushes_exactly_once(
     local_hub.inject(fail_next=3, status=500)
     result = push_candidate(section, folder, commit_message="c", **opts(local_hub))
     assert result.created_commit
-    assert [r.status for r in local_hub.requests[mark:mark + 3]] == [500, 500, 500]
+    assert [r.status for r in local_hub.requests[mark : mark + 3]] == [500, 500, 500]
     assert len([r for r in requests_since(local_hub, mark, "/commit/") if r.status == 200]) == 1
     history = commits_of(section.repo_id, local_hub.endpoint)
     assert len(history) == 2 and history[0] == result.commit_sha  # repo creation + one push
@@ -408,13 +461,19 @@ def test_retries_are_bounded_and_never_on_4xx(local_hub: LocalHub, section: HubS
     assert len(local_hub.requests) - mark == 1
 
 
-def test_rate_limit_429_waits_retry_after_then_pushes_once(local_hub: LocalHub, section: HubSection, tmp_path: Path):
+def test_rate_limit_429_waits_retry_after_then_pushes_once(
+    local_hub: LocalHub, section: HubSection, tmp_path: Path
+):
     folder = make_candidate(tmp_path / "ckpt", section.repo_id)
     local_hub.inject(fail_next=2, status=429)
     mark, started = len(local_hub.requests), time.monotonic()
-    result = push_candidate(section, folder, commit_message="c", **opts(local_hub, retry=RetryPolicy(
-        attempts=4, base_s=0.01, max_s=5)))
-    assert [r.status for r in local_hub.requests[mark:mark + 2]] == [429, 429]
+    result = push_candidate(
+        section,
+        folder,
+        commit_message="c",
+        **opts(local_hub, retry=RetryPolicy(attempts=4, base_s=0.01, max_s=5)),
+    )
+    assert [r.status for r in local_hub.requests[mark : mark + 2]] == [429, 429]
     assert time.monotonic() - started >= 2.0  # Retry-After: 1, twice, over a 0.01 s backoff
     assert result.created_commit and len(commits_of(section.repo_id, local_hub.endpoint)) == 2
 
@@ -423,8 +482,12 @@ def test_rate_limit_that_never_lifts_says_so(local_hub: LocalHub, section: HubSe
     folder = make_candidate(tmp_path / "ckpt", section.repo_id)
     local_hub.inject(fail_next=10, status=429)
     with pytest.raises(HubError, match="rate-limited") as err:
-        push_candidate(section, folder, commit_message="c", **opts(local_hub, retry=RetryPolicy(
-            attempts=2, base_s=0.01, max_s=0.05)))
+        push_candidate(
+            section,
+            folder,
+            commit_message="c",
+            **opts(local_hub, retry=RetryPolicy(attempts=2, base_s=0.01, max_s=0.05)),
+        )
     assert WRITE not in str(err.value)
 
 
@@ -446,8 +509,15 @@ def test_dropped_commit_then_rerun_ends_in_one_revision(
     rerun = push_candidate(section, folder, commit_message="c2", **opts(local_hub))
     assert commits_of(section.repo_id, local_hub.endpoint) == [rerun.commit_sha, *history]
     assert release_target(section, local_hub.endpoint) == released.commit_sha  # still, until promotion
-    local = Path(snapshot_download(section.repo_id, revision=rerun.commit_sha, token=WRITE,
-                                   cache_dir=tmp_path / "dl", endpoint=local_hub.endpoint))
+    local = Path(
+        snapshot_download(
+            section.repo_id,
+            revision=rerun.commit_sha,
+            token=WRITE,
+            cache_dir=tmp_path / "dl",
+            endpoint=local_hub.endpoint,
+        )
+    )
     downloaded = files_of(local)
     downloaded.pop(".gitattributes")
     assert downloaded == files_of(folder)
@@ -485,8 +555,12 @@ def test_cli_starts_fast_with_auth_and_faults_endpoint(tmp_path: Path):
     started = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "localhub", "--root", str(tmp_path / "root"), "--port", "0", "--token", WRITE],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
         assert time.monotonic() - started < 2.0, f"took {time.monotonic() - started:.2f}s"
@@ -516,21 +590,32 @@ def release_inputs(awq_recipe, section: HubSection, tmp_path: Path) -> tuple:
     from quantize_serve.quantize.run import QuantizeResult
     from quantize_serve.validate.preflight import ValidatedRecipe
 
-    recipe = awq_recipe.model_copy(update={"hub": awq_recipe.hub.model_copy(update={"repo_id": section.repo_id})})
-    validated = ValidatedRecipe(recipe=recipe, source="x.yaml", recipe_sha256="0" * 64,
-                                calibration_fingerprint="0" * 64)
+    recipe = awq_recipe.model_copy(
+        update={"hub": awq_recipe.hub.model_copy(update={"repo_id": section.repo_id})}
+    )
+    validated = ValidatedRecipe(
+        recipe=recipe, source="x.yaml", recipe_sha256="0" * 64, calibration_fingerprint="0" * 64
+    )
     ckpt = tmp_path / "checkpoint"
     ckpt.mkdir()
     (ckpt / "config.json").write_text("{}")
-    checkpoint = QuantizeResult(checkpoint_dir=str(ckpt), method="awq", scheme="W4A16_ASYM", seconds=1.0,
-                                base_bytes=2, quantized_bytes=1, calibration_fingerprint="2" * 64,
-                                engine_versions={})
+    checkpoint = QuantizeResult(
+        checkpoint_dir=str(ckpt),
+        method="awq",
+        scheme="W4A16_ASYM",
+        seconds=1.0,
+        base_bytes=2,
+        quantized_bytes=1,
+        calibration_fingerprint="2" * 64,
+        engine_versions={},
+    )
     return recipe, validated, checkpoint
 
 
 @pytest.mark.parametrize("passed", [True, False])
-def test_release_pushes_the_candidate_then_promotes_or_rejects(local_hub: LocalHub, awq_recipe, section,
-                                                               tmp_path: Path, monkeypatch, passed: bool):
+def test_release_pushes_the_candidate_then_promotes_or_rejects(
+    local_hub: LocalHub, awq_recipe, section, tmp_path: Path, monkeypatch, passed: bool
+):
     from quantize_serve.gates.decision import CheckRow, Decision
     from quantize_serve.release import publish as release
     from quantize_serve.report.run_report import RunReport
@@ -544,14 +629,28 @@ def test_release_pushes_the_candidate_then_promotes_or_rejects(local_hub: LocalH
 
     pushed = release.push_release_candidate(validated, base, checkpoint, command, tmp_path / "run")
     assert sorted(p.name for p in (tmp_path / "run" / "release").iterdir()) == [
-        "README.md", "config.json", "model.safetensors"]
+        "README.md",
+        "config.json",
+        "model.safetensors",
+    ]
     assert command in (tmp_path / "run" / "release" / "README.md").read_text()
 
-    decision = Decision(passed=passed, checks=[CheckRow(check="stress", passed=passed,
-                                                        reason="ok" if passed else "2 preemptions")])
-    report = RunReport(run_id="r1", recipe=recipe.name, recipe_source="x.yaml", recipe_sha256="0" * 64,
-                       base=base, checkpoint=checkpoint, candidate=pushed, decision=decision,
-                       serving_command=command, report_dir=str(tmp_path / "run"))
+    decision = Decision(
+        passed=passed,
+        checks=[CheckRow(check="stress", passed=passed, reason="ok" if passed else "2 preemptions")],
+    )
+    report = RunReport(
+        run_id="r1",
+        recipe=recipe.name,
+        recipe_source="x.yaml",
+        recipe_sha256="0" * 64,
+        base=base,
+        checkpoint=checkpoint,
+        candidate=pushed,
+        decision=decision,
+        serving_command=command,
+        report_dir=str(tmp_path / "run"),
+    )
     outcome = release.promote_or_reject(validated, report, approved=True, approved_by=None)
     assert report.release is outcome
     reasons = release.release_reasons(report, True, None)
@@ -567,8 +666,9 @@ def test_release_pushes_the_candidate_then_promotes_or_rejects(local_hub: LocalH
     assert release.revision_url(report, outcome).endswith(f"/tree/{outcome.commit_sha or pushed.commit_sha}")
 
 
-def test_promoted_card_links_its_hub_base_and_names_tasks_not_paths(local_hub: LocalHub, awq_recipe, section,
-                                                                    tmp_path: Path, monkeypatch):
+def test_promoted_card_links_its_hub_base_and_names_tasks_not_paths(
+    local_hub: LocalHub, awq_recipe, section, tmp_path: Path, monkeypatch
+):
     """The gated card as a consumer reads it from the Hub: the model tree's base link
     (base_model + base_model_relation: quantized), lm-eval task names and dataset ids in
     model-index, the serving vLLM and the run's page."""
@@ -586,21 +686,47 @@ def test_promoted_card_links_its_hub_base_and_names_tasks_not_paths(local_hub: L
     assert (candidate.data.base_model, candidate.data.base_model_relation) == ("org/tiny-base", "quantized")
     assert "| vLLM version (serving) |" in candidate.text  # the candidate card names the serving vLLM too
 
-    checks = [AccuracyCheck(task=f"../evals/tasks/{t}.yaml", metric=m, base=1.0, quantized=0.99, recovery=0.99,
-                            threshold=0.95, passed=True, higher_is_better=True, reason="ok")
-              for t, m in (("qs_facts_mc", "acc"), ("qs_heldout_ppl", "word_perplexity"))]
-    report = RunReport(run_id="r1", recipe=recipe.name, recipe_source="x.yaml", recipe_sha256="0" * 64,
-                       base=base, checkpoint=checkpoint, candidate=pushed, accuracy=checks,
-                       decision=Decision(passed=True, checks=[]), serving_command="vllm serve org/m",
-                       vllm_version="0.32.0", run_url="https://prefect.example.com/runs/flow-run/r1",
-                       report_dir=str(tmp_path / "run"))
+    checks = [
+        AccuracyCheck(
+            task=f"../evals/tasks/{t}.yaml",
+            metric=m,
+            base=1.0,
+            quantized=0.99,
+            recovery=0.99,
+            threshold=0.95,
+            passed=True,
+            higher_is_better=True,
+            reason="ok",
+        )
+        for t, m in (("qs_facts_mc", "acc"), ("qs_heldout_ppl", "word_perplexity"))
+    ]
+    report = RunReport(
+        run_id="r1",
+        recipe=recipe.name,
+        recipe_source="x.yaml",
+        recipe_sha256="0" * 64,
+        base=base,
+        checkpoint=checkpoint,
+        candidate=pushed,
+        accuracy=checks,
+        decision=Decision(passed=True, checks=[]),
+        serving_command="vllm serve org/m",
+        vllm_version="0.32.0",
+        run_url="https://prefect.example.com/runs/flow-run/r1",
+        report_dir=str(tmp_path / "run"),
+    )
     assert release.promote_or_reject(validated, report, approved=True, approved_by=None).status == "promoted"
     card = ModelCard.load(section.repo_id, token=WRITE)
     assert (card.data.base_model, card.data.base_model_relation) == ("org/tiny-base", "quantized")
     assert [(r.task_name, r.dataset_type, r.metric_type) for r in card.data.eval_results] == [
-        ("qs_facts_mc", "local:facts_mc", "acc"), ("qs_heldout_ppl", "local:heldout_ppl", "word_perplexity")]
+        ("qs_facts_mc", "local:facts_mc", "acc"),
+        ("qs_heldout_ppl", "local:heldout_ppl", "word_perplexity"),
+    ]
     assert all(r.dataset_revision and len(r.dataset_revision) == 64 for r in card.data.eval_results)
-    assert "evals/tasks" not in card.content and "| qs_facts_mc | local:facts_mc, split test, revision" in card.text
+    assert (
+        "evals/tasks" not in card.content
+        and "| qs_facts_mc | local:facts_mc, split test, revision" in card.text
+    )
     assert "| vLLM version (serving) | 0.32.0 |" in card.text
     assert "[Prefect flow run](https://prefect.example.com/runs/flow-run/r1)" in card.text
     assert not any(f.startswith(".eval_results/") for f in api(local_hub).list_repo_files(section.repo_id))

@@ -45,9 +45,15 @@ def requests_to(hub, fragment: str) -> list[str]:
 def chat_recipe(**calibration) -> Recipe:
     """The tiny AWQ recipe, calibrated on chat messages from a Hub dataset instead of a local file."""
     data = yaml.safe_load((ROOT / "recipes" / "tiny-llama-awq.yaml").read_text())
-    data["calibration"] = {"dataset": CHAT_ID, "subset": CHAT_CONFIG, "split": "train_sft",
-                           "messages_field": "messages", "num_samples": 16, "max_seq_len": 128,
-                           **calibration}
+    data["calibration"] = {
+        "dataset": CHAT_ID,
+        "subset": CHAT_CONFIG,
+        "split": "train_sft",
+        "messages_field": "messages",
+        "num_samples": 16,
+        "max_seq_len": 128,
+        **calibration,
+    }
     return parse_recipe(data, source="chat.yaml", base_dir=ROOT / "recipes")
 
 
@@ -55,8 +61,12 @@ def chat_recipe(**calibration) -> Recipe:
 def chat_dataset(hub_env) -> list[dict]:
     """UltraChat-shaped rows as some-org/ultrachat-like, config sft-small (layout sft-small/...)."""
     rows = ultrachat_rows(40, seed=7)
-    publish_parquet_dataset(HfApi(endpoint=hub_env.endpoint), CHAT_ID,
-                            {"train_sft": rows[:32], "test_sft": rows[32:]}, config=CHAT_CONFIG)
+    publish_parquet_dataset(
+        HfApi(endpoint=hub_env.endpoint),
+        CHAT_ID,
+        {"train_sft": rows[:32], "test_sft": rows[32:]},
+        config=CHAT_CONFIG,
+    )
     return rows[:32]
 
 
@@ -77,8 +87,12 @@ def test_a_named_config_loads_by_id_config_and_split(hub_env):
 
     api = HfApi(endpoint=hub_env.endpoint)
     files = sorted(api.list_repo_files(GSM8K_ID, repo_type="dataset"))
-    assert files == [".gitattributes", "README.md", "main/test-00000-of-00001.parquet",
-                     "main/train-00000-of-00001.parquet"]
+    assert files == [
+        ".gitattributes",
+        "README.md",
+        "main/test-00000-of-00001.parquet",
+        "main/train-00000-of-00001.parquet",
+    ]
     info = api.dataset_info(GSM8K_ID)
     assert info.id == GSM8K_ID and info.card_data.configs[0]["config_name"] == "main"
     # the data came from the hub: the dataset API, then the parquet files (no other source exists)
@@ -130,7 +144,9 @@ def test_streaming_and_snapshot_download_of_a_dataset_repo(hub_env, tmp_path):
     assert list(stream) == gsm8k_splits()["test"]
     folder = Path(snapshot_download(GSM8K_ID, repo_type="dataset", local_dir=tmp_path / "gsm8k"))
     assert sorted(str(f.relative_to(folder)) for f in folder.rglob("*.parquet")) == [
-        "main/test-00000-of-00001.parquet", "main/train-00000-of-00001.parquet"]
+        "main/test-00000-of-00001.parquet",
+        "main/train-00000-of-00001.parquet",
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -158,8 +174,9 @@ def test_calibration_by_hub_id_renders_the_published_chats(chat_dataset, tmp_pat
     local = tmp_path / "chats.jsonl"
     local.write_text("".join(json.dumps(r) + "\n" for r in chat_dataset))
     assert calibration_fingerprint(recipe) == fingerprint(render_texts(recipe, rows))
-    assert calibration_fingerprint(chat_recipe(dataset=str(local), subset=None, split="train")) == \
-        calibration_fingerprint(recipe)
+    assert calibration_fingerprint(
+        chat_recipe(dataset=str(local), subset=None, split="train")
+    ) == calibration_fingerprint(recipe)
 
 
 @pytest.mark.parametrize(
@@ -168,8 +185,11 @@ def test_calibration_by_hub_id_renders_the_published_chats(chat_dataset, tmp_pat
         ({"dataset": "some-org/no-such-data"}, "calibration.dataset", ["no such dataset", "owner/name"]),
         ({"subset": "sft-large"}, "calibration.subset", ["has no config 'sft-large'", "one of: sft-small"]),
         ({"split": "train"}, "calibration.split", ["has no split 'train'", "one of: train_sft, test_sft"]),
-        ({"messages_field": "conversation"}, "calibration.messages_field",
-         ["has no such field", "one of: prompt, prompt_id, messages"]),
+        (
+            {"messages_field": "conversation"},
+            "calibration.messages_field",
+            ["has no such field", "one of: prompt, prompt_id, messages"],
+        ),
         ({"messages_field": None, "text_field": "text"}, "calibration.text_field", ["has no such field"]),
         ({"num_samples": 64}, "calibration.num_samples", ["only 32 rows"]),
     ],

@@ -22,8 +22,13 @@ from quantize_serve.quantize.run import MANIFEST, RECIPE_FILE
 from tests.conftest import ROOT, _quantize, safetensors_tensors
 
 RECIPE = ROOT / "recipes" / "tiny-qwen3-moe-awq.yaml"
-CHEAP_GPTQ = {"quantization.method": "gptq", "quantization.scheme": "W4A16", "quantization.kv_cache_scales": False,
-              "calibration.num_samples": 8, "calibration.max_seq_len": 64}
+CHEAP_GPTQ = {
+    "quantization.method": "gptq",
+    "quantization.scheme": "W4A16",
+    "quantization.kv_cache_scales": False,
+    "calibration.num_samples": 8,
+    "calibration.max_seq_len": 64,
+}
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 QUANTIZED = ("weight_packed", "weight_scale", "weight_shape")  # symmetric: no zero point
@@ -78,7 +83,9 @@ def test_every_expert_is_quantized_and_the_routers_are_not(moe_run, tensors, bas
                 assert all(f"{name}.{part}" in tensors for part in QUANTIZED), name
                 assert f"{name}.weight" not in tensors, name
                 out_f, in_f = (hidden, width) if proj == "down_proj" else (width, hidden)
-                assert tensors[f"{name}.weight_packed"] == ("I32", [out_f, in_f // 8]), name  # 8 int4 per int32
+                assert tensors[f"{name}.weight_packed"] == ("I32", [out_f, in_f // 8]), (
+                    name
+                )  # 8 int4 per int32
                 assert tensors[f"{name}.weight_scale"][1] == [out_f, in_f // 128], name  # one scale per group
         for proj in ATTENTION:
             assert f"{prefix}.self_attn.{proj}.weight_packed" in tensors

@@ -65,7 +65,9 @@ def test_awq_quantizes_on_cpu(awq_checkpoint, quantize_logs):
     (tests/conftest.py SERVING_OVERRIDES)."""
     scheme, method = ("W8A8", "smoothquant-gptq") if SERVING_OVERRIDES else ("W4A16_ASYM", "awq")
     manifest = assert_checkpoint(awq_checkpoint, scheme, method)
-    assert awq_checkpoint.device == "cpu" == manifest["device"]  # the worker's torch device, in the result too
+    assert (
+        awq_checkpoint.device == "cpu" == manifest["device"]
+    )  # the worker's torch device, in the result too
     assert manifest["workarounds"] == ["skip pin_memory without accelerator"]
     assert_readable_log(quantize_logs["awq"], awq_checkpoint)
 
@@ -91,7 +93,9 @@ def test_speed_options_reach_llmcompressor():
 
     def arrive(name: str, overrides: dict | None = None):
         recipe = load_recipe(ROOT / "recipes" / name, overrides)
-        modifiers = LlmcompressorRecipe.create_instance(build_llmcompressor_recipe(recipe.quantization)).modifiers
+        modifiers = LlmcompressorRecipe.create_instance(
+            build_llmcompressor_recipe(recipe.quantization)
+        ).modifiers
         _, args, _, _ = parse_args(model="unused", **calibration_arguments(recipe, None))
         pipeline = type(CalibrationPipeline.from_modifiers(modifiers, user=args.pipeline)).__name__
         return {type(m).__name__: m for m in modifiers}, (args.pipeline, args.propagate_error, pipeline)
@@ -102,7 +106,11 @@ def test_speed_options_reach_llmcompressor():
     _, pipeline = arrive("tiny-llama-gptq.yaml")
     assert pipeline == ("independent", True, "IndependentPipeline")  # GPTQ: llm-compressor's defaults
     # a recipe that sets them gets what it sets: llm-compressor's defaults, as before the measurement
-    before = {"quantization.n_grid": 20, "calibration.pipeline": "independent", "calibration.propagate_error": True}
+    before = {
+        "quantization.n_grid": 20,
+        "calibration.pipeline": "independent",
+        "calibration.propagate_error": True,
+    }
     modifiers, pipeline = arrive("tiny-llama-awq.yaml", before)
     assert modifiers["AWQModifier"].n_grid == 20
     assert pipeline == ("independent", True, "IndependentPipeline")
@@ -120,7 +128,9 @@ def complete(server, prompt: str) -> dict:
     import urllib.request
 
     body = json.dumps({"model": "model", "prompt": prompt, "max_tokens": 12, "temperature": 0}).encode()
-    req = urllib.request.Request(server.base_url + "/v1/completions", body, {"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        server.base_url + "/v1/completions", body, {"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=60) as resp:
         return json.loads(resp.read())
 
@@ -129,11 +139,13 @@ def test_vllm_serves_awq_checkpoint(awq_fp8_server):
     server, _ = awq_fp8_server
     out = complete(server, "Matha lives in")
     assert out["usage"]["completion_tokens"] > 0 and out["choices"][0]["text"].strip()
-    assert "CompressedTensors" in Path(server.log_path).read_text() or "WNA16" in Path(server.log_path).read_text()
+    assert (
+        "CompressedTensors" in Path(server.log_path).read_text()
+        or "WNA16" in Path(server.log_path).read_text()
+    )
 
 
-def test_the_production_boot_names_the_model_as_production_does(awq_recipe, awq_checkpoint,
-                                                                 awq_fp8_server):
+def test_the_production_boot_names_the_model_as_production_does(awq_recipe, awq_checkpoint, awq_fp8_server):
     """(c) as the flow boots it: vLLM's config names the repo id at the release ref, as production's online
     `vllm serve --config serve-profile.yaml` does (its compile cache keys on both), and reads the checkpoint's
     own files through the boot's Hub-cache layout, offline."""
@@ -143,9 +155,17 @@ def test_the_production_boot_names_the_model_as_production_does(awq_recipe, awq_
     server, spec = awq_fp8_server
     log = Path(server.log_path).read_text()
     assert (spec.repo_id, spec.revision) == (awq_recipe.hub.repo_id, awq_recipe.hub.release_ref)
-    assert f"model='{spec.repo_id}'" in log and f"revision={spec.revision}" in log and "replace model_id" not in log
-    snapshot = (boot_hub_cache(Path(server.log_path)) / ("models--" + spec.repo_id.replace("/", "--"))
-                / "snapshots" / LOCAL_COMMIT)
+    assert (
+        f"model='{spec.repo_id}'" in log
+        and f"revision={spec.revision}" in log
+        and "replace model_id" not in log
+    )
+    snapshot = (
+        boot_hub_cache(Path(server.log_path))
+        / ("models--" + spec.repo_id.replace("/", "--"))
+        / "snapshots"
+        / LOCAL_COMMIT
+    )
     checkpoint = Path(awq_checkpoint.checkpoint_dir)
     links = {p.name: p.resolve() for p in snapshot.iterdir()}
     assert links == {p.name: p.resolve() for p in checkpoint.iterdir()}
@@ -179,4 +199,5 @@ def test_cpu_pinning_workaround_still_needed():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "STILL-FAILS" in out.stdout, (
         "llm-compressor no longer fails to pin memory without an accelerator: remove the "
-        f"workaround in quantize_serve/quantize/worker.py\n{out.stdout}\n{out.stderr[-2000:]}")
+        f"workaround in quantize_serve/quantize/worker.py\n{out.stdout}\n{out.stderr[-2000:]}"
+    )

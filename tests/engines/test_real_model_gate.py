@@ -22,9 +22,12 @@ MODEL = ROOT / "models" / "smollm2-135m-instruct"
 PPL, CLOZE = "../evals/tasks/qs_realtext_ppl.yaml", "../evals/tasks/qs_realtext_cloze.yaml"
 # A share of each task, so both models are scored in about a minute each on a 2-core CPU; the
 # calibration cut likewise (the checkpoint is the subject's input, not its subject).
-OVERRIDES = {**SERVING_OVERRIDES,
-             "calibration.num_samples": 32, "calibration.max_seq_len": 128,
-             "gates.accuracy.tasks": [{"task": PPL, "limit": 40}, {"task": CLOZE, "limit": 160}]}
+OVERRIDES = {
+    **SERVING_OVERRIDES,
+    "calibration.num_samples": 32,
+    "calibration.max_seq_len": 128,
+    "gates.accuracy.tasks": [{"task": PPL, "limit": 40}, {"task": CLOZE, "limit": 160}],
+}
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +45,15 @@ def score(recipe, model_dir: Path, boot, output_dir: Path, paired_with=None):
 
     spec = capacity_spec(recipe, boot, model_dir)
     with vllm_server(spec, log_path=output_dir / "vllm.log") as server:
-        return run_accuracy(server.base_url, recipe.gates.accuracy, tokenizer_dir=str(model_dir),
-                            max_length=spec.serve.max_model_len, base_dir=Path(recipe.base_dir),
-                            output_dir=output_dir, paired_with=paired_with)
+        return run_accuracy(
+            server.base_url,
+            recipe.gates.accuracy,
+            tokenizer_dir=str(model_dir),
+            max_length=spec.serve.max_model_len,
+            base_dir=Path(recipe.base_dir),
+            output_dir=output_dir,
+            paired_with=paired_with,
+        )
 
 
 @pytest.mark.timeout(1200)
@@ -53,11 +62,18 @@ def test_the_paired_gate_on_a_real_model_and_its_4bit_copy(recipe, tmp_path):
 
     checkpoint = _quantize(RECIPE, overrides=OVERRIDES)
     base = score(recipe, MODEL, Boot.BASE, tmp_path / "base")
-    candidate = score(recipe, Path(checkpoint.checkpoint_dir), Boot.PRODUCTION, tmp_path / "candidate",
-                      paired_with=base)
+    candidate = score(
+        recipe, Path(checkpoint.checkpoint_dir), Boot.PRODUCTION, tmp_path / "candidate", paired_with=base
+    )
     checks = compare_accuracy(base, candidate, recipe.gates.accuracy)
-    print("\n" + "\n".join(f"{c.task} {c.metric}: {c.recovery_text}, {c.docs_text}, flips {c.flip_rate}, "
-                           f"{c.rates_text}; {'pass' if c.passed else 'FAIL'} {c.warning}" for c in checks))
+    print(
+        "\n"
+        + "\n".join(
+            f"{c.task} {c.metric}: {c.recovery_text}, {c.docs_text}, flips {c.flip_rate}, "
+            f"{c.rates_text}; {'pass' if c.passed else 'FAIL'} {c.warning}"
+            for c in checks
+        )
+    )
     by = {(c.task, c.metric): c for c in checks}
     assert set(by) == {(PPL, "bits_per_byte"), (CLOZE, "acc"), (CLOZE, "acc_norm")}, checks
 
@@ -74,7 +90,9 @@ def test_the_paired_gate_on_a_real_model_and_its_4bit_copy(recipe, tmp_path):
     assert 0 < acc.flip_rate < 0.3, acc
     # the paired interval is narrower than lm-eval's unpaired standard errors would make it
     base_acc, cand_acc = (r.tasks[CLOZE].metrics["acc"] for r in (base, candidate))
-    unpaired = 1.96 * acc.recovery * math.hypot(base_acc.stderr / base_acc.value, cand_acc.stderr / cand_acc.value)
+    unpaired = (
+        1.96 * acc.recovery * math.hypot(base_acc.stderr / base_acc.value, cand_acc.stderr / cand_acc.value)
+    )
     assert (acc.recovery_interval[1] - acc.recovery_interval[0]) / 2 < unpaired
 
     # the decision keeps the promise it states, and says what this run's documents achieved

@@ -56,13 +56,20 @@ def _client_env(local_hub: LocalHub, monkeypatch: pytest.MonkeyPatch, tmp_path: 
 @pytest.fixture
 def validated() -> ValidatedRecipe:
     """The tiny AWQ recipe, releasing to a repo of its own."""
-    recipe = load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml", {"hub.repo_id": f"org/r-{uuid.uuid4().hex[:8]}"})
-    return ValidatedRecipe(recipe=recipe, source="recipes/tiny-llama-awq.yaml", recipe_sha256="0" * 64,
-                           calibration_fingerprint="2" * 64)
+    recipe = load_recipe(
+        ROOT / "recipes" / "tiny-llama-awq.yaml", {"hub.repo_id": f"org/r-{uuid.uuid4().hex[:8]}"}
+    )
+    return ValidatedRecipe(
+        recipe=recipe,
+        source="recipes/tiny-llama-awq.yaml",
+        recipe_sha256="0" * 64,
+        calibration_fingerprint="2" * 64,
+    )
 
 
-def release(validated: ValidatedRecipe, tmp_path: Path, n: int, *, kv_tokens: int = KV_4BIT,
-            rejected: bool = False) -> str:
+def release(
+    validated: ValidatedRecipe, tmp_path: Path, n: int, *, kv_tokens: int = KV_4BIT, rejected: bool = False
+) -> str:
     """One run's release: push a candidate (a small checkpoint-shaped folder), then the release step.
     Returns the gated commit (promoted) or the candidate (rejected)."""
     folder = tmp_path / f"candidate-{n}"
@@ -71,12 +78,27 @@ def release(validated: ValidatedRecipe, tmp_path: Path, n: int, *, kv_tokens: in
     (folder / "tokenizer.json").write_text(json.dumps({"vocab": {"a": 0}}))
     (folder / "model.safetensors").write_bytes(hashlib.sha256(str(n).encode()).digest() * 64)
     (folder / "README.md").write_text(f"# candidate {n}\n")
-    pushed = push_candidate(validated.recipe.hub, folder, token=WRITE, commit_message=f"candidate {n}", retry=FAST)
-    decision = Decision(passed=not rejected, checks=[CheckRow(
-        check="regression capacity", passed=not rejected,
-        reason="KV tokens: candidate 13,696 vs production 14,464: x0.947 < 1.00")])
-    report = run_report(repo_id=pushed.repo_id, candidate_sha=pushed.commit_sha, run_id=f"run-{n}",
-                        kv_tokens=kv_tokens, decision=decision, report_dir=str(tmp_path))
+    pushed = push_candidate(
+        validated.recipe.hub, folder, token=WRITE, commit_message=f"candidate {n}", retry=FAST
+    )
+    decision = Decision(
+        passed=not rejected,
+        checks=[
+            CheckRow(
+                check="regression capacity",
+                passed=not rejected,
+                reason="KV tokens: candidate 13,696 vs production 14,464: x0.947 < 1.00",
+            )
+        ],
+    )
+    report = run_report(
+        repo_id=pushed.repo_id,
+        candidate_sha=pushed.commit_sha,
+        run_id=f"run-{n}",
+        kv_tokens=kv_tokens,
+        decision=decision,
+        report_dir=str(tmp_path),
+    )
     rel = promote_or_reject(validated, report, approved=True, approved_by=None)
     return rel.commit_sha if rel.status == "promoted" else pushed.commit_sha
 
@@ -102,16 +124,24 @@ def test_the_gated_commit_carries_its_results_and_the_history_reads_them(validat
     g2 = release(validated, tmp_path, 2)
     c3 = release(validated, tmp_path, 3, kv_tokens=KV_8BIT, rejected=True)
     hub = validated.recipe.hub
-    recorded = json.loads(Path(HfApi(token=WRITE).hf_hub_download(hub.repo_id, RELEASE_RESULTS_FILE,
-                                                                  revision=g2)).read_text())
+    recorded = json.loads(
+        Path(HfApi(token=WRITE).hf_hub_download(hub.repo_id, RELEASE_RESULTS_FILE, revision=g2)).read_text()
+    )
     assert recorded["status"] == "promoted" and recorded["results"]["kv_cache_tokens"] == KV_4BIT
     assert recorded["results"]["conditions"]["vllm_version"] == "0.32.0" and recorded["run_id"] == "run-2"
 
     history = release_history(hub, token=WRITE)
-    assert [(e.commit, e.status) for e in history.entries] == [(g1, "promoted"), (g2, "promoted"), (c3, "rejected")]
+    assert [(e.commit, e.status) for e in history.entries] == [
+        (g1, "promoted"),
+        (g2, "promoted"),
+        (c3, "rejected"),
+    ]
     assert history.current == g2 == production(validated)
     rows = history.rows()
-    assert rows[0]["decision"].startswith("rejected: regression capacity: KV tokens") and rows[0]["KV tokens"] == "13,696"
+    assert (
+        rows[0]["decision"].startswith("rejected: regression capacity: KV tokens")
+        and rows[0]["KV tokens"] == "13,696"
+    )
     assert rows[1]["now"] == "<- current" and rows[1]["approved by"] == "auto (gates)"
     assert rows[1]["min recovery"] == "0.9902"  # held-out perplexity 2.214 / 2.236
 
@@ -137,11 +167,16 @@ def test_rollback_runs_twice_and_back(validated, tmp_path):
     history = release_history(validated.recipe.hub, token=WRITE)
     assert [e.kind for e in history.events] == ["promoted"] * 3 + ["rolled back"] * 3
     g3_row = next(r for r in history.rows() if g3.startswith(r["commit"]))
-    assert f"(to {g2[:12]}" in g3_row["rolled back from here"] and f"(from {g1[:12]}" in g3_row["rolled back to here"]
+    assert (
+        f"(to {g2[:12]}" in g3_row["rolled back from here"]
+        and f"(from {g1[:12]}" in g3_row["rolled back to here"]
+    )
     assert main_card(validated).count("- ") >= 3 and "## Rollbacks" in main_card(validated)
 
 
-def test_rollback_to_a_rejected_or_never_gated_commit_is_refused_and_moves_nothing(validated, tmp_path, capsys):
+def test_rollback_to_a_rejected_or_never_gated_commit_is_refused_and_moves_nothing(
+    validated, tmp_path, capsys
+):
     g1 = release(validated, tmp_path, 1)
     c2 = release(validated, tmp_path, 2, kv_tokens=KV_8BIT, rejected=True)
     hub = validated.recipe.hub
@@ -160,8 +195,9 @@ def test_rollback_to_a_rejected_or_never_gated_commit_is_refused_and_moves_nothi
     assert production(validated) == g1
 
 
-def test_the_hub_failing_mid_rollback_says_what_is_left_and_a_rerun_finishes(validated, tmp_path, local_hub,
-                                                                            monkeypatch):
+def test_the_hub_failing_mid_rollback_says_what_is_left_and_a_rerun_finishes(
+    validated, tmp_path, local_hub, monkeypatch
+):
     """The Hub dies right after the old tag is deleted: the error says the ref points at nothing and to
     re-run with --to; the rerun creates it and writes the note. Then the Hub dies before the note: the
     ref moved, the rerun writes only the note."""
@@ -215,8 +251,10 @@ def test_a_ref_moved_by_someone_else_in_between_is_refused(validated, tmp_path):
     assert production(validated) == g1 and len(api.list_repo_commits(hub.repo_id)) == commits
 
 
-def test_a_token_without_write_rights_reads_the_history_but_cannot_roll_back(validated, tmp_path, monkeypatch):
-    g1, g2 = release(validated, tmp_path, 1), release(validated, tmp_path, 2)
+def test_a_token_without_write_rights_reads_the_history_but_cannot_roll_back(
+    validated, tmp_path, monkeypatch
+):
+    _g1, g2 = release(validated, tmp_path, 1), release(validated, tmp_path, 2)
     monkeypatch.setenv("HF_TOKEN", READ)
     hub = validated.recipe.hub
     history = release_history(hub, token=resolve_token(hub))
@@ -238,9 +276,12 @@ def test_the_regression_baseline_uses_recorded_figures_or_downloads_the_release(
     now = measurement_conditions(recipe, vllm_version="0.33.0", hardware=conditions.hardware)
     other = find_baseline(recipe, now)
     assert other.recorded is None and "vLLM 0.32.0 -> 0.33.0" in other.differences
-    assert (Path(other.local_dir) / "config.json").is_file() and (Path(other.local_dir) / "model.safetensors").is_file()
-    off = find_baseline(load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml", {"gates.regression.enabled": False}),
-                        conditions)
+    assert (Path(other.local_dir) / "config.json").is_file() and (
+        Path(other.local_dir) / "model.safetensors"
+    ).is_file()
+    off = find_baseline(
+        load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml", {"gates.regression.enabled": False}), conditions
+    )
     assert "gates.regression.enabled is false" in off.off
 
 
@@ -268,18 +309,26 @@ def test_the_releases_command_warns_when_the_ref_serves_no_release(validated, tm
     move_by_hand(c3)
     assert cli.main(["releases", repo]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"WARNING: production serves {c3[:12]}, which the gates rejected (rejected-{c3[:12]} tag: "
-                          "regression capacity: KV tokens"), out
+    assert out.startswith(
+        f"WARNING: production serves {c3[:12]}, which the gates rejected (rejected-{c3[:12]} tag: "
+        "regression capacity: KV tokens"
+    ), out
     assert out.splitlines()[0].endswith(repair) and "<- current (rejected)" in out
 
     card_commit = api.list_repo_commits(repo)[0].commit_id  # the rejection's card: never gated
     move_by_hand(card_commit)
     assert cli.main(["releases", repo]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"WARNING: production serves {card_commit[:12]}, which no gate passed (the tag was moved "
-                          f"there by hand). Fix: {repair}"), out
+    assert out.startswith(
+        f"WARNING: production serves {card_commit[:12]}, which no gate passed (the tag was moved "
+        f"there by hand). Fix: {repair}"
+    ), out
     assert cli.main(["rollback", repo]) == 2  # no --to: refused, proposing the same command
-    assert "which no gate passed" in (err := capsys.readouterr().err) and f"--to {g2}`" in err and WRITE not in err
+    assert (
+        "which no gate passed" in (err := capsys.readouterr().err)
+        and f"--to {g2}`" in err
+        and WRITE not in err
+    )
 
     roll_back(validated, g2, reason="put back after a manual move")
     assert production(validated) == g2

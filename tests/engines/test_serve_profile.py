@@ -1,7 +1,6 @@
 """The serving-profile search's output booted for real: vLLM started from the emitted
 serve-profile.yaml gets exactly the found settings (the search logic: tests/unit/test_serve_profile.py)."""
 
-
 from __future__ import annotations
 
 import ast
@@ -41,10 +40,16 @@ def test_emitted_profile_starts_vllm_with_exactly_the_found_settings(awq_recipe,
     def spec_for(serve):  # what the real probe boots, without booting it here
         return capacity_spec(awq_recipe.model_copy(update={"serve": serve}), Boot.PRODUCTION, ckpt)
 
-    recipe = awq_recipe.model_copy(update={"serve": awq_recipe.serve.model_copy(
-        update={"search": ProfileSearch(min_num_seqs=4, max_num_seqs=32, step=4)})})
-    result = ps.search_serve_profile(recipe, ckpt,
-                                     probe=threshold_probe(13, [], spec_for=spec_for), log=lambda _: None)
+    recipe = awq_recipe.model_copy(
+        update={
+            "serve": awq_recipe.serve.model_copy(
+                update={"search": ProfileSearch(min_num_seqs=4, max_num_seqs=32, step=4)}
+            )
+        }
+    )
+    result = ps.search_serve_profile(
+        recipe, ckpt, probe=threshold_probe(13, [], spec_for=spec_for), log=lambda _: None
+    )
     found = result.found
     assert 9 < found.max_num_seqs <= 13 and found.spec is not None
     path, _ = po.write_serve_profile(found, tmp_path / "serve-profile.yaml")
@@ -54,8 +59,9 @@ def test_emitted_profile_starts_vllm_with_exactly_the_found_settings(awq_recipe,
         # killed the worker (SIGILL) before the server's warm-up request existed (server.py).
         assert server.warmup_prompt_tokens >= WARMUP_MIN_PROMPT_TOKENS
         body = json.dumps({"model": "model", "prompt": "The", "max_tokens": 4, "ignore_eos": True}).encode()
-        req = urllib.request.Request(server.base_url + "/v1/completions", body,
-                                     {"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            server.base_url + "/v1/completions", body, {"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=60) as resp:
             usage = json.loads(resp.read())["usage"]
         info = read_cache_info(server.get("/metrics"))
@@ -63,9 +69,13 @@ def test_emitted_profile_starts_vllm_with_exactly_the_found_settings(awq_recipe,
     assert "--config" in argv and "--max-num-seqs" not in argv  # every setting came from the file
     logged = ast.literal_eval(NON_DEFAULT.search(log.read_text()).group(1))
     expected = {
-        "model": str(ckpt), "served_model_name": ["model"], "max_model_len": found.max_model_len,
-        "max_num_seqs": found.max_num_seqs, "max_num_batched_tokens": found.max_num_batched_tokens,
-        "kv_cache_dtype": "fp8", "kv_cache_memory_bytes": found.spec.kv_cache_memory_bytes,
+        "model": str(ckpt),
+        "served_model_name": ["model"],
+        "max_model_len": found.max_model_len,
+        "max_num_seqs": found.max_num_seqs,
+        "max_num_batched_tokens": found.max_num_batched_tokens,
+        "kv_cache_dtype": "fp8",
+        "kv_cache_memory_bytes": found.spec.kv_cache_memory_bytes,
         "enforce_eager": True,
     }
     assert {k: logged.get(k) for k in expected} == expected

@@ -3,7 +3,6 @@
 (``quantize-serve plan RECIPE --measure``) and as the flow's ``serve.preflight: measure``.
 """
 
-
 from __future__ import annotations
 
 import json
@@ -47,7 +46,10 @@ def test_plan_measure_boots_the_shape_without_weights(awq_recipe, awq_checkpoint
         real = Path(TINY if boot is Boot.BASE else awq_checkpoint.checkpoint_dir)
         real_kv = capacity_spec(awq_recipe, boot, real).kv_cache_memory_bytes
         assert abs(real_kv - kv_bytes) < 128 * per_token, (boot, real_kv, kv_bytes)
-    assert rows["w4a16-fp8kv"]["measured"]["kv_cache_tokens"] >= 2 * rows["w4a16"]["measured"]["kv_cache_tokens"] - 128
+    assert (
+        rows["w4a16-fp8kv"]["measured"]["kv_cache_tokens"]
+        >= 2 * rows["w4a16"]["measured"]["kv_cache_tokens"] - 128
+    )
     # Both shape folders hold no weights; the quantized one carries the compressed-tensors config.
     for folder in ("shape-base", "shape-w4a16"):
         assert checkpoint_tensor_bytes(out / folder) == 0 and (out / folder / "tokenizer.json").is_file()

@@ -1,6 +1,5 @@
 """The soak gate on the real vLLM CPU server (the trend fit and the verdict: tests/unit/test_soak.py)."""
 
-
 from __future__ import annotations
 
 import textwrap
@@ -18,9 +17,17 @@ from tests.conftest import ROOT, vllm_processes_of
 MODEL = ROOT / "models" / "tiny-llama"
 
 
-E2E_GATE = SoakGate(duration_s=20, warmup_s=5, sample_interval_s=1, concurrency=4, prompt_tokens=[16, 64],
-                    output_tokens=[16, 32], max_memory_growth_mib_per_min=50, max_preemptions_after_warmup=0,
-                    request_timeout_s=60)
+E2E_GATE = SoakGate(
+    duration_s=20,
+    warmup_s=5,
+    sample_interval_s=1,
+    concurrency=4,
+    prompt_tokens=[16, 64],
+    output_tokens=[16, 32],
+    max_memory_growth_mib_per_min=50,
+    max_preemptions_after_warmup=0,
+    request_timeout_s=60,
+)
 
 
 LEAK_MIB_PER_S = 5  # 300 MiB/min, six times E2E_GATE's threshold
@@ -47,11 +54,13 @@ LEAK_SITECUSTOMIZE = textwrap.dedent("""\
 
 def show(result) -> str:
     f, t = result.figures, result.traffic
-    return (f"RSS slope={f.rss_slope_mib_per_min} MiB/min over {f.fit_window_s}s "
-            f"({f.rss_after_warmup_bytes}->{f.rss_last_bytes}), samples={f.samples}/{f.samples_after_warmup}, "
-            f"completed={t.completed}/{t.completed_after_warmup} failed={t.failed} peak KV={f.peak_kv_cache_usage} "
-            f"preemptions={f.preemptions}/{f.preemptions_after_warmup} measured={result.measured_s}s "
-            f"failures={result.failures}")
+    return (
+        f"RSS slope={f.rss_slope_mib_per_min} MiB/min over {f.fit_window_s}s "
+        f"({f.rss_after_warmup_bytes}->{f.rss_last_bytes}), samples={f.samples}/{f.samples_after_warmup}, "
+        f"completed={t.completed}/{t.completed_after_warmup} failed={t.failed} peak "
+        f"KV={f.peak_kv_cache_usage} preemptions={f.preemptions}/{f.preemptions_after_warmup} "
+        f"measured={result.measured_s}s failures={result.failures}"
+    )
 
 
 def check_outputs(result, out: Path) -> None:
@@ -62,10 +71,18 @@ def check_outputs(result, out: Path) -> None:
 
 
 @pytest.mark.timeout(420)  # includes the shared fixtures: a cold cache quantizes the checkpoint first
-def test_soak_passes_on_the_production_boot(awq_fp8_server, awq_recipe, awq_checkpoint, tmp_path: Path) -> None:
+def test_soak_passes_on_the_production_boot(
+    awq_fp8_server, awq_recipe, awq_checkpoint, tmp_path: Path
+) -> None:
     server, _ = awq_fp8_server
-    result = run_soak_test(server, E2E_GATE, awq_recipe.serve, stress=awq_recipe.gates.stress,
-                           tokenizer_dir=awq_checkpoint.checkpoint_dir, output_dir=tmp_path / "soak")
+    result = run_soak_test(
+        server,
+        E2E_GATE,
+        awq_recipe.serve,
+        stress=awq_recipe.gates.stress,
+        tokenizer_dir=awq_checkpoint.checkpoint_dir,
+        output_dir=tmp_path / "soak",
+    )
     print(show(result))
     assert result.passed, result.failures
     f = result.figures
@@ -91,8 +108,9 @@ def test_soak_fails_on_a_real_leak(awq_recipe, tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("QS_TEST_LEAK_MIB_PER_S", str(LEAK_MIB_PER_S))
     log_path = tmp_path / "vllm-leak.log"
     with vllm_server(capacity_spec(awq_recipe, Boot.BASE, MODEL), log_path=log_path) as server:
-        result = run_soak_test(server, E2E_GATE, awq_recipe.serve, tokenizer_dir=str(MODEL),
-                               output_dir=tmp_path / "soak")
+        result = run_soak_test(
+            server, E2E_GATE, awq_recipe.serve, tokenizer_dir=str(MODEL), output_dir=tmp_path / "soak"
+        )
     print(show(result))
     assert not result.passed and not result.server_died
     slope = result.figures.rss_slope_mib_per_min

@@ -6,7 +6,6 @@ vLLM process behind; (c) a KV budget smaller than the profile's concurrency need
 fails the gate with the reason.
 """
 
-
 from __future__ import annotations
 
 import os
@@ -40,23 +39,29 @@ MODEL = ROOT / "models" / "tiny-llama"
 KV_BYTES = 12_000_000  # ~11.6k tokens: 22 requests of max_model_len 512, above max_num_seqs 16
 
 
-BLOCK_BYTES = 128 * 1024  # CPU block of 128 tokens x 1,024 KV bytes per token (4 layers, 2 KV heads of 32, bf16)
+BLOCK_BYTES = (
+    128 * 1024
+)  # CPU block of 128 tokens x 1,024 KV bytes per token (4 layers, 2 KV heads of 32, bf16)
 
 
 def spec(kv_bytes: int) -> ServerSpec:
     if not (MODEL / "model.safetensors").is_file():
         pytest.fail(f"the tiny reference model is missing at {MODEL}; run `make setup` (it trains it)")
-    return ServerSpec(model_dir=str(MODEL), serve=RECIPE.serve, kv_cache_dtype="auto", kv_cache_memory_bytes=kv_bytes)
+    return ServerSpec(
+        model_dir=str(MODEL), serve=RECIPE.serve, kv_cache_dtype="auto", kv_cache_memory_bytes=kv_bytes
+    )
 
 
 def show(result) -> str:
     t = result.throughput
-    return (f"requests={result.requests} completed={result.completed} overlong 400={result.rejected_overlong} "
-            f"peak KV={result.peak_kv_cache_usage} preemptions={result.preemptions} "
-            f"peak running/waiting={result.peak_running}/{result.peak_waiting} "
-            f"peak RSS={result.peak_rss_bytes} duration={result.duration_s}s "
-            f"bench={t and (t.request_throughput, t.output_throughput, t.mean_ttft_ms, t.mean_tpot_ms)} "
-            f"failures={result.failures}")
+    return (
+        f"requests={result.requests} completed={result.completed} overlong 400={result.rejected_overlong} "
+        f"peak KV={result.peak_kv_cache_usage} preemptions={result.preemptions} "
+        f"peak running/waiting={result.peak_running}/{result.peak_waiting} "
+        f"peak RSS={result.peak_rss_bytes} duration={result.duration_s}s "
+        f"bench={t and (t.request_throughput, t.output_throughput, t.mean_ttft_ms, t.mean_tpot_ms)} "
+        f"failures={result.failures}"
+    )
 
 
 class Boot:
@@ -98,8 +103,9 @@ def test_a_taken_port_starts_the_boot_again_on_another(recipe_boot: Boot) -> Non
 @pytest.mark.timeout(420)
 def test_recipe_profile_passes_on_tiny_model(recipe_boot: Boot, tmp_path: Path) -> None:
     profile = RECIPE.gates.stress
-    result = run_stress_test(recipe_boot.server, profile, RECIPE.serve, tokenizer_dir=str(MODEL),
-                             output_dir=tmp_path / "stress")
+    result = run_stress_test(
+        recipe_boot.server, profile, RECIPE.serve, tokenizer_dir=str(MODEL), output_dir=tmp_path / "stress"
+    )
     print(show(result))
     assert result.passed, result.failures
     assert result.completed == profile.num_requests and result.wrong_token_counts == 0
@@ -135,8 +141,9 @@ def test_killed_server_fails_fast_and_leaves_nothing(recipe_boot: Boot, tmp_path
     killer = threading.Thread(target=kill_mid_traffic, daemon=True)
     killer.start()
     try:
-        result = run_stress_test(server, profile, RECIPE.serve, tokenizer_dir=str(MODEL),
-                                 output_dir=tmp_path / "stress")
+        result = run_stress_test(
+            server, profile, RECIPE.serve, tokenizer_dir=str(MODEL), output_dir=tmp_path / "stress"
+        )
     finally:
         killer.join()
         recipe_boot.close()  # the server's context manager reaps what is left
@@ -150,23 +157,35 @@ def test_killed_server_fails_fast_and_leaves_nothing(recipe_boot: Boot, tmp_path
     assert len(seen) >= 2  # API server + engine core at least
     left = [pid for pid, created in seen if psutil.pid_exists(pid) and _created(pid) == created]
     assert not left, f"processes of the killed boot still exist: {left}"
-    leftovers = [p.info for p in psutil.process_iter(["pid", "cmdline", "name"])
-                 if "vllm" in " ".join(p.info["cmdline"] or [p.info["name"] or ""]).lower()
-                 and _pgid(p.info["pid"]) == server.pid]
+    leftovers = [
+        p.info
+        for p in psutil.process_iter(["pid", "cmdline", "name"])
+        if "vllm" in " ".join(p.info["cmdline"] or [p.info["name"] or ""]).lower()
+        and _pgid(p.info["pid"]) == server.pid
+    ]
     assert not leftovers, leftovers
 
 
 @pytest.mark.gpu_host
 @pytest.mark.timeout(420)
 def test_profile_beyond_kv_budget_fails_with_preemptions(tmp_path: Path) -> None:
-    # 8 KV blocks of 128 tokens (64 of 16 on a GPU) hold 2 requests of 380 tokens; the profile runs 16 at once that
-    # grow to 144-380 tokens each (2,300+ tokens in all), so the scheduler must preempt.
-    profile = StressGate(concurrency=16, num_requests=16, max_duration_s=240, prompt_tokens=[16],
-                            output_tokens=[128], long_prompt_share=0.5, overlong_prompts=1,
-                            max_preemptions=0, request_timeout_s=180)
+    # 8 KV blocks of 128 tokens (64 of 16 on a GPU) hold 2 requests of 380 tokens; the profile runs 16 at once
+    # that grow to 144-380 tokens each (2,300+ tokens in all), so the scheduler must preempt.
+    profile = StressGate(
+        concurrency=16,
+        num_requests=16,
+        max_duration_s=240,
+        prompt_tokens=[16],
+        output_tokens=[128],
+        long_prompt_share=0.5,
+        overlong_prompts=1,
+        max_preemptions=0,
+        request_timeout_s=180,
+    )
     with vllm_server(spec(8 * BLOCK_BYTES + 1000), log_path=tmp_path / "vllm.log") as server:
-        result = run_stress_test(server, profile, RECIPE.serve, tokenizer_dir=str(MODEL),
-                                 output_dir=tmp_path / "stress")
+        result = run_stress_test(
+            server, profile, RECIPE.serve, tokenizer_dir=str(MODEL), output_dir=tmp_path / "stress"
+        )
     print(show(result))
     assert not result.passed and not result.server_died
     assert any("preemption" in f or "request_timeout_s" in f for f in result.failures), result.failures

@@ -39,19 +39,32 @@ REVIEW = {"reviewer": "ana", "note": "p99 TTFT too high for the chat tier"}
 
 def fake_report(passed: bool) -> RunReport:
     return RunReport(
-        run_id="r", recipe="tiny-llama-awq", recipe_source="x.yaml", recipe_sha256="0" * 64,
+        run_id="r",
+        recipe="tiny-llama-awq",
+        recipe_source="x.yaml",
+        recipe_sha256="0" * 64,
         base=BaseModelRef(local_dir="/m", sha="1" * 64),
-        checkpoint=QuantizeResult(checkpoint_dir="/c", method="awq", scheme="W4A16_ASYM", seconds=1.0,
-                                  base_bytes=2, quantized_bytes=1, calibration_fingerprint="2" * 64,
-                                  engine_versions={}),
-        decision=Decision(passed=passed, checks=[]), serving_command="vllm serve /c")
+        checkpoint=QuantizeResult(
+            checkpoint_dir="/c",
+            method="awq",
+            scheme="W4A16_ASYM",
+            seconds=1.0,
+            base_bytes=2,
+            quantized_bytes=1,
+            calibration_fingerprint="2" * 64,
+            engine_versions={},
+        ),
+        decision=Decision(passed=passed, checks=[]),
+        serving_command="vllm serve /c",
+    )
 
 
 @pytest.fixture
 def manual_recipe(awq_recipe):
     recipe = awq_recipe.model_copy(update={"approval": "manual"})
-    return ValidatedRecipe(recipe=recipe, source="x.yaml", recipe_sha256="0" * 64,
-                           calibration_fingerprint="2" * 64)
+    return ValidatedRecipe(
+        recipe=recipe, source="x.yaml", recipe_sha256="0" * 64, calibration_fingerprint="2" * 64
+    )
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +83,11 @@ def hub_repo(hub, repo_id: str) -> dict:
 def hub_file(hub, repo_id: str, revision: str, filename: str) -> str:
     from huggingface_hub import HfApi
 
-    return Path(HfApi(endpoint=hub.endpoint, token=TOKEN).hf_hub_download(
-        repo_id, filename, revision=revision, cache_dir=Path(hub.root).parent / "dl")).read_text()
+    return Path(
+        HfApi(endpoint=hub.endpoint, token=TOKEN).hf_hub_download(
+            repo_id, filename, revision=revision, cache_dir=Path(hub.root).parent / "dl"
+        )
+    ).read_text()
 
 
 # --------------------------------------------------------------------------------------------
@@ -92,7 +108,9 @@ def wait_for_pause(flow_run_name: str, alive, timeout_s: float):
     deadline = time.monotonic() + timeout_s
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline and alive():
-            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name])))
+            runs = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[flow_run_name]))
+            )
             if runs and runs[0].state and runs[0].state.is_paused():
                 return runs[0]
             time.sleep(1)
@@ -106,8 +124,11 @@ def test_manual_sign_off_pauses_until_a_person_answers(manual_recipe):
 
     approve, name = True, f"sign-off-{time.monotonic_ns()}"
     result: dict = {}
-    worker = threading.Thread(target=lambda: result.update(
-        out=sign_off.with_options(flow_run_name=name)(manual_recipe, fake_report(True))))
+    worker = threading.Thread(
+        target=lambda: result.update(
+            out=sign_off.with_options(flow_run_name=name)(manual_recipe, fake_report(True))
+        )
+    )
     worker.start()
     paused = wait_for_pause(name, worker.is_alive, timeout_s=60)
     assert paused, "the run never paused for sign-off"
@@ -128,18 +149,24 @@ def test_a_reviewer_rejection_is_recorded_with_the_reason(local_hub, manual_reci
 
     repo_id = f"quantize-serve/signoff-unit-{time.monotonic_ns()}"
     recipe = manual_recipe.recipe.model_copy(
-        update={"hub": manual_recipe.recipe.hub.model_copy(update={"repo_id": repo_id})})
+        update={"hub": manual_recipe.recipe.hub.model_copy(update={"repo_id": repo_id})}
+    )
     validated = manual_recipe.model_copy(update={"recipe": recipe})
     ckpt = tmp_path / "checkpoint"
     ckpt.mkdir()
     (ckpt / "config.json").write_text("{}")
     (ckpt / "model.safetensors").write_bytes(b"weights" * 100)
-    report = fake_report(True).model_copy(update={
-        "base": BaseModelRef(local_dir=str(ROOT / "models" / "tiny-llama"), sha="1" * 64),
-        "checkpoint": fake_report(True).checkpoint.model_copy(update={"checkpoint_dir": str(ckpt)}),
-        "report_dir": str(tmp_path / "run"), "approval_note": REVIEW["note"]})
-    report.candidate = release.push_release_candidate(validated, report.base, report.checkpoint,
-                                                      report.serving_command, tmp_path / "run")
+    report = fake_report(True).model_copy(
+        update={
+            "base": BaseModelRef(local_dir=str(ROOT / "models" / "tiny-llama"), sha="1" * 64),
+            "checkpoint": fake_report(True).checkpoint.model_copy(update={"checkpoint_dir": str(ckpt)}),
+            "report_dir": str(tmp_path / "run"),
+            "approval_note": REVIEW["note"],
+        }
+    )
+    report.candidate = release.push_release_candidate(
+        validated, report.base, report.checkpoint, report.serving_command, tmp_path / "run"
+    )
 
     outcome = release.promote_or_reject(validated, report, approved=False, approved_by="ana")
 
@@ -170,9 +197,10 @@ def signoff_recipe(folder: Path, repo_id: str, checkpoint: str) -> Path:
     data["model"]["id"] = str(ROOT / "models" / "tiny-llama")
     data["calibration"]["dataset"] = str(ROOT / "data" / "calibration" / "tiny_calibration.jsonl")
     data["quantization"] = {"checkpoint": checkpoint}
-    data["gates"]["accuracy"] = {"tasks": [{"task": str(ROOT / "evals" / "tasks" / "qs_heldout_ppl.yaml"),
-                                            "limit": 10}],
-                                 "error_rates": {"bad_recovery": 0.5, "good_recovery": 0.6}}  # the gates must pass: sign-off is the subject
+    data["gates"]["accuracy"] = {
+        "tasks": [{"task": str(ROOT / "evals" / "tasks" / "qs_heldout_ppl.yaml"), "limit": 10}],
+        "error_rates": {"bad_recovery": 0.5, "good_recovery": 0.6},
+    }  # the gates must pass: sign-off is the subject
     # gates.stress stays the recipe's: 8 short requests finished between two /metrics samples
     # (0.2 s) in one run, and the stress gate rightly failed it ("measured an idle server")
     data["hub"]["repo_id"] = repo_id
@@ -238,8 +266,9 @@ def test_full_flow_rejected_by_the_reviewer_promotes_nothing(local_hub, awq_chec
     recipe = signoff_recipe(tmp_path, repo_id, awq_checkpoint.checkpoint_dir)
     state, paused = run_flow_to_sign_off(recipe, {"approve": False, **REVIEW})
 
-    assert state.is_failed() and state.message == f"release rejected: not approved by ana: {REVIEW['note']}", \
-        f"{state.type}: {state.message}"
+    assert (
+        state.is_failed() and state.message == f"release rejected: not approved by ana: {REVIEW['note']}"
+    ), f"{state.type}: {state.message}"
     assert final_state(paused.id).is_failed()
     report = run_report(paused.id)
     assert report["decision"]["passed"], "the gates passed: only the reviewer said no"
@@ -249,7 +278,11 @@ def test_full_flow_rejected_by_the_reviewer_promotes_nothing(local_hub, awq_chec
     reason = f"not approved by ana: {REVIEW['note']}"
     repo = hub_repo(local_hub, repo_id)
     assert "production" not in repo["tags"]
-    assert repo["tags"][rel["rejection_tag"]]["commit"] == rel["candidate_sha"] == report["candidate"]["commit_sha"]
+    assert (
+        repo["tags"][rel["rejection_tag"]]["commit"]
+        == rel["candidate_sha"]
+        == report["candidate"]["commit_sha"]
+    )
     assert reason in repo["tags"][rel["rejection_tag"]]["message"]
     assert reason in hub_file(local_hub, repo_id, "main", "README.md")  # the rejected card says why
     assert "tiny-llama-awq-signoff-pending-approval" in run_artifacts(paused.id)

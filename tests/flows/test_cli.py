@@ -1,7 +1,6 @@
 """`quantize-serve run`: a user error inside the flow fails the run and prints one screen; a run prints a
 line per stage and the decision, and keeps the full log in its folder."""
 
-
 from __future__ import annotations
 
 import json
@@ -16,8 +15,9 @@ from tests.conftest import ROOT, SERVING_OVERRIDES, local_hub
 from tests.unit.malformed_recipes import recipe_data
 
 
-def test_run_a_user_error_inside_the_flow_fails_the_run_and_prints_one_screen(tmp_path: Path, capsys,
-                                                                             monkeypatch) -> None:
+def test_run_a_user_error_inside_the_flow_fails_the_run_and_prints_one_screen(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
     # Every row's text is empty: `validate` (columns, rows) passes, the flow's validate stage (which
     # reads the selected samples) raises a RecipeError inside the Prefect run. The serving-host check
     # (which stops `run` earlier on a CPU without AVX-512, tests/unit/test_cpu_support.py) is set aside.
@@ -46,7 +46,9 @@ TOKEN = "hf_CliRunTestToken0123456789abcdefghij"
 
 
 @pytest.mark.timeout(1800)
-def test_run_shows_a_line_per_stage_and_the_decision_and_keeps_the_full_log_in_the_run_folder(tmp_path, capsys):
+def test_run_shows_a_line_per_stage_and_the_decision_and_keeps_the_full_log_in_the_run_folder(
+    tmp_path, capsys
+):
     """`quantize-serve run` on the demo recipe (as this CPU serves it, tests/conftest.py), its paths given
     absolute as a generated recipe gives them: under 60 lines on stdout (not a terminal here: no live
     bar), nothing on stderr, every decision row names its task by lm-eval's name (no path), and the
@@ -72,8 +74,11 @@ def test_run_shows_a_line_per_stage_and_the_decision_and_keeps_the_full_log_in_t
     checks = [c["check"] for c in report["decision"]["checks"]]
     assert [c for c in checks if c.startswith("accuracy ")] and all(str(ROOT) not in c for c in checks)
     assert all(f"  {c} " in out.out for c in checks)  # the decision table, a line per check
-    assert "accuracy qs_facts_mc acc" in checks and str(ROOT) not in "".join(lines[lines.index(
-        next(line for line in lines if line.startswith("decision: "))):])
+    assert "accuracy qs_facts_mc acc" in checks and str(ROOT) not in "".join(
+        lines[lines.index(next(line for line in lines if line.startswith("decision: "))) :]
+    )
     log = (report_path.parent / "run.log").read_text()
-    assert "Task run 'quantize-model" in log and "lm-eval qs_passkey_478" in log and "Finished in state" in log
+    assert (
+        "Task run 'quantize-model" in log and "lm-eval qs_passkey_478" in log and "Finished in state" in log
+    )
     assert "stage done: quantized" in log and "stage quantize done in" in log  # the marks benchmarks/ time by

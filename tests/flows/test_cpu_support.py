@@ -1,7 +1,6 @@
 """A CPU whose vLLM cannot serve a recipe's quantized boots: the flow stops at validation, before
 any heavy work (the host checks: tests/unit/test_cpu_support.py)."""
 
-
 from __future__ import annotations
 
 from tests.conftest import ROOT

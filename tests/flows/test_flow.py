@@ -26,8 +26,11 @@ TOKEN = "hf_flowtest_local_token_0123456789"
 HUB_BASE, HUB_CHATS = "meta-llama/tiny-llama-private", "HuggingFaceH4/ultrachat_200k"
 APPROVAL = {"approve": True, "reviewer": "ana", "note": "looks good"}
 REPO = "quantize-serve/tiny-llama-awq-w4a16"  # the tiny-awq deployment's repo: every release below goes there
-W8A8 = {"quantization.method": "smoothquant-gptq", "quantization.scheme": "W8A8",
-        "quantization.kv_cache_scales": False}
+W8A8 = {
+    "quantization.method": "smoothquant-gptq",
+    "quantization.scheme": "W8A8",
+    "quantization.kv_cache_scales": False,
+}
 # The runs to REPO measure accuracy on one task, the same for all of them (so each compares with the
 # figures production recorded): their subjects are the deployment, the Hub inputs, the sign-off and
 # the regression gate. The shipped task list runs in the harmful run below, in `make demo` and in
@@ -51,10 +54,13 @@ def stack(tmp_path_factory, awq_checkpoint):  # the checkpoint fixture warms the
 
 def release(stack, overrides: dict, **kwargs) -> SimpleNamespace:
     """One run of the tiny-awq deployment with these overrides; its exit code, output, id and report."""
-    rc, output, run_id = stack.run_deployment("tiny-awq", params={"overrides": json.dumps(overrides)}, **kwargs)
+    rc, output, run_id = stack.run_deployment(
+        "tiny-awq", params={"overrides": json.dumps(overrides)}, **kwargs
+    )
     found = list(stack.runs.glob(f"*-{(run_id or 'none')[:8]}/report.json"))
-    return SimpleNamespace(rc=rc, output=output, run_id=run_id,
-                           report=json.loads(found[0].read_text()) if found else None)
+    return SimpleNamespace(
+        rc=rc, output=output, run_id=run_id, report=json.loads(found[0].read_text()) if found else None
+    )
 
 
 @pytest.fixture(scope="module")
@@ -81,14 +87,24 @@ def promoted(stack, first_release):
         api.create_repo(HUB_BASE, private=True, exist_ok=True)
         base_sha = api.upload_folder(repo_id=HUB_BASE, folder_path=ROOT / "models" / "tiny-llama").oid
         publish_ultrachat(api, repo_id=HUB_CHATS, train_sft=128, test_sft=8)
-    overrides = {"approval": "manual", "model.id": HUB_BASE, "calibration.dataset": HUB_CHATS,
-                 "calibration.split": "train_sft", "calibration.messages_field": "messages",
-                 "calibration.text_field": None, **ONE_TASK, **NO_WORSE}
+    overrides = {
+        "approval": "manual",
+        "model.id": HUB_BASE,
+        "calibration.dataset": HUB_CHATS,
+        "calibration.split": "train_sft",
+        "calibration.messages_field": "messages",
+        "calibration.text_field": None,
+        **ONE_TASK,
+        **NO_WORSE,
+    }
     reviewer: dict = {}
-    answering = threading.Thread(target=lambda: reviewer.update(run=approve_when_paused(stack, APPROVAL)),
-                                 daemon=True)
+    answering = threading.Thread(
+        target=lambda: reviewer.update(run=approve_when_paused(stack, APPROVAL)), daemon=True
+    )
     answering.start()
-    online = {"env": {"HF_HUB_DISABLE_XET": "1", "HF_DATASETS_OFFLINE": "0"}}  # the deployment's env, datasets online
+    online = {
+        "env": {"HF_HUB_DISABLE_XET": "1", "HF_DATASETS_OFFLINE": "0"}
+    }  # the deployment's env, datasets online
     run = release(stack, overrides, job_variables=online)
     answering.join(timeout=60)
     run.base_sha, run.paused = base_sha, reviewer.get("run")
@@ -148,7 +164,8 @@ def release_events(stack, kind: str) -> list:
     with client_for(stack) as client:
         for _ in range(30):
             page = client.read_events(
-                filter=EventFilter(event=EventNameFilter(name=[f"quantize-serve.release.{kind}"])), limit=50)
+                filter=EventFilter(event=EventNameFilter(name=[f"quantize-serve.release.{kind}"])), limit=50
+            )
             if page.events:
                 return page.events
             time.sleep(1)
@@ -168,8 +185,16 @@ def hub_file(stack, repo_id: str, filename: str, revision: str) -> str:
     from huggingface_hub import hf_hub_download
 
     with hub_online():
-        return Path(hf_hub_download(repo_id, filename, revision=revision, endpoint=stack.hub_endpoint,
-                                    token=TOKEN, cache_dir=stack.runs.parent / "hub-downloads")).read_text()
+        return Path(
+            hf_hub_download(
+                repo_id,
+                filename,
+                revision=revision,
+                endpoint=stack.hub_endpoint,
+                token=TOKEN,
+                cache_dir=stack.runs.parent / "hub-downloads",
+            )
+        ).read_text()
 
 
 def hub_tags(stack, repo_id: str) -> dict[str, str]:
@@ -196,8 +221,16 @@ def test_deployment_run_promotes(promoted, stack):
         artifacts = [a for a in client.read_artifacts() if a.flow_run_id == run.id]
     writes = Counter(a.key for a in artifacts)
     keys = set(writes)
-    for suffix in ("report", "decision", "capacity", "accuracy", "stress", "hub-revision", "progress",
-                   "pending-approval"):  # pending-approval: the report the reviewer read
+    for suffix in (
+        "report",
+        "decision",
+        "capacity",
+        "accuracy",
+        "stress",
+        "hub-revision",
+        "progress",
+        "pending-approval",
+    ):  # pending-approval: the report the reviewer read
         assert f"tiny-llama-awq-{suffix}" in keys, keys
     assert set(writes.values()) == {1}, writes  # each key once per run: the final report, no draft
     report_md = next(a.data for a in artifacts if a.key == "tiny-llama-awq-report")
@@ -214,12 +247,22 @@ def test_deployment_run_promotes(promoted, stack):
     # 512 bytes (2 x 4 layers x 2 KV heads x 32 dims x 1 byte); it ships with the promoted card
     fp8 = next(c for c in report["capacity"]["configs"] if c["name"] == "w4a16-fp8kv")
     profile = yaml.safe_load((folder / "serve-profile.yaml").read_text())
-    assert profile["kv-cache-memory-bytes"] == fp8["num_blocks"] * 128 * 512 == \
-        report["serving_profile"]["kv_cache_memory_bytes"]
+    assert (
+        profile["kv-cache-memory-bytes"]
+        == fp8["num_blocks"] * 128 * 512
+        == report["serving_profile"]["kv_cache_memory_bytes"]
+    )
     assert profile["model"] == "quantize-serve/tiny-llama-awq-w4a16" and profile["max-num-seqs"] == 16
     assert f"--kv-cache-memory-bytes {profile['kv-cache-memory-bytes']} " in report["serving_command"]
-    assert hub_file(stack, "quantize-serve/tiny-llama-awq-w4a16", "serve-profile.yaml",
-                    report["release"]["commit_sha"]) == (folder / "serve-profile.yaml").read_text()
+    assert (
+        hub_file(
+            stack,
+            "quantize-serve/tiny-llama-awq-w4a16",
+            "serve-profile.yaml",
+            report["release"]["commit_sha"],
+        )
+        == (folder / "serve-profile.yaml").read_text()
+    )
     # production serves the release ref (the gated commit), not main's head; (c) was booted at the same
     # revision, so production's first boot here reads the compile-cache entry (c) wrote
     assert profile["revision"] == "production" and " --revision production " in report["serving_command"]
@@ -247,13 +290,18 @@ def test_the_reviewer_approved_the_release_from_hub_inputs(promoted, stack):
     assert rel["candidate_sha"] == report["candidate"]["commit_sha"]
     # the release tag points at the gated card commit made on top of the pushed candidate
     assert rel["commit_sha"] != rel["candidate_sha"]
-    commit = json.loads((stack.home / "hub" / "models" / REPO / "commits" / f"{rel['commit_sha']}.json").read_text())
+    commit = json.loads(
+        (stack.home / "hub" / "models" / REPO / "commits" / f"{rel['commit_sha']}.json").read_text()
+    )
     assert commit["parent"] == rel["candidate_sha"]
-    assert hub_file(stack, REPO, "release-results.json", rel["commit_sha"])  # what later releases compare with
+    assert hub_file(
+        stack, REPO, "release-results.json", rel["commit_sha"]
+    )  # what later releases compare with
 
 
-def test_the_first_release_has_no_regression_gate_and_the_second_is_compared_with_it(first_release, promoted,
-                                                                                      stack):
+def test_the_first_release_has_no_regression_gate_and_the_second_is_compared_with_it(
+    first_release, promoted, stack
+):
     """The W8A8 release was the first (the gate off, one `off` row); the AWQ release after it holds
     more KV tokens than that production release's recorded figures, passes and is promoted."""
     first, second = first_release.report, promoted_report(stack, promoted)
@@ -261,7 +309,9 @@ def test_the_first_release_has_no_regression_gate_and_the_second_is_compared_wit
     assert first["release"]["status"] == "promoted" and first["regression"]["off"]
     assert [c["check"] for c in first["decision"]["checks"]].count("regression") == 1
     regression = second["regression"]
-    assert regression["source"] == "recorded" and regression["production_sha"] == first["release"]["commit_sha"]
+    assert (
+        regression["source"] == "recorded" and regression["production_sha"] == first["release"]["commit_sha"]
+    )
     capacity = {r["measure"]: r for r in regression["rows"] if r["kind"] == "capacity"}
     kv = next(r for name, r in capacity.items() if "KV tokens" in name)
     assert kv["candidate"] > kv["production"] and kv["passed"]  # 4-bit weights leave more of the budget
@@ -269,8 +319,9 @@ def test_the_first_release_has_no_regression_gate_and_the_second_is_compared_wit
     assert not (Path(second["report_dir"]) / "production-release").exists()  # recorded figures: no 4th boot
 
 
-def test_a_release_that_beats_its_base_but_loses_to_production_on_capacity_is_rejected(fewer_kv_tokens,
-                                                                                        promoted, stack):
+def test_a_release_that_beats_its_base_but_loses_to_production_on_capacity_is_rejected(
+    fewer_kv_tokens, promoted, stack
+):
     report, checks = fewer_kv_tokens.report, fewer_kv_tokens.report["decision"]["checks"]
     assert fewer_kv_tokens.rc != 0 and report["release"]["status"] == "rejected"
     accuracy = [c for c in checks if c["check"].startswith("accuracy ")]
@@ -280,9 +331,13 @@ def test_a_release_that_beats_its_base_but_loses_to_production_on_capacity_is_re
     assert "KV tokens: candidate" in failed[0]["reason"] and "vs production" in failed[0]["reason"]
     assert report["regression"]["source"] == "recorded"
     assert report["regression"]["production_sha"] == promoted_report(stack, promoted)["release"]["commit_sha"]
-    # the first release's base, tasks, serve settings, vLLM and host: the base's figures are reused, not measured
+    # the first release's base, tasks, serve settings, vLLM and host: the base's figures are reused, not
+    # measured
     assert report["base_reused_from"] and not (Path(report["report_dir"]) / "vllm-base.log").exists()
-    assert f"reused from run `{report['base_reused_from']}`" in (Path(report["report_dir"]) / "report.md").read_text()
+    assert (
+        f"reused from run `{report['base_reused_from']}`"
+        in (Path(report["report_dir"]) / "report.md").read_text()
+    )
     tags = hub_tags(stack, REPO)
     assert tags[report["release"]["rejection_tag"]] == report["release"]["candidate_sha"]
     assert tags["production"] == report["regression"]["production_sha"]  # production did not move
@@ -291,17 +346,27 @@ def test_a_release_that_beats_its_base_but_loses_to_production_on_capacity_is_re
     assert side_by_side in hub_file(stack, REPO, "README.md", "main")  # the rejected card
 
 
-def test_rollback_goes_back_and_forth_and_refuses_a_rejected_commit(first_release, promoted, fewer_kv_tokens,
-                                                                    stack):
+def test_rollback_goes_back_and_forth_and_refuses_a_rejected_commit(
+    first_release, promoted, fewer_kv_tokens, stack
+):
     """`quantize-serve rollback` puts the first release back, is idempotent, goes forward again with
     --to and refuses the rejected W8A8 candidate; `quantize-serve releases` shows all three."""
-    first, second = first_release.report["release"]["commit_sha"], promoted_report(stack, promoted)["release"]["commit_sha"]
+    first, second = (
+        first_release.report["release"]["commit_sha"],
+        promoted_report(stack, promoted)["release"]["commit_sha"],
+    )
     rejected = fewer_kv_tokens.report["release"]["candidate_sha"]
     assert hub_tags(stack, REPO)["production"] == second
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(Path(sys.executable).parent / "quantize-serve"), *args], cwd=ROOT,
-                              env=stack.env, capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [str(Path(sys.executable).parent / "quantize-serve"), *args],
+            cwd=ROOT,
+            env=stack.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     back = cli("rollback", REPO)
     assert back.returncode == 0, back.stdout + back.stderr
@@ -324,14 +389,15 @@ def test_rollback_goes_back_and_forth_and_refuses_a_rejected_commit(first_releas
 def test_a_harmful_quantization_is_rejected_on_its_own_and_moves_nothing(stack):
     """recipes/tiny-llama-sparse-gptq.yaml (50% SparseGPT, then GPTQ W4A16: a real llm-compressor
     recipe that vLLM serves) fails the accuracy gate at the default error rates, on held-out
-    perplexity (bits per byte: recovery about 0.88 on the log scale); its rates are untouched, and the run measures that task alone (the recipe's whole
-    task list runs in tests/engines/test_accuracy.py and `make demo`). The run fails, `production` is
-    not created, and the candidate is tagged `rejected-<sha>` with the reasons (README: what a
-    rejection looks like)."""
+    perplexity (bits per byte: recovery about 0.88 on the log scale); its rates are untouched, and the run
+    measures that task alone (the recipe's whole task list runs in tests/engines/test_accuracy.py and `make
+    demo`). The run fails, `production` is not created, and the candidate is tagged `rejected-<sha>` with the
+    reasons (README: what a rejection looks like)."""
     recipe = ROOT / "recipes/tiny-llama-sparse-gptq.yaml"
     perplexity = {"gates.accuracy.tasks": [{"task": "../evals/tasks/qs_heldout_ppl.yaml"}]}
-    rc, output, run_id = stack.run_deployment("tiny-awq", params={"recipe": str(recipe),
-                                                                  "overrides": json.dumps(perplexity)})
+    rc, output, run_id = stack.run_deployment(
+        "tiny-awq", params={"recipe": str(recipe), "overrides": json.dumps(perplexity)}
+    )
     assert rc != 0, "a rejected release must fail the run"
     (report,) = reports(stack.runs, "tiny-llama-sparse-gptq")
     assert not report["decision"]["passed"] and report["release"]["status"] == "rejected"
@@ -380,10 +446,15 @@ def test_cancel_from_the_ui_stops_vllm_and_promotes_nothing(stack):
     except Exception:  # noqa: BLE001 - run alone: the repo does not exist yet
         release_before = None
     outcome: dict = {}
-    runner = threading.Thread(target=lambda: outcome.update(
-        zip(("rc", "output", "run_id"), stack.run_deployment("tiny-awq", timeout=540))), daemon=True)
+    runner = threading.Thread(
+        target=lambda: outcome.update(
+            zip(("rc", "output", "run_id"), stack.run_deployment("tiny-awq", timeout=540))
+        ),
+        daemon=True,
+    )
     started = time.monotonic()
     runner.start()
+
     def booting_now() -> list:  # a boot under way, not a process only prepared ahead of its boot
         found = []
         for p in run_vllm_processes(stack):
@@ -401,8 +472,11 @@ def test_cancel_from_the_ui_stops_vllm_and_promotes_nothing(stack):
     seen, vllm_log = time.monotonic(), Path(booting[0].environ()["QS_SERVER_LOG"])
 
     with client_for(stack) as client:
-        running = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))
+        running = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))
+            )
+        )
         assert len(running) == 1, running
         run_id = running[0].id
         client.set_flow_run_state(run_id, Cancelling())  # what the UI's Cancel button sends
@@ -413,8 +487,10 @@ def test_cancel_from_the_ui_stops_vllm_and_promotes_nothing(stack):
     while run_vllm_processes(stack) and time.monotonic() - cancelled < 60:
         time.sleep(0.5)
     left = run_vllm_processes(stack)
-    print(f"vLLM ({vllm_log.relative_to(stack.runs)}) seen {seen - started:.0f} s after the start; run ended "
-          f"{time.monotonic() - cancelled:.0f} s after the cancel; state {state.type.value}")
+    print(
+        f"vLLM ({vllm_log.relative_to(stack.runs)}) seen {seen - started:.0f} s after the start; run ended "
+        f"{time.monotonic() - cancelled:.0f} s after the cancel; state {state.type.value}"
+    )
 
     assert state.is_cancelled(), f"{state.type}: {state.message}"
     assert outcome["rc"] != 0 and TOKEN not in outcome["output"]
@@ -422,7 +498,8 @@ def test_cancel_from_the_ui_stops_vllm_and_promotes_nothing(stack):
     assert hub_tags(stack, repo).get("production") == release_before  # nothing promoted
     with client_for(stack) as client:
         deadline = time.monotonic() + 30
-        while (slots := client.read_global_concurrency_limit_by_name("gpu").active_slots) and \
-                time.monotonic() < deadline:
+        while (
+            slots := client.read_global_concurrency_limit_by_name("gpu").active_slots
+        ) and time.monotonic() < deadline:
             time.sleep(1)
     assert slots == 0, "the cancelled run still holds the `gpu` slot: the next run would wait for it"

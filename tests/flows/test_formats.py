@@ -2,7 +2,6 @@
 real boots, the best that passes chosen; none passing stops the run with the table (the rule and
 its table without boots: tests/unit/test_formats.py)."""
 
-
 from __future__ import annotations
 
 import json
@@ -39,15 +38,33 @@ def format_choice(formats_hub, tmp_path_factory):
     from quantize_serve.validate.preflight import resolve_base, validate_recipe
 
     folder = tmp_path_factory.mktemp("formats")
-    data = yaml.safe_load(recipe_with(folder, {
-        "group_size": 128, "ignore": ["lm_head"], "kv_cache_scales": True,
-        "candidates": [{"name": "int8-w8a8", "method": "smoothquant-gptq", "scheme": "W8A8"},
-                       {"name": "community-awq", "checkpoint": "community/tiny-llama-awq"}],
-        "choose": {"rule": "kv_capacity", "concurrency": 4, "input_tokens": 32, "output_tokens": 16,
-                   "num_prompts": 8, "repeats": 2}}).read_text())
+    data = yaml.safe_load(
+        recipe_with(
+            folder,
+            {
+                "group_size": 128,
+                "ignore": ["lm_head"],
+                "kv_cache_scales": True,
+                "candidates": [
+                    {"name": "int8-w8a8", "method": "smoothquant-gptq", "scheme": "W8A8"},
+                    {"name": "community-awq", "checkpoint": "community/tiny-llama-awq"},
+                ],
+                "choose": {
+                    "rule": "kv_capacity",
+                    "concurrency": 4,
+                    "input_tokens": 32,
+                    "output_tokens": 16,
+                    "num_prompts": 8,
+                    "repeats": 2,
+                },
+            },
+        ).read_text()
+    )
     acc = ROOT / "evals" / "tasks"
-    data["gates"]["accuracy"] = {"tasks": [{"task": str(acc / "qs_heldout_ppl.yaml"), "limit": 20}],
-                                 "error_rates": {"bad_recovery": 0.8, "good_recovery": 0.9}}  # the subject is the choice, not a close call
+    data["gates"]["accuracy"] = {
+        "tasks": [{"task": str(acc / "qs_heldout_ppl.yaml"), "limit": 20}],
+        "error_rates": {"bad_recovery": 0.8, "good_recovery": 0.9},
+    }  # the subject is the choice, not a close call
     path = folder / "formats.yaml"
     path.write_text(yaml.safe_dump(data))
     validated = validate_recipe(path)

@@ -44,10 +44,16 @@ def render(flow_run_job_variables: dict | None = None) -> dict:
     from prefect_kubernetes.worker import KubernetesWorkerJobConfiguration
 
     flow = Flow(id=uuid.uuid4(), name="quantize-serve")
-    deployment = DeploymentResponse(id=uuid.uuid4(), name=K8S["name"], flow_id=flow.id,
-                                    job_variables=copy.deepcopy(JOB_VARIABLES))
-    flow_run = FlowRun(id=uuid.uuid4(), name="k8s-render", flow_id=flow.id, deployment_id=deployment.id,
-                       job_variables=flow_run_job_variables or {})
+    deployment = DeploymentResponse(
+        id=uuid.uuid4(), name=K8S["name"], flow_id=flow.id, job_variables=copy.deepcopy(JOB_VARIABLES)
+    )
+    flow_run = FlowRun(
+        id=uuid.uuid4(),
+        name="k8s-render",
+        flow_id=flow.id,
+        deployment_id=deployment.id,
+        job_variables=flow_run_job_variables or {},
+    )
     # the worker's merge (BaseJobConfiguration.resolve_for_flow_run): deployment's, then the run's
     values = copy.deepcopy(deployment.job_variables)
     values.update(flow_run.job_variables)
@@ -88,8 +94,14 @@ def test_template_is_the_library_default_plus_the_gpu_additions():
 
     default = KubernetesWorker.get_default_base_job_template()
     ours = load_template()
-    added = {"gpu_count", "node_selector", "tolerations", "shm_size", "hf_token_secret_name",
-             "hf_token_secret_key"}
+    added = {
+        "gpu_count",
+        "node_selector",
+        "tolerations",
+        "shm_size",
+        "hf_token_secret_name",
+        "hf_token_secret_key",
+    }
     properties = ours["variables"]["properties"]
     assert set(properties) == set(default["variables"]["properties"]) | added
     for name, schema in default["variables"]["properties"].items():
@@ -101,12 +113,19 @@ def test_template_is_the_library_default_plus_the_gpu_additions():
     assert pod.pop("nodeSelector") == "{{ node_selector }}"
     assert pod.pop("tolerations") == "{{ tolerations }}"
     assert pod.pop("volumes") == [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "{{ shm_size }}"}}]
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "{{ shm_size }}"}}
+    ]
     main = pod["containers"][0]
     assert main.pop("volumeMounts") == [{"name": "dshm", "mountPath": "/dev/shm"}]
     assert main["resources"]["limits"].pop("nvidia.com/gpu") == "{{ gpu_count }}"
-    assert main["env"] == [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
-        "name": "{{ hf_token_secret_name }}", "key": "{{ hf_token_secret_key }}"}}}]
+    assert main["env"] == [
+        {
+            "name": "HF_TOKEN",
+            "valueFrom": {
+                "secretKeyRef": {"name": "{{ hf_token_secret_name }}", "key": "{{ hf_token_secret_key }}"}
+            },
+        }
+    ]
     main["env"] = "{{ env }}"
     assert config == default["job_configuration"]
 
@@ -143,8 +162,12 @@ def test_hf_token_comes_only_from_the_kubernetes_secret(monkeypatch):
     env = container(manifest)["env"]
     token_env = recipe().hub.token_env
     tokens = [e for e in env if e["name"] == token_env]
-    assert tokens == [{"name": token_env, "valueFrom": {"secretKeyRef": {
-        "name": JOB_VARIABLES["hf_token_secret_name"], "key": "token"}}}]
+    assert tokens == [
+        {
+            "name": token_env,
+            "valueFrom": {"secretKeyRef": {"name": JOB_VARIABLES["hf_token_secret_name"], "key": "token"}},
+        }
+    ]
     assert not [e for e in env if "TOKEN" in e["name"].upper() and "value" in e]
     assert WORKER_TOKEN not in json.dumps(manifest)
     assert not [k for k in JOB_VARIABLES.get("env", {}) if "TOKEN" in k.upper()]

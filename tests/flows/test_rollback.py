@@ -39,14 +39,20 @@ def artifact_rows(key: str) -> list:
     return found
 
 
-def test_the_rollback_flow_moves_the_ref_emits_the_event_and_publishes_the_history(validated, tmp_path, events):
+def test_the_rollback_flow_moves_the_ref_emits_the_event_and_publishes_the_history(
+    validated, tmp_path, events
+):
     g1, g2 = release(validated, tmp_path, 1), release(validated, tmp_path, 2)
     repo = validated.recipe.hub.repo_id
     state = rollback_release(RollbackRequest(repo_id=repo, reason="error rate up"), return_state=True)
     assert state.is_completed(), state.message
     assert production(validated) == g1
     event = next(e for e in events if e["event"] == "quantize-serve.release.rolled-back")
-    assert event["payload"]["to"] == g1 and event["payload"]["from"] == g2 and event["payload"]["reason"] == "error rate up"
+    assert (
+        event["payload"]["to"] == g1
+        and event["payload"]["from"] == g2
+        and event["payload"]["reason"] == "error rate up"
+    )
     assert event["resource"]["prefect.resource.id"] == f"huggingface.model.{repo}"
     assert WRITE not in str(event)
     artifacts = artifact_rows(release_tasks.history_artifact_key(repo))
@@ -95,7 +101,8 @@ def test_the_history_artifact_warns_first_when_the_ref_serves_a_rejected_candida
 
     assert publish().ref_warning
     [artifact] = artifact_rows(release_tasks.history_artifact_key(hub.repo_id))
-    assert artifact.description.startswith(f"**WARNING:** production serves {c2[:12]}, which the gates rejected "
-                                           f"(rejected-{c2[:12]} tag"), artifact.description
+    assert artifact.description.startswith(
+        f"**WARNING:** production serves {c2[:12]}, which the gates rejected (rejected-{c2[:12]} tag"
+    ), artifact.description
     assert f"`quantize-serve rollback {hub.repo_id} --to {g1}`" in artifact.description
     assert "<- current (rejected)" in str(artifact.data)

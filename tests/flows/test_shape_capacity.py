@@ -1,7 +1,6 @@
 """`serve.preflight: measure` in the flow, from a Hub base model: the shape's capacity measured
 with dummy weights before the weights are downloaded."""
 
-
 from __future__ import annotations
 
 import uuid
@@ -51,8 +50,12 @@ def test_preflight_stops_the_flow_before_the_weights_are_downloaded(hub_base, tm
     from quantize_serve.serving import host as cpu_support
 
     monkeypatch.setattr(cpu_support, "cpu_serving_gap", lambda *a, **k: None)
-    overrides = {"model.id": hub_base, "hub.token_env": "QS_SHAPE_TEST_TOKEN", "serve.preflight": "measure",
-                 "serve.memory_budget": "1MiB"}
+    overrides = {
+        "model.id": hub_base,
+        "hub.token_env": "QS_SHAPE_TEST_TOKEN",
+        "serve.preflight": "measure",
+        "serve.memory_budget": "1MiB",
+    }
     state = quantize_serve(str(RECIPE), overrides, return_state=True)
     assert state.is_failed()
     message = state.message or ""

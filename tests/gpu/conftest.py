@@ -21,4 +21,6 @@ def idle_gpu_memory() -> int:
 
 def assert_memory_given_back(before: int, slack: int = 512 * 1024**2) -> None:
     after = gpu.used_bytes()
-    assert after is not None and after <= before + slack, f"GPU memory in use {after:,} B, before {before:,} B"
+    assert after is not None and after <= before + slack, (
+        f"GPU memory in use {after:,} B, before {before:,} B"
+    )

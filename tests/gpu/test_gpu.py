@@ -30,8 +30,9 @@ def test_the_whole_flow_on_the_tiny_recipe_promotes_on_the_gpu(prefect_api, idle
 
     token = "hf_GpuTierToken0123456789abcdefghij"
     with local_hub(tmp_path, tokens=(token,), online=True):
-        state = quantize_serve(str(ROOT / "recipes" / "tiny-llama-awq.yaml"), overrides=GPU_OVERRIDES,
-                               return_state=True)
+        state = quantize_serve(
+            str(ROOT / "recipes" / "tiny-llama-awq.yaml"), overrides=GPU_OVERRIDES, return_state=True
+        )
     report = state.result(raise_on_failure=False)
     assert state.is_completed(), state.message
     assert isinstance(report, RunReport)
@@ -50,8 +51,10 @@ def test_the_whole_flow_on_the_tiny_recipe_promotes_on_the_gpu(prefect_api, idle
     assert all(abs(p.error_pct) <= 1.0 for p in capacity.planner), capacity.markdown()
     assert "GPU KV cache" in (Path(report.report_dir) / f"vllm-{Boot.PRODUCTION}.log").read_text()
     assert report.stress.peak_gpu_memory_bytes, "the stress test read no GPU memory (NVML)"
-    print(f"GPU peak memory in the stress test: {report.stress.peak_gpu_memory_bytes / 2**30:.2f} GiB; "
-          f"report: {report.report_dir}")
+    print(
+        f"GPU peak memory in the stress test: {report.stress.peak_gpu_memory_bytes / 2**30:.2f} GiB; "
+        f"report: {report.report_dir}"
+    )
     assert_memory_given_back(idle_gpu_memory)
 
 
@@ -63,14 +66,26 @@ def test_llama3_8b_shape_with_dummy_weights_is_measured_beside_the_planner(idle_
     for f in TOKENIZER.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens")):
             shutil.copyfile(f, shape / f.name)
-    recipe = load_recipe(ROOT / "recipes" / "llama3-8b-instruct-awq.yaml", {
-        "model.id": str(shape), "serve.enforce_eager": True, "quantization.kv_cache_scales": False})
-    result = measure_shape(recipe, shape, out_dir=tmp_path / "out", model="Llama-3-8B",
-                           device_memory_bytes=gpu.usable_memory_bytes(), log=print)
+    recipe = load_recipe(
+        ROOT / "recipes" / "llama3-8b-instruct-awq.yaml",
+        {"model.id": str(shape), "serve.enforce_eager": True, "quantization.kv_cache_scales": False},
+    )
+    result = measure_shape(
+        recipe,
+        shape,
+        out_dir=tmp_path / "out",
+        model="Llama-3-8B",
+        device_memory_bytes=gpu.usable_memory_bytes(),
+        log=print,
+    )
     rows = {r.name: r for r in result.rows}
     assert all(r.measured is not None and r.refused is None for r in rows.values()), result.markdown()
     for r in rows.values():
         assert abs(r.error_pct) <= 1.0, result.markdown()  # the planner beside each measured row
     w4 = rows[Boot.QUANTIZED_16BIT_KV].measured.kv_cache_tokens
-    assert rows[Boot.PRODUCTION].measured.kv_cache_tokens > 1.9 * w4 > 1.9 * rows[Boot.BASE].measured.kv_cache_tokens
+    assert (
+        rows[Boot.PRODUCTION].measured.kv_cache_tokens
+        > 1.9 * w4
+        > 1.9 * rows[Boot.BASE].measured.kv_cache_tokens
+    )
     assert_memory_given_back(idle_gpu_memory)

@@ -1,10 +1,9 @@
 """The accuracy gate without a server: task resolution and data paths, and what an unreachable server
-gives (the rule: tests/unit/test_paired_gate.py; lm-eval against real vLLM: tests/engines/test_accuracy.py)."""
-
+gives (the rule: tests/unit/test_paired_gate.py; lm-eval against real vLLM:
+tests/engines/test_accuracy.py)."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -41,12 +40,21 @@ def test_task_yaml_data_paths_become_absolute_whatever_the_cwd(tmp_path, monkeyp
 
 
 def test_absolute_data_paths_leaves_hub_and_absolute_paths_alone(tmp_path):
-    config = {"task": "t", "dataset_path": "../data", "dataset_kwargs": {
-        "data_files": {"test": ["a.jsonl", "/abs/b.jsonl", "hf://datasets/x/c.jsonl"]}, "data_dir": "d"}}
+    config = {
+        "task": "t",
+        "dataset_path": "../data",
+        "dataset_kwargs": {
+            "data_files": {"test": ["a.jsonl", "/abs/b.jsonl", "hf://datasets/x/c.jsonl"]},
+            "data_dir": "d",
+        },
+    }
     out = absolute_data_paths(config, tmp_path / "tasks")
     assert out["dataset_path"] == str(tmp_path / "data")
     assert out["dataset_kwargs"]["data_files"]["test"] == [
-        str(tmp_path / "tasks" / "a.jsonl"), "/abs/b.jsonl", "hf://datasets/x/c.jsonl"]
+        str(tmp_path / "tasks" / "a.jsonl"),
+        "/abs/b.jsonl",
+        "hf://datasets/x/c.jsonl",
+    ]
     assert out["dataset_kwargs"]["data_dir"] == str(tmp_path / "tasks" / "d")
     assert config["dataset_kwargs"]["data_dir"] == "d"  # the input is not modified
     assert absolute_data_paths({"task": "t", "dataset_path": "json"}, tmp_path)["dataset_path"] == "json"
@@ -55,8 +63,14 @@ def test_absolute_data_paths_leaves_hub_and_absolute_paths_alone(tmp_path):
 def test_missing_task_file_is_a_gate_error(tmp_path):
     gate = gate_of(AccuracyTask(task="evals/nope.yaml"))
     with pytest.raises(GateError, match="does not exist.*relative to the recipe's folder"):
-        run_accuracy("http://127.0.0.1:9", gate, tokenizer_dir=str(MODEL_DIR), max_length=512,
-                     base_dir=tmp_path, output_dir=tmp_path / "out")
+        run_accuracy(
+            "http://127.0.0.1:9",
+            gate,
+            tokenizer_dir=str(MODEL_DIR),
+            max_length=512,
+            base_dir=tmp_path,
+            output_dir=tmp_path / "out",
+        )
 
 
 def test_unreachable_server_is_a_gate_error_through_the_prefect_task(tmp_path):
@@ -67,5 +81,11 @@ def test_unreachable_server_is_a_gate_error_through_the_prefect_task(tmp_path):
     gate = load_recipe(RECIPE).gates.accuracy
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(GateError, match="did not answer"):
-        run_accuracy_task.fn(url, gate, tokenizer_dir=str(MODEL_DIR), max_length=512,
-                             base_dir=RECIPE.parent, output_dir=tmp_path)
+        run_accuracy_task.fn(
+            url,
+            gate,
+            tokenizer_dir=str(MODEL_DIR),
+            max_length=512,
+            base_dir=RECIPE.parent,
+            output_dir=tmp_path,
+        )

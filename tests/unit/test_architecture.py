@@ -1,12 +1,14 @@
 """The architecture's rules, checked on every change (the contracts are in pyproject.toml).
 
 - Imports only go down: benchmarks, quantize_serve.cli, flows, tasks, then the package's concepts from the
-  release down to core (import-linter's layers contract): the benchmarks import the product, never the reverse.
+  release down to core (import-linter's layers contract): the benchmarks import the product, never the
+  reverse.
 - Nothing below tasks imports Prefect, but for the one import named in the contract.
 - No import loop among the project's modules, and no import of a project module inside a function
   (such an import hides a loop instead of removing it), but for those named in ALLOWED_LATE.
 - A benchmark borrows from another only through the shared modules (SHARED), never from another script.
-- One definition per constant in the product: a module-level constant with the same name and value is defined once.
+- One definition per constant in the product: a module-level constant with the same name and value is
+  defined once.
 - No module over MAX_LINES lines, benchmarks included.
 """
 
@@ -30,11 +32,10 @@ PACKAGES = (*PRODUCT, "benchmarks")
 # it has set the Prefect home and the Hub it runs against: benchmarks are the layer above, so these go down.
 ALLOWED_LATE = {("quantize_serve.cli", "flows.pipeline"), ("quantize_serve.cli", "flows.rollback")}
 LATE_TARGETS_OF_BENCHMARKS = {"flows.pipeline", "flows.rollback"}
-# benchmarks/flip_rates.py: new in another change, its project imports still inside functions; its owner
-# moves them to the top (issue 43) and takes it off this list.
-LATE_PENDING = {"benchmarks.flip_rates"}
 SHARED = {"benchmarks", "benchmarks.harness", "benchmarks.manual"}
-MAX_LINES = 600
+# 600 lines as the code was written before `ruff format`; the formatter's layout (one argument a line
+# once a call wraps) adds about a fifth to the same code (36,800 -> 45,450 lines), so 700.
+MAX_LINES = 700
 
 
 def modules(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
@@ -62,8 +63,13 @@ def parse(path: Path) -> ast.Module:
 def project_imports(path: Path, name: str, known: dict[str, Path]) -> list[tuple[str, bool]]:
     """(imported project module, imported inside a function) for every import in the file."""
     tree = parse(path)
-    late = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-            for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    late = {
+        id(n)
+        for f in ast.walk(tree)
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for n in ast.walk(f)
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+    }
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -80,7 +86,7 @@ def project_imports(path: Path, name: str, known: dict[str, Path]) -> list[tuple
 
 
 def late_allowed(name: str, target: str) -> bool:
-    if (name, target) in ALLOWED_LATE or name in LATE_PENDING:
+    if (name, target) in ALLOWED_LATE:
         return True
     return name.startswith("benchmarks.") and target in LATE_TARGETS_OF_BENCHMARKS
 
@@ -133,20 +139,30 @@ def test_no_import_loop_and_no_project_import_inside_a_function() -> None:
 
 
 def test_a_benchmark_borrows_only_from_the_shared_modules() -> None:
-    """What the scripts share lives in benchmarks/harness.py (manual.py: the release's steps by hand); a script
-    that imported another would make it a library again (h200.py once served six others)."""
+    """What the scripts share lives in benchmarks/harness.py (manual.py: the release's steps by hand); a
+    script that imported another would make it a library again (h200.py once served six others)."""
     known = modules()
-    borrowed = {(name, target) for name, path in known.items() if name.startswith("benchmarks.")
-                for target, _ in project_imports(path, name, known)
-                if target.startswith("benchmarks") and target not in SHARED}
-    assert not borrowed, f"benchmarks importing other benchmark scripts (move what they share to harness.py): {borrowed}"
+    borrowed = {
+        (name, target)
+        for name, path in known.items()
+        if name.startswith("benchmarks.")
+        for target, _ in project_imports(path, name, known)
+        if target.startswith("benchmarks") and target not in SHARED
+    }
+    assert not borrowed, (
+        f"benchmarks importing other benchmark scripts (move what they share to harness.py): {borrowed}"
+    )
 
 
 def test_each_constant_is_defined_once() -> None:
     definitions = defaultdict(list)
     for name, path in modules(PRODUCT).items():
         for node in parse(path).body:
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+            ):
                 constant = node.targets[0].id
                 if constant.isupper() and len(constant) > 1:
                     definitions[(constant, ast.dump(node.value))].append(name)
@@ -155,5 +171,7 @@ def test_each_constant_is_defined_once() -> None:
 
 
 def test_no_module_is_over_the_size_limit() -> None:
-    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    long = {
+        name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
     assert not long, f"modules over {MAX_LINES} lines: {long}"

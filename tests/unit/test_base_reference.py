@@ -22,11 +22,20 @@ RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
 BASE = ROOT / "models" / "tiny-llama"
 
 
-def key_of(recipe, *, base: str = "local:abc", vllm: str | None = "0.32.0", hardware: str = "x86_64 2 CPUs, no GPU",
-           model_dir: Path = BASE) -> str:
+def key_of(
+    recipe,
+    *,
+    base: str = "local:abc",
+    vllm: str | None = "0.32.0",
+    hardware: str = "x86_64 2 CPUs, no GPU",
+    model_dir: Path = BASE,
+) -> str:
     spec = capacity_spec(recipe, Boot.BASE, model_dir)
-    return reference_key(reference_factors(recipe, base, spec.vllm_config(), vllm_version=vllm, hardware=hardware,
-                                           lm_eval_version="0.4.13"))
+    return reference_key(
+        reference_factors(
+            recipe, base, spec.vllm_config(), vllm_version=vllm, hardware=hardware, lm_eval_version="0.4.13"
+        )
+    )
 
 
 def test_the_key_changes_with_each_thing_the_base_figures_depend_on(tmp_path):
@@ -45,7 +54,9 @@ def test_the_key_changes_with_each_thing_the_base_figures_depend_on(tmp_path):
     assert key != key_of(fewer)
     # not in the key: what does not change the base's figures (the stress profile, the quantization)
     stress = recipe.gates.stress.model_copy(update={"num_requests": 7})
-    assert key == key_of(recipe.model_copy(update={"gates": recipe.gates.model_copy(update={"stress": stress})}))
+    assert key == key_of(
+        recipe.model_copy(update={"gates": recipe.gates.model_copy(update={"stress": stress})})
+    )
 
 
 def test_a_task_file_or_its_data_changing_changes_the_key(tmp_path):
@@ -64,11 +75,24 @@ def test_a_task_file_or_its_data_changing_changes_the_key(tmp_path):
 
 
 def test_a_reference_is_found_under_its_key_only(tmp_path):
-    capacity = CapacityConfig(name=Boot.BASE, kv_cache_dtype="auto", weights_bytes=1, kv_cache_memory_bytes=2,
-                              kv_cache_tokens=3, num_blocks=4, block_size=5, max_model_len=6, max_concurrency=7.0,
-                              boot_seconds=8.0)
-    accuracy = AccuracyRun(server_base_url="http://127.0.0.1:1", tasks={}, seconds=1.0, lm_eval_version="0.4.13")
-    ref = BaseReference(key="k1", run_id="run-1", run_dir="run-1", capacity=capacity, accuracy=accuracy, factors={})
+    capacity = CapacityConfig(
+        name=Boot.BASE,
+        kv_cache_dtype="auto",
+        weights_bytes=1,
+        kv_cache_memory_bytes=2,
+        kv_cache_tokens=3,
+        num_blocks=4,
+        block_size=5,
+        max_model_len=6,
+        max_concurrency=7.0,
+        boot_seconds=8.0,
+    )
+    accuracy = AccuracyRun(
+        server_base_url="http://127.0.0.1:1", tasks={}, seconds=1.0, lm_eval_version="0.4.13"
+    )
+    ref = BaseReference(
+        key="k1", run_id="run-1", run_dir="run-1", capacity=capacity, accuracy=accuracy, factors={}
+    )
     assert find_reference(tmp_path, "k1") is None
     save_reference(tmp_path, ref)
     assert find_reference(tmp_path, "k1") == ref and find_reference(tmp_path, "k2") is None

@@ -28,7 +28,11 @@ def test_each_scenario_names_its_question_a_driver_that_exists_and_a_result(name
     scenario = harness.load_scenario(name)
     runner.check_scenario(name, scenario)
     argv, env, out = runner.command(scenario, ROOT / "state", ["--resume"], python="python")
-    assert argv[:2] == ["python", str(ROOT / scenario["driver"])] and argv[-3:] == ["--out", str(out), "--resume"]
+    assert argv[:2] == ["python", str(ROOT / scenario["driver"])] and argv[-3:] == [
+        "--out",
+        str(out),
+        "--resume",
+    ]
     assert out == ROOT / "state" / scenario["result"] and out.suffix == ".json"
     assert not any("{state}" in a for a in argv) and not any("{state}" in v for v in env.values())
 
@@ -45,13 +49,25 @@ def fake(tmp_path, monkeypatch):
     scenarios.mkdir()
     results.mkdir()
     driver = tmp_path / "driver.py"
-    driver.write_text("import json, os, sys\nout = sys.argv[sys.argv.index('--out') + 1]\n"
-                      "old = json.load(open(out)) if os.path.exists(out) else {}\n"
-                      "json.dump({'argv': sys.argv[1:], 'env': os.environ.get('WHERE'), 'before': old}, open(out, 'w'))\n"
-                      "sys.exit(3 if '--fail' in sys.argv else 0)\n")
-    (scenarios / "toy.yaml").write_text(json.dumps({
-        "question": "does the runner run it", "driver": str(driver), "result": "toy.json", "resume": True,
-        "job": "toyjob", "args": ["--work", "{state}/toy"], "env": {"WHERE": "{state}/w"}}))
+    driver.write_text(
+        "import json, os, sys\nout = sys.argv[sys.argv.index('--out') + 1]\n"
+        "old = json.load(open(out)) if os.path.exists(out) else {}\n"
+        "json.dump({'argv': sys.argv[1:], 'env': os.environ.get('WHERE'), 'before': old}, open(out, 'w'))\n"
+        "sys.exit(3 if '--fail' in sys.argv else 0)\n"
+    )
+    (scenarios / "toy.yaml").write_text(
+        json.dumps(
+            {
+                "question": "does the runner run it",
+                "driver": str(driver),
+                "result": "toy.json",
+                "resume": True,
+                "job": "toyjob",
+                "args": ["--work", "{state}/toy"],
+                "env": {"WHERE": "{state}/w"},
+            }
+        )
+    )
     monkeypatch.setattr(harness, "SCENARIOS", scenarios)
     monkeypatch.setattr(runner, "RESULTS", results)
     return tmp_path
@@ -78,14 +94,26 @@ def test_a_run_seeds_the_result_records_its_start_and_end_and_passes_the_argumen
 
 
 def test_host_sh_learns_a_scenario_by_its_name(tmp_path):
-    """An unknown name is refused with the known ones, before any job starts (a known one would start a job)."""
+    """An unknown name is refused with the known ones, before any job starts (a known one would start a
+    job)."""
     env = {**os.environ, "QS_GPU_STATE": str(tmp_path)}
-    done = subprocess.run(["bash", "scripts/gpu/host.sh", "launch-nope"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        ["bash", "scripts/gpu/host.sh", "launch-nope"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if not (ROOT / ".venv/bin/python").is_file():
         pytest.skip("host.sh checks for the project's .venv first")
     assert done.returncode == 2 and "no scenario nope" in done.stderr and "shapes" in done.stderr
     assert not list(tmp_path.glob("*.started"))
-    job = subprocess.run([sys.executable, "benchmarks/run.py", "release-time", "--job"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+    job = subprocess.run(
+        [sys.executable, "benchmarks/run.py", "release-time", "--job"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert job.stdout.strip() == "release"  # the job name host.sh status knows it by

@@ -1,6 +1,5 @@
 """The capacity stage's arithmetic and specs without a boot (tests/engines/test_capacity.py boots)."""
 
-
 from __future__ import annotations
 
 import json
@@ -18,21 +17,28 @@ from tests.conftest import ROOT
 
 def test_remedies_match_what_vllm_says():
     assert "largest max_model_len that fits is 384" in remedy_for(
-        "... Based on the available memory, the estimated maximum model length is 384. Try ...")
+        "... Based on the available memory, the estimated maximum model length is 384. Try ..."
+    )
     assert "raise serve.gpu_memory_utilization" in remedy_for("No available memory for the cache blocks.")
     assert "enforce_eager" in remedy_for("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate")
 
 
 def test_the_cause_is_found_under_vllms_process_prefix():
     # vLLM 0.26 (CUDA) as the H200 logged a refused max_model_len: every line carries its process
-    log = ("(APIServer pid=3179)            ^^^^^^^^^^^^\n"
-           "(APIServer pid=3179) pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
-           "(APIServer pid=3179)   Value error, User-specified max_model_len (2048) is greater than the derived "
-           "max_model_len (max_position_embeddings=1024.0 or model_max_length=None in model's config.json). "
-           "To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. [type=value_error]\n")
+    log = (
+        "(APIServer pid=3179)            ^^^^^^^^^^^^\n"
+        "(APIServer pid=3179) pydantic_core._pydantic_core.ValidationError: 1 validation error for "
+        "ModelConfig\n"
+        "(APIServer pid=3179)   Value error, User-specified max_model_len (2048) is greater than the derived "
+        "max_model_len (max_position_embeddings=1024.0 or model_max_length=None in model's config.json). "
+        "To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. "
+        "[type=value_error]\n"
+    )
     cause = root_cause(log)
-    assert cause.startswith("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig: "
-                            "User-specified max_model_len (2048) is greater than the derived"), cause
+    assert cause.startswith(
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig: "
+        "User-specified max_model_len (2048) is greater than the derived"
+    ), cause
     assert "at most 1024" in remedy_for(log)
 
 
@@ -55,8 +61,12 @@ def test_boot_names_are_the_run_folder_and_report_names():
 
 def test_argv_and_command_derive_from_one_config(awq_recipe, base_model_dir):
     serve = awq_recipe.serve.model_copy(update={"extra_args": ["--seed=7", "--enable-prefix-caching"]})
-    spec = ServerSpec(model_dir=str(base_model_dir), serve=serve, kv_cache_memory_bytes=4096,
-                      tokenizer_dir=str(base_model_dir))
+    spec = ServerSpec(
+        model_dir=str(base_model_dir),
+        serve=serve,
+        kv_cache_memory_bytes=4096,
+        tokenizer_dir=str(base_model_dir),
+    )
     config = spec.vllm_config()
     assert config["model"] == str(base_model_dir) and config["max-model-len"] == 512
     assert config["kv-cache-memory-bytes"] == 4096 and config["seed"] == 7
@@ -72,18 +82,26 @@ def test_published_command_names_the_repo_not_the_machine(awq_recipe, tmp_path):
     (ckpt / "config.json").write_text((ROOT / "models/tiny-llama/config.json").read_text())
     command = published_serve_command(awq_recipe, ckpt)
     hub = awq_recipe.hub  # at the release ref: what the gates passed, never the head of main
-    assert command.startswith(f"vllm serve {hub.repo_id} --revision {hub.release_ref} --served-model-name model ")
-    assert f"--kv-cache-dtype {awq_recipe.serve.kv_cache_dtype}" in command and "--max-model-len 512" in command
+    assert command.startswith(
+        f"vllm serve {hub.repo_id} --revision {hub.release_ref} --served-model-name model "
+    )
+    assert (
+        f"--kv-cache-dtype {awq_recipe.serve.kv_cache_dtype}" in command and "--max-model-len 512" in command
+    )
     assert str(tmp_path) not in command and " /" not in command
     no_hub = awq_recipe.model_copy(update={"hub": None})
     command = published_serve_command(no_hub, ckpt)
-    assert command.startswith("vllm serve awq-0123abcd ") and " /" not in command and "--revision" not in command
+    assert (
+        command.startswith("vllm serve awq-0123abcd ") and " /" not in command and "--revision" not in command
+    )
 
 
 H200 = 150109880320  # what CUDA sees of the lent H200
 
 
-LLAMA = {size: json.loads((ROOT / f"benchmarks/configs/llama-3-{size}.json").read_text()) for size in ("8b", "70b")}
+LLAMA = {
+    size: json.loads((ROOT / f"benchmarks/configs/llama-3-{size}.json").read_text()) for size in ("8b", "70b")
+}
 
 
 def test_a_base_too_large_for_the_recipes_gpus_boots_at_the_smallest_tp_that_fits_or_stops():
@@ -99,7 +117,9 @@ def test_a_base_too_large_for_the_recipes_gpus_boots_at_the_smallest_tp_that_fit
     assert two.tensor_parallel_size == 2
     assert "the bf16 base does not fit at TP 1: weights 131.42 GiB/GPU" in two.reason
     assert "exceed the 125.82 GiB budget" in two.reason and "measured at TP 2" in two.reason
-    with pytest.raises(GateError, match=r"it fits at TP 2, and this host has 1 GPU\(s\).*Nothing was quantized"):
+    with pytest.raises(
+        GateError, match=r"it fits at TP 2, and this host has 1 GPU\(s\).*Nothing was quantized"
+    ):
         base_boot(recipe, LLAMA["70b"], device_memory_bytes=H200, gpu_count=1)
     cpu = load_recipe(ROOT / "recipes/tiny-llama-awq.yaml")
     assert base_boot(cpu, LLAMA["70b"], device_memory_bytes=H200, gpu_count=1).tensor_parallel_size == 1
@@ -110,20 +130,48 @@ def test_the_base_boot_at_another_tp_is_labelled_in_the_capacity_table(awq_recip
 
     spec = capacity_spec(awq_recipe, Boot.BASE, base_model_dir, tensor_parallel_size=2)
     assert spec.vllm_config()["tensor-parallel-size"] == 2 and awq_recipe.serve.tensor_parallel_size == 1
-    rows = [CapacityConfig(name=b, tensor_parallel_size=tp, kv_cache_dtype="auto", weights_bytes=1, kv_cache_memory_bytes=1,
-                           kv_cache_tokens=1, num_blocks=1, block_size=16, max_model_len=1, max_concurrency=1,
-                           boot_seconds=1) for b, tp in zip(Boot, (2, 1, 1))]
-    report = CapacityReport(method="m", budget_bytes=None, base_boot="the bf16 base does not fit at TP 1: ...", configs=rows,
-                            freed_weight_bytes=0, fp8_token_ratio=1, gain_quantized=1, gain_fp8=1, planner=[])
+    rows = [
+        CapacityConfig(
+            name=b,
+            tensor_parallel_size=tp,
+            kv_cache_dtype="auto",
+            weights_bytes=1,
+            kv_cache_memory_bytes=1,
+            kv_cache_tokens=1,
+            num_blocks=1,
+            block_size=16,
+            max_model_len=1,
+            max_concurrency=1,
+            boot_seconds=1,
+        )
+        for b, tp in zip(Boot, (2, 1, 1))
+    ]
+    report = CapacityReport(
+        method="m",
+        budget_bytes=None,
+        base_boot="the bf16 base does not fit at TP 1: ...",
+        configs=rows,
+        freed_weight_bytes=0,
+        fp8_token_ratio=1,
+        gain_quantized=1,
+        gain_fp8=1,
+        planner=[],
+    )
     text = report.markdown()
     assert "| base (TP 2) | auto |" in text and "| w4a16 | auto |" in text
     assert "Base boot: the bf16 base does not fit at TP 1" in text
 
 
-@pytest.mark.parametrize("scheme, labels", [
-    (None, ("base", "w4a16", "w4a16-fp8kv")), ("W4A16", ("base", "w4a16", "w4a16-fp8kv")),
-    ("W4A16_ASYM", ("base", "w4a16", "w4a16-fp8kv")), ("W8A8", ("base", "w8a8", "w8a8-fp8kv")),
-    ("FP8_DYNAMIC", ("base", "fp8_dynamic", "fp8_dynamic-fp8kv"))])
+@pytest.mark.parametrize(
+    "scheme, labels",
+    [
+        (None, ("base", "w4a16", "w4a16-fp8kv")),
+        ("W4A16", ("base", "w4a16", "w4a16-fp8kv")),
+        ("W4A16_ASYM", ("base", "w4a16", "w4a16-fp8kv")),
+        ("W8A8", ("base", "w8a8", "w8a8-fp8kv")),
+        ("FP8_DYNAMIC", ("base", "fp8_dynamic", "fp8_dynamic-fp8kv")),
+    ],
+)
 def test_a_boot_is_named_for_people_by_the_candidates_scheme(scheme, labels):
     """The values stay what results carry; the table, the chart and the boot log name an INT8 or FP8
     candidate's rows by its scheme (an AVX2 CPU's demo releases W8A8: its rows read "w8a8", not "w4a16")."""
@@ -134,25 +182,52 @@ def test_a_boot_is_named_for_people_by_the_candidates_scheme(scheme, labels):
 def test_the_capacity_table_names_a_w8a8_candidates_rows_by_its_scheme():
     from quantize_serve.capacity.measure import CapacityConfig, CapacityReport
 
-    rows = [CapacityConfig(name=b, tensor_parallel_size=1, kv_cache_dtype="auto", weights_bytes=1,
-                           kv_cache_memory_bytes=1, kv_cache_tokens=1, num_blocks=1, block_size=16, max_model_len=1,
-                           max_concurrency=1, boot_seconds=1) for b in (Boot.BASE, Boot.QUANTIZED_16BIT_KV)]
-    report = CapacityReport(method="m", budget_bytes=None, configs=rows, freed_weight_bytes=0, fp8_token_ratio=None,
-                            gain_quantized=1, gain_fp8=None, planner=[], fp8_kv_unavailable="no AVX-512",
-                            scheme="W8A8")
+    rows = [
+        CapacityConfig(
+            name=b,
+            tensor_parallel_size=1,
+            kv_cache_dtype="auto",
+            weights_bytes=1,
+            kv_cache_memory_bytes=1,
+            kv_cache_tokens=1,
+            num_blocks=1,
+            block_size=16,
+            max_model_len=1,
+            max_concurrency=1,
+            boot_seconds=1,
+        )
+        for b in (Boot.BASE, Boot.QUANTIZED_16BIT_KV)
+    ]
+    report = CapacityReport(
+        method="m",
+        budget_bytes=None,
+        configs=rows,
+        freed_weight_bytes=0,
+        fp8_token_ratio=None,
+        gain_quantized=1,
+        gain_fp8=None,
+        planner=[],
+        fp8_kv_unavailable="no AVX-512",
+        scheme="W8A8",
+    )
     text = report.markdown()
     assert "| w8a8 | auto |" in text and "| w8a8-fp8kv | fp8 | - | - | not available" in text
     assert "Capacity over base: w8a8 x1.00" in text and "the 16-bit KV cache of the w8a8 row" in text
     assert "w4a16" not in text
-    assert CapacityReport.model_validate_json(report.model_dump_json()).configs[1].name is Boot.QUANTIZED_16BIT_KV
+    assert (
+        CapacityReport.model_validate_json(report.model_dump_json()).configs[1].name
+        is Boot.QUANTIZED_16BIT_KV
+    )
 
 
 def test_cache_info_is_read_with_prometheus_parser():
     from quantize_serve.capacity.measure import read_cache_info
 
-    text = ('# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n'
-            '# TYPE vllm:cache_config_info gauge\n'
-            'vllm:cache_config_info{block_size="128",cache_dtype="fp8",note="a \\"quoted\\" }",'
-            'num_gpu_blocks="41"} 1.0\n')
+    text = (
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="128",cache_dtype="fp8",note="a \\"quoted\\" }",'
+        'num_gpu_blocks="41"} 1.0\n'
+    )
     info = read_cache_info(text)
     assert info["num_gpu_blocks"] == "41" and info["cache_dtype"] == "fp8" and info["note"] == 'a "quoted" }'

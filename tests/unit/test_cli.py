@@ -1,7 +1,6 @@
 """The quantize-serve command line: one screen per user error (field, value, fix; exit 2, no
 traceback), `validate` and `plan` (tests/flows/test_cli.py: `run` through the flow)."""
 
-
 from __future__ import annotations
 
 import json
@@ -38,8 +37,14 @@ MAX_LINES_ONE_ERROR = 15
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     """The installed console script (``pip install -e .`` puts it next to the interpreter)."""
     assert SCRIPT.is_file(), f"{SCRIPT} is missing: run `{sys.executable} -m pip install --no-deps -e .`"
-    return subprocess.run([str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [str(SCRIPT), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
@@ -96,7 +101,9 @@ def test_misspelled_section_is_one_error_not_two(tmp_path: Path) -> None:
         parse_recipe(data, source="x.yaml", base_dir=tmp_path)
     (err,) = info.value.errors
     assert (err.field, err.problem) == ("quantisation", "unknown key; did you mean 'quantization'?")
-    assert str(err).startswith("x.yaml: quantisation = '{...}': unknown key; did you mean 'quantization'? Fix:")
+    assert str(err).startswith(
+        "x.yaml: quantisation = '{...}': unknown key; did you mean 'quantization'? Fix:"
+    )
 
 
 def test_unknown_key_without_a_near_miss_lists_the_allowed_keys(tmp_path: Path) -> None:
@@ -198,20 +205,42 @@ def test_peek_counts_rows_and_columns_like_datasets(tmp_path: Path) -> None:
     pq.write_table(pa.table({"text": ["x", "y"], "k": [1, 2]}), tmp_path / "rows.parquet")
     files["rows.parquet"] = ("", "parquet")
     shipped = ROOT / "data" / "calibration"
-    cases = [(tmp_path / n, b) for n, (_, b) in files.items()] + [(p, "json") for p in shipped.glob("*.jsonl")]
+    cases = [(tmp_path / n, b) for n, (_, b) in files.items()] + [
+        (p, "json") for p in shipped.glob("*.jsonl")
+    ]
     for path, builder in cases:
-        ds = datasets.load_dataset(builder, data_files=[str(path)], split="train", cache_dir=str(tmp_path / "c"))
+        ds = datasets.load_dataset(
+            builder, data_files=[str(path)], split="train", cache_dir=str(tmp_path / "c")
+        )
         assert _peek_file(path, builder) == (list(ds.column_names), len(ds)), path.name
 
 
 def test_plan_prints_the_planners_own_table(capsys) -> None:
-    rc, text = run_main(capsys, "plan", "--model", "models/tiny-llama", "--gpu", "h100-80gb", "--tp", "2",
-                        "--max-model-len", "512", "--kv-cache-dtype", "fp8_e5m2")
+    rc, text = run_main(
+        capsys,
+        "plan",
+        "--model",
+        "models/tiny-llama",
+        "--gpu",
+        "h100-80gb",
+        "--tp",
+        "2",
+        "--max-model-len",
+        "512",
+        "--kv-cache-dtype",
+        "fp8_e5m2",
+    )
     assert rc == 0
-    expected = plan_table.format_table(plan_table.plan_table(
-        planner.ModelShape.from_config(ROOT / "models/tiny-llama"),
-        device_memory_bytes=planner.GPU_MEMORY_BYTES["h100-80gb"], max_model_len=512, tensor_parallel_size=2,
-        fp8_kv_cache_dtype="fp8_e5m2", model="models/tiny-llama"))
+    expected = plan_table.format_table(
+        plan_table.plan_table(
+            planner.ModelShape.from_config(ROOT / "models/tiny-llama"),
+            device_memory_bytes=planner.GPU_MEMORY_BYTES["h100-80gb"],
+            max_model_len=512,
+            tensor_parallel_size=2,
+            fp8_kv_cache_dtype="fp8_e5m2",
+            model="models/tiny-llama",
+        )
+    )
     assert text.strip() == expected.strip()
 
 
@@ -222,7 +251,10 @@ def test_plan_of_a_recipe_uses_its_serve_settings(capsys) -> None:
     row = table.rows["w4a16-fp8kv"]
     recipe = load_recipe(ROOT / "recipes/tiny-llama-awq.yaml")
     assert (row.mode, row.device_memory_bytes, row.max_model_len) == (
-        "fixed_budget", int(recipe.serve.memory_budget), recipe.serve.max_model_len)
+        "fixed_budget",
+        int(recipe.serve.memory_budget),
+        recipe.serve.max_model_len,
+    )
     assert row.scheme == "W4A16_ASYM" and row.block_size == planner.BLOCK_SIZE_CPU
     rc, text = run_main(capsys, "plan", "recipes/tiny-llama-awq.yaml", "--gpu", "150109880320", "--json")
     row = plan_table.PlanTable.model_validate_json(text).rows["base"]
@@ -255,10 +287,18 @@ def test_plan_of_a_hub_model_fetches_config_json_only(tmp_path: Path, monkeypatc
     with local_hub(tmp_path, tokens=(token,)) as hub:
         api = HfApi(endpoint=hub.endpoint, token=token)
         api.create_repo("org/tiny-llama", private=True)
-        api.upload_file(path_or_fileobj=str(ROOT / "models/tiny-llama/config.json"), path_in_repo="config.json",
-                        repo_id="org/tiny-llama")
-        env = {"HF_ENDPOINT": hub.endpoint, "HF_TOKEN": token, "HF_HUB_DISABLE_XET": "1",
-               "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0"}
+        api.upload_file(
+            path_or_fileobj=str(ROOT / "models/tiny-llama/config.json"),
+            path_in_repo="config.json",
+            repo_id="org/tiny-llama",
+        )
+        env = {
+            "HF_ENDPOINT": hub.endpoint,
+            "HF_TOKEN": token,
+            "HF_HUB_DISABLE_XET": "1",
+            "HF_HOME": str(tmp_path / "hf"),
+            "HF_HUB_OFFLINE": "0",
+        }
         done = cli("plan", "--model", "org/tiny-llama", "--gpu", "h200", "--json", env=env)
         assert done.returncode == 0, done.stderr
         assert plan_table.PlanTable.model_validate_json(done.stdout).model == "org/tiny-llama"
@@ -292,8 +332,15 @@ def test_console_log_drops_the_traceback_of_user_errors_only() -> None:
         try:
             raise exc
         except BaseException:
-            return logging.LogRecord("prefect.flow_runs", logging.ERROR, __file__, 1,
-                                     "Encountered exception during execution: %r", (exc,), sys.exc_info())
+            return logging.LogRecord(
+                "prefect.flow_runs",
+                logging.ERROR,
+                __file__,
+                1,
+                "Encountered exception during execution: %r",
+                (exc,),
+                sys.exc_info(),
+            )
 
     user = record(RecipeError("r.yaml", "serve.max_model_len", 9, "too long", "lower it"))
     assert "Traceback" not in formatter.format(user) and "too long" in formatter.format(user)
@@ -316,16 +363,22 @@ def test_plan_takes_a_bare_config_json_and_says_where_the_base_fits(capsys) -> N
     assert "- base does not fit at TP 1: weights 131.42 GiB/GPU" in out and "; fits at TP 2" in out
 
 
-def test_plan_says_what_config_json_left_out_and_labels_the_production_row_by_its_kv_dtype(capsys, tmp_path) -> None:
+def test_plan_says_what_config_json_left_out_and_labels_the_production_row_by_its_kv_dtype(
+    capsys, tmp_path
+) -> None:
     """Issue 43: a Llama config without num_key_value_heads, and --kv-cache-dtype auto."""
     config = json.loads((ROOT / "benchmarks" / "configs" / "llama-3-8b.json").read_text())
     del config["num_key_value_heads"]
     (tmp_path / "config.json").write_text(json.dumps(config))
     rc, text = run_main(capsys, "plan", "--model", str(tmp_path / "config.json"))
     assert rc == 0, text
-    assert ("- note: config.json has no num_key_value_heads: planned with 32 KV heads, one per attention head"
-            in text), text
-    assert "| 524,288 |" in text  # 2 x 32 layers x 32 heads x 128 x 2 bytes: the base row's KV bytes per token
+    assert (
+        "- note: config.json has no num_key_value_heads: planned with 32 KV heads, one per attention head"
+        in text
+    ), text
+    assert (
+        "| 524,288 |" in text
+    )  # 2 x 32 layers x 32 heads x 128 x 2 bytes: the base row's KV bytes per token
     rc, text = run_main(capsys, "plan", "--model", "models/tiny-llama", "--kv-cache-dtype", "auto")
     assert rc == 0 and "| w4a16-16bitkv |" in text and "| w4a16-fp8kv |" not in text, text
 
@@ -336,9 +389,13 @@ FIXTURE_CONFIGS = ROOT / "tests" / "fixtures" / "configs"
 def test_plan_of_an_moe_config_prints_the_moe_plan(capsys) -> None:
     rc, text = run_main(capsys, "plan", "--model", str(FIXTURE_CONFIGS / "qwen3-30b-a3b.json"))
     assert rc == 0, text
-    for needle in ("mixture of experts: 30.53 B parameters, 3.35 B active per token", "128 experts in 48 of 48",
-                   "Expert weights (routed and shared, whole checkpoint): 54.00 GiB bf16, 13.92 GiB W4A16",
-                   "| base | 56.87 |", "| 0.56 est. + 0.94 pool |"):
+    for needle in (
+        "mixture of experts: 30.53 B parameters, 3.35 B active per token",
+        "128 experts in 48 of 48",
+        "Expert weights (routed and shared, whole checkpoint): 54.00 GiB bf16, 13.92 GiB W4A16",
+        "| base | 56.87 |",
+        "| 0.56 est. + 0.94 pool |",
+    ):
         assert needle in text, text
     rc, text = run_main(capsys, "plan", "--model", str(FIXTURE_CONFIGS / "qwen3-30b-a3b.json"), "--json")
     table = plan_table.PlanTable.model_validate_json(text)
@@ -362,12 +419,18 @@ def test_plan_cuda_graph_options(capsys) -> None:
     assert info.value.code == 2 and "is not a memory size" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name, field", [("deepseek-v3.json", "kv_lora_rank"),
-                                         ("mistral-7b-v0.1.json", "sliding_window"),
-                                         ("gemma-2-9b.json", "sliding_window"),
-                                         ("no-intermediate", "intermediate_size")])
-def test_plan_of_a_config_it_cannot_model_exits_2_with_one_screen(name: str, field: str, tmp_path: Path,
-                                                                   capsys) -> None:
+@pytest.mark.parametrize(
+    "name, field",
+    [
+        ("deepseek-v3.json", "kv_lora_rank"),
+        ("mistral-7b-v0.1.json", "sliding_window"),
+        ("gemma-2-9b.json", "sliding_window"),
+        ("no-intermediate", "intermediate_size"),
+    ],
+)
+def test_plan_of_a_config_it_cannot_model_exits_2_with_one_screen(
+    name: str, field: str, tmp_path: Path, capsys
+) -> None:
     path = FIXTURE_CONFIGS / name
     if name == "no-intermediate":  # the KeyError traceback of issue 25
         config = json.loads((ROOT / "benchmarks/configs/llama-3-8b.json").read_text())

@@ -30,7 +30,9 @@ def play_a_run(folder, logger: logging.Logger) -> None:
     progress.count("layers", 2, 5)
     print("[quantize] 64 calibration samples, 5799 tokens")
     for done in range(0, 51, 10):  # lm-eval's bar, drawn in this process
-        sys.stderr.write(f"\rRequesting API: {done * 2:3d}%|{'#' * (done // 5):<10}| {done}/50 [00:01<00:01, 9.9it/s]")
+        sys.stderr.write(
+            f"\rRequesting API: {done * 2:3d}%|{'#' * (done // 5):<10}| {done}/50 [00:01<00:01, 9.9it/s]"
+        )
     sys.stderr.write("\n")
     logger.warning("lm_eval.evaluator - Overwriting default num_fewshot of qs_facts_mc from None to 0")
     progress.publish(progress.StageEnded("quantize", 25.4, "5,799 calibration tokens"))
@@ -50,20 +52,25 @@ def test_the_terminal_gets_the_stage_lines_and_run_log_everything_else(tmp_path)
     finally:
         logger.removeHandler(handler)
     shown = terminal.getvalue().splitlines()
-    assert shown == [f"✓ {'validate':<26}{'':>7}  tiny: awq W4A16_ASYM, 64 calibration samples",
-                     f"  full log: {tmp_path / 'run.log'}",
-                     "  quantize ...",
-                     f"✓ {'quantize':<26}{'25 s':>7}  5,799 calibration tokens",
-                     "  stress ...",
-                     shown[-1]]
-    assert shown[-1].startswith("✗ stress") and shown[-1].endswith("failed")  # still running when the run ended
+    assert shown == [
+        f"✓ {'validate':<26}{'':>7}  tiny: awq W4A16_ASYM, 64 calibration samples",
+        f"  full log: {tmp_path / 'run.log'}",
+        "  quantize ...",
+        f"✓ {'quantize':<26}{'25 s':>7}  5,799 calibration tokens",
+        "  stress ...",
+        shown[-1],
+    ]
+    assert shown[-1].startswith("✗ stress") and shown[-1].endswith(
+        "failed"
+    )  # still running when the run ended
     assert handler_terminal.getvalue() == ""
     log = (tmp_path / "run.log").read_text().splitlines()
     assert stages.log_path == tmp_path / "run.log"
     assert log[0] == "Task run 'validate-recipe' - Finished in state Completed()"  # before the folder: kept
     assert "[quantize] 64 calibration samples, 5799 tokens" in log
     assert [line for line in log if line.startswith("Requesting API")] == [
-        "Requesting API: 100%|##########| 50/50 [00:01<00:01, 9.9it/s]"]  # the bar, collapsed to its last frame
+        "Requesting API: 100%|##########| 50/50 [00:01<00:01, 9.9it/s]"
+    ]  # the bar, collapsed to its last frame
     assert log[-1].startswith("lm_eval.evaluator - Overwriting")
 
 
@@ -93,8 +100,11 @@ def test_a_terminal_gets_a_live_bar_and_the_same_stage_lines(tmp_path):
 
 
 def test_terminal_handlers_finds_the_stream_handlers_on_stdout_and_stderr_and_the_kinds_asked_for():
-    on_stderr, on_file, elsewhere = (logging.StreamHandler(sys.stderr), logging.StreamHandler(io.StringIO()),
-                                     logging.NullHandler())
+    on_stderr, on_file, elsewhere = (
+        logging.StreamHandler(sys.stderr),
+        logging.StreamHandler(io.StringIO()),
+        logging.NullHandler(),
+    )
     logger = logging.getLogger("qs-test-terminal-handlers")
     for h in (on_stderr, on_file, elsewhere):
         logger.addHandler(h)
@@ -107,17 +117,25 @@ def test_terminal_handlers_finds_the_stream_handlers_on_stdout_and_stderr_and_th
 
 
 def test_the_decision_is_a_line_per_check():
-    decision = Decision(passed=False, checks=[
-        CheckRow(check="accuracy qs_facts_mc acc", passed=True, reason="recovery 0.99"),
-        CheckRow(check="stress", passed=False, reason="2 request(s) got a server error"),
-        CheckRow(check="regression", passed=True, off=True, reason="off: no release yet")])
-    assert decision_lines(decision) == ["  pass  accuracy qs_facts_mc acc  recovery 0.99",
-                                        "  FAIL  stress                    2 request(s) got a server error",
-                                        "  off   regression                off: no release yet"]
+    decision = Decision(
+        passed=False,
+        checks=[
+            CheckRow(check="accuracy qs_facts_mc acc", passed=True, reason="recovery 0.99"),
+            CheckRow(check="stress", passed=False, reason="2 request(s) got a server error"),
+            CheckRow(check="regression", passed=True, off=True, reason="off: no release yet"),
+        ],
+    )
+    assert decision_lines(decision) == [
+        "  pass  accuracy qs_facts_mc acc  recovery 0.99",
+        "  FAIL  stress                    2 request(s) got a server error",
+        "  off   regression                off: no release yet",
+    ]
     # on a terminal 40 wide: a passed check keeps to its line, a failure says all of why
-    assert decision_lines(decision, width=40) == ["  pass  accuracy qs_facts_mc acc  rec...",
-                                                  "  FAIL  stress                    2 request(s) got a server error",
-                                                  "  off   regression                off..."]
+    assert decision_lines(decision, width=40) == [
+        "  pass  accuracy qs_facts_mc acc  rec...",
+        "  FAIL  stress                    2 request(s) got a server error",
+        "  off   regression                off...",
+    ]
 
 
 def test_each_stage_ends_with_its_key_figure():
@@ -131,21 +149,48 @@ def test_each_stage_ends_with_its_key_figure():
     from tasks.progress import key_figure
     from tests.release_fixtures import accuracy_checks
 
-    quantized = QuantizeResult(checkpoint_dir="c", method="awq", scheme="W4A16_ASYM", seconds=25.0,
-                               base_bytes=2_100_000, quantized_bytes=900_000, calibration_fingerprint="2" * 64,
-                               engine_versions={}, calibration_tokens=5799)
+    quantized = QuantizeResult(
+        checkpoint_dir="c",
+        method="awq",
+        scheme="W4A16_ASYM",
+        seconds=25.0,
+        base_bytes=2_100_000,
+        quantized_bytes=900_000,
+        calibration_fingerprint="2" * 64,
+        engine_versions={},
+        calibration_tokens=5799,
+    )
     assert key_figure(quantized) == (True, "5,799 calibration tokens, 2.1 MB -> 0.9 MB")
-    capacity = CapacityConfig(name="w4a16-fp8kv", kv_cache_dtype="fp8", weights_bytes=900_000,
-                              kv_cache_memory_bytes=7_000_000, kv_cache_tokens=14_464, num_blocks=904, block_size=16,
-                              max_model_len=512, max_concurrency=28.25, boot_seconds=17.0)
+    capacity = CapacityConfig(
+        name="w4a16-fp8kv",
+        kv_cache_dtype="fp8",
+        weights_bytes=900_000,
+        kv_cache_memory_bytes=7_000_000,
+        kv_cache_tokens=14_464,
+        num_blocks=904,
+        block_size=16,
+        max_model_len=512,
+        max_concurrency=28.25,
+        boot_seconds=17.0,
+    )
     assert key_figure(capacity) == (True, "14,464 KV tokens (fp8), max concurrency 28.2 at 512 tokens")
     assert key_figure(accuracy_checks()) == (True, "3 of 3 metrics pass, lowest recovery 0.9902")
-    stress = StressResult.model_construct(requests=50, completed=47, rejected_overlong=2, overlong_expected=2,
-                                          peak_kv_cache_usage=0.25, failures=["1 request(s) timed out"])
+    stress = StressResult.model_construct(
+        requests=50,
+        completed=47,
+        rejected_overlong=2,
+        overlong_expected=2,
+        peak_kv_cache_usage=0.25,
+        failures=["1 request(s) timed out"],
+    )
     assert key_figure(Completed(data=stress)) == (
-        False, "47/48 requests completed, 2/2 over-long rejected, peak KV 25%; 1 request(s) timed out")
+        False,
+        "47/48 requests completed, 2/2 over-long rejected, peak KV 25%; 1 request(s) timed out",
+    )
     assert key_figure(Failed(data=RuntimeError("the server died\nits log: ..."))) == (
-        False, "RuntimeError: the server died")
+        False,
+        "RuntimeError: the server died",
+    )
 
 
 def test_a_handler_on_a_closed_stream_or_on_whatever_stderr_is_is_redirected_without_a_fuss(tmp_path):

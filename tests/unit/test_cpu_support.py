@@ -4,7 +4,6 @@ demo and the test suite switch to what it serves (INT8 W8A8 with a 16-bit KV cac
 capacity table shows the fp8-KV row as not available. Runs on every machine: the CPU's flags are
 given, not read (``avx2_host``, tests/conftest.py)."""
 
-
 from __future__ import annotations
 
 import json
@@ -40,13 +39,16 @@ def test_flags_are_read_from_cpuinfo():
     assert cpu_flags("no flags line") == frozenset()
 
 
-@pytest.mark.parametrize("flags, machine, servable", [
-    (AVX512, "x86_64", True),
-    (AVX2_ONLY | {"amx_tile"}, "x86_64", True),
-    (AVX2_ONLY, "x86_64", False),
-    (AVX2_ONLY | {"avx512f"}, "x86_64", False),  # vLLM's check wants f, bw, dq and vl
-    (frozenset({"fp", "asimd"}), "aarch64", True),  # not ours to judge
-])
+@pytest.mark.parametrize(
+    "flags, machine, servable",
+    [
+        (AVX512, "x86_64", True),
+        (AVX2_ONLY | {"amx_tile"}, "x86_64", True),
+        (AVX2_ONLY, "x86_64", False),
+        (AVX2_ONLY | {"avx512f"}, "x86_64", False),  # vLLM's check wants f, bw, dq and vl
+        (frozenset({"fp", "asimd"}), "aarch64", True),  # not ours to judge
+    ],
+)
 def test_which_cpus_serve_the_quantized_boots(flags, machine, servable):
     gap = quantized_serving_gap(flags, machine=machine)
     assert (gap is None) is servable
@@ -54,12 +56,19 @@ def test_which_cpus_serve_the_quantized_boots(flags, machine, servable):
         assert "no AVX-512" in gap and "W4A16" in gap and "fp8 KV" in gap
 
 
-@pytest.mark.parametrize("scheme, kv, needs", [
-    ("W8A8", "auto", None), ("FP8_DYNAMIC", "auto", None), (None, "auto", None),  # what the AVX2 build serves
-    ("W4A16", "auto", "W4A16 checkpoints"), ("W4A16_ASYM", None, "W4A16_ASYM checkpoints"),
-    ("W8A8", "fp8", "fp8 KV caches"), (None, "fp8_e4m3", "fp8 KV caches"),
-    ("W4A16", "fp8", "W4A16 checkpoints and fp8 KV caches"),
-])
+@pytest.mark.parametrize(
+    "scheme, kv, needs",
+    [
+        ("W8A8", "auto", None),
+        ("FP8_DYNAMIC", "auto", None),
+        (None, "auto", None),  # what the AVX2 build serves
+        ("W4A16", "auto", "W4A16 checkpoints"),
+        ("W4A16_ASYM", None, "W4A16_ASYM checkpoints"),
+        ("W8A8", "fp8", "fp8 KV caches"),
+        (None, "fp8_e4m3", "fp8 KV caches"),
+        ("W4A16", "fp8", "W4A16 checkpoints and fp8 KV caches"),
+    ],
+)
 def test_an_avx2_cpu_serves_int8_and_fp8_weights_with_a_16_bit_kv_cache(scheme, kv, needs):
     gap = cpu_serving_gap(scheme, kv, AVX2_ONLY, machine="x86_64")
     assert gap is None if needs is None else f"serves {needs} only with its AVX-512 kernels" in gap
@@ -75,20 +84,33 @@ def test_the_suite_and_the_demo_switch_to_w8a8_with_16_bit_kv_only_on_such_a_cpu
     recipe = load_recipe(RECIPE, overrides)
     q = recipe.quantization
     assert (q.method, q.scheme, q.kv_cache_scales, recipe.serve.kv_cache_dtype) == (
-        "smoothquant-gptq", "W8A8", False, "auto")
+        "smoothquant-gptq",
+        "W8A8",
+        False,
+        "auto",
+    )
     check_serving_host(recipe, source="recipe.yaml")  # passes: the AVX2 build serves it
     monkeypatch.setattr(cpu_support, "cpu_flags", lambda cpuinfo=None: AVX512)
     assert servable_overrides() == ({}, None)
 
 
-@pytest.mark.parametrize("overrides, refused", [
-    ({}, "W4A16_ASYM checkpoints and fp8 KV caches"),  # the shipped recipe, as it is
-    ({"serve.kv_cache_dtype": "auto", "quantization.kv_cache_scales": False}, "W4A16_ASYM checkpoints"),
-    ({"quantization.method": "smoothquant-gptq", "quantization.scheme": "W8A8"}, "fp8 KV caches"),
-    # auto with calibrated KV scales in the checkpoint: vLLM resolves it to fp8
-    ({"quantization.method": "rtn", "quantization.scheme": "FP8_DYNAMIC", "serve.kv_cache_dtype": "auto"},
-     "fp8 KV caches"),
-])
+@pytest.mark.parametrize(
+    "overrides, refused",
+    [
+        ({}, "W4A16_ASYM checkpoints and fp8 KV caches"),  # the shipped recipe, as it is
+        ({"serve.kv_cache_dtype": "auto", "quantization.kv_cache_scales": False}, "W4A16_ASYM checkpoints"),
+        ({"quantization.method": "smoothquant-gptq", "quantization.scheme": "W8A8"}, "fp8 KV caches"),
+        # auto with calibrated KV scales in the checkpoint: vLLM resolves it to fp8
+        (
+            {
+                "quantization.method": "rtn",
+                "quantization.scheme": "FP8_DYNAMIC",
+                "serve.kv_cache_dtype": "auto",
+            },
+            "fp8 KV caches",
+        ),
+    ],
+)
 def test_an_explicit_recipe_this_cpu_cannot_serve_is_refused_with_the_reason(avx2_host, overrides, refused):
     recipe = load_recipe(RECIPE, overrides)
     with pytest.raises(RecipeError) as info:
@@ -99,13 +121,24 @@ def test_an_explicit_recipe_this_cpu_cannot_serve_is_refused_with_the_reason(avx
 
 
 def test_candidates_are_checked_one_by_one(avx2_host):
-    servable = {"quantization.kv_cache_scales": False, "serve.kv_cache_dtype": "auto",
-                "quantization.method": None, "quantization.scheme": "W8A8",
-                "quantization.candidates": [{"name": "int8", "method": "smoothquant-gptq"},
-                                            {"name": "fp8", "method": "rtn", "scheme": "FP8_DYNAMIC"}]}
+    servable = {
+        "quantization.kv_cache_scales": False,
+        "serve.kv_cache_dtype": "auto",
+        "quantization.method": None,
+        "quantization.scheme": "W8A8",
+        "quantization.candidates": [
+            {"name": "int8", "method": "smoothquant-gptq"},
+            {"name": "fp8", "method": "rtn", "scheme": "FP8_DYNAMIC"},
+        ],
+    }
     check_serving_host(load_recipe(RECIPE, servable), source="r.yaml")
-    with_4bit = {**servable, "quantization.candidates": [{"name": "int8", "method": "smoothquant-gptq"},
-                                                         {"name": "awq", "method": "awq", "scheme": "W4A16"}]}
+    with_4bit = {
+        **servable,
+        "quantization.candidates": [
+            {"name": "int8", "method": "smoothquant-gptq"},
+            {"name": "awq", "method": "awq", "scheme": "W4A16"},
+        ],
+    }
     with pytest.raises(RecipeError, match="W4A16 checkpoints only with its AVX-512 kernels"):
         check_serving_host(load_recipe(RECIPE, with_4bit), source="r.yaml")
     hub = {**servable, "quantization.candidates": [{"name": "hub", "checkpoint": "org/some-awq"}]}
@@ -173,10 +206,18 @@ def test_the_demo_runs_the_recipe_as_it_is_where_the_cpu_serves_it(avx2_host, mo
 
 
 def capacity_row(name: str, kv: str, weights: int, tokens: int) -> CapacityConfig:
-    return CapacityConfig(name=name, kv_cache_dtype=kv, weights_bytes=weights,
-                          kv_cache_memory_bytes=8_388_608 - weights, kv_cache_tokens=tokens,
-                          num_blocks=tokens // 128, block_size=128, max_model_len=512,
-                          max_concurrency=tokens / 512, boot_seconds=20.0)
+    return CapacityConfig(
+        name=name,
+        kv_cache_dtype=kv,
+        weights_bytes=weights,
+        kv_cache_memory_bytes=8_388_608 - weights,
+        kv_cache_tokens=tokens,
+        num_blocks=tokens // 128,
+        block_size=128,
+        max_model_len=512,
+        max_concurrency=tokens / 512,
+        boot_seconds=20.0,
+    )
 
 
 def test_the_capacity_table_shows_fp8_kv_as_not_available_on_such_a_cpu(avx2_host):
@@ -184,20 +225,32 @@ def test_the_capacity_table_shows_fp8_kv_as_not_available_on_such_a_cpu(avx2_hos
     cache too. The table keeps two measured rows and says why the fp8-KV one is not there."""
     recipe = load_recipe(RECIPE, AVX2_OVERRIDES)
     base_config = json.loads((ROOT / "models" / "tiny-llama" / "config.json").read_text())
-    configs = [capacity_row("base", "auto", 2_099_456, 6016), capacity_row("w4a16", "auto", 1_300_000, 6784),
-               capacity_row("w4a16-fp8kv", "auto", 1_300_000, 6784)]
+    configs = [
+        capacity_row("base", "auto", 2_099_456, 6016),
+        capacity_row("w4a16", "auto", 1_300_000, 6784),
+        capacity_row("w4a16-fp8kv", "auto", 1_300_000, 6784),
+    ]
     why = cpu_support.serving_host_gap(None, "fp8")
     report = summarize_capacity(recipe, configs, base_config, fp8_kv_unavailable=why)
     assert [c.name for c in report.configs] == ["base", "w4a16"] and [p.name for p in report.planner] == [
-        "base", "w4a16"]
+        "base",
+        "w4a16",
+    ]
     assert report.fp8_token_ratio is None and report.gain_fp8 is None and report.fp8_kv_unavailable == why
     md = report.markdown()
-    assert ("| w8a8-fp8kv | fp8 | - | - | not available on this CPU: this CPU has no AVX-512 (avx512bw, "
-            "avx512dq, avx512f, avx512vl missing): vLLM's CPU backend serves fp8 KV caches only with its "
-            "AVX-512 kernels") in md
-    assert "| w8a8 | auto |" in md and "w8a8 x1.13, fp8 KV not available on this CPU" in md  # rows named by scheme
+    assert (
+        "| w8a8-fp8kv | fp8 | - | - | not available on this CPU: this CPU has no AVX-512 (avx512bw, "
+        "avx512dq, avx512f, avx512vl missing): vLLM's CPU backend serves fp8 KV caches only with its "
+        "AVX-512 kernels"
+    ) in md
+    assert (
+        "| w8a8 | auto |" in md and "w8a8 x1.13, fp8 KV not available on this CPU" in md
+    )  # rows named by scheme
     # measured in fp8 after all (a CPU that has it): the reason is not shown
     fp8 = configs[:2] + [capacity_row("w4a16-fp8kv", "fp8", 1_300_000, 13696)]
     measured = summarize_capacity(load_recipe(RECIPE), fp8, base_config, fp8_kv_unavailable=why)
-    assert len(measured.configs) == 3 and measured.fp8_kv_unavailable is None and "not available" not in \
-        measured.markdown()
+    assert (
+        len(measured.configs) == 3
+        and measured.fp8_kv_unavailable is None
+        and "not available" not in measured.markdown()
+    )

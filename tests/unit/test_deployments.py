@@ -20,10 +20,12 @@ import yaml
 from tests.conftest import ROOT
 
 DEPLOYMENTS = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
-LOAD = ("import sys\n"  # what the worker's flow-run process does (load_flow_from_entrypoint -> import_object)
-        "from prefect.utilities.importtools import import_object\n"
-        "flow = import_object(sys.argv[1])\n"
-        "print(flow.name)\n")
+LOAD = (
+    "import sys\n"  # what the worker's flow-run process does (load_flow_from_entrypoint -> import_object)
+    "from prefect.utilities.importtools import import_object\n"
+    "flow = import_object(sys.argv[1])\n"
+    "print(flow.name)\n"
+)
 
 
 @pytest.mark.parametrize("entrypoint", sorted({d["entrypoint"] for d in DEPLOYMENTS}))
@@ -31,8 +33,16 @@ def test_entrypoint_loads_without_an_editable_install(entrypoint: str):
     # this interpreter's package folders (a GPU host's reused torch folder too), without the editable
     # install's finder, which -S leaves out
     site_packages = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
-    done = subprocess.run([sys.executable, "-S", "-c", LOAD, entrypoint], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env={"PYTHONPATH": ":".join([*site_packages, str(ROOT)]),
-                                                      "PREFECT_HOME": str(ROOT / ".cache" / "prefect-load-test")})
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", LOAD, entrypoint],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            "PYTHONPATH": ":".join([*site_packages, str(ROOT)]),
+            "PREFECT_HOME": str(ROOT / ".cache" / "prefect-load-test"),
+        },
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "quantize-serve"

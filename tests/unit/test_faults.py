@@ -1,7 +1,6 @@
 """Fault-matrix rows that need no engine (disk full during a download, ...): the matrix and its
 rules are described in tests/engines/test_faults.py."""
 
-
 from __future__ import annotations
 
 import os
@@ -57,8 +56,9 @@ def small_disk(tmp_path: Path, size: str) -> Iterator[Path]:
         pytest.skip("mounting a small tmpfs (a disk that fills up) needs root")
     mount = tmp_path / "small-disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.skip(f"mounting a tmpfs is not permitted here ({done.stderr.strip()}): no disk-full fault")
     try:
@@ -83,8 +83,14 @@ def test_disk_full_during_base_download_is_a_hub_error_without_token(tmp_path, m
         push_candidate(repo, MODEL, commit_message="base model", token=TOKEN, endpoint=hub.endpoint)
         with small_disk(tmp_path, "512k") as disk:  # the weights are 2.1 MB
             with pytest.raises(HubError) as info:
-                resolve_base_model(repo.repo_id, revision=None, token=TOKEN, cache_dir=disk,
-                                   endpoint=hub.endpoint, retry=RetryPolicy(attempts=3, base_s=0.01))
+                resolve_base_model(
+                    repo.repo_id,
+                    revision=None,
+                    token=TOKEN,
+                    cache_dir=disk,
+                    endpoint=hub.endpoint,
+                    retry=RetryPolicy(attempts=3, base_s=0.01),
+                )
     err, message = info.value, str(info.value)
     assert "the disk is full" in message and str(disk) in message, message
     assert "2.2 MB" in message and "HF_HUB_CACHE" in message and "Fix:" in message, message

@@ -26,29 +26,45 @@ def value(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
 
-@pytest.mark.parametrize(("runs", "message"), [
-    ("re_release", "re_release needs first_release in the same invocation"),
-    ("re_release,manual", "re_release needs first_release in the same invocation"),
-    ("baseline,bogus", "--runs: unknown bogus"),
-    (",", "--runs: name at least one of"),
-])
-def test_runs_that_cannot_be_measured_are_refused_before_anything_starts(runs, message, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize(
+    ("runs", "message"),
+    [
+        ("re_release", "re_release needs first_release in the same invocation"),
+        ("re_release,manual", "re_release needs first_release in the same invocation"),
+        ("baseline,bogus", "--runs: unknown bogus"),
+        (",", "--runs: name at least one of"),
+    ],
+)
+def test_runs_that_cannot_be_measured_are_refused_before_anything_starts(
+    runs, message, tmp_path, capsys, monkeypatch
+):
     monkeypatch.setattr(release_time, "cmd_run", lambda args: pytest.fail("the run must not start"))
     with pytest.raises(SystemExit) as exit_info:
-        release_time.main(["--cpu-smoke", "--state", str(tmp_path), "--out", str(tmp_path / "out.json"), "--runs", runs])
+        release_time.main(
+            ["--cpu-smoke", "--state", str(tmp_path), "--out", str(tmp_path / "out.json"), "--runs", runs]
+        )
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
 
 
-def test_a_session_may_measure_the_baseline_alone_the_two_releases_or_the_manual_path_alone(tmp_path, monkeypatch):
+def test_a_session_may_measure_the_baseline_alone_the_two_releases_or_the_manual_path_alone(
+    tmp_path, monkeypatch
+):
     picked = []
     monkeypatch.setattr(release_time, "cmd_run", lambda args: picked.append(args.runs))
     for runs in ("baseline", "first_release,re_release", "manual", "manual,first_release", None):
         extra = ["--runs", runs] if runs else []
-        release_time.main(["--cpu-smoke", "--state", str(tmp_path), "--out", str(tmp_path / "o.json"), *extra])
+        release_time.main(
+            ["--cpu-smoke", "--state", str(tmp_path), "--out", str(tmp_path / "o.json"), *extra]
+        )
     # always run in one order: the manual path after the flow's runs of its session
-    assert picked == [["baseline"], ["first_release", "re_release"], ["manual"], ["first_release", "manual"],
-                      ["baseline", "first_release", "re_release", "manual"]]
+    assert picked == [
+        ["baseline"],
+        ["first_release", "re_release"],
+        ["manual"],
+        ["first_release", "manual"],
+        ["baseline", "first_release", "re_release", "manual"],
+    ]
     assert release_time.RUNS[-1] == "manual" and "manual" not in release_time.FLOW_RUNS
 
 
@@ -57,7 +73,11 @@ def test_the_manual_path_does_first_releases_work_in_a_hub_repo_of_its_own():
     assert overrides == {**PRODUCTION, "hub.repo_id": "your-org/Meta-Llama-3-8B-Instruct-AWQ-W4A16-manual"}
     assert recipe.hub.repo_id.endswith("-manual") and recipe.hub.release_ref == "production"
     assert [(t.task, t.num_fewshot, t.limit) for t in recipe.gates.accuracy.tasks] == [
-        ("gsm8k", 5, 500), ("arc_challenge", 25, 500), ("hellaswag", 10, 1000), ("mmlu", 5, 20)]
+        ("gsm8k", 5, 500),
+        ("arc_challenge", 25, 500),
+        ("hellaswag", 10, 1000),
+        ("mmlu", 5, 20),
+    ]
 
 
 def test_vllm_serve_takes_the_recipes_serve_settings_on_the_gpu_without_a_kv_budget():
@@ -66,8 +86,11 @@ def test_vllm_serve_takes_the_recipes_serve_settings_on_the_gpu_without_a_kv_bud
     argv = manual.serve_argv(recipe.serve, "ckpt", kv_dtype="fp8", kv_bytes=None, port=8000, cli=True)
     assert manual.typed(argv) == (
         "vllm serve ckpt --served-model-name model --max-model-len 8192 --max-num-seqs 128 "
-        "--max-num-batched-tokens 8192 --gpu-memory-utilization 0.9 --kv-cache-dtype fp8 --port 8000")
-    assert "--enforce-eager" not in argv and "--kv-cache-memory-bytes" not in argv  # CUDA graphs, as the recipe
+        "--max-num-batched-tokens 8192 --gpu-memory-utilization 0.9 --kv-cache-dtype fp8 --port 8000"
+    )
+    assert (
+        "--enforce-eager" not in argv and "--kv-cache-memory-bytes" not in argv
+    )  # CUDA graphs, as the recipe
 
 
 def test_the_cpu_smoke_serves_with_the_overridden_budget_and_eager():
@@ -84,29 +107,59 @@ def test_the_cpu_benchmarks_vllm_serve_is_the_one_it_always_typed():
     """pipeline_vs_manual.py's boots, now built from the tiny recipe: the same argv as before."""
     recipe = load_recipe(ROOT / "recipes/tiny-llama-awq.yaml")
     argv = manual.serve_argv(recipe.serve, "M", kv_dtype="fp8", kv_bytes=123, port=8000)
-    assert argv == [str(manual.SERVE_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", "M",
-                    "--served-model-name", "model", "--max-model-len", "512", "--max-num-seqs", "16",
-                    "--max-num-batched-tokens", "2048", "--kv-cache-dtype", "fp8", "--kv-cache-memory-bytes", "123",
-                    "--enforce-eager", "--port", "8000"]
+    assert argv == [
+        str(manual.SERVE_PY),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "M",
+        "--served-model-name",
+        "model",
+        "--max-model-len",
+        "512",
+        "--max-num-seqs",
+        "16",
+        "--max-num-batched-tokens",
+        "2048",
+        "--kv-cache-dtype",
+        "fp8",
+        "--kv-cache-memory-bytes",
+        "123",
+        "--enforce-eager",
+        "--port",
+        "8000",
+    ]
 
 
 def test_one_lm_eval_invocation_runs_every_task_at_its_own_shots_and_limit(tmp_path):
     recipe, _ = release_time.manual_recipe(PRODUCTION, "org/repo")
     settings = release_time.lm_eval_settings(recipe, tmp_path)
     group = yaml.safe_load((tmp_path / "release_gate.yaml").read_text())
-    assert group == {"group": "release_gate", "task": [
-        {"task": "gsm8k", "num_fewshot": 5}, {"task": "arc_challenge", "num_fewshot": 25},
-        {"task": "hellaswag", "num_fewshot": 10}, {"group": "mmlu", "num_fewshot": 5}]}
+    assert group == {
+        "group": "release_gate",
+        "task": [
+            {"task": "gsm8k", "num_fewshot": 5},
+            {"task": "arc_challenge", "num_fewshot": 25},
+            {"task": "hellaswag", "num_fewshot": 10},
+            {"group": "mmlu", "num_fewshot": 5},
+        ],
+    }
     samples = json.loads((tmp_path / "samples.json").read_text())  # --limit's first documents, per task
     assert samples["gsm8k"] == list(range(500)) and samples["hellaswag"] == list(range(1000))
     assert len(samples) == 3 + len(MMLU_SUBJECTS) == 60 and samples["mmlu_anatomy"] == list(range(20))
     # the gate's settings: batch 16, lm-eval's concurrency sized to max_num_seqs, the server's max_model_len
     assert (settings["batch_size"], settings["concurrent"], settings["max_length"]) == (16, 128, 8192)
     argv = manual.lm_eval_argv("http://127.0.0.1:9", "ckpt", "out", **settings)
-    assert manual.typed(argv).startswith("lm_eval --model local-completions --model_args base_url=http://127.0.0.1:9"
-                                         "/v1/completions,model=model,tokenizer=ckpt,")
-    assert "num_concurrent=128" in value(argv, "--model_args") and "max_length=8192" in value(argv, "--model_args")
-    assert value(argv, "--tasks") == "release_gate" and value(argv, "--samples") == str(tmp_path / "samples.json")
+    assert manual.typed(argv).startswith(
+        "lm_eval --model local-completions --model_args base_url=http://127.0.0.1:9"
+        "/v1/completions,model=model,tokenizer=ckpt,"
+    )
+    assert "num_concurrent=128" in value(argv, "--model_args") and "max_length=8192" in value(
+        argv, "--model_args"
+    )
+    assert value(argv, "--tasks") == "release_gate" and value(argv, "--samples") == str(
+        tmp_path / "samples.json"
+    )
     assert "--limit" not in argv and "--num_fewshot" not in argv
 
 
@@ -119,10 +172,30 @@ def test_a_fractional_limit_cannot_become_samples():
 def test_the_oneshot_script_calibrates_on_the_flows_rows_the_docs_way(tmp_path):
     recipe, _ = release_time.manual_recipe(PRODUCTION, "org/repo")
     params = manual.oneshot_params(recipe, tmp_path / "base", tmp_path / "ckpt", tmp_path / "recipe.yaml")
-    assert {k: params[k] for k in ("dataset", "subset", "split", "data_files", "messages_field", "seed",
-                                   "num_samples", "max_seq_len", "dtype")} == {
-        "dataset": "HuggingFaceH4/ultrachat_200k", "subset": None, "split": "train_sft", "data_files": None,
-        "messages_field": "messages", "seed": 42, "num_samples": 256, "max_seq_len": 2048, "dtype": "bfloat16"}
+    assert {
+        k: params[k]
+        for k in (
+            "dataset",
+            "subset",
+            "split",
+            "data_files",
+            "messages_field",
+            "seed",
+            "num_samples",
+            "max_seq_len",
+            "dtype",
+        )
+    } == {
+        "dataset": "HuggingFaceH4/ultrachat_200k",
+        "subset": None,
+        "split": "train_sft",
+        "data_files": None,
+        "messages_field": "messages",
+        "seed": 42,
+        "num_samples": 256,
+        "max_seq_len": 2048,
+        "dtype": "bfloat16",
+    }
     script = manual.oneshot_script(params)
     ast.parse(script)
     # the flow's selection and rendering (quantize/calibration.py, quantize/worker.py)
@@ -151,7 +224,11 @@ def test_the_cpu_benchmarks_oneshot_reads_the_tiny_recipes_local_file():
     recipe = load_recipe(ROOT / "recipes/tiny-llama-awq.yaml")
     params = manual.oneshot_params(recipe, Path("b"), Path("c"), Path("r"))
     assert (params["dataset"], params["split"], params["text_field"], params["arguments"]["batch_size"]) == (
-        "json", "train", "text", 8)
+        "json",
+        "train",
+        "text",
+        8,
+    )
     assert params["data_files"] == [str(ROOT / "data/calibration/tiny_calibration.jsonl")]
     script = manual.oneshot_script(params)
     assert "data_files=[" in script and "add_special_tokens=True" in script and "select(range(64))" in script
@@ -171,12 +248,21 @@ def test_the_stress_test_by_hand_is_the_flows_ramp_and_final_bench():
 
 def test_the_hub_steps_are_the_hf_cli():
     assert manual.typed(manual.download_argv("meta-llama/Meta-Llama-3-8B-Instruct", Path("w/base"))) == (
-        "hf download meta-llama/Meta-Llama-3-8B-Instruct --exclude 'original/*' --local-dir w/base")
+        "hf download meta-llama/Meta-Llama-3-8B-Instruct --exclude 'original/*' --local-dir w/base"
+    )
     assert manual.typed(manual.upload_argv("org/r-manual", Path("w/ckpt"), private=True)).startswith(
-        "hf upload org/r-manual w/ckpt . --private --commit-message")
+        "hf upload org/r-manual w/ckpt . --private --commit-message"
+    )
     assert manual.typed(manual.tag_argv("org/r-manual", "production")).startswith(
-        "hf repos tag create org/r-manual production")
-    assert manual.tag_argv("org/r", "production", "branch")[1:] == ["repos", "branch", "create", "org/r", "production"]
+        "hf repos tag create org/r-manual production"
+    )
+    assert manual.tag_argv("org/r", "production", "branch")[1:] == [
+        "repos",
+        "branch",
+        "create",
+        "org/r",
+        "production",
+    ]
 
 
 def run(wall, session, **extra):
@@ -184,14 +270,25 @@ def run(wall, session, **extra):
 
 
 def test_the_ratio_is_the_first_releases_wall_over_the_manual_wall_with_where_each_came_from():
-    runs = {"first_release": run(540.0, "2026-12-02T10:00:00", decision="rejected"),
-            "manual": run(900.0, "2026-12-03T09:00:00", complete=True)}
+    runs = {
+        "first_release": run(540.0, "2026-12-02T10:00:00", decision="rejected"),
+        "manual": run(900.0, "2026-12-03T09:00:00", complete=True),
+    }
     ratio = release_time.careful_manual_ratio(runs)
-    assert ratio == {"ratio": 0.6, "same_session": False,
-                     "first_release": {"wall_seconds": 540.0, "measured": "2026-12-02T10:00:00",
-                                       "session_started": "2026-12-02T10:00:00"},
-                     "manual": {"wall_seconds": 900.0, "measured": "2026-12-03T09:00:00",
-                                "session_started": "2026-12-03T09:00:00"}}
+    assert ratio == {
+        "ratio": 0.6,
+        "same_session": False,
+        "first_release": {
+            "wall_seconds": 540.0,
+            "measured": "2026-12-02T10:00:00",
+            "session_started": "2026-12-02T10:00:00",
+        },
+        "manual": {
+            "wall_seconds": 900.0,
+            "measured": "2026-12-03T09:00:00",
+            "session_started": "2026-12-03T09:00:00",
+        },
+    }
     runs["manual"]["session_started"] = "2026-12-02T10:00:00"
     assert release_time.careful_manual_ratio(runs)["same_session"] is True
     del runs["first_release"]["session_started"]  # a run recorded before sessions were: unknown
@@ -199,20 +296,30 @@ def test_the_ratio_is_the_first_releases_wall_over_the_manual_wall_with_where_ea
 
 
 def test_a_manual_run_cut_short_bounds_the_ratio_from_above():
-    runs = {"first_release": run(540.0, "a", decision="passed"),
-            "manual": run(None, "b", complete=False, elapsed_seconds=1200.0)}
+    runs = {
+        "first_release": run(540.0, "a", decision="passed"),
+        "manual": run(None, "b", complete=False, elapsed_seconds=1200.0),
+    }
     ratio = release_time.careful_manual_ratio(runs)
     assert ratio["ratio"] is None and ratio["ratio_at_most"] == 0.45
     assert ratio["manual_cut_short_after_seconds"] == 1200.0 and ratio["same_session"] is False
 
 
-@pytest.mark.parametrize("runs", [
-    {"first_release": run(540.0, "s", decision="passed")},  # no manual run yet
-    {"first_release": run(540.0, "s", decision="passed"),
-     "manual": run(None, "s", complete=False, elapsed_seconds=0.0)},  # it failed at once
-    {"first_release": run(540.0, "s", decision=None), "manual": run(900.0, "s", complete=True)},  # flow broke off
-    {"manual": run(900.0, "s", complete=True)},
-])
+@pytest.mark.parametrize(
+    "runs",
+    [
+        {"first_release": run(540.0, "s", decision="passed")},  # no manual run yet
+        {
+            "first_release": run(540.0, "s", decision="passed"),
+            "manual": run(None, "s", complete=False, elapsed_seconds=0.0),
+        },  # it failed at once
+        {
+            "first_release": run(540.0, "s", decision=None),
+            "manual": run(900.0, "s", complete=True),
+        },  # flow broke off
+        {"manual": run(900.0, "s", complete=True)},
+    ],
+)
 def test_no_ratio_without_both_walls(runs):
     assert release_time.careful_manual_ratio(runs) is None
 
@@ -233,8 +340,16 @@ def test_a_flow_runs_wall_ends_with_the_watchs_last_line_not_the_harness_stoppin
 
     res = Results(tmp_path / "out.json")
     res.data["runs"] = {}
-    release_time.one_run(Stack(), res, "first_release", overrides={}, env={}, runs=tmp_path / "runs",
-                         timeout_s=60, session="2026-12-02T05:00:00")
+    release_time.one_run(
+        Stack(),
+        res,
+        "first_release",
+        overrides={},
+        env={},
+        runs=tmp_path / "runs",
+        timeout_s=60,
+        session="2026-12-02T05:00:00",
+    )
     record = json.loads((tmp_path / "out.json").read_text())["runs"]["first_release"]
     assert 0.2 <= record["wall_seconds"] < 0.5 <= record["driver_seconds"]
     assert record["session_started"] == "2026-12-02T05:00:00"
@@ -253,25 +368,37 @@ def test_a_run_cut_short_by_the_sessions_end_leaves_its_stages_on_disk(tmp_path)
         home = tmp_path
 
         def run_deployment(self, name, *, echo, **kwargs):
-            for line in ("▪ 13:58:58.808 5801cabdf5c6 stage done: validated",
-                         "▪      :47.857 4f23b0b8acc8  256 calibration samples, 300737 tokens",
-                         "▪ 14:02:45.260 5801cabdf5c6 stage done: quantized",
-                         "▪ 14:04:36.945 5801cabdf5c6 vLLM (base) healthy at http://127.0.0.1:49643 after 112 s",
-                         "▪ 14:16:51.344 c6fa532a2d7e lm-eval arc_challenge: 500 documents in 186 s: acc 0.222",
-                         "▪ 14:16:51.350 c6fa532a2d7e Finished in state Completed()"):
+            for line in (
+                "▪ 13:58:58.808 5801cabdf5c6 stage done: validated",
+                "▪      :47.857 4f23b0b8acc8  256 calibration samples, 300737 tokens",
+                "▪ 14:02:45.260 5801cabdf5c6 stage done: quantized",
+                "▪ 14:04:36.945 5801cabdf5c6 vLLM (base) healthy at http://127.0.0.1:49643 after 112 s",
+                "▪ 14:16:51.344 c6fa532a2d7e lm-eval arc_challenge: 500 documents in 186 s: acc 0.222",
+                "▪ 14:16:51.350 c6fa532a2d7e Finished in state Completed()",
+            ):
                 echo(line)
             seen_mid_run.update(json.loads(out.read_text()))  # what a session's end would leave
             return 0, "▪      :47.857 4f23b0b8acc8  256 calibration samples, 300737 tokens", None
 
     res = Results(out)
     res.data["runs"] = {}
-    release_time.one_run(Stack(), res, "first_release", overrides={}, env={}, runs=tmp_path / "runs",
-                         timeout_s=60, session="2026-12-02T13:57:23")
+    release_time.one_run(
+        Stack(),
+        res,
+        "first_release",
+        overrides={},
+        env={},
+        runs=tmp_path / "runs",
+        timeout_s=60,
+        session="2026-12-02T13:57:23",
+    )
     cut = seen_mid_run["cut_short"]["first_release"]
     assert list(cut["stage_done_at"]) == ["validated", "quantized"]
     assert [line.split(": ", 1)[1] for line in cut["log"]] == [
-        "256 calibration samples, 300737 tokens", "vLLM (base) healthy at http://127.0.0.1:PORT after 112 s",
-        "lm-eval arc_challenge: 500 documents in 186 s: acc 0.222"]
+        "256 calibration samples, 300737 tokens",
+        "vLLM (base) healthy at http://127.0.0.1:PORT after 112 s",
+        "lm-eval arc_challenge: 500 documents in 186 s: acc 0.222",
+    ]
     assert cut["session_started"] == "2026-12-02T13:57:23" and cut["state"].startswith("cut short")
     final = json.loads(out.read_text())
     assert final["cut_short"] == {}  # the finished run's record replaces it
@@ -281,7 +408,8 @@ def test_a_run_cut_short_by_the_sessions_end_leaves_its_stages_on_disk(tmp_path)
 def test_the_task_rows_cost_the_tokens_the_real_datasets_words_would():
     """The served tokenizer's small vocabulary spends ~1.8 tokens on one of the project's words, Llama-3's
     ~TOKENS_PER_WORD on a real one: scaled, an ARC question of 12-40 real words (mean 26) costs what it
-    would in production, not ~1.4x that (the H200's first production-shaped run scored 13.2M tokens a model)."""
+    would in production, not ~1.4x that (the H200's first production-shaped run scored 13.2M tokens a
+    model)."""
     from transformers import AutoTokenizer
 
     from localhub.datasets import TOKENS_PER_WORD, arc_rows, tokens_per_word

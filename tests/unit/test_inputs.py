@@ -55,12 +55,19 @@ def test_truncated_safetensors(tmp_path: Path, model_copy: Path) -> None:
     weights = model_copy / "model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2])
-    expect(recipe_at(tmp_path, model=model_copy), "model.id", "model.safetensors is corrupt",
-           f"{len(data) // 2} bytes on disk, {len(data)} expected", "download the model again")
+    expect(
+        recipe_at(tmp_path, model=model_copy),
+        "model.id",
+        "model.safetensors is corrupt",
+        f"{len(data) // 2} bytes on disk, {len(data)} expected",
+        "download the model again",
+    )
 
 
 def test_garbage_safetensors_header(tmp_path: Path, model_copy: Path) -> None:
-    (model_copy / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!" + b"\0" * 64)
+    (model_copy / "model.safetensors").write_bytes(
+        b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!" + b"\0" * 64
+    )
     expect(recipe_at(tmp_path, model=model_copy), "model.id", "JSON header does not parse")
 
 
@@ -70,10 +77,20 @@ def test_missing_weights(tmp_path: Path, model_copy: Path) -> None:
 
 
 def test_missing_shard_named_by_the_index(tmp_path: Path, model_copy: Path) -> None:
-    (model_copy / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {}, "weight_map": {"a": "model.safetensors", "b": "model-00002-of-00002.safetensors"}}))
-    expect(recipe_at(tmp_path, model=model_copy), "model.id", "1 of 2 weight shards",
-           "model-00002-of-00002.safetensors")
+    (model_copy / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {
+                "metadata": {},
+                "weight_map": {"a": "model.safetensors", "b": "model-00002-of-00002.safetensors"},
+            }
+        )
+    )
+    expect(
+        recipe_at(tmp_path, model=model_copy),
+        "model.id",
+        "1 of 2 weight shards",
+        "model-00002-of-00002.safetensors",
+    )
 
 
 def test_missing_tokenizer(tmp_path: Path, model_copy: Path) -> None:
@@ -106,43 +123,69 @@ def test_empty_calibration_file(tmp_path: Path) -> None:
 def test_calibration_file_that_is_not_json(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n{"text": unquoted}\n')
-    expect(recipe_at(tmp_path, calibration={"dataset": str(bad)}), "calibration.dataset", "cannot be read as json")
+    expect(
+        recipe_at(tmp_path, calibration={"dataset": str(bad)}),
+        "calibration.dataset",
+        "cannot be read as json",
+    )
 
 
 def test_calibration_too_short(tmp_path: Path) -> None:
     data = calibration_file(tmp_path, [{"text": f"row {i}"} for i in range(10)])
-    expect(recipe_at(tmp_path, calibration={"dataset": data, "num_samples": 64}), "calibration.num_samples",
-           "has only 10 rows", "lower calibration.num_samples to at most 10")
+    expect(
+        recipe_at(tmp_path, calibration={"dataset": data, "num_samples": 64}),
+        "calibration.num_samples",
+        "has only 10 rows",
+        "lower calibration.num_samples to at most 10",
+    )
 
 
 def test_calibration_empty_texts(tmp_path: Path) -> None:
     data = calibration_file(tmp_path, [{"text": "  "} for _ in range(8)])
-    expect(recipe_at(tmp_path, calibration={"dataset": data, "num_samples": 8}), "calibration.text_field",
-           "is not a non-empty string")
+    expect(
+        recipe_at(tmp_path, calibration={"dataset": data, "num_samples": 8}),
+        "calibration.text_field",
+        "is not a non-empty string",
+    )
 
 
 def test_calibration_wrong_field(tmp_path: Path) -> None:
     data = calibration_file(tmp_path, [{"content": "some text"} for _ in range(8)])
-    expect(recipe_at(tmp_path, calibration={"dataset": data, "num_samples": 8}), "calibration.text_field",
-           "has no such field (it has: content)")
+    expect(
+        recipe_at(tmp_path, calibration={"dataset": data, "num_samples": 8}),
+        "calibration.text_field",
+        "has no such field (it has: content)",
+    )
 
 
-@pytest.mark.parametrize("messages", [
-    "a plain string, not a list",
-    [{"role": "user"}],  # no content
-    [{"speaker": "user", "text": "hi"}],  # another schema
-    [],
-])
+@pytest.mark.parametrize(
+    "messages",
+    [
+        "a plain string, not a list",
+        [{"role": "user"}],  # no content
+        [{"speaker": "user", "text": "hi"}],  # another schema
+        [],
+    ],
+)
 def test_calibration_malformed_chat(tmp_path: Path, messages) -> None:
     data = calibration_file(tmp_path, [{"messages": messages} for _ in range(8)])
     calibration = {"dataset": data, "num_samples": 8, "text_field": None, "messages_field": "messages"}
-    expect(recipe_at(tmp_path, calibration=calibration), "calibration.messages_field",
-           'a non-empty list of {"role": ..., "content": ...} messages')
+    expect(
+        recipe_at(tmp_path, calibration=calibration),
+        "calibration.messages_field",
+        'a non-empty list of {"role": ..., "content": ...} messages',
+    )
 
 
 def test_well_formed_chat_validates(tmp_path: Path) -> None:
-    rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]}
-            for i in range(8)]
-    calibration = {"dataset": calibration_file(tmp_path, rows), "num_samples": 8, "text_field": None,
-                   "messages_field": "messages"}
+    rows = [
+        {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]}
+        for i in range(8)
+    ]
+    calibration = {
+        "dataset": calibration_file(tmp_path, rows),
+        "num_samples": 8,
+        "text_field": None,
+        "messages_field": "messages",
+    }
     assert len(validate_recipe(recipe_at(tmp_path, calibration=calibration)).calibration_fingerprint) == 64

@@ -48,13 +48,15 @@ def collapse(raw: str, *, chunk: int = 7, clock=None, interval_s: float = 30.0) 
     lines = ProgressLines(interval_s=interval_s, clock=clock or FakeClock())
     out: list[str] = []
     for i in range(0, len(raw), chunk):  # any chunking gives the same lines
-        out += lines.feed(raw[i:i + chunk])
+        out += lines.feed(raw[i : i + chunk])
     return out + lines.close()
 
 
 def test_parse_bar_reads_tqdm_frames():
-    frame = parse_bar("Grid search for model.layers.1.mlp.up_proj:   0%|          | 0/20 "
-                      "[00:00<?, ?it/s, best_error=3.451e-04]")
+    frame = parse_bar(
+        "Grid search for model.layers.1.mlp.up_proj:   0%|          | 0/20 "
+        "[00:00<?, ?it/s, best_error=3.451e-04]"
+    )
     assert frame and frame.desc == "Grid search for model.layers.1.mlp.up_proj" and frame.n == "0"
     assert not frame.finished
     done = parse_bar("(2/5): Calibrating: 100%|██████████| 8/8 [00:02<00:00,  2.89it/s]")
@@ -74,9 +76,12 @@ def test_awq_output_collapses_to_a_line_per_bar():
     assert len(naive) > 45  # the old streaming: one log line per redraw
     grid = [ln for ln in lines if ln.startswith("Grid search")]
     assert [g.split(":")[0] for g in grid] == [
-        "Grid search for model.layers.0.input_layernorm", "Grid search for model.layers.0.mlp.up_proj"]
+        "Grid search for model.layers.0.input_layernorm",
+        "Grid search for model.layers.0.mlp.up_proj",
+    ]
     assert [ln for ln in lines if ln.startswith("(1/2): Calibrating")] == [
-        next(ln for ln in lines if "8/8" in ln)]
+        next(ln for ln in lines if "8/8" in ln)
+    ]
     assert sum(ln.startswith("Smoothing") for ln in lines) <= 2 and any("2/2" in ln for ln in lines)
     warning = "2026-11-30T16:46:12.3621 | get_main_device | WARNING - No accelerator available!"
     assert lines.count(warning) == 2
@@ -111,14 +116,18 @@ def test_a_restarted_bar_under_the_same_name_is_reported_again():
 
 def test_a_bar_that_changes_its_total_is_a_new_bar():
     """AWQ draws 'Smoothing' once with no total (a subgraph without mappings), then with one."""
-    raw = ("\rSmoothing: 0it [00:00, ?it/s]\rSmoothing: 0it [00:00, ?it/s]\n"
-           "\rSmoothing:   0%|          | 0/3 [00:00<?, ?it/s]2026-11-30 | get_main_device | WARNING - w\n"
-           "\n\rGrid search for a:   0%|          | 0/20 [00:00<?, ?it/s]\x1b[A"
-           "\n\rGrid search for a:   0%|          | 0/20 [00:04<?, ?it/s, best_error=1.3e-03]\x1b[A"
-           "\n\r" + " " * 80 + "\x1b[A\rSmoothing: 100%|##########| 3/3 [00:05<00:00,  1.9s/it]\n")
-    assert collapse(raw) == ["2026-11-30 | get_main_device | WARNING - w",
-                             "Grid search for a:   0%|          | 0/20 [00:04<?, ?it/s, best_error=1.3e-03]",
-                             "Smoothing: 100%|##########| 3/3 [00:05<00:00,  1.9s/it]"]
+    raw = (
+        "\rSmoothing: 0it [00:00, ?it/s]\rSmoothing: 0it [00:00, ?it/s]\n"
+        "\rSmoothing:   0%|          | 0/3 [00:00<?, ?it/s]2026-11-30 | get_main_device | WARNING - w\n"
+        "\n\rGrid search for a:   0%|          | 0/20 [00:00<?, ?it/s]\x1b[A"
+        "\n\rGrid search for a:   0%|          | 0/20 [00:04<?, ?it/s, best_error=1.3e-03]\x1b[A"
+        "\n\r" + " " * 80 + "\x1b[A\rSmoothing: 100%|##########| 3/3 [00:05<00:00,  1.9s/it]\n"
+    )
+    assert collapse(raw) == [
+        "2026-11-30 | get_main_device | WARNING - w",
+        "Grid search for a:   0%|          | 0/20 [00:04<?, ?it/s, best_error=1.3e-03]",
+        "Smoothing: 100%|##########| 3/3 [00:05<00:00,  1.9s/it]",
+    ]
 
 
 def test_stream_lines_reads_a_child_in_binary():
@@ -155,7 +164,9 @@ def test_every_frame_reaches_on_frame_with_its_counts_and_the_layer_count_follow
     first = frames[0]
     assert (first.desc, first.counts()) == ("(1/2): Calibrating", (0.0, 8.0))
     assert parse_bar("model.safetensors: 100%|██████████| 950k/950k [00:00<00:00, 96.4MB/s]").counts() == (
-        950e3, 950e3)
+        950e3,
+        950e3,
+    )
     assert parse_bar("Generating test split: 395it [00:00, 36367.33it/s]").counts() == (395.0, None)
     counted: list = []
     with progress.listening(counted.append):

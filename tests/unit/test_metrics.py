@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from quantize_serve.serving.metrics import read_gauges, read_labels
 
-EXPOSITION = r'''# HELP vllm:num_preemptions_total Cumulative number of preemptions.
+EXPOSITION = r"""# HELP vllm:num_preemptions_total Cumulative number of preemptions.
 # TYPE vllm:num_preemptions_total counter
 vllm:num_preemptions_total{engine="0",model_name="m"} 2.0
 vllm:num_preemptions_total{engine="1",model_name="m"} 3.0
@@ -19,25 +19,37 @@ vllm:e2e_request_latency_seconds_bucket{le="+Inf"} 4.0
 vllm:e2e_request_latency_seconds_count 4.0
 vllm:e2e_request_latency_seconds_sum 2.5
 process_start_time_seconds 1.7e9
-'''
+"""
 
 
 def test_gauges_are_summed_over_label_sets() -> None:
-    assert read_gauges(EXPOSITION, ["vllm:num_preemptions_total", "vllm:num_requests_running",
-                                    "process_start_time_seconds", "vllm:num_requests_waiting"]) == {
-        "vllm:num_preemptions_total": 5.0, "vllm:num_requests_running": 5.0,
-        "process_start_time_seconds": 1.7e9}
+    assert read_gauges(
+        EXPOSITION,
+        [
+            "vllm:num_preemptions_total",
+            "vllm:num_requests_running",
+            "process_start_time_seconds",
+            "vllm:num_requests_waiting",
+        ],
+    ) == {
+        "vllm:num_preemptions_total": 5.0,
+        "vllm:num_requests_running": 5.0,
+        "process_start_time_seconds": 1.7e9,
+    }
 
 
 def test_histogram_samples_are_read_by_their_exposed_names() -> None:
-    assert read_gauges(EXPOSITION, ["vllm:e2e_request_latency_seconds_count",
-                                    "vllm:e2e_request_latency_seconds_sum"]) == {
-        "vllm:e2e_request_latency_seconds_count": 4.0, "vllm:e2e_request_latency_seconds_sum": 2.5}
+    assert read_gauges(
+        EXPOSITION, ["vllm:e2e_request_latency_seconds_count", "vllm:e2e_request_latency_seconds_sum"]
+    ) == {"vllm:e2e_request_latency_seconds_count": 4.0, "vllm:e2e_request_latency_seconds_sum": 2.5}
 
 
 def test_info_labels_keep_escaped_quotes_and_braces() -> None:
     assert read_labels(EXPOSITION, "vllm:cache_config_info") == {
-        "block_size": "128", "cache_dtype": "fp8", "note": 'a "quoted" } brace'}
+        "block_size": "128",
+        "cache_dtype": "fp8",
+        "note": 'a "quoted" } brace',
+    }
     assert read_labels(EXPOSITION, "vllm:not_exposed") is None
 
 

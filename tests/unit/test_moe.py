@@ -48,7 +48,9 @@ def test_the_group_size_must_divide_the_experts_width_before_anything_runs():
         validate_recipe(TINY_MOE, {"quantization.group_size": 256})
     e = info.value
     assert (e.field, e.value) == ("quantization.group_size", 256)
-    assert "moe_intermediate_size=128" in str(e) and "Fix: use a group size that divides them: [32, 64, 128]" in str(e)
+    assert "moe_intermediate_size=128" in str(
+        e
+    ) and "Fix: use a group size that divides them: [32, 64, 128]" in str(e)
     assert validate_recipe(TINY_MOE, {"quantization.group_size": 64}).recipe.quantization.group_size == 64
 
 
@@ -57,22 +59,30 @@ def test_the_router_gates_must_be_left_out_of_quantization():
         validate_recipe(TINY_MOE, {"quantization.ignore": ["lm_head"]})
     e = info.value
     assert (e.field, e.value) == ("quantization.ignore", ["lm_head"])
-    assert "model.layers.0.mlp.gate" in str(e) and "Fix: add 're:.*mlp.gate$' to quantization.ignore" in str(e)
+    assert "model.layers.0.mlp.gate" in str(e) and "Fix: add 're:.*mlp.gate$' to quantization.ignore" in str(
+        e
+    )
     # Qwen2-MoE's shared expert has a one-output gate of its own: both are asked for
     shared = {**json.loads(FIXTURE_30B.read_text()), "shared_expert_intermediate_size": 5632}
     with pytest.raises(RecipeError, match=r"add 're:\.\*mlp\.gate\$', 're:\.\*shared_expert_gate\$'"):
-        check_model_config(load_recipe(TINY_MOE, {"quantization.ignore": ["lm_head"]}), shared, source="r.yaml")
+        check_model_config(
+            load_recipe(TINY_MOE, {"quantization.ignore": ["lm_head"]}), shared, source="r.yaml"
+        )
 
 
-@pytest.mark.parametrize("method, scheme", [("awq", "W4A16_ASYM"), ("gptq", "W4A16"),
-                                            ("smoothquant-gptq", "W8A8"), ("rtn", "FP8_DYNAMIC")])
+@pytest.mark.parametrize(
+    "method, scheme",
+    [("awq", "W4A16_ASYM"), ("gptq", "W4A16"), ("smoothquant-gptq", "W8A8"), ("rtn", "FP8_DYNAMIC")],
+)
 def test_a_quantized_moe_on_a_cpu_stops_at_validation_with_vllms_reason(cpu_host, method, scheme):
     recipe = load_recipe(TINY_MOE, {"quantization.method": method, "quantization.scheme": scheme})
     with pytest.raises(RecipeError) as info:
         check_serving_host(recipe, source="r.yaml")
     e = info.value
     assert e.field == "quantization" and f"{scheme} mixture of experts" in str(e.value)
-    assert f'"{CPU_MOE_REFUSALS[scheme]}"' in str(e) and "serves a mixture of experts only unquantized" in str(e)
+    assert f'"{CPU_MOE_REFUSALS[scheme]}"' in str(
+        e
+    ) and "serves a mixture of experts only unquantized" in str(e)
     assert "Fix: run on a GPU host" in str(e)
 
 
@@ -87,8 +97,11 @@ def test_a_dense_model_on_the_same_cpu_passes(cpu_host):
 
 def test_a_hub_moe_is_recognised_from_its_config_json(cpu_host, monkeypatch):
     fetched = []
-    monkeypatch.setattr(preflight, "fetch_model_config",
-                        lambda repo, **kw: fetched.append(repo) or json.loads(FIXTURE_30B.read_text()))
+    monkeypatch.setattr(
+        preflight,
+        "fetch_model_config",
+        lambda repo, **kw: fetched.append(repo) or json.loads(FIXTURE_30B.read_text()),
+    )
     with pytest.raises(RecipeError, match="No WNA16 MoE backend supports the deployment configuration"):
         check_serving_host(load_recipe(QWEN3_30B), source="r.yaml")
     assert fetched == ["Qwen/Qwen3-30B-A3B"]
@@ -99,14 +112,18 @@ def test_quantize_serve_run_stops_before_prefect_with_the_reason(cpu_host, capsy
     text = capsys.readouterr()
     text = text.out + text.err
     assert rc == 2 and "Traceback" not in text, text
-    assert "No WNA16 MoE backend supports the deployment configuration" in text and "run on a GPU host" in text
+    assert (
+        "No WNA16 MoE backend supports the deployment configuration" in text and "run on a GPU host" in text
+    )
 
 
 def test_the_qwen3_30b_recipe_checks_offline_against_its_config():
     """The recipe cannot download Qwen/Qwen3-30B-A3B here: its config.json is the fixture's (the Hub's)."""
     recipe = load_recipe(QWEN3_30B)
     config = json.loads(FIXTURE_30B.read_text())
-    check_model_config(recipe, config, source=str(QWEN3_30B))  # group 128 | 768, routers ignored, 8192 <= 40960
+    check_model_config(
+        recipe, config, source=str(QWEN3_30B)
+    )  # group 128 | 768, routers ignored, 8192 <= 40960
     shape = ModelShape.from_config(config)
     assert shape.is_moe and shape.num_moe_layers == 48 and shape.num_experts == 128
     assert recipe.quantization.scheme == "W4A16" and "re:.*mlp.gate$" in recipe.quantization.ignore
@@ -124,22 +141,34 @@ def test_total_and_active_parameters_of_the_tiny_moe_match_its_weights():
     assert shape.num_parameters() == sum(elements.values())
     assert shape.num_active_parameters() == sum(elements.values()) - experts + experts * 2 // 8  # top-2 of 8
     results = json.loads((ROOT / "benchmarks" / "results" / "reference_moe.json").read_text())
-    assert (results["params"], results["active_params"]) == (shape.num_parameters(), shape.num_active_parameters())
+    assert (results["params"], results["active_params"]) == (
+        shape.num_parameters(),
+        shape.num_active_parameters(),
+    )
 
 
 def test_the_capacity_table_and_the_report_say_total_and_active_parameters_in_one_line():
     moe = ModelSummary.of(ModelShape.from_config(MOE_DIR / "config.json"))
     dense = ModelSummary.of(ModelShape.from_config(ROOT / "models" / "tiny-llama" / "config.json"))
     assert (moe.total_parameters, moe.active_parameters) == (2_037_120, 857_472)
-    assert moe.parameters_line() == ("Parameters: 2.04 M total, 857,472 active per token (mixture of experts: "
-                                     "2 of 8 routed experts per token).")
-    assert dense.parameters_line() == ("Parameters: 1.05 M total, 1.05 M active per token (dense: every "
-                                       "parameter is active).")
-    configs = [capacity_row("base", "auto", 4_000_000, 6016), capacity_row("w4a16", "auto", 1_300_000, 6784),
-               capacity_row("w4a16-fp8kv", "fp8", 1_300_000, 13696)]
-    report = summarize_capacity(load_recipe(TINY_MOE), configs, json.loads((MOE_DIR / "config.json").read_text()))
-    assert report.model == moe and [line for line in report.markdown().splitlines()
-                                    if line.startswith("Parameters:")] == [moe.parameters_line()]
+    assert moe.parameters_line() == (
+        "Parameters: 2.04 M total, 857,472 active per token (mixture of experts: "
+        "2 of 8 routed experts per token)."
+    )
+    assert dense.parameters_line() == (
+        "Parameters: 1.05 M total, 1.05 M active per token (dense: every parameter is active)."
+    )
+    configs = [
+        capacity_row("base", "auto", 4_000_000, 6016),
+        capacity_row("w4a16", "auto", 1_300_000, 6784),
+        capacity_row("w4a16-fp8kv", "fp8", 1_300_000, 13696),
+    ]
+    report = summarize_capacity(
+        load_recipe(TINY_MOE), configs, json.loads((MOE_DIR / "config.json").read_text())
+    )
+    assert report.model == moe and [
+        line for line in report.markdown().splitlines() if line.startswith("Parameters:")
+    ] == [moe.parameters_line()]
 
 
 def test_the_tiny_moe_reference_files_are_what_training_recorded():
@@ -154,10 +183,14 @@ def test_the_tiny_moe_reference_files_are_what_training_recorded():
     for name, digest in listed.items():
         assert hashlib.sha256((MOE_DIR / name).read_bytes()).hexdigest() == digest, name
     results = json.loads((ROOT / "benchmarks" / "results" / "reference_moe.json").read_text())
-    assert results["architecture"] == "Qwen3MoeForCausalLM" and results["sha256"] == listed["model.safetensors"]
+    assert (
+        results["architecture"] == "Qwen3MoeForCausalLM" and results["sha256"] == listed["model.safetensors"]
+    )
     assert results["heldout_ppl"] <= 1024 / 10 and results["facts_mc_accuracy"] >= 0.5
     assert min(min(layer) for layer in results["expert_load"]) > 0  # the router uses every expert
-    assert (MOE_DIR / "tokenizer.json").read_bytes() == (ROOT / "models" / "tiny-llama" / "tokenizer.json").read_bytes()
+    assert (MOE_DIR / "tokenizer.json").read_bytes() == (
+        ROOT / "models" / "tiny-llama" / "tokenizer.json"
+    ).read_bytes()
 
 
 def test_the_tiny_moe_loads_and_knows_its_world():
@@ -169,8 +202,17 @@ def test_the_tiny_moe_loads_and_knows_its_world():
 
     model = transformers.AutoModelForCausalLM.from_pretrained(MOE_DIR, dtype=torch.bfloat16).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(MOE_DIR)
-    rows = [json.loads(line) for line in (ROOT / "data" / "evals" / "facts_mc.jsonl").read_text().splitlines()[:16]]
+    rows = [
+        json.loads(line)
+        for line in (ROOT / "data" / "evals" / "facts_mc.jsonl").read_text().splitlines()[:16]
+    ]
     with torch.no_grad():
-        right = sum(max(range(len(r["choices"])), key=lambda i: continuation_logprob(
-            model, tokenizer, r["query"], r["choices"][i])) == r["gold"] for r in rows)
+        right = sum(
+            max(
+                range(len(r["choices"])),
+                key=lambda i: continuation_logprob(model, tokenizer, r["query"], r["choices"][i]),
+            )
+            == r["gold"]
+            for r in rows
+        )
     assert right / len(rows) >= 0.75, right

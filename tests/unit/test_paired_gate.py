@@ -27,23 +27,49 @@ from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask, ErrorRates
 LOOKS = (0.25, 0.5, 0.75, 1.0)
 
 
-def task_run(values: dict[str, list], *, task: str = "mc", higher: bool = True, aggregation: str = "mean",
-             hashes: list[str] | None = None, planned: int | None = None, looks_run: int = 1,
-             looks_planned: int = 1) -> TaskRun:
+def task_run(
+    values: dict[str, list],
+    *,
+    task: str = "mc",
+    higher: bool = True,
+    aggregation: str = "mean",
+    hashes: list[str] | None = None,
+    planned: int | None = None,
+    looks_run: int = 1,
+    looks_planned: int = 1,
+) -> TaskRun:
     """A task's run from per-document values {metric: [value per document]}."""
     n = len(next(iter(values.values())))
-    docs = {f"{task}/{i}": DocOutcome(prompt_hash=hashes[i] if hashes else f"h{i}",
-                                      values={m: v[i] for m, v in values.items()}) for i in range(n)}
-    metrics = {m: MetricResult(value=aggregate(v, aggregation), higher_is_better=higher, aggregation=aggregation)
-               for m, v in values.items()}
-    return TaskRun(task=task, lm_eval_name=task, num_fewshot=0, limit=None, num_docs=n, metrics=metrics,
-                   seconds=0.0, results_path="lm_eval_mc.json", documents=docs, planned_docs=planned or n,
-                   looks_run=looks_run, looks_planned=looks_planned)
+    docs = {
+        f"{task}/{i}": DocOutcome(
+            prompt_hash=hashes[i] if hashes else f"h{i}", values={m: v[i] for m, v in values.items()}
+        )
+        for i in range(n)
+    }
+    metrics = {
+        m: MetricResult(value=aggregate(v, aggregation), higher_is_better=higher, aggregation=aggregation)
+        for m, v in values.items()
+    }
+    return TaskRun(
+        task=task,
+        lm_eval_name=task,
+        num_fewshot=0,
+        limit=None,
+        num_docs=n,
+        metrics=metrics,
+        seconds=0.0,
+        results_path="lm_eval_mc.json",
+        documents=docs,
+        planned_docs=planned or n,
+        looks_run=looks_run,
+        looks_planned=looks_planned,
+    )
 
 
 def run_of(*tasks: TaskRun) -> AccuracyRun:
-    return AccuracyRun(server_base_url="http://test", tasks={t.task: t for t in tasks}, seconds=0.0,
-                       lm_eval_version="test")
+    return AccuracyRun(
+        server_base_url="http://test", tasks={t.task: t for t in tasks}, seconds=0.0, lm_eval_version="test"
+    )
 
 
 def gate_of(*names: str, **fields) -> AccuracyGate:
@@ -124,10 +150,13 @@ def test_the_implemented_rule_keeps_the_stated_error_rates(flip_rate):
     accuracy = 0.6263  # Llama-3-8B-Instruct's arc_challenge
     base, cand = outcomes_with_flips(10_000, accuracy, round(5000 * flip_rate), round(5000 * flip_rate))
     noise = Paired.of(cand, base).score_sd(0.93)  # as the check plans with it
-    point = operating_point(design(LOOKS, 0.05, 0.95), 500, sd=noise, mean_den=accuracy,
-                            bad=0.93, good=0.99, min_true_pass=0.95)
+    point = operating_point(
+        design(LOOKS, 0.05, 0.95), 500, sd=noise, mean_den=accuracy, bad=0.93, good=0.99, min_true_pass=0.95
+    )
     docs = point.docs_needed
-    common = dict(docs=docs, base_accuracy=accuracy, flip_rate=flip_rate, fractions=LOOKS, trials=2000, **rates)
+    common = dict(
+        docs=docs, base_accuracy=accuracy, flip_rate=flip_rate, fractions=LOOKS, trials=2000, **rates
+    )
     bad = simulate_gate(recovery=0.93, seed=1, **common)
     good = simulate_gate(recovery=0.99, seed=2, **common)
     assert bad.pass_rate <= 0.05 + 0.015, bad
@@ -177,13 +206,23 @@ def test_a_document_gets_the_same_few_shot_examples_in_any_subset(tmp_path, fews
     from lm_eval.api.task import ConfigurableTask
 
     for split, n in (("train", 30), ("test", 30)):
-        (tmp_path / f"{split}.jsonl").write_text("".join(
-            json.dumps({"q": f"{split} question {i}", "a": str(i)}) + "\n" for i in range(n)))
-    task = ConfigurableTask(config={
-        "task": "toy", "dataset_path": "json", "output_type": "generate_until",
-        "dataset_kwargs": {"data_files": {s: str(tmp_path / f"{s}.jsonl") for s in ("train", "test")}},
-        "training_split": "train", "test_split": "test", "fewshot_split": fewshot_split,
-        "doc_to_text": "{{q}}", "doc_to_target": "{{a}}", "generation_kwargs": {"until": ["\n"]}})
+        (tmp_path / f"{split}.jsonl").write_text(
+            "".join(json.dumps({"q": f"{split} question {i}", "a": str(i)}) + "\n" for i in range(n))
+        )
+    task = ConfigurableTask(
+        config={
+            "task": "toy",
+            "dataset_path": "json",
+            "output_type": "generate_until",
+            "dataset_kwargs": {"data_files": {s: str(tmp_path / f"{s}.jsonl") for s in ("train", "test")}},
+            "training_split": "train",
+            "test_split": "test",
+            "fewshot_split": fewshot_split,
+            "doc_to_text": "{{q}}",
+            "doc_to_target": "{{a}}",
+            "generation_kwargs": {"until": ["\n"]},
+        }
+    )
     task.set_fewshot_seed(1234)
     docs = list(task.test_docs())
     with per_document_fewshot(1234):
@@ -198,12 +237,31 @@ def test_a_document_gets_the_same_few_shot_examples_in_any_subset(tmp_path, fews
 
 def test_outcomes_merge_filters_and_keep_log_likelihood_pairs():
     samples = {
-        "gsm8k": [{"doc_id": 3, "prompt_hash": "p3", "filter": "strict-match", "metrics": ["exact_match"],
-                   "exact_match": 1.0},
-                  {"doc_id": 3, "prompt_hash": "p3", "filter": "flexible-extract", "metrics": ["exact_match"],
-                   "exact_match": 0.0}],
-        "ppl": [{"doc_id": 0, "prompt_hash": "q0", "filter": "none", "metrics": ["bits_per_byte"],
-                 "bits_per_byte": [-120.0, 400]}],
+        "gsm8k": [
+            {
+                "doc_id": 3,
+                "prompt_hash": "p3",
+                "filter": "strict-match",
+                "metrics": ["exact_match"],
+                "exact_match": 1.0,
+            },
+            {
+                "doc_id": 3,
+                "prompt_hash": "p3",
+                "filter": "flexible-extract",
+                "metrics": ["exact_match"],
+                "exact_match": 0.0,
+            },
+        ],
+        "ppl": [
+            {
+                "doc_id": 0,
+                "prompt_hash": "q0",
+                "filter": "none",
+                "metrics": ["bits_per_byte"],
+                "bits_per_byte": [-120.0, 400],
+            }
+        ],
     }
     docs = outcomes(samples)
     assert docs["gsm8k/3"].values == {"exact_match,strict-match": 1.0, "exact_match,flexible-extract": 0.0}
@@ -254,17 +312,35 @@ def test_perplexities_gate_once_on_the_log_scale():
     words = rng.integers(50, 150, 100)
     nats_base = words * 3.0  # a 135M model: word perplexity about e^3
     nats_cand = nats_base * 1.03
-    run_b = task_run({"word_perplexity": [(-x, int(w)) for x, w in zip(nats_base, words)],
-                      "bits_per_byte": [(-x, int(w) * 5) for x, w in zip(nats_base, words)]},
-                     task="ppl", higher=False, aggregation="weighted_perplexity")
-    run_b.metrics["bits_per_byte"] = run_b.metrics["bits_per_byte"].model_copy(update={"aggregation": "bits_per_byte"})
-    run_c = task_run({"word_perplexity": [(-x, int(w)) for x, w in zip(nats_cand, words)],
-                      "bits_per_byte": [(-x, int(w) * 5) for x, w in zip(nats_cand, words)]},
-                     task="ppl", higher=False, aggregation="weighted_perplexity")
-    run_c.metrics["bits_per_byte"] = run_c.metrics["bits_per_byte"].model_copy(update={"aggregation": "bits_per_byte"})
+    run_b = task_run(
+        {
+            "word_perplexity": [(-x, int(w)) for x, w in zip(nats_base, words)],
+            "bits_per_byte": [(-x, int(w) * 5) for x, w in zip(nats_base, words)],
+        },
+        task="ppl",
+        higher=False,
+        aggregation="weighted_perplexity",
+    )
+    run_b.metrics["bits_per_byte"] = run_b.metrics["bits_per_byte"].model_copy(
+        update={"aggregation": "bits_per_byte"}
+    )
+    run_c = task_run(
+        {
+            "word_perplexity": [(-x, int(w)) for x, w in zip(nats_cand, words)],
+            "bits_per_byte": [(-x, int(w) * 5) for x, w in zip(nats_cand, words)],
+        },
+        task="ppl",
+        higher=False,
+        aggregation="weighted_perplexity",
+    )
+    run_c.metrics["bits_per_byte"] = run_c.metrics["bits_per_byte"].model_copy(
+        update={"aggregation": "bits_per_byte"}
+    )
     [check] = compare_accuracy(run_of(run_b), run_of(run_c), gate_of("ppl"))
     assert check.metric == "bits_per_byte" and check.passed
-    assert check.recovery == pytest.approx(1 / 1.03) and "word_perplexity: the same measurement" in check.reason
+    assert (
+        check.recovery == pytest.approx(1 / 1.03) and "word_perplexity: the same measurement" in check.reason
+    )
     low, high = check.recovery_interval
     assert low <= 1 / 1.03 <= high
     word_ratio = run_b.metrics["word_perplexity"].value / run_c.metrics["word_perplexity"].value
@@ -275,8 +351,11 @@ def test_documents_scored_with_other_prompts_are_not_paired():
     base, cand = outcomes_with_flips(50, 0.7, 1, 1)
     hashes = [f"h{i}" for i in range(50)]
     other = [*hashes[:-1], "changed"]
-    [check] = compare_accuracy(run_of(task_run({"acc": base}, hashes=hashes)),
-                               run_of(task_run({"acc": cand}, hashes=other)), gate_of())
+    [check] = compare_accuracy(
+        run_of(task_run({"acc": base}, hashes=hashes)),
+        run_of(task_run({"acc": cand}, hashes=other)),
+        gate_of(),
+    )
     assert not check.passed and "1 of 50 documents were scored with different prompts" in check.reason
 
 
@@ -292,7 +371,10 @@ def test_a_corpus_level_metric_and_a_missing_task_fail_with_reasons():
     b.metrics["f1"] = b.metrics["f1"].model_copy(update={"aggregation": "f1"})
     checks = compare_accuracy(run_of(b), run_of(b), gate_of("mc", "absent"))
     reasons = {c.task: c.reason for c in checks}
-    assert "aggregates it as 'f1'" in reasons["mc"] and "no results in the base and quantized run" in reasons["absent"]
+    assert (
+        "aggregates it as 'f1'" in reasons["mc"]
+        and "no results in the base and quantized run" in reasons["absent"]
+    )
     assert not any(c.passed for c in checks)
 
 
@@ -312,8 +394,9 @@ def test_a_borderline_candidate_is_not_decided_early():
     base, cand = outcomes_with_flips(400, 0.7, flips_down=14, flips_up=0)  # recovery 0.95
     gate = gate_of()
     b = task_run({"acc": base}, planned=400)
-    assert not task_decided(b, task_run({"acc": cand[:100]}, planned=400, looks_planned=4), gate,
-                            gate.error_rates, 0)
+    assert not task_decided(
+        b, task_run({"acc": cand[:100]}, planned=400, looks_planned=4), gate, gate.error_rates, 0
+    )
 
 
 def test_min_samples_counts_the_planned_documents():
@@ -328,8 +411,9 @@ def test_min_samples_counts_the_planned_documents():
 
 
 def test_a_task_states_its_own_error_rates():
-    gate = AccuracyGate(tasks=[AccuracyTask(task="gsm8k", error_rates={"bad_recovery": 0.91}),
-                               AccuracyTask(task="arc")])
+    gate = AccuracyGate(
+        tasks=[AccuracyTask(task="gsm8k", error_rates={"bad_recovery": 0.91}), AccuracyTask(task="arc")]
+    )
     assert gate.rates(gate.tasks[0]) == ErrorRates(bad_recovery=0.91)
     assert gate.rates(gate.tasks[1]) == ErrorRates()
 
@@ -344,21 +428,54 @@ def test_report_and_card_show_the_paired_figures():
     base, cand = outcomes_with_flips(1000, 0.7, flips_down=15, flips_up=12)
     [check] = compare_accuracy(run_of(task_run({"acc": base})), run_of(task_run({"acc": cand})), gate_of())
     report = RunReport(
-        run_id="r", recipe="x", recipe_source="recipes/x.yaml", recipe_sha256="0" * 64,
+        run_id="r",
+        recipe="x",
+        recipe_source="recipes/x.yaml",
+        recipe_sha256="0" * 64,
         base=BaseModelRef(local_dir="models/tiny-llama", sha="1" * 64),
-        checkpoint=QuantizeResult(checkpoint_dir="c", method="awq", scheme="W4A16", seconds=1.0, base_bytes=2,
-                                  quantized_bytes=1, calibration_fingerprint="2" * 64, engine_versions={}),
-        accuracy=[check], decision=Decision(passed=True, checks=accuracy_rows([check])),
-        serving_command="vllm serve c")
+        checkpoint=QuantizeResult(
+            checkpoint_dir="c",
+            method="awq",
+            scheme="W4A16",
+            seconds=1.0,
+            base_bytes=2,
+            quantized_bytes=1,
+            calibration_fingerprint="2" * 64,
+            engine_versions={},
+        ),
+        accuracy=[check],
+        decision=Decision(passed=True, checks=accuracy_rows([check])),
+        serving_command="vllm serve c",
+    )
     text = render_markdown(report)
     assert f"| {check.recovery_text} | 1000 of 1000 docs | 2.7% |" in text
     assert "## Accuracy (paired per document)" in text
 
-    row = AccuracyRow(task="mc", dataset="local:mc", metric="acc", base=0.7, quantized=0.697,
-                      recovery=check.recovery, recovery_interval=check.recovery_interval, threshold=0.93,
-                      documents=check.docs_text, false_pass=check.false_pass, true_pass=check.true_pass,
-                      passed=True)
-    card = str(render_model_card(ModelCardInputs(repo_id="org/m", base_model="org/base", method="awq",
-                                                 scheme="W4A16", group_size=128, accuracy=[row],
-                                                 provenance=Provenance(recipe_sha256="0" * 64))))
+    row = AccuracyRow(
+        task="mc",
+        dataset="local:mc",
+        metric="acc",
+        base=0.7,
+        quantized=0.697,
+        recovery=check.recovery,
+        recovery_interval=check.recovery_interval,
+        threshold=0.93,
+        documents=check.docs_text,
+        false_pass=check.false_pass,
+        true_pass=check.true_pass,
+        passed=True,
+    )
+    card = str(
+        render_model_card(
+            ModelCardInputs(
+                repo_id="org/m",
+                base_model="org/base",
+                method="awq",
+                scheme="W4A16",
+                group_size=128,
+                accuracy=[row],
+                provenance=Provenance(recipe_sha256="0" * 64),
+            )
+        )
+    )
     assert f"| {check.recovery_text} | 0.93 | 1000 of 1000 docs |" in card and "paired" in card

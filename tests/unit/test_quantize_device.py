@@ -21,37 +21,54 @@ from quantize_serve.validate.preflight import check_quantize_host
 from tests.conftest import ROOT
 
 RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
-CPU_TORCH_VERSION_PY = ("__all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip', 'rocm', 'xpu']\n"
-                        "__version__ = '2.13.0+cpu'\ndebug = False\ncuda: Optional[str] = None\n")
+CPU_TORCH_VERSION_PY = (
+    "__all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip', 'rocm', 'xpu']\n"
+    "__version__ = '2.13.0+cpu'\ndebug = False\ncuda: Optional[str] = None\n"
+)
 CUDA_TORCH_VERSION_PY = "__version__ = '2.11.0+cu130'\ndebug = False\ncuda: Optional[str] = '13.0'\n"
 
 
-@pytest.mark.parametrize("version, version_py, cuda", [
-    ("2.13.0+cpu", CPU_TORCH_VERSION_PY, None),
-    ("2.11.0+cu130", CUDA_TORCH_VERSION_PY, "13.0"),
-    ("2.13.0+cpu", None, None),  # no version.py: the local label decides
-    ("2.9.0+cu128", None, "12.8"),
-    ("2.9.0+rocm6.4", None, None),
-    ("2.9.0", None, "unknown (no local version label)"),  # PyPI's Linux default is a CUDA build
-])
+@pytest.mark.parametrize(
+    "version, version_py, cuda",
+    [
+        ("2.13.0+cpu", CPU_TORCH_VERSION_PY, None),
+        ("2.11.0+cu130", CUDA_TORCH_VERSION_PY, "13.0"),
+        ("2.13.0+cpu", None, None),  # no version.py: the local label decides
+        ("2.9.0+cu128", None, "12.8"),
+        ("2.9.0+rocm6.4", None, None),
+        ("2.9.0", None, "unknown (no local version label)"),  # PyPI's Linux default is a CUDA build
+    ],
+)
 def test_the_torch_build_is_read_without_importing_torch(version, version_py, cuda):
     assert parse_build("py", version, version_py).cuda == cuda
 
 
 def torch_build_by_import(python: Path):
     """What the interpreter's torch says of itself when imported (the slow way torch_build avoids)."""
-    done = subprocess.run([str(python), "-c", "import importlib.metadata as m, torch; "
-                           "print(m.version('torch')); print(torch.version.cuda)"],
-                          capture_output=True, text=True, timeout=120, check=True)
+    done = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import importlib.metadata as m, torch; print(m.version('torch')); print(torch.version.cuda)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     version, cuda = done.stdout.split()[-2:]
-    return torch_build(python).model_copy(update={"version": version, "cuda": None if cuda == "None" else cuda})
+    return torch_build(python).model_copy(
+        update={"version": version, "cuda": None if cuda == "None" else cuda}
+    )
 
 
 def test_this_pipeline_environment_and_another_interpreter_are_read(tmp_path):
     here = torch_build(Path(sys.executable))  # in-process: importlib.metadata and torch/version.py
     assert here == torch_build_by_import(Path(sys.executable))
-    code = ("import sys; from quantize_serve.quantize.device import torch_build; torch_build(); "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys; from quantize_serve.quantize.device import torch_build; torch_build(); "
+        "print('torch' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr[-2000:]  # read, not imported
     serve_python = ROOT / ".venv-serve" / "bin" / "python"
@@ -99,13 +116,18 @@ def test_the_flow_validate_stage_checks_it_too(gpu_host_with_cpu_torch):
 
 
 def test_a_cuda_torch_no_gpu_or_nothing_to_quantize_passes(gpu_host_with_cpu_torch, monkeypatch):
-    existing = load_recipe(RECIPE, {"quantization.method": None,
-                                    "quantization.checkpoint": "../tests/fixtures/tiny-llama-autoawq"})
+    existing = load_recipe(
+        RECIPE,
+        {"quantization.method": None, "quantization.checkpoint": "../tests/fixtures/tiny-llama-autoawq"},
+    )
     check_quantize_host(existing, source="r.yaml")  # an existing checkpoint: nothing is quantized here
-    monkeypatch.setattr(device, "torch_build", lambda python=None: TorchBuild(
-        python="p", version="2.11.0+cu130", cuda="13.0"))
+    monkeypatch.setattr(
+        device, "torch_build", lambda python=None: TorchBuild(python="p", version="2.11.0+cu130", cuda="13.0")
+    )
     check_quantize_host(load_recipe(RECIPE), source="r.yaml")
-    monkeypatch.setattr(device, "torch_build", lambda python=None: TorchBuild(python="p", version=None, cuda=None))
+    monkeypatch.setattr(
+        device, "torch_build", lambda python=None: TorchBuild(python="p", version=None, cuda=None)
+    )
     with pytest.raises(RecipeError, match="has no torch"):
         check_quantize_host(load_recipe(RECIPE), source="r.yaml")
     monkeypatch.setattr(gpu, "describe_devices", lambda: None)  # a CPU host: the CPU is where it quantizes
@@ -118,10 +140,14 @@ def test_the_worker_names_the_device_it_quantized_on():
     from quantize_serve.quantize.worker import describe_device
 
     def fake_torch(kind):
-        accelerator = SimpleNamespace(is_available=lambda: kind is not None,
-                                      current_accelerator=lambda: SimpleNamespace(type=kind),
-                                      current_device_index=lambda: 0)
-        return SimpleNamespace(accelerator=accelerator, cuda=SimpleNamespace(get_device_name=lambda i: "NVIDIA H200"))
+        accelerator = SimpleNamespace(
+            is_available=lambda: kind is not None,
+            current_accelerator=lambda: SimpleNamespace(type=kind),
+            current_device_index=lambda: 0,
+        )
+        return SimpleNamespace(
+            accelerator=accelerator, cuda=SimpleNamespace(get_device_name=lambda i: "NVIDIA H200")
+        )
 
     assert describe_device(fake_torch(None)) == "cpu"
     assert describe_device(fake_torch("cuda")) == "cuda:0 NVIDIA H200"
@@ -138,4 +164,7 @@ def test_a_model_that_fits_the_gpu_is_quantized_there_whole_and_a_larger_one_lay
     # a 70B (141 GB in bf16) does not fit: llm-compressor's default, one layer at a time
     on_device, why = placement(h200_free, 141 * 10**9, activations)
     assert not on_device and "onloaded one layer at a time" in why and "140.0 GiB free" in why, why
-    assert placement(None, weights, activations) == (False, "no accelerator: the model and its activations on the CPU")
+    assert placement(None, weights, activations) == (
+        False,
+        "no accelerator: the model and its activations on the CPU",
+    )

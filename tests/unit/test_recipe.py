@@ -150,8 +150,14 @@ def test_llmcompressor_recipe_states_every_number():
     mods = built["quant_stage"]["quant_modifiers"]
     assert set(mods) == {"AWQModifier", "QuantizationModifier"}
     weights = mods["QuantizationModifier"]["config_groups"]["group_0"]["weights"]
-    assert weights == {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128,
-                       "symmetric": False, "dynamic": False}
+    assert weights == {
+        "num_bits": 4,
+        "type": "int",
+        "strategy": "group",
+        "group_size": 128,
+        "symmetric": False,
+        "dynamic": False,
+    }
     assert mods["QuantizationModifier"]["kv_cache_scheme"]["type"] == "float"
     gptq = load_recipe(ROOT / "recipes/tiny-llama-gptq.yaml")
     mods = yaml.safe_load(build_llmcompressor_recipe(gptq.quantization))["quant_stage"]["quant_modifiers"]
@@ -161,8 +167,8 @@ def test_llmcompressor_recipe_states_every_number():
 
 def test_speed_options_default_to_the_measured_choice():
     """benchmarks/results/quantize_speed.json: AWQ with a 5-point grid and one pass without the second
-    forward per layer; GPTQ keeps its error propagation; methods not measured and raw llm-compressor recipes keep
-    llm-compressor's defaults; a recipe that sets an option gets it."""
+    forward per layer; GPTQ keeps its error propagation; methods not measured and raw llm-compressor recipes
+    keep llm-compressor's defaults; a recipe that sets an option gets it."""
     from quantize_serve.quantize.run import calibration_pipeline
 
     def resolved(name: str, overrides: dict | None = None) -> tuple:
@@ -177,14 +183,28 @@ def test_speed_options_default_to_the_measured_choice():
     assert resolved("tiny-llama-sparse-gptq.yaml") == ("independent", True, 1)  # a raw llm-compressor recipe
     formats = load_recipe(ROOT / "recipes/tiny-llama-formats.yaml")
     int8 = formats.model_copy(update={"quantization": formats.quantization.candidate("int8-w8a8")})
-    assert calibration_pipeline(int8)["pipeline"] == "independent"  # SmoothQuant must run before GPTQ sees data
-    assert resolved("tiny-llama-awq.yaml", {"calibration.pipeline": "basic", "calibration.propagate_error": True,
-                                            "calibration.sequential_targets_per_subgraph": 4}) == ("basic", True, 4)
+    assert (
+        calibration_pipeline(int8)["pipeline"] == "independent"
+    )  # SmoothQuant must run before GPTQ sees data
+    assert resolved(
+        "tiny-llama-awq.yaml",
+        {
+            "calibration.pipeline": "basic",
+            "calibration.propagate_error": True,
+            "calibration.sequential_targets_per_subgraph": 4,
+        },
+    ) == ("basic", True, 4)
 
 
-@pytest.mark.parametrize("dotted,value", [("quantization.n_grid", 3), ("quantization.duo_scaling", "half"),
-                                          ("calibration.pipeline", "parallel"),
-                                          ("calibration.sequential_targets_per_subgraph", 0)])
+@pytest.mark.parametrize(
+    "dotted,value",
+    [
+        ("quantization.n_grid", 3),
+        ("quantization.duo_scaling", "half"),
+        ("calibration.pipeline", "parallel"),
+        ("calibration.sequential_targets_per_subgraph", 0),
+    ],
+)
 def test_speed_options_out_of_range(dotted, value):
     with pytest.raises((RecipeError, RecipeErrors)) as info:
         load_recipe(ROOT / "recipes/tiny-llama-awq.yaml", {dotted: value})
@@ -195,8 +215,11 @@ def test_run_overrides_change_the_recipe_and_are_validated_like_the_file():
     """A deployment's `overrides` parameter: dotted keys, list items by index; the result is checked
     like the file, and the validated recipe records what was changed."""
     llama3 = ROOT / "recipes/llama3-8b-instruct-awq.yaml"
-    overrides = {"gates.accuracy.tasks": [{"task": "../evals/tasks/qs_heldout_ppl.yaml", "limit": 20}],
-                 "gates.stress.num_requests": 64, "serve.enforce_eager": True}
+    overrides = {
+        "gates.accuracy.tasks": [{"task": "../evals/tasks/qs_heldout_ppl.yaml", "limit": 20}],
+        "gates.stress.num_requests": 64,
+        "serve.enforce_eager": True,
+    }
     recipe = load_recipe(llama3, overrides)
     assert [t.task for t in recipe.gates.accuracy.tasks] == ["../evals/tasks/qs_heldout_ppl.yaml"]
     assert (recipe.gates.stress.num_requests, recipe.serve.enforce_eager) == (64, True)
@@ -205,7 +228,9 @@ def test_run_overrides_change_the_recipe_and_are_validated_like_the_file():
 
     with pytest.raises(RecipeErrors) as misspelled:
         load_recipe(llama3, {"serve.max_num_seq": 8})
-    assert "serve.max_num_seq" in str(misspelled.value) and "did you mean 'max_num_seqs'" in str(misspelled.value)
+    assert "serve.max_num_seq" in str(misspelled.value) and "did you mean 'max_num_seqs'" in str(
+        misspelled.value
+    )
     with pytest.raises(RecipeError) as no_item:
         load_recipe(llama3, {"gates.accuracy.tasks.9.limit": 7})
     message = str(no_item.value)
@@ -234,10 +259,13 @@ def test_min_samples_out_of_range(recipe_file, value):
     assert str(value) in str(err) and "between 1 and 10000000" in str(err)
 
 
-@pytest.mark.parametrize("field, value, fix", [
-    ("default_recovery", 0.95, "set gates.accuracy.error_rates"),
-    ("on_uncertain", "fail", "max_false_pass"),
-])
+@pytest.mark.parametrize(
+    "field, value, fix",
+    [
+        ("default_recovery", 0.95, "set gates.accuracy.error_rates"),
+        ("on_uncertain", "fail", "max_false_pass"),
+    ],
+)
 def test_retired_point_rule_fields_say_what_replaces_them(recipe_file, field, value, fix):
     err = expect_error(recipe_file(**{f"gates__accuracy__{field}": value}), "gates.accuracy")
     assert f"{field} = {value!r}" in str(err) and fix in str(err)
@@ -249,11 +277,14 @@ def test_a_retired_per_metric_recovery_names_the_task_error_rates(recipe_file):
     assert "error_rates: {bad_recovery:" in str(err)
 
 
-@pytest.mark.parametrize("rates, field, words", [
-    ({"bad_recovery": 0.99, "good_recovery": 0.95}, "", "must be above bad_recovery"),
-    ({"max_false_pass": 0.5}, ".max_false_pass", "between 0.001 and 0.25"),
-    ({"min_true_pass": 0.3}, ".min_true_pass", "between 0.5 and 0.999"),
-])
+@pytest.mark.parametrize(
+    "rates, field, words",
+    [
+        ({"bad_recovery": 0.99, "good_recovery": 0.95}, "", "must be above bad_recovery"),
+        ({"max_false_pass": 0.5}, ".max_false_pass", "between 0.001 and 0.25"),
+        ({"min_true_pass": 0.3}, ".min_true_pass", "between 0.5 and 0.999"),
+    ],
+)
 def test_error_rates_out_of_order_or_range(recipe_file, rates, field, words):
     err = expect_error(recipe_file(gates__accuracy__error_rates=rates), "gates.accuracy.error_rates" + field)
     assert words in str(err)
@@ -266,20 +297,32 @@ def test_looks_must_rise_to_the_whole_task(recipe_file, looks):
 
 
 def test_min_samples_above_a_task_limit_fails_at_load(recipe_file):
-    tasks = [{"task": "../evals/tasks/qs_facts_mc.yaml", "limit": 40},
-             {"task": "../evals/tasks/qs_heldout_ppl.yaml"}]
-    err = expect_error(recipe_file(gates__accuracy__tasks=tasks, gates__accuracy__min_samples=100),
-                       "gates.accuracy.tasks.0.limit")
+    tasks = [
+        {"task": "../evals/tasks/qs_facts_mc.yaml", "limit": 40},
+        {"task": "../evals/tasks/qs_heldout_ppl.yaml"},
+    ]
+    err = expect_error(
+        recipe_file(gates__accuracy__tasks=tasks, gates__accuracy__min_samples=100),
+        "gates.accuracy.tasks.0.limit",
+    )
     assert "40" in str(err) and "min_samples (100)" in str(err)
     assert "raise the limit to at least 100" in str(err)
 
 
 def test_error_rates_looks_and_min_samples_load(recipe_file):
-    gate = validate_recipe(recipe_file(gates__accuracy__error_rates={"bad_recovery": 0.9},
-                                       gates__accuracy__looks=[0.5, 1.0],
-                                       gates__accuracy__min_samples=20)).recipe.gates.accuracy
+    gate = validate_recipe(
+        recipe_file(
+            gates__accuracy__error_rates={"bad_recovery": 0.9},
+            gates__accuracy__looks=[0.5, 1.0],
+            gates__accuracy__min_samples=20,
+        )
+    ).recipe.gates.accuracy
     assert (gate.error_rates.bad_recovery, gate.error_rates.good_recovery, gate.looks, gate.min_samples) == (
-        0.9, 0.99, [0.5, 1.0], 20)
+        0.9,
+        0.99,
+        [0.5, 1.0],
+        20,
+    )
     default = load_recipe(ROOT / "recipes/tiny-llama-awq.yaml").gates.accuracy
     assert default.looks == [0.25, 0.5, 0.75, 1.0] and default.error_rates.max_false_pass == 0.05
 
@@ -293,6 +336,8 @@ def test_a_key_written_twice_is_an_error_that_shows_both_lines(tmp_path) -> None
     with pytest.raises(RecipeError) as err:
         load_recipe(path)
     assert err.value.field == "name"
-    assert (f"line {first + 1} ({lines[first]!r}) and line {len(lines) + 2} ('name: another-name')"
-            in err.value.problem)
+    assert (
+        f"line {first + 1} ({lines[first]!r}) and line {len(lines) + 2} ('name: another-name')"
+        in err.value.problem
+    )
     assert "keep one of the two lines" in err.value.fix

@@ -45,9 +45,17 @@ def tokenizer():
 def test_config_architecture(config: dict) -> None:
     assert config["model_type"] == "llama"
     assert config["architectures"] == ["LlamaForCausalLM"]
-    expected = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
-                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-                "vocab_size": 1024, "max_position_embeddings": 1024, "tie_word_embeddings": False}
+    expected = {
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "vocab_size": 1024,
+        "max_position_embeddings": 1024,
+        "tie_word_embeddings": False,
+    }
     assert {k: config[k] for k in expected} == expected
     rope_theta = config.get("rope_theta") or config["rope_parameters"]["rope_theta"]
     assert rope_theta == 10000
@@ -62,8 +70,15 @@ def test_config_quantization_friendly(config: dict) -> None:
     assert heads * hd == hidden
     assert hd % 32 == 0  # fp8 KV cache on CPU needs head_size % 32 == 0
     # (in_features, out_features) of q, k, v, o, gate, up, down
-    linears = [(hidden, heads * hd), (hidden, kv * hd), (hidden, kv * hd), (heads * hd, hidden),
-               (hidden, inter), (hidden, inter), (inter, hidden)]
+    linears = [
+        (hidden, heads * hd),
+        (hidden, kv * hd),
+        (hidden, kv * hd),
+        (heads * hd, hidden),
+        (hidden, inter),
+        (hidden, inter),
+        (inter, hidden),
+    ]
     for in_f, out_f in linears:
         assert in_f % 32 == 0 and out_f % 32 == 0
         assert in_f % 128 == 0  # group size 128 divides every quantized row
@@ -75,7 +90,10 @@ def test_weights_are_bf16_with_expected_shapes(config: dict) -> None:
     with safetensors.safe_open(str(MODEL / "model.safetensors"), framework="pt") as f:
         keys = list(f.keys())
         k_proj = f.get_slice("model.layers.0.self_attn.k_proj.weight")
-        assert k_proj.get_shape() == [config["num_key_value_heads"] * config["head_dim"], config["hidden_size"]]
+        assert k_proj.get_shape() == [
+            config["num_key_value_heads"] * config["head_dim"],
+            config["hidden_size"],
+        ]
         assert k_proj.get_dtype() == "BF16"
     assert "lm_head.weight" in keys  # untied embeddings are stored separately
 
@@ -89,7 +107,10 @@ def test_tokenizer_and_chat_template(tokenizer, config: dict) -> None:
     assert len(tokenizer) == config["vocab_size"]
     assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == ("<s>", "</s>", "<pad>")
     assert [tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id] == [
-        config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]]
+        config["bos_token_id"],
+        config["eos_token_id"],
+        config["pad_token_id"],
+    ]
     assert tokenizer.model_max_length == 1024
     ids = tokenizer("Monday comes before Tuesday.")["input_ids"]
     assert ids[0] == tokenizer.bos_token_id
@@ -98,7 +119,8 @@ def test_tokenizer_and_chat_template(tokenizer, config: dict) -> None:
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert prompt == "<s>User: What day comes after Monday?\nAssistant:"
     full = tokenizer.apply_chat_template(
-        messages + [{"role": "assistant", "content": "The day after Monday is Tuesday."}], tokenize=False)
+        messages + [{"role": "assistant", "content": "The day after Monday is Tuesday."}], tokenize=False
+    )
     assert full.endswith("Assistant: The day after Monday is Tuesday.</s>")
 
 
@@ -115,7 +137,7 @@ def test_model_recalls_a_fact(tokenizer) -> None:
     model = transformers.AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.bfloat16)
     ids = tokenizer("The day after Monday is", return_tensors="pt")
     out = model.generate(**ids, max_new_tokens=2, do_sample=False)
-    assert tokenizer.decode(out[0, ids["input_ids"].shape[1]:]).startswith(" Tuesday")
+    assert tokenizer.decode(out[0, ids["input_ids"].shape[1] :]).startswith(" Tuesday")
 
 
 def test_sha256sums_match_files() -> None:
@@ -128,14 +150,28 @@ def test_sha256sums_match_files() -> None:
     assert set(listed) == present
     for name, digest in listed.items():
         assert hashlib.sha256((MODEL / name).read_bytes()).hexdigest() == digest, name
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-            "generation_config.json", "README.md"} <= present
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "README.md",
+    } <= present
 
 
 def test_results_file() -> None:
     results = json.loads(RESULTS.read_text())
-    for key in ("params", "vocab_size", "heldout_ppl", "train_seconds", "sha256",
-                "facts_mc_accuracy", "config", "method"):
+    for key in (
+        "params",
+        "vocab_size",
+        "heldout_ppl",
+        "train_seconds",
+        "sha256",
+        "facts_mc_accuracy",
+        "config",
+        "method",
+    ):
         assert key in results
     assert results["vocab_size"] == 1024
     assert results["heldout_ppl"] <= 1024 / 10

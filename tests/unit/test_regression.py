@@ -33,16 +33,43 @@ RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
 
 
 def compare(candidate, production, gate=GATE):
-    return compare_with_production(candidate, production, gate, base=base_results(), release_ref="production",
-                                   production_sha="a" * 40, source="recorded")
+    return compare_with_production(
+        candidate,
+        production,
+        gate,
+        base=base_results(),
+        release_ref="production",
+        production_sha="a" * 40,
+        source="recorded",
+    )
 
 
 def stress() -> StressResult:
-    return StressResult(requests=50, completed=48, rejected_overlong=2, overlong_expected=2, errors_5xx=0,
-                        other_errors=0, timeouts=0, wrong_token_counts=0, aborted=0, server_restarts=0,
-                        server_died=False, peak_kv_cache_usage=0.5, preemptions=0, peak_running=8, peak_waiting=0,
-                        peak_rss_bytes=None, peak_gpu_memory_bytes=None, duration_s=10.0, throughput=None,
-                        concurrency_steps=[1, 2, 4, 8], failures=[], error_samples=[], output_dir="s")
+    return StressResult(
+        requests=50,
+        completed=48,
+        rejected_overlong=2,
+        overlong_expected=2,
+        errors_5xx=0,
+        other_errors=0,
+        timeouts=0,
+        wrong_token_counts=0,
+        aborted=0,
+        server_restarts=0,
+        server_died=False,
+        peak_kv_cache_usage=0.5,
+        preemptions=0,
+        peak_running=8,
+        peak_waiting=0,
+        peak_rss_bytes=None,
+        peak_gpu_memory_bytes=None,
+        duration_s=10.0,
+        throughput=None,
+        concurrency_steps=[1, 2, 4, 8],
+        failures=[],
+        error_samples=[],
+        output_dir="s",
+    )
 
 
 def test_a_release_that_beats_its_base_but_serves_fewer_requests_than_production_is_rejected():
@@ -59,7 +86,9 @@ def test_a_release_that_beats_its_base_but_serves_fewer_requests_than_production
 
 
 def test_a_release_at_least_as_good_as_production_passes_and_the_table_shows_all_three():
-    result = compare(results(kv_tokens=KV_4BIT, throughput=2_300.0), results(kv_tokens=KV_4BIT, throughput=2_400.0))
+    result = compare(
+        results(kv_tokens=KV_4BIT, throughput=2_300.0), results(kv_tokens=KV_4BIT, throughput=2_400.0)
+    )
     assert result.passed, result.markdown()
     table = result.markdown()
     assert "| measure | base | production | candidate |" in table
@@ -72,11 +101,16 @@ def test_accuracy_drop_counts_per_metric_and_in_the_right_direction():
     override lets the perplexity through."""
     result = compare(results(accuracy_scale=0.97), results())
     failed = {r.measure for r in result.rows if not r.passed}
-    assert failed == {"qs_facts_mc acc", "qs_facts_mc acc_norm", "qs_heldout_ppl word_perplexity"}  # never a path
+    assert failed == {
+        "qs_facts_mc acc",
+        "qs_facts_mc acc_norm",
+        "qs_heldout_ppl word_perplexity",
+    }  # never a path
     ppl = next(r for r in result.rows if r.measure.endswith("word_perplexity"))
     assert "lower is better" in ppl.reason and ppl.candidate > ppl.production
-    relaxed = compare(results(accuracy_scale=0.97), results(),
-                      RegressionGate(metric_max_drop={"word_perplexity": 0.05}))
+    relaxed = compare(
+        results(accuracy_scale=0.97), results(), RegressionGate(metric_max_drop={"word_perplexity": 0.05})
+    )
     assert next(r for r in relaxed.rows if r.measure.endswith("word_perplexity")).passed
 
 
@@ -86,15 +120,23 @@ def test_throughput_and_missing_figures():
     assert not row.passed and "x0.750 < 0.80" in row.reason and "@ concurrency 8" in row.measure
     missing = compare(results().model_copy(update={"output_throughput": None}), results())
     assert "not measured for the candidate" in next(r for r in missing.rows if r.kind == "throughput").reason
-    not_compared = compare(results(throughput=100.0), results(throughput=2_400.0),
-                           GATE.model_copy(update={"min_throughput_ratio": None}))
+    not_compared = compare(
+        results(throughput=100.0),
+        results(throughput=2_400.0),
+        GATE.model_copy(update={"min_throughput_ratio": None}),
+    )
     assert not any(r.kind == "throughput" for r in not_compared.rows) and not_compared.passed
     assert RegressionGate(min_throughput_ratio=None).min_throughput_ratio is None  # null in a recipe
 
 
 def test_the_gate_off_is_a_row_that_says_so_and_passes():
-    decision = decide([], stress(), regression=regression_off("no release to compare with: the tag 'production' "
-                                                              "does not exist in org/m yet (a first release)"))
+    decision = decide(
+        [],
+        stress(),
+        regression=regression_off(
+            "no release to compare with: the tag 'production' does not exist in org/m yet (a first release)"
+        ),
+    )
     row = decision.checks[-1]
     assert row.check == "regression" and row.passed and row.off
     assert "| regression | off | off: no release to compare with" in decision.markdown()
@@ -108,11 +150,20 @@ def test_conditions_name_what_differs():
     later = measurement_conditions(other, vllm_version="0.33.0", hardware="x86_64 2 CPUs, no GPU")
     diffs = condition_differences(now, later)
     assert "vLLM 0.32.0 -> 0.33.0" in diffs
-    assert any(d.startswith("serve.max_num_seqs") for d in diffs) and any(d.startswith("gates.stress.concurrency")
-                                                                          for d in diffs)
-    assert not any("recovery" in d for d in condition_differences(
-        now, measurement_conditions(load_recipe(RECIPE, {"gates.accuracy.error_rates.bad_recovery": 0.9}),
-                                    vllm_version="0.32.0", hardware="x86_64 2 CPUs, no GPU")))
+    assert any(d.startswith("serve.max_num_seqs") for d in diffs) and any(
+        d.startswith("gates.stress.concurrency") for d in diffs
+    )
+    assert not any(
+        "recovery" in d
+        for d in condition_differences(
+            now,
+            measurement_conditions(
+                load_recipe(RECIPE, {"gates.accuracy.error_rates.bad_recovery": 0.9}),
+                vllm_version="0.32.0",
+                hardware="x86_64 2 CPUs, no GPU",
+            ),
+        )
+    )
 
 
 def test_the_regression_section_is_on_by_default_and_checked_at_load():
@@ -136,8 +187,10 @@ SHA = {name: (name * 40)[:40] for name in "abcdefgh"}
 
 def state(commits: list[tuple[str, str, str]], tags: dict[str, str]) -> RepoState:
     """commits: (sha key, title, description), oldest first."""
-    listed = [HubCommit(sha=SHA[k], title=t, message=m, date=f"2026-12-0{i + 1}T10:00:00Z", authors=["alice"])
-              for i, (k, t, m) in enumerate(commits)]
+    listed = [
+        HubCommit(sha=SHA[k], title=t, message=m, date=f"2026-12-0{i + 1}T10:00:00Z", authors=["alice"])
+        for i, (k, t, m) in enumerate(commits)
+    ]
     for older, newer in zip(listed, listed[1:], strict=False):
         newer.parent = older.sha
     return RepoState(repo_id="org/m", tags=tags, commits=list(reversed(listed)))
@@ -145,28 +198,50 @@ def state(commits: list[tuple[str, str, str]], tags: dict[str, str]) -> RepoStat
 
 def record(key: str, kv: int, status: str = "promoted"):
     report = run_report(repo_id="org/m", candidate_sha=SHA[key], run_id=f"run-{key}", kv_tokens=kv)
-    return release_record(report, status=status, reasons=[] if status == "promoted" else ["regression capacity"],
-                          approval="manual", approved_by="carol")
+    return release_record(
+        report,
+        status=status,
+        reasons=[] if status == "promoted" else ["regression capacity"],
+        approval="manual",
+        approved_by="carol",
+    )
 
 
 def three_releases(**tags: str) -> RepoState:
-    return state([("a", "candidate 1", ""), ("b", "Gates passed (run 1)", ""),
-                  ("c", "candidate 2", ""), ("d", "Gates passed (run 2)", ""),
-                  ("e", "candidate 3", ""), ("f", "Model card: candidate eeeeeeeeeeee rejected", "")],
-                 {"production": SHA["d"], f"rejected-{SHA['e'][:12]}": SHA["e"], **tags})
+    return state(
+        [
+            ("a", "candidate 1", ""),
+            ("b", "Gates passed (run 1)", ""),
+            ("c", "candidate 2", ""),
+            ("d", "Gates passed (run 2)", ""),
+            ("e", "candidate 3", ""),
+            ("f", "Model card: candidate eeeeeeeeeeee rejected", ""),
+        ],
+        {"production": SHA["d"], f"rejected-{SHA['e'][:12]}": SHA["e"], **tags},
+    )
 
 
-RECORDS = {SHA["b"]: record("a", KV_8BIT), SHA["d"]: record("c", KV_4BIT),
-           SHA["f"]: record("e", KV_8BIT, status="rejected")}
+RECORDS = {
+    SHA["b"]: record("a", KV_8BIT),
+    SHA["d"]: record("c", KV_4BIT),
+    SHA["f"]: record("e", KV_8BIT, status="rejected"),
+}
 
 
 def test_history_reads_gated_and_rejected_commits_with_their_figures():
     history = interpret(HUB, three_releases(), RECORDS.get)
-    assert [(e.commit, e.status) for e in history.entries] == [(SHA["b"], "promoted"), (SHA["d"], "promoted"),
-                                                               (SHA["e"], "rejected")]
+    assert [(e.commit, e.status) for e in history.entries] == [
+        (SHA["b"], "promoted"),
+        (SHA["d"], "promoted"),
+        (SHA["e"], "rejected"),
+    ]
     assert history.current == SHA["d"] and history.entry(SHA["d"]).current
     rows = history.rows()
-    assert rows[1]["KV tokens"] == "14,464" and rows[1]["approved by"] == "carol" and rows[1]["now"] == "<- current"
+    assert (
+        rows[1]["KV tokens"] == "14,464"
+        and rows[1]["approved by"] == "carol"
+        and rows[1]["now"] == "<- current"
+    )
     assert rows[0]["decision"].startswith("rejected: regression capacity")
     printed = history.table()
     assert printed.startswith("org/m: tag 'production' -> dddddddddddd")
@@ -178,9 +253,13 @@ def test_rollback_defaults_to_the_gated_commit_before_the_current_and_refuses_th
     plan = plan_rollback(history)
     assert (plan.current, plan.target, plan.move, plan.note) == (SHA["d"], SHA["b"], True, True)
     assert plan_rollback(history, SHA["b"][:8]).target == SHA["b"]
-    for to, says in [(SHA["e"], "was rejected (regression capacity)"),
-                     (SHA["c"], f"use --to {SHA['d']}"),
-                     (SHA["f"], "never gated"), ("g" * 40, "not a commit sha"), ("1234567", "never gated")]:
+    for to, says in [
+        (SHA["e"], "was rejected (regression capacity)"),
+        (SHA["c"], f"use --to {SHA['d']}"),
+        (SHA["f"], "never gated"),
+        ("g" * 40, "not a commit sha"),
+        ("1234567", "never gated"),
+    ]:
         with pytest.raises(ReleaseRefusedError) as err:
             plan_rollback(history, to)
         assert says in str(err.value), str(err.value)
@@ -191,9 +270,17 @@ def test_rollback_defaults_to_the_gated_commit_before_the_current_and_refuses_th
 
 def test_a_noted_rollback_is_in_the_history_and_a_rerun_changes_nothing():
     rolled = three_releases(production=SHA["b"])
-    rolled.commits.insert(0, HubCommit(sha=SHA["g"], title=rollback_title("tag", "production", SHA["b"], SHA["d"]),
-                                       message="p99 latency doubled", date="2026-12-09T10:00:00Z",
-                                       authors=["bob"], parent=SHA["f"]))
+    rolled.commits.insert(
+        0,
+        HubCommit(
+            sha=SHA["g"],
+            title=rollback_title("tag", "production", SHA["b"], SHA["d"]),
+            message="p99 latency doubled",
+            date="2026-12-09T10:00:00Z",
+            authors=["bob"],
+            parent=SHA["f"],
+        ),
+    )
     history = interpret(HUB, rolled, RECORDS.get)
     assert history.recorded_target() == SHA["b"]
     entry_d, entry_b = history.entry(SHA["d"]), history.entry(SHA["b"])
@@ -216,21 +303,34 @@ def test_a_ref_at_a_commit_no_gate_passed_warns_on_top_and_names_the_rollback_th
     hand_moved = interpret(HUB, three_releases(production=SHA["f"]), RECORDS.get)
     assert hand_moved.ref_warning == (
         "production serves ffffffffffff, which no gate passed (the tag was moved there by hand). "
-        f"Fix: `{fix_command('d')}` (the newest gated commit)")
+        f"Fix: `{fix_command('d')}` (the newest gated commit)"
+    )
     printed = hand_moved.table().splitlines()
-    assert printed[0] == f"WARNING: {hand_moved.ref_warning}" and printed[1] == "org/m: tag 'production' -> ffffffffffff"
+    assert (
+        printed[0] == f"WARNING: {hand_moved.ref_warning}"
+        and printed[1] == "org/m: tag 'production' -> ffffffffffff"
+    )
     top = hand_moved.rows()[0]
-    assert (top["commit"], top["decision"], top["run"], top["now"]) == ("ffffffffffff", "never gated", "-", "<- current")
+    assert (top["commit"], top["decision"], top["run"], top["now"]) == (
+        "ffffffffffff",
+        "never gated",
+        "-",
+        "<- current",
+    )
     assert '"ref_warning":"production serves ffffffffffff' in hand_moved.model_dump_json()
 
     candidate = interpret(HUB, three_releases(production=SHA["c"]), RECORDS.get).ref_warning
-    assert "serves cccccccccccc, which no gate passed (it is the candidate of the gated commit dddddddddddd" in candidate
+    assert (
+        "serves cccccccccccc, which no gate passed (it is the candidate of the gated commit dddddddddddd"
+        in candidate
+    )
     assert candidate.endswith(f"Fix: `{fix_command('d')}` (the newest gated commit)")
 
     rejected = interpret(HUB, three_releases(production=SHA["e"]), RECORDS.get)
     assert rejected.ref_warning == (
         "production serves eeeeeeeeeeee, which the gates rejected (rejected-eeeeeeeeeeee tag: regression "
-        f"capacity). Fix: `{fix_command('d')}` (the newest gated commit)")
+        f"capacity). Fix: `{fix_command('d')}` (the newest gated commit)"
+    )
     assert rejected.table().startswith("WARNING: production serves eeeeeeeeeeee, which the gates rejected")
     assert rejected.rows()[0]["now"] == "<- current (rejected)"
 
@@ -239,23 +339,41 @@ def test_the_repair_keeps_a_rollback_and_names_the_ref_options_and_nothing_to_ro
     """After a rollback away from the newest release, the repair goes back to where the rollback put the
     ref, not to the release it rolled back from; a branch or another ref name is in the command."""
     rolled = three_releases(production=SHA["g"])  # rolled back d -> b, then the tag was moved by hand
-    rolled.commits.insert(0, HubCommit(sha=SHA["g"], title=rollback_title("tag", "production", SHA["b"], SHA["d"]),
-                                       date="2026-12-09T10:00:00Z", parent=SHA["f"]))
+    rolled.commits.insert(
+        0,
+        HubCommit(
+            sha=SHA["g"],
+            title=rollback_title("tag", "production", SHA["b"], SHA["d"]),
+            date="2026-12-09T10:00:00Z",
+            parent=SHA["f"],
+        ),
+    )
     warning = interpret(HUB, rolled, RECORDS.get).ref_warning
-    assert warning.endswith(f"Fix: `{fix_command('b')}` (where the last rollback put it; the newest gated "
-                            "commit, dddddddddddd, was rolled back from)")
+    assert warning.endswith(
+        f"Fix: `{fix_command('b')}` (where the last rollback put it; the newest gated "
+        "commit, dddddddddddd, was rolled back from)"
+    )
     branch = HubSection(repo_id="org/m", release_ref="serving", release_ref_kind="branch")
     on_branch = three_releases()
     on_branch.branches["serving"] = SHA["e"]
-    assert f"--ref serving --ref-kind branch --to {SHA['d']}`" in interpret(branch, on_branch, RECORDS.get).ref_warning
-    only_rejected = state([("a", "candidate 1", "")], {"production": SHA["a"], f"rejected-{SHA['a'][:12]}": SHA["a"]})
+    assert (
+        f"--ref serving --ref-kind branch --to {SHA['d']}`"
+        in interpret(branch, on_branch, RECORDS.get).ref_warning
+    )
+    only_rejected = state(
+        [("a", "candidate 1", "")], {"production": SHA["a"], f"rejected-{SHA['a'][:12]}": SHA["a"]}
+    )
     warning = interpret(HUB, only_rejected, RECORDS.get).ref_warning
-    assert warning.startswith("production serves aaaaaaaaaaaa, which the gates rejected (rejected-aaaaaaaaaaaa tag)")
+    assert warning.startswith(
+        "production serves aaaaaaaaaaaa, which the gates rejected (rejected-aaaaaaaaaaaa tag)"
+    )
     assert "none to roll back to. Fix: release one through the gates" in warning
     unset = three_releases()
     del unset.tags["production"]
     assert interpret(HUB, unset, RECORDS.get).ref_warning.startswith(
-        "production points at nothing, though 2 commit(s) of org/m passed the gates. Fix: `quantize-serve rollback")
+        "production points at nothing, though 2 commit(s) of org/m passed the gates. Fix: `quantize-serve "
+        "rollback"
+    )
 
 
 def test_rollback_without_to_from_a_ref_no_gate_passed_proposes_the_repair():
@@ -266,7 +384,10 @@ def test_rollback_without_to_from_a_ref_no_gate_passed_proposes_the_repair():
         plan_rollback(hand_moved)
     text = str(err.value)
     assert "points at ffffffffffff, which no gate passed" in text, text
-    assert f"Fix: name the target with --to SHA: `{fix_command('d')}`" in text and "dddddddddddd, bbbbbbbbbbbb" in text
+    assert (
+        f"Fix: name the target with --to SHA: `{fix_command('d')}`" in text
+        and "dddddddddddd, bbbbbbbbbbbb" in text
+    )
     plan = plan_rollback(interpret(HUB, three_releases(production=SHA["e"]), RECORDS.get))
     assert (plan.current, plan.target, plan.move) == (SHA["e"], SHA["d"], True)
     unset = three_releases()
@@ -283,10 +404,15 @@ def test_the_history_artifact_says_the_warning_first(monkeypatch):
     monkeypatch.setattr(release_tasks, "get_run_logger", lambda: logging.getLogger("test"))
     history = interpret(HUB, three_releases(production=SHA["e"]), RECORDS.get)
     release_tasks.publish_release_history.fn(HUB, history)
-    assert made[0]["description"].startswith(f"**WARNING:** {history.ref_warning}\n\nRelease history of org/m")
+    assert made[0]["description"].startswith(
+        f"**WARNING:** {history.ref_warning}\n\nRelease history of org/m"
+    )
     assert made[0]["table"][0]["now"] == "<- current (rejected)"
     fine = interpret(HUB, three_releases(), RECORDS.get)
-    assert release_tasks.history_description(fine) == "Release history of org/m: tag 'production' -> dddddddddddd"
+    assert (
+        release_tasks.history_description(fine)
+        == "Release history of org/m: tag 'production' -> dddddddddddd"
+    )
 
 
 def history_row_text(history, sha) -> str:
@@ -307,13 +433,20 @@ def test_the_card_note_is_on_top_once_and_listed_under_rollbacks():
 def test_the_record_round_trips_and_the_report_shows_production_beside_base_and_candidate(tmp_path):
     from quantize_serve.report.release_results import parse_release_record
 
-    report = run_report(repo_id="org/m", candidate_sha=SHA["a"], run_id="r",
-                        regression=compare(results(kv_tokens=KV_8BIT), results()))
+    report = run_report(
+        repo_id="org/m",
+        candidate_sha=SHA["a"],
+        run_id="r",
+        regression=compare(results(kv_tokens=KV_8BIT), results()),
+    )
     rec = record("a", KV_4BIT)
     assert parse_release_record(release_record_bytes(rec)) == rec
     assert parse_release_record(b"{not json") is None
     text = render_markdown(report)
-    assert "## Against production (base, production, candidate)" in text and "| KV tokens | 6,016 | 14,464 | 13,696 |" in text
+    assert (
+        "## Against production (base, production, candidate)" in text
+        and "| KV tokens | 6,016 | 14,464 | 13,696 |" in text
+    )
 
 
 def test_a_table_pads_every_column():
@@ -330,12 +463,23 @@ def test_the_card_shows_production_beside_base_and_candidate(awq_recipe):
     from quantize_serve.release.card import render_model_card, report_card_inputs
     from quantize_serve.validate.preflight import ValidatedRecipe
 
-    validated = ValidatedRecipe(recipe=awq_recipe, source="recipes/tiny-llama-awq.yaml", recipe_sha256="0" * 64,
-                                calibration_fingerprint="2" * 64)
-    report = run_report(repo_id="org/m", candidate_sha=SHA["a"], run_id="r",
-                        regression=compare(results(kv_tokens=KV_8BIT), results()))
-    card = render_model_card(report_card_inputs(validated, report, status="rejected",
-                                                rejection_reasons=["regression capacity: KV tokens"]))
+    validated = ValidatedRecipe(
+        recipe=awq_recipe,
+        source="recipes/tiny-llama-awq.yaml",
+        recipe_sha256="0" * 64,
+        calibration_fingerprint="2" * 64,
+    )
+    report = run_report(
+        repo_id="org/m",
+        candidate_sha=SHA["a"],
+        run_id="r",
+        regression=compare(results(kv_tokens=KV_8BIT), results()),
+    )
+    card = render_model_card(
+        report_card_inputs(
+            validated, report, status="rejected", rejection_reasons=["regression capacity: KV tokens"]
+        )
+    )
     assert "## Against production (base, production, candidate)" in card.text
     assert "| KV tokens | 6,016 | 14,464 | 13,696 | x0.9469 | >= x1.00 | **FAIL** |" in card.text
 

@@ -16,22 +16,54 @@ from quantize_serve.validate.preflight import BaseModelRef
 
 
 def report_with_capacity() -> RunReport:
-    configs = [CapacityConfig(name=name, kv_cache_dtype=dtype, weights_bytes=w, kv_cache_memory_bytes=kv,
-                              kv_cache_tokens=t, num_blocks=t // 16, block_size=16, max_model_len=512,
-                              max_concurrency=t / 512, boot_seconds=20.0)
-               for name, dtype, w, kv, t in [("base", "auto", 2_000_000, 6_000_000, 6016),
-                                             ("w4a16", "bfloat16", 900_000, 7_000_000, 7168),
-                                             ("w4a16-fp8kv", "fp8", 900_000, 7_000_000, 14464)]]
+    configs = [
+        CapacityConfig(
+            name=name,
+            kv_cache_dtype=dtype,
+            weights_bytes=w,
+            kv_cache_memory_bytes=kv,
+            kv_cache_tokens=t,
+            num_blocks=t // 16,
+            block_size=16,
+            max_model_len=512,
+            max_concurrency=t / 512,
+            boot_seconds=20.0,
+        )
+        for name, dtype, w, kv, t in [
+            ("base", "auto", 2_000_000, 6_000_000, 6016),
+            ("w4a16", "bfloat16", 900_000, 7_000_000, 7168),
+            ("w4a16-fp8kv", "fp8", 900_000, 7_000_000, 14464),
+        ]
+    ]
     return RunReport(
-        run_id="r", recipe="tiny-llama-awq", recipe_source="recipes/x.yaml", recipe_sha256="0" * 64,
+        run_id="r",
+        recipe="tiny-llama-awq",
+        recipe_source="recipes/x.yaml",
+        recipe_sha256="0" * 64,
         base=BaseModelRef(local_dir="models/tiny-llama", sha="1" * 64),
-        checkpoint=QuantizeResult(checkpoint_dir="c", method="awq", scheme="W4A16_ASYM", seconds=1.0,
-                                  base_bytes=2, quantized_bytes=1, calibration_fingerprint="2" * 64,
-                                  engine_versions={}),
-        capacity=CapacityReport(method="fixed budget", budget_bytes=8_000_000, configs=configs,
-                                freed_weight_bytes=1_100_000, fp8_token_ratio=2.0, gain_quantized=1.19,
-                                gain_fp8=2.4, planner=[]),
-        decision=Decision(passed=True, checks=[]), serving_command="vllm serve c")
+        checkpoint=QuantizeResult(
+            checkpoint_dir="c",
+            method="awq",
+            scheme="W4A16_ASYM",
+            seconds=1.0,
+            base_bytes=2,
+            quantized_bytes=1,
+            calibration_fingerprint="2" * 64,
+            engine_versions={},
+        ),
+        capacity=CapacityReport(
+            method="fixed budget",
+            budget_bytes=8_000_000,
+            configs=configs,
+            freed_weight_bytes=1_100_000,
+            fp8_token_ratio=2.0,
+            gain_quantized=1.19,
+            gain_fp8=2.4,
+            planner=[],
+        ),
+        decision=Decision(passed=True, checks=[]),
+        serving_command="vllm serve c",
+    )
 
 
 def test_report_on_disk_links_the_chart_and_the_ui_copy_embeds_it(tmp_path):
@@ -59,16 +91,25 @@ def test_pushed_card_names_no_machine_path(awq_recipe, tmp_path):
     from quantize_serve.validate.preflight import ValidatedRecipe
 
     ckpt = tmp_path / "work" / "checkpoints" / "tiny-llama-awq-0123abcd"
-    validated = ValidatedRecipe(recipe=awq_recipe, source=str(PROJECT_ROOT / "recipes/tiny-llama-awq.yaml"),
-                                recipe_sha256="0" * 64, calibration_fingerprint="2" * 64)
-    report = report_with_capacity().model_copy(update={
-        "base": BaseModelRef(local_dir=str(PROJECT_ROOT / "models/tiny-llama"), sha="1" * 64),
-        "checkpoint": report_with_capacity().checkpoint.model_copy(update={"checkpoint_dir": str(ckpt)}),
-        "serving_command": published_serve_command(awq_recipe, ckpt)})
+    validated = ValidatedRecipe(
+        recipe=awq_recipe,
+        source=str(PROJECT_ROOT / "recipes/tiny-llama-awq.yaml"),
+        recipe_sha256="0" * 64,
+        calibration_fingerprint="2" * 64,
+    )
+    report = report_with_capacity().model_copy(
+        update={
+            "base": BaseModelRef(local_dir=str(PROJECT_ROOT / "models/tiny-llama"), sha="1" * 64),
+            "checkpoint": report_with_capacity().checkpoint.model_copy(update={"checkpoint_dir": str(ckpt)}),
+            "serving_command": published_serve_command(awq_recipe, ckpt),
+        }
+    )
     for status in ("candidate", "promoted"):
         card = str(render_model_card(report_card_inputs(validated, report, status=status)))
         assert str(PROJECT_ROOT) not in card and str(tmp_path) not in card, card
-        assert "vllm serve quantize-serve/tiny-llama-awq-w4a16 --revision production " in card  # the release ref
+        assert (
+            "vllm serve quantize-serve/tiny-llama-awq-w4a16 --revision production " in card
+        )  # the release ref
     assert str(PROJECT_ROOT) not in render_markdown(report)
 
 
@@ -80,9 +121,20 @@ def test_pushed_card_names_no_machine_path(awq_recipe, tmp_path):
 def accuracy_checks(*tasks: str) -> list:
     from quantize_serve.gates.accuracy import AccuracyCheck
 
-    return [AccuracyCheck(task=t, metric="acc", base=0.5, quantized=0.25, recovery=0.5, threshold=0.95,
-                          passed=False, higher_is_better=True, reason="recovery quantized/base = 0.5000 < 0.95")
-            for t in tasks]
+    return [
+        AccuracyCheck(
+            task=t,
+            metric="acc",
+            base=0.5,
+            quantized=0.25,
+            recovery=0.5,
+            threshold=0.95,
+            passed=False,
+            higher_is_better=True,
+            reason="recovery quantized/base = 0.5000 < 0.95",
+        )
+        for t in tasks
+    ]
 
 
 def write_lm_eval_results(folder, configs: dict, groups: dict | None = None) -> None:
@@ -106,13 +158,30 @@ def test_a_task_file_is_named_by_its_task_and_its_data_by_id_and_content():
 def test_a_named_task_takes_its_dataset_from_what_lm_eval_ran(tmp_path):
     from quantize_serve.report.provenance import eval_task_refs
 
-    write_lm_eval_results(tmp_path / "accuracy-quantized", {
-        "gsm8k": {"task": "gsm8k", "dataset_path": "openai/gsm8k", "dataset_name": "main", "test_split": "test"},
-        **{f"mmlu_{s}": {"dataset_path": "cais/mmlu", "dataset_name": s, "test_split": "test"}
-           for s in ("anatomy", "virology")}}, groups={"mmlu": ["mmlu_anatomy", "mmlu_virology"]})
+    write_lm_eval_results(
+        tmp_path / "accuracy-quantized",
+        {
+            "gsm8k": {
+                "task": "gsm8k",
+                "dataset_path": "openai/gsm8k",
+                "dataset_name": "main",
+                "test_split": "test",
+            },
+            **{
+                f"mmlu_{s}": {"dataset_path": "cais/mmlu", "dataset_name": s, "test_split": "test"}
+                for s in ("anatomy", "virology")
+            },
+        },
+        groups={"mmlu": ["mmlu_anatomy", "mmlu_virology"]},
+    )
     refs = eval_task_refs(["gsm8k", "mmlu", "hellaswag"], base_dir=tmp_path, report_dir=str(tmp_path))
-    assert refs["gsm8k"].model_dump() == {"task": "gsm8k", "dataset": "openai/gsm8k", "dataset_config": "main",
-                                          "dataset_split": "test", "dataset_revision": None}
+    assert refs["gsm8k"].model_dump() == {
+        "task": "gsm8k",
+        "dataset": "openai/gsm8k",
+        "dataset_config": "main",
+        "dataset_split": "test",
+        "dataset_revision": None,
+    }
     assert (refs["mmlu"].dataset, refs["mmlu"].dataset_config) == ("cais/mmlu", None)  # a group, one dataset
     assert refs["hellaswag"].dataset == "hellaswag"  # no record of what ran: the task's own name, no guess
 
@@ -120,7 +189,10 @@ def test_a_named_task_takes_its_dataset_from_what_lm_eval_ran(tmp_path):
 def test_a_run_url_on_this_machine_is_not_published():
     from quantize_serve.report.provenance import public_url
 
-    assert public_url("https://prefect.example.com/runs/flow-run/1") == "https://prefect.example.com/runs/flow-run/1"
+    assert (
+        public_url("https://prefect.example.com/runs/flow-run/1")
+        == "https://prefect.example.com/runs/flow-run/1"
+    )
     assert public_url("http://127.0.0.1:4200/runs/flow-run/1") is None
     assert public_url("http://localhost:4200/runs/flow-run/1") is None and public_url(None) is None
 
@@ -143,9 +215,13 @@ def test_report_names_tasks_the_serving_vllm_and_the_run(tmp_path, monkeypatch):
     from quantize_serve.report import run_report as report_module
 
     monkeypatch.setattr(report_module, "serving_vllm_version", lambda: "0.32.0")
-    report = report_with_capacity().model_copy(update={
-        "recipe_source": "recipes/tiny-llama-awq.yaml", "accuracy": accuracy_checks("../evals/tasks/qs_facts_mc.yaml"),
-        "run_url": "https://prefect.example.com/runs/flow-run/r"})
+    report = report_with_capacity().model_copy(
+        update={
+            "recipe_source": "recipes/tiny-llama-awq.yaml",
+            "accuracy": accuracy_checks("../evals/tasks/qs_facts_mc.yaml"),
+            "run_url": "https://prefect.example.com/runs/flow-run/r",
+        }
+    )
     text = write_report(report, tmp_path)["markdown"].read_text()
     assert report.vllm_version == "0.32.0" and "- served with vLLM 0.32.0" in text
     assert "run `r` (https://prefect.example.com/runs/flow-run/r)" in text
@@ -161,16 +237,30 @@ def test_gated_card_names_tasks_and_datasets_never_paths(awq_recipe, tmp_path):
     from quantize_serve.release.card import render_model_card, report_card_inputs
     from quantize_serve.validate.preflight import ValidatedRecipe
 
-    validated = ValidatedRecipe(recipe=awq_recipe, source="recipes/tiny-llama-awq.yaml", recipe_sha256="0" * 64,
-                                calibration_fingerprint="2" * 64)
-    write_lm_eval_results(tmp_path / "accuracy-quantized", {
-        "gsm8k": {"dataset_path": "openai/gsm8k", "dataset_name": "main", "test_split": "test"}})
+    validated = ValidatedRecipe(
+        recipe=awq_recipe,
+        source="recipes/tiny-llama-awq.yaml",
+        recipe_sha256="0" * 64,
+        calibration_fingerprint="2" * 64,
+    )
+    write_lm_eval_results(
+        tmp_path / "accuracy-quantized",
+        {"gsm8k": {"dataset_path": "openai/gsm8k", "dataset_name": "main", "test_split": "test"}},
+    )
     spelled = "../evals/tasks/qs_facts_mc.yaml"
-    report = report_with_capacity().model_copy(update={
-        "accuracy": accuracy_checks(spelled, "gsm8k"), "report_dir": str(tmp_path), "vllm_version": "0.32.0",
-        "run_url": "http://127.0.0.1:4200/runs/flow-run/r",
-        "decision": decide(accuracy_checks(spelled), None,
-                           task_labels=task_labels([spelled], base_dir=Path(awq_recipe.base_dir)))})
+    report = report_with_capacity().model_copy(
+        update={
+            "accuracy": accuracy_checks(spelled, "gsm8k"),
+            "report_dir": str(tmp_path),
+            "vllm_version": "0.32.0",
+            "run_url": "http://127.0.0.1:4200/runs/flow-run/r",
+            "decision": decide(
+                accuracy_checks(spelled),
+                None,
+                task_labels=task_labels([spelled], base_dir=Path(awq_recipe.base_dir)),
+            ),
+        }
+    )
     card = render_model_card(report_card_inputs(validated, report, status="rejected"))
     results = {(r.task_name, r.dataset_type, r.dataset_split) for r in card.data.eval_results}
     assert results == {("qs_facts_mc", "local:facts_mc", "test"), ("gsm8k", "openai/gsm8k", "test")}
@@ -183,9 +273,13 @@ def test_gated_card_names_tasks_and_datasets_never_paths(awq_recipe, tmp_path):
 
 def test_report_says_which_recipe_fields_the_run_parameters_changed(tmp_path):
     overrides = {"gates.accuracy.tasks": [{"task": "../evals/tasks/qs_heldout_ppl.yaml"}]}
-    text = write_report(report_with_capacity().model_copy(update={"overrides": overrides}), tmp_path)["markdown"]
-    assert ("the run's parameters changed the recipe: `gates.accuracy.tasks` = "
-            '`[{"task": "../evals/tasks/qs_heldout_ppl.yaml"}]`') in text.read_text()
+    text = write_report(report_with_capacity().model_copy(update={"overrides": overrides}), tmp_path)[
+        "markdown"
+    ]
+    assert (
+        "the run's parameters changed the recipe: `gates.accuracy.tasks` = "
+        '`[{"task": "../evals/tasks/qs_heldout_ppl.yaml"}]`'
+    ) in text.read_text()
     plain = write_report(report_with_capacity(), tmp_path / "plain")["markdown"].read_text()
     assert "parameters changed" not in plain
 
@@ -197,10 +291,18 @@ def test_report_and_card_name_the_quantization_device(awq_recipe):
     from quantize_serve.release.card import render_model_card, report_card_inputs
     from quantize_serve.validate.preflight import ValidatedRecipe
 
-    validated = ValidatedRecipe(recipe=awq_recipe, source="recipes/tiny-llama-awq.yaml", recipe_sha256="0" * 64,
-                                calibration_fingerprint="2" * 64)
-    for device, shown in [("cuda:0 NVIDIA H200", "cuda:0 NVIDIA H200"), ("cpu", "cpu"),
-                          (NOT_QUANTIZED, "n/a (not quantized again)"), (None, "not recorded")]:
+    validated = ValidatedRecipe(
+        recipe=awq_recipe,
+        source="recipes/tiny-llama-awq.yaml",
+        recipe_sha256="0" * 64,
+        calibration_fingerprint="2" * 64,
+    )
+    for device, shown in [
+        ("cuda:0 NVIDIA H200", "cuda:0 NVIDIA H200"),
+        ("cpu", "cpu"),
+        (NOT_QUANTIZED, "n/a (not quantized again)"),
+        (None, "not recorded"),
+    ]:
         base = report_with_capacity()
         report = base.model_copy(update={"checkpoint": base.checkpoint.model_copy(update={"device": device})})
         assert f"- quantization device: {shown}\n" in render_markdown(report)
@@ -215,17 +317,28 @@ def test_the_capacity_table_shows_the_fp8_row_unavailable_with_the_reason(tmp_pa
     the summary line, the chart and report.json say that instead of measuring fp8 (no crash)."""
     base = report_with_capacity()
     why = "this CPU has no AVX-512 (avx512f missing): vLLM's CPU backend serves fp8 KV caches only with ..."
-    capacity = base.capacity.model_copy(update={"configs": base.capacity.configs[:2], "fp8_token_ratio": None,
-                                                "gain_fp8": None, "fp8_kv_unavailable": why})
+    capacity = base.capacity.model_copy(
+        update={
+            "configs": base.capacity.configs[:2],
+            "fp8_token_ratio": None,
+            "gain_fp8": None,
+            "fp8_kv_unavailable": why,
+        }
+    )
     paths = write_report(base.model_copy(update={"capacity": capacity}), tmp_path)
     text = paths["markdown"].read_text()
     assert f"| w4a16-fp8kv | fp8 | - | - | not available on this CPU: {why} | - | - |" in text
-    assert "fp8 KV not available on this CPU; the production boot serves the 16-bit KV cache of the w4a16 row" in text
+    assert (
+        "fp8 KV not available on this CPU; the production boot serves the 16-bit KV cache of the w4a16 row"
+        in text
+    )
     assert (tmp_path / CHART).stat().st_size > 0
     assert '"fp8_kv_unavailable": "this CPU has no AVX-512' in paths["json"].read_text()
 
 
-def test_decision_rows_report_and_artifact_name_a_task_by_its_lm_eval_name_never_by_its_absolute_path(tmp_path):
+def test_decision_rows_report_and_artifact_name_a_task_by_its_lm_eval_name_never_by_its_absolute_path(
+    tmp_path,
+):
     """A recipe may give a task as an absolute YAML path (a generated recipe does): the decision's rows,
     the report's table and the regression rows say `qs_facts_mc`; two files of one task name are told
     apart by their file, relative to the recipe."""
@@ -242,25 +355,48 @@ def test_decision_rows_report_and_artifact_name_a_task_by_its_lm_eval_name_never
     labels = task_labels([absolute, "../evals/tasks/qs_heldout_ppl.yaml"], base_dir=PROJECT_ROOT / "recipes")
     assert labels == {absolute: "qs_facts_mc", "../evals/tasks/qs_heldout_ppl.yaml": "qs_heldout_ppl"}
     assert [r.check for r in accuracy_rows(accuracy_checks(absolute), labels)] == ["accuracy qs_facts_mc acc"]
-    assert [r.check for r in accuracy_rows(accuracy_checks(absolute))] == ["accuracy qs_facts_mc acc"]  # its stem
+    assert [r.check for r in accuracy_rows(accuracy_checks(absolute))] == [
+        "accuracy qs_facts_mc acc"
+    ]  # its stem
 
     copy = recipe_dir / "mine" / "qs_facts_mc.yaml"  # the same task name in a file of the recipe's own
     copy.parent.mkdir()
     copy.write_text((PROJECT_ROOT / "evals" / "tasks" / "qs_facts_mc.yaml").read_text())
     both = task_labels([absolute, str(copy)], base_dir=recipe_dir)
-    assert both == {absolute: "qs_facts_mc (evals/tasks/qs_facts_mc.yaml)",
-                    str(copy): "qs_facts_mc (mine/qs_facts_mc.yaml)"}
+    assert both == {
+        absolute: "qs_facts_mc (evals/tasks/qs_facts_mc.yaml)",
+        str(copy): "qs_facts_mc (mine/qs_facts_mc.yaml)",
+    }
 
-    report = report_with_capacity().model_copy(update={
-        "recipe_source": str(recipe_dir / "r.yaml"), "accuracy": accuracy_checks(absolute),
-        "decision": decide(accuracy_checks(absolute), None, task_labels=task_labels([absolute], base_dir=recipe_dir))})
+    report = report_with_capacity().model_copy(
+        update={
+            "recipe_source": str(recipe_dir / "r.yaml"),
+            "accuracy": accuracy_checks(absolute),
+            "decision": decide(
+                accuracy_checks(absolute), None, task_labels=task_labels([absolute], base_dir=recipe_dir)
+            ),
+        }
+    )
     text = write_report(report, tmp_path / "run")["markdown"].read_text()
-    assert "| qs_facts_mc | local:facts_mc | acc |" in text and "| accuracy qs_facts_mc acc | **FAIL** |" in text
+    assert (
+        "| qs_facts_mc | local:facts_mc | acc |" in text and "| accuracy qs_facts_mc acc | **FAIL** |" in text
+    )
     assert str(PROJECT_ROOT) not in text and report.task_labels() == {absolute: "qs_facts_mc"}
 
-    production = results().model_copy(update={"accuracy": [RecordedMetric(task=absolute, metric="acc", value=0.5)]})
-    candidate = results().model_copy(update={"accuracy": [RecordedMetric(task=absolute, metric="acc", value=0.25)]})
-    result = compare_with_production(candidate, production, RegressionGate(), release_ref="production",
-                                     production_sha="a" * 40, source="recorded", task_labels=labels)
+    production = results().model_copy(
+        update={"accuracy": [RecordedMetric(task=absolute, metric="acc", value=0.5)]}
+    )
+    candidate = results().model_copy(
+        update={"accuracy": [RecordedMetric(task=absolute, metric="acc", value=0.25)]}
+    )
+    result = compare_with_production(
+        candidate,
+        production,
+        RegressionGate(),
+        release_ref="production",
+        production_sha="a" * 40,
+        source="recorded",
+        task_labels=labels,
+    )
     assert result.rows[0].measure == "qs_facts_mc acc"
     assert str(PROJECT_ROOT) not in "".join(r.reason for r in decide([], None, regression=result).checks)

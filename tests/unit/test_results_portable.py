@@ -51,11 +51,14 @@ def test_the_check_catches_paths_and_ports_but_not_urls() -> None:
 def test_portable_text_rewrites_what_the_check_flags(tmp_path: Path) -> None:
     from quantize_serve.core.settings import PROJECT_ROOT
 
-    text = (f"vllm serve {PROJECT_ROOT}/.cache/work/checkpoints/awq-1 --tokenizer {tmp_path}/model "
-            "--base-url http://127.0.0.1:41234 --endpoint /v1/completions")
+    text = (
+        f"vllm serve {PROJECT_ROOT}/.cache/work/checkpoints/awq-1 --tokenizer {tmp_path}/model "
+        "--base-url http://127.0.0.1:41234 --endpoint /v1/completions"
+    )
     assert portable_text(text, roots=[tmp_path]) == (
         "vllm serve .cache/work/checkpoints/awq-1 --tokenizer model "
-        "--base-url http://127.0.0.1:PORT --endpoint /v1/completions")
+        "--base-url http://127.0.0.1:PORT --endpoint /v1/completions"
+    )
 
 
 @pytest.mark.parametrize("path", text_files(), ids=lambda p: p.name)

@@ -1,7 +1,6 @@
 """Serving-profile search: the bracketing/bisection logic with an injected probe (no boots), the
 serve-profile.yaml emission, and one end-to-end boot of vLLM from the emitted file (`--config`)."""
 
-
 from __future__ import annotations
 
 import json
@@ -34,22 +33,42 @@ def threshold_probe(limit: int, calls: list[ServeSection], *, spec_for=None):
         calls.append(serve)
         n, ok = serve.max_num_seqs, serve.max_num_seqs <= limit
         return ps.SearchPoint(
-            max_num_seqs=n, max_num_batched_tokens=serve.max_num_batched_tokens,
-            max_model_len=serve.max_model_len, passed=ok,
-            why=[] if ok else [f"{n - limit} preemption(s) (vllm:num_preemptions_total), over "
-                               "max_preemptions=0"],
-            peak_kv_cache_usage=min(1.0, n / max(limit, 1)), preemptions=0 if ok else n - limit,
-            output_throughput=100.0 * min(n, limit), spec=spec_for(serve) if spec_for else None)
+            max_num_seqs=n,
+            max_num_batched_tokens=serve.max_num_batched_tokens,
+            max_model_len=serve.max_model_len,
+            passed=ok,
+            why=[]
+            if ok
+            else [f"{n - limit} preemption(s) (vllm:num_preemptions_total), over max_preemptions=0"],
+            peak_kv_cache_usage=min(1.0, n / max(limit, 1)),
+            preemptions=0 if ok else n - limit,
+            output_throughput=100.0 * min(n, limit),
+            spec=spec_for(serve) if spec_for else None,
+        )
 
     return probe
 
 
-def run(limit: int, *, start: int, lo: int = 4, hi: int | None = 32, step: int = 4, max_boots: int = 6,
-        serve: ServeSection = RECIPE.serve, max_concurrency: float = 10.25):
+def run(
+    limit: int,
+    *,
+    start: int,
+    lo: int = 4,
+    hi: int | None = 32,
+    step: int = 4,
+    max_boots: int = 6,
+    serve: ServeSection = RECIPE.serve,
+    max_concurrency: float = 10.25,
+):
     calls: list[ServeSection] = []
     search = ProfileSearch(min_num_seqs=lo, max_num_seqs=hi, step=step, max_boots=max_boots)
-    result = ps.search_profile(threshold_probe(limit, calls), serve, search, planner_recommended=start,
-                               planner_max_concurrency=max_concurrency)
+    result = ps.search_profile(
+        threshold_probe(limit, calls),
+        serve,
+        search,
+        planner_recommended=start,
+        planner_max_concurrency=max_concurrency,
+    )
     return result, [c.max_num_seqs for c in calls]
 
 
@@ -106,8 +125,9 @@ def test_candidates_keep_the_recipe_and_raise_batched_tokens_to_max_num_seqs():
     unset = ServeSection.model_validate({**serve.model_dump(), "max_num_batched_tokens": None})
     c = ps.candidate_serve(unset, max_num_seqs=12, max_model_len=1024)
     assert (c.max_num_batched_tokens, c.max_model_len) == (ps.DEFAULT_MAX_NUM_BATCHED_TOKENS, 1024)
-    assert c.model_dump(exclude={"max_num_seqs", "max_num_batched_tokens", "max_model_len"}) == \
-        unset.model_dump(exclude={"max_num_seqs", "max_num_batched_tokens", "max_model_len"})
+    assert c.model_dump(
+        exclude={"max_num_seqs", "max_num_batched_tokens", "max_model_len"}
+    ) == unset.model_dump(exclude={"max_num_seqs", "max_num_batched_tokens", "max_model_len"})
     candidate = ps.candidate_serve(serve, max_num_seqs=64)
     profile = profile_probe.search_stress_profile(RECIPE.gates.stress, candidate)
     assert (profile.concurrency, profile.num_requests) == (64, 64)  # the peak step really runs 64
@@ -120,13 +140,24 @@ def test_max_model_len_search_at_the_found_concurrency():
     def probe(serve: ServeSection) -> ps.SearchPoint:
         calls.append(serve)
         ok = serve.max_num_seqs <= 13 and serve.max_num_seqs * serve.max_model_len <= budget_tokens
-        return ps.SearchPoint(max_num_seqs=serve.max_num_seqs,
-                              max_num_batched_tokens=serve.max_num_batched_tokens,
-                              max_model_len=serve.max_model_len, passed=ok, why=[] if ok else ["preempted"])
+        return ps.SearchPoint(
+            max_num_seqs=serve.max_num_seqs,
+            max_num_batched_tokens=serve.max_num_batched_tokens,
+            max_model_len=serve.max_model_len,
+            passed=ok,
+            why=[] if ok else ["preempted"],
+        )
 
     search = ProfileSearch(min_num_seqs=4, max_num_seqs=32, step=4, max_boots=6, max_model_len_search=True)
-    result = ps.search_profile(probe, RECIPE.serve, search, planner_recommended=9, planner_max_concurrency=10,
-                               max_model_len_range=(512, 1024), max_model_len_step=128)
+    result = ps.search_profile(
+        probe,
+        RECIPE.serve,
+        search,
+        planner_recommended=9,
+        planner_max_concurrency=10,
+        max_model_len_range=(512, 1024),
+        max_model_len_step=128,
+    )
     seqs = [p for p in result.points if p.dimension == "max_num_seqs"]
     lens = [p for p in result.points if p.dimension == "max_model_len"]
     assert [p.max_num_seqs for p in seqs] == [9, 18, 13, 15]
@@ -140,18 +171,27 @@ def test_max_model_len_search_at_the_found_concurrency():
 
 def test_search_serve_profile_starts_at_the_planners_recommendation(tmp_path):
     calls: list[ServeSection] = []
-    recipe = parse_recipe({**RECIPE.model_dump(mode="json", exclude={"base_dir"}),
-                           "serve": {**RECIPE.serve.model_dump(mode="json"),
-                                     "search": {"min_num_seqs": 4, "max_num_seqs": 64, "step": 4}}},
-                          base_dir=ROOT / "recipes")
+    recipe = parse_recipe(
+        {
+            **RECIPE.model_dump(mode="json", exclude={"base_dir"}),
+            "serve": {
+                **RECIPE.serve.model_dump(mode="json"),
+                "search": {"min_num_seqs": 4, "max_num_seqs": 64, "step": 4},
+            },
+        },
+        base_dir=ROOT / "recipes",
+    )
     plan = plan_for(recipe, json.loads((MODEL / "config.json").read_text()), Boot.PRODUCTION, block_size=128)
-    result = ps.search_serve_profile(recipe, MODEL, probe=threshold_probe(40, calls),
-                                     log=lambda _: None)
+    result = ps.search_serve_profile(recipe, MODEL, probe=threshold_probe(40, calls), log=lambda _: None)
     assert result.planner_recommended == plan.recommended_max_num_seqs > 0
     assert calls[0].max_num_seqs == result.planner_start == min(64, plan.recommended_max_num_seqs)
     assert 36 < result.found.max_num_seqs <= 40
-    off = parse_recipe({**recipe.model_dump(mode="json", exclude={"base_dir"}),
-                        "serve": {**recipe.serve.model_dump(mode="json"), "search": {"enabled": False}}})
+    off = parse_recipe(
+        {
+            **recipe.model_dump(mode="json", exclude={"base_dir"}),
+            "serve": {**recipe.serve.model_dump(mode="json"), "search": {"enabled": False}},
+        }
+    )
     with pytest.raises(GateError, match="enabled is false"):
         ps.search_serve_profile(off, MODEL, probe=threshold_probe(40, calls))
 
@@ -185,10 +225,16 @@ def vllm_config_args(mapping: dict) -> list[str]:
 
 def found_point(serve: ServeSection, *, kv_bytes: int | None = 2_700_000) -> ps.SearchPoint:
     spec = ServerSpec(model_dir=str(MODEL), serve=serve, kv_cache_memory_bytes=kv_bytes)
-    return ps.SearchPoint(max_num_seqs=serve.max_num_seqs,
-                          max_num_batched_tokens=serve.max_num_batched_tokens,
-                          max_model_len=serve.max_model_len, passed=True, preemptions=0,
-                          peak_kv_cache_usage=0.93, output_throughput=812.0, spec=spec)
+    return ps.SearchPoint(
+        max_num_seqs=serve.max_num_seqs,
+        max_num_batched_tokens=serve.max_num_batched_tokens,
+        max_model_len=serve.max_model_len,
+        passed=True,
+        preemptions=0,
+        peak_kv_cache_usage=0.93,
+        output_throughput=812.0,
+        spec=spec,
+    )
 
 
 def test_serve_profile_yaml_is_the_boot_command_as_a_config_file(tmp_path):
@@ -209,17 +255,23 @@ def test_serve_profile_yaml_is_the_boot_command_as_a_config_file(tmp_path):
 
 
 def test_serve_profile_gpu_mode_extra_args_and_model_override(tmp_path):
-    serve = ServeSection(max_model_len=8192, max_num_seqs=96, max_num_batched_tokens=8192,
-                         kv_cache_dtype="fp8", gpu_memory_utilization=0.9,
-                         extra_args=["--enable-prefix-caching", "--seed=7", "--allowed-origins", "a", "b"])
+    serve = ServeSection(
+        max_model_len=8192,
+        max_num_seqs=96,
+        max_num_batched_tokens=8192,
+        kv_cache_dtype="fp8",
+        gpu_memory_utilization=0.9,
+        extra_args=["--enable-prefix-caching", "--seed=7", "--allowed-origins", "a", "b"],
+    )
     point = found_point(serve, kv_bytes=None)
     path, command = po.write_serve_profile(point, tmp_path / "p.yaml", model="org/tiny-llama-awq-w4a16")
     mapping = yaml.safe_load(path.read_text())
     assert mapping["gpu-memory-utilization"] == 0.9 and "kv-cache-memory-bytes" not in mapping
     assert mapping["enable-prefix-caching"] is True and mapping["seed"] == 7
     assert mapping["allowed-origins"] == ["a", "b"] and mapping["model"] == "org/tiny-llama-awq-w4a16"
-    assert command.startswith("vllm serve org/tiny-llama-awq-w4a16 --served-model-name model "
-                              "--max-model-len 8192")
+    assert command.startswith(
+        "vllm serve org/tiny-llama-awq-w4a16 --served-model-name model --max-model-len 8192"
+    )
     assert "--seed 7" in command and command.endswith("--allowed-origins a b")
     with pytest.raises(GateError, match="no ServerSpec"):
         po.write_serve_profile(point.model_copy(update={"spec": None}), tmp_path / "x.yaml")
@@ -254,10 +306,16 @@ def test_task_writes_profile_and_chart(tmp_path, monkeypatch):
     def spec_for(serve):
         return capacity_spec(RECIPE.model_copy(update={"serve": serve}), Boot.PRODUCTION, MODEL)
 
-    monkeypatch.setattr(profile_probe, "vllm_probe",
-                        lambda *a, **k: threshold_probe(13, [], spec_for=spec_for))
-    recipe = RECIPE.model_copy(update={"serve": RECIPE.serve.model_copy(
-        update={"search": ProfileSearch(min_num_seqs=4, max_num_seqs=32)})})
+    monkeypatch.setattr(
+        profile_probe, "vllm_probe", lambda *a, **k: threshold_probe(13, [], spec_for=spec_for)
+    )
+    recipe = RECIPE.model_copy(
+        update={
+            "serve": RECIPE.serve.model_copy(
+                update={"search": ProfileSearch(min_num_seqs=4, max_num_seqs=32)}
+            )
+        }
+    )
     result = search_serve_profile.fn(recipe, str(MODEL), output_dir=tmp_path)
     n = result.found.max_num_seqs
     assert 9 < n <= 13  # the planner's start (25 on the recipe's 8 MiB budget) fails: shrink, then bisect
@@ -276,7 +334,13 @@ def test_task_starts_a_gpu_search_at_the_planners_recommendation_for_this_gpu(tm
     calls: list[ServeSection] = []
     monkeypatch.setattr(profile_probe, "vllm_probe", lambda *a, **k: threshold_probe(100, calls))
     monkeypatch.setattr(gpu, "usable_memory_bytes", lambda index=0: 150109880320)  # the lent H200
-    serve = RECIPE.serve.model_copy(update={"memory_budget": None, "search": ProfileSearch(
-        min_num_seqs=16, max_num_seqs=256, step=64, max_boots=2)})
-    result = search_serve_profile.fn(RECIPE.model_copy(update={"serve": serve}), str(MODEL), output_dir=tmp_path)
+    serve = RECIPE.serve.model_copy(
+        update={
+            "memory_budget": None,
+            "search": ProfileSearch(min_num_seqs=16, max_num_seqs=256, step=64, max_boots=2),
+        }
+    )
+    result = search_serve_profile.fn(
+        RECIPE.model_copy(update={"serve": serve}), str(MODEL), output_dir=tmp_path
+    )
     assert result.planner_recommended > 256 and calls[0].max_num_seqs == result.planner_start == 256

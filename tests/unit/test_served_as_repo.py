@@ -56,12 +56,16 @@ def test_the_production_boot_names_the_model_by_its_repo_id_at_the_release_ref(c
     assert before.repo_id is None and before.vllm_config()["model"] == str(checkpoint)
     assert "revision" not in before.vllm_config()
     assert {k: v for k, v in spec.vllm_config().items() if k not in ("model", "revision")} == {
-        k: v for k, v in before.vllm_config().items() if k != "model"}  # only the name differs
+        k: v for k, v in before.vllm_config().items() if k != "model"
+    }  # only the name differs
     no_hub = RECIPE.model_copy(update={"hub": None})  # nothing published: nothing to name it by
     unnamed = capacity_spec(no_hub, Boot.PRODUCTION, checkpoint, as_published=True)
     assert unnamed.repo_id is None and unnamed.revision is None and "revision" not in unnamed.vllm_config()
-    branch = RECIPE.model_copy(update={"hub": RECIPE.hub.model_copy(
-        update={"release_ref": "release/v1", "release_ref_kind": "branch"})})
+    branch = RECIPE.model_copy(
+        update={
+            "hub": RECIPE.hub.model_copy(update={"release_ref": "release/v1", "release_ref_kind": "branch"})
+        }
+    )
     assert capacity_spec(branch, Boot.PRODUCTION, checkpoint, as_published=True).revision == "release/v1"
 
 
@@ -86,22 +90,26 @@ def test_the_flow_serves_only_the_production_settings_under_the_repo_id(checkpoi
 
 def test_the_search_probes_boot_under_the_repo_id(checkpoint, tmp_path, monkeypatch):
     """The probe at the found settings writes the entry the production boot (c) then reads."""
+
     @contextmanager
     def refused(spec, *, log_path):
         raise ServerBootError("refused")
         yield
 
     monkeypatch.setattr(profile_probe, "vllm_server", refused)
-    probe = profile_probe.vllm_probe(RECIPE, checkpoint, tokenizer_dir=str(checkpoint), output_dir=tmp_path,
-                                     log=lambda _: None)
+    probe = profile_probe.vllm_probe(
+        RECIPE, checkpoint, tokenizer_dir=str(checkpoint), output_dir=tmp_path, log=lambda _: None
+    )
     point = probe(RECIPE.serve)
     assert not point.passed and point.spec.repo_id == REPO and point.spec.model_dir == str(checkpoint)
     assert point.spec.revision == REF  # at the release ref, as the profile written from it names it
     path, command = write_serve_profile(point, tmp_path / "serve-profile.yaml", model=REPO)
     assert yaml.safe_load(path.read_text())["revision"] == REF and f"--revision {REF} " in command
     # the probe at (c)'s settings is keyed as (c) is: the same model, revision and settings
-    assert point.spec.vllm_config() == capacity_spec(RECIPE, Boot.PRODUCTION, checkpoint,
-                                                     as_published=True).vllm_config()
+    assert (
+        point.spec.vllm_config()
+        == capacity_spec(RECIPE, Boot.PRODUCTION, checkpoint, as_published=True).vllm_config()
+    )
 
 
 def test_the_layout_is_the_hub_clients_cache_of_the_checkpoint(checkpoint, tmp_path):
@@ -199,11 +207,14 @@ def fake_vllm(tmp_path) -> Path:
         (root / package / "__init__.py").touch()
     server = root / Path(*ENTRYPOINT.split(".")).with_suffix(".py")
     (root / "vllm" / "engine" / "arg_utils.py").write_text(
-        "def get_model_path(model, revision=None):\n    return '/snapshots/' + model\n")
-    server.write_text("import sys\nif __name__ == '__main__':\n"
-                      "    import vllm.engine.arg_utils as a\n"
-                      "    name = a.get_model_path('org/model')\n"
-                      "    print('RAN', __file__ == sys.argv[0], sys.argv[1:], name)\n")
+        "def get_model_path(model, revision=None):\n    return '/snapshots/' + model\n"
+    )
+    server.write_text(
+        "import sys\nif __name__ == '__main__':\n"
+        "    import vllm.engine.arg_utils as a\n"
+        "    name = a.get_model_path('org/model')\n"
+        "    print('RAN', __file__ == sys.argv[0], sys.argv[1:], name)\n"
+    )
     return root
 
 
@@ -212,11 +223,18 @@ def test_every_boot_keeps_the_model_name_it_was_given(fake_vllm):
     boot's process runs vLLM's server module with its arguments after KEEP_MODEL_NAME."""
     env, args = {"PYTHONPATH": str(fake_vllm)}, ["--model", "org/model"]
     ran = "RAN True ['--model', 'org/model'] org/model"  # as `python -m` runs it; the repo id kept
-    direct = subprocess.run([sys.executable, "-c", BOOT, ENTRYPOINT, *args], env=env,
-                            capture_output=True, text=True, check=True).stdout
+    direct = subprocess.run(
+        [sys.executable, "-c", BOOT, ENTRYPOINT, *args], env=env, capture_output=True, text=True, check=True
+    ).stdout
     assert ran in direct
-    prepared = subprocess.run([sys.executable, "-c", BOOT], env=env, input=json.dumps(args),
-                              capture_output=True, text=True, check=True).stdout
+    prepared = subprocess.run(
+        [sys.executable, "-c", BOOT],
+        env=env,
+        input=json.dumps(args),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert prepared.startswith(PREPARED_MARK) and ran in prepared
 
 
@@ -224,11 +242,26 @@ def test_the_published_profile_names_the_repo_and_says_what_makes_the_hit(checkp
     monkeypatch.setenv("HF_TOKEN", "hf_secret_token_value")
     compiling = RECIPE.model_copy(update={"serve": RECIPE.serve.model_copy(update={"enforce_eager": False})})
     spec = capacity_spec(compiling, Boot.PRODUCTION, checkpoint, as_published=True)
-    measured = CapacityConfig(name=Boot.PRODUCTION, kv_cache_dtype="fp8", weights_bytes=949_536,
-                              kv_cache_memory_bytes=7_012_352, kv_cache_tokens=13_696, num_blocks=107,
-                              block_size=128, max_model_len=512, max_concurrency=26.75, boot_seconds=30.0)
-    profile = write_serving_profile(spec, measured, TINY, tmp_path / "release" / "serve-profile.yaml",
-                                    model=REPO, device_memory_bytes=None)
+    measured = CapacityConfig(
+        name=Boot.PRODUCTION,
+        kv_cache_dtype="fp8",
+        weights_bytes=949_536,
+        kv_cache_memory_bytes=7_012_352,
+        kv_cache_tokens=13_696,
+        num_blocks=107,
+        block_size=128,
+        max_model_len=512,
+        max_concurrency=26.75,
+        boot_seconds=30.0,
+    )
+    profile = write_serving_profile(
+        spec,
+        measured,
+        TINY,
+        tmp_path / "release" / "serve-profile.yaml",
+        model=REPO,
+        device_memory_bytes=None,
+    )
     text = Path(profile.path).read_text()
     published = yaml.safe_load(text)
     assert published["model"] == REPO and profile.command.startswith(f"vllm serve {REPO} --revision {REF} ")
@@ -237,8 +270,13 @@ def test_the_published_profile_names_the_repo_and_says_what_makes_the_hit(checkp
     assert "VLLM_CACHE_ROOT" in text and "VLLM_USE_FLASHINFER_SAMPLER=0" in text  # what makes the hit
     assert not machine_leaks(text) and str(tmp_path) not in text and "hub-layouts" not in text
     assert "hf_secret_token_value" not in text
-    for other in (capacity_spec(compiling, Boot.PRODUCTION, checkpoint),  # booted under another name
-                  capacity_spec(RECIPE, Boot.PRODUCTION, checkpoint, as_published=True)):  # compiled nothing
-        text = Path(write_serving_profile(other, measured, TINY, tmp_path / "other.yaml", model=REPO,
-                                          device_memory_bytes=None).path).read_text()
+    for other in (
+        capacity_spec(compiling, Boot.PRODUCTION, checkpoint),  # booted under another name
+        capacity_spec(RECIPE, Boot.PRODUCTION, checkpoint, as_published=True),
+    ):  # compiled nothing
+        text = Path(
+            write_serving_profile(
+                other, measured, TINY, tmp_path / "other.yaml", model=REPO, device_memory_bytes=None
+            ).path
+        ).read_text()
         assert "VLLM_CACHE_ROOT" not in text

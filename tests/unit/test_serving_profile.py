@@ -27,14 +27,28 @@ H200 = 150109880320  # what CUDA sees of the lent H200 (NVML total less the driv
 
 @pytest.fixture
 def h200_fp8() -> CapacityConfig:
-    return CapacityConfig(name=Boot.PRODUCTION, kv_cache_dtype="fp8", weights_bytes=int(5.46 * GIB),
-                          kv_cache_memory_bytes=int(119.29 * GIB), kv_cache_tokens=1_954_480, num_blocks=122_155,
-                          block_size=16, max_model_len=8192, max_concurrency=238.58, boot_seconds=60.0)
+    return CapacityConfig(
+        name=Boot.PRODUCTION,
+        kv_cache_dtype="fp8",
+        weights_bytes=int(5.46 * GIB),
+        kv_cache_memory_bytes=int(119.29 * GIB),
+        kv_cache_tokens=1_954_480,
+        num_blocks=122_155,
+        block_size=16,
+        max_model_len=8192,
+        max_concurrency=238.58,
+        boot_seconds=60.0,
+    )
 
 
 def gpu_spec(**serve) -> ServerSpec:
-    return ServerSpec(model_dir="/ckpt", kv_cache_dtype="fp8", serve=ServeSection(
-        max_model_len=8192, max_num_seqs=256, max_num_batched_tokens=8192, enforce_eager=True, **serve))
+    return ServerSpec(
+        model_dir="/ckpt",
+        kv_cache_dtype="fp8",
+        serve=ServeSection(
+            max_model_len=8192, max_num_seqs=256, max_num_batched_tokens=8192, enforce_eager=True, **serve
+        ),
+    )
 
 
 def test_pinned_bytes_are_the_validated_blocks_exactly(h200_fp8):
@@ -52,14 +66,23 @@ def test_gpu_profile_keeps_the_utilization_guard_and_cpu_does_not(h200_fp8):
     # vLLM on CUDA still refuses to start with less than utilization x total free, pinned or not
     assert config["kv-cache-memory-bytes"] == 128_088_801_280 and config["gpu-memory-utilization"] == 0.85
     assert config["max-num-seqs"] == 256  # always explicit: vLLM's default is 1024 on large GPUs
-    cpu = ServerSpec(model_dir="/ckpt", serve=ServeSection(max_model_len=512, memory_budget="8MiB"),
-                     kv_cache_memory_bytes=4096).vllm_config()
+    cpu = ServerSpec(
+        model_dir="/ckpt",
+        serve=ServeSection(max_model_len=512, memory_budget="8MiB"),
+        kv_cache_memory_bytes=4096,
+    ).vllm_config()
     assert cpu["kv-cache-memory-bytes"] == 4096 and "gpu-memory-utilization" not in cpu
 
 
 def test_profile_file_report_and_elsewhere_on_the_h200(h200_fp8, tmp_path):
-    profile = write_serving_profile(gpu_spec(), h200_fp8, LLAMA8B, tmp_path / "serve-profile.yaml",
-                                    model="org/llama-3-8b-awq", device_memory_bytes=H200)
+    profile = write_serving_profile(
+        gpu_spec(),
+        h200_fp8,
+        LLAMA8B,
+        tmp_path / "serve-profile.yaml",
+        model="org/llama-3-8b-awq",
+        device_memory_bytes=H200,
+    )
     text = Path(profile.path).read_text()
     mapping = yaml.safe_load(text)
     assert mapping["model"] == "org/llama-3-8b-awq" and mapping["kv-cache-memory-bytes"] == 128_088_801_280

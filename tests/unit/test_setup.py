@@ -36,7 +36,9 @@ def fake_nvidia_smi(bin_dir: Path, listing: str | None) -> None:
     """An nvidia-smi whose `-L` prints `listing` (None: it fails, as with no driver loaded)."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     script = bin_dir / "nvidia-smi"
-    body = f"printf '%s\\n' '{listing}'" if listing is not None else "echo 'NVIDIA-SMI has failed' >&2; exit 9"
+    body = (
+        f"printf '%s\\n' '{listing}'" if listing is not None else "echo 'NVIDIA-SMI has failed' >&2; exit 9"
+    )
     script.write_text(f"#!/bin/sh\n{body}\n")
     script.chmod(0o755)
 
@@ -49,24 +51,38 @@ def fake_host_python(tmp_path: Path, torch_version: str | None, *, cuda_requires
         info = site / f"torch-{torch_version}.dist-info"
         info.mkdir()
         requires = "Requires-Dist: nvidia-cudnn-cu13==9.19.0.56\n" if cuda_requires else ""
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {torch_version}\n{requires}")
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: torch\nVersion: {torch_version}\n{requires}"
+        )
     python = tmp_path / "host-python3"
     # -S: none of this Python's own site-packages (its own torch, if any), only the stand-in
-    python.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} -S \"$@\"\n")
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec {sys.executable} -S "$@"\n')
     python.chmod(0o755)
     return python
 
 
-def plan(project: Path, tmp_path: Path, *, gpu: str | None = None, python: Path | None = None,
-         via_make: bool = False, **env: str) -> subprocess.CompletedProcess:
+def plan(
+    project: Path,
+    tmp_path: Path,
+    *,
+    gpu: str | None = None,
+    python: Path | None = None,
+    via_make: bool = False,
+    **env: str,
+) -> subprocess.CompletedProcess:
     bin_dir = tmp_path / "bin"
     fake_nvidia_smi(bin_dir, gpu)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("QS_", "PIP_", "VIRTUAL_ENV"))}
     if python is None:  # a host without torch: this test's Python may see one (a GPU host's, reused)
         (tmp_path / "bare-host").mkdir(exist_ok=True)
         python = fake_host_python(tmp_path / "bare-host", None)
-    full_env = {**base, "PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": str(python),
-                "QS_SETUP_DRY_RUN": "1", **env}
+    full_env = {
+        **base,
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "PYTHON": str(python),
+        "QS_SETUP_DRY_RUN": "1",
+        **env,
+    }
     if via_make:
         args = ["make", "-s", "-C", str(project), "setup", *(f"{k}={v}" for k, v in env.items())]
         full_env = {k: v for k, v in full_env.items() if k not in env}
@@ -82,8 +98,9 @@ def lines(result: subprocess.CompletedProcess) -> str:
 
 def test_a_gpu_listed_by_nvidia_smi_chooses_cuda_and_says_why(project, tmp_path):
     out = lines(plan(project, tmp_path, gpu=H200))
-    assert out.splitlines()[0] == ("setup: device cuda (nvidia-smi -L: GPU 0: NVIDIA H200; "
-                                   "QS_DEVICE=cpu|cuda overrides)")
+    assert out.splitlines()[0] == (
+        "setup: device cuda (nvidia-smi -L: GPU 0: NVIDIA H200; QS_DEVICE=cpu|cuda overrides)"
+    )
     assert "-r requirements/serving-cuda.txt -r requirements/torch-cuda.txt" in out
     assert "-r requirements/pipeline.txt -r requirements/torch-cuda.txt" in out
     assert "plan only" in out and not (project / ".venv").exists()
@@ -92,14 +109,19 @@ def test_a_gpu_listed_by_nvidia_smi_chooses_cuda_and_says_why(project, tmp_path)
 def test_no_gpu_chooses_cpu_with_todays_environments(project, tmp_path):
     out = lines(plan(project, tmp_path, gpu=None))
     assert out.splitlines()[0].startswith("setup: device cpu (nvidia-smi lists no GPU;")
-    assert "installing torch==2.13.0+cpu from the configured package sources, else https://download.pytorch.org/whl/cpu" in out
+    assert (
+        "installing torch==2.13.0+cpu from the configured package sources, else "
+        "https://download.pytorch.org/whl/cpu" in out
+    )
     assert "-r requirements/serving-cpu.txt -r requirements/torch-cpu.txt" in out
 
 
 @pytest.mark.parametrize("gpu, device, expected", [(H200, "cpu", "cpu"), (None, "cuda", "cuda")])
 def test_qs_device_overrides_the_detection(project, tmp_path, gpu, device, expected):
     out = lines(plan(project, tmp_path, gpu=gpu, QS_DEVICE=device))
-    assert out.splitlines()[0] == f"setup: device {expected} (QS_DEVICE={device}; QS_DEVICE=cpu|cuda overrides)"
+    assert (
+        out.splitlines()[0] == f"setup: device {expected} (QS_DEVICE={device}; QS_DEVICE=cpu|cuda overrides)"
+    )
 
 
 def test_an_unknown_device_is_refused(project, tmp_path):
@@ -115,15 +137,21 @@ def test_the_hosts_cuda_torch_of_the_pinned_version_is_reused(project, tmp_path)
     assert re.search(r"plan: \.venv-serve: torch: the host's torch 2\.11\.0\+cu130", out)
 
 
-@pytest.mark.parametrize("version, cuda, says", [
-    ("2.13.0+cpu", False, "torch 2.13.0+cpu (no CUDA)"),       # a CPU build
-    ("2.12.0", True, "torch 2.12.0"),                          # CUDA, but not the version vLLM pins
-    (None, True, "no torch"),
-])
+@pytest.mark.parametrize(
+    "version, cuda, says",
+    [
+        ("2.13.0+cpu", False, "torch 2.13.0+cpu (no CUDA)"),  # a CPU build
+        ("2.12.0", True, "torch 2.12.0"),  # CUDA, but not the version vLLM pins
+        (None, True, "no torch"),
+    ],
+)
 def test_any_other_host_torch_is_not_reused(project, tmp_path, version, cuda, says):
     host = fake_host_python(tmp_path, version, cuda_requires=cuda)
     out = lines(plan(project, tmp_path, gpu=H200, python=host))
-    assert f"setup: installing torch==2.11.0 (CUDA build) from the configured package sources (the host's {host} has {says};" in out
+    assert (
+        "setup: installing torch==2.11.0 (CUDA build) from the configured package sources (the host's "
+        f"{host} has {says};" in out
+    )
     assert "plan: .venv: torch: torch==2.11.0 from the configured package sources" in out
 
 
@@ -171,7 +199,9 @@ def test_an_environment_of_the_old_set_up_counts_as_cpu(project, tmp_path):
     (venv / "bin" / "python").symlink_to(sys.executable)
     (venv / ".stamp").write_text("0123456789abcdef\n")
     assert re.search(r"plan: \.venv: update in place", lines(plan(project, tmp_path, gpu=None)))
-    assert "plan: .venv: rebuild (it was set up for cpu torch=install;" in lines(plan(project, tmp_path, gpu=H200))
+    assert "plan: .venv: rebuild (it was set up for cpu torch=install;" in lines(
+        plan(project, tmp_path, gpu=H200)
+    )
 
 
 def test_check_pins_agrees_and_catches_a_second_vllm_version(tmp_path):
@@ -182,15 +212,18 @@ def test_check_pins_agrees_and_catches_a_second_vllm_version(tmp_path):
         sys.path.pop(0)
     assert check_pins.problems(ROOT) == []
     assert check_pins.problems(ROOT, vllm_arg="0.27.0") == [
-        "VLLM_VERSION=0.27.0 (build argument), requirements/serving-cuda.txt: vllm==0.26.0"]
+        "VLLM_VERSION=0.27.0 (build argument), requirements/serving-cuda.txt: vllm==0.26.0"
+    ]
     copy = tmp_path / "copy"
     shutil.copytree(ROOT / "requirements", copy / "requirements")
-    (copy / "Dockerfile").write_text((ROOT / "Dockerfile").read_text().replace(
-        "ARG VLLM_VERSION=0.26.0", "ARG VLLM_VERSION=0.25.0"))
+    (copy / "Dockerfile").write_text(
+        (ROOT / "Dockerfile").read_text().replace("ARG VLLM_VERSION=0.26.0", "ARG VLLM_VERSION=0.25.0")
+    )
     (copy / "requirements" / "torch-cuda.txt").write_text("torch==2.12.0\n")
     assert check_pins.problems(copy) == [
         "requirements/torch-cuda.txt pins torch==2.12.0, vllm==0.26.0 pins torch==2.11.0",
-        "Dockerfile: ARG VLLM_VERSION=0.25.0, requirements/serving-cuda.txt: vllm==0.26.0"]
+        "Dockerfile: ARG VLLM_VERSION=0.25.0, requirements/serving-cuda.txt: vllm==0.26.0",
+    ]
 
 
 def test_the_test_runner_is_pinned_exactly_and_is_what_runs():
@@ -200,8 +233,10 @@ def test_the_test_runner_is_pinned_exactly_and_is_what_runs():
     import tomllib
     from importlib.metadata import version
 
-    pins = {name: re.findall(rf"^{name}==(\S+)\s*$", (ROOT / "requirements" / "pipeline.txt").read_text(), re.M)
-            for name in ("pytest", "pytest-xdist")}
+    pins = {
+        name: re.findall(rf"^{name}==(\S+)\s*$", (ROOT / "requirements" / "pipeline.txt").read_text(), re.M)
+        for name in ("pytest", "pytest-xdist")
+    }
     assert all(len(found) == 1 for found in pins.values()), pins
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
     assert {f"{name}=={found[0]}" for name, found in pins.items()} <= set(extra), extra

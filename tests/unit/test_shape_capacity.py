@@ -2,7 +2,6 @@
 dummy-weight configs (the boots: tests/engines/test_shape_capacity.py, the flow's preflight:
 tests/flows/test_shape_capacity.py)."""
 
-
 from __future__ import annotations
 
 import json
@@ -24,7 +23,9 @@ RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
 def test_quantization_config_is_what_llm_compressor_writes(awq_recipe, awq_checkpoint):
     """The dummy W4A16 folder's config says what the real checkpoint's says, so vLLM picks the same
     scheme and kernel (KV scales aside: the dummy boot runs fp8 KV with vLLM's default scale)."""
-    written = json.loads((Path(awq_checkpoint.checkpoint_dir) / "config.json").read_text())["quantization_config"]
+    written = json.loads((Path(awq_checkpoint.checkpoint_dir) / "config.json").read_text())[
+        "quantization_config"
+    ]
     ours = quantization_config(awq_recipe.quantization)
     for key in ("quant_method", "format", "ignore"):
         assert ours[key] == written[key], key
@@ -32,7 +33,9 @@ def test_quantization_config_is_what_llm_compressor_writes(awq_recipe, awq_check
     group, real = ours["config_groups"]["group_0"], written["config_groups"]["group_0"]
     assert (group["targets"], group["format"]) == (real["targets"], real["format"])
     for key in ("num_bits", "type", "strategy", "group_size", "symmetric", "dynamic", "actorder"):
-        assert group["weights"][key] == real["weights"][key], key  # what vLLM's compressed-tensors config reads
+        assert group["weights"][key] == real["weights"][key], (
+            key
+        )  # what vLLM's compressed-tensors config reads
     assert ours.get("kv_cache_scheme") is None
 
 
@@ -63,9 +66,18 @@ def fake_boots(monkeypatch, *, refuse: set[str] = frozenset()) -> list[str]:
         yield spec
 
     def measure(server, spec, *, name):
-        return CapacityConfig(name=name, kv_cache_dtype=spec.effective_kv_dtype, weights_bytes=1,
-                              kv_cache_memory_bytes=1, kv_cache_tokens=4096, num_blocks=32, block_size=128,
-                              max_model_len=512, max_concurrency=8.0, boot_seconds=1.0)
+        return CapacityConfig(
+            name=name,
+            kv_cache_dtype=spec.effective_kv_dtype,
+            weights_bytes=1,
+            kv_cache_memory_bytes=1,
+            kv_cache_tokens=4096,
+            num_blocks=32,
+            block_size=128,
+            max_model_len=512,
+            max_concurrency=8.0,
+            boot_seconds=1.0,
+        )
 
     monkeypatch.setattr(shape, "vllm_server", server)
     monkeypatch.setattr(shape, "measure_capacity", measure)
@@ -99,8 +111,9 @@ def test_the_preflight_boots_nothing_after_production_is_refused(monkeypatch, tm
     assert result.markdown().count("not booted: production was refused first") == 2
 
 
-def test_a_shape_the_planner_refuses_is_measured_on_a_gpu_and_refused_on_a_fixed_budget(monkeypatch, tmp_path,
-                                                                                        awq_recipe):
+def test_a_shape_the_planner_refuses_is_measured_on_a_gpu_and_refused_on_a_fixed_budget(
+    monkeypatch, tmp_path, awq_recipe
+):
     """The planner's refusal of a sliding-window or multi-latent-attention shape points to `plan RECIPE
     --measure`: on a GPU its rows are vLLM's figures without a prediction; a fixed (CPU) budget cannot be
     split without the planner's weight bytes, and says so."""
@@ -122,9 +135,18 @@ def test_a_shape_the_planner_refuses_is_measured_on_a_gpu_and_refused_on_a_fixed
     assert err.value.field == "serve.memory_budget" and "sliding_window = 256" in str(err.value)
     assert "measure on the GPU host" in str(err.value) and booted == []
 
-    on_gpu = awq_recipe.model_copy(update={"serve": awq_recipe.serve.model_copy(update={"memory_budget": None})})
-    result = measure_shape(on_gpu, model, out_dir=tmp_path / "gpu", model="sliding", device_memory_bytes=150 * 2**30)
-    assert booted == list(Boot) and all(r.measured and r.planned is None and r.error_pct is None for r in result.rows)
+    on_gpu = awq_recipe.model_copy(
+        update={"serve": awq_recipe.serve.model_copy(update={"memory_budget": None})}
+    )
+    result = measure_shape(
+        on_gpu, model, out_dir=tmp_path / "gpu", model="sliding", device_memory_bytes=150 * 2**30
+    )
+    assert booted == list(Boot) and all(
+        r.measured and r.planned is None and r.error_pct is None for r in result.rows
+    )
     text = result.markdown()
     assert "| w4a16-fp8kv (fp8) | 0.00 | 4,096 | 8.00x | - |" in text and "max concurrency @ 512" in text
-    assert "No planner prediction: sliding_window = 256: LlamaForCausalLM attends through a sliding window" in text
+    assert (
+        "No planner prediction: sliding_window = 256: LlamaForCausalLM attends through a sliding window"
+        in text
+    )

@@ -8,7 +8,6 @@ and its rate (5 MiB/s = 300 MiB/min) is six times the threshold (50 MiB/min), wh
 without a leak stays far below.
 """
 
-
 from __future__ import annotations
 
 import random
@@ -40,16 +39,28 @@ GATE = SoakGate(duration_s=60, warmup_s=10, sample_interval_s=1, max_memory_grow
 OK_TRAFFIC = SoakTraffic(completed=100, completed_after_warmup=80)
 
 
-def series(mib_per_min: float, *, seconds: int = 60, every: float = 1.0, noise_mib: float = 2.0,
-           preemptions: Callable | None = None, gpu_mib_per_min: float | None = None, seed: int = 0) -> list[dict]:
+def series(
+    mib_per_min: float,
+    *,
+    seconds: int = 60,
+    every: float = 1.0,
+    noise_mib: float = 2.0,
+    preemptions: Callable | None = None,
+    gpu_mib_per_min: float | None = None,
+    seed: int = 0,
+) -> list[dict]:
     """Samples as the soak writes them: 1 GiB of RSS growing at mib_per_min, with noise."""
     rng = random.Random(seed)
     out = []
     for i in range(int(seconds / every) + 1):
         t = i * every
-        s = {"t": t, "rss_bytes": int((1024 + mib_per_min * t / 60 + rng.uniform(-noise_mib, noise_mib)) * MIB),
-             "gpu_memory_bytes": None, "vllm:kv_cache_usage_perc": 0.4,
-             "vllm:num_preemptions_total": float(preemptions(t) if preemptions else 0)}
+        s = {
+            "t": t,
+            "rss_bytes": int((1024 + mib_per_min * t / 60 + rng.uniform(-noise_mib, noise_mib)) * MIB),
+            "gpu_memory_bytes": None,
+            "vllm:kv_cache_usage_perc": 0.4,
+            "vllm:num_preemptions_total": float(preemptions(t) if preemptions else 0),
+        }
         if gpu_mib_per_min is not None:
             s["gpu_memory_bytes"] = int((70_000 + gpu_mib_per_min * t / 60) * MIB)
         out.append(s)
@@ -92,7 +103,9 @@ def test_growth_only_during_warmup_passes() -> None:
     figures = soak_figures(samples, GATE.warmup_s)
     assert abs(figures.rss_slope_mib_per_min) < 5
     assert judge_soak(figures, OK_TRAFFIC, GATE) == []
-    assert fit_slope([s["t"] for s in samples], [s["rss_bytes"] for s in samples]) > 50  # what a naive fit says
+    assert (
+        fit_slope([s["t"] for s in samples], [s["rss_bytes"] for s in samples]) > 50
+    )  # what a naive fit says
 
 
 def test_gpu_memory_growth_fails() -> None:
@@ -106,8 +119,10 @@ def test_too_few_samples_after_warmup_fails(samples: list[dict]) -> None:
     figures = soak_figures(samples, GATE.warmup_s)
     assert figures.samples_after_warmup < MIN_SOAK_SAMPLES
     failures = judge_soak(figures, OK_TRAFFIC, GATE)
-    assert any(f"captured {figures.samples_after_warmup} memory sample(s)" in f and "not a pass" in f
-               for f in failures), failures
+    assert any(
+        f"captured {figures.samples_after_warmup} memory sample(s)" in f and "not a pass" in f
+        for f in failures
+    ), failures
 
 
 def test_preemptions_climbing_after_warmup_fail() -> None:
@@ -115,7 +130,9 @@ def test_preemptions_climbing_after_warmup_fail() -> None:
     assert climbing.preemptions_after_warmup == 10 and climbing.preemptions == 12
     failures = judge_soak(climbing, OK_TRAFFIC, GATE)
     assert len(failures) == 1 and "10 preemption(s) after warm-up" in failures[0], failures
-    assert judge_soak(climbing, OK_TRAFFIC, GATE.model_copy(update={"max_preemptions_after_warmup": 10})) == []
+    assert (
+        judge_soak(climbing, OK_TRAFFIC, GATE.model_copy(update={"max_preemptions_after_warmup": 10})) == []
+    )
     settled = soak_figures(series(0.0, preemptions=lambda t: min(t, 8)), GATE.warmup_s)  # only during warm-up
     assert settled.preemptions == 8 and settled.preemptions_after_warmup == 0
     assert judge_soak(settled, OK_TRAFFIC, GATE) == []
@@ -127,8 +144,9 @@ def test_preemptions_climbing_after_warmup_fail() -> None:
 
 def test_failed_requests_idle_server_and_death_fail() -> None:
     figures = soak_figures(series(0.0), GATE.warmup_s)
-    bad = SoakTraffic(completed=50, completed_after_warmup=40, errors_5xx=3, timeouts=1,
-                      error_samples=["HTTP 500: boom"])
+    bad = SoakTraffic(
+        completed=50, completed_after_warmup=40, errors_5xx=3, timeouts=1, error_samples=["HTTP 500: boom"]
+    )
     failures = judge_soak(figures, bad, GATE)
     assert any("3 request(s) got a server error (5xx) (first: HTTP 500: boom)" in f for f in failures)
     assert any("1 request(s) got no answer" in f for f in failures)
@@ -152,16 +170,27 @@ def test_soak_is_off_unless_set() -> None:
     assert gate and gate.duration_s == 1800 and gate.warmup_s == 300 and gate.prompt_tokens is None
 
 
-@pytest.mark.parametrize(("soak", "field", "words"), [
-    ({"duration_s": 5}, "gates.soak.duration_s", "between 10 and 86400"),
-    ({"sample_interval_s": 0.01}, "gates.soak.sample_interval_s", "measures the sampler"),
-    ({"max_memory_growth_mib_per_min": 0}, "gates.soak.max_memory_growth_mib_per_min", "allocator noise"),
-    ({"max_preemptions_after_warmup": -1}, "gates.soak.max_preemptions_after_warmup", "between 0"),
-    ({"concurrency": 0}, "gates.soak.concurrency", "between 1 and 4096"),
-    ({"duration_s": 60, "warmup_s": 60}, "gates.soak", "warmup_s (60) is not below gates.soak.duration_s (60)"),
-    ({"duration_s": 60, "warmup_s": 30, "sample_interval_s": 10}, "gates.soak", "gives 3 sample(s) after warm-up"),
-    ({"duraton_s": 60}, "gates.soak.duraton_s", "= 60"),  # a misspelled key is never ignored
-])
+@pytest.mark.parametrize(
+    ("soak", "field", "words"),
+    [
+        ({"duration_s": 5}, "gates.soak.duration_s", "between 10 and 86400"),
+        ({"sample_interval_s": 0.01}, "gates.soak.sample_interval_s", "measures the sampler"),
+        ({"max_memory_growth_mib_per_min": 0}, "gates.soak.max_memory_growth_mib_per_min", "allocator noise"),
+        ({"max_preemptions_after_warmup": -1}, "gates.soak.max_preemptions_after_warmup", "between 0"),
+        ({"concurrency": 0}, "gates.soak.concurrency", "between 1 and 4096"),
+        (
+            {"duration_s": 60, "warmup_s": 60},
+            "gates.soak",
+            "warmup_s (60) is not below gates.soak.duration_s (60)",
+        ),
+        (
+            {"duration_s": 60, "warmup_s": 30, "sample_interval_s": 10},
+            "gates.soak",
+            "gives 3 sample(s) after warm-up",
+        ),
+        ({"duraton_s": 60}, "gates.soak.duraton_s", "= 60"),  # a misspelled key is never ignored
+    ],
+)
 def test_soak_section_errors_name_field_value_and_fix(soak: dict, field: str, words: str) -> None:
     with pytest.raises(RecipeErrors) as info:
         _recipe_with(soak)
@@ -174,13 +203,28 @@ def test_soak_section_errors_name_field_value_and_fix(soak: dict, field: str, wo
 def test_passing_soak_row_summary_and_chart(tmp_path: Path) -> None:
     samples = series(1.0)
     figures = soak_figures(samples, GATE.warmup_s)
-    result = SoakResult(duration_s=60, measured_s=60.0, warmup_s=10, sample_interval_s=1, concurrency=4,
-                        prompt_tokens=[16], output_tokens=[8], max_memory_growth_mib_per_min=50,
-                        max_preemptions_after_warmup=0, figures=figures, traffic=OK_TRAFFIC, server_died=False,
-                        failures=judge_soak(figures, OK_TRAFFIC, GATE), samples_path="soak-samples.jsonl",
-                        chart_path=None, output_dir=str(tmp_path))
+    result = SoakResult(
+        duration_s=60,
+        measured_s=60.0,
+        warmup_s=10,
+        sample_interval_s=1,
+        concurrency=4,
+        prompt_tokens=[16],
+        output_tokens=[8],
+        max_memory_growth_mib_per_min=50,
+        max_preemptions_after_warmup=0,
+        figures=figures,
+        traffic=OK_TRAFFIC,
+        server_died=False,
+        failures=judge_soak(figures, OK_TRAFFIC, GATE),
+        samples_path="soak-samples.jsonl",
+        chart_path=None,
+        output_dir=str(tmp_path),
+    )
     row = soak_row(result)
-    assert row.passed and "100 requests over 60 s at concurrency 4" in row.reason and "(limit 50)" in row.reason
+    assert (
+        row.passed and "100 requests over 60 s at concurrency 4" in row.reason and "(limit 50)" in row.reason
+    )
     assert result.summary()["rss_slope_mib_per_min"] == figures.rss_slope_mib_per_min
     assert soak_chart(samples, result, tmp_path / "soak.png").stat().st_size > 10_000
     assert decide([], None, result).checks[-1] == row  # a result given is always a row

@@ -1,6 +1,5 @@
 """The stress gate's plan and verdict without a server (the real traffic: tests/engines/test_stress.py)."""
 
-
 from __future__ import annotations
 
 import pytest
@@ -20,7 +19,11 @@ def test_plan_is_seeded_with_exact_lengths() -> None:
     """No boot: the plan the three tests below send (token ids of exact counts, the ramp, the mix)."""
     profile, serve = RECIPE.gates.stress, RECIPE.serve
     plan = plan_traffic(profile, serve, str(MODEL), seed=0)
-    assert plan == plan_traffic(profile, serve, str(MODEL), seed=0) != plan_traffic(profile, serve, str(MODEL), seed=1)
+    assert (
+        plan
+        == plan_traffic(profile, serve, str(MODEL), seed=0)
+        != plan_traffic(profile, serve, str(MODEL), seed=1)
+    )
     assert [c for c, _ in plan] == [1, 4, 8, 16]
     probes = [p for _, ps in plan for p in ps]
     kinds = [p.kind for p in probes]
@@ -39,14 +42,40 @@ def clean_result(**changes) -> StressResult:
     """A stress result with nothing wrong in it, except ``changes``."""
     n = RECIPE.gates.stress.num_requests
     fields = dict(
-        requests=n + 2, completed=n, rejected_overlong=2, overlong_expected=2, errors_5xx=0, other_errors=0,
-        timeouts=0, wrong_token_counts=0, aborted=0, server_restarts=0, server_died=False,
-        peak_kv_cache_usage=0.3, preemptions=0, peak_running=12, peak_waiting=0, peak_rss_bytes=2**30,
-        peak_gpu_memory_bytes=None, duration_s=10.0, concurrency_steps=[1, 4, 8, 16], failures=[],
-        error_samples=[], output_dir="stress",
-        throughput=ThroughputFigures(command="vllm bench serve", result_path="bench.json", input_len=8,
-                                     output_len=8, num_prompts=n, completed=n, failed=0,
-                                     request_throughput=1.0, output_throughput=8.0))
+        requests=n + 2,
+        completed=n,
+        rejected_overlong=2,
+        overlong_expected=2,
+        errors_5xx=0,
+        other_errors=0,
+        timeouts=0,
+        wrong_token_counts=0,
+        aborted=0,
+        server_restarts=0,
+        server_died=False,
+        peak_kv_cache_usage=0.3,
+        preemptions=0,
+        peak_running=12,
+        peak_waiting=0,
+        peak_rss_bytes=2**30,
+        peak_gpu_memory_bytes=None,
+        duration_s=10.0,
+        concurrency_steps=[1, 4, 8, 16],
+        failures=[],
+        error_samples=[],
+        output_dir="stress",
+        throughput=ThroughputFigures(
+            command="vllm bench serve",
+            result_path="bench.json",
+            input_len=8,
+            output_len=8,
+            num_prompts=n,
+            completed=n,
+            failed=0,
+            request_throughput=1.0,
+            output_throughput=8.0,
+        ),
+    )
     return StressResult(**(fields | changes))
 
 
@@ -57,6 +86,11 @@ def test_clean_result_passes() -> None:
 @pytest.mark.parametrize("peak", [0, None])
 def test_sampler_that_saw_no_running_request_fails_the_check(peak) -> None:
     """A measurement that captured nothing (requests outran the sampler) is a failure, never a pass."""
-    failures = judge(clean_result(peak_running=peak, peak_kv_cache_usage=0.0), RECIPE.gates.stress,
-                     traffic="done", death_reason="", bench_error="")
+    failures = judge(
+        clean_result(peak_running=peak, peak_kv_cache_usage=0.0),
+        RECIPE.gates.stress,
+        traffic="done",
+        death_reason="",
+        bench_error="",
+    )
     assert len(failures) == 1 and "saw no running request" in failures[0], failures

@@ -36,8 +36,12 @@ def test_the_kernels_vllm_chose_are_read_in_order_of_first_mention():
 def test_the_memory_lines_give_the_graph_pool_and_the_actual_usage_split():
     memory = vllm_log.memory_figures(BOOT)
     assert memory["cuda_graph_pool_actual_gib"] == 0.71 and memory["cuda_graph_pool_estimated_gib"] == 0.72
-    assert memory["actual_usage_gib"] == {"weights": 5.31, "peak_activation": 2.57, "non_torch": 0.35,
-                                          "cuda_graphs": 0.71}
+    assert memory["actual_usage_gib"] == {
+        "weights": 5.31,
+        "peak_activation": 2.57,
+        "non_torch": 0.35,
+        "cuda_graphs": 0.71,
+    }
     assert vllm_log.graph_estimate_bytes(memory) == int(0.72 * 1024**3)
     assert vllm_log.graph_estimate_bytes(vllm_log.memory_figures("")) is None
     assert vllm_log.last_gib(vllm_log.AVAILABLE_KV, BOOT) == 108.05
@@ -47,12 +51,21 @@ def test_a_boot_compiled_loaded_or_ran_eager():
     assert vllm_log.compile_cache(BOOT) == "miss"
     assert vllm_log.compile_cache("Directly load the compiled graph(s) for compile range (1, 8192)") == "hit"
     assert vllm_log.compile_cache("Enforce eager set") is None
-    assert vllm_log.compile_summary(BOOT) == {"compile_cache_hits": 0, "graphs_compiled": 1, "compile_seconds": 21.5,
-                                              "eager": False}
-    facts = vllm_log.compile_facts(BOOT + "cache at torch_compile_cache/torch_aot_compile/0123456789ab\n",
-                                   {"0123456789ab"})
-    assert facts == {"init_engine_s": 61.4, "compile_entries": ["0123456789ab"], "entry_existed_before": True,
-                     "vllm_load_failure_recompiled": False}
+    assert vllm_log.compile_summary(BOOT) == {
+        "compile_cache_hits": 0,
+        "graphs_compiled": 1,
+        "compile_seconds": 21.5,
+        "eager": False,
+    }
+    facts = vllm_log.compile_facts(
+        BOOT + "cache at torch_compile_cache/torch_aot_compile/0123456789ab\n", {"0123456789ab"}
+    )
+    assert facts == {
+        "init_engine_s": 61.4,
+        "compile_entries": ["0123456789ab"],
+        "entry_existed_before": True,
+        "vllm_load_failure_recompiled": False,
+    }
 
 
 def test_evidence_keeps_the_figure_lines_not_the_progress_bars():
@@ -81,14 +94,22 @@ def test_memory_sampling_without_nvml_records_nothing_and_with_a_reader_keeps_th
 
 def test_a_shape_folder_is_its_config_and_a_tokenizer_without_weights(tmp_path):
     config = json.loads((ROOT / "benchmarks/configs/llama-3-8b.json").read_text())
-    folder = shape_folder(config | {"num_hidden_layers": 4}, tmp_path / "shape", tokenizer_dir=ROOT / "models/tiny-llama",
-                          quantization_config={"quant_method": "compressed-tensors"})
+    folder = shape_folder(
+        config | {"num_hidden_layers": 4},
+        tmp_path / "shape",
+        tokenizer_dir=ROOT / "models/tiny-llama",
+        quantization_config={"quant_method": "compressed-tensors"},
+    )
     written = json.loads((folder / "config.json").read_text())
-    assert written["num_hidden_layers"] == 4 and written["quantization_config"] == {"quant_method": "compressed-tensors"}
+    assert written["num_hidden_layers"] == 4 and written["quantization_config"] == {
+        "quant_method": "compressed-tensors"
+    }
     names = {f.name for f in folder.iterdir()}
     assert "config.json" in names and all(n == "config.json" or n.startswith(TOKENIZER_FILES) for n in names)
     assert not any(n.endswith(".safetensors") for n in names)
-    again = shape_folder(ROOT / "benchmarks/configs/llama-3-8b.json", folder, tokenizer_dir=ROOT / "models/tiny-llama")
+    again = shape_folder(
+        ROOT / "benchmarks/configs/llama-3-8b.json", folder, tokenizer_dir=ROOT / "models/tiny-llama"
+    )
     assert "quantization_config" not in json.loads((again / "config.json").read_text())  # made afresh
     base = weightless_folder(ROOT / "models/tiny-llama", tmp_path / "tiny")
     assert not any(f.suffix == ".safetensors" for f in base.iterdir()) and (base / "config.json").is_file()
