@@ -98,5 +98,5 @@ def test_the_paired_gate_on_a_real_model_and_its_4bit_copy(recipe, tmp_path):
     # the decision keeps the promise it states, and says what this run's documents achieved
     for c in checks:
         assert c.false_pass <= 0.05 + 0.002 and c.true_pass is not None and c.docs_needed
-        assert c.passed is (c.recovery > 0.93 and "shown above 0.93" in c.reason)
+        assert c.passed is (": shown above 0.93" in c.reason) and (not c.passed or c.recovery > 0.93)
         assert (c.true_pass < 0.95) is bool(c.warning)
