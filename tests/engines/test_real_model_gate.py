@@ -26,7 +26,7 @@ OVERRIDES = {
     **SERVING_OVERRIDES,
     "calibration.num_samples": 32,
     "calibration.max_seq_len": 128,
-    "gates.accuracy.tasks": [{"task": PPL, "limit": 40}, {"task": CLOZE, "limit": 160}],
+    "gates.accuracy.tasks": [{"task": PPL, "limit": 24}, {"task": CLOZE, "limit": 120}],
 }
 
 
