@@ -162,6 +162,7 @@ def run_task(
     once otherwise), each document's outcome kept."""
     t0 = time.monotonic()
     members = load_members(spec, task_manager)
+    check_pairable(spec, members)  # before any request
     order = draw_documents(
         {name: len(task.eval_docs) for name, task in members.items()},
         spec.task.limit,
@@ -398,9 +399,8 @@ def task_run(
     return run
 
 
-def document_metrics(members: dict[str, Any], documents: dict[str, DocOutcome]) -> dict[str, MetricResult]:
-    """Each metric over these documents, pooled over a group's members (lm-eval's size-weighted mean),
-    with lm-eval's aggregation and direction; the standard error of a mean."""
+def member_metrics(members: dict[str, Any]) -> tuple[dict[str, str], dict[str, bool]]:
+    """lm-eval's aggregation (by name) and direction of each metric the task's members report."""
     aggregations: dict[str, str] = {}
     directions: dict[str, bool] = {}
     for task in members.values():
@@ -409,14 +409,35 @@ def document_metrics(members: dict[str, Any], documents: dict[str, DocOutcome]) 
         for metric, higher in task.higher_is_better().items():
             if higher is not None:
                 directions.setdefault(metric, bool(higher))
+    return aggregations, directions
+
+
+def check_pairable(spec: _TaskSpec, members: dict[str, Any]) -> None:
+    """A metric lm-eval aggregates over the whole corpus (f1, bleu, mcc...) cannot be split per
+    document, so the paired gate cannot decide on it: refused before any document is scored, never
+    left out of the decision."""
+    aggregations, _ = member_metrics(members)
+    corpus = {m: a for m, a in aggregations.items() if a not in (*MEAN_AGGREGATIONS, *LOG_AGGREGATIONS)}
+    if corpus:
+        raise GateError(
+            f"task {spec.task.task!r}: lm-eval aggregates {corpus} over the whole corpus, which the paired "
+            "gate cannot split per document. Fix: gate a task whose metrics are means (accuracy, exact "
+            "match) or perplexities, or give the task a metric_list of such metrics"
+        )
+
+
+def document_metrics(members: dict[str, Any], documents: dict[str, DocOutcome]) -> dict[str, MetricResult]:
+    """Each metric over these documents, pooled over a group's members (lm-eval's size-weighted mean),
+    with lm-eval's aggregation and direction; the standard error of a mean."""
+    aggregations, directions = member_metrics(members)
     names = list(dict.fromkeys(name for doc in documents.values() for name in doc.values))
     metrics: dict[str, MetricResult] = {}
     for name in names:
         base_name = name.split(",", 1)[0]
         aggregation = aggregations.get(base_name)
-        values = [doc.values[name] for doc in documents.values() if name in doc.values]
-        if aggregation not in (*MEAN_AGGREGATIONS, *LOG_AGGREGATIONS) or not values:
+        if aggregation is None:  # a per-document value lm-eval aggregates into no metric
             continue
+        values = [doc.values[name] for doc in documents.values() if name in doc.values]
         value = aggregate(values, aggregation)
         stderr = None
         if aggregation in MEAN_AGGREGATIONS and len(values) > 1:

@@ -89,3 +89,30 @@ def test_unreachable_server_is_a_gate_error_through_the_prefect_task(tmp_path):
             base_dir=RECIPE.parent,
             output_dir=tmp_path,
         )
+
+
+def test_a_metric_aggregated_over_the_whole_corpus_is_refused_before_any_request():
+    """f1, bleu, mcc... cannot be split per document: the paired gate says so instead of leaving the
+    metric out of the decision."""
+    from quantize_serve.gates.accuracy import _TaskSpec, check_pairable
+
+    def f1(items):  # lm-eval names its aggregations by their functions
+        return 0.0
+
+    def mean(items):
+        return 0.0
+
+    class Member:
+        def __init__(self, aggregations):
+            self._aggregations = aggregations
+
+        def aggregation(self):
+            return self._aggregations
+
+        def higher_is_better(self):
+            return {m: True for m in self._aggregations}
+
+    spec = _TaskSpec(task=AccuracyTask(task="glue_like"), name="glue_like", load_spec="glue_like")
+    check_pairable(spec, {"a": Member({"acc": mean})})
+    with pytest.raises(GateError, match=r"glue_like.*\{'f1': 'f1'\}.*cannot split per document.*Fix:"):
+        check_pairable(spec, {"a": Member({"acc": mean}), "b": Member({"f1": f1})})
