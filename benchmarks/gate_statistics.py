@@ -126,6 +126,19 @@ def real_task_runs(
     return runs[0], runs[1]
 
 
+def scored_through(full: TaskRun, look: int, fractions: tuple[float, ...]) -> TaskRun:
+    """The candidate's run as scored up to look index ``look`` (the first share of the gate's order)."""
+    seen = round(fractions[look] * len(full.documents))
+    return full.model_copy(
+        update={
+            "documents": dict(list(full.documents.items())[:seen]),
+            "num_docs": seen,
+            "looks_run": look + 1,
+            "looks_planned": len(fractions),
+        }
+    )
+
+
 def gate_on_real_outcomes(looks: tuple[float, ...], seed: int) -> dict:
     """The implemented rule on the real model's recorded outcomes: per task and candidate, the decision,
     recovery and documents used with the planned looks and with one look."""
@@ -143,29 +156,10 @@ def gate_on_real_outcomes(looks: tuple[float, ...], seed: int) -> dict:
             row = {}
             for name, fractions in (("with_looks", looks), ("one_look", (1.0,))):
                 gate = AccuracyGate(tasks=[AccuracyTask(task=task)], looks=list(fractions))
-                look = 0
-                while look < len(fractions) - 1:
-                    seen = round(fractions[look] * len(order))
-                    partial = full.model_copy(
-                        update={
-                            "documents": dict(list(full.documents.items())[:seen]),
-                            "num_docs": seen,
-                            "looks_run": look + 1,
-                            "looks_planned": len(fractions),
-                        }
-                    )
-                    if task_decided(base, partial, gate, gate.error_rates, look):
-                        break
+                look, ran = 0, scored_through(full, 0, fractions)
+                while look < len(fractions) - 1 and not task_decided(base, ran, gate, gate.error_rates, look):
                     look += 1
-                seen = round(fractions[look] * len(order))
-                ran = full.model_copy(
-                    update={
-                        "documents": dict(list(full.documents.items())[:seen]),
-                        "num_docs": seen,
-                        "looks_run": look + 1,
-                        "looks_planned": len(fractions),
-                    }
-                )
+                    ran = scored_through(full, look, fractions)
                 checks = compare_accuracy(
                     AccuracyRun(server_base_url="-", tasks={task: base}, seconds=0, lm_eval_version="-"),
                     AccuracyRun(server_base_url="-", tasks={task: ran}, seconds=0, lm_eval_version="-"),
@@ -173,7 +167,7 @@ def gate_on_real_outcomes(looks: tuple[float, ...], seed: int) -> dict:
                 )
                 row[name] = {
                     "passed": all(c.passed for c in checks),
-                    "documents": seen,
+                    "documents": ran.num_docs,
                     "look": look + 1,
                     "checks": {
                         c.metric: {

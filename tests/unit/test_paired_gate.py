@@ -420,32 +420,14 @@ def test_a_task_states_its_own_error_rates():
 
 def test_report_and_card_show_the_paired_figures():
     from quantize_serve.gates.decision import Decision
-    from quantize_serve.quantize.run import QuantizeResult
     from quantize_serve.release.card import AccuracyRow, ModelCardInputs, Provenance, render_model_card
-    from quantize_serve.report.run_report import RunReport, render_markdown
-    from quantize_serve.validate.preflight import BaseModelRef
+    from quantize_serve.report.run_report import render_markdown
+    from tests.unit.test_report import report_with_capacity
 
     base, cand = outcomes_with_flips(1000, 0.7, flips_down=15, flips_up=12)
     [check] = compare_accuracy(run_of(task_run({"acc": base})), run_of(task_run({"acc": cand})), gate_of())
-    report = RunReport(
-        run_id="r",
-        recipe="x",
-        recipe_source="recipes/x.yaml",
-        recipe_sha256="0" * 64,
-        base=BaseModelRef(local_dir="models/tiny-llama", sha="1" * 64),
-        checkpoint=QuantizeResult(
-            checkpoint_dir="c",
-            method="awq",
-            scheme="W4A16",
-            seconds=1.0,
-            base_bytes=2,
-            quantized_bytes=1,
-            calibration_fingerprint="2" * 64,
-            engine_versions={},
-        ),
-        accuracy=[check],
-        decision=Decision(passed=True, checks=accuracy_rows([check])),
-        serving_command="vllm serve c",
+    report = report_with_capacity().model_copy(
+        update={"accuracy": [check], "decision": Decision(passed=True, checks=accuracy_rows([check]))}
     )
     text = render_markdown(report)
     assert f"| {check.recovery_text} | 1000 of 1000 docs | 2.7% |" in text
