@@ -41,20 +41,23 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-
 from benchmarks.harness import (  # noqa: E402
-    GIB,
     ROOT,
     SHAPES,
     TOKENIZER,
     Results,
+    add_out_option,
+    driver_env,
+    gib,
     load_scenario,
     logger,
     merge_row,
+    out_path,
     versions,
 )
+
+driver_env()  # before the product's imports, which read it
+
 from quantize_serve.capacity.model_shape import ModelShape  # noqa: E402
 from quantize_serve.capacity.planner import activation_peak_bytes  # noqa: E402
 from quantize_serve.capacity.shape import measure_shape, shape_folder  # noqa: E402
@@ -122,7 +125,7 @@ def planner_activation_gib(variant: str, *, variants: dict, layers: int | None, 
         tensor_parallel_size=SERVE["serve.tensor_parallel_size"],
         compiled=mode == "graphs",
     )
-    return round(act / GIB, 3)
+    return gib(act)
 
 
 def replan(rows: list[dict]) -> list[dict]:
@@ -183,7 +186,7 @@ def measure_row(
     if nth > 1 and log_path.is_file():  # the next boot of the row writes the same log: keep this one's apart
         log_path = Path(shutil.copyfile(log_path, log_path.with_name(f"{log_path.stem}-{nth}.log")))
     usage = memory_figures(text)["actual_usage_gib"]
-    planned = round(row.planned.activation_bytes / GIB, 3)
+    planned = gib(row.planned.activation_bytes)
     peak = usage.get("peak_activation")
     return {
         "id": row_id(variant, boot, mode, nth),
@@ -212,12 +215,7 @@ def measure_row(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--out",
-        type=Path,
-        help="default benchmarks/results/h200_activation_peak.json "
-        "(--rehearse: benchmarks/results/activation_peak_rehearsal.json)",
-    )
+    add_out_option(p, "h200_activation_peak.json", "activation_peak_rehearsal.json")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "qs-activation-peak")
     p.add_argument("--variants", help="comma-separated, default all: " + ", ".join(VARIANTS))
     p.add_argument("--configs", default="w4a16", help="comma-separated: base (bf16), w4a16; default w4a16")
@@ -267,9 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(
             "no GPU: this benchmark reads vLLM's CUDA memory profile (--rehearse runs it on a CPU)"
         )
-    out = args.out or ROOT / "benchmarks/results" / (
-        "activation_peak_rehearsal.json" if args.rehearse else "h200_activation_peak.json"
-    )
+    out = out_path(args)
     res = Results(out, roots=(args.work,))
     done = (
         {r["id"] for r in res.data.get("rows", []) if r.get("status") in RECORDED} if args.resume else set()

@@ -50,19 +50,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-import yaml  # noqa: E402
-
 from benchmarks.harness import (  # noqa: E402
     GIB,
     ROOT,
     TOKENIZER,
     Results,
     build_random_model,
+    driver_env,
     error_text,
     gib,
     load_scenario,
@@ -72,6 +66,11 @@ from benchmarks.harness import (  # noqa: E402
     versions,
     wait_for_build,
 )
+
+driver_env(prefect=True)  # before the product's imports, which read it
+
+import yaml  # noqa: E402
+
 from quantize_serve.capacity import planner  # noqa: E402
 from quantize_serve.capacity.measure import (  # noqa: E402
     capacity_spec,

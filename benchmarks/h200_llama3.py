@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
@@ -40,12 +39,6 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
-os.environ["HF_HUB_OFFLINE"] = "0"  # the local endpoint is the Hub here
-os.environ["HF_HUB_DISABLE_XET"] = "1"  # the local endpoint takes plain LFS uploads
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 from benchmarks.harness import (  # noqa: E402
     BASE_ID,
     DEPLOYMENT,
@@ -54,6 +47,7 @@ from benchmarks.harness import (  # noqa: E402
     STACK_TOKEN,
     Results,
     deployment_env,
+    driver_env,
     gib,
     load_scenario,
     logger,
@@ -62,6 +56,9 @@ from benchmarks.harness import (  # noqa: E402
     versions,
     wait_for_build,
 )
+
+driver_env(local_hub=True)  # before the product's imports, which read it
+
 from localhub.datasets import publish_ultrachat  # noqa: E402
 from quantize_serve.core.settings import get_settings  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402

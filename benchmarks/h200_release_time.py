@@ -64,24 +64,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
-os.environ["HF_HUB_OFFLINE"] = "0"  # the local endpoint is the Hub here
-os.environ["HF_HUB_DISABLE_XET"] = "1"  # the local endpoint takes plain LFS uploads
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-from benchmarks import manual as m  # noqa: E402 - the steps by hand, shared with pipeline_vs_manual.py
 from benchmarks.harness import (  # noqa: E402
     BASE_ID,
     DEPLOYMENT,
@@ -89,6 +82,7 @@ from benchmarks.harness import (  # noqa: E402
     STACK_TOKEN,
     Results,
     deployment_env,
+    driver_env,
     load_scenario,
     logger,
     publish_base,
@@ -96,6 +90,10 @@ from benchmarks.harness import (  # noqa: E402
     versions,
     wait_for_build,
 )
+
+driver_env(local_hub=True)  # before the product's imports, which read it
+
+from benchmarks import manual as m  # noqa: E402 - the steps by hand, shared with pipeline_vs_manual.py
 from localhub.datasets import publish_production_tasks, publish_ultrachat_production  # noqa: E402
 from quantize_serve.capacity.measure import sixteen_bit_kv_dtype  # noqa: E402
 from quantize_serve.core.settings import get_settings  # noqa: E402
@@ -299,20 +297,25 @@ def lm_eval_settings(recipe: Any, tasks_dir: Path) -> dict[str, Any]:
     return settings
 
 
-def manual_run(
-    res: Results,
-    *,
-    recipe: Any,
-    overrides: dict[str, Any],
-    env: dict[str, str],
-    work: Path,
-    serving_python: Path,
-    session: str,
-    preceded_by: list[str],
-    ready_timeout_s: float,
-) -> None:
+@dataclass(frozen=True)
+class ManualSetting:
+    """What the manual run is given: first_release's recipe and overrides with a Hub repo of its own
+    (``manual_recipe``), the deployment's env on the local stack, a work dir of its own, the serving Python
+    and how long a vLLM boot may take to be ready."""
+
+    recipe: Any
+    overrides: dict[str, Any]
+    env: dict[str, str]
+    work: Path
+    serving_python: Path
+    ready_timeout_s: float
+
+
+def manual_run(res: Results, setting: ManualSetting, *, session: str, preceded_by: list[str]) -> None:
     """first_release's work by hand (the module doc, run 4); the record is saved as it goes, so a failure
     leaves the stages done so far (``complete`` false)."""
+    recipe, overrides, env, work = setting.recipe, setting.overrides, setting.env, setting.work
+    serving_python, ready_timeout_s = setting.serving_python, setting.ready_timeout_s
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     env = {
@@ -617,17 +620,15 @@ def cmd_run(args: argparse.Namespace) -> None:
         if "manual" in args.runs:  # first_release's recipe and overrides, by hand (benchmarks/manual.py)
             manual, manual_overrides = manual_recipe(base_overrides, repo)
             try:
-                manual_run(
-                    res,
-                    recipe=manual,
-                    overrides=manual_overrides,
-                    env={**stack.env, **env},
-                    work=home / "work-manual",
-                    serving_python=Path(serving_python),
-                    session=session,
-                    preceded_by=done,
+                setting = ManualSetting(
+                    manual,
+                    manual_overrides,
+                    {**stack.env, **env},
+                    home / "work-manual",
+                    Path(serving_python),
                     ready_timeout_s=args.timeout_s / 2,
                 )
+                manual_run(res, setting, session=session, preceded_by=done)
             except Exception as exc:  # noqa: BLE001 - recorded beside what the run did so far
                 res.data["errors"]["manual"] = repr(exc)[:2000]
                 res.save()

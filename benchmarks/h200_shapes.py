@@ -40,8 +40,8 @@ refusal path).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import os
 import sys
 import tempfile
 import time
@@ -50,20 +50,23 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-
 from benchmarks.harness import (  # noqa: E402
     GIB,
     ROOT,
     SHAPES,
     TOKENIZER,
     Results,
+    add_out_option,
+    driver_env,
     load_scenario,
     logger,
     merge_row,
+    out_path,
     versions,
 )
+
+driver_env()  # before the product's imports, which read it
+
 from quantize_serve.capacity.measure import plan_for  # noqa: E402
 from quantize_serve.capacity.planner import (  # noqa: E402
     BLOCK_SIZE_CPU,
@@ -379,7 +382,7 @@ def measure_row(
 ) -> dict[str, Any]:
     """One row: planned, then (unless it does not fit) booted through measure_shape, then assembled."""
     recipe, config, folder, plan = plan_row(model, boot, work=work, rehearse=rehearse, device=device)
-    scheme = recipe.quantization.scheme
+    assemble = functools.partial(assemble_row, model, scheme=recipe.quantization.scheme, platform=platform)
     skip = fit_decision(plan, boot)
     if skip:
         row = ShapeRow(
@@ -389,7 +392,7 @@ def measure_row(
             planned=plan,
             not_booted=skip,
         )
-        return assemble_row(model, row, scheme=scheme, platform=platform, seconds=0.0, estimated_s=0)
+        return assemble(row, seconds=0.0, estimated_s=0)
     out_dir = work / "boots" / model
     t0 = time.monotonic()
     shape = measure_shape(
@@ -412,16 +415,8 @@ def measure_row(
         if row.measured
         else None
     )
-    return assemble_row(
-        model,
-        row,
-        scheme=scheme,
-        log_text=log_text,
-        platform=platform,
-        given=given,
-        seconds=seconds,
-        estimated_s=estimated_s,
-        log_file=str(log_path),
+    return assemble(
+        row, log_text=log_text, given=given, seconds=seconds, estimated_s=estimated_s, log_file=str(log_path)
     )
 
 
@@ -441,12 +436,7 @@ def describe_row(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "--out",
-        type=Path,
-        help="default benchmarks/results/h200_shapes.json "
-        "(--rehearse: benchmarks/results/h200_shapes_rehearsal.json)",
-    )
+    add_out_option(p, "h200_shapes.json", "h200_shapes_rehearsal.json")
     p.add_argument(
         "--work",
         type=Path,
@@ -475,8 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     models = REHEARSE_MODELS if args.rehearse else MODELS
-    default = "h200_shapes_rehearsal.json" if args.rehearse else "h200_shapes.json"
-    out = args.out or ROOT / "benchmarks/results" / default
+    out = out_path(args)
     device = gpu.usable_memory_bytes()
     if device is None and not (args.rehearse or args.dry_run or args.replan):
         raise SystemExit(

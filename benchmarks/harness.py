@@ -11,7 +11,9 @@ memory sampling (``quantize_serve.serving.gpu``).
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -49,6 +51,22 @@ SHAPES = {
 }
 
 
+def driver_env(*, local_hub: bool = False, prefect: bool = False) -> None:
+    """The environment a driver sets before it imports the product (huggingface_hub, datasets and Prefect
+    read it on import): the Hub and datasets offline, unless set already; ``prefect``: Prefect's analytics
+    and the tokenizers' fork warning off too; ``local_hub``: as ``prefect``, but the Hub is online (the local
+    endpoint is the Hub) and uploads plain LFS."""
+    if local_hub:
+        os.environ["HF_HUB_OFFLINE"] = "0"  # the local endpoint is the Hub here
+        os.environ["HF_HUB_DISABLE_XET"] = "1"  # the local endpoint takes plain LFS uploads
+    else:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    if prefect or local_hub:
+        os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
 def load_scenario(name: str) -> dict[str, Any]:
     """``benchmarks/scenarios/NAME.yaml``: what the scenario runs, with which recipe and settings, and where
     its result goes (the runner's keys, ``benchmarks/run.py``), and the settings its driver reads."""
@@ -84,6 +102,23 @@ def error_text(exc: BaseException) -> str:
 
 def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def add_out_option(parser: argparse.ArgumentParser, result: str, rehearsal: str) -> None:
+    """``--out``: the result file of a driver with a ``--rehearse`` mode; by default ``result`` under
+    benchmarks/results, ``rehearsal`` there for a rehearsal (``out_path``)."""
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help=f"default benchmarks/results/{result} (--rehearse: benchmarks/results/{rehearsal})",
+    )
+    parser.set_defaults(result_files=(result, rehearsal))
+
+
+def out_path(args: argparse.Namespace) -> Path:
+    """``--out``, or the default result file that ``add_out_option`` named for this run."""
+    result, rehearsal = args.result_files
+    return args.out or RESULTS / (rehearsal if args.rehearse else result)
 
 
 class Results:

@@ -51,18 +51,19 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-
 from benchmarks.harness import (  # noqa: E402
     ROOT,
     Results,
+    driver_env,
     model_recipe,
     perplexity,
     profile_of,
     versions,
     wait_for_build,
 )
+
+driver_env()  # before the product's imports, which read it
+
 from localhub.datasets import ultrachat_production_rows  # noqa: E402
 from quantize_serve.core.portable import write_json_result  # noqa: E402
 from quantize_serve.gates.accuracy import MetricResult  # noqa: E402
