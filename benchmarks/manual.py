@@ -45,7 +45,7 @@ from quantize_serve.quantize.calibration import local_calibration_files
 from quantize_serve.quantize.worker import calibration_arguments
 from quantize_serve.serving.server import free_port, stop_process_group
 from quantize_serve.traffic.bench import BENCH_LAUNCHER as VLLM_CLI
-from quantize_serve.traffic.bench import bench_lengths
+from quantize_serve.traffic.bench import bench_args, bench_lengths
 
 PY, SERVE_PY = ROOT / ".venv/bin/python", ROOT / ".venv-serve/bin/python"
 LM_EVAL, HF = ROOT / ".venv/bin/lm_eval", ROOT / ".venv/bin/hf"
@@ -367,68 +367,15 @@ def gate_group(tasks: Sequence[Any]) -> tuple[str, dict[str, list[int]]]:
 
 
 def bench_argv(
-    url: str,
-    tokenizer: Path | str,
-    out: Path | str,
-    *,
-    input_len: int,
-    output_len: int,
-    num_prompts: int,
-    concurrency: int,
-    name: str,
-    python: Path = SERVE_PY,
+    url: str, tokenizer: Path | str, out: Path | str, *, name: str, python: Path = SERVE_PY, **sizes: int
 ) -> list[str]:
-    """``vllm bench serve`` (random dataset, the flow's arguments:
-    quantize_serve.traffic.bench.bench_args)."""
-    return [
-        str(a)
-        for a in [
-            python,
-            "-c",
-            VLLM_CLI,
-            "bench",
-            "serve",
-            "--backend",
-            "openai",
-            "--base-url",
-            url,
-            "--endpoint",
-            "/v1/completions",
-            "--model",
-            SERVED,
-            "--served-model-name",
-            SERVED,
-            "--tokenizer",
-            tokenizer,
-            "--dataset-name",
-            "random",
-            "--random-input-len",
-            input_len,
-            "--random-output-len",
-            output_len,
-            "--num-prompts",
-            num_prompts,
-            "--max-concurrency",
-            concurrency,
-            "--request-rate",
-            "inf",
-            "--ignore-eos",
-            "--temperature",
-            "0",
-            "--seed",
-            "0",
-            "--percentile-metrics",
-            "ttft,tpot,itl,e2el",
-            "--metric-percentiles",
-            "50,99",
-            "--disable-tqdm",
-            "--save-result",
-            "--result-dir",
-            out,
-            "--result-filename",
-            f"{name}.json",
-        ]
-    ]
+    """``vllm bench serve`` (random dataset) with the flow's arguments
+    (quantize_serve.traffic.bench.bench_args), a result file per bench; ``sizes``: its input_len,
+    output_len, num_prompts and concurrency."""
+    argv = bench_args(
+        url, tokenizer_dir=str(tokenizer), output_dir=out, seed=0, result_filename=f"{name}.json", **sizes
+    )
+    return [str(python), "-c", VLLM_CLI, *argv]
 
 
 def overlong(url: str, max_model_len: int) -> None:
@@ -482,39 +429,18 @@ def stress_by_hand(
     """The flow's stress test with vLLM's own tool (:func:`stress_steps`): /metrics before, the ramp's
     benches with the over-long prompts sent by hand in the peak, /metrics after; then the final bench."""
     steps, final = stress_steps(recipe, ckpt)
+
+    def bench(sizes: dict[str, int], name: str) -> None:  # a step's or the final bench's sizes
+        lengths = {k: sizes[k] for k in ("input_len", "output_len", "num_prompts", "concurrency")}
+        sh(bench_argv(s.url, ckpt, out, name=name, python=python, **lengths), env=env)
+
     s.metrics()
     for step in steps:
         for _ in range(step["overlong"]):
             overlong(s.url, recipe.serve.max_model_len)
-        sh(
-            bench_argv(
-                s.url,
-                ckpt,
-                out,
-                input_len=step["input_len"],
-                output_len=step["output_len"],
-                num_prompts=step["num_prompts"],
-                concurrency=step["concurrency"],
-                name=f"ramp-{step['concurrency']}",
-                python=python,
-            ),
-            env=env,
-        )
+        bench(step, f"ramp-{step['concurrency']}")
     s.metrics()
-    sh(
-        bench_argv(
-            s.url,
-            ckpt,
-            out,
-            input_len=final["input_len"],
-            output_len=final["output_len"],
-            num_prompts=final["num_prompts"],
-            concurrency=final["concurrency"],
-            name="bench",
-            python=python,
-        ),
-        env=env,
-    )
+    bench(final, "bench")
 
 
 # --------------------------------------------------------------------------------------------

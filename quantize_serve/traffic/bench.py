@@ -90,7 +90,7 @@ def bench_lengths(profile: StressGate, serve: ServeSection) -> tuple[int, int]:
 
 
 def bench_args(
-    server: RunningServer,
+    server: RunningServer | str,
     *,
     tokenizer_dir: str,
     input_len: int,
@@ -99,14 +99,16 @@ def bench_args(
     concurrency: int,
     output_dir: Path,
     seed: int,
+    result_filename: str = "bench.json",
 ) -> list[str]:
+    """`vllm bench serve`'s arguments; ``server``: a running server or its base URL."""
     return [
         "bench",
         "serve",
         "--backend",
         "openai",
         "--base-url",
-        server.base_url,
+        server if isinstance(server, str) else server.base_url,
         "--endpoint",
         "/v1/completions",
         "--model",
@@ -141,7 +143,7 @@ def bench_args(
         "--result-dir",
         str(output_dir),
         "--result-filename",
-        "bench.json",
+        result_filename,
     ]
 
 
