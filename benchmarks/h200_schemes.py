@@ -20,6 +20,7 @@ W8A8, each with the fp8 KV cache; the bf16 base with a 16-bit KV cache is the re
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -193,14 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         candidates = [c for c in candidates if c[0] in args.only.split(",")]
     settings = formats.BenchSettings(num_prompts=4 * bench["concurrency"], **bench)
-    rule = FormatRule(
-        rule="kv_capacity",
-        concurrency=settings.concurrency,
-        input_tokens=settings.input_tokens,
-        output_tokens=settings.output_tokens,
-        num_prompts=settings.num_prompts,
-        repeats=settings.repeats,
-    )
+    rule = FormatRule(rule="kv_capacity", **settings.model_dump())  # the rule's settings are the bench's
     cc = gpu.compute_capability()
     platform = formats.platform_of(cc)
     device = gpu.describe_devices() or f"CPU ({platform})"
@@ -232,51 +226,22 @@ def main(argv: list[str] | None = None) -> int:
             result.update(choice)
         write_json_result(args.out, result, roots=(args.work,))
 
+    boot = functools.partial(measure, recipe, args, settings=settings, platform=platform)
+
+    def keep(row, facts: dict) -> None:
+        rows.append(row)
+        result["boots"].append(facts)
+        save()
+
     for name, scheme, method in candidates:
-        row, facts = measure(
-            recipe,
-            args,
-            name=name,
-            scheme=scheme,
-            method=method,
-            kv=kv,
-            settings=settings,
-            platform=platform,
-            reference=False,
-        )
-        rows.append(row)
-        result["boots"].append(facts)
-        save()
+        keep(*boot(name=name, scheme=scheme, method=method, kv=kv, reference=False))
     if not args.no_reference:
-        row, facts = measure(
-            recipe,
-            args,
-            name="bf16",
-            scheme=None,
-            method="base",
-            kv="auto",
-            settings=settings,
-            platform=platform,
-            reference=True,
-        )
-        rows.append(row)
-        result["boots"].append(facts)
-        save()
+        keep(*boot(name="bf16", scheme=None, method="base", kv="auto", reference=True))
     if args.kv16:
         w4 = next((r for r in rows if r.scheme == "W4A16"), None)
         if w4 is not None:
-            row, facts = measure(
-                recipe,
-                args,
-                name="w4a16-16bit-kv",
-                scheme="W4A16",
-                method="rtn (dummy weights)",
-                kv="auto",
-                settings=settings,
-                platform=platform,
-                reference=False,
-                bench=False,
-            )
+            kv16 = {"scheme": "W4A16", "method": "rtn (dummy weights)", "kv": "auto", "reference": False}
+            row, facts = boot(name="w4a16-16bit-kv", **kv16, bench=False)  # capacity only
             w4.kv_cache_tokens_16bit = row.kv_cache_tokens
             result["boots"].append(
                 {**facts, "kv_cache_tokens": row.kv_cache_tokens, "failures": row.failures}

@@ -55,18 +55,17 @@ def main(argv: list[str] | None = None) -> int:
 
     configs = ROOT / "benchmarks" / "configs"
     results: list[dict[str, object]] = []
+    serve = {  # the same for every (model, GPU, TP)
+        "gpu_memory_utilization": args.utilization,
+        "max_model_len": args.max_model_len,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+    }
     for model, (config_file, tps) in MODELS.items():
         shape = ModelShape.from_config(configs / config_file)
         for gpu, memory in GPUS.items():
             for tp in tps:
                 table = plan_table(
-                    shape,
-                    device_memory_bytes=memory,
-                    gpu_memory_utilization=args.utilization,
-                    max_model_len=args.max_model_len,
-                    max_num_batched_tokens=args.max_num_batched_tokens,
-                    tensor_parallel_size=tp,
-                    model=model,
+                    shape, device_memory_bytes=memory, tensor_parallel_size=tp, model=model, **serve
                 )
                 print(format_table(table, title=f"{model} on {gpu}, TP {tp}"))
                 print()

@@ -50,6 +50,15 @@ PROFILE = {
     "max_preemptions": 0,
     "request_timeout_s": 180,
 }
+# The found settings' figures the JSON keeps, by their own names
+FOUND_FIGURES = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "peak_kv_cache_usage",
+    "preemptions",
+    "output_throughput",
+)
 
 
 def search_recipe(recipe_path: Path, checkpoint_dir: Path):
@@ -118,12 +127,7 @@ def main(recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml") -> None:
         "found": None
         if found is None
         else {
-            "max_num_seqs": found.max_num_seqs,
-            "max_num_batched_tokens": found.max_num_batched_tokens,
-            "max_model_len": found.max_model_len,
-            "peak_kv_cache_usage": found.peak_kv_cache_usage,
-            "preemptions": found.preemptions,
-            "output_throughput": found.output_throughput,
+            **{k: getattr(found, k) for k in FOUND_FIGURES},
             "profile": profile_output.profile_config(found.spec, model=model),
             "command": found.spec.serve_command(model),
         },
