@@ -28,6 +28,7 @@ from quantize_serve.gates.accuracy import AccuracyRun, lm_eval_concurrency
 from quantize_serve.report.base_reference import BaseReference
 from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.server import RunningServer, ServerSpec
+from quantize_serve.serving.vllm_log import read_log, v2_model_runner
 from quantize_serve.validate.preflight import ValidatedRecipe
 from tasks.accuracy import run_accuracy
 from tasks.progress import Progress
@@ -96,6 +97,7 @@ def accuracy_gate(
         output_dir=output_dir,
         num_concurrent=lm_eval_concurrency(r.gates.accuracy, r.serve),
         paired_with=paired_with if isinstance(paired_with, AccuracyRun) else None,
+        reuse_rows=v2_model_runner(read_log(server.log_path)),
         return_state=True,
     )
 

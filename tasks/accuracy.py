@@ -31,6 +31,7 @@ def run_accuracy(
     output_dir: Path,
     num_concurrent: int | None = None,
     paired_with: accuracy.AccuracyRun | None = None,
+    reuse_rows: bool = False,
 ) -> accuracy.AccuracyRun:
     result = accuracy.run_accuracy(
         server_base_url,
@@ -41,6 +42,7 @@ def run_accuracy(
         output_dir=output_dir,
         num_concurrent=num_concurrent,
         paired_with=paired_with,
+        reuse_rows=reuse_rows,
     )
     log = run_log()
     for run in result.tasks.values():  # a line per task for a person following the run
@@ -48,5 +50,10 @@ def run_accuracy(
         log(
             f"lm-eval {run.lm_eval_name}: {run.num_docs} of {run.planned_docs} documents{looks} "
             f"in {run.seconds:.0f} s: " + ", ".join(f"{k} {m.value:.4g}" for k, m in run.metrics.items())
+        )
+    if result.scoring_counts:
+        log(
+            f"lm-eval scoring ({result.scoring}): "
+            + ", ".join(f"{k} {v}" for k, v in result.scoring_counts.items())
         )
     return result

@@ -106,6 +106,7 @@ def run_accuracy(
     output_dir: Path,
     num_concurrent: int | None = None,
     paired_with: AccuracyRun | None = None,
+    reuse_rows: bool = False,
 ) -> AccuracyRun:
     """Run every task of ``gate`` against the vLLM server at ``server_base_url``.
 
@@ -115,7 +116,9 @@ def run_accuracy(
     outcome) to ``output_dir/accuracy_run.json``. ``num_concurrent``: lm-eval's concurrent requests
     (:func:`lm_eval_concurrency`; default the gate's, else 4). ``paired_with``: the base's run; a task
     it holds is scored look by look (``gate.looks``) and stops at the first look where its decision
-    is clear (recovery.task_decided). Any failure raises :class:`GateError`.
+    is clear (recovery.task_decided). ``reuse_rows``: the server runs vLLM's V2 model runner, so
+    ``gate.scoring`` context-once may score multi-token continuations over the cached context
+    (gates/scoring.py). Any failure raises :class:`GateError`.
     """
     if not gate.tasks:
         raise GateError(
@@ -134,6 +137,7 @@ def run_accuracy(
         tokenizer_dir=tokenizer_dir,
         max_length=max_length,
         num_concurrent=num_concurrent,
+        reuse_rows=reuse_rows,
     )
     runs: dict[str, TaskRun] = {}
     for spec in specs:
@@ -144,6 +148,8 @@ def run_accuracy(
         tasks=runs,
         seconds=round(time.monotonic() - started, 1),
         lm_eval_version=getattr(lm_eval, "__version__", "unknown"),
+        scoring=gate.scoring,
+        scoring_counts=dict(getattr(lm, "stats", {})),
     )
     (output_dir / "accuracy_run.json").write_text(run.model_dump_json(indent=2))
     return run
@@ -242,9 +248,13 @@ def completions_model(
     tokenizer_dir: str,
     max_length: int,
     num_concurrent: int | None = None,
+    reuse_rows: bool = False,
 ) -> Any:
-    """lm-eval's ``local-completions`` model, pointed at the served model."""
+    """lm-eval's model for the served model: ``local-completions`` (``gate.scoring`` echo), or its
+    subclass that computes each distinct context once (gates/scoring.py)."""
     from lm_eval.api.registry import get_model
+
+    from quantize_serve.gates import scoring  # lm-eval (and torch) load only when a gate runs
 
     model_args = {
         "base_url": f"{server_base_url.rstrip('/')}/v1/completions",
@@ -257,11 +267,14 @@ def completions_model(
         "max_retries": REQUEST_ATTEMPTS,
         "timeout": REQUEST_TIMEOUT_S,
     }
+    name = "local-completions"
+    if gate.scoring == "context-once":
+        name, model_args = scoring.MODEL_NAME, model_args | {"reuse_rows": reuse_rows}
     try:
-        return get_model("local-completions").create_from_arg_obj(model_args, {"batch_size": gate.batch_size})
+        return get_model(name).create_from_arg_obj(model_args, {"batch_size": gate.batch_size})
     except Exception as exc:
         raise GateError(
-            f"lm-eval could not set up local-completions with the tokenizer at {tokenizer_dir}: "
+            f"lm-eval could not set up {name} with the tokenizer at {tokenizer_dir}: "
             f"{exc!r}. Fix: point tokenizer_dir at the served model's folder (it needs "
             "tokenizer.json / tokenizer_config.json)"
         ) from exc

@@ -40,6 +40,9 @@ class AccuracyRun(BaseModel):
     tasks: dict[str, TaskRun]
     seconds: float
     lm_eval_version: str
+    scoring: str = "echo"  # gates.accuracy.scoring as run
+    # what went which way (gates/scoring.py): context requests, requests scored context-once, echo...
+    scoring_counts: dict[str, int] = Field(default_factory=dict)
 
 
 class AccuracyCheck(BaseModel):

@@ -3,6 +3,8 @@ regression gate against the release already in production."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import (
     Field,
     PositiveInt,
@@ -167,6 +169,13 @@ class AccuracyGate(Section):
         ge=0,
         description="Seeds the random draw and order of each task's "
         "documents (and their few-shot examples): the same seed, the same documents.",
+    )
+    scoring: Literal["context-once", "echo"] = Field(
+        default="context-once",
+        description="How loglikelihood requests reach vLLM. context-once: each distinct context "
+        "computed once (mmlu's four choices in one request; on vLLM's V2 model runner, multi-token "
+        "choices over the cached context), each path checked against echo before it carries a run "
+        "(gates/scoring.py). echo: lm-eval's local-completions, one full prompt per choice.",
     )
     batch_size: PositiveInt = 8
     num_concurrent: PositiveInt | None = Field(

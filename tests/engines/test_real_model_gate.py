@@ -39,20 +39,32 @@ def recipe():
     return load_recipe(RECIPE, OVERRIDES)
 
 
-def score(recipe, model_dir: Path, boot, output_dir: Path, paired_with=None):
+def score(recipe, model_dir: Path, boot, output_dir: Path, paired_with=None, echo_too=False):
+    """The gate's run on ``model_dir`` served as ``boot``; ``echo_too``: also the cloze task scored the echo
+    way on the same server (the gate's default is context-once, gates/scoring.py)."""
     from quantize_serve.capacity.measure import capacity_spec
     from quantize_serve.serving.server import vllm_server
 
     spec = capacity_spec(recipe, boot, model_dir)
+    gate = recipe.gates.accuracy
     with vllm_server(spec, log_path=output_dir / "vllm.log") as server:
-        return run_accuracy(
-            server.base_url,
-            recipe.gates.accuracy,
-            tokenizer_dir=str(model_dir),
-            max_length=spec.serve.max_model_len,
-            base_dir=Path(recipe.base_dir),
-            output_dir=output_dir,
-            paired_with=paired_with,
+
+        def run(g, out):
+            return run_accuracy(
+                server.base_url,
+                g,
+                tokenizer_dir=str(model_dir),
+                max_length=spec.serve.max_model_len,
+                base_dir=Path(recipe.base_dir),
+                output_dir=out,
+                paired_with=paired_with,
+            )
+
+        ours = run(gate, output_dir)
+        if not echo_too:
+            return ours
+        return ours, run(
+            gate.model_copy(update={"scoring": "echo", "tasks": gate.tasks[1:]}), output_dir / "echo"
         )
 
 
@@ -61,7 +73,7 @@ def test_the_paired_gate_on_a_real_model_and_its_4bit_copy(recipe, tmp_path):
     from quantize_serve.serving.boot import Boot
 
     checkpoint = _quantize(RECIPE, overrides=OVERRIDES)
-    base = score(recipe, MODEL, Boot.BASE, tmp_path / "base")
+    base, echo = score(recipe, MODEL, Boot.BASE, tmp_path / "base", echo_too=True)
     candidate = score(
         recipe, Path(checkpoint.checkpoint_dir), Boot.PRODUCTION, tmp_path / "candidate", paired_with=base
     )
@@ -76,6 +88,15 @@ def test_the_paired_gate_on_a_real_model_and_its_4bit_copy(recipe, tmp_path):
     )
     by = {(c.task, c.metric): c for c in checks}
     assert set(by) == {(PPL, "bits_per_byte"), (CLOZE, "acc"), (CLOZE, "acc_norm")}, checks
+
+    # context-once scoring (the default) took mmlu-like one-token choices in one request a document, checked
+    # first against lm-eval's echo path; the whole task's outcomes match it but for bf16 near-ties
+    counts = base.scoring_counts
+    assert base.scoring == "context-once" and counts["checked_first"] > 0 and counts["context_requests"] > 8
+    assert counts["context_once_requests"] == 4 * counts["context_requests"], counts
+    ours, theirs = base.tasks[CLOZE].documents, echo.tasks[CLOZE].documents
+    assert ours.keys() == theirs.keys() and all(ours[k].prompt_hash == theirs[k].prompt_hash for k in ours)
+    assert sum(ours[k].values != theirs[k].values for k in ours) <= 0.02 * len(ours)
 
     # paired: every document the candidate scored has the base's prompt (else a '*' check fails)
     for task, run in candidate.tasks.items():

