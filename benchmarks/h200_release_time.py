@@ -15,7 +15,7 @@ the times are real):
 Four runs, one local stack (Prefect server, `gpu` pool, local Hub):
 1. ``baseline``: the product's speed-ups that a setting switches off are off (QS_PREPARE_BOOTS=false,
    QS_REUSE_BASE_REFERENCE=false, QS_QUANTIZE_ON_DEVICE=false, lm-eval's concurrency at the recipe's
-   former 16), a fresh work dir
+   former 16, lm-eval's echo scoring, every document in one look), a fresh work dir
    (an empty vLLM compile cache), its own Hub repo. What stays on: the Hub push beside the boots.
 2. ``first_release``: everything on, a fresh work dir, its own Hub repo: a base never released here.
 3. ``re_release``: everything on, the first release's work dir and Hub repo, a new calibration draw
@@ -120,6 +120,7 @@ FLOW_RUNS = RUNS[:3]
 MANUAL_REPO_SUFFIX = "-manual"
 RECIPE = ROOT / SCENARIO["recipe"]
 BASELINE_CONCURRENT = SCENARIO["baseline_concurrent"]
+BASELINE_OVERRIDES = SCENARIO["baseline_overrides"]  # the speed-ups that are recipe settings: off
 # The quantize worker's line; the flow's log relays it without the worker's "[quantize]" tag
 CALIBRATION_LINE = re.compile(r"(\d+) calibration samples, (\d+) tokens")
 # What a run's streamed log says as it goes: kept under "cut_short" until the run ends, so a run that a
@@ -584,6 +585,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                     **base_overrides,
                     "hub.repo_id": repo + "-baseline",
                     "gates.accuracy.num_concurrent": BASELINE_CONCURRENT,
+                    **BASELINE_OVERRIDES,
                 },
                 {**env, **BASELINE_ENV, "QS_WORK_DIR": str(home / "work-baseline")},
             ),
