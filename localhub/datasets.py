@@ -441,14 +441,15 @@ def publish_parquet_configs(
 def publish_production_tasks(
     api: Any,
     *,
-    gsm8k_test: int = 500,
-    arc_test: int = 500,
+    gsm8k_test: int = 1319,
+    arc_test: int = 1172,
     hellaswag_validation: int = 1000,
     mmlu_test: int = 20,
     tokenizer: Any = None,
 ) -> dict[str, str]:
-    """The production recipe's four tasks' data under their real ids (sizes: the recipe's limits), token-true
-    under ``tokenizer`` (the served model's; see above); returns {dataset id: commit sha}."""
+    """The production recipe's four tasks' data under their real ids (gsm8k and arc_challenge at their real
+    test splits' sizes, so the recipe's limits are a draw from them; hellaswag and mmlu at the limits),
+    token-true under ``tokenizer`` (the served model's; see above); returns {dataset id: commit sha}."""
     k = TOKENS_PER_WORD / tokens_per_word(tokenizer)
     shas = {
         GSM8K_ID: publish_parquet_dataset(
