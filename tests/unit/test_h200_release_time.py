@@ -145,7 +145,7 @@ def test_one_lm_eval_invocation_runs_every_task_at_its_own_shots_and_limit(tmp_p
         ],
     }
     samples = json.loads((tmp_path / "samples.json").read_text())  # --limit's first documents, per task
-    assert samples["gsm8k"] == list(range(500)) and samples["hellaswag"] == list(range(1000))
+    assert samples["gsm8k"] == list(range(650)) and samples["hellaswag"] == list(range(1000))
     assert len(samples) == 3 + len(MMLU_SUBJECTS) == 60 and samples["mmlu_anatomy"] == list(range(20))
     # the gate's settings: batch 16, lm-eval's concurrency sized to max_num_seqs, the server's max_model_len
     assert (settings["batch_size"], settings["concurrent"], settings["max_length"]) == (16, 128, 8192)
