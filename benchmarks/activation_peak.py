@@ -41,22 +41,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
-from benchmarks.harness import (  # noqa: E402
-    ROOT,
-    SHAPES,
-    TOKENIZER,
-    Results,
-    add_out_option,
-    driver_env,
-    gib,
-    load_scenario,
-    logger,
-    merge_row,
-    out_path,
-    versions,
-)
+from benchmarks import harness  # noqa: E402 - the benchmarks' shared module
 
-driver_env()  # before the product's imports, which read it
+harness.driver_env()  # before the product's imports, which read it
 
 from quantize_serve.capacity.model_shape import ModelShape  # noqa: E402
 from quantize_serve.capacity.planner import activation_peak_bytes  # noqa: E402
@@ -66,10 +53,10 @@ from quantize_serve.serving import gpu  # noqa: E402
 from quantize_serve.serving.boot import Boot  # noqa: E402
 from quantize_serve.serving.vllm_log import compile_cache, evidence_lines, memory_figures, read_log  # noqa: E402
 
-SCENARIO = load_scenario("peak")
-SHAPES_SCENARIO = load_scenario("shapes")  # the serve settings and recipes: h200_shapes.py's
+SCENARIO = harness.load_scenario("peak")
+SHAPES_SCENARIO = harness.load_scenario("shapes")  # the serve settings and recipes: h200_shapes.py's
 RECIPES, SERVE, REHEARSE_SERVE = (SHAPES_SCENARIO[k] for k in ("recipes", "serve", "rehearse_serve"))
-# name -> (shape of SHAPES, config.json keys overridden)
+# name -> (shape of harness.SHAPES, config.json keys overridden)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {k: tuple(v) for k, v in SCENARIO["variants"].items()}
 REHEARSE_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     k: tuple(v) for k, v in SCENARIO["rehearse_variants"].items()
@@ -89,13 +76,13 @@ DEBUG_EVIDENCE = (
 )
 BOOTS = {"base": Boot.BASE, "w4a16": Boot.QUANTIZED_16BIT_KV}
 RECORDED = ("measured",)
-log = logger("peak")
+log = harness.logger("peak")
 
 
 def variant_folder(name: str, variants: dict[str, tuple[str, dict]], layers: int | None, work: Path) -> Path:
     """The variant's shape folder: its config.json (``variant_config``) and the reference tokenizer."""
     return shape_folder(
-        variant_config(name, variants, layers), work / "variants" / name, tokenizer_dir=TOKENIZER
+        variant_config(name, variants, layers), work / "variants" / name, tokenizer_dir=harness.TOKENIZER
     )
 
 
@@ -103,7 +90,7 @@ def variant_config(name: str, variants: dict[str, tuple[str, dict]], layers: int
     """The variant's config.json: its base shape's (``SHAPES``), the variant's keys overridden, ``layers``
     deep."""
     shape, overrides = variants[name]
-    config = {**json.loads(SHAPES[shape].read_text()), **overrides}
+    config = {**json.loads(harness.SHAPES[shape].read_text()), **overrides}
     if layers:
         config["num_hidden_layers"] = layers
         for key in ("max_window_layers",):  # Qwen2's window bound follows the depth it was written for
@@ -125,7 +112,7 @@ def planner_activation_gib(variant: str, *, variants: dict, layers: int | None, 
         tensor_parallel_size=SERVE["serve.tensor_parallel_size"],
         compiled=mode == "graphs",
     )
-    return gib(act)
+    return harness.gib(act)
 
 
 def replan(rows: list[dict]) -> list[dict]:
@@ -166,7 +153,7 @@ def measure_row(
         "serve.enforce_eager": mode == "eager",
         "model.id": str(folder),
     }
-    recipe = load_recipe(ROOT / RECIPES[shape], settings)
+    recipe = load_recipe(harness.ROOT / RECIPES[shape], settings)
     out_dir = (
         work / "boots" / variant / mode
     )  # the same served path every boot: vLLM's compile-cache key holds it
@@ -186,7 +173,7 @@ def measure_row(
     if nth > 1 and log_path.is_file():  # the next boot of the row writes the same log: keep this one's apart
         log_path = Path(shutil.copyfile(log_path, log_path.with_name(f"{log_path.stem}-{nth}.log")))
     usage = memory_figures(text)["actual_usage_gib"]
-    planned = gib(row.planned.activation_bytes)
+    planned = harness.gib(row.planned.activation_bytes)
     peak = usage.get("peak_activation")
     return {
         "id": row_id(variant, boot, mode, nth),
@@ -215,7 +202,7 @@ def measure_row(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_out_option(p, "h200_activation_peak.json", "activation_peak_rehearsal.json")
+    harness.add_out_option(p, "h200_activation_peak.json", "activation_peak_rehearsal.json")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "qs-activation-peak")
     p.add_argument("--variants", help="comma-separated, default all: " + ", ".join(VARIANTS))
     p.add_argument("--configs", default="w4a16", help="comma-separated: base (bf16), w4a16; default w4a16")
@@ -237,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     if args.replan:
-        out = args.out or ROOT / "benchmarks/results/h200_activation_peak.json"
-        res = Results(out, roots=(args.work,))
+        out = args.out or harness.ROOT / "benchmarks/results/h200_activation_peak.json"
+        res = harness.Results(out, roots=(args.work,))
         res.data["rows"] = replan(res.data.get("rows", []))
         res.save()
         for r in res.data["rows"]:
@@ -265,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(
             "no GPU: this benchmark reads vLLM's CUDA memory profile (--rehearse runs it on a CPU)"
         )
-    out = out_path(args)
-    res = Results(out, roots=(args.work,))
+    out = harness.out_path(args)
+    res = harness.Results(out, roots=(args.work,))
     done = (
         {r["id"] for r in res.data.get("rows", []) if r.get("status") in RECORDED} if args.resume else set()
     )
@@ -291,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "device": gpu.describe_devices(),
-            "versions": versions(),
+            "versions": harness.versions(),
         }
     )
     failed = 0
@@ -315,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                 "status": "error",
                 "reason": f"{type(exc).__name__}: {exc}",
             }
-        res.data["rows"] = merge_row(res.data.get("rows", []), row, [])  # by id
+        res.data["rows"] = harness.merge_row(res.data.get("rows", []), row, [])  # by id
         res.save()
         log(
             f"{row['id']}: {row['status']}; vLLM peak "

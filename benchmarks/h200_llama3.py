@@ -39,25 +39,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
-from benchmarks.harness import (  # noqa: E402
-    BASE_ID,
-    DEPLOYMENT,
-    GIB,
-    ROOT,
-    STACK_TOKEN,
-    Results,
-    deployment_env,
-    driver_env,
-    gib,
-    load_scenario,
-    logger,
-    publish_base,
-    stage_seconds,
-    versions,
-    wait_for_build,
-)
+from benchmarks import harness  # noqa: E402 - the benchmarks' shared module
+from benchmarks import production_stack as production  # noqa: E402 - the local Hub and deployment
 
-driver_env(local_hub=True)  # before the product's imports, which read it
+harness.driver_env(local_hub=True)  # before the product's imports, which read it
 
 from localhub.datasets import publish_ultrachat  # noqa: E402
 from quantize_serve.core.settings import get_settings  # noqa: E402
@@ -65,7 +50,7 @@ from quantize_serve.recipe.load import load_recipe  # noqa: E402
 from quantize_serve.serving import gpu  # noqa: E402
 from scripts.local_stack import local_stack  # noqa: E402
 
-SCENARIO = load_scenario("llama3")
+SCENARIO = harness.load_scenario("llama3")
 PPL_TASK = SCENARIO["accuracy_tasks"]
 REDIRECTED = (
     "gates.accuracy.tasks: the held-out perplexity task (evals/tasks/qs_heldout_ppl.yaml) instead of "
@@ -73,7 +58,7 @@ REDIRECTED = (
     "weights cannot pass a meaningful accuracy gate; the gate is perplexity recovery"
 )
 REHEARSE_OVERRIDES = SCENARIO["rehearse_overrides"]
-log = logger("llama3")
+log = harness.logger("llama3")
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -84,8 +69,8 @@ def cmd_run(args: argparse.Namespace) -> None:
     home = state / "llama3-stack"
     shutil.rmtree(home, ignore_errors=True)
     runs, work = home / "runs", home / "work"
-    res = Results(Path(args.out), roots=(state, get_settings().serving_python.parent))
-    recipe = load_recipe(ROOT / SCENARIO["recipe"])
+    res = harness.Results(Path(args.out), roots=(state, get_settings().serving_python.parent))
+    recipe = load_recipe(harness.ROOT / SCENARIO["recipe"])
     overrides: dict[str, Any] = {"gates.accuracy.tasks": PPL_TASK}
     if args.rehearse:
         overrides.update(REHEARSE_OVERRIDES)
@@ -94,19 +79,19 @@ def cmd_run(args: argparse.Namespace) -> None:
         started=time.strftime("%Y-%m-%dT%H:%M:%S"),
         rehearse=args.rehearse,
         device=gpu.memory_info(0),
-        command=f"prefect deployment run quantize-serve/{DEPLOYMENT} --watch",
+        command=f"prefect deployment run quantize-serve/{production.DEPLOYMENT} --watch",
         deployment_parameters={"overrides": overrides},
         redirected=REDIRECTED,
         weights="random bf16 weights of Llama-3-8B's shapes (seed 0): accuracy figures are not "
         "model quality; the gate is perplexity recovery",
-        versions=versions(),
+        versions=harness.versions(),
     )
     res.save()
-    res.data["build"] = wait_for_build(
+    res.data["build"] = harness.wait_for_build(
         model_dir, Path(args.build_pid_file) if args.build_pid_file else None, args.build_timeout_s
     )
     baseline = gpu.device_used_bytes()
-    res.data["gpu_memory_idle_baseline_gib"] = gib(baseline)
+    res.data["gpu_memory_idle_baseline_gib"] = harness.gib(baseline)
     res.save()
     t_all = time.monotonic()
     extra = {
@@ -115,52 +100,52 @@ def cmd_run(args: argparse.Namespace) -> None:
         "HF_DATASETS_OFFLINE": "0",
         "HF_HOME": str(home / "hf-home"),
     }  # a fresh HF cache: the dataset comes from the endpoint
-    with local_stack(home, hub_token=STACK_TOKEN, deploy=False, extra_env=extra) as stack:
-        api = HfApi(endpoint=stack.hub_endpoint, token=STACK_TOKEN)
+    with local_stack(home, hub_token=production.STACK_TOKEN, deploy=False, extra_env=extra) as stack:
+        api = HfApi(endpoint=stack.hub_endpoint, token=production.STACK_TOKEN)
         t0 = time.monotonic()
-        base_sha = publish_base(api, model_dir, home / "scratch")
+        base_sha = production.publish_base(api, model_dir, home / "scratch")
         if not (
             args.keep_model or args.rehearse
         ):  # the Hub holds it now; the run downloads its own copy (disk: 64 GiB hosts)
             for shard in model_dir.glob("*.safetensors"):
                 shard.unlink()
-        res.data["disk_free_gib_after_publish"] = gib(shutil.disk_usage(state).free)
+        res.data["disk_free_gib_after_publish"] = harness.gib(shutil.disk_usage(state).free)
         c = recipe.calibration
         publish_ultrachat(
             api, repo_id=c.dataset, train_sft=2 * c.num_samples
         )  # split train_sft, as the recipe
         res.data["hub_setup"] = {
-            "base_model": BASE_ID,
+            "base_model": production.BASE_ID,
             "base_sha": base_sha,
             "calibration_dataset": c.dataset,
             "split": c.split,
             "seconds": round(time.monotonic() - t0, 1),
         }
         log(
-            f"local Hub: {BASE_ID}@{base_sha[:12]}, {c.dataset}:{c.split} "
+            f"local Hub: {production.BASE_ID}@{base_sha[:12]}, {c.dataset}:{c.split} "
             f"({res.data['hub_setup']['seconds']} s)"
         )
         stack.prefect(
             "--no-prompt",
             "deploy",
             "--name",
-            DEPLOYMENT,
+            production.DEPLOYMENT,
             "--param",
             f"overrides={json.dumps(overrides)}",
             "--job-variable",
-            json.dumps({"env": deployment_env(serving_python)}),
+            json.dumps({"env": production.deployment_env(serving_python)}),
         )
         t0 = time.monotonic()
         with gpu.PeakMemorySampler() as peak:
             rc, output, run_id = stack.run_deployment(
-                DEPLOYMENT,
+                production.DEPLOYMENT,
                 pool="gpu",
                 timeout=args.timeout_s,
                 echo=lambda line: print(line[:300], flush=True),
             )
         wall = round(time.monotonic() - t0, 1)
         (state / "llama3-watch.log").write_text(output)
-        flow, stages = stage_seconds(stack.api_url, run_id) if run_id else ({}, {})
+        flow, stages = production.stage_seconds(stack.api_url, run_id) if run_id else ({}, {})
         reports = sorted(runs.glob("*/report.json"))
         report = json.loads(reports[-1].read_text()) if reports else {}
         release = report.get("release") or {}
@@ -177,7 +162,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         )
     after = gpu.device_used_bytes()
     for _ in range(30):  # the stack is stopped: the GPU should be back at the idle baseline
-        if after is None or baseline is None or after - baseline <= GIB // 4:
+        if after is None or baseline is None or after - baseline <= harness.GIB // 4:
             break
         time.sleep(1)
         after = gpu.device_used_bytes()
@@ -202,11 +187,11 @@ def cmd_run(args: argparse.Namespace) -> None:
             c["name"]: {k: c.get(k) for k in ("kv_cache_tokens", "max_concurrency", "weights_bytes")}
             for c in (report.get("capacity") or {}).get("configs", [])
         },
-        gpu_memory_peak_gib=gib(peak.peak),
-        gpu_memory_after_gib=gib(after),
+        gpu_memory_peak_gib=harness.gib(peak.peak),
+        gpu_memory_after_gib=harness.gib(after),
         gpu_memory_back_at_baseline=None
         if after is None or baseline is None
-        else after - baseline <= GIB // 4,
+        else after - baseline <= harness.GIB // 4,
         total_seconds=round(time.monotonic() - t_all, 1),
         finished=time.strftime("%Y-%m-%dT%H:%M:%S"),
     )

@@ -76,20 +76,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
 from benchmarks.harness import (  # noqa: E402
-    BASE_ID,
-    DEPLOYMENT,
     ROOT,
-    STACK_TOKEN,
     Results,
-    deployment_env,
     driver_env,
     load_scenario,
     logger,
-    publish_base,
-    stage_seconds,
     versions,
     wait_for_build,
 )
+from benchmarks import production_stack as production  # noqa: E402 - the local Hub and deployment
 
 driver_env(local_hub=True)  # before the product's imports, which read it
 
@@ -176,7 +171,7 @@ def one_run(
         res.save()
 
     rc, output, run_id = stack.run_deployment(
-        DEPLOYMENT,
+        production.DEPLOYMENT,
         pool="gpu",
         params={"overrides": json.dumps(overrides)},
         job_variables={"env": env},
@@ -188,7 +183,7 @@ def one_run(
     driver = round(time.monotonic() - t0, 1)
     wall = round(last_line[0] - t0, 1)
     (Path(stack.home) / f"{name}-watch.log").write_text(output)
-    flow, stages = stage_seconds(stack.api_url, run_id) if run_id else ({}, {})
+    flow, stages = production.stage_seconds(stack.api_url, run_id) if run_id else ({}, {})
     new = sorted(set(runs.glob("*/report.json")) - before)
     report = json.loads(new[-1].read_text()) if new else {}
     run_dir = new[-1].parent if new else None
@@ -408,7 +403,7 @@ def manual_run(res: Results, setting: ManualSetting, *, session: str, preceded_b
 
     upload = None
     try:
-        run("download", m.download_argv(BASE_ID, base))
+        run("download", m.download_argv(production.BASE_ID, base))
         mark("base downloaded")
         run("oneshot", [m.PY, work / "oneshot.py"])
         calibration = CALIBRATION_LINE.search((work / "oneshot.log").read_text(errors="replace"))
@@ -539,7 +534,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         started=session,
         cpu_smoke=args.cpu_smoke,
         device=gpu.memory_info(0),
-        command=f"prefect deployment run quantize-serve/{DEPLOYMENT} --watch",
+        command=f"prefect deployment run quantize-serve/{production.DEPLOYMENT} --watch",
         versions=versions(),
         weights="random bf16 weights of Llama-3-8B's shapes: the accuracy figures are not model quality, the "
         "times are real"
@@ -556,10 +551,10 @@ def cmd_run(args: argparse.Namespace) -> None:
         res.data["build"] = wait_for_build(model_dir, None, args.build_timeout_s)
     res.save()
     extra = {"QS_RUNS_DIR": str(runs), "HF_DATASETS_OFFLINE": "0", "HF_HOME": str(home / "hf-home")}
-    with local_stack(home, hub_token=STACK_TOKEN, deploy=False, extra_env=extra) as stack:
-        api = HfApi(endpoint=stack.hub_endpoint, token=STACK_TOKEN)
+    with local_stack(home, hub_token=production.STACK_TOKEN, deploy=False, extra_env=extra) as stack:
+        api = HfApi(endpoint=stack.hub_endpoint, token=production.STACK_TOKEN)
         t0 = time.monotonic()
-        base_sha = publish_base(api, model_dir, home / "scratch")
+        base_sha = production.publish_base(api, model_dir, home / "scratch")
         if not (args.keep_model or args.cpu_smoke):  # the Hub holds it now (disk: 64 GiB hosts)
             for shard in model_dir.glob("*.safetensors"):
                 shard.unlink()
@@ -568,15 +563,15 @@ def cmd_run(args: argparse.Namespace) -> None:
         publish_ultrachat_production(api, repo_id=c.dataset, train_sft=2 * c.num_samples, tokenizer=tokenizer)
         shas = publish_production_tasks(api, **(SMOKE_DATA if args.cpu_smoke else {}), tokenizer=tokenizer)
         res.data["hub_setup"] = {
-            "base_model": BASE_ID,
+            "base_model": production.BASE_ID,
             "base_sha": base_sha,
             "datasets": sorted(shas),
             "seconds": round(time.monotonic() - t0, 1),
         }
         res.save()
         if any(name in FLOW_RUNS for name in args.runs):
-            stack.prefect("--no-prompt", "deploy", "--name", DEPLOYMENT)
-        env = deployment_env(serving_python)
+            stack.prefect("--no-prompt", "deploy", "--name", production.DEPLOYMENT)
+        env = production.deployment_env(serving_python)
         repo = recipe.hub.repo_id
         plan = [
             (
