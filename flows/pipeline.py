@@ -50,6 +50,8 @@ from tasks.serve import (
     published_model,
     published_serve_command,
     record_base_reference,
+    record_sixteen_bit_kv,
+    reused_sixteen_bit_kv,
     summarize_capacity,
     write_serving_profile,
 )
@@ -90,8 +92,10 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     # a known base (same sha, tasks, serve settings, vLLM, hardware): its figures from the run that measured
     # them
     reference_key, reference = find_base_reference(validated, base, base_boot)
+    sixteen_bit_kv = reused_sixteen_bit_kv(validated, reference)  # row (b) of this format, if measured
+    first_boot = Boot.PRODUCTION if sixteen_bit_kv else Boot.QUANTIZED_16BIT_KV if reference else Boot.BASE
     with prepared_boots():  # a boot's process starts while the device works on the one before
-        prepare_boot(run_dir, Boot.QUANTIZED_16BIT_KV if reference else Boot.BASE)  # imports while quantizing
+        prepare_boot(run_dir, first_boot)  # imports while quantizing
         progress.start("quantize")
         checkpoint = progress.done("quantize", quantize_model(validated, base), mark="quantized")
         profile = None
@@ -147,12 +151,15 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
                 accuracy_dir=run_dir / ACCURACY_QUANTIZED_DIR,
                 stress_dir=run_dir / "stress",
                 soak_dir=run_dir,
+                sixteen_bit_kv=sixteen_bit_kv is None,
                 progress=progress,  # soak.png beside report.md
                 base_accuracy=outcome(base_served.accuracy),
                 also=lambda server, spec, cap: write_serving_profile(
                     validated, base, spec, cap, checkpoint.checkpoint_dir, run_dir
                 ),
             )
+            if quantized.capacity_16bit_kv:
+                record_sixteen_bit_kv(validated, reference_key, quantized.capacity_16bit_kv, run_id())
             baseline = in_production.result()
             release_served = None
             if baseline.local_dir:  # measured under other conditions: serve it again with this run's settings
@@ -167,8 +174,9 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
                 progress.done("production served again", release_served.capacity)
     candidate = progress.done("push candidate", pushed.result(), mark="candidate pushed")  # beside the boots
     production, gates = quantized.also, validated.recipe.gates
+    sixteen = quantized.capacity_16bit_kv or (sixteen_bit_kv.capacity if sixteen_bit_kv else None)
     capacity = summarize_capacity(
-        validated, base, [base_served.capacity, quantized.capacity_16bit_kv, quantized.capacity], base_boot
+        validated, base, [base_served.capacity, sixteen, quantized.capacity], base_boot
     )
     checks = progress.done(
         "accuracy gate",
@@ -220,6 +228,7 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
             profile=profile,
             formats=formats,
             base_reused_from=reference.run_id if reference else None,
+            sixteen_bit_kv_reused_from=sixteen_bit_kv.run_id if sixteen_bit_kv else None,
             accuracy=checks if isinstance(checks, list) else [],
             results=results,
             regression=regression,

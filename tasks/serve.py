@@ -278,3 +278,31 @@ def record_base_reference(
         factors=factors,
     )
     base_reference.save_reference(get_settings().work_dir, reference)
+
+
+def reused_sixteen_bit_kv(
+    validated: ValidatedRecipe, reference: base_reference.BaseReference | None
+) -> base_reference.MeasuredRow | None:
+    """Row (b) a previous release of this base in this format measured (report/base_reference.py), if any."""
+    row = reference.sixteen_bit_kv.get(base_reference.format_key(validated.recipe)) if reference else None
+    if row:
+        get_run_logger().info(
+            "capacity row (%s) reused from run %s (same base, quantization format, serve settings, vLLM "
+            "version and hardware): the quantized checkpoint is not booted with 16-bit KV",
+            capacity.Boot.QUANTIZED_16BIT_KV,
+            row.run_id,
+        )
+    return row
+
+
+@task(name="record-16bit-kv-row", cache_policy=NO_CACHE)
+def record_sixteen_bit_kv(
+    validated: ValidatedRecipe, key: str, capacity_config: capacity.CapacityConfig, run_id: str
+) -> None:
+    """Keep row (b) for the next release of this base in this format (beside the base's figures)."""
+    base_reference.add_sixteen_bit_kv(
+        get_settings().work_dir,
+        key,
+        base_reference.format_key(validated.recipe),
+        base_reference.MeasuredRow(run_id=run_id, capacity=capacity_config),
+    )

@@ -16,6 +16,12 @@ Anything else changing means a new key, and the base is served again.
 
 Stored as JSON in the work dir (``<work_dir>/base-references/<key>.json``), beside the checkpoint
 cache: the same place a platform team keeps between runs.
+
+The quantized checkpoint's 16-bit-KV capacity row (b) is kept there too, per format
+(:func:`format_key`: the recipe's quantization and serve sections). A re-release of the same base in the
+same format has the same tensors' shapes and bytes (a new calibration changes their values, not their
+sizes), so vLLM sizes the same KV cache; the row is reused and boot (b) skipped, and the report says from
+which run. The production boot (c) is always served: the gates run on it.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from quantize_serve.capacity.measure import CapacityConfig
 from quantize_serve.gates.accuracy import AccuracyRun
@@ -40,6 +46,11 @@ DOCUMENTS_PROTOCOL = "seeded-draw-per-document-fewshot-v1"
 PATH_KEYS = ("model", "tokenizer")
 
 
+class MeasuredRow(BaseModel):
+    run_id: str  # the run that measured it
+    capacity: CapacityConfig
+
+
 class BaseReference(BaseModel):
     """The base's figures as one run measured them, and what they depend on."""
 
@@ -49,6 +60,8 @@ class BaseReference(BaseModel):
     capacity: CapacityConfig
     accuracy: AccuracyRun
     factors: dict[str, Any]
+    # capacity row (b) of each format measured on this base under this key (:func:`format_key`)
+    sixteen_bit_kv: dict[str, MeasuredRow] = Field(default_factory=dict)
 
 
 def reference_factors(
@@ -81,6 +94,18 @@ def reference_factors(
         "hardware": hardware,
         "lm_eval_version": lm_eval_version,
     }
+
+
+def format_key(recipe: Recipe) -> str:
+    """What decides row (b) beyond the base's key: the quantization (scheme, group size, ignored layers...,
+    so the checkpoint's tensor bytes) and the serve settings (max_model_len, max_num_seqs, the memory
+    budget...). Calibration is left out: it changes the weights' values, not their sizes."""
+    return reference_key(
+        {
+            "quantization": recipe.quantization.model_dump(mode="json"),
+            "serve": recipe.serve.model_dump(mode="json"),
+        }
+    )
 
 
 def reference_key(factors: dict[str, Any]) -> str:
@@ -150,3 +175,12 @@ def save_reference(work_dir: Path, reference: BaseReference) -> Path:
     partial.write_text(reference.model_dump_json(indent=2))
     partial.replace(path)  # atomic: a reader never sees half a file
     return path
+
+
+def add_sixteen_bit_kv(work_dir: Path, key: str, fmt: str, row: MeasuredRow) -> None:
+    """Keep row (b) of format ``fmt`` in the base reference under ``key`` (none stored: nothing to add to,
+    since a run that did not complete the base's accuracy keeps nothing)."""
+    reference = find_reference(work_dir, key)
+    if reference is not None:
+        reference.sixteen_bit_kv[fmt] = row
+        save_reference(work_dir, reference)

@@ -62,6 +62,9 @@ class RunReport(BaseModel):
     capacity: CapacityReport | None = None
     # the run whose base figures (capacity row (a), base accuracy) this run reused (report/base_reference.py)
     base_reused_from: str | None = None
+    # the run whose capacity row (b), the quantized checkpoint with 16-bit KV, this run reused (same base and
+    # format: report/base_reference.py)
+    sixteen_bit_kv_reused_from: str | None = None
     preflight: ShapeCapacity | None = None  # serve.preflight: measure - the shape with dummy weights
     profile: ProfileSearchResult | None = None
     formats: FormatChoice | None = None  # quantization.candidates: every format measured, the rule's choice
@@ -180,6 +183,14 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
                 f"Row `base` and the base accuracy are reused from run `{r.base_reused_from}`: the same "
                 "base sha, accuracy tasks, serve settings, vLLM version and hardware; the base was not "
                 "booted again.",
+                "",
+            ]
+        if r.sixteen_bit_kv_reused_from:
+            lines += [
+                f"Row `w4a16` (16-bit KV) is reused from run `{r.sixteen_bit_kv_reused_from}`: the same "
+                "base, quantization format, serve settings, vLLM version and hardware give the same tensor "
+                "bytes and KV cache; the checkpoint was served with 16-bit KV there, and here only as "
+                "released.",
                 "",
             ]
         lines += [image_markdown("capacity", (folder or Path()) / CHART, embed=embed), ""]

@@ -320,7 +320,7 @@ def test_the_first_release_has_no_regression_gate_and_the_second_is_compared_wit
 
 
 def test_a_release_that_beats_its_base_but_loses_to_production_on_capacity_is_rejected(
-    fewer_kv_tokens, promoted, stack
+    fewer_kv_tokens, promoted, first_release, stack
 ):
     report, checks = fewer_kv_tokens.report, fewer_kv_tokens.report["decision"]["checks"]
     assert fewer_kv_tokens.rc != 0 and report["release"]["status"] == "rejected"
@@ -334,10 +334,16 @@ def test_a_release_that_beats_its_base_but_loses_to_production_on_capacity_is_re
     # the first release's base, tasks, serve settings, vLLM and host: the base's figures are reused, not
     # measured
     assert report["base_reused_from"] and not (Path(report["report_dir"]) / "vllm-base.log").exists()
-    assert (
-        f"reused from run `{report['base_reused_from']}`"
-        in (Path(report["report_dir"]) / "report.md").read_text()
-    )
+    # and W8A8 on this base was measured with 16-bit KV by the first release: row (b) is that run's, no boot
+    first_run = first_release.report["run_id"]
+    assert report["sixteen_bit_kv_reused_from"] == first_run
+    assert not (Path(report["report_dir"]) / "vllm-w4a16.log").exists()
+    rows = {r["name"]: r for r in report["capacity"]["configs"]}
+    first_rows = {r["name"]: r for r in first_release.report["capacity"]["configs"]}
+    assert rows["w4a16"]["kv_cache_tokens"] == first_rows["w4a16"]["kv_cache_tokens"]
+    markdown = (Path(report["report_dir"]) / "report.md").read_text()
+    assert f"reused from run `{report['base_reused_from']}`" in markdown
+    assert f"Row `w4a16` (16-bit KV) is reused from run `{first_run}`" in markdown
     tags = hub_tags(stack, REPO)
     assert tags[report["release"]["rejection_tag"]] == report["release"]["candidate_sha"]
     assert tags["production"] == report["regression"]["production_sha"]  # production did not move

@@ -10,7 +10,10 @@ from quantize_serve.gates.accuracy import AccuracyRun, lm_eval_concurrency
 from quantize_serve.recipe.load import load_recipe
 from quantize_serve.report.base_reference import (
     BaseReference,
+    MeasuredRow,
+    add_sixteen_bit_kv,
     find_reference,
+    format_key,
     reference_factors,
     reference_key,
     save_reference,
@@ -52,6 +55,10 @@ def test_the_key_changes_with_each_thing_the_base_figures_depend_on(tmp_path):
     gate = recipe.gates.accuracy.model_copy(update={"tasks": recipe.gates.accuracy.tasks[:1]})
     fewer = recipe.model_copy(update={"gates": recipe.gates.model_copy(update={"accuracy": gate})})
     assert key != key_of(fewer)
+    scoring = gate.model_copy(update={"tasks": recipe.gates.accuracy.tasks, "scoring": "echo"})
+    assert key != key_of(
+        recipe.model_copy(update={"gates": recipe.gates.model_copy(update={"accuracy": scoring})})
+    )
     # not in the key: what does not change the base's figures (the stress profile, the quantization)
     stress = recipe.gates.stress.model_copy(update={"num_requests": 7})
     assert key == key_of(
@@ -96,8 +103,29 @@ def test_a_reference_is_found_under_its_key_only(tmp_path):
     assert find_reference(tmp_path, "k1") is None
     save_reference(tmp_path, ref)
     assert find_reference(tmp_path, "k1") == ref and find_reference(tmp_path, "k2") is None
+    # row (b) of a format joins the base's figures; under a key with no reference it is not kept
+    row = MeasuredRow(run_id="run-2", capacity=capacity.model_copy(update={"name": Boot.QUANTIZED_16BIT_KV}))
+    add_sixteen_bit_kv(tmp_path, "k1", "fmt", row)
+    add_sixteen_bit_kv(tmp_path, "k2", "fmt", row)
+    assert find_reference(tmp_path, "k1").sixteen_bit_kv == {"fmt": row}
+    assert find_reference(tmp_path, "k2") is None
     (tmp_path / "base-references" / "k1.json").write_text("{not json")
     assert find_reference(tmp_path, "k1") is None  # unreadable: the base is measured again
+
+
+def test_the_format_key_follows_the_checkpoints_bytes_and_the_serve_settings_not_the_calibration():
+    recipe = load_recipe(RECIPE)
+    fmt = format_key(recipe)
+
+    def changed(section: str, **update) -> str:
+        return format_key(
+            recipe.model_copy(update={section: getattr(recipe, section).model_copy(update=update)})
+        )
+
+    assert changed("calibration", shuffle_seed=43, num_samples=7) == fmt  # the values, not the sizes
+    assert changed("quantization", group_size=64) != fmt
+    assert changed("quantization", scheme="W8A8") != fmt
+    assert changed("serve", max_num_seqs=3) != fmt
 
 
 def test_lm_eval_concurrency_is_the_servers_batch_unless_the_gate_says():
