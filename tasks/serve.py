@@ -283,8 +283,12 @@ def record_base_reference(
 def reused_sixteen_bit_kv(
     validated: ValidatedRecipe, reference: base_reference.BaseReference | None
 ) -> base_reference.MeasuredRow | None:
-    """Row (b) a previous release of this base in this format measured (report/base_reference.py), if any."""
-    row = reference.sixteen_bit_kv.get(base_reference.format_key(validated.recipe)) if reference else None
+    """Row (b) a previous release of this base in this format measured (report/base_reference.py), if any;
+    none when the run searches its serve settings (serve.search: the boot's settings are not known yet)."""
+    search = validated.recipe.serve.search
+    if reference is None or (search and search.enabled):
+        return None
+    row = reference.sixteen_bit_kv.get(base_reference.format_key(validated.recipe))
     if row:
         get_run_logger().info(
             "capacity row (%s) reused from run %s (same base, quantization format, serve settings, vLLM "
