@@ -51,6 +51,9 @@ def run_accuracy(
             f"lm-eval {run.lm_eval_name}: {run.num_docs} of {run.planned_docs} documents{looks} "
             f"in {run.seconds:.0f} s: " + ", ".join(f"{k} {m.value:.4g}" for k, m in run.metrics.items())
         )
+    if result.prompt_tokens_computed is not None:
+        computed, sent = result.prompt_tokens_computed, result.prompt_tokens
+        log(f"vLLM computed {computed:,} of the {sent:,} prompt tokens sent")
     if result.scoring_counts:
         log(
             f"lm-eval scoring ({result.scoring}): "

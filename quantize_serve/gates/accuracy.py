@@ -72,6 +72,7 @@ from quantize_serve.gates.results import (  # noqa: F401 (the gate's result type
 )
 from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask
 from quantize_serve.recipe.model import ServeSection
+from quantize_serve.serving.metrics import read_gauges
 from quantize_serve.serving.server import SERVED_NAME
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,8 @@ REQUEST_TIMEOUT_S = 600
 REQUEST_ATTEMPTS = 3
 # lm-eval's concurrent requests when neither the caller nor the gate says (lm_eval_concurrency does).
 DEFAULT_CONCURRENT = 4
+# vLLM's counters of the prompt tokens it was sent, and of those it read from its prefix cache
+PROMPT_TOKENS, PROMPT_TOKENS_CACHED = "vllm:prompt_tokens_total", "vllm:prompt_tokens_cached_total"
 
 
 # --------------------------------------------------------------------------------------------
@@ -130,6 +133,7 @@ def run_accuracy(
     lm_eval = import_lm_eval()
     specs = [resolve_task(t, base_dir) for t in gate.tasks]  # file problems fail before any request
     check_server(server_base_url)
+    before = prompt_token_counters(server_base_url)
     task_manager = index_tasks(specs)
     lm = completions_model(
         server_base_url,
@@ -143,8 +147,15 @@ def run_accuracy(
     for spec in specs:
         base = paired_with.tasks.get(spec.task.task) if paired_with else None
         runs[spec.task.task] = run_task(lm, spec, gate, task_manager, server_base_url, output_dir, base)
+    after = prompt_token_counters(server_base_url)
+    sent, cached = (
+        (int(after[k] - before[k]) if k in after and k in before else None)
+        for k in (PROMPT_TOKENS, PROMPT_TOKENS_CACHED)
+    )
     run = AccuracyRun(
         server_base_url=server_base_url,
+        prompt_tokens=sent,
+        prompt_tokens_computed=None if sent is None or cached is None else sent - cached,
         tasks=runs,
         seconds=round(time.monotonic() - started, 1),
         lm_eval_version=getattr(lm_eval, "__version__", "unknown"),
@@ -582,6 +593,15 @@ def _answers(server_base_url: str) -> bool:
 def _short(exc: BaseException, limit: int = 200) -> str:
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def prompt_token_counters(server_base_url: str) -> dict[str, float]:
+    """vLLM's prompt-token counters now (``/metrics``); {} when it does not answer or expose them."""
+    try:
+        with urllib.request.urlopen(f"{server_base_url.rstrip('/')}/metrics", timeout=30) as resp:
+            return read_gauges(resp.read().decode(), (PROMPT_TOKENS, PROMPT_TOKENS_CACHED))
+    except (urllib.error.URLError, OSError, ValueError):
+        return {}
 
 
 def check_server(server_base_url: str) -> None:

@@ -41,6 +41,10 @@ class AccuracyRun(BaseModel):
     seconds: float
     lm_eval_version: str
     scoring: str = "echo"  # gates.accuracy.scoring as run
+    # vLLM's own count over the run (/metrics): prompt tokens sent, and those it computed (not read from its
+    # prefix cache); None when the server does not expose them
+    prompt_tokens: int | None = None
+    prompt_tokens_computed: int | None = None
     # what went which way (gates/scoring.py): context requests, requests scored context-once, echo...
     scoring_counts: dict[str, int] = Field(default_factory=dict)
 

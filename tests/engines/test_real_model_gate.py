@@ -94,6 +94,9 @@ def test_the_paired_gate_on_a_real_model_and_its_4bit_copy(recipe, tmp_path):
     counts = base.scoring_counts
     assert base.scoring == "context-once" and counts["checked_first"] > 0 and counts["context_requests"] > 8
     assert counts["context_once_requests"] == 4 * counts["context_requests"], counts
+    # vLLM's own count of what it was sent and computed (/metrics), kept with the run
+    for run in (base, echo):
+        assert 0 < run.prompt_tokens_computed <= run.prompt_tokens, run
     ours, theirs = base.tasks[CLOZE].documents, echo.tasks[CLOZE].documents
     assert ours.keys() == theirs.keys() and all(ours[k].prompt_hash == theirs[k].prompt_hash for k in ours)
     assert sum(ours[k].values != theirs[k].values for k in ours) <= 0.02 * len(ours)
