@@ -119,7 +119,8 @@ def tier_of(item) -> str | None:
 # session boots and flow runs stay shared; every other test is a unit of its own, run where there is
 # room. The split balances the lanes' seconds (benchmarks/results/test_durations.json).
 # On 2026-12-03 (a fresh clone, 20:34 in all) the flows lane took 1,225 s and the engines lane 983 s; the
-# MoE and shape-capacity files (77 s, their own quantization and boots) went back to the engines lane.
+# MoE and shape-capacity files (77 s, their own quantization and boots) went back to the engines lane:
+# 1,143 / 1,015 s, 19:12 in all.
 LANES = {
     "tests/engines/test_real_model_gate.py": "flows",  # its own model, quantization and boots
     "tests/engines/": "engines",
