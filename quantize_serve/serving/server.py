@@ -564,22 +564,17 @@ def _start(
             except OSError:  # it ended since: start afresh below
                 stop_process_group(prepared, settings.server_stop_timeout_s)
                 prepared = None
-        if prepared is not None:
-            return prepared, RunningServer(
-                base_url=f"http://{host}:{port}",
-                port=port,
-                pid=prepared.pid,
-                log_path=str(log_path),
-                command=spec.serve_command(),
-                boot_seconds=0.0,
+        proc = (
+            prepared
+            if prepared is not None
+            else subprocess.Popen(
+                [str(settings.serving_python), "-c", BOOT, ENTRYPOINT, *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=boot_env(log_path),
+                preexec_fn=_die_with_parent,
             )
-        proc = subprocess.Popen(
-            [str(settings.serving_python), "-c", BOOT, ENTRYPOINT, *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=boot_env(log_path),
-            preexec_fn=_die_with_parent,
         )
     return proc, RunningServer(
         base_url=f"http://{host}:{port}",
