@@ -158,7 +158,7 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
                     validated, base, spec, cap, checkpoint.checkpoint_dir, run_dir
                 ),
             )
-            if quantized.capacity_16bit_kv and profile is None:  # a searched profile is not the recipe's
+            if quantized.capacity_16bit_kv:
                 record_sixteen_bit_kv(validated, reference_key, quantized.capacity_16bit_kv, run_id())
             baseline = in_production.result()
             release_served = None

@@ -283,12 +283,9 @@ def record_base_reference(
 def reused_sixteen_bit_kv(
     validated: ValidatedRecipe, reference: base_reference.BaseReference | None
 ) -> base_reference.MeasuredRow | None:
-    """Row (b) a previous release of this base in this format measured (report/base_reference.py), if any;
-    none when the run searches its serve settings (serve.search: the boot's settings are not known yet)."""
-    search = validated.recipe.serve.search
-    if reference is None or (search and search.enabled):
-        return None
-    row = reference.sixteen_bit_kv.get(base_reference.format_key(validated.recipe))
+    """Row (b) a previous release of this base in this format measured (report/base_reference.py), if any."""
+    fmt = base_reference.format_key(validated.recipe)
+    row = reference.sixteen_bit_kv.get(fmt) if reference and fmt else None
     if row:
         get_run_logger().info(
             "capacity row (%s) reused from run %s (same base, quantization format, serve settings, vLLM "
@@ -304,9 +301,7 @@ def record_sixteen_bit_kv(
     validated: ValidatedRecipe, key: str, capacity_config: capacity.CapacityConfig, run_id: str
 ) -> None:
     """Keep row (b) for the next release of this base in this format (beside the base's figures)."""
-    base_reference.add_sixteen_bit_kv(
-        get_settings().work_dir,
-        key,
-        base_reference.format_key(validated.recipe),
-        base_reference.MeasuredRow(run_id=run_id, capacity=capacity_config),
-    )
+    fmt = base_reference.format_key(validated.recipe)
+    if fmt:
+        row = base_reference.MeasuredRow(run_id=run_id, capacity=capacity_config)
+        base_reference.add_sixteen_bit_kv(get_settings().work_dir, key, fmt, row)

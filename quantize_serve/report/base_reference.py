@@ -96,10 +96,13 @@ def reference_factors(
     }
 
 
-def format_key(recipe: Recipe) -> str:
+def format_key(recipe: Recipe) -> str | None:
     """What decides row (b) beyond the base's key: the quantization (scheme, group size, ignored layers...,
     so the checkpoint's tensor bytes) and the serve settings (max_model_len, max_num_seqs, the memory
-    budget...). Calibration is left out: it changes the weights' values, not their sizes."""
+    budget...). Calibration is left out: it changes the weights' values, not their sizes. None when the run
+    searches its serve settings (serve.search): the boot's settings are the search's, not the recipe's."""
+    if recipe.serve.search and recipe.serve.search.enabled:
+        return None
     return reference_key(
         {
             "quantization": recipe.quantization.model_dump(mode="json"),

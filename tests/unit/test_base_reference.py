@@ -8,6 +8,7 @@ from pathlib import Path
 from quantize_serve.capacity.measure import CapacityConfig, capacity_spec
 from quantize_serve.gates.accuracy import AccuracyRun, lm_eval_concurrency
 from quantize_serve.recipe.load import load_recipe
+from quantize_serve.recipe.model import ProfileSearch
 from quantize_serve.report.base_reference import (
     BaseReference,
     MeasuredRow,
@@ -126,6 +127,8 @@ def test_the_format_key_follows_the_checkpoints_bytes_and_the_serve_settings_not
     assert changed("quantization", group_size=64) != fmt
     assert changed("quantization", scheme="W8A8") != fmt
     assert changed("serve", max_num_seqs=3) != fmt
+    # a run that searches its serve settings boots the search's, not the recipe's: no row (b) to share
+    assert changed("serve", search=ProfileSearch(enabled=True)) is None
 
 
 def test_lm_eval_concurrency_is_the_servers_batch_unless_the_gate_says():
