@@ -146,32 +146,27 @@ class ContextOnceCompletions(LocalCompletionsAPI):
     # lm-eval calls this with every loglikelihood request of a task (after its own tokenization)
     def _loglikelihood_tokens(self, requests: list[Request], **kwargs: Any) -> list[Score]:
         groups, echo = group_by_context(requests, self.max_length)
-        pending: list[tuple[tuple, list[int]]] = []
+        by_kind: dict[str, list[tuple[tuple, list[int]]]] = {"first": [], "rows": []}
         for ctx, members in groups.items():
-            kind = self.kind(requests, (ctx, members))
+            kind = "rows" if any(len(requests[i][2]) > 1 for i in members) else "first"
             if kind in self.paths_off or (kind == "rows" and not self.reuse_rows):
                 echo += members
             else:
-                pending.append((ctx, members))
+                by_kind[kind].append((ctx, members))
         scores: dict[int, Score] = {}
-        for kind in ("first", "rows"):  # each path checked against the echo path before it carries a run
-            ours = [g for g in pending if self.kind(requests, g) == kind]
+        pending: list[tuple[tuple, list[int]]] = []
+        for kind, ours in by_kind.items():  # each path checked against the echo path before it carries a run
             if ours and self.check_groups and kind not in self.paths_checked:
-                sample = ours[: self.check_groups]
+                sample, ours = ours[: self.check_groups], ours[self.check_groups :]
                 scores |= self._checked(requests, sample, kind)
-                pending = [g for g in pending if g not in sample]
                 if kind in self.paths_off:
-                    echo += [i for g in pending if self.kind(requests, g) == kind for i in g[1]]
-                    pending = [g for g in pending if self.kind(requests, g) != kind]
+                    echo += [i for _, members in ours for i in members]
+                    ours = []
+            pending += ours
         new, failed = asyncio.run(self._score_groups(requests, pending))
         scores |= new
         scores |= self._echo(requests, sorted(echo + failed))
         return [scores[i] for i in range(len(requests))]
-
-    @staticmethod
-    def kind(requests: list[Request], group: tuple[tuple, list[int]]) -> str:
-        """``first``: every continuation one token (the context request scores it); ``rows``: not."""
-        return "rows" if any(len(requests[i][2]) > 1 for i in group[1]) else "first"
 
     def _checked(
         self, requests: list[Request], sample: list[tuple[tuple, list[int]]], kind: str
