@@ -208,6 +208,7 @@ def one_run(
             c["name"]: c["boot_seconds"] for c in (report.get("capacity") or {}).get("configs", [])
         },
         "base_reused_from": report.get("base_reused_from"),
+        "quantized_beside_base": report.get("quantized_beside_base"),
         "decision": "passed" if decision.get("passed") else ("rejected" if decision else None),
         "environment": env,
         "overrides": overrides,

@@ -4,7 +4,9 @@ validate -> resolve base -> [choose the format: flows/formats.py] -> quantize ->
 find the release in production (both beside the boots: Hub I/O needs no device) -> measure capacity ->
 accuracy gate -> stress gate -> [serve production again] -> compare with production -> decide ->
 promote or reject -> report (and the release history). Each boot's vLLM process starts (its imports)
-while the device still works on the step before (tasks/serve.py prepare_boot).
+while the device still works on the step before (tasks/serve.py prepare_boot). A run that scores its
+base on a GPU host boots the base first and quantizes beside the base's accuracy run, in the device
+memory the boot leaves (calibration.beside_base, quantize/device.py).
 
 vLLM boots three times, each once (flows/boots.py, shared with the format choice): (a) the base
 model serves capacity and the base accuracy; (b) the quantized model with 16-bit KV serves capacity
@@ -12,7 +14,8 @@ only; (c) the quantized model with the production settings (fp8 KV) serves capac
 profile, accuracy, the stress test and, when the recipe sets gates.soak, the soak test (sustained
 traffic; memory growth and preemptions). A fourth boot, (d), serves the release already in production
 again when its recorded figures were measured under other conditions (the regression gate,
-gates.regression). All boots run inside the `gpu` global concurrency limit, so two runs never share a GPU.
+gates.regression). Quantization and all boots run inside the `gpu` global concurrency limit, so two runs
+never share a GPU.
 
 Run locally (ephemeral Prefect API, no server needed):  quantize-serve run RECIPE
 """
@@ -25,8 +28,9 @@ from typing import Any
 from prefect import flow
 from prefect.states import Failed, State
 
-from flows.boots import reused_base, serve_base, serve_quantized, serve_release
+from flows.boots import BaseServed, reused_base, serve_base, serve_quantized, serve_release
 from flows.formats import choose_format
+from quantize_serve.quantize import device as quantize_device
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.serving.boot import Boot
 from quantize_serve.release.publish import release_reasons
@@ -35,7 +39,7 @@ from quantize_serve.report.run_report import RunReport
 from tasks.decide import compare_accuracy, decide_release
 from tasks.formats import with_candidate
 from tasks.hub import promote_or_reject, push_candidate
-from tasks.quantize import quantize_model
+from tasks.quantize import quantize_beside_base, quantize_model
 from tasks.regression import compare_with_production, find_production_release, record_results
 from tasks.releases import publish_release_history
 from tasks.progress import Progress
@@ -93,23 +97,65 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     # them
     reference_key, reference = find_base_reference(validated, base, base_boot)
     sixteen_bit_kv = reused_sixteen_bit_kv(validated, reference)  # row (b) of this format, if measured
+    # a base to score boots first when calibration may run beside its accuracy run (calibration.beside_base)
+    base_first = reference is None and quantize_device.base_first(validated.recipe)
     first_boot = Boot.PRODUCTION if sixteen_bit_kv else Boot.QUANTIZED_16BIT_KV if reference else Boot.BASE
-    with prepared_boots():  # a boot's process starts while the device works on the one before
-        prepare_boot(run_dir, first_boot)  # imports while quantizing
-        progress.start("quantize")
-        checkpoint = progress.done("quantize", quantize_model(validated, base), mark="quantized")
+
+    def score_base(also=None) -> BaseServed:  # (a), its figures kept for the next release of this base
+        served_base = serve_base(
+            validated,
+            base.local_dir,
+            run_dir,
+            accuracy_dir=run_dir / ACCURACY_BASE_DIR,
+            tensor_parallel_size=base_boot.tensor_parallel_size,
+            also=also,
+            prepare_next=(Boot.QUANTIZED_16BIT_KV, Boot.PRODUCTION),
+            progress=progress,
+        )
+        record_base_reference(
+            validated,
+            base,
+            reference_key,
+            served_base.capacity,
+            outcome(served_base.accuracy),
+            run_id(),
+            run_dir,
+        )
+        progress.mark("base served")
+        return served_base
+
+    def quantize_beside(server, spec, capacity):  # with the base's capacity read, before its accuracy run
+        quantizing, why = quantize_beside_base(validated, base)
+        if quantizing:
+            progress.start("quantize")
+        return quantizing, why
+
+    # one GPU slot from the first boot to the last (quantization on the device included): runs never share
+    with prepared_boots(), gpu_slot():  # a boot's process starts while the device works on the one before
+        prepare_boot(run_dir, first_boot)  # imports while quantizing (or, base first, at once)
+        base_served = quantizing = beside = None
+        if base_first:
+            base_served = score_base(also=quantize_beside)
+            quantizing, why = base_served.also
+            beside = why if quantizing else None
+        if quantizing is None:
+            progress.start("quantize")
+        checkpoint = progress.done(
+            "quantize",
+            quantizing.result() if quantizing else quantize_model(validated, base),
+            mark="quantized",
+        )
         profile = None
         if (
             validated.recipe.serve.search and validated.recipe.serve.search.enabled
         ):  # the largest stable batch
             progress.start("serving profile search")
-            with gpu_slot():
-                profile = search_serve_profile(
-                    validated.recipe,
-                    checkpoint.checkpoint_dir,
-                    output_dir=run_dir,
-                    model=published_model(validated, checkpoint.checkpoint_dir),
-                )
+            profile = search_serve_profile(
+                validated.recipe,
+                checkpoint.checkpoint_dir,
+                output_dir=run_dir,
+                model=published_model(validated, checkpoint.checkpoint_dir),
+            )
             progress.done("serving profile search", profile)
             validated = with_found_profile(validated, profile)  # replaces serve.max_num_seqs
         serving_command = (
@@ -120,58 +166,40 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
         # Hub I/O needs no device: the push and the production release's download run beside the boots
         pushed = push_candidate.submit(validated, base, checkpoint, serving_command, run_dir, profile)
         in_production = find_production_release.submit(validated)  # its recorded figures, or its files
-        with gpu_slot():
-            if reference:
-                base_served = reused_base(reference)
-                progress.done("base reused", reference)
-            else:
-                base_served = serve_base(
-                    validated,
-                    base.local_dir,
-                    run_dir,
-                    accuracy_dir=run_dir / ACCURACY_BASE_DIR,
-                    tensor_parallel_size=base_boot.tensor_parallel_size,
-                    prepare_next=(Boot.QUANTIZED_16BIT_KV, Boot.PRODUCTION),
-                    progress=progress,
-                )
-                record_base_reference(
-                    validated,
-                    base,
-                    reference_key,
-                    base_served.capacity,
-                    outcome(base_served.accuracy),
-                    run_id(),
-                    run_dir,
-                )
+        if base_served is None and reference:
+            base_served = reused_base(reference)
+            progress.done("base reused", reference)
             progress.mark("base served")
-            quantized = serve_quantized(
+        elif base_served is None:
+            base_served = score_base()
+        quantized = serve_quantized(
+            validated,
+            checkpoint.checkpoint_dir,
+            run_dir,
+            accuracy_dir=run_dir / ACCURACY_QUANTIZED_DIR,
+            stress_dir=run_dir / "stress",
+            soak_dir=run_dir,
+            sixteen_bit_kv=sixteen_bit_kv is None,
+            progress=progress,  # soak.png beside report.md
+            base_accuracy=outcome(base_served.accuracy),
+            also=lambda server, spec, cap: write_serving_profile(
+                validated, base, spec, cap, checkpoint.checkpoint_dir, run_dir
+            ),
+        )
+        if quantized.capacity_16bit_kv:
+            record_sixteen_bit_kv(validated, reference_key, quantized.capacity_16bit_kv, run_id())
+        baseline = in_production.result()
+        release_served = None
+        if baseline.local_dir:  # measured under other conditions: serve it again with this run's settings
+            progress.start("production served again")
+            release_served = serve_release(
                 validated,
-                checkpoint.checkpoint_dir,
-                run_dir,
-                accuracy_dir=run_dir / ACCURACY_QUANTIZED_DIR,
-                stress_dir=run_dir / "stress",
-                soak_dir=run_dir,
-                sixteen_bit_kv=sixteen_bit_kv is None,
-                progress=progress,  # soak.png beside report.md
-                base_accuracy=outcome(base_served.accuracy),
-                also=lambda server, spec, cap: write_serving_profile(
-                    validated, base, spec, cap, checkpoint.checkpoint_dir, run_dir
-                ),
+                baseline.local_dir,
+                run_dir / "production-release",
+                accuracy_dir=run_dir / "production-release" / "accuracy",
+                stress_dir=run_dir / "production-release" / "stress",
             )
-            if quantized.capacity_16bit_kv:
-                record_sixteen_bit_kv(validated, reference_key, quantized.capacity_16bit_kv, run_id())
-            baseline = in_production.result()
-            release_served = None
-            if baseline.local_dir:  # measured under other conditions: serve it again with this run's settings
-                progress.start("production served again")
-                release_served = serve_release(
-                    validated,
-                    baseline.local_dir,
-                    run_dir / "production-release",
-                    accuracy_dir=run_dir / "production-release" / "accuracy",
-                    stress_dir=run_dir / "production-release" / "stress",
-                )
-                progress.done("production served again", release_served.capacity)
+            progress.done("production served again", release_served.capacity)
     candidate = progress.done("push candidate", pushed.result(), mark="candidate pushed")  # beside the boots
     production, gates = quantized.also, validated.recipe.gates
     sixteen = quantized.capacity_16bit_kv or (sixteen_bit_kv.capacity if sixteen_bit_kv else None)
@@ -228,6 +256,7 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
             profile=profile,
             formats=formats,
             base_reused_from=reference.run_id if reference else None,
+            quantized_beside_base=beside,
             sixteen_bit_kv_reused_from=sixteen_bit_kv.run_id if sixteen_bit_kv else None,
             accuracy=checks if isinstance(checks, list) else [],
             results=results,

@@ -56,6 +56,7 @@ class Progress:
             description=f"quantize-serve stages: {' -> '.join(MARKS)}",
         )
         self.started: dict[str, float] = {}
+        self.reached = 0  # the furthest mark: a run that quantizes beside its base marks "base served" first
 
     def start(self, stage: str) -> None:
         self.started[stage] = time.monotonic()
@@ -78,7 +79,8 @@ class Progress:
         return result
 
     def mark(self, name: str) -> None:
-        update_progress_artifact(self.id, progress=100.0 * (MARKS.index(name) + 1) / len(MARKS))
+        self.reached = max(self.reached, MARKS.index(name) + 1)
+        update_progress_artifact(self.id, progress=100.0 * self.reached / len(MARKS))
         get_run_logger().info("stage done: %s", name)
 
 

@@ -1,6 +1,8 @@
 """Shared fixtures. Expensive things (quantized checkpoints, vLLM boots) are session-scoped and
 shared by every test that needs them; checkpoints are cached by their inputs under
-.cache/test-work so a second local run does not quantize again (CI starts clean)."""
+.cache/test-work so a second local run does not quantize again (CI starts clean). The base references
+(figures of a base measured by an earlier run) are not kept from one suite to the next: a first release
+in a test is a first release on every machine."""
 
 from __future__ import annotations
 
@@ -384,6 +386,10 @@ SESSION_STARTED: list[float] = []
 
 def pytest_sessionstart(session):
     SESSION_STARTED.append(time.monotonic())
+    if not hasattr(session.config, "workerinput"):  # once a suite, before a lane runs a test
+        from quantize_serve.report.base_reference import FOLDER
+
+        shutil.rmtree(Path(os.environ["QS_WORK_DIR"]) / FOLDER, ignore_errors=True)
 
 
 def pytest_runtest_logreport(report):

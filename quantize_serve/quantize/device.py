@@ -24,7 +24,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from quantize_serve.core.model_files import GIB
 from quantize_serve.core.settings import get_settings
+from quantize_serve.recipe.model import Recipe
 from quantize_serve.serving import gpu
 
 # Run by another interpreter: its torch's version and the text of torch/version.py (stdlib only).
@@ -38,6 +40,9 @@ else:
     f = d.locate_file("torch/version.py")
     print(json.dumps([d.version, f.read_text() if f.is_file() else None]))
 """
+# What calibration needs on the device beyond the weights and the activation cache: the layer being
+# calibrated with its observers, Hessians (GPTQ) or smoothing grid (AWQ), and CUDA's own context.
+CALIBRATION_HEADROOM_BYTES = 8 * GIB
 CUDA_LINE = re.compile(r"^cuda\s*(?::[^=\n]*)?=\s*(.+?)\s*$", re.MULTILINE)
 
 
@@ -104,3 +109,35 @@ def quantize_device_gap() -> str | None:
         f"this host has an NVIDIA GPU ({gpus}), but the pipeline environment ({build.python}) has {has}: "
         "llm-compressor would quantize on the CPU (hours for an 8B model) instead of the GPU"
     )
+
+
+def base_first(recipe: Recipe) -> bool:
+    """Whether a run that scores its base boots the base before quantizing, to quantize beside the base's
+    accuracy run (``calibration.beside_base``: auto on a GPU host, always on any host, never)."""
+    mode = recipe.calibration.beside_base
+    return mode == "always" or (mode == "auto" and gpu.describe_devices() is not None)
+
+
+def onloaded_need_bytes(weights_bytes: int, num_layers: int) -> int:
+    """Device memory llm-compressor's onloaded calibration needs: one decoder layer (twice: the larger
+    embedding or head matrices of small models) and the headroom of a layer being calibrated."""
+    return CALIBRATION_HEADROOM_BYTES + 2 * weights_bytes // max(num_layers, 1)
+
+
+def beside_base(
+    recipe: Recipe, *, free_bytes: int | None, weights_bytes: int, num_layers: int
+) -> tuple[bool, str]:
+    """(whether to quantize now, beside the base's accuracy run, the reason in words). ``free_bytes``: the
+    device memory free with the base served (None: a CPU host)."""
+    mode = recipe.calibration.beside_base
+    if mode == "never":
+        return False, "calibration.beside_base is never"
+    if free_bytes is None:
+        if mode == "always":
+            return True, "calibration.beside_base is always (a CPU host: the two share its cores)"
+        return False, "a CPU host: the two would share its cores (calibration.beside_base: always to do it)"
+    need = onloaded_need_bytes(weights_bytes, num_layers)
+    room = f"{free_bytes / GIB:.1f} GiB free beside the base, onloaded calibration needs {need / GIB:.1f}"
+    if need > free_bytes:
+        return False, f"{room}: quantized after the base's accuracy run"
+    return True, room

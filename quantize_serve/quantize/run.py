@@ -195,8 +195,11 @@ def checkpoint_key(recipe: Recipe, *, base_identity: str, calibration_fingerprin
         "base": base_identity,
         "llmcompressor_recipe": build_llmcompressor_recipe(recipe.quantization),
         "model": recipe.model.model_dump(mode="json", exclude={"id"}),
-        # the data itself is the fingerprint's; its Hub revision adds nothing to the key
-        "calibration": recipe.calibration.model_dump(mode="json", exclude={"dataset", "files", "revision"}),
+        # the data itself is the fingerprint's; its Hub revision adds nothing to the key, nor does where
+        # calibration runs
+        "calibration": recipe.calibration.model_dump(
+            mode="json", exclude={"dataset", "files", "revision", "beside_base"}
+        ),
         "calibration_fingerprint": calibration_fingerprint,
         "calibration_pipeline": calibration_pipeline(recipe),  # as resolved: a new default re-quantizes
         "engines": engine_versions(),

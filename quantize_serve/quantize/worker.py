@@ -14,6 +14,7 @@ from pathlib import Path
 
 from quantize_serve.core.model_files import GIB
 from quantize_serve.core.settings import get_settings
+from quantize_serve.quantize.device import CALIBRATION_HEADROOM_BYTES
 from quantize_serve.quantize.calibration import fingerprint, load_calibration, render_texts, select_samples
 from quantize_serve.quantize.run import (
     RECIPE_FILE,
@@ -52,11 +53,6 @@ def describe_device(torch) -> str:
     index = torch.accelerator.current_device_index()
     name = torch.cuda.get_device_name(index) if kind == "cuda" else ""
     return f"{kind}:{index} {name}".strip()
-
-
-# What calibration needs on the device beyond the weights and the activation cache: the layer being
-# calibrated with its observers, Hessians (GPTQ) or smoothing grid (AWQ), and CUDA's own context.
-CALIBRATION_HEADROOM_BYTES = 8 * GIB
 
 
 def placement(free_bytes: int | None, weights_bytes: int, activation_bytes: int) -> tuple[bool, str]:

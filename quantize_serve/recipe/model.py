@@ -103,6 +103,16 @@ class CalibrationSection(Section):
         description="llm-compressor's sequential_targets_per_subgraph (its default 1): decoder layers "
         "calibrated together, fewer and larger steps for more device memory.",
     )
+    beside_base: Literal["auto", "always", "never"] = Field(
+        default="auto",
+        description="When the base model is scored (a first release; a known base's figures are reused), "
+        "quantize while it is: the base boots first, its capacity is read, and calibration runs beside its "
+        "accuracy run on the device memory the boot leaves (onloaded one layer at a time when the model "
+        "does not fit there). auto: on a GPU host, when that memory holds the onloaded calibration "
+        "(quantize/device.py: beside_base); always: on a CPU host too (the cores are shared, so it saves "
+        "little there); never: quantize first, then the base. Where calibration runs, not what it computes: "
+        "not in the checkpoint's key.",
+    )
 
     @model_validator(mode="after")
     def _one_field(self) -> CalibrationSection:

@@ -65,6 +65,8 @@ class RunReport(BaseModel):
     # the run whose capacity row (b), the quantized checkpoint with 16-bit KV, this run reused (same base and
     # format: report/base_reference.py)
     sixteen_bit_kv_reused_from: str | None = None
+    # why the checkpoint was quantized beside the base's accuracy run (calibration.beside_base), when it was
+    quantized_beside_base: str | None = None
     preflight: ShapeCapacity | None = None  # serve.preflight: measure - the shape with dummy weights
     profile: ProfileSearchResult | None = None
     formats: FormatChoice | None = None  # quantization.candidates: every format measured, the rule's choice
@@ -154,7 +156,10 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
             f"{', reused' if r.checkpoint.cached else ''})"
         ),
         f"- quantization device: {r.checkpoint.device or 'not recorded'}"
-        + (f"; {r.checkpoint.placement}" if r.checkpoint.placement else ""),
+        + (f"; {r.checkpoint.placement}" if r.checkpoint.placement else "")
+        + (
+            f"; beside the base's accuracy run ({r.quantized_beside_base})" if r.quantized_beside_base else ""
+        ),
         (
             f"- recipe: `{_recipe_source(r.recipe_source)}` (sha256 `{r.recipe_sha256[:12]}`), run "
             f"`{r.run_id}`" + (f" ({r.run_url})" if r.run_url else "") + f", {r.hardware}"

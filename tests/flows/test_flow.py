@@ -96,6 +96,7 @@ def promoted(stack, first_release):
         "calibration.text_field": None,
         **ONE_TASK,
         **NO_WORSE,
+        "calibration.beside_base": "always",  # as on a GPU host: quantized beside the base's scoring
     }
     reviewer: dict = {}
     answering = threading.Thread(
@@ -272,6 +273,34 @@ def test_deployment_run_promotes(promoted, stack):
         if path.is_file() and path.suffix in {".md", ".json", ".log", ".txt"}:
             assert TOKEN not in path.read_text(errors="replace"), path
     assert release_events(stack, "promoted")
+
+
+def test_a_first_release_quantizes_beside_the_base_accuracy_run(promoted, stack):
+    """calibration.beside_base (auto on a GPU host; always here): the base boots first, and once its
+    capacity is read the checkpoint is quantized while the base's accuracy is scored."""
+    report = promoted_report(stack, promoted)
+    assert report["quantized_beside_base"].startswith("calibration.beside_base is always"), report
+    assert "beside the base's accuracy run" in (Path(report["report_dir"]) / "report.md").read_text()
+    with client_for(stack) as client:
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+        tasks = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[promoted.run_id]))
+        )
+
+    def first(name: str):  # the run's first task run of that task (the base's, for the boots' tasks)
+        return min((t for t in tasks if t.name.startswith(name + "-")), key=lambda t: t.start_time)
+
+    quantize, base_capacity, base_accuracy = (
+        first("quantize-model"),
+        first("measure-capacity"),
+        first("run-accuracy"),
+    )
+    assert base_capacity.end_time <= quantize.start_time < base_accuracy.end_time, (
+        base_capacity.end_time,
+        quantize.start_time,
+        base_accuracy.end_time,
+    )
 
 
 def test_the_reviewer_approved_the_release_from_hub_inputs(promoted, stack):

@@ -168,3 +168,34 @@ def test_a_model_that_fits_the_gpu_is_quantized_there_whole_and_a_larger_one_lay
         False,
         "no accelerator: the model and its activations on the CPU",
     )
+
+
+def test_quantization_goes_beside_the_base_only_where_the_device_memory_left_holds_it(monkeypatch):
+    from quantize_serve.core.model_files import GIB
+    from quantize_serve.quantize.run import checkpoint_key
+
+    recipe = load_recipe(ROOT / "recipes/llama3-8b-instruct-awq.yaml")
+    at = {"auto": recipe}
+    for mode in ("always", "never"):
+        at[mode] = recipe.model_copy(
+            update={"calibration": recipe.calibration.model_copy(update={"beside_base": mode})}
+        )
+    # Llama-3-8B (16.1 GB, 32 layers) beside its base served at 0.90 of an H200: ~13.5 GiB left, one
+    # onloaded layer and the headroom need 8.9 GiB
+    weights, layers, left = 16_060_522_496, 32, int(13.5 * GIB)
+    now, why = device.beside_base(at["auto"], free_bytes=left, weights_bytes=weights, num_layers=layers)
+    assert now and why == "13.5 GiB free beside the base, onloaded calibration needs 8.9", why
+    now, why = device.beside_base(at["auto"], free_bytes=6 * GIB, weights_bytes=weights, num_layers=layers)
+    assert not now and why.endswith("quantized after the base's accuracy run"), why
+    assert not device.beside_base(at["never"], free_bytes=left, weights_bytes=weights, num_layers=layers)[0]
+    # a CPU host: only when asked (the two share its cores)
+    assert not device.beside_base(at["auto"], free_bytes=None, weights_bytes=weights, num_layers=layers)[0]
+    assert device.beside_base(at["always"], free_bytes=None, weights_bytes=weights, num_layers=layers)[0]
+    # whether the base boots first: auto on a GPU host only
+    monkeypatch.setattr(gpu, "describe_devices", lambda: None)
+    assert [device.base_first(at[m]) for m in ("auto", "always", "never")] == [False, True, False]
+    monkeypatch.setattr(gpu, "describe_devices", lambda: "1 x NVIDIA H200")
+    assert [device.base_first(at[m]) for m in ("auto", "always", "never")] == [True, True, False]
+    # where calibration runs does not change what it computes: the same checkpoint key
+    keys = {checkpoint_key(r, base_identity="b", calibration_fingerprint="f") for r in at.values()}
+    assert len(keys) == 1
