@@ -5,8 +5,8 @@ find the release in production (both beside the boots: Hub I/O needs no device) 
 accuracy gate -> stress gate -> [serve production again] -> compare with production -> decide ->
 promote or reject -> report (and the release history). Each boot's vLLM process starts (its imports)
 while the device still works on the step before (tasks/serve.py prepare_boot). A run that scores its
-base on a GPU host boots the base first and quantizes beside the base's accuracy run, in the device
-memory the boot leaves (calibration.beside_base, quantize/device.py).
+base boots the base first and quantizes beside the base's accuracy run when calibration, the model on
+the device, fits the memory the base's boot leaves (calibration.beside_base, tasks/quantize.py).
 
 vLLM boots three times, each once (flows/boots.py, shared with the format choice): (a) the base
 model serves capacity and the base accuracy; (b) the quantized model with 16-bit KV serves capacity
@@ -30,7 +30,6 @@ from prefect.states import Failed, State
 
 from flows.boots import BaseServed, reused_base, serve_base, serve_quantized, serve_release
 from flows.formats import choose_format
-from quantize_serve.quantize import device as quantize_device
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.serving.boot import Boot
 from quantize_serve.release.publish import release_reasons
@@ -39,7 +38,7 @@ from quantize_serve.report.run_report import RunReport
 from tasks.decide import compare_accuracy, decide_release
 from tasks.formats import with_candidate
 from tasks.hub import promote_or_reject, push_candidate
-from tasks.quantize import quantize_beside_base, quantize_model
+from tasks.quantize import beside_base, quantize_model
 from tasks.regression import compare_with_production, find_production_release, record_results
 from tasks.releases import publish_release_history
 from tasks.progress import Progress
@@ -97,8 +96,8 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     # them
     reference_key, reference = find_base_reference(validated, base, base_boot)
     sixteen_bit_kv = reused_sixteen_bit_kv(validated, reference)  # row (b) of this format, if measured
-    # a base to score boots first when calibration may run beside its accuracy run (calibration.beside_base)
-    base_first = reference is None and quantize_device.base_first(validated.recipe)
+    # a base to score boots first when calibration fits beside it (calibration.beside_base)
+    beside, why = beside_base(validated, base) if reference is None else (False, None)
     first_boot = Boot.PRODUCTION if sixteen_bit_kv else Boot.QUANTIZED_16BIT_KV if reference else Boot.BASE
 
     def score_base(also=None) -> BaseServed:  # (a), its figures kept for the next release of this base
@@ -125,24 +124,20 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
         return served_base
 
     def quantize_beside(server, spec, capacity):  # with the base's capacity read, before its accuracy run
-        quantizing, why = quantize_beside_base(validated, base)
-        if quantizing:
-            progress.start("quantize")
-        return quantizing, why
+        progress.start("quantize")
+        return quantize_model.submit(validated, base)
 
     # one GPU slot from the first boot to the last (quantization on the device included): runs never share
     with prepared_boots(), gpu_slot():  # a boot's process starts while the device works on the one before
         prepare_boot(run_dir, first_boot)  # imports while quantizing (or, base first, at once)
-        base_served = quantizing = beside = None
-        if base_first:
+        base_served = None
+        if beside:
             base_served = score_base(also=quantize_beside)
-            quantizing, why = base_served.also
-            beside = why if quantizing else None
-        if quantizing is None:
+        else:
             progress.start("quantize")
         checkpoint = progress.done(
             "quantize",
-            quantizing.result() if quantizing else quantize_model(validated, base),
+            base_served.also.result() if beside else quantize_model(validated, base),
             mark="quantized",
         )
         profile = None
@@ -256,7 +251,7 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
             profile=profile,
             formats=formats,
             base_reused_from=reference.run_id if reference else None,
-            quantized_beside_base=beside,
+            quantized_beside_base=why if beside else None,
             sixteen_bit_kv_reused_from=sixteen_bit_kv.run_id if sixteen_bit_kv else None,
             accuracy=checks if isinstance(checks, list) else [],
             results=results,

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import task
-from prefect.futures import PrefectFuture
 from prefect.logging import get_run_logger
 
 from quantize_serve.hub.download import download_model
@@ -52,17 +51,20 @@ def checkpoint_folder(validated: ValidatedRecipe) -> tuple[Path, str | None]:
     return Path(resolved.local_dir), f"{q.checkpoint}@{resolved.sha}"
 
 
-def quantize_beside_base(
-    validated: ValidatedRecipe, base: BaseModelRef
-) -> tuple[PrefectFuture[quantize.QuantizeResult] | None, str]:
-    """With the base served: quantization started beside its accuracy run when ``calibration.beside_base``
-    and the device memory the boot left allow it (quantize/device.py beside_base), else None; the reason."""
-    info = gpu.memory_info()
-    now, why = device.beside_base(
-        validated.recipe,
-        free_bytes=info["free_bytes"] if info else None,
-        weights_bytes=quantize.weights_bytes_on_disk(Path(base.local_dir)),
-        num_layers=int(base.config.get("num_hidden_layers") or 1),
+def beside_base(validated: ValidatedRecipe, base: BaseModelRef) -> tuple[bool, str]:
+    """Whether this run quantizes beside its base's accuracy run (calibration.beside_base), decided before
+    the base boots: the device memory its boot will leave (vLLM takes serve.gpu_memory_utilization of
+    the usable memory) against calibration's need at the recipe's largest (samples x max_seq_len)."""
+    r, c = validated.recipe, validated.recipe.calibration
+    info, usable = gpu.memory_info(), gpu.usable_memory_bytes()
+    left = (
+        None
+        if info is None or usable is None
+        else info["free_bytes"] - int(r.serve.gpu_memory_utilization * usable)
     )
+    config = base.config.get("text_config") or base.config  # a multimodal model's language part
+    activations = c.num_samples * c.max_seq_len * int(config.get("hidden_size") or 0) * 2  # 16-bit
+    need = device.calibration_need_bytes(quantize.weights_bytes_on_disk(Path(base.local_dir)), activations)
+    now, why = device.beside_base(r, free_bytes=left, need_bytes=need)
     get_run_logger().info("quantize beside the base's accuracy run: %s (%s)", "yes" if now else "no", why)
-    return (quantize_model.submit(validated, base) if now else None), why
+    return now, why

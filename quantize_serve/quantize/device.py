@@ -111,24 +111,18 @@ def quantize_device_gap() -> str | None:
     )
 
 
-def base_first(recipe: Recipe) -> bool:
-    """Whether a run that scores its base boots the base before quantizing, to quantize beside the base's
-    accuracy run (``calibration.beside_base``: auto on a GPU host, always on any host, never)."""
-    mode = recipe.calibration.beside_base
-    return mode == "always" or (mode == "auto" and gpu.describe_devices() is not None)
+def calibration_need_bytes(weights_bytes: int, activation_bytes: int) -> int:
+    """Device memory calibration needs with the model on the device: the weights, the activations (their
+    cache holds a layer's inputs and outputs) and the headroom."""
+    return weights_bytes + 2 * activation_bytes + CALIBRATION_HEADROOM_BYTES
 
 
-def onloaded_need_bytes(weights_bytes: int, num_layers: int) -> int:
-    """Device memory llm-compressor's onloaded calibration needs: one decoder layer (twice: the larger
-    embedding or head matrices of small models) and the headroom of a layer being calibrated."""
-    return CALIBRATION_HEADROOM_BYTES + 2 * weights_bytes // max(num_layers, 1)
-
-
-def beside_base(
-    recipe: Recipe, *, free_bytes: int | None, weights_bytes: int, num_layers: int
-) -> tuple[bool, str]:
-    """(whether to quantize now, beside the base's accuracy run, the reason in words). ``free_bytes``: the
-    device memory free with the base served (None: a CPU host)."""
+def beside_base(recipe: Recipe, *, free_bytes: int | None, need_bytes: int) -> tuple[bool, str]:
+    """(whether to quantize beside the base's accuracy run, the reason in words). ``free_bytes``: the device
+    memory the base's boot will leave (None: a CPU host); ``need_bytes``: calibration's with the model on
+    the device (calibration_need_bytes). Onloaded calibration is not enough: beside a base served at 0.90
+    of an H200 (13.7 GiB left), the 8B's onloaded AWQ ran out of memory at its third layer
+    (benchmarks/results/h200_release_time.json, beside_base_attempt)."""
     mode = recipe.calibration.beside_base
     if mode == "never":
         return False, "calibration.beside_base is never"
@@ -136,8 +130,11 @@ def beside_base(
         if mode == "always":
             return True, "calibration.beside_base is always (a CPU host: the two share its cores)"
         return False, "a CPU host: the two would share its cores (calibration.beside_base: always to do it)"
-    need = onloaded_need_bytes(weights_bytes, num_layers)
-    room = f"{free_bytes / GIB:.1f} GiB free beside the base, onloaded calibration needs {need / GIB:.1f}"
-    if need > free_bytes:
-        return False, f"{room}: quantized after the base's accuracy run"
+    room = (
+        f"{max(free_bytes, 0) / GIB:.1f} GiB free beside the base at serve.gpu_memory_utilization "
+        f"{recipe.serve.gpu_memory_utilization:.2f}, calibration with the model on the device needs "
+        f"{need_bytes / GIB:.1f}"
+    )
+    if need_bytes > free_bytes:
+        return False, f"{room}: quantized first"
     return True, room

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from quantize_serve.core.model_files import GIB
 from quantize_serve.core.settings import get_settings
-from quantize_serve.quantize.device import CALIBRATION_HEADROOM_BYTES
+from quantize_serve.quantize.device import CALIBRATION_HEADROOM_BYTES, calibration_need_bytes
 from quantize_serve.quantize.calibration import fingerprint, load_calibration, render_texts, select_samples
 from quantize_serve.quantize.run import (
     RECIPE_FILE,
@@ -65,7 +65,7 @@ def placement(free_bytes: int | None, weights_bytes: int, activation_bytes: int)
     outputs) and a headroom fit the free memory, everything stays on the device."""
     if free_bytes is None:
         return False, "no accelerator: the model and its activations on the CPU"
-    need = weights_bytes + 2 * activation_bytes + CALIBRATION_HEADROOM_BYTES
+    need = calibration_need_bytes(weights_bytes, activation_bytes)
     fits = need <= free_bytes
     verdict = (
         "model and calibration activations on the device"

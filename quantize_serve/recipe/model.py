@@ -107,11 +107,11 @@ class CalibrationSection(Section):
         default="auto",
         description="When the base model is scored (a first release; a known base's figures are reused), "
         "quantize while it is: the base boots first, its capacity is read, and calibration runs beside its "
-        "accuracy run on the device memory the boot leaves (onloaded one layer at a time when the model "
-        "does not fit there). auto: on a GPU host, when that memory holds the onloaded calibration "
-        "(quantize/device.py: beside_base); always: on a CPU host too (the cores are shared, so it saves "
-        "little there); never: quantize first, then the base. Where calibration runs, not what it computes: "
-        "not in the checkpoint's key.",
+        "accuracy run in the device memory the boot leaves. auto: on a GPU host, when that memory holds "
+        "calibration with the model on the device (tasks/quantize.py: beside_base; at 0.90 of one H200 "
+        "it does not); always: on a CPU host too (the two share its cores, so it saves little there); "
+        "never: quantize first, then the base. Where calibration runs, not what it computes: not in the "
+        "checkpoint's key.",
     )
 
     @model_validator(mode="after")
