@@ -7,6 +7,7 @@ from pathlib import Path
 from prefect import task
 from prefect.logging import get_run_logger
 
+from quantize_serve.capacity.model_shape import language_model
 from quantize_serve.hub.download import download_model
 from quantize_serve.quantize import device, existing_checkpoint
 from quantize_serve.quantize import run as quantize
@@ -62,8 +63,8 @@ def beside_base(validated: ValidatedRecipe, base: BaseModelRef) -> tuple[bool, s
         if info is None or usable is None
         else info["free_bytes"] - int(r.serve.gpu_memory_utilization * usable)
     )
-    config = base.config.get("text_config") or base.config  # a multimodal model's language part
-    activations = c.num_samples * c.max_seq_len * int(config.get("hidden_size") or 0) * 2  # 16-bit
+    hidden = int(language_model(base.config).get("hidden_size") or 0)  # a multimodal model's decoder's
+    activations = c.num_samples * c.max_seq_len * hidden * 2  # 16-bit
     need = device.calibration_need_bytes(quantize.weights_bytes_on_disk(Path(base.local_dir)), activations)
     now, why = device.beside_base(r, free_bytes=left, need_bytes=need)
     get_run_logger().info("quantize beside the base's accuracy run: %s (%s)", "yes" if now else "no", why)

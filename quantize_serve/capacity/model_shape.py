@@ -169,7 +169,7 @@ class ModelShape(BaseModel):
             data: Mapping[str, Any] = json.loads(path.read_text())
         else:
             data = config
-        return _read(_language_model(data), source or "config.json")
+        return _read(language_model(data), source or "config.json")
 
     # --- the Linear layers (what GPTQModifier(targets="Linear") quantizes) -------------------------
 
@@ -262,7 +262,7 @@ def _elements(linears: list[Linear]) -> int:
 # --- reading and refusing -----------------------------------------------------------------------
 
 
-def _language_model(data: Mapping[str, Any]) -> Mapping[str, Any]:
+def language_model(data: Mapping[str, Any]) -> Mapping[str, Any]:
     """The decoder's config: ``text_config`` of a multimodal config, with the outer dtype and tying."""
     if "num_hidden_layers" not in data and isinstance(data.get("text_config"), Mapping):
         inner = {**data["text_config"]}
