@@ -207,6 +207,11 @@ def one_run(
         "boot_seconds": {
             c["name"]: c["boot_seconds"] for c in (report.get("capacity") or {}).get("configs", [])
         },
+        "capacity_rows": {
+            c["name"]: {k: c.get(k) for k in ("kv_cache_tokens", "num_blocks", "derived")}
+            for c in (report.get("capacity") or {}).get("configs", [])
+        },
+        "quantize_device_peak_bytes": (report.get("checkpoint") or {}).get("device_peak_bytes"),
         "base_reused_from": report.get("base_reused_from"),
         "quantized_beside_base": report.get("quantized_beside_base"),
         "decision": "passed" if decision.get("passed") else ("rejected" if decision else None),

@@ -32,7 +32,7 @@ from quantize_serve.serving.vllm_log import read_log, v2_model_runner
 from quantize_serve.validate.preflight import ValidatedRecipe
 from tasks.accuracy import run_accuracy
 from tasks.progress import Progress
-from tasks.serve import measure_capacity, prepare_boot, served
+from tasks.serve import capacity_at_recipe_utilization, measure_capacity, prepare_boot, served
 from tasks.soak import run_soak_test
 from tasks.stress import run_stress_test
 
@@ -109,18 +109,31 @@ def serve_base(
     *,
     accuracy_dir: Path,
     tensor_parallel_size: int | None = None,
+    served_at: float | None = None,
     also: Also | None = None,
     prepare_next: tuple[Boot, ...] = (),
     progress: Progress | None = None,
 ) -> BaseServed:
     """(a): ``tensor_parallel_size`` when the base needs more GPUs than the recipe's (plan-base-boot).
+    ``served_at``: a gpu_memory_utilization below the recipe's (calibration beside it): the row is then
+    derived at the recipe's (capacity-at-recipe-utilization).
     ``prepare_next``: the boots that follow in ``log_dir``, their processes started once capacity is read.
     ``progress`` is told as the boot and its accuracy run start and end."""
     stages = progress or _NoProgress()
     stages.start("boot base")
-    boot = served(validated, Boot.BASE, model_dir, log_dir, tensor_parallel_size=tensor_parallel_size)
+    boot = served(
+        validated,
+        Boot.BASE,
+        model_dir,
+        log_dir,
+        tensor_parallel_size=tensor_parallel_size,
+        gpu_memory_utilization=served_at,
+    )
     with boot as (server, spec):
-        capacity = stages.done("boot base", measure_capacity(server, spec, Boot.BASE))
+        capacity = measure_capacity(server, spec, Boot.BASE)
+        if served_at is not None:
+            capacity = capacity_at_recipe_utilization(validated, capacity, model_dir, served_at)
+        stages.done("boot base", capacity)
         for name in prepare_next:  # their imports overlap this boot's accuracy run (nothing here is timed)
             prepare_boot(log_dir, name)
         extra = also(server, spec, capacity) if also else None

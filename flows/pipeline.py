@@ -6,7 +6,8 @@ accuracy gate -> stress gate -> [serve production again] -> compare with product
 promote or reject -> report (and the release history). Each boot's vLLM process starts (its imports)
 while the device still works on the step before (tasks/serve.py prepare_boot). A run that scores its
 base boots the base first and quantizes beside the base's accuracy run when calibration, the model on
-the device, fits the memory the base's boot leaves (calibration.beside_base, tasks/quantize.py).
+the device, fits the memory the base's boot leaves (calibration.beside_base, tasks/quantize.py), at a lower
+gpu_memory_utilization for the base where the recipe's leaves too little (its row derived at the recipe's).
 
 vLLM boots three times, each once (flows/boots.py, shared with the format choice): (a) the base
 model serves capacity and the base accuracy; (b) the quantized model with 16-bit KV serves capacity
@@ -97,7 +98,9 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     reference_key, reference = find_base_reference(validated, base, base_boot)
     sixteen_bit_kv = reused_sixteen_bit_kv(validated, reference)  # row (b) of this format, if measured
     # a base to score boots first when calibration fits beside it (calibration.beside_base)
-    beside, why = beside_base(validated, base) if reference is None else (False, None)
+    beside, why, served_at = (False, None, None)
+    if reference is None:
+        beside, why, served_at = beside_base(validated, base, base_boot.tensor_parallel_size)
     first_boot = Boot.PRODUCTION if sixteen_bit_kv else Boot.QUANTIZED_16BIT_KV if reference else Boot.BASE
 
     def score_base(also=None) -> BaseServed:  # (a), its figures kept for the next release of this base
@@ -107,6 +110,7 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
             run_dir,
             accuracy_dir=run_dir / ACCURACY_BASE_DIR,
             tensor_parallel_size=base_boot.tensor_parallel_size,
+            served_at=served_at if also else None,  # a lower utilization leaves calibration its memory
             also=also,
             prepare_next=(Boot.QUANTIZED_16BIT_KV, Boot.PRODUCTION),
             progress=progress,

@@ -7,7 +7,8 @@ from pathlib import Path
 from prefect import task
 from prefect.logging import get_run_logger
 
-from quantize_serve.capacity.model_shape import language_model
+from quantize_serve.capacity import measure as capacity
+from quantize_serve.capacity import planner
 from quantize_serve.hub.download import download_model
 from quantize_serve.quantize import device, existing_checkpoint
 from quantize_serve.quantize import run as quantize
@@ -52,20 +53,38 @@ def checkpoint_folder(validated: ValidatedRecipe) -> tuple[Path, str | None]:
     return Path(resolved.local_dir), f"{q.checkpoint}@{resolved.sha}"
 
 
-def beside_base(validated: ValidatedRecipe, base: BaseModelRef) -> tuple[bool, str]:
+def beside_base(
+    validated: ValidatedRecipe, base: BaseModelRef, tensor_parallel_size: int | None = None
+) -> tuple[bool, str, float | None]:
     """Whether this run quantizes beside its base's accuracy run (calibration.beside_base), decided before
-    the base boots: the device memory its boot will leave (vLLM takes serve.gpu_memory_utilization of
-    the usable memory) against calibration's need at the recipe's largest (samples x max_seq_len)."""
+    the base boots, and the gpu_memory_utilization the base is then served at when not the recipe's: the
+    device's free memory against vLLM's share (utilization x usable memory) and calibration's need at the
+    recipe's largest (samples x max_seq_len). ``tensor_parallel_size``: the base's (plan_base_boot)."""
     r, c = validated.recipe, validated.recipe.calibration
-    info, usable = gpu.memory_info(), gpu.usable_memory_bytes()
-    left = (
-        None
-        if info is None or usable is None
-        else info["free_bytes"] - int(r.serve.gpu_memory_utilization * usable)
+    info = gpu.memory_info()
+    activations = device.calibration_activation_bytes(
+        base.config, r.quantization.method, c.num_samples * c.max_seq_len
     )
-    hidden = int(language_model(base.config).get("hidden_size") or 0)  # a multimodal model's decoder's
-    activations = c.num_samples * c.max_seq_len * hidden * 2  # 16-bit
     need = device.calibration_need_bytes(quantize.weights_bytes_on_disk(Path(base.local_dir)), activations)
-    now, why = device.beside_base(r, free_bytes=left, need_bytes=need)
+    usable = gpu.usable_memory_bytes()
+
+    def base_fits(utilization: float) -> bool:
+        serve = r.serve.model_copy(update={"gpu_memory_utilization": utilization})
+        return capacity.plan_for(
+            r.model_copy(update={"serve": serve}),
+            base.config,
+            capacity.Boot.BASE,
+            block_size=planner.BLOCK_SIZE_GPU,
+            device_memory_bytes=usable,
+            tensor_parallel_size=tensor_parallel_size,
+        ).fits
+
+    now, why, utilization = device.beside_base(
+        r,
+        free_bytes=info["free_bytes"] if info else None,
+        usable_bytes=usable,
+        need_bytes=need,
+        base_fits=base_fits,
+    )
     get_run_logger().info("quantize beside the base's accuracy run: %s (%s)", "yes" if now else "no", why)
-    return now, why
+    return now, why, utilization

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -96,9 +97,11 @@ def served(
     run_dir: Path,
     *,
     tensor_parallel_size: int | None = None,
+    gpu_memory_utilization: float | None = None,
 ) -> Iterator[tuple[RunningServer, ServerSpec]]:
     """Boot one capacity configuration for the duration of the block (always stopped after);
-    ``tensor_parallel_size``: another TP than the recipe's (the base's, see plan_base_boot). The
+    ``tensor_parallel_size``: another TP than the recipe's (the base's, see plan_base_boot);
+    ``gpu_memory_utilization``: another than the recipe's (the base beside calibration). The
     production settings name the model as the published profile does (its Hub repo id at the release
     ref): such a boot fills the compile-cache entry production's first boot on this host reads."""
     logger = get_run_logger()
@@ -107,6 +110,7 @@ def served(
         name,
         Path(model_dir),
         tensor_parallel_size=tensor_parallel_size,
+        gpu_memory_utilization=gpu_memory_utilization,
         as_published=name is capacity.Boot.PRODUCTION,
     )
     label = name.label(validated.recipe.quantization.scheme)
@@ -140,6 +144,19 @@ def prepared_boots() -> Iterator[None]:
 @task(name="measure-capacity", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=2)
 def measure_capacity(server: RunningServer, spec: ServerSpec, name: capacity.Boot) -> capacity.CapacityConfig:
     return capacity.measure_capacity(server, spec, name=name)
+
+
+@task(name="capacity-at-recipe-utilization")
+def capacity_at_recipe_utilization(
+    validated: ValidatedRecipe, measured: capacity.CapacityConfig, model_dir: str, served_at: float
+) -> capacity.CapacityConfig:
+    """A row served at ``served_at`` (the base beside calibration) as it stands at the recipe's
+    gpu_memory_utilization (capacity.at_utilization)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    usable = gpu.usable_memory_bytes()  # a GPU host: only there is the base served below the recipe's
+    return capacity.at_utilization(
+        measured, validated.recipe, config, served_at=served_at, usable_bytes=usable
+    )
 
 
 @task(name="summarize-capacity")

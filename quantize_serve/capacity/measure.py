@@ -23,6 +23,7 @@ fp8-KV row as not available on this CPU, with the reason, instead of a measureme
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -65,6 +66,8 @@ class CapacityConfig(BaseModel):
     max_model_len: int
     max_concurrency: float
     boot_seconds: float
+    # How a row not measured at the recipe's settings was derived from one that was (at_utilization)
+    derived: str | None = None
 
 
 class PlannerCheck(BaseModel):
@@ -142,6 +145,7 @@ class CapacityReport(BaseModel):
         ]
         if self.base_boot:
             rows += ["", f"Base boot: {self.base_boot}"]
+        rows += [f"\n{c.name.label(self.scheme)}: {c.derived}" for c in self.configs if c.derived]
         return "\n".join(rows)
 
 
@@ -152,11 +156,13 @@ def capacity_spec(
     *,
     weights_bytes: int | None = None,
     tensor_parallel_size: int | None = None,
+    gpu_memory_utilization: float | None = None,
     as_published: bool = False,
 ) -> ServerSpec:
     """The boot spec of one configuration under the recipe's (shared) budget. ``weights_bytes``: what
     the boot's weights take (default: the checkpoint's tensor bytes; a dummy boot has no checkpoint).
     ``tensor_parallel_size``: another TP than the recipe's (the base, when it needs more GPUs: BaseBoot).
+    ``gpu_memory_utilization``: another than the recipe's (the base beside calibration: at_utilization).
     ``as_published``: the model named as the published profile names it, by the recipe's Hub repo id at
     its release ref (``ServerSpec.repo_id`` and ``revision``: ``hub.release_ref``; without a hub section,
     the folder): the boot's compile-cache entry is then the one production's first ``vllm serve <repo id>
@@ -171,6 +177,8 @@ def capacity_spec(
     serve = recipe.serve
     if tensor_parallel_size is not None and tensor_parallel_size != serve.tensor_parallel_size:
         serve = serve.model_copy(update={"tensor_parallel_size": tensor_parallel_size})
+    if gpu_memory_utilization is not None:
+        serve = serve.model_copy(update={"gpu_memory_utilization": gpu_memory_utilization})
     hub = recipe.hub if as_published else None
     return ServerSpec(
         model_dir=str(model_dir),
@@ -332,6 +340,46 @@ def measure_capacity(server: RunningServer, spec: ServerSpec, *, name: Boot) -> 
         max_model_len=max_len,
         max_concurrency=round(label_number(info, "kv_cache_max_concurrency") or tokens / max_len, 2),
         boot_seconds=server.boot_seconds,
+    )
+
+
+def at_utilization(
+    measured: CapacityConfig,
+    recipe: Recipe,
+    base_config: dict,
+    *,
+    served_at: float,
+    usable_bytes: int,
+) -> CapacityConfig:
+    """A row served at ``served_at`` (the base, scored beside calibration in the memory a lower
+    gpu_memory_utilization leaves) as it stands at the recipe's. vLLM (0.26, v1 gpu_worker) sizes the
+    cache as ceil(usable x utilization) minus what the profiled boot needs besides it (weights, activation
+    peak, non-torch memory), none of which depends on the utilization: the KV bytes move by exactly the
+    difference of the two ceilings, and the blocks by that over one block's bytes. The blocks' remainder at
+    ``served_at`` is unknown, so the row is at most one block short of a boot at the recipe's settings."""
+    target = recipe.serve.gpu_memory_utilization
+    delta = math.ceil(usable_bytes * target) - math.ceil(usable_bytes * served_at)
+    per_token = plan_for(
+        recipe,
+        base_config,
+        measured.name,
+        block_size=measured.block_size,
+        device_memory_bytes=usable_bytes,
+        tensor_parallel_size=measured.tensor_parallel_size,
+    ).kv_bytes_per_token_per_gpu
+    blocks = measured.num_blocks + delta // (per_token * measured.block_size)
+    tokens = blocks * measured.block_size
+    return measured.model_copy(
+        update={
+            "kv_cache_memory_bytes": measured.kv_cache_memory_bytes + delta,
+            "num_blocks": blocks,
+            "kv_cache_tokens": tokens,
+            "max_concurrency": round(tokens / measured.max_model_len, 2),
+            "derived": f"served at gpu_memory_utilization {served_at:.2f} ({measured.kv_cache_tokens:,} KV "
+            f"tokens, {measured.num_blocks:,} blocks) beside calibration; at the recipe's {target:.2f} by "
+            f"vLLM's sizing, {delta / GIB:+.2f} GiB of KV cache: {blocks - measured.num_blocks:+,} blocks "
+            "(at most one short of a boot there)",
+        }
     )
 
 

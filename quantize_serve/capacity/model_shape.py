@@ -33,6 +33,7 @@ from typing import Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from quantize_serve.core.errors import RecipeError, RecipeErrors, UnplannableShapeError
+from quantize_serve.core.model_files import language_model
 from quantize_serve.recipe.inputs import show_path
 
 __all__ = ["ARCHITECTURES", "ModelShape", "Linear"]
@@ -260,17 +261,6 @@ def _elements(linears: list[Linear]) -> int:
 
 
 # --- reading and refusing -----------------------------------------------------------------------
-
-
-def language_model(data: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The decoder's config: ``text_config`` of a multimodal config, with the outer dtype and tying."""
-    if "num_hidden_layers" not in data and isinstance(data.get("text_config"), Mapping):
-        inner = {**data["text_config"]}
-        for key in ("tie_word_embeddings", "torch_dtype", "dtype", "architectures"):
-            if key not in inner and key in data:
-                inner[key] = data[key]
-        return inner
-    return data
 
 
 def _architecture(data: Mapping[str, Any], source: str) -> tuple[str, Architecture]:

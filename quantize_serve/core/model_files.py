@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from quantize_serve.core.digest import folder_sha256
 from quantize_serve.core.errors import RecipeError
@@ -106,3 +108,14 @@ MODEL_FILE_SUFFIXES = {".json", ".safetensors", ".model", ".txt", ".jinja"}
 def folder_digest(folder: Path) -> str:
     """sha256 over a model folder's weights, config and tokenizer files (names and contents)."""
     return folder_sha256(folder, include=lambda p: p.suffix in MODEL_FILE_SUFFIXES)
+
+
+def language_model(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The decoder's config: ``text_config`` of a multimodal config, with the outer dtype and tying."""
+    if "num_hidden_layers" not in data and isinstance(data.get("text_config"), Mapping):
+        inner = {**data["text_config"]}
+        for key in ("tie_word_embeddings", "torch_dtype", "dtype", "architectures"):
+            if key not in inner and key in data:
+                inner[key] = data[key]
+        return inner
+    return data

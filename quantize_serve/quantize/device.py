@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from quantize_serve.core.model_files import GIB
+from quantize_serve.core.model_files import GIB, language_model
 from quantize_serve.core.settings import get_settings
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.serving import gpu
@@ -111,30 +113,70 @@ def quantize_device_gap() -> str | None:
     )
 
 
+def calibration_activation_bytes(config: dict, method: str, tokens: int) -> int:
+    """The 16-bit activations calibration caches on the device for ``tokens`` calibration tokens, the model
+    there: llm-compressor's sequential pipeline keeps a layer's inputs and outputs (2 x hidden a token), and
+    AWQ the inputs of its smoothing parents (attention, o_proj and the MLP: hidden each; down_proj: the
+    MLP's intermediate) and one parent's outputs (hidden): 2 x (6 x hidden + intermediate) bytes a token,
+    77,824 for Llama-3-8B. AWQModifier keeps its cache on the device for a dense model and on the CPU for a
+    mixture of experts (its offload_device default). Beside a base served at 0.90 of an H200, the 8B's AWQ
+    with its model on the CPU ran out of memory at 13.74 GiB, its parents' cache still filling
+    (benchmarks/results/h200_release_time.json, beside_base_attempt): 2 x (4 x 4,096 + 14,336) bytes a
+    token of its 300,737 tokens is 17.2 GiB."""
+    text = language_model(config)
+    hidden = int(text.get("hidden_size") or 0)
+    per_token = 2 * hidden
+    if method == "awq" and not any(text.get(k) for k in ("num_experts", "num_local_experts")):
+        per_token += 4 * hidden + int(text.get("intermediate_size") or 0)
+    return 2 * per_token * tokens
+
+
 def calibration_need_bytes(weights_bytes: int, activation_bytes: int) -> int:
-    """Device memory calibration needs with the model on the device: the weights, the activations (their
-    cache holds a layer's inputs and outputs) and the headroom."""
-    return weights_bytes + 2 * activation_bytes + CALIBRATION_HEADROOM_BYTES
+    """Device memory calibration needs with the model on the device: the weights, the activations
+    (calibration_activation_bytes) and the headroom."""
+    return weights_bytes + activation_bytes + CALIBRATION_HEADROOM_BYTES
 
 
-def beside_base(recipe: Recipe, *, free_bytes: int | None, need_bytes: int) -> tuple[bool, str]:
-    """(whether to quantize beside the base's accuracy run, the reason in words). ``free_bytes``: the device
-    memory the base's boot will leave (None: a CPU host); ``need_bytes``: calibration's with the model on
-    the device (calibration_need_bytes). Onloaded calibration is not enough: beside a base served at 0.90
-    of an H200 (13.7 GiB left), the 8B's onloaded AWQ ran out of memory at its third layer
-    (benchmarks/results/h200_release_time.json, beside_base_attempt)."""
+def beside_base(
+    recipe: Recipe,
+    *,
+    free_bytes: int | None,
+    usable_bytes: int | None,
+    need_bytes: int,
+    base_fits: Callable[[float], bool] = lambda utilization: True,
+) -> tuple[bool, str, float | None]:
+    """(whether to quantize beside the base's accuracy run, the reason in words, the
+    gpu_memory_utilization the base is then served at when not the recipe's). ``free_bytes``: the device's
+    free memory before the base boots (None: a CPU host); ``usable_bytes``: what vLLM's utilization
+    multiplies; ``need_bytes``: calibration's with the model on the device (calibration_need_bytes);
+    ``base_fits(u)``: whether the base serves at utilization u (the planner). Onloaded calibration is not
+    enough: beside a base served at 0.90 of an H200 (13.7 GiB left), the 8B's onloaded AWQ ran out of memory
+    at its third layer (benchmarks/results/h200_release_time.json, beside_base_attempt). Where the recipe's
+    utilization leaves too little, the base is served at the highest that leaves enough (two decimals) and
+    its capacity row derived at the recipe's (capacity.at_utilization): the accuracy run needs the weights
+    and some KV cache, not the recipe's whole budget."""
     mode = recipe.calibration.beside_base
     if mode == "never":
-        return False, "calibration.beside_base is never"
-    if free_bytes is None:
+        return False, "calibration.beside_base is never", None
+    if free_bytes is None or usable_bytes is None:
         if mode == "always":
-            return True, "calibration.beside_base is always (a CPU host: the two share its cores)"
-        return False, "a CPU host: the two would share its cores (calibration.beside_base: always to do it)"
+            return True, "calibration.beside_base is always (a CPU host: the two share its cores)", None
+        why = "a CPU host: the two would share its cores (calibration.beside_base: always to do it)"
+        return False, why, None
+    util = recipe.serve.gpu_memory_utilization
+    left = free_bytes - math.ceil(util * usable_bytes)
     room = (
-        f"{max(free_bytes, 0) / GIB:.1f} GiB free beside the base at serve.gpu_memory_utilization "
-        f"{recipe.serve.gpu_memory_utilization:.2f}, calibration with the model on the device needs "
-        f"{need_bytes / GIB:.1f}"
+        f"{max(left, 0) / GIB:.1f} GiB free beside the base at serve.gpu_memory_utilization {util:.2f}, "
+        f"calibration with the model on the device needs {need_bytes / GIB:.1f}"
     )
-    if need_bytes > free_bytes:
-        return False, f"{room}: quantized first"
-    return True, room
+    if need_bytes <= left:
+        return True, room, None
+    lower = math.floor((free_bytes - need_bytes) / usable_bytes * 100) / 100
+    if lower <= 0 or not base_fits(lower):
+        return False, f"{room}, and the base does not serve in what calibration leaves: quantized first", None
+    return (
+        True,
+        f"{room}: the base scored at {lower:.2f} ({(free_bytes - math.ceil(lower * usable_bytes)) / GIB:.1f} "
+        f"GiB left), its capacity row derived at {util:.2f}",
+        lower,
+    )

@@ -14,7 +14,11 @@ from pathlib import Path
 
 from quantize_serve.core.model_files import GIB
 from quantize_serve.core.settings import get_settings
-from quantize_serve.quantize.device import CALIBRATION_HEADROOM_BYTES, calibration_need_bytes
+from quantize_serve.quantize.device import (
+    CALIBRATION_HEADROOM_BYTES,
+    calibration_activation_bytes,
+    calibration_need_bytes,
+)
 from quantize_serve.quantize.calibration import fingerprint, load_calibration, render_texts, select_samples
 from quantize_serve.quantize.run import (
     RECIPE_FILE,
@@ -61,8 +65,8 @@ def placement(free_bytes: int | None, weights_bytes: int, activation_bytes: int)
     llm-compressor's sequential pipeline keeps the model where it was loaded and onloads one layer at
     a time to the device, with the activations between layers offloaded to the CPU: right for a model
     larger than the device, and only slower for one that fits (an 8B AWQ on an H200: the model fits
-    nine times over). So when the weights, the activations (their cache holds a layer's inputs and
-    outputs) and a headroom fit the free memory, everything stays on the device."""
+    nine times over). So when the weights, the activations (device.calibration_activation_bytes) and a
+    headroom fit the free memory, everything stays on the device."""
     if free_bytes is None:
         return False, "no accelerator: the model and its activations on the CPU"
     need = calibration_need_bytes(weights_bytes, activation_bytes)
@@ -74,7 +78,7 @@ def placement(free_bytes: int | None, weights_bytes: int, activation_bytes: int)
     )
     return fits, (
         f"{verdict}: needs {need / GIB:.1f} GiB (weights {weights_bytes / GIB:.1f}, activations "
-        f"2 x {activation_bytes / GIB:.1f}, headroom {CALIBRATION_HEADROOM_BYTES / GIB:.0f}), "
+        f"{activation_bytes / GIB:.1f}, headroom {CALIBRATION_HEADROOM_BYTES / GIB:.0f}), "
         f"{free_bytes / GIB:.1f} GiB free"
     )
 
@@ -138,7 +142,7 @@ def main(spec_path: str) -> None:
     )
 
     tokens = sum(len(x) for x in encoded["input_ids"])
-    hidden = int(json.loads((Path(base) / "config.json").read_text()).get("hidden_size") or 0)
+    config = json.loads((Path(base) / "config.json").read_text())
     free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
     if free is not None and not get_settings().quantize_on_device:
         on_device, where = (
@@ -146,7 +150,8 @@ def main(spec_path: str) -> None:
             "model on the CPU, onloaded one layer at a time (QS_QUANTIZE_ON_DEVICE=false)",
         )
     else:
-        on_device, where = placement(free, weights_bytes_on_disk(Path(base)), tokens * hidden * 2)  # 16-bit
+        activations = calibration_activation_bytes(config, recipe.quantization.method, tokens)
+        on_device, where = placement(free, weights_bytes_on_disk(Path(base)), activations)
     target = f"cuda:{torch.cuda.current_device()}" if on_device else None
     print(f"[quantize] placement: {where}", flush=True)
     mark("prepare")  # imports, tokenizer, calibration data
@@ -179,6 +184,9 @@ def main(spec_path: str) -> None:
         "calibration_tokens": tokens,
         "device": device,
         "placement": where,
+        # what calibration took of the device at its peak (the caching allocator's reserve, what another
+        # process on the device sees): the measure of calibration_need_bytes' estimate
+        "device_peak_bytes": torch.cuda.max_memory_reserved() if torch.cuda.is_available() else None,
         "workarounds": workarounds,
         "seconds": round(time.monotonic() - started, 2),
         "stage_seconds": stages,

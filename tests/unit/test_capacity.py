@@ -231,3 +231,48 @@ def test_cache_info_is_read_with_prometheus_parser():
     )
     info = read_cache_info(text)
     assert info["num_gpu_blocks"] == "41" and info["cache_dtype"] == "fp8" and info["note"] == 'a "quoted" }'
+
+
+def test_a_base_served_at_a_lower_utilization_stands_at_the_recipes_by_vllms_sizing(base_model_dir):
+    """The base scored beside calibration at 0.56 of an H200: its row at the recipe's 0.90 is the blocks
+    vLLM gives 0.34 x usable memory more (2 MiB a block of Llama-3-8B's bf16 KV), and the capacity table
+    says how the row was had. 56,080 blocks is what the 8B's base measured at 0.90 on the H200
+    (benchmarks/results/h200_llama3.json: 897,280 KV tokens)."""
+    from quantize_serve.capacity.measure import CapacityConfig, CapacityReport, at_utilization
+    from quantize_serve.recipe.load import load_recipe
+
+    recipe = load_recipe(ROOT / "recipes/llama3-8b-instruct-awq.yaml")
+    assert recipe.serve.gpu_memory_utilization == 0.90
+    served = CapacityConfig(
+        name=Boot.BASE,
+        kv_cache_dtype="auto",
+        weights_bytes=16_060_522_496,
+        kv_cache_memory_bytes=66_571_000_000,
+        kv_cache_tokens=31_744 * 16,
+        num_blocks=31_744,
+        block_size=16,
+        max_model_len=8192,
+        max_concurrency=62.0,
+        boot_seconds=120,
+    )
+    row = at_utilization(served, recipe, LLAMA["8b"], served_at=0.56, usable_bytes=H200)
+    delta = 135_098_892_288 - 84_061_532_980  # ceil(usable x 0.90) - ceil(usable x 0.56)
+    assert row.kv_cache_memory_bytes == served.kv_cache_memory_bytes + delta
+    assert row.num_blocks == 31_744 + delta // (131_072 * 16) == 56_080
+    assert (row.kv_cache_tokens, row.max_concurrency) == (897_280, 109.53)
+    assert row.derived.startswith("served at gpu_memory_utilization 0.56 (507,904 KV tokens, 31,744 blocks)")
+    assert "+24,336 blocks" in row.derived
+    assert at_utilization(served, recipe, LLAMA["8b"], served_at=0.90, usable_bytes=H200).num_blocks == 31_744
+    spec = capacity_spec(recipe, Boot.BASE, base_model_dir, gpu_memory_utilization=0.56)
+    assert spec.vllm_config()["gpu-memory-utilization"] == 0.56
+    report = CapacityReport(
+        method="m",
+        budget_bytes=None,
+        configs=[row],
+        freed_weight_bytes=0,
+        fp8_token_ratio=1,
+        gain_quantized=1,
+        gain_fp8=1,
+        planner=[],
+    )
+    assert "base: served at gpu_memory_utilization 0.56" in report.markdown()

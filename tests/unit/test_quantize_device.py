@@ -5,6 +5,7 @@ are given, not read (this machine has neither a GPU nor a CUDA torch)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -157,10 +158,17 @@ def test_the_worker_names_the_device_it_quantized_on():
 def test_a_model_that_fits_the_gpu_is_quantized_there_whole_and_a_larger_one_layer_by_layer():
     from quantize_serve.quantize.worker import GIB, placement
 
-    # Llama-3-8B in bf16 (16.1 GB) with 256 x 1,104 calibration tokens of hidden 4,096 on a free H200
-    weights, activations, h200_free = 16_060_522_496, 256 * 1_104 * 4_096 * 2, 140 * GIB
+    # Llama-3-8B (16.1 GB) with 256 x 1,104 calibration tokens on a free H200: AWQ caches 77,824 bytes a token
+    config = json.loads((ROOT / "benchmarks/configs/llama-3-8b.json").read_text())
+    activations = device.calibration_activation_bytes(config, "awq", 256 * 1_104)
+    weights, h200_free = 16_060_522_496, 140 * GIB
+    assert activations == 77_824 * 256 * 1_104
     on_device, why = placement(h200_free, weights, activations)
-    assert on_device and why.startswith("model and calibration activations on the device: needs 27."), why
+    assert on_device and why.startswith(
+        "model and calibration activations on the device: needs 43.4 GiB (weights 15.0, activations 20.5"
+    ), why
+    # GPTQ keeps only the sequential pipeline's cache of a layer's inputs and outputs
+    assert device.calibration_activation_bytes(config, "gptq", 256 * 1_104) == 2 * 2 * 4_096 * 256 * 1_104
     # a 70B (141 GB in bf16) does not fit: llm-compressor's default, one layer at a time
     on_device, why = placement(h200_free, 141 * 10**9, activations)
     assert not on_device and "onloaded one layer at a time" in why and "140.0 GiB free" in why, why
@@ -170,7 +178,7 @@ def test_a_model_that_fits_the_gpu_is_quantized_there_whole_and_a_larger_one_lay
     )
 
 
-def test_quantization_goes_beside_the_base_only_where_the_device_memory_left_holds_it():
+def test_quantization_goes_beside_the_base_where_the_device_memory_left_holds_it():
     from quantize_serve.core.model_files import GIB
     from quantize_serve.quantize.run import checkpoint_key
 
@@ -180,20 +188,38 @@ def test_quantization_goes_beside_the_base_only_where_the_device_memory_left_hol
         at[mode] = recipe.model_copy(
             update={"calibration": recipe.calibration.model_copy(update={"beside_base": mode})}
         )
-    # Llama-3-8B (16.1 GB) with at most 256 x 2,048 calibration tokens of hidden 4,096, the model on the
-    # device: 31.0 GiB. Its base served at 0.90 of an H200 leaves 14.0 GiB (where onloaded AWQ ran out of
-    # memory); at 0.70, 41.9 GiB
-    need = device.calibration_need_bytes(16_060_522_496, 256 * 2_048 * 4_096 * 2)
-    now, why = device.beside_base(at["auto"], free_bytes=int(13.98 * GIB), need_bytes=need)
-    assert not now and why == (
-        "14.0 GiB free beside the base at serve.gpu_memory_utilization 0.90, calibration with the model "
-        "on the device needs 31.0: quantized first"
+    # Llama-3-8B (16.1 GB) with at most 256 x 2,048 calibration tokens, AWQ with the model on the device:
+    # 61.0 GiB. An empty H200 (139.8 GiB): its base served at the recipe's 0.90 leaves 14.0 GiB (where
+    # onloaded AWQ ran out of memory), so the base is scored at 0.56 and leaves 61.5
+    h200 = 150_109_880_320
+    config = json.loads((ROOT / "benchmarks/configs/llama-3-8b.json").read_text())
+    need = device.calibration_need_bytes(
+        16_060_522_496, device.calibration_activation_bytes(config, "awq", 256 * 2_048)
+    )
+    now, why, served_at = device.beside_base(at["auto"], free_bytes=h200, usable_bytes=h200, need_bytes=need)
+    assert now and served_at == 0.56, (served_at, why)
+    assert why == (
+        "14.0 GiB free beside the base at serve.gpu_memory_utilization 0.90, calibration with the model on "
+        "the device needs 61.0: the base scored at 0.56 (61.5 GiB left), its capacity row derived at 0.90"
     ), why
-    assert device.beside_base(at["auto"], free_bytes=int(41.9 * GIB), need_bytes=need)[0]
-    assert not device.beside_base(at["never"], free_bytes=int(41.9 * GIB), need_bytes=need)[0]
+    # a base that does not serve in what calibration leaves: quantized first
+    now, why, served_at = device.beside_base(
+        at["auto"], free_bytes=h200, usable_bytes=h200, need_bytes=need, base_fits=lambda u: u >= 0.6
+    )
+    assert not now and served_at is None and why.endswith("quantized first"), why
+    assert not device.beside_base(at["auto"], free_bytes=need, usable_bytes=h200, need_bytes=need)[0]
+    # the recipe's utilization leaves enough (a smaller model, a larger GPU): served as the recipe says
+    assert device.beside_base(at["auto"], free_bytes=h200, usable_bytes=h200, need_bytes=10 * GIB)[::2] == (
+        True,
+        None,
+    )
+    assert not device.beside_base(at["never"], free_bytes=h200, usable_bytes=h200, need_bytes=need)[0]
     # a CPU host: only when asked (the two share its cores)
-    assert not device.beside_base(at["auto"], free_bytes=None, need_bytes=need)[0]
-    assert device.beside_base(at["always"], free_bytes=None, need_bytes=need)[0]
+    assert not device.beside_base(at["auto"], free_bytes=None, usable_bytes=None, need_bytes=need)[0]
+    assert device.beside_base(at["always"], free_bytes=None, usable_bytes=None, need_bytes=need)[::2] == (
+        True,
+        None,
+    )
     # where calibration runs does not change what it computes: the same checkpoint key
     keys = {checkpoint_key(r, base_identity="b", calibration_fingerprint="f") for r in at.values()}
     assert len(keys) == 1
