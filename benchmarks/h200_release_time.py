@@ -123,7 +123,7 @@ CALIBRATION_LINE = re.compile(r"(\d+) calibration samples, (\d+) tokens")
 STAGE_LINE = re.compile(r"stage done: (.+?)\s*$")
 PROGRESS_LINE = re.compile(
     r"booting vLLM \([^)]+\)|vLLM \([^)]+\) healthy\b.*"
-    r"|lm-eval \S+: .+ documents in .*|\d+ calibration samples, \d+ tokens"
+    r"|lm-eval \S+: .+ documents in .*|\d+ calibration samples, \d+ tokens|device peak .*"
 )
 log = logger("release")
 

@@ -151,10 +151,12 @@ def beside_base(
     multiplies; ``need_bytes``: calibration's with the model on the device (calibration_need_bytes);
     ``base_fits(u)``: whether the base serves at utilization u (the planner). Onloaded calibration is not
     enough: beside a base served at 0.90 of an H200 (13.7 GiB left), the 8B's onloaded AWQ ran out of memory
-    at its third layer (benchmarks/results/h200_release_time.json, beside_base_attempt). Where the recipe's
-    utilization leaves too little, the base is served at the highest that leaves enough (two decimals) and
-    its capacity row derived at the recipe's (capacity.at_utilization): the accuracy run needs the weights
-    and some KV cache, not the recipe's whole budget."""
+    at its third layer (benchmarks/results/h200_release_time.json, beside_base_attempt). With ``always``,
+    where the recipe's utilization leaves too little, the base is served at the highest that leaves enough
+    (two decimals) and its capacity row derived at the recipe's (capacity.at_utilization): the accuracy run
+    needs the weights and some KV cache, not the recipe's whole budget. ``auto`` does not: the need is an
+    estimate, and the 8B's AWQ beside a base at 0.56 ran out of memory with 61.3 GiB in use
+    (beside_base_lower), past the 61.0 it estimated."""
     mode = recipe.calibration.beside_base
     if mode == "never":
         return False, "calibration.beside_base is never", None
@@ -171,6 +173,8 @@ def beside_base(
     )
     if need_bytes <= left:
         return True, room, None
+    if mode == "auto":  # the need is an estimate: a lower utilization is the recipe's to ask for
+        return False, f"{room}: quantized first (calibration.beside_base: always serves the base lower)", None
     lower = math.floor((free_bytes - need_bytes) / usable_bytes * 100) / 100
     if lower <= 0 or not base_fits(lower):
         return False, f"{room}, and the base does not serve in what calibration leaves: quantized first", None

@@ -193,7 +193,13 @@ def main(spec_path: str) -> None:
         "stage_cpu_seconds": stages_cpu,
     }
     Path(spec_path).with_name("worker_report.json").write_text(json.dumps(report))
-    print(f"[quantize] saved {out} in {report['seconds']} s", flush=True)
+    peak = (
+        f"; device peak {torch.cuda.max_memory_reserved() / GIB:.2f} GiB reserved, "
+        f"{torch.cuda.max_memory_allocated() / GIB:.2f} GiB allocated ({where})"
+        if torch.cuda.is_available()
+        else ""
+    )
+    print(f"[quantize] saved {out} in {report['seconds']} s{peak}", flush=True)
 
 
 if __name__ == "__main__":

@@ -197,6 +197,16 @@ def test_quantization_goes_beside_the_base_where_the_device_memory_left_holds_it
         16_060_522_496, device.calibration_activation_bytes(config, "awq", 256 * 2_048)
     )
     now, why, served_at = device.beside_base(at["auto"], free_bytes=h200, usable_bytes=h200, need_bytes=need)
+    assert (
+        not now
+        and served_at is None
+        and why.endswith(
+            "needs 61.0: quantized first (calibration.beside_base: always serves the base lower)"
+        )
+    ), why
+    now, why, served_at = device.beside_base(
+        at["always"], free_bytes=h200, usable_bytes=h200, need_bytes=need
+    )
     assert now and served_at == 0.56, (served_at, why)
     assert why == (
         "14.0 GiB free beside the base at serve.gpu_memory_utilization 0.90, calibration with the model on "
@@ -204,7 +214,7 @@ def test_quantization_goes_beside_the_base_where_the_device_memory_left_holds_it
     ), why
     # a base that does not serve in what calibration leaves: quantized first
     now, why, served_at = device.beside_base(
-        at["auto"], free_bytes=h200, usable_bytes=h200, need_bytes=need, base_fits=lambda u: u >= 0.6
+        at["always"], free_bytes=h200, usable_bytes=h200, need_bytes=need, base_fits=lambda u: u >= 0.6
     )
     assert not now and served_at is None and why.endswith("quantized first"), why
     assert not device.beside_base(at["auto"], free_bytes=need, usable_bytes=h200, need_bytes=need)[0]
