@@ -122,7 +122,9 @@ def calibration_activation_bytes(config: dict, method: str, tokens: int) -> int:
     mixture of experts (its offload_device default). Beside a base served at 0.90 of an H200, the 8B's AWQ
     with its model on the CPU ran out of memory at 13.74 GiB, its parents' cache still filling
     (benchmarks/results/h200_release_time.json, beside_base_attempt): 2 x (4 x 4,096 + 14,336) bytes a
-    token of its 300,737 tokens is 17.2 GiB."""
+    token of its 300,737 tokens is 17.2 GiB. With the model on the device it is a lower bound: beside a base
+    at 0.56 the same AWQ ran out with 61.3 GiB in use, where this counts 21.8 beside 15.0 of weights
+    (beside_base_lower), which is why beside_base's auto never serves the base lower on it."""
     text = language_model(config)
     hidden = int(text.get("hidden_size") or 0)
     per_token = 2 * hidden

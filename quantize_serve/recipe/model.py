@@ -107,11 +107,12 @@ class CalibrationSection(Section):
         default="auto",
         description="When the base model is scored (a first release; a known base's figures are reused), "
         "quantize while it is: the base boots first, its capacity is read, and calibration runs beside its "
-        "accuracy run in the device memory the boot leaves. auto: on a GPU host, the base served at "
-        "serve.gpu_memory_utilization, or at the highest lower one that leaves calibration its memory with "
-        "the model on the device, its capacity row derived at the recipe's (quantize/device.py: beside_base, "
-        "capacity/measure.py: at_utilization); always: on a CPU host too (the two share its cores, so it "
-        "saves little there); "
+        "accuracy run in the device memory the boot leaves. auto: on a GPU host, when the base served at "
+        "serve.gpu_memory_utilization leaves calibration its memory with the model on the device "
+        "(quantize/device.py: beside_base; at 0.90 of one H200 the 8B's AWQ does not fit); always: there "
+        "too, with the base served at the highest lower utilization that leaves it, its capacity row "
+        "derived at the recipe's (capacity/measure.py: at_utilization; the need is an estimate), and on a "
+        "CPU host (the two share its cores, so it saves little there); "
         "never: quantize first, then the base. Where calibration runs, not what it computes: not in the "
         "checkpoint's key.",
     )
