@@ -292,6 +292,8 @@ def quantize_once(recipe: Any, overrides: dict[str, Any], work_dir: Path) -> dic
         "load_average_1min": round(os.getloadavg()[0], 2),
         "placement": result.placement,
         "device": result.device,
+        "device_peak_bytes": result.device_peak_bytes,
+        "device_peak_allocated_bytes": result.device_peak_allocated_bytes,
         "checkpoint_dir": result.checkpoint_dir,
     }
 
@@ -543,6 +545,27 @@ def run_gpu(args: argparse.Namespace) -> None:
         res.save()
 
 
+def run_peak(args: argparse.Namespace) -> None:
+    """``--peak``: one AWQ of the 8B shape with the recipe's own options (no option set), the model on the
+    device as the flow places it on an empty GPU; its seconds and its device peak, reserved and allocated
+    (what calibration beside a served base must be left: quantize/device.py beside_base), under
+    ``device_peak``."""
+    model_dir, work_dir = Path(args.model_dir).resolve(), Path(args.work_dir).resolve()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    res = Results(Path(args.out), roots=(work_dir,))
+    res.data.update(device=gpu.memory_info(0), versions=versions())
+    res.data["build"] = wait_for_build(model_dir, None, 3600)
+    calibration = production_calibration(work_dir, model_dir, 512)
+    scratch = work_dir / "scratch"
+    shutil.rmtree(scratch, ignore_errors=True)
+    run = quantize_once(gpu_recipe("awq", model_dir, calibration), {}, scratch)
+    run.pop("checkpoint_dir")
+    shutil.rmtree(scratch, ignore_errors=True)
+    res.data["device_peak"] = {"measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "method": "awq", **run}
+    log(f"device peak: {res.data['device_peak']}")
+    res.save()
+
+
 def pick(sets: dict[str, list[tuple[str, dict]]], names: str | None) -> dict[str, list[tuple[str, dict]]]:
     """The sets named in ``names`` ("awq:n_grid=10,gptq:today"; today always runs), or all."""
     if not names:
@@ -562,6 +585,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--summarize-only", action="store_true", help="recompute the summary from --out's runs")
     p.add_argument("--gpu", action="store_true", help="the 8B shape on a CUDA host (seconds only)")
+    p.add_argument(
+        "--peak", action="store_true", help="--gpu: one AWQ with the recipe's options, its device peak"
+    )
     p.add_argument("--model-dir", help="--gpu: the 8B model folder (made by benchmarks/h200.py build)")
     p.add_argument("--work-dir", help="--gpu: scratch and the calibration data")
     args = p.parse_args(argv)
@@ -570,7 +596,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.gpu:
         if not (args.model_dir and args.work_dir):
             p.error("--gpu needs --model-dir and --work-dir")
-        run_gpu(args)
+        run_peak(args) if args.peak else run_gpu(args)
     else:
         run_cpu(args)
 

@@ -60,8 +60,10 @@ class QuantizeResult(BaseModel):
     device: str | None = None
     # Where the model and the calibration activations were (worker.placement), with the reason.
     placement: str | None = None
-    # The device memory the worker's torch reserved at its peak (None: on a CPU, or not recorded).
+    # The device memory the worker's torch reserved (what another process on the device sees) and allocated
+    # (what its tensors held) at their peaks (None: on a CPU, or not recorded).
     device_peak_bytes: int | None = None
+    device_peak_allocated_bytes: int | None = None
     # The worker's wall seconds per stage: prepare (imports, tokenizer, data), load, calibrate
     # (llm-compressor's oneshot), save (compress and write), and its CPU seconds (all threads) per stage,
     # which a busy machine inflates less; empty for a checkpoint made before they were recorded.
@@ -329,6 +331,7 @@ def _quantize_into(
         device=worker_report.get("device"),
         placement=worker_report.get("placement"),
         device_peak_bytes=worker_report.get("device_peak_bytes"),
+        device_peak_allocated_bytes=worker_report.get("device_peak_allocated_bytes"),
         stage_seconds=worker_report.get("stage_seconds", {}),
         stage_cpu_seconds=worker_report.get("stage_cpu_seconds", {}),
     )

@@ -178,15 +178,17 @@ def main(spec_path: str) -> None:
     tokenizer.save_pretrained(out)
     (out / RECIPE_FILE).write_text(spec["llmcompressor_recipe"])
     mark("save")  # compress and write
+    cuda = torch.cuda.is_available()
     report = {
         "engine_versions": engine_versions(),
         "calibration_fingerprint": fingerprint(render_texts(recipe, rows)),
         "calibration_tokens": tokens,
         "device": device,
         "placement": where,
-        # what calibration took of the device at its peak (the caching allocator's reserve, what another
-        # process on the device sees): the measure of calibration_need_bytes' estimate
-        "device_peak_bytes": torch.cuda.max_memory_reserved() if torch.cuda.is_available() else None,
+        # what calibration took of the device at its peak: the caching allocator's reserve (what another
+        # process on the device sees) and its tensors' (the measure of calibration_need_bytes' estimate)
+        "device_peak_bytes": torch.cuda.max_memory_reserved() if cuda else None,
+        "device_peak_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None,
         "workarounds": workarounds,
         "seconds": round(time.monotonic() - started, 2),
         "stage_seconds": stages,
@@ -194,9 +196,9 @@ def main(spec_path: str) -> None:
     }
     Path(spec_path).with_name("worker_report.json").write_text(json.dumps(report))
     peak = (
-        f"; device peak {torch.cuda.max_memory_reserved() / GIB:.2f} GiB reserved, "
-        f"{torch.cuda.max_memory_allocated() / GIB:.2f} GiB allocated ({where})"
-        if torch.cuda.is_available()
+        f"; device peak {report['device_peak_bytes'] / GIB:.2f} GiB reserved, "
+        f"{report['device_peak_allocated_bytes'] / GIB:.2f} GiB allocated ({where})"
+        if cuda
         else ""
     )
     print(f"[quantize] saved {out} in {report['seconds']} s{peak}", flush=True)
