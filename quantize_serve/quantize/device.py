@@ -45,6 +45,9 @@ else:
 # What calibration needs on the device beyond the weights and the activation cache: the layer being
 # calibrated with its observers, Hessians (GPTQ) or smoothing grid (AWQ), and CUDA's own context.
 CALIBRATION_HEADROOM_BYTES = 8 * GIB
+# AWQ with the model on the device took at least 2.1 times the cache calibration_activation_bytes counts
+# (the 8B on an H200); 2.5 until its peak is measured
+AWQ_UNCOUNTED = 2.5
 CUDA_LINE = re.compile(r"^cuda\s*(?::[^=\n]*)?=\s*(.+?)\s*$", re.MULTILINE)
 
 
@@ -114,23 +117,27 @@ def quantize_device_gap() -> str | None:
 
 
 def calibration_activation_bytes(config: dict, method: str, tokens: int) -> int:
-    """The 16-bit activations calibration caches on the device for ``tokens`` calibration tokens, the model
-    there: llm-compressor's sequential pipeline keeps a layer's inputs and outputs (2 x hidden a token), and
-    AWQ the inputs of its smoothing parents (attention, o_proj and the MLP: hidden each; down_proj: the
-    MLP's intermediate) and one parent's outputs (hidden): 2 x (6 x hidden + intermediate) bytes a token,
-    77,824 for Llama-3-8B. AWQModifier keeps its cache on the device for a dense model and on the CPU for a
-    mixture of experts (its offload_device default). Beside a base served at 0.90 of an H200, the 8B's AWQ
-    with its model on the CPU ran out of memory at 13.74 GiB, its parents' cache still filling
-    (benchmarks/results/h200_release_time.json, beside_base_attempt): 2 x (4 x 4,096 + 14,336) bytes a
-    token of its 300,737 tokens is 17.2 GiB. With the model on the device it is a lower bound: beside a base
-    at 0.56 the same AWQ ran out with 61.3 GiB in use, where this counts 21.8 beside 15.0 of weights
-    (beside_base_lower), which is why beside_base's auto never serves the base lower on it."""
+    """The device memory calibration's activations take for ``tokens`` calibration tokens, the model there.
+
+    Counted: llm-compressor's sequential pipeline keeps a layer's 16-bit inputs and outputs (2 x hidden a
+    token), and AWQ the inputs of its smoothing parents (attention, o_proj and the MLP: hidden each;
+    down_proj: the MLP's intermediate) and one parent's outputs (hidden): 2 x (6 x hidden + intermediate)
+    bytes a token, 77,824 for Llama-3-8B. AWQModifier keeps its cache on the device for a dense model and on
+    the CPU for a mixture of experts (its offload_device default).
+
+    Measured on one H200 (benchmarks/results/h200_release_time.json), the 8B's AWQ at 300,737 tokens:
+    with its model on the CPU it ran out at 13.74 GiB with its parents' cache still filling
+    (beside_base_attempt; that cache counts 17.2 GiB at the end), and with the model on the device it ran
+    out with 61.3 GiB in use (beside_base_lower), where the count gives 21.8 beside 15.0 of weights: at
+    least 2.1 times what is counted. So AWQ's count is taken AWQ_UNCOUNTED times until its peak is measured
+    (benchmarks/quantize_speed.py --gpu --peak; the worker records it): a placement that errs keeps the
+    model on the CPU (slower), one that does not runs out of memory."""
     text = language_model(config)
     hidden = int(text.get("hidden_size") or 0)
-    per_token = 2 * hidden
+    per_token = 2 * 2 * hidden
     if method == "awq" and not any(text.get(k) for k in ("num_experts", "num_local_experts")):
-        per_token += 4 * hidden + int(text.get("intermediate_size") or 0)
-    return 2 * per_token * tokens
+        per_token = int(AWQ_UNCOUNTED * 2 * (6 * hidden + int(text.get("intermediate_size") or 0)))
+    return per_token * tokens
 
 
 def calibration_need_bytes(weights_bytes: int, activation_bytes: int) -> int:
@@ -158,7 +165,7 @@ def beside_base(
     (two decimals) and its capacity row derived at the recipe's (capacity.at_utilization): the accuracy run
     needs the weights and some KV cache, not the recipe's whole budget. ``auto`` does not: the need is an
     estimate, and the 8B's AWQ beside a base at 0.56 ran out of memory with 61.3 GiB in use
-    (beside_base_lower), past the 61.0 it estimated."""
+    (beside_base_lower), past the 61.0 then estimated."""
     mode = recipe.calibration.beside_base
     if mode == "never":
         return False, "calibration.beside_base is never", None
