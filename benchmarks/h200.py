@@ -76,6 +76,7 @@ from quantize_serve.capacity.measure import (  # noqa: E402
     capacity_spec,
     measure_boot,
     plan_for,
+    plan_for_row,
     read_cache_info,
     summarize_capacity,
 )
@@ -257,7 +258,7 @@ def stage_capacity(ctx: dict, *, with_stress: bool) -> None:
         report = summarize_capacity(recipe, configs, base_config, device_memory_bytes=total)
         checks = {p.name: p for p in report.planner}
         for c in report.configs:
-            plan = plan_for(recipe, base_config, c.name, block_size=c.block_size, device_memory_bytes=total)
+            plan = plan_for_row(recipe, base_config, c, device_memory_bytes=total)
             cap["configs"][c.name].update(
                 weights_gib=gib(c.weights_bytes),
                 kv_cache_gib=gib(c.kv_cache_memory_bytes),

@@ -359,14 +359,8 @@ def at_utilization(
     ``served_at`` is unknown, so the row is at most one block short of a boot at the recipe's settings."""
     target = recipe.serve.gpu_memory_utilization
     delta = math.ceil(usable_bytes * target) - math.ceil(usable_bytes * served_at)
-    per_token = plan_for(
-        recipe,
-        base_config,
-        measured.name,
-        block_size=measured.block_size,
-        device_memory_bytes=usable_bytes,
-        tensor_parallel_size=measured.tensor_parallel_size,
-    ).kv_bytes_per_token_per_gpu
+    plan = plan_for_row(recipe, base_config, measured, device_memory_bytes=usable_bytes)
+    per_token = plan.kv_bytes_per_token_per_gpu
     blocks = measured.num_blocks + delta // (per_token * measured.block_size)
     tokens = blocks * measured.block_size
     return measured.model_copy(
@@ -418,6 +412,20 @@ def plan_for(
     )
 
 
+def plan_for_row(
+    recipe: Recipe, base_config: dict, row: CapacityConfig, *, device_memory_bytes: int | None = None
+) -> planner.CapacityPlan:
+    """The planner's prediction for a measured row: its configuration, block size and TP."""
+    return plan_for(
+        recipe,
+        base_config,
+        row.name,
+        block_size=row.block_size,
+        device_memory_bytes=device_memory_bytes,
+        tensor_parallel_size=row.tensor_parallel_size,
+    )
+
+
 def summarize_capacity(
     recipe: Recipe,
     configs: list[CapacityConfig],
@@ -439,14 +447,7 @@ def summarize_capacity(
     configs = [a, b] if fp8_kv_unavailable else [a, b, c]
     checks = []
     for cfg in configs:
-        plan = plan_for(
-            recipe,
-            base_config,
-            cfg.name,
-            block_size=cfg.block_size,
-            device_memory_bytes=device_memory_bytes,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-        )
+        plan = plan_for_row(recipe, base_config, cfg, device_memory_bytes=device_memory_bytes)
         checks.append(
             PlannerCheck(
                 name=cfg.name,
