@@ -11,6 +11,7 @@ from quantize_serve.capacity import measure as capacity
 from quantize_serve.capacity import planner
 from quantize_serve.hub.download import download_model
 from quantize_serve.quantize import device, existing_checkpoint
+from quantize_serve.quantize.calibration import calibration_tokens
 from quantize_serve.quantize import run as quantize
 from quantize_serve.serving import gpu
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
@@ -58,14 +59,13 @@ def beside_base(
 ) -> tuple[bool, str, float | None]:
     """Whether this run quantizes beside its base's accuracy run (calibration.beside_base), decided before
     the base boots, and the gpu_memory_utilization the base is then served at when not the recipe's: the
-    device's free memory against vLLM's share (utilization x usable memory) and calibration's need at the
-    recipe's largest (samples x max_seq_len). ``tensor_parallel_size``: the base's (plan_base_boot)."""
+    device's free memory against vLLM's share (utilization x usable memory) and calibration's need, first
+    at the recipe's largest (samples x max_seq_len), then, where that does not fit beside the base at the
+    recipe's utilization, at the tokens it will run on (counted with the base's tokenizer, a few seconds).
+    ``tensor_parallel_size``: the base's (plan_base_boot)."""
     r, c = validated.recipe, validated.recipe.calibration
     info = gpu.memory_info()
-    activations = device.calibration_activation_bytes(
-        base.config, r.quantization.method, c.num_samples * c.max_seq_len
-    )
-    need = device.calibration_need_bytes(quantize.weights_bytes_on_disk(Path(base.local_dir)), activations)
+    weights = quantize.weights_bytes_on_disk(Path(base.local_dir))
     usable = gpu.usable_memory_bytes()
 
     def base_fits(utilization: float) -> bool:
@@ -79,12 +79,22 @@ def beside_base(
             tensor_parallel_size=tensor_parallel_size,
         ).fits
 
-    now, why, utilization = device.beside_base(
-        r,
-        free_bytes=info["free_bytes"] if info else None,
-        usable_bytes=usable,
-        need_bytes=need,
-        base_fits=base_fits,
-    )
+    def decide(tokens: int) -> tuple[bool, str, float | None]:
+        activations = device.calibration_activation_bytes(base.config, r.quantization.method, tokens)
+        return device.beside_base(
+            r,
+            free_bytes=info["free_bytes"] if info else None,
+            usable_bytes=usable,
+            need_bytes=device.calibration_need_bytes(weights, activations),
+            base_fits=base_fits,
+        )
+
+    tokens, bound = c.num_samples * c.max_seq_len, "at most "
+    now, why, utilization = decide(tokens)
+    if info and c.beside_base != "never" and (not now or utilization is not None):
+        tokens, bound = calibration_tokens(r, Path(base.local_dir)), ""
+        now, why, utilization = decide(tokens)
+    if info:
+        why = f"{why} ({bound}{tokens:,} calibration tokens)"
     get_run_logger().info("quantize beside the base's accuracy run: %s (%s)", "yes" if now else "no", why)
     return now, why, utilization

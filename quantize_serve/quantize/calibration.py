@@ -209,6 +209,29 @@ def render_texts(recipe: Recipe, rows: Any, tokenizer: Any | None = None) -> lis
     return [tokenizer.apply_chat_template(m, tokenize=False) for m in rows[c.messages_field]]
 
 
+def tokenize_calibration(recipe: Recipe, tokenizer: Any) -> tuple[Any, Any]:
+    """(the selected rows, their token ids as calibration sees them): rendered, then tokenized and cut at
+    calibration.max_seq_len. The quantization child calibrates on these; the flow counts them to size
+    calibration's device memory before the base boots (tasks/quantize.py)."""
+    rows = select_samples(recipe, load_calibration(recipe))
+    chat = recipe.calibration.messages_field is not None
+    encoded = tokenizer(
+        render_texts(recipe, rows, tokenizer),
+        truncation=True,
+        max_length=recipe.calibration.max_seq_len,
+        add_special_tokens=not chat,  # a chat template writes its own
+    )
+    return rows, encoded
+
+
+def calibration_tokens(recipe: Recipe, model_dir: Path) -> int:
+    """How many tokens calibration runs on, with the tokenizer of the model in ``model_dir``."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=recipe.model.trust_remote_code)
+    return sum(len(ids) for ids in tokenize_calibration(recipe, tokenizer)[1]["input_ids"])
+
+
 def fingerprint(texts: list[str]) -> str:
     """sha256 over the selected samples, in order: the identity of the data calibrated on."""
     h = hashlib.sha256()

@@ -45,9 +45,9 @@ else:
 # What calibration needs on the device beyond the weights and the activation cache: the layer being
 # calibrated with its observers, Hessians (GPTQ) or smoothing grid (AWQ), and CUDA's own context.
 CALIBRATION_HEADROOM_BYTES = 8 * GIB
-# AWQ with the model on the device took at least 2.1 times the cache calibration_activation_bytes counts
-# (the 8B on an H200); 2.5 until its peak is measured
-AWQ_UNCOUNTED = 2.5
+# AWQ with the model on the device took 2.13 times the cache calibration_activation_bytes counts (the 8B
+# on an H200 at 300,737 tokens: benchmarks/results/h200_quantize_peak.json), a little over that here
+AWQ_UNCOUNTED = 2.2
 CUDA_LINE = re.compile(r"^cuda\s*(?::[^=\n]*)?=\s*(.+?)\s*$", re.MULTILINE)
 
 
@@ -125,13 +125,12 @@ def calibration_activation_bytes(config: dict, method: str, tokens: int) -> int:
     bytes a token, 77,824 for Llama-3-8B. AWQModifier keeps its cache on the device for a dense model and on
     the CPU for a mixture of experts (its offload_device default).
 
-    Measured on one H200 (benchmarks/results/h200_release_time.json), the 8B's AWQ at 300,737 tokens:
-    with its model on the CPU it ran out at 13.74 GiB with its parents' cache still filling
-    (beside_base_attempt; that cache counts 17.2 GiB at the end), and with the model on the device it ran
-    out with 61.3 GiB in use (beside_base_lower), where the count gives 21.8 beside 15.0 of weights: at
-    least 2.1 times what is counted. So AWQ's count is taken AWQ_UNCOUNTED times until its peak is measured
-    (benchmarks/quantize_speed.py --gpu --peak; the worker records it): a placement that errs keeps the
-    model on the CPU (slower), one that does not runs out of memory."""
+    Measured on one H200, the 8B's AWQ at 300,737 tokens with the model on the device
+    (benchmarks/quantize_speed.py --gpu --peak: benchmarks/results/h200_quantize_peak.json): a peak of
+    61.49 GiB reserved and 61.19 GiB allocated, so fragmentation is not it. Beside 14.96 GiB of weights that
+    is 46.5 GiB where the count gives 21.8: 2.13 times. The count is taken AWQ_UNCOUNTED times: a
+    placement that errs high keeps the model on the CPU (slower), one that errs low runs out of memory, as
+    the 8B's AWQ did beside a base that left it 61.0 GiB (h200_release_time.json, beside_base_lower)."""
     text = language_model(config)
     hidden = int(text.get("hidden_size") or 0)
     per_token = 2 * 2 * hidden
@@ -163,9 +162,9 @@ def beside_base(
     at its third layer (benchmarks/results/h200_release_time.json, beside_base_attempt). With ``always``,
     where the recipe's utilization leaves too little, the base is served at the highest that leaves enough
     (two decimals) and its capacity row derived at the recipe's (capacity.at_utilization): the accuracy run
-    needs the weights and some KV cache, not the recipe's whole budget. ``auto`` does not: the need is an
-    estimate, and the 8B's AWQ beside a base at 0.56 ran out of memory with 61.3 GiB in use
-    (beside_base_lower), past the 61.0 then estimated."""
+    needs the weights and some KV cache, not the recipe's whole budget. ``auto`` does not: whether the two
+    sharing the device's compute end sooner than one after the other is not measured yet (the 8B's AWQ
+    beside a base at 0.56 ran out of memory with 61.3 GiB in use, before its estimate was measured)."""
     mode = recipe.calibration.beside_base
     if mode == "never":
         return False, "calibration.beside_base is never", None

@@ -19,7 +19,7 @@ from quantize_serve.quantize.device import (
     calibration_activation_bytes,
     calibration_need_bytes,
 )
-from quantize_serve.quantize.calibration import fingerprint, load_calibration, render_texts, select_samples
+from quantize_serve.quantize.calibration import fingerprint, render_texts, tokenize_calibration
 from quantize_serve.quantize.run import (
     RECIPE_FILE,
     calibration_pipeline,
@@ -127,21 +127,12 @@ def main(spec_path: str) -> None:
     base = spec["base_model_dir"]
     trust = recipe.model.trust_remote_code
     tokenizer = AutoTokenizer.from_pretrained(base, trust_remote_code=trust)
-    rows = select_samples(recipe, load_calibration(recipe))
-    texts = render_texts(recipe, rows, tokenizer)
-    chat = recipe.calibration.messages_field is not None
-    encoded = tokenizer(
-        texts, truncation=True, max_length=recipe.calibration.max_seq_len, add_special_tokens=not chat
-    )
+    rows, encoded = tokenize_calibration(recipe, tokenizer)
     dataset = Dataset.from_dict(
         {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
     )
-    print(
-        f"[quantize] {len(texts)} calibration samples, {sum(len(x) for x in encoded['input_ids'])} tokens",
-        flush=True,
-    )
-
     tokens = sum(len(x) for x in encoded["input_ids"])
+    print(f"[quantize] {len(rows)} calibration samples, {tokens} tokens", flush=True)
     config = json.loads((Path(base) / "config.json").read_text())
     free = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
     if free is not None and not get_settings().quantize_on_device:

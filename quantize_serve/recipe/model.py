@@ -111,7 +111,9 @@ class CalibrationSection(Section):
         "serve.gpu_memory_utilization leaves calibration its memory with the model on the device "
         "(quantize/device.py: beside_base; at 0.90 of one H200 the 8B's AWQ does not fit); always: there "
         "too, with the base served at the highest lower utilization that leaves it, its capacity row "
-        "derived at the recipe's (capacity/measure.py: at_utilization; the need is an estimate), and on a "
+        "derived at the recipe's (capacity/measure.py: at_utilization; the need sized by the calibration "
+        "tokens counted with the base's tokenizer, AWQ's from its peak measured on an H200; the 8B's "
+        "300k tokens: the base at 0.49), and on a "
         "CPU host (the two share its cores, so it saves little there); "
         "never: quantize first, then the base. Where calibration runs, not what it computes: not in the "
         "checkpoint's key.",

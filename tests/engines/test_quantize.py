@@ -78,6 +78,16 @@ def test_gptq_quantizes_on_cpu(gptq_checkpoint, quantize_logs):
     assert_readable_log(quantize_logs["gptq"], gptq_checkpoint)
 
 
+def test_the_flow_counts_the_tokens_calibration_runs_on(gptq_recipe, gptq_checkpoint):
+    """The count the flow sizes calibration's device memory by (before the base boots) is the worker's."""
+    from quantize_serve.quantize.calibration import calibration_tokens
+    from quantize_serve.validate.preflight import resolve_base, validate_recipe
+
+    base = resolve_base(validate_recipe(gptq_recipe))
+    counted = calibration_tokens(gptq_recipe, Path(base.local_dir))
+    assert counted == gptq_checkpoint.calibration_tokens and counted > gptq_recipe.calibration.num_samples
+
+
 def test_speed_options_reach_llmcompressor():
     """The recipe's speed options arrive as llm-compressor's own objects: n_grid and duo_scaling on the
     AWQModifier its recipe parser builds; pipeline and propagate_error in the DatasetArguments its oneshot
