@@ -2,9 +2,9 @@
 
 serve_base        (a) the base model, 16-bit KV: capacity and the base accuracy; reused_base instead
                   when a previous run measured the same base under the same conditions.
-serve_quantized   (b) the quantized model, 16-bit KV: capacity; then (c) the production boot (the
-                  recipe's KV dtype): capacity, the accuracy gate, the stress gate and, when asked,
-                  the soak test.
+serve_quantized   (b) the quantized model, 16-bit KV: capacity, when booted (serve.sixteen_bit_kv_row:
+                  boot; else derived from (c)); then (c) the production boot (the recipe's KV dtype):
+                  capacity, the accuracy gate, the stress gate and, when asked, the soak test.
 serve_release     (d) the release in production (hub.release_ref), when its recorded figures were
                   measured under other conditions: the production boot's settings, capacity,
                   accuracy and the stress test's throughput, for the regression gate.

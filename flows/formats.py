@@ -1,9 +1,9 @@
 """The format choice (``quantization.candidates``): a subflow of the quantize-serve flow. Composition only.
 
 check existing checkpoints -> quantize each candidate -> base boot (reference row, base accuracy)
--> per candidate: 16-bit KV boot (capacity) and production boot (capacity, kernel check,
-`vllm bench serve`, accuracy gate, stress gate) -> the recipe's rule picks the release among the
-candidates that pass every check (quantize_serve/formats/choose.py).
+-> per candidate: its 16-bit KV row (derived, or booted: serve.sixteen_bit_kv_row) and production boot
+(capacity, kernel check, `vllm bench serve`, accuracy gate, stress gate) -> the recipe's rule picks the
+release among the candidates that pass every check (quantize_serve/formats/choose.py).
 
 The flow then runs the chosen candidate through the whole pipeline (its checkpoint is reused, not
 made again; the soak test, when the recipe sets one, runs there, for the chosen one only). No
@@ -29,7 +29,7 @@ from tasks.formats import (
     with_stress,
 )
 from tasks.quantize import quantize_model
-from tasks.serve import gpu_slot
+from tasks.serve import derived_sixteen_bit_kv, gpu_slot
 
 FORMATS_DIR = "formats"
 
@@ -47,6 +47,8 @@ def choose_format(
         v = with_candidate(validated, c.name, schemes.get(c.name))
         made[c.name] = (v, quantize_model(v, base))
     out = run_dir / FORMATS_DIR
+    # row (b) of each candidate: none with an "auto" KV cache (it is (c)), else as serve.sixteen_bit_kv_row
+    sixteen_bit_kv = r.serve.sixteen_bit_kv_row if r.serve.kv_cache_dtype != "auto" else None
 
     def format_row(name: str, method: str, scheme: str, reference: bool = False):
         return lambda server, spec, cap: measure_format(
@@ -78,7 +80,7 @@ def choose_format(
                 out / name,
                 accuracy_dir=out / name / "accuracy",
                 stress_dir=out / name / "stress",
-                sixteen_bit_kv=r.serve.kv_cache_dtype != "auto",  # else (b) is (c)
+                sixteen_bit_kv=sixteen_bit_kv == "boot",
                 also=format_row(name, made_by.method, made_by.scheme),
                 base_accuracy=base_served.accuracy.result(raise_on_failure=False),
             )
@@ -91,6 +93,8 @@ def choose_format(
                 with_accuracy(quantized.also, checks), quantized.stress.result(raise_on_failure=False)
             )
             sixteen = quantized.capacity_16bit_kv
+            if sixteen_bit_kv == "derive":
+                sixteen = derived_sixteen_bit_kv(v, base, quantized.capacity, made_by.checkpoint_dir)
             rows.append(
                 row.model_copy(update={"kv_cache_tokens_16bit": sixteen.kv_cache_tokens if sixteen else None})
             )

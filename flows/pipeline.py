@@ -9,14 +9,15 @@ base boots the base first and quantizes beside the base's accuracy run when cali
 the device, fits the memory the base's boot leaves (calibration.beside_base, tasks/quantize.py; with
 always, the base at a lower gpu_memory_utilization where the recipe's leaves too little, its row derived).
 
-vLLM boots three times, each once (flows/boots.py, shared with the format choice): (a) the base
-model serves capacity and the base accuracy; (b) the quantized model with 16-bit KV serves capacity
-only; (c) the quantized model with the production settings (fp8 KV) serves capacity, the serving
-profile, accuracy, the stress test and, when the recipe sets gates.soak, the soak test (sustained
-traffic; memory growth and preemptions). A fourth boot, (d), serves the release already in production
-again when its recorded figures were measured under other conditions (the regression gate,
-gates.regression). Quantization and all boots run inside the `gpu` global concurrency limit, so two runs
-never share a GPU.
+vLLM boots twice, each configuration once (flows/boots.py, shared with the format choice): (a) the base
+model serves capacity and the base accuracy; (b), the quantized model with 16-bit KV, is capacity only:
+derived from (c)'s KV cache bytes, or booted (serve.sixteen_bit_kv_row: boot), or reused from an earlier
+release of the same base and format; (c) the quantized model with the production settings (fp8 KV)
+serves capacity, the serving profile, accuracy, the stress test and, when the recipe sets gates.soak,
+the soak test (sustained traffic; memory growth and preemptions). Another boot, (d), serves the release
+already in production again when its recorded figures were measured under other conditions (the
+regression gate, gates.regression). Quantization and all boots run inside the `gpu` global concurrency
+limit, so two runs never share a GPU.
 
 Run locally (ephemeral Prefect API, no server needed):  quantize-serve run RECIPE
 """
@@ -45,6 +46,7 @@ from tasks.releases import publish_release_history
 from tasks.progress import Progress
 from tasks.report import publish_report, request_approval, run_folder, run_id, write_report_files
 from tasks.serve import (
+    derived_sixteen_bit_kv,
     find_base_reference,
     gpu_slot,
     measure_shape_capacity,
@@ -97,11 +99,16 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     # them
     reference_key, reference = find_base_reference(validated, base, base_boot)
     sixteen_bit_kv = reused_sixteen_bit_kv(validated, reference)  # row (b) of this format, if measured
+    # else booted (serve.sixteen_bit_kv_row: boot) or derived from the production boot's
+    boot_sixteen = sixteen_bit_kv is None and validated.recipe.serve.sixteen_bit_kv_row == "boot"
     # a base to score boots first when calibration fits beside it (calibration.beside_base)
     beside, why, served_at = (False, None, None)
     if reference is None:
         beside, why, served_at = beside_base(validated, base, base_boot.tensor_parallel_size)
-    first_boot = Boot.PRODUCTION if sixteen_bit_kv else Boot.QUANTIZED_16BIT_KV if reference else Boot.BASE
+    first_boot = (
+        Boot.BASE if reference is None else Boot.QUANTIZED_16BIT_KV if boot_sixteen else Boot.PRODUCTION
+    )
+    after_base = (Boot.QUANTIZED_16BIT_KV, Boot.PRODUCTION) if boot_sixteen else (Boot.PRODUCTION,)
 
     def score_base(also=None) -> BaseServed:  # (a), its figures kept for the next release of this base
         served_base = serve_base(
@@ -112,7 +119,7 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
             tensor_parallel_size=base_boot.tensor_parallel_size,
             served_at=served_at if also else None,  # a lower utilization leaves calibration its memory
             also=also,
-            prepare_next=(Boot.QUANTIZED_16BIT_KV, Boot.PRODUCTION),
+            prepare_next=after_base,
             progress=progress,
         )
         record_base_reference(
@@ -178,7 +185,7 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
             accuracy_dir=run_dir / ACCURACY_QUANTIZED_DIR,
             stress_dir=run_dir / "stress",
             soak_dir=run_dir,
-            sixteen_bit_kv=sixteen_bit_kv is None,
+            sixteen_bit_kv=boot_sixteen,
             progress=progress,  # soak.png beside report.md
             base_accuracy=outcome(base_served.accuracy),
             also=lambda server, spec, cap: write_serving_profile(
@@ -201,7 +208,11 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
             progress.done("production served again", release_served.capacity)
     candidate = progress.done("push candidate", pushed.result(), mark="candidate pushed")  # beside the boots
     production, gates = quantized.also, validated.recipe.gates
-    sixteen = quantized.capacity_16bit_kv or (sixteen_bit_kv.capacity if sixteen_bit_kv else None)
+    sixteen = quantized.capacity_16bit_kv or (
+        sixteen_bit_kv.capacity
+        if sixteen_bit_kv
+        else derived_sixteen_bit_kv(validated, base, quantized.capacity, checkpoint.checkpoint_dir)
+    )
     capacity = summarize_capacity(
         validated, base, [base_served.capacity, sixteen, quantized.capacity], base_boot
     )

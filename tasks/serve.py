@@ -177,6 +177,19 @@ def summarize_capacity(
     )
 
 
+def derived_sixteen_bit_kv(
+    validated: ValidatedRecipe, base: BaseModelRef, production: capacity.CapacityConfig, checkpoint_dir: str
+) -> capacity.CapacityConfig:
+    """Row (b) from the production boot's, not booted (serve.sixteen_bit_kv_row: derive)."""
+    return capacity.with_sixteen_bit_kv(
+        production,
+        validated.recipe,
+        base.config,
+        kv_cache_dtype=capacity.sixteen_bit_kv_dtype(Path(checkpoint_dir)),
+        usable_bytes=gpu.usable_memory_bytes(),
+    )
+
+
 @task(name="write-serving-profile")
 def write_serving_profile(
     validated: ValidatedRecipe,

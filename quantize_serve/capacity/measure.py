@@ -377,6 +377,42 @@ def at_utilization(
     )
 
 
+def with_sixteen_bit_kv(
+    production: CapacityConfig,
+    recipe: Recipe,
+    base_config: dict,
+    *,
+    kv_cache_dtype: str,
+    usable_bytes: int | None,
+) -> CapacityConfig:
+    """Row (b) from the production boot (c) (serve.sixteen_bit_kv_row: derive): the same checkpoint under
+    the same budget, so vLLM gives the KV cache the same bytes, and the blocks are those bytes over one
+    16-bit block's (vLLM 0.26 sizes num_blocks as the available bytes over a block's, floored).
+    ``kv_cache_dtype``: what the boot of (b) would name (sixteen_bit_kv_dtype). On one H200 the 8B's two
+    boots (benchmarks/results/h200.json) gave (c) 30.7 MiB less KV memory than (b), the fp8 path's own
+    weights: the row derived from (c) is 17 blocks (272 tokens, 0.03%) short of the one booted. Where (c)
+    served a 16-bit KV cache itself (a CPU without fp8 KV), it is (b)."""
+    row = production.model_copy(update={"name": Boot.QUANTIZED_16BIT_KV, "boot_seconds": 0.0})
+    if not production.kv_cache_dtype.startswith("fp8"):
+        return row.model_copy(update={"derived": "not booted: the production boot served a 16-bit KV cache"})
+    row = row.model_copy(update={"kv_cache_dtype": kv_cache_dtype})
+    per_token = plan_for_row(
+        recipe, base_config, row, device_memory_bytes=usable_bytes
+    ).kv_bytes_per_token_per_gpu
+    blocks = production.kv_cache_memory_bytes // (per_token * production.block_size)
+    tokens = blocks * production.block_size
+    return row.model_copy(
+        update={
+            "num_blocks": blocks,
+            "kv_cache_tokens": tokens,
+            "max_concurrency": round(tokens / production.max_model_len, 2),
+            "derived": f"not booted: the production boot's {production.kv_cache_memory_bytes / GIB:.2f} "
+            f"GiB of KV cache at {per_token:,} bytes a 16-bit token, by vLLM's sizing (on one H200 the "
+            "8B's booted row held 0.03% more)",
+        }
+    )
+
+
 def plan_for(
     recipe: Recipe,
     base_config: dict,

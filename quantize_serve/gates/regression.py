@@ -33,10 +33,8 @@ from quantize_serve.gates.accuracy import AccuracyRun
 from quantize_serve.gates.stress import StressResult
 from quantize_serve.gates.task_label import task_label
 from quantize_serve.recipe.gates import RegressionGate
-from quantize_serve.recipe.model import Recipe
+from quantize_serve.recipe.model import SERVE_FIELDS_NOT_MEASURED, Recipe
 
-# Serve settings that do not change what a boot measures (how the settings were found, a dry check).
-SERVE_FIELDS_NOT_MEASURED = frozenset({"search", "preflight"})
 # The accuracy task fields that change a score (a recovery threshold does not).
 TASK_FIELDS_MEASURED = ("task", "num_fewshot", "limit")
 

@@ -179,6 +179,11 @@ class ProfileSearch(Section):
         return self
 
 
+# Serve settings that do not change what a boot measures (how the settings were found, a dry check, whether
+# row (b) is booted)
+SERVE_FIELDS_NOT_MEASURED = frozenset({"search", "preflight", "sixteen_bit_kv_row"})
+
+
 class ServeSection(Section):
     """How vLLM serves the model: the production settings the gates prove."""
 
@@ -200,6 +205,15 @@ class ServeSection(Section):
         default=None,
         description="Search the largest stable max_num_seqs with real boots "
         "(quantize_serve/serve_profile/search.py); off when absent.",
+    )
+    sixteen_bit_kv_row: Literal["derive", "boot"] = Field(
+        default="derive",
+        description="Capacity row (b), the quantized model with a 16-bit KV cache, which tells the weights' "
+        "share of the gain from the fp8 KV cache's. derive: from the production boot (c), the same "
+        "checkpoint under the same budget, its KV cache bytes over a 16-bit token's by vLLM's own sizing "
+        "(capacity/measure.py: with_sixteen_bit_kv; on one H200 the 8B's booted row held 272 tokens, "
+        "0.03%, more); boot: one more vLLM boot measures it (about 100 s for an 8B on an H200). A row "
+        "an earlier release of the same base and format booted is reused either way.",
     )
     preflight: Literal["off", "measure"] = Field(
         default="off",

@@ -36,7 +36,7 @@ from pydantic import BaseModel, Field
 
 from quantize_serve.capacity.measure import CapacityConfig
 from quantize_serve.gates.accuracy import AccuracyRun
-from quantize_serve.recipe.model import Recipe
+from quantize_serve.recipe.model import SERVE_FIELDS_NOT_MEASURED, Recipe
 
 FOLDER = "base-references"
 # The accuracy gate's way of drawing documents and seeding their few-shot examples (gates/documents.py):
@@ -106,7 +106,7 @@ def format_key(recipe: Recipe) -> str | None:
     return reference_key(
         {
             "quantization": recipe.quantization.model_dump(mode="json"),
-            "serve": recipe.serve.model_dump(mode="json"),
+            "serve": recipe.serve.model_dump(mode="json", exclude=set(SERVE_FIELDS_NOT_MEASURED)),
         }
     )
 

@@ -17,6 +17,7 @@ from quantize_serve.capacity.measure import (
     measure_boot,
     measure_capacity,
     summarize_capacity,
+    with_sixteen_bit_kv,
 )
 from quantize_serve.core.errors import ServerBootError
 from quantize_serve.serving.boot import Boot
@@ -46,6 +47,9 @@ def test_three_configurations_same_budget(awq_recipe, awq_checkpoint, base_serve
     assert abs(report.fp8_token_ratio - 2.0) <= 0.02
     assert all(abs(p.error_pct) <= 3 for p in report.planner)
     assert "Memory freed by quantization" in report.markdown()
+    # what the flow does unless serve.sixteen_bit_kv_row is boot: (b) from (c), the boot above not needed
+    derived = with_sixteen_bit_kv(c, awq_recipe, config, kv_cache_dtype=b.kv_cache_dtype, usable_bytes=None)
+    assert (derived.num_blocks, derived.kv_cache_tokens) == (b.num_blocks, b.kv_cache_tokens), (derived, b)
 
 
 @pytest.mark.gpu_host

@@ -65,8 +65,9 @@ def release(stack, overrides: dict, **kwargs) -> SimpleNamespace:
 
 @pytest.fixture(scope="module")
 def first_release(stack):
-    """The repo's first release: INT8 W8A8 (the regression gate is off: nothing in production yet)."""
-    return release(stack, {**W8A8, **ONE_TASK})
+    """The repo's first release: INT8 W8A8 (the regression gate is off: nothing in production yet), its
+    row (b) booted, which the later W8A8 release of this base reuses."""
+    return release(stack, {**W8A8, **ONE_TASK, "serve.sixteen_bit_kv_row": "boot"})
 
 
 @pytest.fixture(scope="module")
@@ -240,8 +241,13 @@ def test_deployment_run_promotes(promoted, stack):
     report = promoted_report(stack, promoted)
     folder = Path(report["report_dir"])
     assert {"report.json", "report.md", "capacity.png"} <= {p.name for p in folder.iterdir()}
-    for boot in ("w4a16", "w4a16-fp8kv"):  # their vLLM processes started while the device was busy before
-        assert PREPARED_MARK in (folder / f"vllm-{boot}.log").read_text(), boot
+    # the production boot's vLLM process started while the device was busy before; row (b) derived from it
+    assert PREPARED_MARK in (folder / "vllm-w4a16-fp8kv.log").read_text()
+    assert not (folder / "vllm-w4a16.log").exists() and not report["sixteen_bit_kv_reused_from"]
+    rows = {r["name"]: r for r in report["capacity"]["configs"]}
+    assert rows["w4a16"]["derived"].startswith("not booted: the production boot's"), rows["w4a16"]
+    assert rows["w4a16"]["num_blocks"] == rows["w4a16-fp8kv"]["num_blocks"] // 2  # 16-bit: twice the bytes
+    assert "w4a16: not booted: the production boot's" in report_md
     assert report["decision"]["passed"] and report["release"]["status"] == "promoted"
     assert hub_tags(stack, REPO)["production"] == report["release"]["commit_sha"]  # (file order: the first)
     # serve-profile.yaml pins the KV cache the gates validated: the fp8 boot's blocks x 128 tokens x
@@ -366,6 +372,7 @@ def test_a_release_that_beats_its_base_but_loses_to_production_on_capacity_is_re
     # and W8A8 on this base was measured with 16-bit KV by the first release: row (b) is that run's, no boot
     first_run = first_release.report["run_id"]
     assert report["sixteen_bit_kv_reused_from"] == first_run
+    assert PREPARED_MARK in (Path(first_release.report["report_dir"]) / "vllm-w4a16.log").read_text()
     assert not (Path(report["report_dir"]) / "vllm-w4a16.log").exists()
     rows = {r["name"]: r for r in report["capacity"]["configs"]}
     first_rows = {r["name"]: r for r in first_release.report["capacity"]["configs"]}

@@ -92,7 +92,7 @@ def test_the_subflow_measures_every_format_and_chooses_the_best_that_passes(form
         r = rows[name]
         assert not r.failures, r.failures
         assert len(r.runs) == 2 and all(run.completed == 8 for run in r.runs)
-        assert r.kv_cache_tokens > r.kv_cache_tokens_16bit > 0  # fp8 KV, and the 16-bit boot
+        assert r.kv_cache_tokens > r.kv_cache_tokens_16bit > 0  # fp8 KV, and the 16-bit row derived from it
         assert r.recovery is not None
         assert (run_dir / "formats" / name / "stress").is_dir()  # the stress gate ran on every candidate
     # the rule: most KV tokens (4-bit weights leave more of the same budget to the cache)

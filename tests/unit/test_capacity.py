@@ -276,3 +276,41 @@ def test_a_base_served_at_a_lower_utilization_stands_at_the_recipes_by_vllms_siz
         planner=[],
     )
     assert "base: served at gpu_memory_utilization 0.56" in report.markdown()
+
+
+def test_the_sixteen_bit_kv_row_is_derived_from_the_production_boot_by_vllms_sizing():
+    """Row (b) not booted (serve.sixteen_bit_kv_row: derive): the production boot's KV cache bytes over a
+    16-bit block's. The H200's two boots of one 8B W4A16 checkpoint (benchmarks/results/h200.json): fp8 KV
+    got 128,086,662,184 bytes (122,155 blocks), 16-bit KV 128,118,874,439 (61,093 blocks, 977,488
+    tokens); derived from the first, 61,076 blocks: 272 tokens (0.03%) short of the boot."""
+    from quantize_serve.capacity.measure import CapacityConfig, with_sixteen_bit_kv
+    from quantize_serve.recipe.load import load_recipe
+
+    recipe = load_recipe(ROOT / "recipes/llama3-8b-instruct-awq.yaml")
+    fp8 = CapacityConfig(
+        name=Boot.PRODUCTION,
+        kv_cache_dtype="fp8",
+        weights_bytes=5_862_630_359,
+        kv_cache_memory_bytes=128_086_662_184,
+        kv_cache_tokens=1_954_480,
+        num_blocks=122_155,
+        block_size=16,
+        max_model_len=8192,
+        max_concurrency=238.58,
+        boot_seconds=49.0,
+    )
+    row = with_sixteen_bit_kv(fp8, recipe, LLAMA["8b"], kv_cache_dtype="bfloat16", usable_bytes=H200)
+    assert (row.name, row.kv_cache_dtype, row.kv_cache_memory_bytes) == (
+        Boot.QUANTIZED_16BIT_KV,
+        "bfloat16",
+        fp8.kv_cache_memory_bytes,
+    )
+    assert (row.num_blocks, row.kv_cache_tokens, row.max_concurrency) == (61_076, 977_216, 119.29)
+    assert 977_488 - row.kv_cache_tokens == 272
+    assert row.boot_seconds == 0 and row.derived.startswith("not booted: the production boot's 119.29 GiB")
+    # a production boot that served a 16-bit KV cache (a CPU without fp8 KV) is row (b) itself
+    sixteen = fp8.model_copy(
+        update={"kv_cache_dtype": "auto", "kv_cache_tokens": 977_488, "num_blocks": 61_093}
+    )
+    same = with_sixteen_bit_kv(sixteen, recipe, LLAMA["8b"], kv_cache_dtype="auto", usable_bytes=H200)
+    assert (same.name, same.kv_cache_tokens, same.num_blocks) == (Boot.QUANTIZED_16BIT_KV, 977_488, 61_093)
