@@ -43,9 +43,8 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import yaml  # noqa: E402
 
-from benchmarks.harness import ROOT, Results, gib, load_scenario, logger, versions  # noqa: E402
+from benchmarks.harness import ROOT, Results, gib, load_scenario, logger, parse_sets, versions  # noqa: E402
 from localhub.client import hub_client_env  # noqa: E402
 from localhub.server import start_local_hub  # noqa: E402
 from quantize_serve.cli import render_error  # noqa: E402
@@ -80,18 +79,6 @@ def run_overrides(on_gpu: bool) -> tuple[dict[str, Any], str]:
         )
     overrides, why = servable_overrides()
     return overrides, why or "CPU: the recipe's own settings (serve.memory_budget)"
-
-
-def parse_sets(items: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` items as recipe overrides (dotted keys, YAML values: ``serve.max_num_seqs=8`` is an
-    int)."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise SystemExit(f"--set {item!r}: expected KEY=VALUE, e.g. quantization.scheme=W4A16")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
 
 
 def host_refusal(recipe_path: Path, overrides: dict[str, Any]) -> str | None:

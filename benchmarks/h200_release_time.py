@@ -39,6 +39,9 @@ Four runs, one local stack (Prefect server, `gpu` pool, local Hub):
    --out, with the session (its start) and date each came from (``ratio_vs_careful_manual_from``); a
    manual run cut short (its record is saved after every stage) bounds it instead: ``ratio_at_most``.
 
+``--set KEY=VALUE`` (repeatable) adds a recipe override to every run (the baseline's own overrides win), e.g.
+``calibration.beside_base=always``; each run's record lists its overrides.
+
 ``--runs`` picks some of them, always run in the order above, when one session cannot hold them all:
 the runs not picked stay in --out as an earlier session measured them (each run records when and in
 which session). ``re_release`` needs ``first_release`` in the same invocation: it re-releases that
@@ -81,6 +84,7 @@ from benchmarks.harness import (  # noqa: E402
     driver_env,
     load_scenario,
     logger,
+    parse_sets,
     versions,
     wait_for_build,
 )
@@ -531,7 +535,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     recipe = load_recipe(RECIPE)
     limits = SMOKE_LIMITS if args.cpu_smoke else {}
     tasks = [{**t, "limit": limits.get(t["task"], t["limit"])} for t in TASKS]
-    base_overrides: dict[str, Any] = {"gates.accuracy.tasks": tasks}
+    base_overrides: dict[str, Any] = {"gates.accuracy.tasks": tasks, **parse_sets(args.set)}
     if args.cpu_smoke:
         base_overrides.update(SMOKE_OVERRIDES)
     serving_python = str(get_settings().serving_python)
@@ -661,6 +665,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--keep-model", action="store_true", help="keep the built weights after publishing them")
     p.add_argument("--build-timeout-s", type=float, default=900)
     p.add_argument("--timeout-s", type=float, default=3000)
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more recipe override for every run, dotted key and a YAML value (e.g. "
+        "calibration.beside_base=always); each run's record lists its overrides",
+    )
     p.add_argument(
         "--runs",
         default=",".join(RUNS),

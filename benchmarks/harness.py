@@ -325,3 +325,15 @@ def wait_for_build(model_dir: Path, pid_file: Path | None, timeout_s: float) -> 
             check=True,
         )
     return json.loads((model_dir / BUILD_MARKER).read_text())
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` items as recipe overrides (dotted keys, YAML values: ``serve.max_num_seqs=8`` is an
+    int)."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--set {item!r}: expected KEY=VALUE, e.g. quantization.scheme=W4A16")
+        out[key.strip()] = yaml.safe_load(value)
+    return out

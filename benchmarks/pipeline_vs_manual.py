@@ -3,7 +3,8 @@ machine in the same run, the two interleaved (manual, flow, manual, flow, ...) s
 load on a shared host.
 
 Careful manual = what the engines' docs show, one command per step, the way a careful engineer
-shares boots (one per configuration, 3 in all, as the flow does):
+shares boots (one per configuration, 3 in all; the flow derives the 16-bit KV row from the fp8 boot,
+serve.sixteen_bit_kv_row, so it boots twice):
 1. an llm-compressor ``oneshot`` script (the same llm-compressor recipe and calibration samples);
 2. ``vllm serve`` base (16-bit KV): ``/metrics`` for capacity, then ``lm_eval --model
    local-completions`` with the recipe's five accuracy tasks in one invocation;
@@ -175,7 +176,9 @@ def main() -> None:
         "host": f"{os.cpu_count()} CPU cores",
         "note": "the two paths interleaved (manual, pipeline, manual, pipeline, ...) so both see the same "
         "load; the same steps on both sides: quantize from scratch (the same llm-compressor recipe, oneshot "
-        "arguments and calibration rows), 3 vLLM boots, /metrics on each, the five "
+        "arguments and calibration rows), vLLM boots with /metrics on each (by hand one per "
+        "configuration; the flow derives row (b), the 16-bit KV one, from the fp8 boot unless "
+        "serve.sixteen_bit_kv_row is boot), the five "
         "accuracy tasks on base and fp8 boots, the stress ramp (one vllm bench serve per step, the "
         "over-long prompts, /metrics before and after) and the final vllm bench serve; the pipeline "
         "also writes the report. ratio = sum(pipeline) / sum(manual)",

@@ -17,8 +17,9 @@ Anything else changing means a new key, and the base is served again.
 Stored as JSON in the work dir (``<work_dir>/base-references/<key>.json``), beside the checkpoint
 cache: the same place a platform team keeps between runs.
 
-The quantized checkpoint's 16-bit-KV capacity row (b) is kept there too, per format
-(:func:`format_key`: the recipe's quantization and serve sections). A re-release of the same base in the
+The quantized checkpoint's 16-bit-KV capacity row (b), when a run booted it (serve.sixteen_bit_kv_row: boot;
+a derived row is not kept), is kept there too, per format (:func:`format_key`: the recipe's quantization and
+serve sections, less the serve fields that change no measurement). A re-release of the same base in the
 same format has the same tensors' shapes and bytes (a new calibration changes their values, not their
 sizes), so vLLM sizes the same KV cache; the row is reused and boot (b) skipped, and the report says from
 which run. The production boot (c) is always served: the gates run on it.
@@ -99,7 +100,8 @@ def reference_factors(
 def format_key(recipe: Recipe) -> str | None:
     """What decides row (b) beyond the base's key: the quantization (scheme, group size, ignored layers...,
     so the checkpoint's tensor bytes) and the serve settings (max_model_len, max_num_seqs, the memory
-    budget...). Calibration is left out: it changes the weights' values, not their sizes. None when the run
+    budget...; not how they were found, nor whether (b) is booted: SERVE_FIELDS_NOT_MEASURED). Calibration is
+    left out: it changes the weights' values, not their sizes. None when the run
     searches its serve settings (serve.search): the boot's settings are the search's, not the recipe's."""
     if recipe.serve.search and recipe.serve.search.enabled:
         return None
