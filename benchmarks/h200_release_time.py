@@ -44,8 +44,11 @@ Four runs, one local stack (Prefect server, `gpu` pool, local Hub):
 
 ``--runs`` picks some of them, always run in the order above, when one session cannot hold them all:
 the runs not picked stay in --out as an earlier session measured them (each run records when and in
-which session). ``re_release`` needs ``first_release`` in the same invocation: it re-releases that
-run's base from its work dir and Hub repo. ``manual`` runs alone or after the flow's runs (it shares
+which session). ``re_release`` needs ``first_release`` in the same invocation (it re-releases that
+run's base from its work dir and Hub repo), or ``--base-reference FILE``: the base reference a first release
+stored, which the driver keeps beside --out as h200_base_reference.json, put in this session's work dir (its
+key, base sha, tasks, serve settings, vLLM and GPU, must match; the record says which run it came from), for
+a session that holds only the re-release. ``manual`` runs alone or after the flow's runs (it shares
 only the local Hub and its datasets cache with them: a warm page cache and datasets cache favour it).
 
 Recorded per flow run: the wall of ``prefect deployment run --watch`` (to its last line, the run's final
@@ -99,6 +102,7 @@ from quantize_serve.core.settings import get_settings  # noqa: E402
 from quantize_serve.gates.accuracy import lm_eval_concurrency  # noqa: E402
 from quantize_serve.quantize.run import build_llmcompressor_recipe  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
+from quantize_serve.report import base_reference  # noqa: E402
 from quantize_serve.serving import gpu  # noqa: E402
 from quantize_serve.serving.server import stop_process_group  # noqa: E402
 from quantize_serve.serving.vllm_log import compile_summary, read_log  # noqa: E402
@@ -117,6 +121,9 @@ BASELINE_ENV = SCENARIO["baseline_env"]
 RUNS = ("baseline", "first_release", "re_release", "manual")
 FLOW_RUNS = RUNS[:3]
 MANUAL_REPO_SUFFIX = "-manual"
+# The base's figures a first release stored (the flow's base reference), beside --out, for a re-release in
+# a later session (--base-reference): a first release and a re-release do not fit one session's device time
+BASE_REFERENCE_FILE = "h200_base_reference.json"
 RECIPE = ROOT / SCENARIO["recipe"]
 BASELINE_CONCURRENT = SCENARIO["baseline_concurrent"]
 BASELINE_OVERRIDES = SCENARIO["baseline_overrides"]  # the speed-ups that are recipe settings: off
@@ -518,6 +525,23 @@ def record_ratio(res: Results) -> None:
     res.data["manual_note"] = MANUAL_NOTE
 
 
+def keep_base_reference(work: Path, dest: Path) -> None:
+    """The base reference first_release stored in ``work`` (the flow's base-references folder) as ``dest``:
+    the input of a later session's re_release (--base-reference)."""
+    stored = sorted((work / base_reference.FOLDER).glob("*.json"), key=lambda p: p.stat().st_mtime)
+    if stored:
+        shutil.copyfile(stored[-1], dest)
+        log(f"base reference of the first release kept as {dest.name}")
+
+
+def carry_base_reference(path: Path, work: Path) -> dict[str, Any]:
+    """Put a base reference from an earlier session where the flow looks for it in ``work``: the re-release
+    then finds its base known when its key (base sha, tasks, serve settings, vLLM, GPU) matches."""
+    reference = base_reference.BaseReference.model_validate_json(path.read_text())
+    base_reference.save_reference(work, reference)
+    return {"file": path.name, "run_id": reference.run_id, "key": reference.key}
+
+
 def cmd_run(args: argparse.Namespace) -> None:
     from huggingface_hub import HfApi  # after HF_HUB_OFFLINE is set: huggingface_hub reads it on import
     from transformers import AutoTokenizer  # heavy (~3 s): only once the run starts
@@ -581,6 +605,9 @@ def cmd_run(args: argparse.Namespace) -> None:
         res.save()
         if any(name in FLOW_RUNS for name in args.runs):
             stack.prefect("--no-prompt", "deploy", "--name", production.DEPLOYMENT)
+        if args.base_reference:
+            carried = carry_base_reference(Path(args.base_reference), home / "work")
+            res.data["base_reference_carried"] = carried
         env = production.deployment_env(serving_python)
         repo = recipe.hub.repo_id
         plan = [
@@ -624,6 +651,8 @@ def cmd_run(args: argparse.Namespace) -> None:
                 res.data["errors"][name] = repr(exc)[:2000]
                 res.save()
             done.append(name)
+            if name == "first_release":
+                keep_base_reference(home / "work", Path(args.out).with_name(BASE_REFERENCE_FILE))
         if "manual" in args.runs:  # first_release's recipe and overrides, by hand (benchmarks/manual.py)
             manual, manual_overrides = manual_recipe(base_overrides, repo)
             try:
@@ -666,6 +695,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--build-timeout-s", type=float, default=900)
     p.add_argument("--timeout-s", type=float, default=3000)
     p.add_argument(
+        "--base-reference",
+        help=f"a base reference a first release stored ({BASE_REFERENCE_FILE}, written beside --out): "
+        "re_release runs without first_release, its base known from that run",
+    )
+    p.add_argument(
         "--set",
         action="append",
         default=[],
@@ -686,10 +720,11 @@ def main(argv: list[str] | None = None) -> None:
     if not picked:
         p.error(f"--runs: name at least one of {', '.join(RUNS)}")
     args.runs = [r for r in RUNS if r in picked]  # the order they run in, whatever the order given
-    if "re_release" in args.runs and "first_release" not in args.runs:
+    if "re_release" in args.runs and "first_release" not in args.runs and not args.base_reference:
         p.error(
             "--runs: re_release needs first_release in the same invocation (it re-releases that run's "
-            "base from its work dir and Hub repo, which live only as long as this host's scratch folder)"
+            "base from its work dir and Hub repo, which live only as long as this host's scratch folder), "
+            f"or --base-reference {BASE_REFERENCE_FILE} from a first release of another session"
         )
     if not args.cpu_smoke and not args.model_dir:
         p.error("--model-dir is required on a GPU host (or --cpu-smoke)")

@@ -29,7 +29,10 @@ def value(argv: list[str], flag: str) -> str:
 @pytest.mark.parametrize(
     ("runs", "message"),
     [
-        ("re_release", "re_release needs first_release in the same invocation"),
+        (
+            "re_release",
+            "or --base-reference h200_base_reference.json from a first release of another session",
+        ),
         ("re_release,manual", "re_release needs first_release in the same invocation"),
         ("baseline,bogus", "--runs: unknown bogus"),
         (",", "--runs: name at least one of"),
@@ -66,6 +69,53 @@ def test_a_session_may_measure_the_baseline_alone_the_two_releases_or_the_manual
         ["baseline", "first_release", "re_release", "manual"],
     ]
     assert release_time.RUNS[-1] == "manual" and "manual" not in release_time.FLOW_RUNS
+
+
+def test_a_re_release_in_a_later_session_knows_its_base_from_the_first_releases_reference(
+    tmp_path, monkeypatch
+):
+    """A first release and its re-release do not fit one session's device time: the first release's base
+    reference is kept beside --out, and a later session's re_release runs alone with it in its work dir."""
+    from quantize_serve.capacity.measure import CapacityConfig
+    from quantize_serve.gates.accuracy import AccuracyRun
+    from quantize_serve.report.base_reference import BaseReference, find_reference, save_reference
+    from quantize_serve.serving.boot import Boot
+
+    capacity = CapacityConfig(
+        name=Boot.BASE,
+        kv_cache_dtype="auto",
+        weights_bytes=1,
+        kv_cache_memory_bytes=2,
+        kv_cache_tokens=3,
+        num_blocks=4,
+        block_size=5,
+        max_model_len=6,
+        max_concurrency=7.0,
+        boot_seconds=8.0,
+    )
+    accuracy = AccuracyRun(server_base_url="http://127.0.0.1:1", tasks={}, seconds=1.0, lm_eval_version="0.4")
+    ref = BaseReference(
+        key="k1", run_id="run-1", run_dir="r", capacity=capacity, accuracy=accuracy, factors={}
+    )
+    save_reference(tmp_path / "session-1", ref)
+    kept = tmp_path / release_time.BASE_REFERENCE_FILE
+    release_time.keep_base_reference(tmp_path / "session-1", kept)
+    carried = release_time.carry_base_reference(kept, tmp_path / "session-2")
+    assert carried == {"file": release_time.BASE_REFERENCE_FILE, "run_id": "run-1", "key": "k1"}
+    assert find_reference(tmp_path / "session-2", "k1") == ref
+    picked = []
+    monkeypatch.setattr(release_time, "cmd_run", lambda args: picked.append((args.runs, args.base_reference)))
+    argv = [
+        "--cpu-smoke",
+        "--state",
+        str(tmp_path),
+        "--out",
+        str(tmp_path / "o.json"),
+        "--runs",
+        "re_release",
+    ]
+    release_time.main([*argv, "--base-reference", str(kept)])
+    assert picked == [(["re_release"], str(kept))]
 
 
 def test_the_manual_path_does_first_releases_work_in_a_hub_repo_of_its_own():
