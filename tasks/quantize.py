@@ -61,7 +61,8 @@ def beside_base(
     the base boots, and the gpu_memory_utilization the base is then served at when not the recipe's: the
     device's free memory against vLLM's share (utilization x usable memory) and calibration's need, first
     at the recipe's largest (samples x max_seq_len), then, where that does not fit beside the base at the
-    recipe's utilization, at the tokens it will run on (counted with the base's tokenizer, a few seconds).
+    recipe's utilization and fewer tokens could, at the tokens it will run on (counted with the base's
+    tokenizer, a few seconds).
     ``tensor_parallel_size``: the base's (plan_base_boot)."""
     r, c = validated.recipe, validated.recipe.calibration
     info = gpu.memory_info()
@@ -91,7 +92,8 @@ def beside_base(
 
     tokens, bound = c.num_samples * c.max_seq_len, "at most "
     now, why, utilization = decide(tokens)
-    if info and c.beside_base != "never" and (not now or utilization is not None):
+    # the bound does not fit beside the base at the recipe's utilization: count, where a count can change it
+    if info and (not now or utilization is not None) and decide(0)[0]:
         tokens, bound = calibration_tokens(r, Path(base.local_dir)), ""
         now, why, utilization = decide(tokens)
     if info:

@@ -240,3 +240,41 @@ def test_quantization_goes_beside_the_base_where_the_device_memory_left_holds_it
     # where calibration runs does not change what it computes: the same checkpoint key
     keys = {checkpoint_key(r, base_identity="b", calibration_fingerprint="f") for r in at.values()}
     assert len(keys) == 1
+
+
+def test_the_flow_counts_calibrations_tokens_only_where_the_count_can_decide(monkeypatch):
+    """tasks/quantize.py beside_base on an empty H200 with the llama3 recipe: the recipe's bound (256 x
+    2,048 tokens) does not fit beside the base at 0.90. With always, the tokens calibration runs on are
+    counted (a few seconds with the base's tokenizer) and the base is scored at 0.49; with auto, not even the
+    weights fit beside the base at 0.90, so nothing is counted."""
+    from types import SimpleNamespace
+
+    from prefect.logging import disable_run_logger
+
+    import tasks.quantize as task
+
+    h200 = 150_109_880_320
+    counted = []
+    monkeypatch.setattr(task.gpu, "memory_info", lambda *a: {"free_bytes": h200})
+    monkeypatch.setattr(task.gpu, "usable_memory_bytes", lambda *a: h200)
+    monkeypatch.setattr(task.quantize, "weights_bytes_on_disk", lambda folder: 16_060_522_496)
+    monkeypatch.setattr(task, "calibration_tokens", lambda recipe, folder: counted.append(folder) or 300_737)
+    recipe = load_recipe(ROOT / "recipes/llama3-8b-instruct-awq.yaml")
+    base = SimpleNamespace(config=json.loads((ROOT / "benchmarks/configs/llama-3-8b.json").read_text()))
+    base.local_dir = "base"
+    always = recipe.model_copy(
+        update={"calibration": recipe.calibration.model_copy(update={"beside_base": "always"})}
+    )
+    with disable_run_logger():
+        now, why, served_at = task.beside_base(SimpleNamespace(recipe=always), base)
+        assert (now, served_at, len(counted)) == (True, 0.49, 1), why
+        assert why.endswith(
+            "the base scored at 0.49 (71.3 GiB left), its capacity row derived at 0.90 "
+            "(300,737 calibration tokens)"
+        ), why
+        now, why, served_at = task.beside_base(SimpleNamespace(recipe=recipe), base)
+    assert (now, served_at, len(counted)) == (False, None, 1), why
+    assert why.endswith(
+        "needs 106.6: quantized first (calibration.beside_base: always serves the base lower) "
+        "(at most 524,288 calibration tokens)"
+    ), why
