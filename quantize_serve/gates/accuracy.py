@@ -201,7 +201,9 @@ def run_task(
                 sum(map(len, chunk.values())),
                 server_base_url,
             )
-            results = evaluate_task(lm, spec, members, server_base_url, samples=chunk, seed=gate.seed)
+            results = evaluate_task(
+                lm, spec, members, server_base_url, samples=chunk, seed=gate.seed, task_manager=task_manager
+            )
             documents.update(outcomes(results.pop("samples", None) or {}))
             write_raw_results(spec, results, output_dir)
         run = task_run(
@@ -324,9 +326,12 @@ def evaluate_task(
     *,
     samples: dict[str, list[int]],
     seed: int,
+    task_manager: Any,
 ) -> dict[str, Any]:
     """These documents of the task's members against the server, with per-document samples; a failure
-    says whether the server stopped answering."""
+    says whether the server stopped answering. ``task_manager``: the run's (index_tasks), which
+    simple_evaluate would otherwise build anew on every call, indexing every built-in task of lm-eval's
+    (~13,000 YAML files: 4-5 s a call on a 2-core CPU, once per task and look)."""
     import lm_eval
 
     try:
@@ -338,6 +343,7 @@ def evaluate_task(
                 samples=samples,
                 log_samples=True,
                 fewshot_random_seed=seed,
+                task_manager=task_manager,
             )
     except Exception as exc:
         if not _answers(server_base_url):  # the usual cause mid-run: say so, not "maybe"
