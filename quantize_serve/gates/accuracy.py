@@ -240,7 +240,7 @@ def import_lm_eval() -> Any:
 
 def index_tasks(specs: list[_TaskSpec]) -> Any:
     """lm-eval's TaskManager over the task files' folders (and the built-in tasks if a task is
-    named rather than given as a file: indexing lm-eval's ~15,000 built-in task files takes ~10 s)."""
+    named rather than given as a file: indexing lm-eval's ~14,000 built-in task files takes ~5-10 s)."""
     from lm_eval.tasks import TaskManager
 
     include_paths = sorted({str(s.include_path) for s in specs if s.include_path})
@@ -331,7 +331,7 @@ def evaluate_task(
     """These documents of the task's members against the server, with per-document samples; a failure
     says whether the server stopped answering. ``task_manager``: the run's (index_tasks), which
     simple_evaluate would otherwise build anew on every call, indexing every built-in task of lm-eval's
-    (~13,000 YAML files: 4-5 s a call on a 2-core CPU, once per task and look)."""
+    (~14,000 YAML files: 4-5 s a call on a 2-core CPU, once per task and look)."""
     import lm_eval
 
     try:

@@ -73,7 +73,15 @@ def test_lm_eval_on_the_served_base_model(base_server, awq_recipe, base_model_di
     assert AccuracyRun.model_validate_json((out / "accuracy_run.json").read_text()) == run
 
     # the same server scored again as the candidate, paired with the base run: every task stops at the
-    # first look whose decision is clear, on documents whose prompts match the base's
+    # first look whose decision is clear, on documents whose prompts match the base's. lm-eval's task index
+    # is built once for the run, not by simple_evaluate on each task's each look (4-5 s a call here)
+    from lm_eval.tasks import TaskManager
+
+    built = []
+    index = TaskManager.__init__
+    monkeypatch.setattr(
+        TaskManager, "__init__", lambda self, *a, **k: built.append(1) or index(self, *a, **k)
+    )
     again = run_accuracy(
         server.base_url,
         recipe.gates.accuracy,
@@ -95,6 +103,7 @@ def test_lm_eval_on_the_served_base_model(base_server, awq_recipe, base_model_di
     assert all(c.recovery_interval and c.recovery_interval[0] < 1.0 + 1e-9 for c in checks)
     assert sum(t.num_docs for t in again.tasks.values()) < sum(t.num_docs for t in run.tasks.values())
     assert all(again.tasks[t].looks_planned == 4 for t in run.tasks)
+    assert sum(t.looks_run for t in again.tasks.values()) > len(again.tasks) and len(built) == 1, built
     fewest = min(mc.num_docs, ppl.num_docs)
     strict = recipe.gates.accuracy.model_copy(update={"min_samples": fewest + 1})
     samples = [c for c in compare_accuracy(run, again, strict) if c.metric == "samples"]
