@@ -480,46 +480,9 @@ def manual_run(res: Results, setting: ManualSetting, *, session: str, preceded_b
     log(f"manual: wall {record['wall_seconds']} s, stages {marks.stages}")
 
 
-def careful_manual_ratio(runs: dict[str, Any]) -> dict[str, Any] | None:
-    """first_release's flow wall / manual's wall, when both are recorded (the flow got to its decision,
-    the manual path to its tag), with where each came from: they may be measured in different sessions,
-    each on a fresh host. A manual run cut short (a session's end) gives no ratio, but a bound: its wall
-    is longer than the time it had run, so the ratio is at most first_release's wall / that time."""
-    flow, manual = runs.get("first_release") or {}, runs.get("manual") or {}
-    if not (flow.get("wall_seconds") and flow.get("decision") and manual):
-        return None
-    complete = bool(manual.get("complete") and manual.get("wall_seconds"))
-    if not complete and not manual.get("elapsed_seconds"):
-        return None
-    manual_s = manual["wall_seconds"] if complete else manual["elapsed_seconds"]
-    source = {
-        name: {
-            "wall_seconds": run.get("wall_seconds"),
-            "measured": run.get("measured"),
-            "session_started": run.get("session_started"),
-        }
-        for name, run in (("first_release", flow), ("manual", manual))
-    }
-    sessions = {run.get("session_started") for run in (flow, manual)}
-    bound = (
-        {}
-        if complete
-        else {
-            "ratio_at_most": round(flow["wall_seconds"] / manual_s, 3),
-            "manual_cut_short_after_seconds": manual_s,
-        }
-    )
-    return {
-        "ratio": round(flow["wall_seconds"] / manual_s, 3) if complete else None,
-        **bound,
-        **source,
-        "same_session": None if None in sessions else len(sessions) == 1,
-    }
-
-
 def record_ratio(res: Results) -> None:
     """``ratio_vs_careful_manual`` and where its two walls came from (careful_manual_ratio), in --out."""
-    ratio = careful_manual_ratio(res.data.get("runs", {}))
+    ratio = m.careful_manual_ratio(res.data.get("runs", {}))
     res.data["ratio_vs_careful_manual"] = ratio["ratio"] if ratio else None
     res.data["ratio_vs_careful_manual_from"] = ratio and {k: v for k, v in ratio.items() if k != "ratio"}
     res.data["manual_note"] = MANUAL_NOTE

@@ -17,7 +17,8 @@ built from the recipe's fields. Shared by the two benchmarks that time the flow 
   (:func:`gate_group`) with the limits as ``--samples`` (the same first documents ``--limit`` takes);
 - :func:`stress_by_hand`: the flow's stress test with vLLM's own tool, ``vllm bench serve`` per step of
   the concurrency ramp, the over-long prompts by hand, then the final bench;
-- :func:`download_argv`, :func:`upload_argv`, :func:`tag_argv`: the Hub by its own CLI (``hf``).
+- :func:`download_argv`, :func:`upload_argv`, :func:`tag_argv`: the Hub by its own CLI (``hf``);
+- :func:`careful_manual_ratio`: the flow's first release against these steps, with where each wall came from.
 
 Only numbers and texts come from the project (the llm-compressor recipe text, the stress plan's counts and
 mean lengths, lm-eval's concurrency as the gate resolves it); none of its pipeline code runs.
@@ -471,3 +472,40 @@ def tag_argv(repo_id: str, ref: str, kind: str = "tag") -> list[str]:
     if kind == "branch":
         return [str(HF), "repos", "branch", "create", repo_id, ref]
     return [str(HF), "repos", "tag", "create", repo_id, ref, "-m", "release (tagged by hand)"]
+
+
+def careful_manual_ratio(runs: dict[str, Any]) -> dict[str, Any] | None:
+    """first_release's flow wall / manual's wall, when both are recorded (the flow got to its decision,
+    the manual path to its tag), with where each came from: they may be measured in different sessions,
+    each on a fresh host. A manual run cut short (a session's end) gives no ratio, but a bound: its wall
+    is longer than the time it had run, so the ratio is at most first_release's wall / that time."""
+    flow, manual = runs.get("first_release") or {}, runs.get("manual") or {}
+    if not (flow.get("wall_seconds") and flow.get("decision") and manual):
+        return None
+    complete = bool(manual.get("complete") and manual.get("wall_seconds"))
+    if not complete and not manual.get("elapsed_seconds"):
+        return None
+    manual_s = manual["wall_seconds"] if complete else manual["elapsed_seconds"]
+    source = {
+        name: {
+            "wall_seconds": run.get("wall_seconds"),
+            "measured": run.get("measured"),
+            "session_started": run.get("session_started"),
+        }
+        for name, run in (("first_release", flow), ("manual", manual))
+    }
+    sessions = {run.get("session_started") for run in (flow, manual)}
+    bound = (
+        {}
+        if complete
+        else {
+            "ratio_at_most": round(flow["wall_seconds"] / manual_s, 3),
+            "manual_cut_short_after_seconds": manual_s,
+        }
+    )
+    return {
+        "ratio": round(flow["wall_seconds"] / manual_s, 3) if complete else None,
+        **bound,
+        **source,
+        "same_session": None if None in sessions else len(sessions) == 1,
+    }

@@ -324,7 +324,7 @@ def test_the_ratio_is_the_first_releases_wall_over_the_manual_wall_with_where_ea
         "first_release": run(540.0, "2026-12-02T10:00:00", decision="rejected"),
         "manual": run(900.0, "2026-12-03T09:00:00", complete=True),
     }
-    ratio = release_time.careful_manual_ratio(runs)
+    ratio = manual.careful_manual_ratio(runs)
     assert ratio == {
         "ratio": 0.6,
         "same_session": False,
@@ -340,9 +340,9 @@ def test_the_ratio_is_the_first_releases_wall_over_the_manual_wall_with_where_ea
         },
     }
     runs["manual"]["session_started"] = "2026-12-02T10:00:00"
-    assert release_time.careful_manual_ratio(runs)["same_session"] is True
+    assert manual.careful_manual_ratio(runs)["same_session"] is True
     del runs["first_release"]["session_started"]  # a run recorded before sessions were: unknown
-    assert release_time.careful_manual_ratio(runs)["same_session"] is None
+    assert manual.careful_manual_ratio(runs)["same_session"] is None
 
 
 def test_a_manual_run_cut_short_bounds_the_ratio_from_above():
@@ -350,7 +350,7 @@ def test_a_manual_run_cut_short_bounds_the_ratio_from_above():
         "first_release": run(540.0, "a", decision="passed"),
         "manual": run(None, "b", complete=False, elapsed_seconds=1200.0),
     }
-    ratio = release_time.careful_manual_ratio(runs)
+    ratio = manual.careful_manual_ratio(runs)
     assert ratio["ratio"] is None and ratio["ratio_at_most"] == 0.45
     assert ratio["manual_cut_short_after_seconds"] == 1200.0 and ratio["same_session"] is False
 
@@ -371,7 +371,7 @@ def test_a_manual_run_cut_short_bounds_the_ratio_from_above():
     ],
 )
 def test_no_ratio_without_both_walls(runs):
-    assert release_time.careful_manual_ratio(runs) is None
+    assert manual.careful_manual_ratio(runs) is None
 
 
 def test_a_flow_runs_wall_ends_with_the_watchs_last_line_not_the_harness_stopping_its_worker(tmp_path):
