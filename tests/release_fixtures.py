@@ -8,6 +8,8 @@ release on the project's tasks; `vllm bench serve` output throughput at the stre
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from quantize_serve.capacity.measure import CapacityConfig, CapacityReport
 from quantize_serve.gates.accuracy import AccuracyCheck
 from quantize_serve.gates.decision import Decision
@@ -16,6 +18,9 @@ from quantize_serve.hub.client import PushResult
 from quantize_serve.quantize.run import QuantizeResult
 from quantize_serve.report.run_report import RunReport
 from quantize_serve.validate.preflight import BaseModelRef
+
+if TYPE_CHECKING:
+    from quantize_serve.report.base_reference import BaseReference
 
 CONDITIONS = MeasurementConditions(
     tasks=[
@@ -156,4 +161,31 @@ def run_report(
         vllm_version="0.32.0",
         hardware=CONDITIONS.hardware,
         **more,
+    )
+
+
+def placeholder_reference(key: str = "k1", run_id: str = "run-1") -> BaseReference:
+    """A base reference with placeholder figures: for where references are stored and found, not their
+    numbers."""
+    from quantize_serve.gates.accuracy import AccuracyRun
+    from quantize_serve.report.base_reference import BaseReference
+    from quantize_serve.serving.boot import Boot
+
+    capacity = CapacityConfig(
+        name=Boot.BASE,
+        kv_cache_dtype="auto",
+        weights_bytes=1,
+        kv_cache_memory_bytes=2,
+        kv_cache_tokens=3,
+        num_blocks=4,
+        block_size=5,
+        max_model_len=6,
+        max_concurrency=7.0,
+        boot_seconds=8.0,
+    )
+    accuracy = AccuracyRun(
+        server_base_url="http://127.0.0.1:1", tasks={}, seconds=1.0, lm_eval_version="0.4.13"
+    )
+    return BaseReference(
+        key=key, run_id=run_id, run_dir=run_id, capacity=capacity, accuracy=accuracy, factors={}
     )

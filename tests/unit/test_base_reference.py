@@ -5,12 +5,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from quantize_serve.capacity.measure import CapacityConfig, capacity_spec
-from quantize_serve.gates.accuracy import AccuracyRun, lm_eval_concurrency
+from quantize_serve.capacity.measure import capacity_spec
+from quantize_serve.gates.accuracy import lm_eval_concurrency
 from quantize_serve.recipe.load import load_recipe
 from quantize_serve.recipe.model import ProfileSearch
 from quantize_serve.report.base_reference import (
-    BaseReference,
     MeasuredRow,
     add_sixteen_bit_kv,
     find_reference,
@@ -21,6 +20,7 @@ from quantize_serve.report.base_reference import (
 )
 from quantize_serve.serving.boot import Boot
 from tests.conftest import ROOT
+from tests.release_fixtures import placeholder_reference
 
 RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
 BASE = ROOT / "models" / "tiny-llama"
@@ -83,24 +83,8 @@ def test_a_task_file_or_its_data_changing_changes_the_key(tmp_path):
 
 
 def test_a_reference_is_found_under_its_key_only(tmp_path):
-    capacity = CapacityConfig(
-        name=Boot.BASE,
-        kv_cache_dtype="auto",
-        weights_bytes=1,
-        kv_cache_memory_bytes=2,
-        kv_cache_tokens=3,
-        num_blocks=4,
-        block_size=5,
-        max_model_len=6,
-        max_concurrency=7.0,
-        boot_seconds=8.0,
-    )
-    accuracy = AccuracyRun(
-        server_base_url="http://127.0.0.1:1", tasks={}, seconds=1.0, lm_eval_version="0.4.13"
-    )
-    ref = BaseReference(
-        key="k1", run_id="run-1", run_dir="run-1", capacity=capacity, accuracy=accuracy, factors={}
-    )
+    ref = placeholder_reference("k1", "run-1")
+    capacity = ref.capacity
     assert find_reference(tmp_path, "k1") is None
     save_reference(tmp_path, ref)
     assert find_reference(tmp_path, "k1") == ref and find_reference(tmp_path, "k2") is None

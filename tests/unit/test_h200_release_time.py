@@ -76,27 +76,10 @@ def test_a_re_release_in_a_later_session_knows_its_base_from_the_first_releases_
 ):
     """A first release and its re-release do not fit one session's device time: the first release's base
     reference is kept beside --out, and a later session's re_release runs alone with it in its work dir."""
-    from quantize_serve.capacity.measure import CapacityConfig
-    from quantize_serve.gates.accuracy import AccuracyRun
-    from quantize_serve.report.base_reference import BaseReference, find_reference, save_reference
-    from quantize_serve.serving.boot import Boot
+    from quantize_serve.report.base_reference import find_reference, save_reference
+    from tests.release_fixtures import placeholder_reference
 
-    capacity = CapacityConfig(
-        name=Boot.BASE,
-        kv_cache_dtype="auto",
-        weights_bytes=1,
-        kv_cache_memory_bytes=2,
-        kv_cache_tokens=3,
-        num_blocks=4,
-        block_size=5,
-        max_model_len=6,
-        max_concurrency=7.0,
-        boot_seconds=8.0,
-    )
-    accuracy = AccuracyRun(server_base_url="http://127.0.0.1:1", tasks={}, seconds=1.0, lm_eval_version="0.4")
-    ref = BaseReference(
-        key="k1", run_id="run-1", run_dir="r", capacity=capacity, accuracy=accuracy, factors={}
-    )
+    ref = placeholder_reference("k1", "run-1")
     save_reference(tmp_path / "session-1", ref)
     kept = tmp_path / release_time.BASE_REFERENCE_FILE
     release_time.keep_base_reference(tmp_path / "session-1", kept)
