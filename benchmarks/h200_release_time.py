@@ -53,12 +53,11 @@ only the local Hub and its datasets cache with them: a warm page cache and datas
 
 Recorded per flow run: the wall of ``prefect deployment run --watch`` (to its last line, the run's final
 state; ``driver_seconds`` adds the harness's stop of the worker it started for the run), the flow run's
-own seconds and per-stage seconds (the run's "stage done" marks), calibration samples
-and tokens (the quantize worker's own line), the task set, the vLLM boots with their compile-cache
-hits or compiles (from each boot's log), whether the base reference was reused and from which run,
+own seconds and per-stage seconds (the run's "stage done" marks), calibration samples and tokens, the task
+set, the vLLM boots with their compile-cache hits or compiles (from each boot's log), whether the base reference was reused and from which run,
 the decision; for ``manual``, the same per-stage marks (named as the flow's stages where one matches),
-each command's seconds, the commands as typed, the boots and what ``/metrics`` gave. Written to ``--out``
-(benchmarks/results/h200_release_time.json when copied back).
+each command's seconds, the commands as typed, the boots and what ``/metrics`` gave; ``earlier_sessions``
+(recorded by hand) is kept. Written to ``--out`` (benchmarks/results/h200_release_time.json when copied back).
 
 GPU host (after `benchmarks/h200.py build --model-dir M`):
     .venv/bin/python benchmarks/h200_release_time.py --state S --model-dir M --out OUT.json
@@ -90,6 +89,7 @@ from benchmarks.harness import (  # noqa: E402
     parse_sets,
     versions,
     wait_for_build,
+    write_json_result,
 )
 from benchmarks import production_stack as production  # noqa: E402 - the local Hub and deployment
 
@@ -488,12 +488,13 @@ def record_ratio(res: Results) -> None:
     res.data["manual_note"] = MANUAL_NOTE
 
 
-def keep_base_reference(work: Path, dest: Path) -> None:
-    """The base reference first_release stored in ``work`` (the flow's base-references folder) as ``dest``:
-    the input of a later session's re_release (--base-reference)."""
+def keep_base_reference(work: Path, dest: Path, *, roots: tuple[Path, ...]) -> None:
+    """The base reference first_release stored in ``work`` (the flow's base-references folder) as ``dest``,
+    its paths relative to ``roots`` (it is committed): the input of a later session's re_release
+    (--base-reference)."""
     stored = sorted((work / base_reference.FOLDER).glob("*.json"), key=lambda p: p.stat().st_mtime)
     if stored:
-        shutil.copyfile(stored[-1], dest)
+        write_json_result(dest, json.loads(stored[-1].read_text()), roots=roots)
         log(f"base reference of the first release kept as {dest.name}")
 
 
@@ -517,8 +518,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     res = Results(Path(args.out), roots=(state, get_settings().serving_python.parent))
     kept = {name: run for name, run in res.data.get("runs", {}).items() if name not in args.runs}
     cut = {name: run for name, run in res.data.get("cut_short", {}).items() if name not in args.runs}
+    earlier = {k: v for k, v in res.data.items() if k == "earlier_sessions"}  # recorded by hand: kept
     res.data.clear()  # the runs not asked for this time stay as an earlier session measured them
-    res.data.update(errors={}, runs=kept, cut_short=cut)
+    res.data.update(errors={}, runs=kept, cut_short=cut, **earlier)
     recipe = load_recipe(RECIPE)
     limits = SMOKE_LIMITS if args.cpu_smoke else {}
     tasks = [{**t, "limit": limits.get(t["task"], t["limit"])} for t in TASKS]
@@ -615,7 +617,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                 res.save()
             done.append(name)
             if name == "first_release":
-                keep_base_reference(home / "work", Path(args.out).with_name(BASE_REFERENCE_FILE))
+                keep_base_reference(home / "work", Path(args.out).with_name(BASE_REFERENCE_FILE), roots=res.roots)
         if "manual" in args.runs:  # first_release's recipe and overrides, by hand (benchmarks/manual.py)
             manual, manual_overrides = manual_recipe(base_overrides, repo)
             try:
