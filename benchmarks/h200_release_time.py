@@ -39,25 +39,24 @@ Four runs, one local stack (Prefect server, `gpu` pool, local Hub):
    --out, with the session (its start) and date each came from (``ratio_vs_careful_manual_from``); a
    manual run cut short (its record is saved after every stage) bounds it instead: ``ratio_at_most``.
 
-``--set KEY=VALUE`` (repeatable) adds a recipe override to every run (the baseline's own overrides win), e.g.
-``calibration.beside_base=always``; each run's record lists its overrides.
+``--set KEY=VALUE`` (repeatable): a recipe override for every run (the baseline's own win); runs record them.
 
-``--runs`` picks some of them, always run in the order above, when one session cannot hold them all:
-the runs not picked stay in --out as an earlier session measured them (each run records when and in
-which session). ``re_release`` needs ``first_release`` in the same invocation (it re-releases that
-run's base from its work dir and Hub repo), or ``--base-reference FILE``: the base reference a first release
-stored, which the driver keeps beside --out as h200_base_reference.json, put in this session's work dir (its
-key, base sha, tasks, serve settings, vLLM and GPU, must match; the record says which run it came from), for
-a session that holds only the re-release. ``manual`` runs alone or after the flow's runs (it shares
-only the local Hub and its datasets cache with them: a warm page cache and datasets cache favour it).
+``--runs`` picks some of them, always run in the order above, when one session cannot hold them all: the
+others stay in --out as an earlier session measured them (each run records when and in which session).
+``re_release`` needs ``first_release`` in the same invocation (it re-releases that run's base from its work
+dir and Hub repo), or ``--base-reference FILE``: the base reference a first release stored, which the driver
+keeps beside --out as h200_base_reference.json, put in this session's work dir (its key, base sha, tasks,
+serve settings, vLLM and GPU, must match; the record says which run it came from), for a session that holds
+only the re-release. ``manual`` runs alone or after the flow's runs (sharing the local Hub and its datasets
+cache with them: warm caches favour it).
 
 Recorded per flow run: the wall of ``prefect deployment run --watch`` (to its last line, the run's final
-state; ``driver_seconds`` adds the harness's stop of the worker it started for the run), the flow run's
-own seconds and per-stage seconds (the run's "stage done" marks), calibration samples and tokens, the task
-set, the vLLM boots with their compile-cache hits or compiles (from each boot's log), whether the base reference was reused and from which run,
-the decision; for ``manual``, the same per-stage marks (named as the flow's stages where one matches),
-each command's seconds, the commands as typed, the boots and what ``/metrics`` gave; ``earlier_sessions``
-(recorded by hand) is kept. Written to ``--out`` (benchmarks/results/h200_release_time.json when copied back).
+state; ``driver_seconds`` adds the harness's stop of the worker it started for the run), the flow run's own
+seconds and per-stage seconds (the run's "stage done" marks), calibration samples and tokens, the task set,
+the vLLM boots with their compile-cache hits or compiles (from each boot's log), whether the base reference
+was reused and from which run, the decision; for ``manual``, the same per-stage marks (named as the flow's
+stages where one matches), each command's seconds, the commands as typed, the boots and what ``/metrics``
+gave; ``earlier_sessions`` (recorded by hand) is kept. Written to ``--out`` (h200_release_time.json).
 
 GPU host (after `benchmarks/h200.py build --model-dir M`):
     .venv/bin/python benchmarks/h200_release_time.py --state S --model-dir M --out OUT.json
@@ -488,12 +487,13 @@ def record_ratio(res: Results) -> None:
     res.data["manual_note"] = MANUAL_NOTE
 
 
-def keep_base_reference(work: Path, dest: Path, *, roots: tuple[Path, ...]) -> None:
-    """The base reference first_release stored in ``work`` (the flow's base-references folder) as ``dest``,
-    its paths relative to ``roots`` (it is committed): the input of a later session's re_release
-    (--base-reference)."""
+def keep_base_reference(work: Path, out: Path, roots: tuple[Path, ...]) -> None:
+    """The base reference first_release stored in ``work`` (the flow's base-references folder), kept beside
+    ``out`` as BASE_REFERENCE_FILE with its paths relative to ``roots`` (it is committed): the input of a
+    later session's re_release (--base-reference)."""
     stored = sorted((work / base_reference.FOLDER).glob("*.json"), key=lambda p: p.stat().st_mtime)
     if stored:
+        dest = out.with_name(BASE_REFERENCE_FILE)
         write_json_result(dest, json.loads(stored[-1].read_text()), roots=roots)
         log(f"base reference of the first release kept as {dest.name}")
 
@@ -617,7 +617,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                 res.save()
             done.append(name)
             if name == "first_release":
-                keep_base_reference(home / "work", Path(args.out).with_name(BASE_REFERENCE_FILE), roots=res.roots)
+                keep_base_reference(home / "work", Path(args.out), res.roots)
         if "manual" in args.runs:  # first_release's recipe and overrides, by hand (benchmarks/manual.py)
             manual, manual_overrides = manual_recipe(base_overrides, repo)
             try:

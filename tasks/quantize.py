@@ -96,7 +96,7 @@ def beside_base(
     if info and (not now or utilization is not None) and decide(0)[0]:
         tokens, bound = calibration_tokens(r, Path(base.local_dir)), ""
         now, why, utilization = decide(tokens)
-    if info:
+    if info and c.beside_base != "never":
         why = f"{why} ({bound}{tokens:,} calibration tokens)"
     get_run_logger().info("quantize beside the base's accuracy run: %s (%s)", "yes" if now else "no", why)
     return now, why, utilization

@@ -48,6 +48,10 @@ CALIBRATION_HEADROOM_BYTES = 8 * GIB
 # AWQ with the model on the device took 2.13 times the cache calibration_activation_bytes counts (the 8B
 # on an H200 at 300,737 tokens: benchmarks/results/h200_quantize_peak.json), a little over that here
 AWQ_UNCOUNTED = 2.2
+# The calibrating process's own CUDA context, taken before it reads the free memory it places the model by
+# (worker.placement): beside a base served at 0.49 of an H200 the flow counted 71.3 GiB left and the worker
+# read 70.6 (benchmarks/results/h200_release_time.json, first_release's placement_note)
+WORKER_CONTEXT_BYTES = 1 * GIB
 CUDA_LINE = re.compile(r"^cuda\s*(?::[^=\n]*)?=\s*(.+?)\s*$", re.MULTILINE)
 
 
@@ -130,7 +134,8 @@ def calibration_activation_bytes(config: dict, method: str, tokens: int) -> int:
     61.49 GiB reserved and 61.19 GiB allocated, so fragmentation is not it. Beside 14.96 GiB of weights that
     is 46.5 GiB where the count gives 21.8: 2.13 times. The count is taken AWQ_UNCOUNTED times: a
     placement that errs high keeps the model on the CPU (slower), one that errs low runs out of memory, as
-    the 8B's AWQ did beside a base that left it 61.0 GiB (h200_release_time.json, beside_base_lower)."""
+    the 8B's AWQ did beside a base that left it 61.0 GiB (h200_release_time.json,
+    earlier_sessions.beside_base_lower)."""
     text = language_model(config)
     hidden = int(text.get("hidden_size") or 0)
     per_token = 2 * 2 * hidden
@@ -159,12 +164,12 @@ def beside_base(
     multiplies; ``need_bytes``: calibration's with the model on the device (calibration_need_bytes);
     ``base_fits(u)``: whether the base serves at utilization u (the planner). Onloaded calibration is not
     enough: beside a base served at 0.90 of an H200 (13.7 GiB left), the 8B's onloaded AWQ ran out of memory
-    at its third layer (benchmarks/results/h200_release_time.json, beside_base_attempt). With ``always``,
-    where the recipe's utilization leaves too little, the base is served at the highest that leaves enough
-    (two decimals) and its capacity row derived at the recipe's (capacity.at_utilization): the accuracy run
-    needs the weights and some KV cache, not the recipe's whole budget. ``auto`` does not: whether the two
-    sharing the device's compute end sooner than one after the other is not measured yet (the 8B's AWQ
-    beside a base at 0.56 ran out of memory with 61.3 GiB in use, before its estimate was measured)."""
+    at its third layer (benchmarks/results/h200_release_time.json, earlier_sessions.beside_base_attempt).
+    On a GPU host, where the recipe's utilization leaves too little, the base is served at the highest that
+    leaves enough (two decimals) and its capacity row derived at the recipe's (capacity.at_utilization): the
+    accuracy run needs the weights and some KV cache, not the recipe's whole budget. Measured on one H200
+    (the 8B's first release, the base at 0.49): from the base's boot to both done 483 s, where one after the
+    other took 594 s on fewer documents. On a CPU host the two share its cores: only with ``always``."""
     mode = recipe.calibration.beside_base
     if mode == "never":
         return False, "calibration.beside_base is never", None
@@ -174,6 +179,7 @@ def beside_base(
         why = "a CPU host: the two would share its cores (calibration.beside_base: always to do it)"
         return False, why, None
     util = recipe.serve.gpu_memory_utilization
+    free_bytes -= WORKER_CONTEXT_BYTES  # what the calibrating process will find free beside the base
     left = free_bytes - math.ceil(util * usable_bytes)
     room = (
         f"{max(left, 0) / GIB:.1f} GiB free beside the base at serve.gpu_memory_utilization {util:.2f}, "
@@ -181,8 +187,6 @@ def beside_base(
     )
     if need_bytes <= left:
         return True, room, None
-    if mode == "auto":  # the need is an estimate: a lower utilization is the recipe's to ask for
-        return False, f"{room}: quantized first (calibration.beside_base: always serves the base lower)", None
     lower = math.floor((free_bytes - need_bytes) / usable_bytes * 100) / 100
     if lower <= 0 or not base_fits(lower):
         return False, f"{room}, and the base does not serve in what calibration leaves: quantized first", None

@@ -107,16 +107,15 @@ class CalibrationSection(Section):
         default="auto",
         description="When the base model is scored (a first release; a known base's figures are reused), "
         "quantize while it is: the base boots first, its capacity is read, and calibration runs beside its "
-        "accuracy run in the device memory the boot leaves. auto: on a GPU host, when the base served at "
-        "serve.gpu_memory_utilization leaves calibration its memory with the model on the device "
-        "(quantize/device.py: beside_base; at 0.90 of one H200 the 8B's AWQ does not fit); always: there "
-        "too, with the base served at the highest lower utilization that leaves it, its capacity row "
-        "derived at the recipe's (capacity/measure.py: at_utilization; the need sized by the calibration "
-        "tokens counted with the base's tokenizer, AWQ's from its peak measured on an H200; the 8B's "
-        "300k tokens: the base at 0.49), and on a "
-        "CPU host (the two share its cores, so it saves little there); "
-        "never: quantize first, then the base. Where calibration runs, not what it computes: not in the "
-        "checkpoint's key.",
+        "accuracy run in the device memory the boot leaves. auto: on a GPU host, with the base served at "
+        "serve.gpu_memory_utilization where that leaves calibration its memory with the model on the "
+        "device, else at the highest lower utilization that does, its capacity row then derived at the "
+        "recipe's (capacity/measure.py: at_utilization; the need sized by the calibration tokens counted "
+        "with the base's tokenizer, AWQ's from its peak measured on an H200; the 8B's 300k tokens: the base "
+        "at 0.48; quantize/device.py: beside_base). Measured on one H200: 483 s from the base's boot to "
+        "both done, 594 s one after the other. always: also on a CPU host (the two share its cores, so it "
+        "saves little there); never: quantize first, then the base. Where calibration runs, not what it "
+        "computes: not in the checkpoint's key.",
     )
 
     @model_validator(mode="after")

@@ -80,16 +80,22 @@ def test_a_re_release_in_a_later_session_knows_its_base_from_the_first_releases_
     from tests.release_fixtures import placeholder_reference
 
     # a path on the host, as the flow stores its tasks' raw results (results_path)
-    ref = placeholder_reference("k1", "run-1").model_copy(update={"run_dir": str(tmp_path / "session-1/run-1")})
+    ref = placeholder_reference("k1", "run-1").model_copy(
+        update={"run_dir": str(tmp_path / "session-1/run-1")}
+    )
     save_reference(tmp_path / "session-1", ref)
     kept = tmp_path / release_time.BASE_REFERENCE_FILE
-    release_time.keep_base_reference(tmp_path / "session-1", kept, roots=(tmp_path,))
+    release_time.keep_base_reference(tmp_path / "session-1", tmp_path / "o.json", (tmp_path,))
     assert str(tmp_path) not in kept.read_text()  # it is committed: paths relative to the state folder
     carried = release_time.carry_base_reference(kept, tmp_path / "session-2")
     assert carried == {"file": release_time.BASE_REFERENCE_FILE, "run_id": "run-1", "key": "k1"}
     found = find_reference(tmp_path / "session-2", "k1")
     assert found.run_dir == "session-1/run-1" and found.accuracy.server_base_url == "http://127.0.0.1:PORT"
-    assert (found.capacity, found.accuracy.tasks, found.factors) == (ref.capacity, ref.accuracy.tasks, ref.factors)
+    assert (found.capacity, found.accuracy.tasks, found.factors) == (
+        ref.capacity,
+        ref.accuracy.tasks,
+        ref.factors,
+    )
     picked = []
     monkeypatch.setattr(release_time, "cmd_run", lambda args: picked.append((args.runs, args.base_reference)))
     argv = [
