@@ -6,8 +6,8 @@ accuracy gate -> stress gate -> [serve production again] -> compare with product
 promote or reject -> report (and the release history). Each boot's vLLM process starts (its imports)
 while the device still works on the step before (tasks/serve.py prepare_boot). A run that scores its
 base boots the base first and quantizes beside the base's accuracy run when calibration, the model on
-the device, fits the memory the base's boot leaves (calibration.beside_base, tasks/quantize.py; with
-always, the base at a lower gpu_memory_utilization where the recipe's leaves too little, its row derived).
+the device, fits the memory the base's boot leaves (calibration.beside_base, tasks/quantize.py; on a GPU
+host the base at a lower gpu_memory_utilization where the recipe's leaves too little, its row derived).
 
 vLLM boots twice, each configuration once (flows/boots.py, shared with the format choice): (a) the base
 model serves capacity and the base accuracy; (b), the quantized model with 16-bit KV, is capacity only:
