@@ -65,3 +65,11 @@ def test_portable_text_rewrites_what_the_check_flags(tmp_path: Path) -> None:
 def test_committed_results_name_no_machine_path_or_port(path: Path) -> None:
     leaks = machine_leaks(path.read_text(encoding="utf-8"))
     assert not leaks, f"{path.relative_to(RESULTS.parent.parent)}: {sorted(set(leaks))[:5]}"
+
+
+def test_every_committed_result_says_what_made_it() -> None:
+    """benchmarks/results/README.md names each committed file with the command that made it."""
+    listed = (RESULTS / "README.md").read_text(encoding="utf-8")
+    files = [f.name for f in sorted(RESULTS.iterdir()) if f.is_file() and f.name != "README.md"]
+    unlisted = [name for name in files if f"`{name}`" not in listed]
+    assert not unlisted, f"benchmarks/results/README.md does not list {unlisted}: add each with its command"
