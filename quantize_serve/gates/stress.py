@@ -18,7 +18,9 @@ One live vLLM server, three things against it:
    server stops the traffic at once instead of letting requests hang until their timeouts.
 3. **``vllm bench serve``** from the serving environment against the same server, for the
    throughput and latency figures (random dataset at the profile's mean lengths,
-   ``--max-concurrency`` = target). No figures are computed here.
+   ``--max-concurrency`` = target). Its process starts with the traffic and imports vLLM's CLI
+   meanwhile (traffic/bench.py start_bench), so the bench runs as the traffic ends. No figures are
+   computed here.
 
 The verdict is :attr:`StressResult.failures`: one human-readable line per violated condition.
 """
@@ -49,6 +51,8 @@ from quantize_serve.traffic.bench import (
     bench_args,
     bench_lengths,
     run_bench,
+    start_bench,
+    stop_bench,
 )
 from quantize_serve.traffic.requests import Probe, answer_failures, race, run_steps, token_prompts
 from quantize_serve.traffic.sampler import SAMPLE_EVERY_S, Sampler
@@ -204,57 +208,62 @@ async def _stress(
 ) -> StressResult:
     t0 = time.monotonic()
     target = profile.concurrency or serve.max_num_seqs
-    sampler, stop = Sampler(server, alive), asyncio.Event()
-    sampling = asyncio.create_task(sampler.run(stop))
-    await sampler.baseline.wait()  # counters before the first request (preemptions are a delta)
-    records: dict[int, dict] = {}
-    traffic, _ = await race(
-        run_steps(server.base_url, schedule, profile.request_timeout_s, records, log),
-        sampler.dead,
-        profile.max_duration_s,
-    )
-    if traffic == "done" and not sampler.still_up():  # requests failing fast can outrun the sampler
-        traffic = "died"
+    bench_proc = await start_bench(output_dir)  # its imports while the traffic runs
+    try:
+        sampler, stop = Sampler(server, alive), asyncio.Event()
+        sampling = asyncio.create_task(sampler.run(stop))
+        await sampler.baseline.wait()  # counters before the first request (preemptions are a delta)
+        records: dict[int, dict] = {}
+        traffic, _ = await race(
+            run_steps(server.base_url, schedule, profile.request_timeout_s, records, log),
+            sampler.dead,
+            profile.max_duration_s,
+        )
+        if traffic == "done" and not sampler.still_up():  # requests failing fast can outrun the sampler
+            traffic = "died"
 
-    throughput, bench_error = None, ""
-    if traffic == "done":
-        input_len, output_len = bench_lengths(profile, serve)
-        argv = bench_args(
-            server,
-            tokenizer_dir=tokenizer_dir,
-            input_len=input_len,
-            output_len=output_len,
-            num_prompts=max(profile.num_requests, target),
-            concurrency=target,
-            output_dir=output_dir,
-            seed=seed,
-        )
-        log(f"stress: vllm bench serve, {input_len} -> {output_len} tokens, concurrency {target}")
-        timeout = max(profile.max_duration_s - (time.monotonic() - t0), BENCH_MIN_TIMEOUT_S)
-        ended, outcome = await race(run_bench(argv, output_dir, timeout), sampler.dead, timeout + 30)
-        bench, bench_error = (
-            outcome
-            if ended == "done"
-            else (
-                None,
-                "vllm bench serve was stopped: "
-                + ("the server died" if ended == "died" else "it ran past its time limit"),
-            )
-        )
-        if bench is not None:
-            throughput = ThroughputFigures(
-                command="vllm " + " ".join(argv),
-                result_path=str(output_dir / "bench.json"),
+        throughput, bench_error = None, ""
+        if traffic == "done":
+            input_len, output_len = bench_lengths(profile, serve)
+            argv = bench_args(
+                server,
+                tokenizer_dir=tokenizer_dir,
                 input_len=input_len,
                 output_len=output_len,
-                **{k: bench.get(k) for k in BENCH_KEYS if bench.get(k) is not None},
+                num_prompts=max(profile.num_requests, target),
+                concurrency=target,
+                output_dir=output_dir,
+                seed=seed,
             )
-    else:
-        bench_error = "vllm bench serve did not run: " + (
-            "the server died during the traffic"
-            if traffic == "died"
-            else f"the traffic used up max_duration_s={profile.max_duration_s:g} s"
-        )
+            log(f"stress: vllm bench serve, {input_len} -> {output_len} tokens, concurrency {target}")
+            timeout = max(profile.max_duration_s - (time.monotonic() - t0), BENCH_MIN_TIMEOUT_S)
+            running = run_bench(argv, output_dir, timeout, prepared=bench_proc)
+            ended, outcome = await race(running, sampler.dead, timeout + 30)
+            bench, bench_error = (
+                outcome
+                if ended == "done"
+                else (
+                    None,
+                    "vllm bench serve was stopped: "
+                    + ("the server died" if ended == "died" else "it ran past its time limit"),
+                )
+            )
+            if bench is not None:
+                throughput = ThroughputFigures(
+                    command="vllm " + " ".join(argv),
+                    result_path=str(output_dir / "bench.json"),
+                    input_len=input_len,
+                    output_len=output_len,
+                    **{k: bench.get(k) for k in BENCH_KEYS if bench.get(k) is not None},
+                )
+        else:
+            bench_error = "vllm bench serve did not run: " + (
+                "the server died during the traffic"
+                if traffic == "died"
+                else f"the traffic used up max_duration_s={profile.max_duration_s:g} s"
+            )
+    finally:
+        await stop_bench(bench_proc)  # however the test went, no bench process outlives it
     stop.set()
     with contextlib.suppress(asyncio.CancelledError):
         await sampling

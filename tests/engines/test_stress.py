@@ -100,6 +100,15 @@ def test_a_taken_port_starts_the_boot_again_on_another(recipe_boot: Boot) -> Non
     assert log.count("$ ") == 2 and recipe_boot.server.healthy()  # two starts; the second serves
 
 
+def bench_processes() -> list[int]:
+    """This test process's `vllm bench serve` processes (the stress test starts one ahead)."""
+    from quantize_serve.traffic.bench import PREPARED_BENCH_LAUNCHER
+
+    return [
+        p.pid for p in psutil.Process().children(recursive=True) if PREPARED_BENCH_LAUNCHER in p.cmdline()
+    ]
+
+
 @pytest.mark.timeout(420)
 def test_recipe_profile_passes_on_tiny_model(recipe_boot: Boot, tmp_path: Path) -> None:
     profile = RECIPE.gates.stress
@@ -123,6 +132,7 @@ def test_recipe_profile_passes_on_tiny_model(recipe_boot: Boot, tmp_path: Path) 
     assert bench.output_throughput > 0 and bench.max_concurrency == 16
     assert (tmp_path / "stress" / "bench.json").is_file()
     assert (tmp_path / "stress" / "requests.jsonl").read_text().count("\n") == result.requests
+    assert not bench_processes()  # the bench, started ahead of the traffic, ended with it
 
 
 @pytest.mark.timeout(420)
@@ -154,6 +164,7 @@ def test_killed_server_fails_fast_and_leaves_nothing(recipe_boot: Boot, tmp_path
     # fails fast: nowhere near request_timeout_s for the requests still queued
     assert result.duration_s < profile.request_timeout_s / 2 and result.timeouts == 0
     assert result.throughput is None and any("bench serve did not run" in f for f in result.failures)
+    assert not bench_processes()  # the bench started ahead of the traffic is stopped unused
     assert len(seen) >= 2  # API server + engine core at least
     left = [pid for pid, created in seen if psutil.pid_exists(pid) and _created(pid) == created]
     assert not left, f"processes of the killed boot still exist: {left}"
