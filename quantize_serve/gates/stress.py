@@ -19,8 +19,8 @@ One live vLLM server, three things against it:
 3. **``vllm bench serve``** from the serving environment against the same server, for the
    throughput and latency figures (random dataset at the profile's mean lengths,
    ``--max-concurrency`` = target). Its process starts with the traffic and imports vLLM's CLI
-   meanwhile (traffic/bench.py start_bench), so the bench runs as the traffic ends. No figures are
-   computed here.
+   meanwhile (traffic/bench.py start_bench), so the bench runs as the traffic ends; it does not run
+   when a request of the traffic failed (the test has failed then). No figures are computed here.
 
 The verdict is :attr:`StressResult.failures`: one human-readable line per violated condition.
 """
@@ -58,6 +58,11 @@ from quantize_serve.traffic.requests import Probe, answer_failures, race, run_st
 from quantize_serve.traffic.sampler import SAMPLE_EVERY_S, Sampler
 
 
+# How long a traffic whose requests failed waits for the sampler to see a dead server (its /health fails
+# HEALTH_FAILURES_DEAD times in a row, one check every SAMPLE_EVERY_S) before it judges the server alive
+SETTLE_S = 10.0
+
+
 class StressResult(BaseModel):
     requests: int  # planned: num_requests valid + overlong_prompts
     completed: int  # valid requests answered 200 with exactly max_tokens completion tokens
@@ -91,6 +96,17 @@ class StressResult(BaseModel):
 # --------------------------------------------------------------------------------------------
 # The plan: deterministic prompts of exact token counts, split into concurrency steps.
 # --------------------------------------------------------------------------------------------
+
+
+def went_wrong(schedule: list[tuple[int, list[Probe]]], records: dict[int, dict]) -> bool:
+    """Whether a request of the traffic ended otherwise than planned: a valid one not completed with its
+    token count, an over-long one not rejected with HTTP 400."""
+    want = {"overlong": "rejected_overlong"}
+    return any(
+        records.get(p.index, {}).get("outcome") != want.get(p.kind, "completed")
+        for _, probes in schedule
+        for p in probes
+    )
 
 
 def concurrency_steps(target: int) -> list[int]:
@@ -219,11 +235,17 @@ async def _stress(
             sampler.dead,
             profile.max_duration_s,
         )
-        if traffic == "done" and not sampler.still_up():  # requests failing fast can outrun the sampler
+        failed = traffic == "done" and went_wrong(schedule, records)
+        if failed:  # requests failing fast can outrun the sampler: a few of its ticks to see a dead server
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(sampler.dead.wait(), SETTLE_S)
+        if traffic == "done" and not sampler.still_up():
             traffic = "died"
 
         throughput, bench_error = None, ""
-        if traffic == "done":
+        if traffic == "done" and failed:  # the test has failed: its figures would change nothing
+            bench_error = "vllm bench serve did not run: the traffic's requests failed the test already"
+        elif traffic == "done":
             input_len, output_len = bench_lengths(profile, serve)
             argv = bench_args(
                 server,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from quantize_serve.gates.stress import StressResult, judge, plan_traffic
+from quantize_serve.gates.stress import StressResult, judge, plan_traffic, went_wrong
 from quantize_serve.recipe.load import load_recipe
 from quantize_serve.traffic.bench import ThroughputFigures
 from tests.conftest import ROOT
@@ -77,6 +77,21 @@ def clean_result(**changes) -> StressResult:
         ),
     )
     return StressResult(**(fields | changes))
+
+
+def test_the_bench_runs_only_after_traffic_that_went_as_planned() -> None:
+    """Valid requests completed with their token count, over-long ones rejected with HTTP 400: anything
+    else (or no answer recorded) has failed the test, and the bench is not run."""
+    plan = plan_traffic(RECIPE.gates.stress, RECIPE.serve, str(MODEL), seed=0)
+    probes = [p for _, ps in plan for p in ps]
+    planned = {
+        p.index: {"outcome": "rejected_overlong" if p.kind == "overlong" else "completed"} for p in probes
+    }
+    assert not went_wrong(plan, planned)
+    valid, overlong = (next(p.index for p in probes if p.kind == kind) for kind in ("normal", "overlong"))
+    for index, outcome in [(valid, "wrong_tokens"), (valid, "other_error"), (overlong, "5xx")]:
+        assert went_wrong(plan, {**planned, index: {"outcome": outcome}}), (index, outcome)
+    assert went_wrong(plan, {i: r for i, r in planned.items() if i != valid})  # never answered
 
 
 def test_clean_result_passes() -> None:
