@@ -117,3 +117,27 @@ def test_host_sh_learns_a_scenario_by_its_name(tmp_path):
         timeout=60,
     )
     assert job.stdout.strip() == "release"  # the job name host.sh status knows it by
+
+
+def test_host_sh_status_lists_every_stage_done_beyond_the_tail(tmp_path):
+    """Quantization's per-layer lines push the stages out of the log's tail; status prints them first, so
+    each status call's output holds the run's stages even if the host is lost before the next call."""
+    stages = [
+        "▪ 10:36:50.130 2c5b28a259d6 stage resolve base done in 49 s: the base at f9330787b7c8",
+        "▪         .356 2c5b28a259d6 stage quantize done in 221 s: 297,322 calibration tokens",
+    ]
+    layers = [f"▪ 10:37:{i % 60:02d}.000 6a72888c68f6 Grid search for model.layers.{i}.mlp" for i in range(80)]
+    (tmp_path / "release.log").write_text("\n".join([stages[0], *layers[:40], stages[1], *layers[40:]]) + "\n")
+    (tmp_path / "release.rc").write_text("0\n")
+    done = subprocess.run(
+        ["bash", "scripts/gpu/host.sh", "status", "release"],
+        cwd=ROOT,
+        env={**os.environ, "QS_GPU_STATE": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    listed = [line for line in done.stdout.splitlines() if line.startswith("  done: ")]
+    assert [line.removeprefix("  done: ") for line in listed] == stages
+    assert "model.layers.79" in done.stdout  # the tail as before
