@@ -32,6 +32,7 @@ from prefect.states import Failed, State
 
 from flows.boots import BaseServed, reused_base, serve_base, serve_quantized, serve_release
 from flows.formats import choose_format
+from quantize_serve.quantize.run import STAGE as QUANTIZE_STAGE
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.serving.boot import Boot
 from quantize_serve.release.publish import release_reasons
@@ -135,7 +136,7 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
         return served_base
 
     def quantize_beside(server, spec, capacity):  # with the base's capacity read, before its accuracy run
-        progress.start("quantize")
+        progress.start(QUANTIZE_STAGE)
         return quantize_model.submit(validated, base)
 
     # one GPU slot from the first boot to the last (quantization on the device included): runs never share
@@ -145,9 +146,9 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
         if beside:
             base_served = score_base(also=quantize_beside)
         else:
-            progress.start("quantize")
+            progress.start(QUANTIZE_STAGE)
         checkpoint = progress.done(
-            "quantize",
+            QUANTIZE_STAGE,
             base_served.also.result() if beside else quantize_model(validated, base),
             mark="quantized",
         )

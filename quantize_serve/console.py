@@ -113,6 +113,7 @@ class StageLines:
     def __init__(self, out: TextIO, *, live: bool) -> None:
         self.out = out
         self.running: dict[str, float] = {}  # stage -> when it started
+        self.counted_by_name: set[str] = set()  # running stages whose counts name them (progress.Count)
         self.log_path: Path | None = None
         try:
             "✓✗".encode(getattr(out, "encoding", None) or "utf-8")  # a StringIO has none: any text goes
@@ -148,21 +149,28 @@ class StageLines:
                 self.print(f"  {event.name} ...")
         elif isinstance(event, progress.StageEnded):
             self.running.pop(event.name, None)
+            self.counted_by_name.discard(event.name)
             self._drop_bar(event.name)
             took = "" if event.seconds is None else f"{event.seconds:.0f} s"
             mark = self.marks[0 if event.passed else 1]
             self.print(f"{mark} {event.name:<26}{took:>7}  {event.figure}".rstrip())
         elif isinstance(event, progress.Count):
-            self.count(event.label, event.done, event.total)
+            self.count(event.label, event.done, event.total, stage=event.stage)
         elif isinstance(event, progress.RunFolder):
             self.log_path = Path(event.path) / LOG_NAME
             self.print(f"  full log: {shown_path(self.log_path)}")
 
-    def count(self, label: str, done: float, total: float | None) -> None:
-        """The running stage's bar (the latest stage to start) shows ``label``: done of total."""
+    def count(self, label: str, done: float, total: float | None, *, stage: str | None = None) -> None:
+        """``stage``'s bar shows ``label``: done of total. A count that names no stage (lm-eval's bars) is
+        the latest-started stage's among those whose counts name none: with quantization beside the base's
+        accuracy run, the layers stay on the quantize bar and the documents on the accuracy one."""
         if self._bars is None or not self.running:
             return
-        stage = next(reversed(self.running))
+        if stage is not None:
+            self.counted_by_name.add(stage)
+        else:
+            unnamed = [s for s in self.running if s not in self.counted_by_name] or list(self.running)
+            stage = unnamed[-1]
         if stage in self._bar_ids:
             count = f"{done:,.0f}/{total:,.0f}" if total else f"{done:,.0f}"
             self._bars.update(

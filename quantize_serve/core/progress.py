@@ -29,11 +29,14 @@ class StageEnded:
 
 @dataclass(frozen=True)
 class Count:
-    """How far a long step is: ``done`` of ``total`` (None: not known), e.g. ("requests", 12, 48)."""
+    """How far a long step is: ``done`` of ``total`` (None: not known), e.g. ("requests", 12, 48). ``stage``:
+    the stage it counts for, where stages run beside each other (quantization beside the base's accuracy);
+    None: the latest stage to start whose counts name no stage."""
 
     label: str
     done: float
     total: float | None = None
+    stage: str | None = None
 
 
 @dataclass(frozen=True)
@@ -53,9 +56,9 @@ def publish(event: Event) -> None:
         listener(event)
 
 
-def count(label: str, done: float, total: float | None = None) -> None:
+def count(label: str, done: float, total: float | None = None, *, stage: str | None = None) -> None:
     if _listeners:
-        publish(Count(label, done, total))
+        publish(Count(label, done, total, stage))
 
 
 @contextmanager

@@ -392,18 +392,21 @@ def _run_child(spec_path: Path, *, log: Callable[[str], None]) -> dict:
     return report
 
 
+# The flow's stage that quantizes (flows/pipeline.py), which the live count of layers is for
+STAGE = "quantize"
 # llm-compressor's sequential pipeline calibrates one subgraph (about a layer) at a time:
 # "(3/5): Calibrating".
 _SUBGRAPH = re.compile(r"^\((\d+)/(\d+)\)")
 
 
 def count_layers(frame: BarFrame) -> None:
-    """A live count of the subgraphs calibrated, from the child's progress bars."""
+    """A live count of the subgraphs calibrated, from the child's progress bars (for the quantize stage,
+    whatever stage started after it: the base's accuracy runs beside it)."""
     m, counts = _SUBGRAPH.match(frame.desc), frame.counts()
     if m and counts:
         done, total = counts
         step = int(m[1]) - 1 + (done / total if total else 0.0)
-        progress.count("layers", step, int(m[2]))
+        progress.count("layers", step, int(m[2]), stage=STAGE)
 
 
 DISK_FULL = re.compile(r"No space left on device|\[Errno 28\]|os error 28|Disk quota exceeded")

@@ -212,3 +212,21 @@ def test_a_handler_on_a_closed_stream_or_on_whatever_stderr_is_is_redirected_wit
         for h in (stale, last_resort):
             logger.removeHandler(h)
     assert (tmp_path / "run.log").read_text().count("a line from the run") == 2
+
+
+def test_beside_stages_keep_their_own_counts_on_the_live_bars(tmp_path):
+    """Quantization beside the base's accuracy run: the layers (which name their stage) stay on the quantize
+    bar, lm-eval's documents (which name none) go to the accuracy bar that started after it."""
+    from quantize_serve.quantize.run import STAGE
+
+    terminal = Terminal(tty=True)
+    with run_console(verbose=False, out=terminal) as lines:
+        progress.publish(progress.StageStarted(STAGE))
+        progress.publish(progress.StageStarted("accuracy base"))
+        progress.count("layers", 3, 33, stage=STAGE)
+        sys.stderr.write("\rRequesting API:  40%|####      | 20/50 [00:01<00:01, 9.9it/s]\n")
+        bars = {task.description: task.fields["count"] for task in lines._bars.tasks}
+        assert bars == {f"{STAGE}: layers": "3/33", "accuracy base: Requesting API": "20/50"}
+        progress.publish(progress.StageEnded(STAGE, 25.4, "5,799 calibration tokens"))
+        sys.stderr.write("\rRequesting API:  80%|########  | 40/50 [00:02<00:01, 9.9it/s]\n")
+        assert {task.description for task in lines._bars.tasks} == {"accuracy base: Requesting API"}
