@@ -17,7 +17,8 @@ log-likelihoods), so a run stopped at an early look reports the documents it sco
 
 Looks: the base is scored on all its documents. The candidate, given the base's run
 (``paired_with``), is scored look by look (``gates.accuracy.looks``: fractions of each task's draw)
-and stops at the first look where recovery.task_decided says every metric's decision is clear.
+and stops at the first look where recovery.task_decided says every metric's decision is clear. Each look is
+one lm-eval call for every task still running (their requests of a kind go to the server as one stream).
 The rule itself (paired, sequential, with stated error rates) is in recovery.py and paired.py, and
 docs/gates.md.
 
@@ -45,6 +46,7 @@ import statistics
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -143,10 +145,7 @@ def run_accuracy(
         num_concurrent=num_concurrent,
         reuse_rows=reuse_rows,
     )
-    runs: dict[str, TaskRun] = {}
-    for spec in specs:
-        base = paired_with.tasks.get(spec.task.task) if paired_with else None
-        runs[spec.task.task] = run_task(lm, spec, gate, task_manager, server_base_url, output_dir, base)
+    runs = run_tasks(lm, specs, gate, task_manager, server_base_url, output_dir, paired_with)
     after = prompt_token_counters(server_base_url)
     sent, cached = (
         (int(after[k] - before[k]) if k in after and k in before else None)
@@ -166,64 +165,129 @@ def run_accuracy(
     return run
 
 
-def run_task(
+@dataclass
+class _TaskLooks:
+    """One task across the looks: its members, its draw, the documents scored so far."""
+
+    spec: _TaskSpec
+    members: dict[str, Any]
+    order: dict[str, list[int]]
+    fractions: list[float]
+    base: TaskRun | None
+    documents: dict[str, DocOutcome] = field(default_factory=dict)
+    seconds: float = 0.0
+    run: TaskRun | None = None
+
+
+def run_tasks(
     lm: Any,
-    spec: _TaskSpec,
+    specs: list[_TaskSpec],
     gate: AccuracyGate,
     task_manager: Any,
     server_base_url: str,
     output_dir: Path,
-    base: TaskRun | None,
-) -> TaskRun:
-    """One task: its seeded draw of documents, scored look by look when paired with ``base`` (all at
-    once otherwise), each document's outcome kept."""
-    t0 = time.monotonic()
-    members = load_members(spec, task_manager)
-    check_pairable(spec, members)  # before any request
-    order = draw_documents(
-        {name: len(task.eval_docs) for name, task in members.items()},
-        spec.task.limit,
-        gate.seed,
-        spec.task.task,
-    )
-    fractions = gate.looks if base is not None and base.documents else [1.0]
-    documents: dict[str, DocOutcome] = {}
-    start, run = 0.0, None
-    for look, end in enumerate(fractions):
-        chunk = look_documents(order, start, end)
-        start = end
-        if chunk:
+    paired_with: AccuracyRun | None,
+) -> dict[str, TaskRun]:
+    """Every task: its seeded draw of documents, scored look by look when the base's run holds it (all at
+    once otherwise), each document's outcome kept. Each look is one lm-eval call for every task still
+    running, so lm-eval sends all their requests of a kind (loglikelihood, generation) as one stream and
+    the server's batches run full until the look's last request, not until each task's. A task stops at
+    the first look where its decision is clear; its seconds are those of the calls it took part in."""
+    tasks = []
+    for spec in specs:
+        t0 = time.monotonic()
+        members = load_members(spec, task_manager)
+        check_pairable(spec, members)  # before any request
+        use_task_fewshot(spec, members)
+        order = draw_documents(
+            {name: len(task.eval_docs) for name, task in members.items()},
+            spec.task.limit,
+            gate.seed,
+            spec.task.task,
+        )
+        base = paired_with.tasks.get(spec.task.task) if paired_with else None
+        fractions = gate.looks if base is not None and base.documents else [1.0]
+        tasks.append(_TaskLooks(spec, members, order, list(fractions), base, seconds=time.monotonic() - t0))
+    running, look = list(tasks), 0
+    while running:
+        chunks = {
+            id(t): look_documents(t.order, t.fractions[look - 1] if look else 0.0, t.fractions[look])
+            for t in running
+        }
+        for call in one_call_each([t for t in running if chunks[id(t)]]):
+            t0 = time.monotonic()
             log.info(
-                "lm-eval: %s look %d of %d: %d documents against %s",
-                spec.task.task,
-                look + 1,
-                len(fractions),
-                sum(map(len, chunk.values())),
+                "lm-eval: %s against %s",
+                ", ".join(
+                    f"{t.spec.task.task} look {look + 1} of {len(t.fractions)}: "
+                    f"{sum(map(len, chunks[id(t)].values()))} documents"
+                    for t in call
+                ),
                 server_base_url,
             )
-            results = evaluate_task(
-                lm, spec, members, server_base_url, samples=chunk, seed=gate.seed, task_manager=task_manager
+            samples = {member: docs for t in call for member, docs in chunks[id(t)].items()}
+            results = evaluate_tasks(
+                lm,
+                [t.spec for t in call],
+                {n: m for t in call for n, m in t.members.items()},
+                server_base_url,
+                samples=samples,
+                seed=gate.seed,
+                task_manager=task_manager,
             )
-            documents.update(outcomes(results.pop("samples", None) or {}))
-            write_raw_results(spec, results, output_dir)
-        run = task_run(
-            spec,
-            members,
-            order,
-            documents,
-            output_dir,
-            seconds=time.monotonic() - t0,
-            looks_run=look + 1,
-            looks_planned=len(fractions),
-        )
-        if (
-            base is not None
-            and look < len(fractions) - 1
-            and task_decided(base, run, gate, gate.rates(spec.task), look)
-        ):
-            break
-    assert run is not None  # looks has at least one entry (recipe)
-    return run
+            logged = results.pop("samples", None) or {}
+            for t in call:
+                t.documents.update(outcomes({m: rows for m, rows in logged.items() if m in t.members}))
+                write_raw_results(t.spec, results_of(results, t.members), output_dir)
+                t.seconds += time.monotonic() - t0
+        for t in running:
+            t.run = task_run(
+                t.spec,
+                t.members,
+                t.order,
+                t.documents,
+                output_dir,
+                seconds=t.seconds,
+                looks_run=look + 1,
+                looks_planned=len(t.fractions),
+            )
+        running = [
+            t
+            for t in running
+            if look < len(t.fractions) - 1
+            and not (t.base is not None and task_decided(t.base, t.run, gate, gate.rates(t.spec.task), look))
+        ]
+        look += 1
+    return {t.spec.task.task: t.run for t in tasks if t.run is not None}
+
+
+def one_call_each(tasks: list[_TaskLooks]) -> list[list[_TaskLooks]]:
+    """The look's lm-eval calls: one for all the tasks, or one each where two share a member task (lm-eval
+    keys samples and results by member)."""
+    names = [n for t in tasks for n in t.members]
+    return [tasks] if len(names) == len(set(names)) else [[t] for t in tasks]
+
+
+def use_task_fewshot(spec: _TaskSpec, members: dict[str, Any]) -> None:
+    """The recipe's few-shot count on each member, as simple_evaluate's ``num_fewshot`` would set it (a
+    member whose config says 0 keeps 0): one call then scores tasks of different counts."""
+    for task in members.values():
+        if task.get_config("num_fewshot") != 0:
+            task.set_config(key="num_fewshot", value=spec.task.num_fewshot)
+
+
+# lm-eval's result entries keyed by task (member) name
+PER_TASK_RESULTS = "results groups group_subtasks configs versions n-shot n-samples higher_is_better".split()
+
+
+def results_of(results: dict[str, Any], members: dict[str, Any]) -> dict[str, Any]:
+    """One task's part of a call's results (its members' entries), the rest as it is."""
+    return {
+        key: {n: v for n, v in value.items() if n in members}
+        if key in PER_TASK_RESULTS and isinstance(value, dict)
+        else value
+        for key, value in results.items()
+    }
 
 
 def import_lm_eval() -> Any:
@@ -301,7 +365,7 @@ def load_members(spec: _TaskSpec, task_manager: Any) -> dict[str, Any]:
     try:
         loaded = get_task_dict([spec.load_spec], task_manager)
     except Exception as exc:
-        raise data_or_task_error(exc, spec) from exc
+        raise data_or_task_error(exc, repr(spec.task.task)) from exc
     members: dict[str, Any] = {}
     todo = list(loaded.values())
     while todo:
@@ -318,9 +382,9 @@ def load_members(spec: _TaskSpec, task_manager: Any) -> dict[str, Any]:
     return members
 
 
-def evaluate_task(
+def evaluate_tasks(
     lm: Any,
-    spec: _TaskSpec,
+    specs: list[_TaskSpec],
     members: dict[str, Any],
     server_base_url: str,
     *,
@@ -328,18 +392,19 @@ def evaluate_task(
     seed: int,
     task_manager: Any,
 ) -> dict[str, Any]:
-    """These documents of the task's members against the server, with per-document samples; a failure
-    says whether the server stopped answering. ``task_manager``: the run's (index_tasks), which
-    simple_evaluate would otherwise build anew on every call, indexing every built-in task of lm-eval's
-    (~14,000 YAML files: 4-5 s a call on a 2-core CPU, once per task and look)."""
+    """These documents of the tasks' members against the server in one lm-eval call, with per-document
+    samples (each member's few-shot count set beforehand: use_task_fewshot); a failure says whether the
+    server stopped answering. ``task_manager``: the run's (index_tasks), which simple_evaluate would
+    otherwise build anew on every call, indexing every built-in task of lm-eval's (~14,000 YAML files: 4-5 s
+    a call on a 2-core CPU)."""
     import lm_eval
 
+    names = ", ".join(repr(spec.task.task) for spec in specs)
     try:
         with per_document_fewshot(seed):
             results = lm_eval.simple_evaluate(
                 model=lm,
                 tasks=[members[name] for name in samples],
-                num_fewshot=spec.task.num_fewshot,
                 samples=samples,
                 log_samples=True,
                 fewshot_random_seed=seed,
@@ -348,25 +413,25 @@ def evaluate_task(
     except Exception as exc:
         if not _answers(server_base_url):  # the usual cause mid-run: say so, not "maybe"
             raise GateError(
-                f"the vLLM server at {server_base_url} stopped answering during lm-eval task "
-                f"{spec.task.task!r} ({_short(exc)}), so the accuracy gate failed. Fix: read its log "
-                "(it died, was killed or hangs: the end of the log says which), then re-run"
+                f"the vLLM server at {server_base_url} stopped answering during lm-eval task {names} "
+                f"({_short(exc)}), so the accuracy gate failed. Fix: read its log (it died, was killed or "
+                "hangs: the end of the log says which), then re-run"
             ) from exc
-        raise data_or_task_error(exc, spec, server_base_url) from exc
+        raise data_or_task_error(exc, names, server_base_url) from exc
     if not results or not results.get("results"):
         raise GateError(
-            f"lm-eval returned no results for task {spec.task.task!r}. Fix: check "
+            f"lm-eval returned no results for task {names}. Fix: check "
             "that the task has documents in its test/validation split"
         )
     return results
 
 
-def data_or_task_error(exc: BaseException, spec: _TaskSpec, server_base_url: str | None = None) -> GateError:
-    """The GateError of a task that did not load its data, or failed otherwise."""
+def data_or_task_error(exc: BaseException, names: str, server_base_url: str | None = None) -> GateError:
+    """The GateError of task(s) ``names`` (each quoted) that did not load their data, or failed otherwise."""
     data_error = _dataset_error(exc)
     if data_error is not None:  # the task's dataset did not load: no request was sent
         return GateError(
-            f"lm-eval could not load the data of task {spec.task.task!r} from the Hub at "
+            f"lm-eval could not load the data of task {names} from the Hub at "
             f"{_hub_endpoint()}{_offline_note()} ({_short(data_error, 300)}). Fix: set HF_ENDPOINT to a "
             "hub or mirror that serves the task's dataset (lm-eval's task YAML names it: dataset_path, "
             "dataset_name), with HF_HUB_OFFLINE / HF_DATASETS_OFFLINE unset (and HF_TOKEN if it is "
@@ -374,7 +439,7 @@ def data_or_task_error(exc: BaseException, spec: _TaskSpec, server_base_url: str
         )
     where = f" against {server_base_url}" if server_base_url else ""
     return GateError(
-        f"lm-eval failed on task {spec.task.task!r}{where}: {exc!r}. "
+        f"lm-eval failed on task {names}{where}: {exc!r}. "
         "Fix: if the server stopped answering, read its log; if the task did not load, "
         "check the task name (`lm_eval ls tasks`) or its YAML and data files"
     )

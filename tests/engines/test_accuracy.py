@@ -12,7 +12,7 @@ import pytest
 from quantize_serve.core.errors import GateError
 from quantize_serve.gates.accuracy import AccuracyRun, run_accuracy
 from quantize_serve.gates.recovery import compare_accuracy
-from quantize_serve.recipe.gates import AccuracyGate
+from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask
 from quantize_serve.recipe.load import load_recipe
 from tests.conftest import ROOT
 
@@ -174,6 +174,33 @@ def test_gsm8k_by_name_reads_its_data_from_the_hub(base_server, base_model_dir, 
         if r.method == "GET" and "/datasets/openai/gsm8k/resolve/" in r.path
     }
     assert {"train-00000-of-00001.parquet", "test-00000-of-00001.parquet"} <= fetched
+
+    # Each look is one lm-eval call for every task (gates/accuracy.py run_tasks): gsm8k 5-shot beside a
+    # 0-shot task gets the prompts and outcomes it gets alone, so a base scored task by task (an earlier
+    # release's reference) pairs with a candidate scored in one call; each task keeps its own raw results
+    facts = AccuracyTask(task=MC, limit=40)
+    alone = run_accuracy(
+        server.base_url,
+        gate.model_copy(update={"tasks": [facts]}),
+        tokenizer_dir=str(base_model_dir),
+        max_length=spec.serve.max_model_len,
+        base_dir=PRODUCTION.parent,
+        output_dir=tmp_path / "facts",
+    ).tasks[MC]
+    together = run_accuracy(
+        server.base_url,
+        gate.model_copy(update={"tasks": [*gate.tasks, facts]}),
+        tokenizer_dir=str(base_model_dir),
+        max_length=spec.serve.max_model_len,
+        base_dir=PRODUCTION.parent,
+        output_dir=tmp_path / "together",
+    ).tasks
+    assert together["gsm8k"].num_fewshot == 5 and together[MC].num_fewshot == 0
+    assert together["gsm8k"].documents == gsm8k.documents and together[MC].documents == alone.documents
+    for task, member in (("gsm8k", "gsm8k"), (MC, "qs_facts_mc")):
+        raw = json.loads(Path(together[task].results_path).read_text())
+        assert set(raw["configs"]) == set(raw["n-shot"]) == {member}, raw["configs"].keys()
+    assert json.loads(Path(together["gsm8k"].results_path).read_text())["n-shot"] == {"gsm8k": 5}
 
 
 @pytest.mark.timeout(300)
