@@ -175,6 +175,7 @@ class _TaskLooks:
     fractions: list[float]
     base: TaskRun | None
     documents: dict[str, DocOutcome] = field(default_factory=dict)
+    chunk: dict[str, list[int]] = field(default_factory=dict)  # the documents this look adds
     seconds: float = 0.0
     run: TaskRun | None = None
 
@@ -210,22 +211,20 @@ def run_tasks(
         tasks.append(_TaskLooks(spec, members, order, list(fractions), base, seconds=time.monotonic() - t0))
     running, look = list(tasks), 0
     while running:
-        chunks = {
-            id(t): look_documents(t.order, t.fractions[look - 1] if look else 0.0, t.fractions[look])
-            for t in running
-        }
-        for call in one_call_each([t for t in running if chunks[id(t)]]):
+        for t in running:
+            t.chunk = look_documents(t.order, t.fractions[look - 1] if look else 0.0, t.fractions[look])
+        for call in one_call_each([t for t in running if t.chunk]):
             t0 = time.monotonic()
             log.info(
                 "lm-eval: %s against %s",
                 ", ".join(
                     f"{t.spec.task.task} look {look + 1} of {len(t.fractions)}: "
-                    f"{sum(map(len, chunks[id(t)].values()))} documents"
+                    f"{sum(map(len, t.chunk.values()))} documents"
                     for t in call
                 ),
                 server_base_url,
             )
-            samples = {member: docs for t in call for member, docs in chunks[id(t)].items()}
+            samples = {member: docs for t in call for member, docs in t.chunk.items()}
             results = evaluate_tasks(
                 lm,
                 [t.spec for t in call],

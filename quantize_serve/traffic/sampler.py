@@ -19,7 +19,9 @@ from quantize_serve.serving.server import RunningServer
 if TYPE_CHECKING:
     import aiohttp
 
-SAMPLE_EVERY_S = 0.2  # short requests on a fast CPU finish between slower samples
+# Short requests on a fast CPU finish between slower samples: on the 2-core CPU the tiny recipes' peak step
+# lasts ~0.5 s, and at 0.2 s the ticks (slower under load) once all missed it (the idle-server check failed)
+SAMPLE_EVERY_S = 0.1
 HEALTH_FAILURES_DEAD = 3  # consecutive /health failures that mean "dead"
 
 
