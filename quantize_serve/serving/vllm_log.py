@@ -96,8 +96,8 @@ def experts_classes(log_text: str) -> list[str]:
     return _distinct(EXPERTS_LINE.findall(log_text))
 
 
-def last_gib(pattern: re.Pattern, log_text: str, group: int = 1) -> float | None:
-    """The last figure ``pattern`` finds in the log (GiB, as vLLM prints it), or None."""
+def last_figure(pattern: re.Pattern, log_text: str, group: int = 1) -> float | None:
+    """The last figure ``pattern`` finds in the log (in vLLM's unit: GiB, seconds), or None."""
     found = [m.group(group) for m in pattern.finditer(log_text)]
     return float(found[-1]) if found else None
 
@@ -106,10 +106,10 @@ def memory_figures(log_text: str) -> dict[str, Any]:
     """vLLM's own memory lines (GiB, to 0.01): the CUDA graph pool it captured and the estimate it took from
     the KV budget beforehand, and the "Actual usage" split."""
     return {
-        "cuda_graph_pool_actual_gib": last_gib(GRAPH_POOL, log_text, 1),
-        "cuda_graph_pool_estimated_gib": last_gib(GRAPH_POOL, log_text, 2),
-        "cuda_graph_estimate_gib": last_gib(GRAPH_ESTIMATE, log_text),
-        "actual_usage_gib": {k: last_gib(p, log_text) for k, p in ACTUAL_USAGE.items()},
+        "cuda_graph_pool_actual_gib": last_figure(GRAPH_POOL, log_text, 1),
+        "cuda_graph_pool_estimated_gib": last_figure(GRAPH_POOL, log_text, 2),
+        "cuda_graph_estimate_gib": last_figure(GRAPH_ESTIMATE, log_text),
+        "actual_usage_gib": {k: last_figure(p, log_text) for k, p in ACTUAL_USAGE.items()},
     }
 
 
@@ -142,17 +142,15 @@ def compile_summary(log_text: str) -> dict[str, Any]:
 
 def boot_phases(log_text: str) -> dict[str, float | None]:
     """A boot's phases as vLLM logged them (:data:`PHASES`), each its last figure, None where not logged."""
-    found = {name: pattern.findall(log_text) for name, pattern in PHASES.items()}
-    return {name: float(f[-1]) if f else None for name, f in found.items()}
+    return {name: last_figure(pattern, log_text) for name, pattern in PHASES.items()}
 
 
 def compile_facts(log_text: str, before: set[str]) -> dict[str, Any]:
     """vLLM's engine init seconds, the compile-cache entries the boot used, whether they existed ``before``
     it, and whether vLLM failed to load what was there (and compiled again)."""
-    init = INIT_ENGINE.findall(log_text)
     used = sorted(set(COMPILE_DIR.findall(log_text)))
     return {
-        "init_engine_s": float(init[-1]) if init else None,
+        "init_engine_s": last_figure(INIT_ENGINE, log_text),
         "compile_entries": used,
         "entry_existed_before": bool(used) and all(e in before for e in used),
         "vllm_load_failure_recompiled": COMPILE_LOAD_FAILED in log_text,

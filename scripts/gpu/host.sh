@@ -95,11 +95,11 @@ status)
     none) echo "job $job: never started here"; exit 1 ;;
   esac
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader 2>/dev/null || true
+  log=$STATE/$job.log
   # every stage the flow has finished so far, whatever the tail below shows: a host lost between two
   # status calls still leaves the run's stages in the last call's output
-  grep -a -E 'stage [a-z0-9 ()-]+ done in ' "$STATE/$job.log" 2>/dev/null | sed 's/^/  done: /' | cut -c1-200 || true
+  grep -a -E 'stage [a-z0-9 ()-]+ done in ' "$log" 2>/dev/null | sed 's/^/  done: /' | cut -c1-200 || true
   # the drivers' own lines, Prefect's log lines, and `prefect deployment run --watch`'s (▪ log, ● event)
-  log=$STATE/$job.log
   if grep -a -q -E '^\[([a-z0-9_-]+ )?[0-9:]{8}\]|^\[run\]|\| (INFO|WARNING|ERROR) |^(▪|●) ' "$log" 2>/dev/null; then
     grep -a -E '^\[([a-z0-9_-]+ )?[0-9:]{8}\]|^\[run\]|\| (INFO|WARNING|ERROR) |^(▪|●) ' "$log" | cut -c1-300 | tail -n 45
   else

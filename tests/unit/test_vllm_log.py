@@ -44,7 +44,7 @@ def test_the_memory_lines_give_the_graph_pool_and_the_actual_usage_split():
     }
     assert vllm_log.graph_estimate_bytes(memory) == int(0.72 * 1024**3)
     assert vllm_log.graph_estimate_bytes(vllm_log.memory_figures("")) is None
-    assert vllm_log.last_gib(vllm_log.AVAILABLE_KV, BOOT) == 108.05
+    assert vllm_log.last_figure(vllm_log.AVAILABLE_KV, BOOT) == 108.05
 
 
 def test_a_boot_compiled_loaded_or_ran_eager():
