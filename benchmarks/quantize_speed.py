@@ -29,11 +29,12 @@ writes benchmarks/results/quantize_speed.json (``--summarize-only`` recomputes t
 GPU (``--gpu``: the Llama-3-8B shape with random bf16 weights, built by ``benchmarks/h200.py build`` if
 missing, calibrated as recipes/llama3-8b-instruct-awq.yaml is: 256 production-shaped conversations from
 localhub/datasets.py, ~300k tokens, cap 2,048, batch 1). Seconds only: a random model's perplexity means
-nothing. It runs today's options, the CPU choice, and the choice with each option that only a GPU can
-judge (GPU_ONLY); resumable (finished runs in --out are kept):
+nothing. It runs the CPU choice (the project's defaults, the baseline there), then the choice with each
+option that only a GPU can judge (GPU_ONLY) and with all of them; resumable (finished runs in --out are
+kept):
     .venv/bin/python benchmarks/quantize_speed.py --gpu --model-dir M --work-dir W --out OUT.json
-about 50 minutes on one H200 with 2 repeats (estimated from the H200 figures: an 8B AWQ with today's
-options 367 s, of which the grid 303 s and the second pass 32 s; ~2 min with the choice; GPTQ ~3 min).
+about 15 minutes for AWQ alone (--sets 'awq:*') with one repeat on one H200 (an 8B AWQ with the
+project's defaults took 197 s there, 163 s of it calibrating; with today's old options 367 s).
 """
 
 from __future__ import annotations
@@ -328,8 +329,9 @@ def median(values: list[float]) -> float:
 def summarize(
     runs: list[dict], sets: dict[str, list[tuple[str, dict]]], *, with_recovery: bool, measure: str
 ) -> dict:
-    """Per method and set: each figure per repeat, medians, the deltas from today, and the fastest set
-    within the rule, by the calibrate stage's ``measure`` (stage_cpu_seconds or stage_seconds)."""
+    """Per method and set: each figure per repeat, medians, the deltas from the method's first set (today
+    on CPU, the project's defaults on a GPU), and the fastest set within the rule, by the calibrate stage's
+    ``measure`` (stage_cpu_seconds or stage_seconds)."""
     out: dict[str, Any] = {}
     for method, items in sets.items():
         rows = []
@@ -354,7 +356,7 @@ def summarize(
             if why := NOT_ELIGIBLE.get(f"{method}:{name}", NOT_ELIGIBLE.get(name)):
                 row["not_eligible"] = why
             rows.append(row)
-        today = next((r for r in rows if r["set"] == "today"), None)
+        today = next((r for r in rows if r["set"] == items[0][0]), None)
         for row in rows:
             row["median_calibrate_s"] = median(row["stage_seconds"]["calibrate"])
             row["median_calibrate_cpu_s"] = median(row["stage_cpu_seconds"]["calibrate"])
@@ -367,7 +369,7 @@ def summarize(
             )
             row["total_saved_s"] = round(today["median_total_s"] - row["median_total_s"], 2)
             mine, theirs = row[measure]["calibrate"], today[measure]["calibrate"]
-            row["saves_time"] = row["set"] != "today" and max(mine) < min(theirs)
+            row["saves_time"] = row is not today and max(mine) < min(theirs)
             if with_recovery:
                 row["recovery_delta"] = round(min(row["recovery"]) - min(today["recovery"]), 5)
                 row["within_tolerance"] = row["recovery_delta"] >= -TOLERANCE
@@ -466,7 +468,7 @@ def write_cpu_summary(results: dict, sets: dict, out: Path) -> None:
         "status": "measured-on-GPU-pending",
         "command": ".venv/bin/python benchmarks/quantize_speed.py --gpu --model-dir M --work-dir W "
         "--out OUT.json",
-        "expected_duration": "about 50 minutes on one H200 with 2 repeats (resumable)",
+        "expected_duration": "about 15 minutes for AWQ with 1 repeat on one H200 (resumable)",
         "sets": {m: [n for n, _ in items] for m, items in gpu_sets(results["summary"]).items()},
     }
     write_json_result(out, results)
@@ -479,13 +481,18 @@ def write_cpu_summary(results: dict, sets: dict, out: Path) -> None:
 
 
 def gpu_sets(summary: dict) -> dict[str, list[tuple[str, dict]]]:
-    """Per method: today, the CPU choice, and the choice with each GPU_ONLY option."""
+    """Per method: the GPU baseline (the CPU choice, which is what the project's defaults resolve to, or
+    today where the CPU chose nothing), then the baseline with each GPU_ONLY option, then with all of them
+    where there are several. Today's own options, no longer the flow's, are not re-run on the GPU."""
     sets = {}
     for method, only in GPU_ONLY.items():
         chosen = summary.get(method, {}).get("fastest_within_tolerance")
         changes = dict(next((c for n, c in CPU_SETS[method] if n == chosen), {}))
-        base = [("today", {})] + ([(chosen, changes)] if chosen else [])
-        sets[method] = base + [(f"{chosen or 'today'}+{n}", {**changes, **c}) for n, c in only]
+        base = chosen or "today"
+        sets[method] = [(base, changes)] + [(f"{base}+{n}", {**changes, **c}) for n, c in only]
+        if len(only) > 1:
+            every = {k: v for _, c in only for k, v in c.items()}
+            sets[method].append((f"{base}+" + "+".join(n for n, _ in only), {**changes, **every}))
     return sets
 
 
@@ -567,12 +574,13 @@ def run_peak(args: argparse.Namespace) -> None:
 
 
 def pick(sets: dict[str, list[tuple[str, dict]]], names: str | None) -> dict[str, list[tuple[str, dict]]]:
-    """The sets named in ``names`` ("awq:n_grid=10,gptq:today"; today always runs), or all."""
+    """The sets named in ``names`` ("awq:n_grid=10,gptq:today"; each method's first set, the one the
+    others are compared with, always runs), or all; "awq:*" names every set of a method."""
     if not names:
         return sets
     wanted = {tuple(n.split(":", 1)) for n in names.split(",")}
     return {
-        m: [s for s in items if s[0] == "today" or (m, s[0]) in wanted]
+        m: [s for i, s in enumerate(items) if i == 0 or (m, s[0]) in wanted or (m, "*") in wanted]
         for m, items in sets.items()
         if any(w[0] == m for w in wanted)
     }
@@ -581,7 +589,7 @@ def pick(sets: dict[str, list[tuple[str, dict]]], names: str | None) -> dict[str
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, help="rounds of every set (default 3 on CPU, 2 with --gpu)")
-    p.add_argument("--sets", help="method:set,... (today always runs); default every set")
+    p.add_argument("--sets", help="method:set,... or method:* (the baseline always runs); default every set")
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--summarize-only", action="store_true", help="recompute the summary from --out's runs")
     p.add_argument("--gpu", action="store_true", help="the 8B shape on a CUDA host (seconds only)")
