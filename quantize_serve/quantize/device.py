@@ -135,7 +135,8 @@ def calibration_activation_bytes(config: dict, method: str, tokens: int) -> int:
     is 46.5 GiB where the count gives 21.8: 2.13 times. The count is taken AWQ_UNCOUNTED times: a
     placement that errs high keeps the model on the CPU (slower), one that errs low runs out of memory, as
     the 8B's AWQ did beside a base that left it 61.0 GiB (h200_release_time.json,
-    earlier_sessions.beside_base_lower)."""
+    earlier_sessions.beside_base_lower). A calibration batch of 4 (the llama3 recipe's) peaked 1.8 GiB higher
+    (63.3 GiB reserved, h200_quantize_speed.json): a batch's transient, inside CALIBRATION_HEADROOM_BYTES."""
     text = language_model(config)
     hidden = int(text.get("hidden_size") or 0)
     per_token = 2 * 2 * hidden

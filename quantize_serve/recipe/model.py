@@ -78,8 +78,9 @@ class CalibrationSection(Section):
     shuffle_seed: int = 42
     batch_size: PositiveInt = Field(
         default=1,
-        description="Calibration batch size (llm-compressor's; batches are truncated to their "
-        "shortest sample, so keep it small unless samples have similar lengths).",
+        description="Calibration batch size (llm-compressor's). llm-compressor orders the samples by "
+        "length and cuts each batch to its shortest sample: at 4, production-shaped chat data keeps 99.1% "
+        "of its tokens and an 8B's AWQ calibrates 22% faster on an H200 (the llama3 recipe's choice).",
     )
     # llm-compressor's calibration pipeline: oneshot's arguments of the same names. Unset, they take the
     # value chosen by measurement for the method (quantize/run.py: calibration_pipeline).

@@ -260,7 +260,7 @@ def test_on_a_gpu_the_oneshot_script_places_the_model_as_the_flow_does(tmp_path)
     ast.parse(script)
     assert "device_map='cuda:0')" in script
     assert params["arguments"]["sequential_offload_device"] == "cuda:0"
-    assert params["arguments"]["num_calibration_samples"] == 256 and params["arguments"]["batch_size"] == 1
+    assert params["arguments"]["num_calibration_samples"] == 256 and params["arguments"]["batch_size"] == 4
 
 
 def test_the_cpu_benchmarks_oneshot_reads_the_tiny_recipes_local_file():

@@ -196,6 +196,17 @@ def test_speed_options_default_to_the_measured_choice():
     ) == ("basic", True, 4)
 
 
+def test_the_production_recipe_calibrates_at_the_batch_size_measured_on_the_gpu():
+    """benchmarks/results/h200_quantize_speed.json: the fastest set on the H200 within the reference model's
+    recovery tolerance sets the llama3 recipe's calibration batch size."""
+    from quantize_serve.quantize.run import calibration_pipeline
+
+    chosen = json.loads((ROOT / "benchmarks/results/h200_quantize_speed.json").read_text())["choice"]["awq"]
+    recipe = load_recipe(ROOT / "recipes/llama3-8b-instruct-awq.yaml")
+    assert recipe.calibration.batch_size == chosen["changes"]["calibration.batch_size"] == 4
+    assert calibration_pipeline(recipe)["pipeline"] == chosen["changes"]["calibration.pipeline"]
+
+
 @pytest.mark.parametrize(
     "dotted,value",
     [
