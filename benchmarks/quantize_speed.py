@@ -635,10 +635,9 @@ def tokens_kept(sets: dict[str, list[tuple[str, dict]]]) -> dict[str, int]:
     tokenizer_dir = ROOT / "models/tiny-llama"  # the 8B build's tokenizer
     sizes = {c.get("calibration.batch_size", PRODUCTION_BATCH_SIZE) for i in sets.values() for _, c in i}
     with tempfile.TemporaryDirectory() as work:
-        recipe = gpu_recipe("awq", tokenizer_dir, production_calibration(Path(work), tokenizer_dir, 512))
-        recipe = Recipe.model_validate(
-            recipe
-        )  # the calibration only: not checked against the tokenizer's model
+        data = production_calibration(Path(work), tokenizer_dir, 512)
+        # the recipe model alone: the 8B's serve settings are not checked against the tokenizer's model
+        recipe = Recipe.model_validate(gpu_recipe("awq", tokenizer_dir, data))
         _, encoded = tokenize_calibration(recipe, AutoTokenizer.from_pretrained(tokenizer_dir))
     lengths = sorted((len(x) for x in encoded["input_ids"]), reverse=True)
     return {
