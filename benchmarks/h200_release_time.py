@@ -220,6 +220,7 @@ def one_run(
             for c in (report.get("capacity") or {}).get("configs", [])
         },
         "quantize_device_peak_bytes": (report.get("checkpoint") or {}).get("device_peak_bytes"),
+        "quantize_stage_seconds": (report.get("checkpoint") or {}).get("stage_seconds"),  # the worker's
         "base_reused_from": report.get("base_reused_from"),
         "quantized_beside_base": report.get("quantized_beside_base"),
         "decision": "passed" if decision.get("passed") else ("rejected" if decision else None),
