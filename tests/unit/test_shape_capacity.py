@@ -145,7 +145,12 @@ def test_a_shape_the_planner_refuses_is_measured_on_a_gpu_and_refused_on_a_fixed
         r.measured and r.planned is None and r.error_pct is None for r in result.rows
     )
     text = result.markdown()
-    assert "| w4a16-fp8kv (fp8) | 0.00 | 4,096 | 8.00x | - |" in text and "max concurrency @ 512" in text
+    # the production row as this host serves it (an AVX2 CPU's session recipe: a 16-bit KV cache)
+    prod = result.row(Boot.PRODUCTION)
+    name = f"{prod.name.label(kv_cache_dtype=prod.kv_cache_dtype)} ({prod.kv_cache_dtype})"
+    if awq_recipe.serve.kv_cache_dtype == "fp8":
+        assert name == "w4a16-fp8kv (fp8)"
+    assert f"| {name} | 0.00 | 4,096 | 8.00x | - |" in text and "max concurrency @ 512" in text
     assert (
         "No planner prediction: sliding_window = 256: LlamaForCausalLM attends through a sliding window"
         in text
