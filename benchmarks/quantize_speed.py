@@ -303,6 +303,15 @@ def quantize_once(recipe: Any, overrides: dict[str, Any], work_dir: Path) -> dic
     }
 
 
+def on_reference(method: str, overrides: dict[str, Any], base_ppl: float) -> dict[str, Any]:
+    """One quantization of the reference model (recipes/tiny-llama-METHOD.yaml with ``overrides``) from
+    scratch: quantize_once's figures with its held-out perplexity and recovery."""
+    with tempfile.TemporaryDirectory() as work:
+        run = quantize_once(ROOT / f"recipes/tiny-llama-{method}.yaml", overrides, Path(work))
+        ppl = perplexity(Path(run.pop("checkpoint_dir")))
+    return {**run, "heldout_ppl": ppl, "recovery": recovery(base_ppl, ppl)}
+
+
 def recovery(base_ppl: float, quantized_ppl: float) -> float:
     """Recovery of a perplexity (lower is better): base / quantized, the rule the CPU rows of
     quantize_speed.json were chosen by. (The paired accuracy gate now reads a perplexity in nats, which
@@ -440,15 +449,10 @@ def run_cpu(args: argparse.Namespace) -> None:
     }
     runs = []
     for repeat, method, name, changes in schedule(sets, results["repeats"]):
-        with tempfile.TemporaryDirectory() as work:
-            try:
-                run = quantize_once(
-                    ROOT / f"recipes/tiny-llama-{method}.yaml", {**TODAY, **changes}, Path(work)
-                )
-                ppl = perplexity(Path(run.pop("checkpoint_dir")))
-                run.update(heldout_ppl=ppl, recovery=recovery(results["base_heldout_ppl"], ppl))
-            except Exception as exc:  # recorded; the other sets still run
-                run = {"error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
+        try:
+            run = on_reference(method, {**TODAY, **changes}, results["base_heldout_ppl"])
+        except Exception as exc:  # recorded; the other sets still run
+            run = {"error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
         run = {"method": method, "set": name, "repeat": repeat, **run}
         log(f"{method} {name} #{repeat}: {json.dumps({k: v for k, v in run.items() if k != 'placement'})}")
         runs.append(run)
@@ -586,13 +590,9 @@ def run_gpu_recovery(args: argparse.Namespace) -> None:
         if method not in res.data.get("summary", {}):
             continue  # not measured on the GPU
         for name, changes in items:
-            with tempfile.TemporaryDirectory() as work:
-                overrides = {**TODAY, "calibration.batch_size": PRODUCTION_BATCH_SIZE, **changes}
-                run = quantize_once(ROOT / f"recipes/tiny-llama-{method}.yaml", overrides, Path(work))
-                ppl = perplexity(Path(run["checkpoint_dir"]))
-            rows.append(
-                {"method": method, "set": name, "heldout_ppl": ppl, "recovery": recovery(base_ppl, ppl)}
-            )
+            overrides = {**TODAY, "calibration.batch_size": PRODUCTION_BATCH_SIZE, **changes}
+            run = on_reference(method, overrides, base_ppl)
+            rows.append({"method": method, "set": name, **{k: run[k] for k in ("heldout_ppl", "recovery")}})
             log(f"reference {method} {name}: {rows[-1]}")
     choice = {}
     for method, part in res.data["summary"].items():
