@@ -20,6 +20,9 @@ Four runs, one local stack (Prefect server, `gpu` pool, local Hub):
 2. ``first_release``: everything on, a fresh work dir, its own Hub repo: a base never released here.
 3. ``re_release``: everything on, the first release's work dir and Hub repo, a new calibration draw
    (calibration.shuffle_seed + 1, so the model is quantized again): a known base's next release.
+   ``re_release_warm``: the same once more on the same host (calibration.shuffle_seed + 2), its work dir as
+   the run before left it: the base's download cached, vLLM's compile cache warm, as on a platform's
+   persistent host.
 4. ``manual``: ``first_release``'s work by hand, the careful engineer's way, with the engines' own commands
    (``benchmarks/manual.py``, shared with the CPU's ``benchmarks/pipeline_vs_manual.py``), each built from
    the same recipe and overrides as first_release's, a fresh work dir (an empty vLLM compile cache) and a
@@ -117,8 +120,8 @@ SMOKE_OVERRIDES = {
     if k != "gates.accuracy.num_concurrent"
 }
 BASELINE_ENV = SCENARIO["baseline_env"]
-RUNS = ("baseline", "first_release", "re_release", "manual")
-FLOW_RUNS = RUNS[:3]
+RUNS = ("baseline", "first_release", "re_release", "re_release_warm", "manual")
+FLOW_RUNS = RUNS[:4]
 MANUAL_REPO_SUFFIX = "-manual"
 # The base's figures a first release stored (the flow's base reference), beside --out, for a re-release in
 # a later session (--base-reference): a first release and a re-release do not fit one session's device time
@@ -243,27 +246,7 @@ def one_run(
 # The careful engineer's path: first_release's work by hand (benchmarks/manual.py's commands)
 # --------------------------------------------------------------------------------------------
 
-MANUAL_NOTE = (
-    "manual: first_release's work by hand, the engines' own commands built from the same recipe and "
-    "overrides (benchmarks/manual.py), one vLLM boot per configuration, one lm_eval invocation per boot for "
-    "the whole task set (a group file: each task's few-shot count; the limits as --samples, the first "
-    "documents --limit takes), a fresh work dir (empty vLLM compile cache) and a Hub repo of its own. Timed "
-    "from the first command (hf download) to the release tag (hf repos tag create), as the flow's wall runs "
-    "to its promotion; the upload (hf upload) runs in the background from the checkpoint's save to the tag, "
-    "as the flow pushes beside the boots. The oneshot script is llm-compressor's examples' way with the "
-    "flow's own settings: the llm-compressor recipe, oneshot's arguments (AWQ's single sequential pass, "
-    "quantize/run.py MEASURED_PIPELINES) and the placement (on a GPU the model and its activations on the "
-    "device, as the flow places a model that fits): the two paths differ in how the steps run, not in how "
-    "llm-compressor is set. The flow's own are its boots' imports started ahead (QS_PREPARE_BOOTS). Flow "
-    "steps with no manual twin: validate (the recipe, the Hub and the calibration rows checked before "
-    "anything heavy), the decision's arithmetic (recoveries, checks: the manual path records the figures and "
-    "a person reads them, untimed), the model card and serving profile pushed with the candidate, the report "
-    "and the release history. The flow's production boot serves the checkpoint under its repo id (a "
-    "Hub-cache layout, for the compile cache production reads); by hand it is served from its folder. After "
-    "the flow's runs of its session (preceded_by), the host's page cache and the stack's datasets cache are "
-    "warm for the manual run; alone in its session it starts as cold as first_release does when that runs "
-    "first."
-)
+MANUAL_NOTE = SCENARIO["manual_note"]  # what the manual run is, recorded with it
 
 
 class Marks:
@@ -591,10 +574,13 @@ def cmd_run(args: argparse.Namespace) -> None:
                 {**base_overrides, "hub.repo_id": repo},
                 {**env, "QS_WORK_DIR": str(home / "work")},
             ),
-            (
-                "re_release",
-                {**base_overrides, "hub.repo_id": repo, "calibration.shuffle_seed": c.shuffle_seed + 1},
-                {**env, "QS_WORK_DIR": str(home / "work")},
+            *(
+                (
+                    name,
+                    {**base_overrides, "hub.repo_id": repo, "calibration.shuffle_seed": c.shuffle_seed + n},
+                    {**env, "QS_WORK_DIR": str(home / "work")},
+                )
+                for n, name in enumerate(("re_release", "re_release_warm"), 1)
             ),
         ]
         done: list[str] = []
@@ -675,8 +661,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--runs",
         default=",".join(RUNS),
-        help="which runs (always run in the order baseline, first_release, re_release, manual; a "
-        "session may not hold them all: the others are kept from --out)",
+        help=f"which runs (always run in the order {', '.join(RUNS)}; a session may not hold them all: the "
+        "others are kept from --out)",
     )
     args = p.parse_args(argv)
     picked = [r.strip() for r in args.runs.split(",") if r.strip()]
@@ -690,6 +676,11 @@ def main(argv: list[str] | None = None) -> None:
             "--runs: re_release needs first_release in the same invocation (it re-releases that run's "
             "base from its work dir and Hub repo, which live only as long as this host's scratch folder), "
             f"or --base-reference {BASE_REFERENCE_FILE} from a first release of another session"
+        )
+    if "re_release_warm" in args.runs and not {"first_release", "re_release"} & set(args.runs):
+        p.error(
+            "--runs: re_release_warm needs first_release or re_release before it in the same invocation: "
+            "it measures the host that run leaves (the base's download cached, a warm compile cache)"
         )
     if not args.cpu_smoke and not args.model_dir:
         p.error("--model-dir is required on a GPU host (or --cpu-smoke)")

@@ -34,6 +34,7 @@ def value(argv: list[str], flag: str) -> str:
             "or --base-reference h200_base_reference.json from a first release of another session",
         ),
         ("re_release,manual", "re_release needs first_release in the same invocation"),
+        ("re_release_warm", "re_release_warm needs first_release or re_release before it"),
         ("baseline,bogus", "--runs: unknown bogus"),
         (",", "--runs: name at least one of"),
     ],
@@ -55,7 +56,14 @@ def test_a_session_may_measure_the_baseline_alone_the_two_releases_or_the_manual
 ):
     picked = []
     monkeypatch.setattr(release_time, "cmd_run", lambda args: picked.append(args.runs))
-    for runs in ("baseline", "first_release,re_release", "manual", "manual,first_release", None):
+    for runs in (
+        "baseline",
+        "first_release,re_release",
+        "manual",
+        "manual,first_release",
+        "re_release_warm,first_release",
+        None,
+    ):
         extra = ["--runs", runs] if runs else []
         release_time.main(
             ["--cpu-smoke", "--state", str(tmp_path), "--out", str(tmp_path / "o.json"), *extra]
@@ -66,7 +74,8 @@ def test_a_session_may_measure_the_baseline_alone_the_two_releases_or_the_manual
         ["first_release", "re_release"],
         ["manual"],
         ["first_release", "manual"],
-        ["baseline", "first_release", "re_release", "manual"],
+        ["first_release", "re_release_warm"],
+        ["baseline", "first_release", "re_release", "re_release_warm", "manual"],
     ]
     assert release_time.RUNS[-1] == "manual" and "manual" not in release_time.FLOW_RUNS
 
@@ -108,7 +117,9 @@ def test_a_re_release_in_a_later_session_knows_its_base_from_the_first_releases_
         "re_release",
     ]
     release_time.main([*argv, "--base-reference", str(kept)])
-    assert picked == [(["re_release"], str(kept))]
+    # and once more on the host it leaves (the persistent host's case: download and compile cache warm)
+    release_time.main([*argv[:-1], "re_release,re_release_warm", "--base-reference", str(kept)])
+    assert picked == [(["re_release"], str(kept)), (["re_release", "re_release_warm"], str(kept))]
 
 
 def test_the_manual_path_does_first_releases_work_in_a_hub_repo_of_its_own():
