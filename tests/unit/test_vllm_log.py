@@ -96,6 +96,7 @@ def test_a_boots_timeline_is_read_from_its_lines_timestamps():
     log = (
         "(quantize-serve: vLLM's server module imported ahead of this boot)\n"
         "(APIServer pid=1) INFO 12-04 23:59:50 [api_utils.py:347] version 0.32.0\n"
+        "(APIServer pid=1) INFO 12-04 23:59:57 [model.py:733] Resolved architecture: LlamaForCausalLM\n"
         "(EngineCore pid=2) INFO 12-05 00:00:06 [core.py:133] Initializing a V1 LLM engine (v0.32.0)\n"
         "Loading safetensors checkpoint shards: 100% Completed | 1/1\n"
         "(EngineCore pid=2) INFO 12-05 00:00:07 [default_loader.py:501] Loading weights took 0.02 seconds\n"
@@ -104,6 +105,7 @@ def test_a_boots_timeline_is_read_from_its_lines_timestamps():
         "(APIServer pid=1) INFO 12-05 00:00:33 [entry.py:140] Starting vLLM server on http://127.0.0.1:1\n"
     )
     assert vllm_log.boot_timeline(log) == {
+        "config_resolved_s": 7,
         "engine_process_s": 16,
         "weights_loaded_s": 17,
         "engine_ready_s": 40,
