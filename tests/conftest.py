@@ -131,9 +131,9 @@ LANES = {
 }
 # Where vLLM serves no W4A16 checkpoint (a CPU without AVX-512), test_flow.py, test_formats.py and
 # test_real_model_gate.py skip and the flows lane loses most of its seconds, while the engines lane's
-# 16-bit boots run slower. On AVX2 (emulated, benchmarks/avx2_emulation, 2026-12-04) the lanes took 580 /
-# 356 s; on an AVX2 EPYC the suite took 22 min. The fault matrix (137 s there, its own boots, no session
-# fixture) then runs in the flows lane: the emulated suite took 500 s instead of 593 s.
+# 16-bit boots run slower. On AVX2 (emulated, benchmarks/avx2_emulation, 2026-12-04) the engines and flows
+# tests took 580 / 356 s; on an AVX2 EPYC the suite took 22 min. The fault matrix (137 s there, its own
+# boots, no session fixture) then runs in the flows lane: the emulated suite took 500 s instead of 593 s.
 if SERVING_GAPS["w4a16_serving"][1]:
     LANES = {"tests/engines/test_faults.py": "flows", **LANES}
 
