@@ -25,6 +25,7 @@ DEPLOYMENTS = {d["name"]: d for d in yaml.safe_load((ROOT / "prefect.yaml").read
 K8S = DEPLOYMENTS["llama3-k8s"]
 JOB_VARIABLES = K8S["work_pool"]["job_variables"]
 WORKER_TOKEN = "hf_worker_side_token_must_not_reach_the_pod_0123"
+WORK_MOUNT = "/var/lib/quantize-serve"  # the work volume's mount (the template's)
 
 
 def load_template() -> dict:
@@ -101,6 +102,7 @@ def test_template_is_the_library_default_plus_the_gpu_additions():
         "shm_size",
         "hf_token_secret_name",
         "hf_token_secret_key",
+        "work_volume",
     }
     properties = ours["variables"]["properties"]
     assert set(properties) == set(default["variables"]["properties"]) | added
@@ -113,10 +115,14 @@ def test_template_is_the_library_default_plus_the_gpu_additions():
     assert pod.pop("nodeSelector") == "{{ node_selector }}"
     assert pod.pop("tolerations") == "{{ tolerations }}"
     assert pod.pop("volumes") == [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "{{ shm_size }}"}}
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "{{ shm_size }}"}},
+        "{{ work_volume }}",
     ]
     main = pod["containers"][0]
-    assert main.pop("volumeMounts") == [{"name": "dshm", "mountPath": "/dev/shm"}]
+    assert main.pop("volumeMounts") == [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "work", "mountPath": WORK_MOUNT},
+    ]
     assert main["resources"]["limits"].pop("nvidia.com/gpu") == "{{ gpu_count }}"
     assert main["env"] == [
         {
@@ -143,11 +149,29 @@ def test_rendered_job_requests_the_gpus_on_a_gpu_node_with_shared_memory():
     assert main["resources"]["limits"] == {"nvidia.com/gpu": recipe().serve.tensor_parallel_size}
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    (shm,) = pod["volumes"]
+    shm, work = pod["volumes"]
     assert shm["emptyDir"]["medium"] == "Memory"
-    assert main["volumeMounts"] == [{"name": shm["name"], "mountPath": "/dev/shm"}]
+    assert work == {"name": "work", "emptyDir": {}}  # the pod's own unless the run names a claim
+    assert main["volumeMounts"] == [
+        {"name": shm["name"], "mountPath": "/dev/shm"},
+        {"name": work["name"], "mountPath": WORK_MOUNT},
+    ]
     assert main["image"] == JOB_VARIABLES["image"]
     assert manifest["kind"] == "Job" and pod["restartPolicy"] == "Never"
+
+
+def test_with_a_volume_claim_the_work_dir_outlives_the_pod_so_the_next_run_knows_its_base():
+    """The work dir holds the base's download, its reference figures (a known base is not served again),
+    the checkpoints and vLLM's compile cache; the runs' folders and the datasets' cache go there too."""
+    claim = {"name": "work", "persistentVolumeClaim": {"claimName": "quantize-serve-work"}}
+    manifest = render({"work_volume": claim})
+    pod, main = manifest["spec"]["template"]["spec"], container(manifest)
+    assert claim in pod["volumes"]
+    assert {"name": "work", "mountPath": WORK_MOUNT} in main["volumeMounts"]
+    env = {e["name"]: e.get("value") for e in main["env"]}
+    for name in ("QS_WORK_DIR", "QS_RUNS_DIR", "HF_HOME"):
+        assert env[name].startswith(WORK_MOUNT + "/"), name
+    assert len({env["QS_WORK_DIR"], env["QS_RUNS_DIR"], env["HF_HOME"]}) == 3
 
 
 def test_a_run_with_tensor_parallel_two_gets_two_gpus_on_the_nodes_it_names():
