@@ -22,7 +22,10 @@ Four runs, one local stack (Prefect server, `gpu` pool, local Hub):
    (calibration.shuffle_seed + 1, so the model is quantized again): a known base's next release.
    ``re_release_warm``: the same once more on the same host (calibration.shuffle_seed + 2), its work dir as
    the run before left it: the base's download cached, vLLM's compile cache warm, as on a platform's
-   persistent host.
+   persistent host. ``warm_up`` leaves the host so for less device time than a whole re-release: the
+   re-release's download, quantization (calibration.shuffle_seed + 3) and production boot at the recipe's
+   serve settings (so the same compile-cache entry), with the gates cut to a few documents a task and one
+   wave of stress requests (its task set then differs from the base reference's, so it serves its base too).
 4. ``manual``: ``first_release``'s work by hand, the careful engineer's way, with the engines' own commands
    (``benchmarks/manual.py``, shared with the CPU's ``benchmarks/pipeline_vs_manual.py``), each built from
    the same recipe and overrides as first_release's, a fresh work dir (an empty vLLM compile cache) and a
@@ -73,11 +76,8 @@ import argparse
 import json
 import re
 import shutil
-import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run 
 from benchmarks.harness import (  # noqa: E402
     ROOT,
     Results,
+    boot_logs,
     driver_env,
     load_scenario,
     logger,
@@ -98,19 +99,21 @@ from benchmarks import production_stack as production  # noqa: E402 - the local 
 driver_env(local_hub=True)  # before the product's imports, which read it
 
 from benchmarks import manual as m  # noqa: E402 - the steps by hand, shared with pipeline_vs_manual.py
+from benchmarks.release_time_manual import (  # noqa: E402 - the careful engineer's run, and the ratio
+    RECIPE,
+    SCENARIO,
+    ManualSetting,
+    manual_recipe,
+    manual_run,
+    record_ratio,
+)
 from localhub.datasets import publish_production_tasks, publish_ultrachat_production  # noqa: E402
-from quantize_serve.capacity.measure import sixteen_bit_kv_dtype  # noqa: E402
 from quantize_serve.core.settings import get_settings  # noqa: E402
-from quantize_serve.gates.accuracy import lm_eval_concurrency  # noqa: E402
-from quantize_serve.quantize.run import build_llmcompressor_recipe  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
 from quantize_serve.report import base_reference  # noqa: E402
 from quantize_serve.serving import gpu  # noqa: E402
-from quantize_serve.serving.server import stop_process_group  # noqa: E402
-from quantize_serve.serving.vllm_log import boot_phases, boot_timeline, compile_summary, read_log  # noqa: E402
 from scripts.local_stack import local_stack  # noqa: E402
 
-SCENARIO = load_scenario("release-time")
 TASKS = SCENARIO["tasks"]
 SMOKE_LIMITS, SMOKE_DATA = SCENARIO["smoke_limits"], SCENARIO["smoke_data"]
 # CPU smoke: the llama3 scenario's CPU rehearsal, lm-eval's concurrency as the gate resolves it
@@ -120,35 +123,35 @@ SMOKE_OVERRIDES = {
     if k != "gates.accuracy.num_concurrent"
 }
 BASELINE_ENV = SCENARIO["baseline_env"]
-RUNS = ("baseline", "first_release", "re_release", "re_release_warm", "manual")
-FLOW_RUNS = RUNS[:4]
-MANUAL_REPO_SUFFIX = "-manual"
+RUNS = ("baseline", "first_release", "re_release", "warm_up", "re_release_warm", "manual")
+FLOW_RUNS = RUNS[:5]
+WARM_UP_OUTPUT_TOKENS = [64]  # warm_up's stress requests (run_plan)
 # The base's figures a first release stored (the flow's base reference), beside --out, for a re-release in
 # a later session (--base-reference): a first release and a re-release do not fit one session's device time
 BASE_REFERENCE_FILE = "h200_base_reference.json"
-RECIPE = ROOT / SCENARIO["recipe"]
 BASELINE_CONCURRENT = SCENARIO["baseline_concurrent"]
 BASELINE_OVERRIDES = SCENARIO["baseline_overrides"]  # the speed-ups that are recipe settings: off
-# The quantize worker's line; the flow's log relays it without the worker's "[quantize]" tag
-CALIBRATION_LINE = re.compile(r"(\d+) calibration samples, (\d+) tokens")
 # What a run's streamed log says as it goes: kept under "cut_short" until the run ends, so a run that a
 # session's end cuts short still leaves its stages (the final record replaces it)
 STAGE_LINE = re.compile(r"stage done: (.+?)\s*$")
 PROGRESS_LINE = re.compile(
     r"booting vLLM \([^)]+\)|vLLM \([^)]+\) healthy\b.*"
     r"|lm-eval \S+: .+ documents in .*|\d+ calibration samples, \d+ tokens|device peak .*"
+    r"|stress: \d+ requests at concurrency \d+|stress: vllm bench serve.*|stress: (?:passed|FAILED)"
 )
 log = logger("release")
 
 
-def boot_logs(run_dir: Path) -> list[dict[str, Any]]:
-    """Each vLLM boot of a run: its compile-cache hits, compiles, phases' seconds and timeline, as vLLM logged
-    them."""
-    logs = [(path.stem.removeprefix("vllm-"), read_log(path)) for path in sorted(run_dir.rglob("vllm-*.log"))]
-    return [
-        {"boot": boot, **compile_summary(text), **boot_phases(text), "timeline_s": boot_timeline(text)}
-        for boot, text in logs
-    ]
+def stress_seconds(folder: Path) -> dict[str, float | None] | None:
+    """The stress test's seconds (traffic ramp and bench; the stress result's) and its bench's own (vLLM's
+    bench JSON ``duration``, the final bench's requests only)."""
+    if not (folder / "stress_result.json").is_file():
+        return None
+    bench = folder / "bench.json"
+    return {
+        "test": json.loads((folder / "stress_result.json").read_text())["duration_s"],
+        "bench": json.loads(bench.read_text()).get("duration") if bench.is_file() else None,
+    }
 
 
 def one_run(
@@ -202,7 +205,7 @@ def one_run(
     new = sorted(set(runs.glob("*/report.json")) - before)
     report = json.loads(new[-1].read_text()) if new else {}
     run_dir = new[-1].parent if new else None
-    calibration = CALIBRATION_LINE.search(output)
+    calibration = m.CALIBRATION_LINE.search(output)
     decision = report.get("decision") or {}
     res.data.setdefault("cut_short", {}).pop(name, None)
     res.data["runs"][name] = {
@@ -231,8 +234,10 @@ def one_run(
         "base_reused_from": report.get("base_reused_from"),
         "quantized_beside_base": report.get("quantized_beside_base"),
         "decision": "passed" if decision.get("passed") else ("rejected" if decision else None),
+        "stress_seconds": stress_seconds(run_dir / "stress") if run_dir else None,
         "environment": env,
         "overrides": overrides,
+        "log": progress["log"],  # seconds since the command started: boots, calibration, lm-eval, stress
     }
     for side in ("accuracy-base", "accuracy-quantized"):
         summary = run_dir / side / "accuracy_run.json" if run_dir else None
@@ -244,234 +249,6 @@ def one_run(
             }
     res.save()
     log(f"{name}: rc {rc}, wall {wall} s, stages {stages}")
-
-
-# --------------------------------------------------------------------------------------------
-# The careful engineer's path: first_release's work by hand (benchmarks/manual.py's commands)
-# --------------------------------------------------------------------------------------------
-
-MANUAL_NOTE = SCENARIO["manual_note"]  # what the manual run is, recorded with it
-
-
-class Marks:
-    """Seconds per stage (each since the previous mark), as the flow's "stage done" marks are read."""
-
-    def __init__(self) -> None:
-        self.t0 = self.last = time.monotonic()
-        self.stages: dict[str, float] = {}
-
-    def done(self, stage: str) -> None:
-        now = time.monotonic()
-        self.stages[stage] = round(now - self.last, 1)
-        self.last = now
-
-    def elapsed(self) -> float:
-        return round(time.monotonic() - self.t0, 1)
-
-
-def manual_recipe(base_overrides: dict[str, Any], repo: str) -> tuple[Any, dict[str, Any]]:
-    """first_release's recipe (the same overrides) with a Hub repo of its own."""
-    overrides = {**base_overrides, "hub.repo_id": repo + MANUAL_REPO_SUFFIX}
-    return load_recipe(RECIPE, overrides), overrides
-
-
-def lm_eval_settings(recipe: Any, tasks_dir: Path) -> dict[str, Any]:
-    """The lm_eval invocation's settings as the gate resolves them: the recipe's task set as one group
-    file in ``tasks_dir`` (written here) with its limits as --samples, the gate's batch size, lm-eval's
-    concurrency (quantize_serve.gates.accuracy.lm_eval_concurrency), the server's max_model_len."""
-    gate = recipe.gates.accuracy
-    group, samples = m.gate_group(gate.tasks)
-    tasks_dir.mkdir(parents=True, exist_ok=True)
-    (tasks_dir / f"{m.GATE_GROUP}.yaml").write_text(group)
-    settings: dict[str, Any] = {
-        "tasks": [m.GATE_GROUP],
-        "batch_size": gate.batch_size,
-        "include_path": tasks_dir,
-        "concurrent": lm_eval_concurrency(gate, recipe.serve),
-        "max_length": recipe.serve.max_model_len,
-    }
-    if samples:
-        (tasks_dir / "samples.json").write_text(json.dumps(samples))
-        settings["samples"] = tasks_dir / "samples.json"
-    return settings
-
-
-@dataclass(frozen=True)
-class ManualSetting:
-    """What the manual run is given: first_release's recipe and overrides with a Hub repo of its own
-    (``manual_recipe``), the deployment's env on the local stack, a work dir of its own, the serving Python
-    and how long a vLLM boot may take to be ready."""
-
-    recipe: Any
-    overrides: dict[str, Any]
-    env: dict[str, str]
-    work: Path
-    serving_python: Path
-    ready_timeout_s: float
-
-
-def manual_run(res: Results, setting: ManualSetting, *, session: str, preceded_by: list[str]) -> None:
-    """first_release's work by hand (the module doc, run 4); the record is saved as it goes, so a failure
-    leaves the stages done so far (``complete`` false)."""
-    recipe, overrides, env, work = setting.recipe, setting.overrides, setting.env, setting.work
-    serving_python, ready_timeout_s = setting.serving_python, setting.ready_timeout_s
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    env = {
-        **env,
-        "VLLM_CACHE_ROOT": str(work / "vllm-cache"),  # a fresh compile cache, as first_release's
-        "HF_HUB_DISABLE_UPDATE_CHECK": "1",
-    }  # the hf CLI asks PyPI for a newer version otherwise
-    base, ckpt, hub, serve = work / "base", work / "ckpt", recipe.hub, recipe.serve
-    # Written before the clock starts, as a person has them ready: the llm-compressor recipe, the script,
-    # the lm-eval group file.
-    (work / "recipe.yaml").write_text(build_llmcompressor_recipe(recipe.quantization))
-    # On a GPU the model goes on it, as the flow places a model that fits (an 8B on an H200: 9 times over).
-    params = m.oneshot_params(
-        recipe,
-        base,
-        ckpt,
-        work / "recipe.yaml",
-        device="cuda:0" if gpu.usable_memory_bytes() is not None else None,
-    )
-    (work / "oneshot.py").write_text(m.oneshot_script(params))
-    evaluate = lm_eval_settings(recipe, work / "lm-eval-tasks")
-    marks, commands, steps = Marks(), {}, {}
-    record: dict[str, Any] = {
-        "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "session_started": session,
-        "preceded_by": preceded_by,
-        "complete": False,
-        "wall_seconds": None,
-        "decision_inputs_seconds": None,
-        "elapsed_seconds": 0.0,
-        "stage_seconds": marks.stages,
-        "step_seconds": steps,
-        "calibration": None,
-        "tasks": [t.task for t in recipe.gates.accuracy.tasks],
-        "boots": [],
-        "boot_seconds": {},
-        "capacity": {},
-        "base_reused_from": None,
-        "decision": None,
-        "repo_id": hub.repo_id,
-        "commands": commands,
-        "oneshot": {k: v for k, v in params.items() if k not in ("model", "out", "recipe")},
-        "lm_eval": {
-            **{k: v for k, v in evaluate.items() if k not in ("include_path", "samples")},
-            "group_file": (work / "lm-eval-tasks" / f"{m.GATE_GROUP}.yaml").read_text(),
-        },
-        "environment": {k: env.get(k) for k in ("VLLM_CACHE_ROOT", "VLLM_USE_FLASHINFER_SAMPLER")},
-        "overrides": overrides,
-    }
-    res.data["runs"]["manual"] = record
-
-    def mark(stage: str) -> None:  # the record on disk after every stage: a run cut short keeps them
-        marks.done(stage)
-        record.update(elapsed_seconds=marks.elapsed(), measured=time.strftime("%Y-%m-%dT%H:%M:%S"))
-        record_ratio(res)
-        res.save()
-
-    def run(step: str, argv: list[Any], **kwargs: Any) -> None:
-        commands[step] = m.typed(argv)
-        t0 = time.monotonic()
-        m.sh(argv, env=env, log=work / f"{step.replace(' ', '-')}.log", **kwargs)
-        steps[step] = round(time.monotonic() - t0, 1)
-
-    def boot(name: str, model: Path, kv_dtype: str) -> m.Serve:
-        s = m.Serve(
-            model,
-            kv_dtype,
-            m.kv_budget(serve, model),
-            serve=serve,
-            env=env,
-            log=work / f"vllm-{name}.log",
-            cli=True,
-            python=serving_python,
-            ready_timeout_s=ready_timeout_s,
-        )
-        commands[f"serve {name}"] = m.typed(s.argv).replace(f"--port {s.port}", "--port PORT")
-        return s
-
-    def up(name: str, s: m.Serve) -> None:
-        record["boot_seconds"][name] = steps[f"boot {name}"] = s.boot_seconds
-        record["capacity"][name] = m.cache_info(s.metrics())
-
-    def evaluate_on(name: str, s: m.Serve, tokenizer: Path) -> None:  # from work: the group file's folder
-        run(
-            f"lm_eval {name}",
-            m.lm_eval_argv(s.url, tokenizer, work / f"lm-eval-{name}", **evaluate),
-            cwd=work,
-        )
-
-    upload = None
-    try:
-        run("download", m.download_argv(production.BASE_ID, base))
-        mark("base downloaded")
-        run("oneshot", [m.PY, work / "oneshot.py"])
-        calibration = CALIBRATION_LINE.search((work / "oneshot.log").read_text(errors="replace"))
-        if calibration:
-            record["calibration"] = {"samples": int(calibration[1]), "tokens": int(calibration[2])}
-        mark("quantized")
-        upload_argv = m.upload_argv(hub.repo_id, ckpt, private=hub.private)
-        commands["upload"] = m.typed(upload_argv)
-        t_upload = time.monotonic()
-        with (work / "upload.log").open("w") as upload_log:  # beside the boots, as the flow pushes
-            upload = subprocess.Popen(
-                upload_argv, env=env, stdout=upload_log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        uploaded = threading.Thread(
-            target=lambda: (
-                upload.wait(),
-                steps.__setitem__("upload (in the background)", round(time.monotonic() - t_upload, 1)),
-            ),
-            daemon=True,
-        )
-        uploaded.start()
-        with boot("base", base, "auto") as s:
-            up("base", s)
-            evaluate_on("base", s, base)
-        mark("base served")
-        with boot("w4a16", ckpt, sixteen_bit_kv_dtype(ckpt)) as s:
-            up("w4a16", s)
-        mark("quantized served")
-        with boot("w4a16-fp8kv", ckpt, serve.kv_cache_dtype) as s:
-            up("w4a16-fp8kv", s)
-            evaluate_on("w4a16-fp8kv", s, ckpt)
-            t0 = time.monotonic()
-            m.stress_by_hand(s, recipe, ckpt, work / "stress", env=env, python=serving_python)
-            steps["stress (ramp and final bench)"] = round(time.monotonic() - t0, 1)
-        mark("fp8 served")
-        uploaded.join()
-        if upload.returncode != 0:
-            raise RuntimeError(
-                f"hf upload exited {upload.returncode}: {(work / 'upload.log').read_text()[-2000:]}"
-            )
-        mark("candidate pushed")
-        record["decision_inputs_seconds"] = marks.elapsed()
-        run("tag", m.tag_argv(hub.repo_id, hub.release_ref, hub.release_ref_kind))
-        marks.done("released")
-        record.update(
-            complete=True,
-            wall_seconds=marks.elapsed(),
-            elapsed_seconds=marks.elapsed(),
-            measured=time.strftime("%Y-%m-%dT%H:%M:%S"),
-        )
-        record["stress"] = dict(zip(("ramp", "final"), m.stress_steps(recipe, ckpt), strict=True))
-    finally:
-        if upload is not None and upload.poll() is None:
-            stop_process_group(upload, grace_s=30)
-        record["boots"] = boot_logs(work)
-        res.save()
-    log(f"manual: wall {record['wall_seconds']} s, stages {marks.stages}")
-
-
-def record_ratio(res: Results) -> None:
-    """``ratio_vs_careful_manual`` and where its two walls came from (careful_manual_ratio), in --out."""
-    ratio = m.careful_manual_ratio(res.data.get("runs", {}))
-    res.data["ratio_vs_careful_manual"] = ratio["ratio"] if ratio else None
-    res.data["ratio_vs_careful_manual_from"] = ratio and {k: v for k, v in ratio.items() if k != "ratio"}
-    res.data["manual_note"] = MANUAL_NOTE
 
 
 def keep_base_reference(work: Path, out: Path, roots: tuple[Path, ...]) -> None:
@@ -493,6 +270,41 @@ def carry_base_reference(path: Path, work: Path) -> dict[str, Any]:
     return {"file": path.name, "run_id": reference.run_id, "key": reference.key}
 
 
+def run_plan(
+    recipe: Any, base_overrides: dict[str, Any], env: dict[str, str], home: Path
+) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
+    """Each flow run's (name, recipe overrides, deployment env), in the order they run: ``recipe`` with
+    ``base_overrides`` (every run's) applied. The releases share one work dir and Hub repo (the baseline has
+    its own); each re-release draws its calibration rows anew, so the model is quantized again. warm_up cuts
+    the gates (the CPU smoke's few documents a task, one wave of stress requests, short answers) and
+    nothing else: the serve settings, and so the production boot's compile-cache entry, are every run's."""
+    repo, seed = recipe.hub.repo_id, recipe.calibration.shuffle_seed
+    release_env = {**env, "QS_WORK_DIR": str(home / "work")}
+    warm_up = {
+        "gates.accuracy.tasks": [{**t, "limit": SMOKE_LIMITS[t["task"]]} for t in TASKS],
+        "gates.stress.num_requests": recipe.gates.stress.concurrency or recipe.serve.max_num_seqs,
+        "gates.stress.output_tokens": WARM_UP_OUTPUT_TOKENS,
+    }
+    baseline = {
+        **base_overrides,
+        "hub.repo_id": repo + "-baseline",
+        "gates.accuracy.num_concurrent": BASELINE_CONCURRENT,
+        **BASELINE_OVERRIDES,
+    }
+    return [
+        ("baseline", baseline, {**env, **BASELINE_ENV, "QS_WORK_DIR": str(home / "work-baseline")}),
+        ("first_release", {**base_overrides, "hub.repo_id": repo}, release_env),
+        *(
+            (
+                name,
+                {**base_overrides, "hub.repo_id": repo, "calibration.shuffle_seed": seed + n, **cut},
+                release_env,
+            )
+            for n, name, cut in ((1, "re_release", {}), (3, "warm_up", warm_up), (2, "re_release_warm", {}))
+        ),
+    ]
+
+
 def cmd_run(args: argparse.Namespace) -> None:
     from huggingface_hub import HfApi  # after HF_HUB_OFFLINE is set: huggingface_hub reads it on import
     from transformers import AutoTokenizer  # heavy (~3 s): only once the run starts
@@ -508,12 +320,12 @@ def cmd_run(args: argparse.Namespace) -> None:
     earlier = {k: v for k, v in res.data.items() if k == "earlier_sessions"}  # recorded by hand: kept
     res.data.clear()  # the runs not asked for this time stay as an earlier session measured them
     res.data.update(errors={}, runs=kept, cut_short=cut, **earlier)
-    recipe = load_recipe(RECIPE)
     limits = SMOKE_LIMITS if args.cpu_smoke else {}
     tasks = [{**t, "limit": limits.get(t["task"], t["limit"])} for t in TASKS]
     base_overrides: dict[str, Any] = {"gates.accuracy.tasks": tasks, **parse_sets(args.set)}
     if args.cpu_smoke:
         base_overrides.update(SMOKE_OVERRIDES)
+    recipe = load_recipe(RECIPE, base_overrides)  # as every run has it, before its own overrides
     serving_python = str(get_settings().serving_python)
     session = time.strftime("%Y-%m-%dT%H:%M:%S")  # this invocation: each run it measures records it
     res.data.update(
@@ -561,32 +373,7 @@ def cmd_run(args: argparse.Namespace) -> None:
             carried = carry_base_reference(Path(args.base_reference), home / "work")
             res.data["base_reference_carried"] = carried
         env = production.deployment_env(serving_python)
-        repo = recipe.hub.repo_id
-        plan = [
-            (
-                "baseline",
-                {
-                    **base_overrides,
-                    "hub.repo_id": repo + "-baseline",
-                    "gates.accuracy.num_concurrent": BASELINE_CONCURRENT,
-                    **BASELINE_OVERRIDES,
-                },
-                {**env, **BASELINE_ENV, "QS_WORK_DIR": str(home / "work-baseline")},
-            ),
-            (
-                "first_release",
-                {**base_overrides, "hub.repo_id": repo},
-                {**env, "QS_WORK_DIR": str(home / "work")},
-            ),
-            *(
-                (
-                    name,
-                    {**base_overrides, "hub.repo_id": repo, "calibration.shuffle_seed": c.shuffle_seed + n},
-                    {**env, "QS_WORK_DIR": str(home / "work")},
-                )
-                for n, name in enumerate(("re_release", "re_release_warm"), 1)
-            ),
-        ]
+        plan = run_plan(recipe, base_overrides, env, home)
         done: list[str] = []
         for name, overrides, run_env in plan:
             if name not in args.runs:
@@ -609,7 +396,7 @@ def cmd_run(args: argparse.Namespace) -> None:
             if name == "first_release":
                 keep_base_reference(home / "work", Path(args.out), res.roots)
         if "manual" in args.runs:  # first_release's recipe and overrides, by hand (benchmarks/manual.py)
-            manual, manual_overrides = manual_recipe(base_overrides, repo)
+            manual, manual_overrides = manual_recipe(base_overrides, recipe.hub.repo_id)
             try:
                 setting = ManualSetting(
                     manual,
@@ -681,10 +468,16 @@ def main(argv: list[str] | None = None) -> None:
             "base from its work dir and Hub repo, which live only as long as this host's scratch folder), "
             f"or --base-reference {BASE_REFERENCE_FILE} from a first release of another session"
         )
-    if "re_release_warm" in args.runs and not {"first_release", "re_release"} & set(args.runs):
+    if "re_release_warm" in args.runs and not {"first_release", "re_release", "warm_up"} & set(args.runs):
         p.error(
-            "--runs: re_release_warm needs first_release or re_release before it in the same invocation: "
-            "it measures the host that run leaves (the base's download cached, a warm compile cache)"
+            "--runs: re_release_warm needs first_release, re_release or warm_up before it in the same "
+            "invocation: it measures the host that run leaves (the base's download cached, a warm compile "
+            "cache)"
+        )
+    if "re_release_warm" in args.runs and "first_release" not in args.runs and not args.base_reference:
+        p.error(
+            "--runs: re_release_warm needs first_release in the same invocation, or --base-reference "
+            f"{BASE_REFERENCE_FILE}: a known base's re-release"
         )
     if not args.cpu_smoke and not args.model_dir:
         p.error("--model-dir is required on a GPU host (or --cpu-smoke)")

@@ -29,6 +29,7 @@ from quantize_serve.core.model_files import GIB
 from quantize_serve.core.portable import write_json_result
 from quantize_serve.core.processes import process_alive
 from quantize_serve.core.settings import get_settings
+from quantize_serve.serving.vllm_log import boot_phases, boot_timeline, compile_summary, read_log
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "benchmarks" / "scenarios"
@@ -337,3 +338,13 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
             raise SystemExit(f"--set {item!r}: expected KEY=VALUE, e.g. quantization.scheme=W4A16")
         out[key.strip()] = yaml.safe_load(value)
     return out
+
+
+def boot_logs(folder: Path) -> list[dict[str, Any]]:
+    """Each vLLM boot logged under ``folder`` (its ``vllm-NAME.log`` files): its compile-cache hits, compiles,
+    phases' seconds and timeline, as vLLM logged them."""
+    logs = [(path.stem.removeprefix("vllm-"), read_log(path)) for path in sorted(folder.rglob("vllm-*.log"))]
+    return [
+        {"boot": boot, **compile_summary(text), **boot_phases(text), "timeline_s": boot_timeline(text)}
+        for boot, text in logs
+    ]

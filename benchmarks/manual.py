@@ -27,6 +27,7 @@ mean lengths, lm-eval's concurrency as the gate resolves it); none of its pipeli
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import time
@@ -53,6 +54,9 @@ LM_EVAL, HF = ROOT / ".venv/bin/lm_eval", ROOT / ".venv/bin/hf"
 API_SERVER = "vllm.entrypoints.openai.api_server"  # `python -m` of it: the server `vllm serve` runs
 SERVED = "model"
 GATE_GROUP = "release_gate"
+# The line both quantizers print, the flow's worker ("[quantize] ...", relayed without its tag) and the
+# oneshot script here ("[oneshot] ..."): samples and tokens
+CALIBRATION_LINE = re.compile(r"(\d+) calibration samples, (\d+) tokens")
 # lm-eval's groups among the recipe's task names, with their leaf tasks (what --samples is keyed by): mmlu's
 # 57 subjects, as lm-eval's own mmlu group names them and the local Hub publishes them.
 LM_EVAL_GROUPS = {"mmlu": tuple(f"mmlu_{s}" for s in MMLU_SUBJECTS)}

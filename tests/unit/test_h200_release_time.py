@@ -14,6 +14,7 @@ import yaml
 
 from benchmarks import h200_release_time as release_time
 from benchmarks import manual
+from benchmarks import release_time_manual as manual_path
 from localhub.datasets import MMLU_SUBJECTS
 from quantize_serve.quantize.worker import calibration_arguments
 from quantize_serve.recipe.load import load_recipe
@@ -34,7 +35,8 @@ def value(argv: list[str], flag: str) -> str:
             "or --base-reference h200_base_reference.json from a first release of another session",
         ),
         ("re_release,manual", "re_release needs first_release in the same invocation"),
-        ("re_release_warm", "re_release_warm needs first_release or re_release before it"),
+        ("re_release_warm", "re_release_warm needs first_release, re_release or warm_up before it"),
+        ("warm_up,re_release_warm", "re_release_warm needs first_release in the same invocation, or --base"),
         ("baseline,bogus", "--runs: unknown bogus"),
         (",", "--runs: name at least one of"),
     ],
@@ -75,7 +77,7 @@ def test_a_session_may_measure_the_baseline_alone_the_two_releases_or_the_manual
         ["manual"],
         ["first_release", "manual"],
         ["first_release", "re_release_warm"],
-        ["baseline", "first_release", "re_release", "re_release_warm", "manual"],
+        ["baseline", "first_release", "re_release", "warm_up", "re_release_warm", "manual"],
     ]
     assert release_time.RUNS[-1] == "manual" and "manual" not in release_time.FLOW_RUNS
 
@@ -119,11 +121,50 @@ def test_a_re_release_in_a_later_session_knows_its_base_from_the_first_releases_
     release_time.main([*argv, "--base-reference", str(kept)])
     # and once more on the host it leaves (the persistent host's case: download and compile cache warm)
     release_time.main([*argv[:-1], "re_release,re_release_warm", "--base-reference", str(kept)])
-    assert picked == [(["re_release"], str(kept)), (["re_release", "re_release_warm"], str(kept))]
+    # or after a cheaper warm-up of that host
+    release_time.main([*argv[:-1], "re_release_warm,warm_up", "--base-reference", str(kept)])
+    assert picked == [
+        (["re_release"], str(kept)),
+        (["re_release", "re_release_warm"], str(kept)),
+        (["warm_up", "re_release_warm"], str(kept)),
+    ]
+
+
+def test_the_warm_up_cuts_the_gates_and_nothing_that_keys_the_compile_cache(tmp_path):
+    """warm_up leaves the host as a re-release would (the base's download, the production boot's compile
+    cache) for less device time: its gates are cut, its serve settings are every run's."""
+    recipe = load_recipe(ROOT / "recipes/llama3-8b-instruct-awq.yaml", PRODUCTION)
+    plan = {
+        name: (overrides, env)
+        for name, overrides, env in release_time.run_plan(recipe, PRODUCTION, {}, tmp_path)
+    }
+    assert list(plan) == list(release_time.FLOW_RUNS)
+    warm_up, re_release = plan["warm_up"][0], plan["re_release_warm"][0]
+    assert {k for k in warm_up if warm_up[k] != re_release.get(k)} == {
+        "calibration.shuffle_seed",  # quantized anew, as each re-release is
+        "gates.accuracy.tasks",
+        "gates.stress.num_requests",
+        "gates.stress.output_tokens",
+    }
+    seeds = [plan[n][0]["calibration.shuffle_seed"] for n in ("re_release", "warm_up", "re_release_warm")]
+    assert len(set(seeds)) == 3 and recipe.calibration.shuffle_seed not in seeds
+    assert [t["limit"] for t in warm_up["gates.accuracy.tasks"]] == [3, 3, 3, 1]
+    assert warm_up["gates.stress.num_requests"] == recipe.gates.stress.concurrency == 128  # one wave
+    cut = load_recipe(ROOT / "recipes/llama3-8b-instruct-awq.yaml", warm_up)  # a recipe the flow takes
+    assert cut.serve == recipe.serve
+    assert plan["warm_up"][1] == plan["re_release_warm"][1] == plan["first_release"][1]  # one work dir
+
+
+def test_a_runs_stress_seconds_are_the_tests_and_its_bench(tmp_path):
+    assert release_time.stress_seconds(tmp_path) is None  # no stress test ran (a failure before it)
+    (tmp_path / "stress_result.json").write_text(json.dumps({"duration_s": 131.4}))
+    assert release_time.stress_seconds(tmp_path) == {"test": 131.4, "bench": None}
+    (tmp_path / "bench.json").write_text(json.dumps({"duration": 48.2, "completed": 512}))
+    assert release_time.stress_seconds(tmp_path) == {"test": 131.4, "bench": 48.2}
 
 
 def test_the_manual_path_does_first_releases_work_in_a_hub_repo_of_its_own():
-    recipe, overrides = release_time.manual_recipe(PRODUCTION, "your-org/Meta-Llama-3-8B-Instruct-AWQ-W4A16")
+    recipe, overrides = manual_path.manual_recipe(PRODUCTION, "your-org/Meta-Llama-3-8B-Instruct-AWQ-W4A16")
     assert overrides == {**PRODUCTION, "hub.repo_id": "your-org/Meta-Llama-3-8B-Instruct-AWQ-W4A16-manual"}
     assert recipe.hub.repo_id.endswith("-manual") and recipe.hub.release_ref == "production"
     assert [(t.task, t.num_fewshot, t.limit) for t in recipe.gates.accuracy.tasks] == [
@@ -135,7 +176,7 @@ def test_the_manual_path_does_first_releases_work_in_a_hub_repo_of_its_own():
 
 
 def test_vllm_serve_takes_the_recipes_serve_settings_on_the_gpu_without_a_kv_budget():
-    recipe, _ = release_time.manual_recipe(PRODUCTION, "org/repo")
+    recipe, _ = manual_path.manual_recipe(PRODUCTION, "org/repo")
     assert manual.kv_budget(recipe.serve, Path("unused")) is None  # no memory_budget: vLLM sizes the KV cache
     argv = manual.serve_argv(recipe.serve, "ckpt", kv_dtype="fp8", kv_bytes=None, port=8000, cli=True)
     assert manual.typed(argv) == (
@@ -148,7 +189,7 @@ def test_vllm_serve_takes_the_recipes_serve_settings_on_the_gpu_without_a_kv_bud
 
 
 def test_the_cpu_smoke_serves_with_the_overridden_budget_and_eager():
-    recipe, _ = release_time.manual_recipe({**PRODUCTION, **release_time.SMOKE_OVERRIDES}, "org/repo")
+    recipe, _ = manual_path.manual_recipe({**PRODUCTION, **release_time.SMOKE_OVERRIDES}, "org/repo")
     base = ROOT / "models/tiny-llama"
     kv = manual.kv_budget(recipe.serve, base)
     assert 0 < kv < 8 << 20  # the 8 MiB budget less the tiny model's weights
@@ -186,8 +227,8 @@ def test_the_cpu_benchmarks_vllm_serve_is_the_one_it_always_typed():
 
 
 def test_one_lm_eval_invocation_runs_every_task_at_its_own_shots_and_limit(tmp_path):
-    recipe, _ = release_time.manual_recipe(PRODUCTION, "org/repo")
-    settings = release_time.lm_eval_settings(recipe, tmp_path)
+    recipe, _ = manual_path.manual_recipe(PRODUCTION, "org/repo")
+    settings = manual_path.lm_eval_settings(recipe, tmp_path)
     group = yaml.safe_load((tmp_path / "release_gate.yaml").read_text())
     assert group == {
         "group": "release_gate",
@@ -218,13 +259,13 @@ def test_one_lm_eval_invocation_runs_every_task_at_its_own_shots_and_limit(tmp_p
 
 
 def test_a_fractional_limit_cannot_become_samples():
-    recipe, _ = release_time.manual_recipe({"gates.accuracy.tasks": [{"task": "gsm8k", "limit": 0.5}]}, "o/r")
+    recipe, _ = manual_path.manual_recipe({"gates.accuracy.tasks": [{"task": "gsm8k", "limit": 0.5}]}, "o/r")
     with pytest.raises(ValueError, match="fractional limit"):
         manual.gate_group(recipe.gates.accuracy.tasks)
 
 
 def test_the_oneshot_script_calibrates_on_the_flows_rows_the_docs_way(tmp_path):
-    recipe, _ = release_time.manual_recipe(PRODUCTION, "org/repo")
+    recipe, _ = manual_path.manual_recipe(PRODUCTION, "org/repo")
     params = manual.oneshot_params(recipe, tmp_path / "base", tmp_path / "ckpt", tmp_path / "recipe.yaml")
     assert {
         k: params[k]
@@ -265,7 +306,7 @@ def test_the_oneshot_script_calibrates_on_the_flows_rows_the_docs_way(tmp_path):
 
 
 def test_on_a_gpu_the_oneshot_script_places_the_model_as_the_flow_does(tmp_path):
-    recipe, _ = release_time.manual_recipe(PRODUCTION, "org/repo")
+    recipe, _ = manual_path.manual_recipe(PRODUCTION, "org/repo")
     params = manual.oneshot_params(recipe, tmp_path / "b", tmp_path / "c", tmp_path / "r", device="cuda:0")
     script = manual.oneshot_script(params)
     ast.parse(script)
@@ -289,7 +330,7 @@ def test_the_cpu_benchmarks_oneshot_reads_the_tiny_recipes_local_file():
 
 
 def test_the_stress_test_by_hand_is_the_flows_ramp_and_final_bench():
-    recipe, _ = release_time.manual_recipe(PRODUCTION, "org/repo")
+    recipe, _ = manual_path.manual_recipe(PRODUCTION, "org/repo")
     ramp, final = manual.stress_steps(recipe, ROOT / "models/tiny-llama")
     assert [s["concurrency"] for s in ramp] == [1, 32, 64, 128]
     assert sum(s["num_prompts"] for s in ramp) == 512 and sum(s["overlong"] for s in ramp) == 4
@@ -428,6 +469,9 @@ def test_a_run_cut_short_by_the_sessions_end_leaves_its_stages_on_disk(tmp_path)
                 "▪ 14:02:45.260 5801cabdf5c6 stage done: quantized",
                 "▪ 14:04:36.945 5801cabdf5c6 vLLM (base) healthy at http://127.0.0.1:49643 after 112 s",
                 "▪ 14:16:51.344 c6fa532a2d7e lm-eval arc_challenge: 500 documents in 186 s: acc 0.222",
+                "▪ 14:16:52.001 c6fa532a2d7e stress: 419 requests at concurrency 128",
+                "▪ 14:17:40.127 c6fa532a2d7e stress: vllm bench serve, 1536 -> 277 tokens, concurrency 128",
+                "▪ 14:18:31.950 c6fa532a2d7e stress: passed",
                 "▪ 14:16:51.350 c6fa532a2d7e Finished in state Completed()",
             ):
                 echo(line)
@@ -452,11 +496,15 @@ def test_a_run_cut_short_by_the_sessions_end_leaves_its_stages_on_disk(tmp_path)
         "256 calibration samples, 300737 tokens",
         "vLLM (base) healthy at http://127.0.0.1:PORT after 112 s",
         "lm-eval arc_challenge: 500 documents in 186 s: acc 0.222",
+        "stress: 419 requests at concurrency 128",
+        "stress: vllm bench serve, 1536 -> 277 tokens, concurrency 128",
+        "stress: passed",
     ]
     assert cut["session_started"] == "2026-12-02T13:57:23" and cut["state"].startswith("cut short")
     final = json.loads(out.read_text())
     assert final["cut_short"] == {}  # the finished run's record replaces it
     assert final["runs"]["first_release"]["calibration"] == {"samples": 256, "tokens": 300737}
+    assert final["runs"]["first_release"]["log"] == cut["log"]  # where the stages' seconds went, kept
 
 
 def test_the_task_rows_cost_the_tokens_the_real_datasets_words_would():
