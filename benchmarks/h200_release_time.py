@@ -12,7 +12,7 @@ the times are real):
   shape under their real dataset ids, at the recipe's limits; token-true: sized so the served tokenizer
   gives them the tokens Llama-3's would give the real rows (~10M scored prompt tokens a model).
 
-Four runs, one local stack (Prefect server, `gpu` pool, local Hub):
+The runs, on one local stack (Prefect server, `gpu` pool, local Hub):
 1. ``baseline``: the product's speed-ups that a setting switches off are off (QS_PREPARE_BOOTS=false,
    QS_REUSE_BASE_REFERENCE=false, QS_QUANTIZE_ON_DEVICE=false, lm-eval's concurrency at the recipe's
    former 16, lm-eval's echo scoring, every document in one look), a fresh work dir
@@ -26,24 +26,25 @@ Four runs, one local stack (Prefect server, `gpu` pool, local Hub):
    re-release's download, quantization (calibration.shuffle_seed + 3) and production boot at the recipe's
    serve settings (so the same compile-cache entry), with the gates cut to a few documents a task and one
    wave of stress requests (its task set then differs from the base reference's, so it serves its base too).
-4. ``manual``: ``first_release``'s work by hand, the careful engineer's way, with the engines' own commands
-   (``benchmarks/manual.py``, shared with the CPU's ``benchmarks/pipeline_vs_manual.py``), each built from
-   the same recipe and overrides as first_release's, a fresh work dir (an empty vLLM compile cache) and a
-   Hub repo of its own (``-manual``): ``hf download`` of the base (without original/); an llm-compressor
-   ``oneshot`` script the way its examples write one (the model loaded in bf16; the llm-compressor recipe
-   the flow builds, the rows the flow calibrates on from the local Hub with ``datasets``, rendered with the
-   chat template, and oneshot's arguments and placement as the flow sets them: the model on the GPU); ``hf
-   upload`` of the checkpoint started right after, in the background (the flow pushes beside the boots too);
-   ``vllm serve`` base (16-bit KV), ``/metrics``, one ``lm_eval --model local-completions`` for the whole task
-   set (one group file with each task's few-shot count, the limits as ``--samples``); ``vllm serve`` W4A16
-   16-bit KV, ``/metrics``; ``vllm serve`` W4A16 fp8 KV, ``/metrics``, the same ``lm_eval``, the stress ramp
-   by ``vllm bench serve`` with the over-long prompts by hand, the final ``vllm bench serve``; then, the
-   upload done, ``hf repos tag create`` of the release ref. One boot per configuration, the serve settings as
-   the recipe says them. Timed from the first command to the tag (the flow's wall ends after its promotion
-   too); ``decision_inputs_seconds`` is the time to the last figure the decision reads (the fp8 boot done, the
-   upload done). ``ratio_vs_careful_manual`` = first_release wall / manual wall, whenever both are in
-   --out, with the session (its start) and date each came from (``ratio_vs_careful_manual_from``); a
-   manual run cut short (its record is saved after every stage) bounds it instead: ``ratio_at_most``.
+4. ``manual`` (benchmarks/release_time_manual.py): ``first_release``'s work by hand, the careful engineer's
+   way, with the engines' own commands (``benchmarks/manual.py``, shared with the CPU's
+   ``benchmarks/pipeline_vs_manual.py``), each built from the same recipe and overrides as first_release's, a
+   fresh work dir (an empty vLLM compile cache) and a Hub repo of its own (``-manual``): ``hf download`` of
+   the base (without original/); an llm-compressor ``oneshot`` script the way its examples write one (the
+   model loaded in bf16; the llm-compressor recipe the flow builds, the rows the flow calibrates on from the
+   local Hub with ``datasets``, rendered with the chat template, and oneshot's arguments and placement as the
+   flow sets them: the model on the GPU); ``hf upload`` of the checkpoint started right after, in the
+   background (the flow pushes beside the boots too); ``vllm serve`` base (16-bit KV), ``/metrics``, one
+   ``lm_eval --model local-completions`` for the whole task set (one group file with each task's few-shot
+   count, the limits as ``--samples``); ``vllm serve`` W4A16 16-bit KV, ``/metrics``; ``vllm serve`` W4A16 fp8
+   KV, ``/metrics``, the same ``lm_eval``, the stress ramp by ``vllm bench serve`` with the over-long prompts
+   by hand, the final ``vllm bench serve``; then, the upload done, ``hf repos tag create`` of the release ref.
+   One boot per configuration, the serve settings as the recipe says them. Timed from the first command to the
+   tag (the flow's wall ends after its promotion too); ``decision_inputs_seconds`` is the time to the last
+   figure the decision reads (the fp8 boot done, the upload done). ``ratio_vs_careful_manual`` = first_release
+   wall / manual wall, whenever both are in --out, with the session (its start) and date each came from
+   (``ratio_vs_careful_manual_from``); a manual run cut short (its record is saved after every stage) bounds
+   it instead: ``ratio_at_most``.
 
 ``--set KEY=VALUE`` (repeatable): a recipe override for every run (the baseline's own win); runs record them.
 
@@ -53,20 +54,23 @@ others stay in --out as an earlier session measured them (each run records when 
 dir and Hub repo), or ``--base-reference FILE``: the base reference a first release stored, which the driver
 keeps beside --out as h200_base_reference.json, put in this session's work dir (its key, base sha, tasks,
 serve settings, vLLM and GPU, must match; the record says which run it came from), for a session that holds
-only the re-release. ``manual`` runs alone or after the flow's runs (sharing the local Hub and its datasets
+only the re-release; ``re_release_warm`` needs one of the runs before it in the same invocation, and a base
+reference the same way. ``manual`` runs alone or after the flow's runs (sharing the local Hub and its datasets
 cache with them: warm caches favour it).
 
 Recorded per flow run: the wall of ``prefect deployment run --watch`` (to its last line, the run's final
 state; ``driver_seconds`` adds the harness's stop of the worker it started for the run), the flow run's own
 seconds and per-stage seconds (the run's "stage done" marks), calibration samples and tokens, the task set,
-the vLLM boots with their compile-cache hits or compiles (from each boot's log), whether the base reference
-was reused and from which run, the decision; for ``manual``, the same per-stage marks (named as the flow's
-stages where one matches), each command's seconds, the commands as typed, the boots and what ``/metrics``
-gave; ``earlier_sessions`` (recorded by hand) is kept. Written to ``--out`` (h200_release_time.json).
+the vLLM boots with their compile-cache hits or compiles, phases and timeline (from each boot's log), the
+stress test's seconds and its bench's, whether the base reference was reused and from which run, the decision,
+and the streamed log's progress lines with their seconds since the command started; for ``manual``, the same
+per-stage marks (named as the flow's stages where one matches), each command's seconds, the commands as typed,
+the boots and what ``/metrics`` gave; ``earlier_sessions`` (recorded by hand) is kept. Written to ``--out``
+(h200_release_time.json).
 
 GPU host (after `benchmarks/h200.py build --model-dir M`):
     .venv/bin/python benchmarks/h200_release_time.py --state S --model-dir M --out OUT.json
-CPU smoke (the tiny model, the same four runs with small sizes; proves the script, times mean little):
+CPU smoke (the tiny model, the same runs with small sizes; proves the script, times mean little):
     .venv/bin/python benchmarks/h200_release_time.py --cpu-smoke --state S --out OUT.json
 """
 
