@@ -95,8 +95,8 @@ class ManualSetting:
 
 
 def manual_run(res: Results, setting: ManualSetting, *, session: str, preceded_by: list[str]) -> None:
-    """first_release's work by hand (the module doc, run 4); the record is saved as it goes, so a failure
-    leaves the stages done so far (``complete`` false)."""
+    """first_release's work by hand (h200_release_time.py's doc, run 4); the record is saved as it goes, so a
+    failure leaves the stages done so far (``complete`` false)."""
     recipe, overrides, env, work = setting.recipe, setting.overrides, setting.env, setting.work
     serving_python, ready_timeout_s = setting.serving_python, setting.ready_timeout_s
     shutil.rmtree(work, ignore_errors=True)
