@@ -33,6 +33,7 @@ def run_accuracy(
     paired_with: accuracy.AccuracyRun | None = None,
     reuse_rows: bool = False,
 ) -> accuracy.AccuracyRun:
+    log = run_log()
     result = accuracy.run_accuracy(
         server_base_url,
         gate,
@@ -43,8 +44,8 @@ def run_accuracy(
         num_concurrent=num_concurrent,
         paired_with=paired_with,
         reuse_rows=reuse_rows,
+        log=log,
     )
-    log = run_log()
     for run in result.tasks.values():  # a line per task for a person following the run
         looks = f" (look {run.looks_run} of {run.looks_planned})" if run.looks_planned > 1 else ""
         log(

@@ -40,12 +40,12 @@ point it elsewhere; no request has reached the server by then.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import statistics
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,8 +76,6 @@ from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask
 from quantize_serve.recipe.model import ServeSection
 from quantize_serve.serving.metrics import read_gauges
 from quantize_serve.serving.server import SERVED_NAME
-
-log = logging.getLogger(__name__)
 
 TASK_FILE_SUFFIXES = (".yaml", ".yml")
 # One request of lm-eval (a batch of prompts) may take this long before it is retried.
@@ -112,6 +110,7 @@ def run_accuracy(
     num_concurrent: int | None = None,
     paired_with: AccuracyRun | None = None,
     reuse_rows: bool = False,
+    log: Callable[[str], None] = print,
 ) -> AccuracyRun:
     """Run every task of ``gate`` against the vLLM server at ``server_base_url``.
 
@@ -123,7 +122,8 @@ def run_accuracy(
     it holds is scored look by look (``gate.looks``) and stops at the first look where its decision
     is clear (recovery.task_decided). ``reuse_rows``: the server runs vLLM's V2 model runner, so
     ``gate.scoring`` context-once may score multi-token continuations over the cached context
-    (gates/scoring.py). Any failure raises :class:`GateError`.
+    (gates/scoring.py). ``log``: a line as each look's lm-eval call starts. Any failure raises
+    :class:`GateError`.
     """
     if not gate.tasks:
         raise GateError(
@@ -145,7 +145,7 @@ def run_accuracy(
         num_concurrent=num_concurrent,
         reuse_rows=reuse_rows,
     )
-    runs = run_tasks(lm, specs, gate, task_manager, server_base_url, output_dir, paired_with)
+    runs = run_tasks(lm, specs, gate, task_manager, server_base_url, output_dir, paired_with, log)
     after = prompt_token_counters(server_base_url)
     sent, cached = (
         (int(after[k] - before[k]) if k in after and k in before else None)
@@ -188,6 +188,7 @@ def run_tasks(
     server_base_url: str,
     output_dir: Path,
     paired_with: AccuracyRun | None,
+    log: Callable[[str], None],
 ) -> dict[str, TaskRun]:
     """Every task: its seeded draw of documents, scored look by look when the base's run holds it (all at
     once otherwise), each document's outcome kept. Each look is one lm-eval call for every task still
@@ -215,14 +216,14 @@ def run_tasks(
             t.chunk = look_documents(t.order, t.fractions[look - 1] if look else 0.0, t.fractions[look])
         for call in one_call_each([t for t in running if t.chunk]):
             t0 = time.monotonic()
-            log.info(
-                "lm-eval: %s against %s",
-                ", ".join(
+            log(
+                "lm-eval: "
+                + ", ".join(
                     f"{t.spec.task.task} look {look + 1} of {len(t.fractions)}: "
                     f"{sum(map(len, t.chunk.values()))} documents"
                     for t in call
-                ),
-                server_base_url,
+                )
+                + f" against {server_base_url}"
             )
             samples = {member: docs for t in call for member, docs in t.chunk.items()}
             results = evaluate_tasks(

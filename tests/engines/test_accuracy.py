@@ -157,6 +157,7 @@ def test_gsm8k_by_name_reads_its_data_from_the_hub(base_server, base_model_dir, 
     assert raw["configs"]["gsm8k"]["dataset_name"] == "main"
     assert raw["n-samples"]["gsm8k"]["original"] == 8  # our test split, not gsm8k's 1,319
 
+    said = []  # the flow's task passes its run's log: a line as each look starts, for a person following it
     looked = run_accuracy(
         server.base_url,
         gate,
@@ -165,10 +166,14 @@ def test_gsm8k_by_name_reads_its_data_from_the_hub(base_server, base_model_dir, 
         base_dir=PRODUCTION.parent,
         output_dir=tmp_path / "looks",
         paired_with=run,
+        log=said.append,
     ).tasks["gsm8k"]
     assert looked.looks_run == 4 and list(looked.documents) == list(
         gsm8k.documents
     )  # 8 documents: no early stop
+    assert said == [
+        f"lm-eval: gsm8k look {k} of 4: 2 documents against {server.base_url}" for k in (1, 2, 3, 4)
+    ]
     assert all(looked.documents[k].prompt_hash == d.prompt_hash for k, d in gsm8k.documents.items())
     fetched = {
         r.path.rsplit("/", 1)[-1]

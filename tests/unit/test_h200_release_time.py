@@ -468,6 +468,7 @@ def test_a_run_cut_short_by_the_sessions_end_leaves_its_stages_on_disk(tmp_path)
                 "▪      :47.857 4f23b0b8acc8  256 calibration samples, 300737 tokens",
                 "▪ 14:02:45.260 5801cabdf5c6 stage done: quantized",
                 "▪ 14:04:36.945 5801cabdf5c6 vLLM (base) healthy at http://127.0.0.1:49643 after 112 s",
+                "▪ 14:10:02.107 c6fa532a2d7e lm-eval: arc_challenge look 1 of 4: 213 documents against http://x",
                 "▪ 14:16:51.344 c6fa532a2d7e lm-eval arc_challenge: 500 documents in 186 s: acc 0.222",
                 "▪ 14:16:52.001 c6fa532a2d7e stress: 419 requests at concurrency 128",
                 "▪ 14:17:40.127 c6fa532a2d7e stress: vllm bench serve, 1536 -> 277 tokens, concurrency 128",
@@ -495,6 +496,7 @@ def test_a_run_cut_short_by_the_sessions_end_leaves_its_stages_on_disk(tmp_path)
     assert [line.split(": ", 1)[1] for line in cut["log"]] == [
         "256 calibration samples, 300737 tokens",
         "vLLM (base) healthy at http://127.0.0.1:PORT after 112 s",
+        "lm-eval: arc_challenge look 1 of 4: 213 documents against http://x",
         "lm-eval arc_challenge: 500 documents in 186 s: acc 0.222",
         "stress: 419 requests at concurrency 128",
         "stress: vllm bench serve, 1536 -> 277 tokens, concurrency 128",
