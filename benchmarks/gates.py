@@ -25,7 +25,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 from benchmarks.harness import ROOT  # noqa: E402
 from quantize_serve.core.portable import write_json_result  # noqa: E402
 from quantize_serve.recipe.load import parse_recipe  # noqa: E402
-from quantize_serve.report.run_report import RunReport, stress_summary  # noqa: E402
+from quantize_serve.report.run_report import RunReport, report_of, stress_summary  # noqa: E402
 
 
 def run(method: str) -> dict:
@@ -36,7 +36,7 @@ def run(method: str) -> dict:
     data.pop("hub")  # measure the gates; publishing is tested elsewhere
     recipe = parse_recipe(data, source=str(path), base_dir=path.parent)
     state = quantize_serve(recipe, return_state=True)
-    report = state.result(raise_on_failure=False)
+    report = report_of(state.result(raise_on_failure=False))
     assert isinstance(report, RunReport), f"the flow failed before its report: {report}"
     stress = report.stress
     return {

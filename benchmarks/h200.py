@@ -84,7 +84,7 @@ from quantize_serve.core.settings import get_settings  # noqa: E402
 from quantize_serve.gates.stress import plan_traffic, run_stress_test  # noqa: E402
 from quantize_serve.quantize.run import quantize_model  # noqa: E402
 from quantize_serve.recipe.load import parse_recipe  # noqa: E402
-from quantize_serve.report.run_report import RunReport, stress_summary  # noqa: E402
+from quantize_serve.report.run_report import RunReport, report_of, stress_summary  # noqa: E402
 from quantize_serve.serve_profile.output import ProfileFileSpec  # noqa: E402
 from quantize_serve.serving import gpu  # noqa: E402
 from quantize_serve.serving.boot import Boot  # noqa: E402
@@ -386,7 +386,7 @@ def cmd_flow_child(args: argparse.Namespace) -> None:
     recipe = parse_recipe(data, source=str(path), base_dir=path.parent)
     t0 = time.monotonic()
     state = quantize_serve(recipe, return_state=True)
-    report = state.result(raise_on_failure=False)
+    report = report_of(state.result(raise_on_failure=False))
     out: dict[str, Any] = {
         "state": state.type.value,
         "flow_seconds": round(time.monotonic() - t0, 1),

@@ -52,7 +52,7 @@ from quantize_serve.core.errors import RecipeError, RecipeErrors  # noqa: E402
 from quantize_serve.core.settings import get_settings  # noqa: E402
 from quantize_serve.formats import choose as formats  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
-from quantize_serve.report.run_report import RunReport, stress_summary  # noqa: E402
+from quantize_serve.report.run_report import RunReport, report_of, stress_summary  # noqa: E402
 from quantize_serve.serving import gpu  # noqa: E402
 from quantize_serve.serving.boot import Boot  # noqa: E402
 from quantize_serve.serving.host import GPU_OVERRIDES, servable_overrides  # noqa: E402
@@ -229,7 +229,7 @@ def run_flow(recipe_path: Path, overrides: dict[str, Any], work: Path) -> dict[s
             "state_message": state.message,
             "flow_seconds": round(time.monotonic() - t0, 1),
         }
-        report = state.result(raise_on_failure=False)
+        report = report_of(state.result(raise_on_failure=False))
         if isinstance(report, RunReport):
             out["report_path"] = str(Path(report.report_dir) / "report.json")
             if report.release and report.release.repo_id:

@@ -256,13 +256,14 @@ def one_run(
     log(f"{name}: rc {rc}, wall {wall} s, stages {stages}")
 
 
-def keep_base_reference(work: Path, out: Path, roots: tuple[Path, ...]) -> None:
-    """The base reference first_release stored in ``work`` (the flow's base-references folder), kept beside
-    ``out`` as BASE_REFERENCE_FILE with its paths relative to ``roots`` (it is committed): the input of a
-    later session's re_release (--base-reference)."""
+def keep_base_reference(work: Path, folder: Path, roots: tuple[Path, ...]) -> None:
+    """The base reference first_release stored in ``work`` (the flow's base-references folder), kept in
+    ``folder`` as BASE_REFERENCE_FILE with its paths relative to ``roots`` (it is committed): the input of a
+    later session's re_release (--base-reference). The driver keeps the GPU's beside --out and the CPU
+    smoke's in its state folder, where it cannot replace the GPU's in benchmarks/results."""
     stored = sorted((work / base_reference.FOLDER).glob("*.json"), key=lambda p: p.stat().st_mtime)
     if stored:
-        dest = out.with_name(BASE_REFERENCE_FILE)
+        dest = folder / BASE_REFERENCE_FILE
         write_json_result(dest, json.loads(stored[-1].read_text()), roots=roots)
         log(f"base reference of the first release kept as {dest.name}")
 
@@ -399,7 +400,9 @@ def cmd_run(args: argparse.Namespace) -> None:
                 res.save()
             done.append(name)
             if name == "first_release":
-                keep_base_reference(home / "work", Path(args.out), res.roots)
+                keep_base_reference(
+                    home / "work", state if args.cpu_smoke else Path(args.out).parent, res.roots
+                )
         if "manual" in args.runs:  # first_release's recipe and overrides, by hand (benchmarks/manual.py)
             manual, manual_overrides = manual_recipe(base_overrides, recipe.hub.repo_id)
             try:
@@ -443,8 +446,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout-s", type=float, default=3000)
     p.add_argument(
         "--base-reference",
-        help=f"a base reference a first release stored ({BASE_REFERENCE_FILE}, written beside --out): "
-        "re_release runs without first_release, its base known from that run",
+        help=f"a base reference a first release stored ({BASE_REFERENCE_FILE}, written beside --out; the CPU "
+        "smoke's in --state): re_release runs without first_release, its base known from that run",
     )
     p.add_argument(
         "--set",

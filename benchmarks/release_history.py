@@ -41,7 +41,7 @@ from quantize_serve.core.portable import write_json_result  # noqa: E402
 from quantize_serve.core.settings import get_settings  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
 from quantize_serve.release.rollback import RollbackRequest  # noqa: E402
-from quantize_serve.report.run_report import RunReport  # noqa: E402
+from quantize_serve.report.run_report import RunReport, report_of  # noqa: E402
 from quantize_serve.serving.host import servable_overrides  # noqa: E402
 
 REPO = "quantize-serve/tiny-llama-releases"
@@ -77,7 +77,7 @@ def release(name: str, extra: dict) -> dict:
     overrides = step_overrides(extra)
     started = time.monotonic()
     state = quantize_serve(RECIPE.as_posix(), overrides, return_state=True)
-    report = state.result(raise_on_failure=False)
+    report = report_of(state.result(raise_on_failure=False))
     if not isinstance(report, RunReport):
         raise SystemExit(f"{name}: the flow failed before its report: {report}")
     rel = report.release

@@ -32,7 +32,7 @@ from quantize_serve.core.portable import write_json_result  # noqa: E402
 from quantize_serve.formats import choose as formats_module  # noqa: E402
 from quantize_serve.recipe.load import parse_recipe  # noqa: E402
 from quantize_serve.recipe.quantization import FormatRule  # noqa: E402
-from quantize_serve.report.run_report import RunReport  # noqa: E402
+from quantize_serve.report.run_report import RunReport, report_of  # noqa: E402
 from quantize_serve.serving import host as cpu_support  # noqa: E402
 
 RECIPE = ROOT / "recipes" / "tiny-llama-formats.yaml"
@@ -47,7 +47,7 @@ def main() -> None:
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
     t0 = time.monotonic()
     state = quantize_serve(recipe, return_state=True)
-    report = state.result(raise_on_failure=False)
+    report = report_of(state.result(raise_on_failure=False))
     assert isinstance(report, RunReport), f"the flow failed before its report: {report}"
     formats = json.loads((Path(report.report_dir) / "formats.json").read_text())
     by_speed = formats_module.choose(

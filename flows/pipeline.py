@@ -37,7 +37,7 @@ from quantize_serve.recipe.model import Recipe
 from quantize_serve.serving.boot import Boot
 from quantize_serve.release.publish import release_reasons
 from quantize_serve.report.provenance import ACCURACY_BASE_DIR, ACCURACY_QUANTIZED_DIR
-from quantize_serve.report.run_report import RunReport
+from quantize_serve.report.run_report import ReleaseRejected, RunReport
 from tasks.decide import compare_accuracy, decide_release
 from tasks.formats import with_candidate
 from tasks.hub import promote_or_reject, push_candidate
@@ -290,10 +290,8 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     progress.done("report", report, mark="reported")
     if report.release.status == "rejected" or not report.decision.passed:
         # a rejected release is a failed run (red in the UI, non-zero for `deployment run --watch`)
-        return Failed(
-            message="release rejected: " + "; ".join(release_reasons(report, approved, approved_by)),
-            data=report,
-        )
+        message = "release rejected: " + "; ".join(release_reasons(report, approved, approved_by))
+        return Failed(message=message, data=ReleaseRejected(message, report))  # report_of(result) reads it
     return report
 
 

@@ -51,7 +51,7 @@ from quantize_serve.recipe.load import load_recipe
 from quantize_serve.recipe.section import looks_local
 from quantize_serve.release.history import release_history
 from quantize_serve.release.rollback import RollbackRequest, plan_rollback
-from quantize_serve.report.run_report import RunReport
+from quantize_serve.report.run_report import RunReport, report_of
 from quantize_serve.serving import gpu
 from quantize_serve.validate.preflight import check_recipe, check_serving_host, model_shape_dir
 
@@ -450,7 +450,7 @@ def run_command(args: argparse.Namespace) -> int:
         state = run_local(args.recipe)
     if not args.verbose:
         quiet_prefect_server_notes(handlers)
-    result = state.result(raise_on_failure=False)
+    result = report_of(state.result(raise_on_failure=False))  # passed or rejected: its report
     if isinstance(result, RunReport):
         release = result.release
         print(

@@ -240,7 +240,7 @@ def run_tasks(
                 t.documents.update(outcomes({m: rows for m, rows in logged.items() if m in t.members}))
                 write_raw_results(t.spec, results_of(results, t.members), output_dir)
                 t.seconds += time.monotonic() - t0
-        for t in running:
+        for t in [t for t in running if t.documents]:  # a small task's first looks may hold none of them
             t.run = task_run(
                 t.spec,
                 t.members,
@@ -255,7 +255,7 @@ def run_tasks(
             t
             for t in running
             if look < len(t.fractions) - 1
-            and not (t.base is not None and task_decided(t.base, t.run, gate, gate.rates(t.spec.task), look))
+            and not (t.base and t.run and task_decided(t.base, t.run, gate, gate.rates(t.spec.task), look))
         ]
         look += 1
     return {t.spec.task.task: t.run for t in tasks if t.run is not None}
@@ -263,9 +263,9 @@ def run_tasks(
 
 def one_call_each(tasks: list[_TaskLooks]) -> list[list[_TaskLooks]]:
     """The look's lm-eval calls: one for all the tasks, or one each where two share a member task (lm-eval
-    keys samples and results by member)."""
+    keys samples and results by member); none where the look holds no task's documents."""
     names = [n for t in tasks for n in t.members]
-    return [tasks] if len(names) == len(set(names)) else [[t] for t in tasks]
+    return [tasks] if tasks and len(names) == len(set(names)) else [[t] for t in tasks]
 
 
 def use_task_fewshot(spec: _TaskSpec, members: dict[str, Any]) -> None:

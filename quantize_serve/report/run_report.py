@@ -98,6 +98,22 @@ class RunReport(BaseModel):
         )
 
 
+class ReleaseRejected(Exception):
+    """The data of a rejected run's failed state: the reasons, with the run's report. Prefect's engine
+    raises a failed run's data when a deployment's run ends (an exception; the report itself would surface as
+    "TypeError: Unexpected result for failed state"); :func:`report_of` gives a caller the report."""
+
+    def __init__(self, message: str, report: RunReport | None = None) -> None:
+        super().__init__(message)  # the message alone in args: pickled, __dict__ carries the report
+        self.report = report
+
+
+def report_of(result: Any) -> Any:
+    """A flow run's result (``state.result(raise_on_failure=False)``) as its report where it has one, passed
+    or rejected; otherwise the exception that stopped it."""
+    return result.report if isinstance(result, ReleaseRejected) and result.report is not None else result
+
+
 def stress_summary(stress: StressResult | None) -> dict:
     if stress is None:
         return {}

@@ -113,6 +113,39 @@ def test_lm_eval_on_the_served_base_model(base_server, awq_recipe, base_model_di
     assert any(f"{fewest} documents" in c.reason for c in samples)
 
 
+@pytest.mark.timeout(300)
+def test_a_task_with_fewer_documents_than_looks_waits_for_the_look_that_holds_them(
+    base_server, awq_recipe, base_model_dir, tmp_path
+):
+    """A limit of 2 over 4 looks (as mmlu at one question a subject, which the H200 driver's warm-up and
+    CPU smoke run): look 1 holds none of the task's documents, looks 2 and 3 one each, look 4 none. The
+    candidate's task waits for its documents (it failed for want of a metric before) and is judged at the
+    look it ends on, every document scored."""
+    server, spec = base_server
+    gate = awq_recipe.gates.accuracy.model_copy(update={"tasks": [AccuracyTask(task=MC, limit=2)]})
+    served = {
+        "tokenizer_dir": str(base_model_dir),
+        "max_length": spec.serve.max_model_len,
+        "base_dir": Path(awq_recipe.base_dir),
+    }
+    base = run_accuracy(server.base_url, gate, output_dir=tmp_path / "base", **served)
+    said = []
+    candidate = run_accuracy(
+        server.base_url, gate, output_dir=tmp_path / "candidate", paired_with=base, log=said.append, **served
+    )
+    assert [line.split(" against ")[0] for line in said][:1] == [f"lm-eval: {MC} look 2 of 4: 1 documents"]
+    run = candidate.tasks[MC]
+    assert list(run.documents) == list(base.tasks[MC].documents)[: run.num_docs] and run.looks_run in (
+        2,
+        3,
+        4,
+    )
+    assert all(
+        c.reason != "the task has no results in the quantized run"
+        for c in compare_accuracy(base, candidate, gate)
+    )
+
+
 PRODUCTION = ROOT / "recipes" / "llama3-8b-instruct-awq.yaml"
 
 

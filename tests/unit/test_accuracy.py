@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from quantize_serve.core.errors import GateError
-from quantize_serve.gates.accuracy import absolute_data_paths, resolve_task, run_accuracy
+from quantize_serve.gates.accuracy import absolute_data_paths, one_call_each, resolve_task, run_accuracy
 from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask
 from quantize_serve.recipe.load import load_recipe
 from tests.conftest import ROOT
@@ -116,3 +116,9 @@ def test_a_metric_aggregated_over_the_whole_corpus_is_refused_before_any_request
     check_pairable(spec, {"a": Member({"acc": mean})})
     with pytest.raises(GateError, match=r"glue_like.*\{'f1': 'f1'\}.*cannot split per document.*Fix:"):
         check_pairable(spec, {"a": Member({"acc": mean}), "b": Member({"f1": f1})})
+
+
+def test_a_look_that_holds_no_tasks_documents_makes_no_lm_eval_call():
+    """A limit under the looks' count leaves a look without any of a task's documents (the engine test:
+    tests/engines/test_accuracy.py); with no task in it, the look calls lm-eval not at all."""
+    assert one_call_each([]) == []

@@ -96,7 +96,7 @@ def test_a_re_release_in_a_later_session_knows_its_base_from_the_first_releases_
     )
     save_reference(tmp_path / "session-1", ref)
     kept = tmp_path / release_time.BASE_REFERENCE_FILE
-    release_time.keep_base_reference(tmp_path / "session-1", tmp_path / "o.json", (tmp_path,))
+    release_time.keep_base_reference(tmp_path / "session-1", tmp_path, (tmp_path,))
     assert str(tmp_path) not in kept.read_text()  # it is committed: paths relative to the state folder
     carried = release_time.carry_base_reference(kept, tmp_path / "session-2")
     assert carried == {"file": release_time.BASE_REFERENCE_FILE, "run_id": "run-1", "key": "k1"}

@@ -11,7 +11,13 @@ from quantize_serve.capacity.chart import CHART
 from quantize_serve.capacity.measure import CapacityConfig, CapacityReport
 from quantize_serve.gates.decision import Decision
 from quantize_serve.quantize.run import QuantizeResult
-from quantize_serve.report.run_report import RunReport, render_markdown, write_report
+from quantize_serve.report.run_report import (
+    ReleaseRejected,
+    RunReport,
+    render_markdown,
+    report_of,
+    write_report,
+)
 from quantize_serve.validate.preflight import BaseModelRef
 
 
@@ -400,3 +406,25 @@ def test_decision_rows_report_and_artifact_name_a_task_by_its_lm_eval_name_never
     )
     assert result.rows[0].measure == "qs_facts_mc acc"
     assert str(PROJECT_ROOT) not in "".join(r.reason for r in decide([], None, regression=result).checks)
+
+
+def test_a_rejected_runs_failed_state_raises_the_rejection_and_keeps_its_report():
+    """Prefect's engine ends a deployment's run by raising its failed state's data: the rejection, with the
+    reasons (the report itself surfaced as "TypeError: Unexpected result for failed state" and its whole repr
+    in the run's log). Callers reading the state get the report; pickled (a persisted result), it is kept."""
+    import pickle
+
+    import pytest
+    from prefect.states import Failed
+
+    from tests.release_fixtures import run_report
+
+    report = run_report(repo_id="org/m", candidate_sha="c" * 40, run_id="r1")
+    message = "release rejected: accuracy mmlu acc: recovery 0.91"
+    state = Failed(message=message, data=ReleaseRejected(message, report))
+    with pytest.raises(ReleaseRejected, match="recovery 0.91"):
+        state.result()
+    assert report_of(state.result(raise_on_failure=False)) == report
+    assert report_of(pickle.loads(pickle.dumps(ReleaseRejected(message, report)))) == report
+    failure = RuntimeError("vLLM died")  # a run stopped before its report: the exception, as it was
+    assert report_of(failure) is failure and report_of(report) is report
