@@ -41,7 +41,8 @@ from typing import Any
 import yaml
 
 from quantize_serve.core.portable import write_json_result
-from quantize_serve.gates.accuracy import check_server, completions_model, index_tasks, resolve_task
+from quantize_serve.gates.accuracy import check_server, completions_model, index_tasks
+from quantize_serve.gates.task_files import resolve_task
 from quantize_serve.quantize.run import quantize_model
 from quantize_serve.recipe.quantization import QuantizationSection
 from quantize_serve.serving.server import ServerSpec, vllm_server

@@ -17,6 +17,7 @@ the caller holds the `gpu` slot around them. ``also`` runs on a boot right after
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,13 +25,13 @@ from typing import Any
 from prefect.states import Completed, State
 
 from quantize_serve.capacity.measure import CapacityConfig
-from quantize_serve.gates.accuracy import AccuracyRun, lm_eval_concurrency
+from quantize_serve.gates.accuracy import AccuracyRun, Prepared, lm_eval_concurrency
 from quantize_serve.report.base_reference import BaseReference
 from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.server import RunningServer, ServerSpec
 from quantize_serve.serving.vllm_log import read_log, v2_model_runner
 from quantize_serve.validate.preflight import ValidatedRecipe
-from tasks.accuracy import run_accuracy
+from tasks.accuracy import prepare_accuracy, run_accuracy
 from tasks.progress import Progress
 from tasks.serve import capacity_at_recipe_utilization, measure_capacity, prepare_boot, served
 from tasks.soak import run_soak_test
@@ -83,10 +84,12 @@ def accuracy_gate(
     tokenizer_dir: str,
     output_dir: Path,
     paired_with: AccuracyRun | BaseException | None = None,
+    prepared: Future[Prepared] | None = None,
 ) -> State:
     """The recipe's accuracy tasks against the live server (its final state, failed or not).
     ``paired_with``: the base's run, so the candidate stops at the first look that decides (a base that
-    failed gives nothing to pair with: the candidate is scored in full, and the decision fails)."""
+    failed gives nothing to pair with: the candidate is scored in full, and the decision fails).
+    ``prepared``: :func:`accuracy_ahead`, started as the server's boot did."""
     r = validated.recipe
     return run_accuracy(
         server.base_url,
@@ -98,8 +101,14 @@ def accuracy_gate(
         num_concurrent=lm_eval_concurrency(r.gates.accuracy, r.serve),
         paired_with=paired_with if isinstance(paired_with, AccuracyRun) else None,
         reuse_rows=v2_model_runner(read_log(server.log_path)),
+        prepared=prepared,
         return_state=True,
     )
+
+
+def accuracy_ahead(validated: ValidatedRecipe) -> Future[Prepared]:
+    """The accuracy run's lm-eval imports and task index, started as its server's boot starts."""
+    return prepare_accuracy(validated.recipe.gates.accuracy, Path(validated.recipe.base_dir))
 
 
 def serve_base(
@@ -121,6 +130,7 @@ def serve_base(
     ``progress`` is told as the boot and its accuracy run start and end."""
     stages = progress or _NoProgress()
     stages.start("boot base")
+    ahead = accuracy_ahead(validated)
     boot = served(
         validated,
         Boot.BASE,
@@ -140,7 +150,9 @@ def serve_base(
         stages.start("accuracy base")
         accuracy = stages.done(
             "accuracy base",
-            accuracy_gate(validated, server, tokenizer_dir=model_dir, output_dir=accuracy_dir),
+            accuracy_gate(
+                validated, server, tokenizer_dir=model_dir, output_dir=accuracy_dir, prepared=ahead
+            ),
         )
     return BaseServed(capacity=capacity, accuracy=accuracy, also=extra)
 
@@ -179,6 +191,7 @@ def serve_quantized(
             prepare_boot(log_dir, Boot.PRODUCTION)  # (c)'s imports while (b) stops, unless started before
         stages.mark("quantized served")
     stages.start("boot production")
+    ahead = accuracy_ahead(validated)
     with served(validated, Boot.PRODUCTION, checkpoint_dir, log_dir) as (server, spec):
         capacity = stages.done("boot production", measure_capacity(server, spec, Boot.PRODUCTION))
         extra = also(server, spec, capacity) if also else None
@@ -191,6 +204,7 @@ def serve_quantized(
                 tokenizer_dir=checkpoint_dir,
                 output_dir=accuracy_dir,
                 paired_with=base_accuracy,
+                prepared=ahead,
             ),
         )
         stages.start("stress")
@@ -232,9 +246,12 @@ def serve_release(
     """(d): the release the release ref serves, downloaded (release/baseline.py), booted with this run's
     production settings, measured as the candidate's (c) is; its logs in ``log_dir``."""
     r = validated.recipe
+    ahead = accuracy_ahead(validated)
     with served(validated, Boot.PRODUCTION, model_dir, log_dir) as (server, spec):
         capacity = measure_capacity(server, spec, Boot.PRODUCTION)
-        accuracy = accuracy_gate(validated, server, tokenizer_dir=model_dir, output_dir=accuracy_dir)
+        accuracy = accuracy_gate(
+            validated, server, tokenizer_dir=model_dir, output_dir=accuracy_dir, prepared=ahead
+        )
         stress = run_stress_test(
             server, r.gates.stress, r.serve, tokenizer_dir=model_dir, output_dir=stress_dir, return_state=True
         )

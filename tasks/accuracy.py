@@ -7,9 +7,11 @@ task, and re-running minutes of evaluation would not fix either.
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from quantize_serve.gates import accuracy
 from quantize_serve.recipe.gates import AccuracyGate
@@ -20,7 +22,19 @@ from tasks.run_log import run_log
 # sys.stdout, and `datasets` hashes lm-eval's document functions with dill, which finds a function's
 # globals by capturing dis.dis() output that way: the disassembly landed in the run's log and the
 # hash lost the globals.
-@task(name="run-accuracy", log_prints=False)
+# One run's preparation at a time: the boot after it starts only once its accuracy run has taken it
+_AHEAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accuracy-ahead")
+
+
+def prepare_accuracy(gate: AccuracyGate, base_dir: Path) -> Future[accuracy.Prepared]:
+    """accuracy.prepare_run (lm-eval's imports, the task files, its task index) started now in a thread, as a
+    server boots: the boot's seconds, where the accuracy run would spend them after it. Its errors (a task
+    file) are raised by the run that takes it."""
+    return _AHEAD.submit(accuracy.prepare_run, gate, base_dir)
+
+
+# NO_CACHE: a live server's scores are never a cached result (and ``prepared`` is no input to hash)
+@task(name="run-accuracy", log_prints=False, cache_policy=NO_CACHE)
 def run_accuracy(
     server_base_url: str,
     gate: AccuracyGate,
@@ -32,8 +46,12 @@ def run_accuracy(
     num_concurrent: int | None = None,
     paired_with: accuracy.AccuracyRun | None = None,
     reuse_rows: bool = False,
+    prepared: Future[accuracy.Prepared] | None = None,
 ) -> accuracy.AccuracyRun:
     log = run_log()
+    ahead = prepared.result() if prepared else None
+    if ahead:
+        log(f"lm-eval's imports and task index prepared while the server booted ({ahead.seconds:.0f} s)")
     result = accuracy.run_accuracy(
         server_base_url,
         gate,
@@ -45,6 +63,7 @@ def run_accuracy(
         paired_with=paired_with,
         reuse_rows=reuse_rows,
         log=log,
+        prepared=ahead,
     )
     for run in result.tasks.values():  # a line per task for a person following the run
         looks = f" (look {run.looks_run} of {run.looks_planned})" if run.looks_planned > 1 else ""

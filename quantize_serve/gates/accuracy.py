@@ -22,13 +22,7 @@ one lm-eval call for every task still running (their requests of a kind go to th
 The rule itself (paired, sequential, with stated error rates) is in recovery.py and paired.py, and
 docs/gates.md.
 
-Task files: a task given as a path to a YAML (relative to the recipe's folder) may name its data
-with paths relative to the YAML's own folder (``dataset_kwargs.data_files``/``data_dir``,
-``dataset_path: ./...``). lm-eval would hand them to ``datasets`` as they are, i.e. relative to
-the working directory, so the task is loaded here with lm-eval's own YAML loader, those paths
-are made absolute, and the resulting config is passed to lm-eval inline. The YAML's folder is
-also on lm-eval's ``include_path``, so a group or an ``include:`` next to it resolves by name.
-The config that ran (with the absolute paths) is in the raw results JSON under ``configs``.
+Task files (a YAML path, its data paths relative to its folder): gates/task_files.py.
 
 Task names: a task given by name (``gsm8k``, ``mmlu``...) is lm-eval's built-in YAML, whose data
 ``datasets.load_dataset`` fetches from the Hub that ``HF_ENDPOINT`` names (huggingface.co, a
@@ -50,7 +44,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
 
 from quantize_serve.core.errors import GateError
 from quantize_serve.gates.documents import (
@@ -72,12 +65,12 @@ from quantize_serve.gates.results import (  # noqa: F401 (the gate's result type
     TaskRun,
     format_recovery,
 )
-from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask
+from quantize_serve.gates.task_files import TaskSpec, resolve_task
+from quantize_serve.recipe.gates import AccuracyGate
 from quantize_serve.recipe.model import ServeSection
 from quantize_serve.serving.metrics import read_gauges
 from quantize_serve.serving.server import SERVED_NAME
 
-TASK_FILE_SUFFIXES = (".yaml", ".yml")
 # One request of lm-eval (a batch of prompts) may take this long before it is retried.
 REQUEST_TIMEOUT_S = 600
 # lm-eval retries a failed request itself (tenacity, exponential backoff) this many times.
@@ -111,6 +104,7 @@ def run_accuracy(
     paired_with: AccuracyRun | None = None,
     reuse_rows: bool = False,
     log: Callable[[str], None] = print,
+    prepared: Prepared | None = None,
 ) -> AccuracyRun:
     """Run every task of ``gate`` against the vLLM server at ``server_base_url``.
 
@@ -122,8 +116,8 @@ def run_accuracy(
     it holds is scored look by look (``gate.looks``) and stops at the first look where its decision
     is clear (recovery.task_decided). ``reuse_rows``: the server runs vLLM's V2 model runner, so
     ``gate.scoring`` context-once may score multi-token continuations over the cached context
-    (gates/scoring.py). ``log``: a line as each look's lm-eval call starts. Any failure raises
-    :class:`GateError`.
+    (gates/scoring.py). ``log``: a line as each look's lm-eval call starts. ``prepared``: this run's
+    :func:`prepare_run`, done while the server booted (else done here). Any failure raises :class:`GateError`.
     """
     if not gate.tasks:
         raise GateError(
@@ -132,11 +126,9 @@ def run_accuracy(
         )
     started = time.monotonic()
     output_dir.mkdir(parents=True, exist_ok=True)
-    lm_eval = import_lm_eval()
-    specs = [resolve_task(t, base_dir) for t in gate.tasks]  # file problems fail before any request
+    prepared = prepared or prepare_run(gate, base_dir)  # task file problems fail before any request
     check_server(server_base_url)
     before = prompt_token_counters(server_base_url)
-    task_manager = index_tasks(specs)
     lm = completions_model(
         server_base_url,
         gate,
@@ -145,7 +137,7 @@ def run_accuracy(
         num_concurrent=num_concurrent,
         reuse_rows=reuse_rows,
     )
-    runs = run_tasks(lm, specs, gate, task_manager, server_base_url, output_dir, paired_with, log)
+    runs = run_tasks(lm, prepared, gate, server_base_url, output_dir, paired_with, log)
     after = prompt_token_counters(server_base_url)
     sent, cached = (
         (int(after[k] - before[k]) if k in after and k in before else None)
@@ -157,7 +149,7 @@ def run_accuracy(
         prompt_tokens_computed=None if sent is None or cached is None else sent - cached,
         tasks=runs,
         seconds=round(time.monotonic() - started, 1),
-        lm_eval_version=getattr(lm_eval, "__version__", "unknown"),
+        lm_eval_version=getattr(import_lm_eval(), "__version__", "unknown"),
         scoring=gate.scoring,
         scoring_counts=dict(getattr(lm, "stats", {})),
     )
@@ -166,10 +158,32 @@ def run_accuracy(
 
 
 @dataclass
+class Prepared:
+    """What a run does first and needs neither a server nor the tasks' data for (:func:`prepare_run`)."""
+
+    specs: list[TaskSpec]
+    task_manager: Any  # lm-eval's TaskManager (index_tasks)
+    seconds: float
+
+
+def prepare_run(gate: AccuracyGate, base_dir: Path) -> Prepared:
+    """lm-eval's imports (its completions model's too), the task files and the task index, so the flow can do
+    them as the server boots (tasks/accuracy.py prepare_accuracy): ~11 of the ~13 s a run on the production
+    task set spent before its first request on a 2-core CPU. Not the tasks' data (load_members): ``datasets``
+    swaps sys.stdout to hash lm-eval's functions, which another thread's prints would fall into."""
+    started = time.monotonic()
+    import_lm_eval()
+    from quantize_serve.gates import scoring  # noqa: F401 - the completions model's (lm-eval's API models, torch)
+
+    specs = [resolve_task(t, base_dir) for t in gate.tasks]
+    return Prepared(specs, index_tasks(specs), round(time.monotonic() - started, 1))
+
+
+@dataclass
 class _TaskLooks:
     """One task across the looks: its members, its draw, the documents scored so far."""
 
-    spec: _TaskSpec
+    spec: TaskSpec
     members: dict[str, Any]
     order: dict[str, list[int]]
     fractions: list[float]
@@ -182,9 +196,8 @@ class _TaskLooks:
 
 def run_tasks(
     lm: Any,
-    specs: list[_TaskSpec],
+    prepared: Prepared,
     gate: AccuracyGate,
-    task_manager: Any,
     server_base_url: str,
     output_dir: Path,
     paired_with: AccuracyRun | None,
@@ -195,8 +208,8 @@ def run_tasks(
     running, so lm-eval sends all their requests of a kind (loglikelihood, generation) as one stream and
     the server's batches run full until the look's last request, not until each task's. A task stops at
     the first look where its decision is clear; its seconds are those of the calls it took part in."""
-    tasks = []
-    for spec in specs:
+    tasks, task_manager = [], prepared.task_manager
+    for spec in prepared.specs:
         t0 = time.monotonic()
         members = load_members(spec, task_manager)
         check_pairable(spec, members)  # before any request
@@ -268,7 +281,7 @@ def one_call_each(tasks: list[_TaskLooks]) -> list[list[_TaskLooks]]:
     return [tasks] if tasks and len(names) == len(set(names)) else [[t] for t in tasks]
 
 
-def use_task_fewshot(spec: _TaskSpec, members: dict[str, Any]) -> None:
+def use_task_fewshot(spec: TaskSpec, members: dict[str, Any]) -> None:
     """The recipe's few-shot count on each member, as simple_evaluate's ``num_fewshot`` would set it (a
     member whose config says 0 keeps 0): one call then scores tasks of different counts."""
     for task in members.values():
@@ -302,7 +315,7 @@ def import_lm_eval() -> Any:
     return lm_eval
 
 
-def index_tasks(specs: list[_TaskSpec]) -> Any:
+def index_tasks(specs: list[TaskSpec]) -> Any:
     """lm-eval's TaskManager over the task files' folders (and the built-in tasks if a task is
     named rather than given as a file: indexing lm-eval's ~14,000 built-in task files takes ~5-10 s)."""
     from lm_eval.tasks import TaskManager
@@ -357,7 +370,7 @@ def completions_model(
         ) from exc
 
 
-def load_members(spec: _TaskSpec, task_manager: Any) -> dict[str, Any]:
+def load_members(spec: TaskSpec, task_manager: Any) -> dict[str, Any]:
     """lm-eval's Task object of each member of the task (the task itself, or a group's tasks)."""
     from lm_eval.api.task import Task
     from lm_eval.tasks import get_task_dict
@@ -384,7 +397,7 @@ def load_members(spec: _TaskSpec, task_manager: Any) -> dict[str, Any]:
 
 def evaluate_tasks(
     lm: Any,
-    specs: list[_TaskSpec],
+    specs: list[TaskSpec],
     members: dict[str, Any],
     server_base_url: str,
     *,
@@ -445,7 +458,7 @@ def data_or_task_error(exc: BaseException, names: str, server_base_url: str | No
     )
 
 
-def write_raw_results(spec: _TaskSpec, results: dict[str, Any], output_dir: Path) -> Path:
+def write_raw_results(spec: TaskSpec, results: dict[str, Any], output_dir: Path) -> Path:
     """lm-eval's raw results of the task's latest look, beside the run (the per-document samples are
     kept, compactly, in the TaskRun)."""
     from lm_eval.utils import handle_non_serializable
@@ -456,7 +469,7 @@ def write_raw_results(spec: _TaskSpec, results: dict[str, Any], output_dir: Path
 
 
 def task_run(
-    spec: _TaskSpec,
+    spec: TaskSpec,
     members: dict[str, Any],
     order: dict[str, list[int]],
     documents: dict[str, DocOutcome],
@@ -507,7 +520,7 @@ def member_metrics(members: dict[str, Any]) -> tuple[dict[str, str], dict[str, b
     return aggregations, directions
 
 
-def check_pairable(spec: _TaskSpec, members: dict[str, Any]) -> None:
+def check_pairable(spec: TaskSpec, members: dict[str, Any]) -> None:
     """A metric lm-eval aggregates over the whole corpus (f1, bleu, mcc...) cannot be split per
     document, so the paired gate cannot decide on it: refused before any document is scored, never
     left out of the decision."""
@@ -541,83 +554,6 @@ def document_metrics(members: dict[str, Any], documents: dict[str, DocOutcome]) 
             value=value, stderr=stderr, higher_is_better=directions.get(base_name), aggregation=aggregation
         )
     return metrics
-
-
-class _TaskSpec(BaseModel):
-    task: AccuracyTask
-    name: str  # lm-eval's task (or group) name
-    load_spec: str | dict[str, Any]  # what TaskManager.load gets: a name, or a resolved config
-    include_path: Path | None = None
-
-
-def resolve_task(task: AccuracyTask, base_dir: Path) -> _TaskSpec:
-    """A task name stays a name; a YAML path becomes a config with absolute data paths."""
-    if not task.task.endswith(TASK_FILE_SUFFIXES):
-        return _TaskSpec(task=task, name=task.task, load_spec=task.task)
-    path = Path(task.task).expanduser()
-    path = path if path.is_absolute() else (base_dir / path).resolve()
-    if not path.is_file():
-        raise GateError(
-            f"accuracy task file {task.task!r} does not exist (looked at {path}). Fix: "
-            "give gates.accuracy.tasks[].task as a path relative to the recipe's folder, "
-            "or an lm-eval task name"
-        )
-    from lm_eval.tasks._yaml_loader import load_yaml  # lm-eval's own loader: !function, include:
-
-    try:
-        config = load_yaml(path, resolve_func=True, recursive=True)
-    except Exception as exc:
-        raise GateError(
-            f"accuracy task file {path} cannot be loaded: {exc!r}. Fix: correct the YAML "
-            "(lm-eval task format)"
-        ) from exc
-    if "task" not in config:  # a group or tag file: lm-eval loads it by path, siblings by name
-        name = config.get("group") or config.get("tag")
-        if not isinstance(name, str):
-            raise GateError(
-                f"accuracy task file {path} names no `task:` or `group:`. Fix: add "
-                "`task: <name>` (see lm-eval's task guide)"
-            )
-        return _TaskSpec(task=task, name=name, load_spec=str(path), include_path=path.parent)
-    if not isinstance(config["task"], str):
-        raise GateError(
-            f"accuracy task file {path}: `task:` must be one name, got {config['task']!r}. "
-            "Fix: one task per file, or a group file"
-        )
-    return _TaskSpec(
-        task=task,
-        name=config["task"],
-        load_spec=absolute_data_paths(config, path.parent),
-        include_path=path.parent,
-    )
-
-
-def absolute_data_paths(config: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """Resolve a task config's local data paths against the task file's folder."""
-    config = dict(config)
-    kwargs = dict(config.get("dataset_kwargs") or {})
-    if "data_files" in kwargs:
-        kwargs["data_files"] = _absolute(kwargs["data_files"], folder)
-    if isinstance(kwargs.get("data_dir"), str):
-        kwargs["data_dir"] = _absolute(kwargs["data_dir"], folder)
-    if kwargs:
-        config["dataset_kwargs"] = kwargs
-    dataset_path = config.get("dataset_path")
-    if isinstance(dataset_path, str) and dataset_path.startswith(("./", "../")):
-        config["dataset_path"] = _absolute(dataset_path, folder)
-    return config
-
-
-def _absolute(value: Any, folder: Path) -> Any:
-    if isinstance(value, str):
-        if "://" in value or Path(value).expanduser().is_absolute():
-            return value
-        return str((folder / value).resolve())
-    if isinstance(value, list):
-        return [_absolute(v, folder) for v in value]
-    if isinstance(value, dict):
-        return {k: _absolute(v, folder) for k, v in value.items()}
-    return value
 
 
 def _dataset_error(exc: BaseException) -> BaseException | None:

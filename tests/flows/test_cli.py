@@ -82,3 +82,7 @@ def test_run_shows_a_line_per_stage_and_the_decision_and_keeps_the_full_log_in_t
         "Task run 'quantize-model" in log and "lm-eval qs_passkey_478" in log and "Finished in state" in log
     )
     assert "stage done: quantized" in log and "stage quantize done in" in log  # the marks benchmarks/ time by
+    # an accuracy run's lm-eval imports and task index were done while its server booted (accuracy_ahead),
+    # and a line said as each of the candidate's looks started
+    assert "lm-eval's imports and task index prepared while the server booted" in log
+    assert "look 1 of 4:" in log

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from quantize_serve.core.errors import GateError
-from quantize_serve.gates.accuracy import absolute_data_paths, one_call_each, resolve_task, run_accuracy
+from quantize_serve.gates.accuracy import one_call_each, run_accuracy
+from quantize_serve.gates.task_files import absolute_data_paths, resolve_task
 from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask
 from quantize_serve.recipe.load import load_recipe
 from tests.conftest import ROOT
@@ -94,7 +95,8 @@ def test_unreachable_server_is_a_gate_error_through_the_prefect_task(tmp_path):
 def test_a_metric_aggregated_over_the_whole_corpus_is_refused_before_any_request():
     """f1, bleu, mcc... cannot be split per document: the paired gate says so instead of leaving the
     metric out of the decision."""
-    from quantize_serve.gates.accuracy import _TaskSpec, check_pairable
+    from quantize_serve.gates.accuracy import check_pairable
+    from quantize_serve.gates.task_files import TaskSpec
 
     def f1(items):  # lm-eval names its aggregations by their functions
         return 0.0
@@ -112,7 +114,7 @@ def test_a_metric_aggregated_over_the_whole_corpus_is_refused_before_any_request
         def higher_is_better(self):
             return {m: True for m in self._aggregations}
 
-    spec = _TaskSpec(task=AccuracyTask(task="glue_like"), name="glue_like", load_spec="glue_like")
+    spec = TaskSpec(task=AccuracyTask(task="glue_like"), name="glue_like", load_spec="glue_like")
     check_pairable(spec, {"a": Member({"acc": mean})})
     with pytest.raises(GateError, match=r"glue_like.*\{'f1': 'f1'\}.*cannot split per document.*Fix:"):
         check_pairable(spec, {"a": Member({"acc": mean}), "b": Member({"f1": f1})})
