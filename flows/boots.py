@@ -106,7 +106,7 @@ def accuracy_gate(
     )
 
 
-def accuracy_ahead(validated: ValidatedRecipe) -> Future[Prepared]:
+def accuracy_ahead(validated: ValidatedRecipe) -> Future[Prepared] | None:
     """The accuracy run's lm-eval imports and task index, started as its server's boot starts."""
     return prepare_accuracy(validated.recipe.gates.accuracy, Path(validated.recipe.base_dir))
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from quantize_serve.core.settings import get_settings
 from quantize_serve.gates import accuracy
 from quantize_serve.recipe.gates import AccuracyGate
 from tasks.run_log import run_log
@@ -26,11 +27,11 @@ from tasks.run_log import run_log
 _AHEAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accuracy-ahead")
 
 
-def prepare_accuracy(gate: AccuracyGate, base_dir: Path) -> Future[accuracy.Prepared]:
+def prepare_accuracy(gate: AccuracyGate, base_dir: Path) -> Future[accuracy.Prepared] | None:
     """accuracy.prepare_run (lm-eval's imports, the task files, its task index) started now in a thread, as a
     server boots: the boot's seconds, where the accuracy run would spend them after it. Its errors (a task
-    file) are raised by the run that takes it."""
-    return _AHEAD.submit(accuracy.prepare_run, gate, base_dir)
+    file) are raised by the run that takes it. None with QS_PREPARE_BOOTS=false: the run does it."""
+    return _AHEAD.submit(accuracy.prepare_run, gate, base_dir) if get_settings().prepare_boots else None
 
 
 # NO_CACHE: a live server's scores are never a cached result (and ``prepared`` is no input to hash)

@@ -124,3 +124,26 @@ def test_a_look_that_holds_no_tasks_documents_makes_no_lm_eval_call():
     """A limit under the looks' count leaves a look without any of a task's documents (the engine test:
     tests/engines/test_accuracy.py); with no task in it, the look calls lm-eval not at all."""
     assert one_call_each([]) == []
+
+
+def test_an_accuracy_runs_imports_and_task_index_are_prepared_ahead_unless_prepared_boots_are_off(
+    monkeypatch,
+):
+    """tasks/accuracy.py prepare_accuracy, which the flow starts as a server's boot starts (flows/boots.py):
+    the run's task files resolved and lm-eval's task index built, in a thread; QS_PREPARE_BOOTS=false (the
+    H200 driver's baseline) leaves them to the run."""
+    from quantize_serve.core.settings import get_settings
+    from tasks.accuracy import prepare_accuracy
+
+    recipe = load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml")
+    gate = recipe.gates.accuracy
+    prepared = prepare_accuracy(gate, Path(recipe.base_dir)).result(timeout=300)
+    assert [spec.task for spec in prepared.specs] == gate.tasks
+    assert {spec.name for spec in prepared.specs} <= set(prepared.task_manager.all_tasks)
+    monkeypatch.setenv("QS_PREPARE_BOOTS", "false")
+    get_settings.cache_clear()
+    try:
+        assert prepare_accuracy(gate, Path(recipe.base_dir)) is None
+    finally:
+        monkeypatch.delenv("QS_PREPARE_BOOTS")
+        get_settings.cache_clear()
