@@ -173,6 +173,8 @@ def prepare_run(gate: AccuracyGate, base_dir: Path) -> Prepared:
     swaps sys.stdout to hash lm-eval's functions, which another thread's prints would fall into."""
     started = time.monotonic()
     import_lm_eval()
+    from transformers import AutoTokenizer  # noqa: F401 - what the completions model loads its tokenizer with
+
     from quantize_serve.gates import scoring  # noqa: F401 - the completions model's (lm-eval's API models, torch)
 
     specs = [resolve_task(t, base_dir) for t in gate.tasks]
