@@ -19,11 +19,7 @@ from quantize_serve.recipe.gates import AccuracyGate
 from tasks.run_log import run_log
 
 
-# log_prints off here: the flow's print-to-log patch would also catch prints aimed at a swapped
-# sys.stdout, and `datasets` hashes lm-eval's document functions with dill, which finds a function's
-# globals by capturing dis.dis() output that way: the disassembly landed in the run's log and the
-# hash lost the globals.
-# One run's preparation at a time: the boot after it starts only once its accuracy run has taken it
+# One worker: a run's preparation, its boot and its accuracy run all come before the next boot's
 _AHEAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accuracy-ahead")
 
 
@@ -34,6 +30,10 @@ def prepare_accuracy(gate: AccuracyGate, base_dir: Path) -> Future[accuracy.Prep
     return _AHEAD.submit(accuracy.prepare_run, gate, base_dir) if get_settings().prepare_boots else None
 
 
+# log_prints off here: the flow's print-to-log patch would also catch prints aimed at a swapped
+# sys.stdout, and `datasets` hashes lm-eval's document functions with dill, which finds a function's
+# globals by capturing dis.dis() output that way: the disassembly landed in the run's log and the
+# hash lost the globals.
 # NO_CACHE: a live server's scores are never a cached result (and ``prepared`` is no input to hash)
 @task(name="run-accuracy", log_prints=False, cache_policy=NO_CACHE)
 def run_accuracy(

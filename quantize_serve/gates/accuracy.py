@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from quantize_serve.core.errors import GateError
 from quantize_serve.gates.documents import (
     LOG_AGGREGATIONS,
