@@ -167,9 +167,10 @@ class Prepared:
 
 def prepare_run(gate: AccuracyGate, base_dir: Path) -> Prepared:
     """lm-eval's imports (its completions model's too), the task files and the task index, so the flow can do
-    them as the server boots (tasks/accuracy.py prepare_accuracy): ~11 of the ~13 s a run on the production
-    task set spent before its first request on a 2-core CPU. Not the tasks' data (load_members): ``datasets``
-    swaps sys.stdout to hash lm-eval's functions, which another thread's prints would fall into."""
+    them as the server boots (tasks/accuracy.py prepare_accuracy): ~10 of the ~19 s a re-release's candidate
+    run on the production task set spent before its first request on a 2-core CPU. Not the tasks' data
+    (load_members): ``datasets`` swaps sys.stdout to hash lm-eval's functions, which another thread's prints
+    would fall into."""
     started = time.monotonic()
     import_lm_eval()
     from transformers import AutoTokenizer  # noqa: F401 - what the completions model loads its tokenizer with
