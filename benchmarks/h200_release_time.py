@@ -147,16 +147,12 @@ PROGRESS_LINE = re.compile(
 log = logger("release")
 
 
-def stress_seconds(folder: Path) -> dict[str, float | None] | None:
-    """The stress test's seconds (traffic ramp and bench; the stress result's) and its bench's own (vLLM's
-    bench JSON ``duration``, the final bench's requests only)."""
-    if not (folder / "stress_result.json").is_file():
+def stress_seconds(stress: dict[str, Any] | None) -> dict[str, float | None] | None:
+    """The stress test's seconds (traffic ramp and bench) and its bench's own (vLLM's ``duration``, the final
+    bench's requests only), from the run report's stress result."""
+    if not stress:
         return None
-    bench = folder / "bench.json"
-    return {
-        "test": json.loads((folder / "stress_result.json").read_text())["duration_s"],
-        "bench": json.loads(bench.read_text()).get("duration") if bench.is_file() else None,
-    }
+    return {"test": stress["duration_s"], "bench": (stress.get("throughput") or {}).get("duration")}
 
 
 def one_run(
@@ -239,7 +235,7 @@ def one_run(
         "base_reused_from": report.get("base_reused_from"),
         "quantized_beside_base": report.get("quantized_beside_base"),
         "decision": "passed" if decision.get("passed") else ("rejected" if decision else None),
-        "stress_seconds": stress_seconds(run_dir / "stress") if run_dir else None,
+        "stress_seconds": stress_seconds(report.get("stress")),
         "environment": env,
         "overrides": overrides,
         "log": progress["log"],  # seconds since the command started: boots, calibration, lm-eval, stress
