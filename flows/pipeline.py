@@ -4,7 +4,8 @@ validate -> resolve base -> [choose the format: flows/formats.py] -> quantize ->
 find the release in production (both beside the boots: Hub I/O needs no device) -> measure capacity ->
 accuracy gate -> stress gate -> [serve production again] -> compare with production -> decide ->
 promote or reject -> report (and the release history). Each boot's vLLM process starts (its imports)
-while the device still works on the step before (tasks/serve.py prepare_boot). A run that scores its
+while the device still works on the step before (tasks/serve.py prepare_boot), the quantization worker's
+as the run validates (tasks/quantize.py worker_ahead). A run that scores its
 base boots the base first and quantizes beside the base's accuracy run when calibration, the model on
 the device, fits the memory the base's boot leaves (calibration.beside_base, tasks/quantize.py; on a GPU
 host the base at a lower gpu_memory_utilization where the recipe's leaves too little, its row derived).
@@ -38,10 +39,11 @@ from quantize_serve.serving.boot import Boot
 from quantize_serve.release.publish import release_reasons
 from quantize_serve.report.provenance import ACCURACY_BASE_DIR, ACCURACY_QUANTIZED_DIR
 from quantize_serve.report.run_report import ReleaseRejected, RunReport
+from quantize_serve.validate.preflight import ValidatedRecipe
 from tasks.decide import compare_accuracy, decide_release
 from tasks.formats import with_candidate
 from tasks.hub import promote_or_reject, push_candidate
-from tasks.quantize import beside_base, quantize_model
+from tasks.quantize import beside_base, quantize_model, worker_ahead
 from tasks.regression import compare_with_production, find_production_release, record_results
 from tasks.releases import publish_release_history
 from tasks.progress import Progress
@@ -79,6 +81,14 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     validated = validate_recipe(recipe, overrides)
     progress = Progress(validated.recipe.name)
     progress.done("validate", validated, mark="validated")
+    # the quantization worker's imports while the base resolves (or downloads); none outlives the run
+    with worker_ahead(validated):
+        return release(validated, progress)
+
+
+def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State:
+    """The flow's stages after validation (its return value: the report, or the failed state of a
+    rejection)."""
     run_dir = run_folder(validated)
     preflight = None
     if validated.recipe.serve.preflight == "measure":  # the shape's capacity, before any weights download

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from prefect import task
@@ -41,6 +43,19 @@ def quantize_model(validated: ValidatedRecipe, base: BaseModelRef) -> quantize.Q
         calibration_fingerprint=validated.calibration_fingerprint,
         log=logger.info,
     )
+
+
+@contextmanager
+def worker_ahead(validated: ValidatedRecipe) -> Iterator[None]:
+    """The quantization worker started now, when the recipe quantizes (no quantization.checkpoint): its
+    imports happen while the flow resolves (or downloads) the base. Whatever happens inside, it does not
+    outlive the block (quantize/run.py prepare_worker)."""
+    if not validated.recipe.quantization.checkpoint:
+        quantize.prepare_worker()
+    try:
+        yield
+    finally:
+        quantize.discard_prepared_worker()
 
 
 def checkpoint_folder(validated: ValidatedRecipe) -> tuple[Path, str | None]:

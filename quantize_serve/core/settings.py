@@ -51,7 +51,8 @@ class Settings(BaseSettings):
     prepare_boots: bool = Field(
         default=True,
         description="Start the next vLLM boot's process (its imports) while the device "
-        "works on something else (serving/server.py prepare_server), and an accuracy run's lm-eval imports "
+        "works on something else (serving/server.py prepare_server), the quantization worker (its imports) "
+        "as the run validates (quantize/run.py prepare_worker), and an accuracy run's lm-eval imports "
         "and task index while its server boots (tasks/accuracy.py prepare_accuracy).",
     )
     gpu_concurrency_limit: str = Field(

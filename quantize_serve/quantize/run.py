@@ -12,6 +12,7 @@ inputs, for example after a late failure in the flow, reuses it instead of quant
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -64,11 +65,15 @@ class QuantizeResult(BaseModel):
     # (what its tensors held) at their peaks (None: on a CPU, or not recorded).
     device_peak_bytes: int | None = None
     device_peak_allocated_bytes: int | None = None
-    # The worker's wall seconds per stage: prepare (imports, tokenizer, data), load, calibrate
+    # The worker's wall seconds per stage: imports (torch, transformers, llm-compressor), prepare
+    # (tokenizer, data, placement), load, calibrate
     # (llm-compressor's oneshot), save (compress and write), and its CPU seconds (all threads) per stage,
     # which a busy machine inflates less; empty for a checkpoint made before they were recorded.
     stage_seconds: dict[str, float] = {}
     stage_cpu_seconds: dict[str, float] = {}
+    # The worker was started ahead of the stage (prepare_worker): its imports, stage_seconds["imports"],
+    # were done before the stage began, and are not in ``seconds``.
+    imports_ahead: bool = False
 
 
 def build_llmcompressor_recipe(q: QuantizationSection) -> str:
@@ -233,6 +238,7 @@ def quantize_model(
     locks.mkdir(parents=True, exist_ok=True)
     with FileLock(locks / f"{out.name}.lock"):
         if (out / MANIFEST).is_file() and verify_manifest(out):
+            discard_prepared_worker()  # nothing to quantize
             log(f"reusing checkpoint {out} (same base, recipe, calibration data and engines)")
             manifest = json.loads((out / MANIFEST).read_text())
             result = manifest["result"]  # older manifests keep the device beside the result only
@@ -334,6 +340,7 @@ def _quantize_into(
         device_peak_allocated_bytes=worker_report.get("device_peak_allocated_bytes"),
         stage_seconds=worker_report.get("stage_seconds", {}),
         stage_cpu_seconds=worker_report.get("stage_cpu_seconds", {}),
+        imports_ahead=worker_report.get("imports_ahead", False),
     )
     write_manifest(
         partial,
@@ -356,24 +363,74 @@ def _quantize_into(
 CHILD_ENV = {"PYTHONUNBUFFERED": "1", "TQDM_MININTERVAL": "5", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
-def _run_child(spec_path: Path, *, log: Callable[[str], None]) -> dict:
+# The worker started ahead of the stage (prepare_worker): `python -m quantize_serve.quantize.worker` with no
+# argument does its imports (torch, transformers, llm-compressor: 6-9 s), prints PREPARED_MARK and waits for
+# the spec's path on stdin, touching no device. The stage hands it the path (_run_child) instead of starting
+# a process; discard_prepared_worker stops one not used (it also exits when its stdin closes).
+PREPARED_MARK = (
+    "[quantize] worker started ahead of the stage: torch, transformers and llm-compressor imported"
+)
+_prepared: list[subprocess.Popen] = []
+
+
+def _start_worker(*args: str, stdin: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [str(get_settings().pipeline_python), "-m", "quantize_serve.quantize.worker", *args],
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **CHILD_ENV},
+        cwd=str(PROJECT_ROOT),
+        start_new_session=True,
+    )
+
+
+def prepare_worker() -> None:
+    """Start the quantization worker now, up to its imports, while the flow resolves (or downloads) the
+    base; the next quantization takes it. Off with QS_PREPARE_BOOTS=false, as the boots' are."""
     settings = get_settings()
-    env = {**os.environ, **CHILD_ENV}
-    cmd = [str(settings.pipeline_python), "-m", "quantize_serve.quantize.worker", str(spec_path)]
+    if settings.prepare_boots and not _prepared and Path(settings.pipeline_python).exists():
+        _prepared.append(_start_worker(stdin=subprocess.PIPE))
+
+
+def discard_prepared_worker() -> None:
+    """Stop the worker started ahead when no quantization took it (it holds nothing but imports)."""
+    while _prepared:
+        _stop(_prepared.pop())
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout):
+        with contextlib.suppress(OSError):
+            pipe.close()
+
+
+def _take_prepared(spec_path: Path) -> subprocess.Popen | None:
+    """The worker started ahead, given ``spec_path``; None when there is none, or it has ended (its imports
+    failed: a new worker says why)."""
+    proc = _prepared.pop() if _prepared else None
+    try:
+        if proc is not None and proc.poll() is None:
+            proc.stdin.write(f"{spec_path}\n".encode())
+            proc.stdin.close()
+            return proc
+    except OSError:  # it ended since
+        pass
+    if proc is not None:
+        _stop(proc)
+    return None
+
+
+def _run_child(spec_path: Path, *, log: Callable[[str], None]) -> dict:
     tail: deque[str] = deque(maxlen=60)
 
     def emit(line: str) -> None:
         tail.append(line)
         log(line)
 
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=str(PROJECT_ROOT),
-        start_new_session=True,
-    )
+    proc = _take_prepared(spec_path) or _start_worker(str(spec_path), stdin=subprocess.DEVNULL)
     try:
         assert proc.stdout is not None
         stream_lines(proc.stdout, emit, on_frame=count_layers)

@@ -3,6 +3,11 @@
 Run as ``python -m quantize_serve.quantize.worker SPEC.json``. Everything heavy (torch,
 transformers, llmcompressor) is imported here only, and the process exits when done, so the
 device memory it used goes back to the driver before vLLM boots.
+
+Started ahead (``python -m quantize_serve.quantize.worker`` with no argument, run.prepare_worker), it does
+its imports, prints PREPARED_MARK and waits for the spec's path on stdin: the imports happen while the
+flow still resolves (or downloads) the base. It touches no device before the spec arrives, and exits when
+its stdin closes without one.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from quantize_serve.quantize.device import (
 )
 from quantize_serve.quantize.calibration import fingerprint, render_texts, tokenize_calibration
 from quantize_serve.quantize.run import (
+    PREPARED_MARK,
     RECIPE_FILE,
     calibration_pipeline,
     engine_versions,
@@ -98,8 +104,9 @@ def calibration_arguments(recipe: Recipe, target: str | None) -> dict:
     }
 
 
-def main(spec_path: str) -> None:
-    started = last = time.monotonic()
+def main(spec_path: str | None) -> None:
+    """Quantize as the spec at ``spec_path`` says; None: prepared ahead, the path comes on stdin."""
+    started = last = time.monotonic()  # the stage's wall in this process: from its start, or from its spec
     last_cpu = time.process_time()
     stages: dict[str, float] = {}  # wall seconds per stage, in order
     stages_cpu: dict[str, float] = {}  # this process's CPU seconds (all its threads) per stage
@@ -110,15 +117,23 @@ def main(spec_path: str) -> None:
         stages[stage], stages_cpu[stage] = round(now - last, 2), round(now_cpu - last_cpu, 2)
         last, last_cpu = now, now_cpu
 
-    spec = json.loads(Path(spec_path).read_text())
-    recipe = Recipe.model_validate(spec["recipe"])
-    out = Path(spec["output_dir"])
-
     import torch
     from datasets import Dataset
     from llmcompressor import oneshot
     from llmcompressor.modeling.moe.linearize import linearize_moe
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    mark("imports")
+    ahead = spec_path is None
+    if ahead:  # prepared ahead of the stage: what follows is on the stage's wall, the imports were not
+        print(f"{PREPARED_MARK} in {stages['imports']} s", flush=True)
+        spec_path = sys.stdin.readline().strip()
+        if not spec_path:  # not needed after all (stdin closed): nothing was touched
+            return
+        started = last = time.monotonic()
+    spec = json.loads(Path(spec_path).read_text())
+    recipe = Recipe.model_validate(spec["recipe"])
+    out = Path(spec["output_dir"])
 
     workarounds = ["skip pin_memory without accelerator"] if skip_pinning_without_accelerator() else []
     device = describe_device(torch)
@@ -145,7 +160,7 @@ def main(spec_path: str) -> None:
         on_device, where = placement(free, weights_bytes_on_disk(Path(base)), activations)
     target = f"cuda:{torch.cuda.current_device()}" if on_device else None
     print(f"[quantize] placement: {where}", flush=True)
-    mark("prepare")  # imports, tokenizer, calibration data
+    mark("prepare")  # tokenizer, calibration data, placement
     model = AutoModelForCausalLM.from_pretrained(
         base, dtype=recipe.model.dtype, trust_remote_code=trust, device_map=target
     )
@@ -182,6 +197,7 @@ def main(spec_path: str) -> None:
         "device_peak_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None,
         "workarounds": workarounds,
         "seconds": round(time.monotonic() - started, 2),
+        "imports_ahead": ahead,
         "stage_seconds": stages,
         "stage_cpu_seconds": stages_cpu,
     }
@@ -196,4 +212,4 @@ def main(spec_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1] if len(sys.argv) > 1 else None)

@@ -41,7 +41,7 @@ def assert_checkpoint(result, scheme: str, method: str) -> dict:
     p = manifest["calibration_pipeline"]
     expected = ("sequential", False) if method == "awq" else ("independent", True)
     assert (p["pipeline"], p["propagate_error"]) == expected
-    assert list(manifest["result"]["stage_seconds"]) == ["prepare", "load", "calibrate", "save"]
+    assert list(manifest["result"]["stage_seconds"]) == ["imports", "prepare", "load", "calibrate", "save"]
     assert 0 < result.quantized_bytes < (0.8 if scheme == "W8A8" else 0.6) * result.base_bytes
     return manifest
 
@@ -126,12 +126,69 @@ def test_speed_options_reach_llmcompressor():
     assert pipeline == ("independent", True, "IndependentPipeline")
 
 
+def workers_of_this_process() -> list:
+    """This process's live quantization workers (a worker started ahead included)."""
+    import psutil
+
+    return [
+        p
+        for p in psutil.Process().children()
+        if "quantize_serve.quantize.worker" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE
+    ]
+
+
 def test_rerun_reuses_checkpoint(awq_checkpoint):
+    from quantize_serve.quantize.run import prepare_worker
     from tests.conftest import ROOT, _quantize
 
+    prepare_worker()  # as the flow does: a reused checkpoint stops it
     again = _quantize(ROOT / "recipes" / "tiny-llama-awq.yaml", overrides=SERVING_OVERRIDES)
     assert again.cached and again.checkpoint_dir == awq_checkpoint.checkpoint_dir
     assert again.device == awq_checkpoint.device == "cpu"  # where it was made, kept in its manifest
+    assert not workers_of_this_process()
+
+
+def test_a_worker_started_ahead_imports_before_the_stage_and_never_outlives_it(tmp_path):
+    """The flow starts the worker as it validates (tasks/quantize.py worker_ahead): the stage hands it the
+    spec, so torch's, transformers' and llm-compressor's imports are not on the stage's wall. One not taken
+    is stopped, and one whose parent went away (stdin closed) exits by itself."""
+    from quantize_serve.quantize import run as quantize
+    from quantize_serve.quantize.run import PREPARED_MARK
+    from quantize_serve.validate.preflight import resolve_base, validate_recipe
+    from tests.conftest import ROOT
+
+    validated = validate_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml")
+    base = resolve_base(validated)
+    quantize.prepare_worker()
+    (worker,) = workers_of_this_process()
+    lines: list[str] = []
+    result = quantize.quantize_model(
+        validated.recipe,
+        Path(base.local_dir),
+        base_identity=base.identity,
+        calibration_fingerprint=validated.calibration_fingerprint,
+        work_dir=tmp_path,
+        log=lines.append,
+    )
+    assert not worker.is_running() and not workers_of_this_process()
+    assert result.imports_ahead and not result.cached and result.stage_seconds["imports"] > 0
+    said = [line for line in lines if line.startswith("[quantize]")]  # the imports' warnings before them
+    assert said[0].startswith(PREPARED_MARK) and "W4A16" in said[1], said[:2]
+    manifest = json.loads((Path(result.checkpoint_dir) / MANIFEST).read_text())
+    assert manifest["result"]["imports_ahead"]
+
+    quantize.prepare_worker()  # not taken: stopped
+    quantize.discard_prepared_worker()
+    assert not workers_of_this_process()
+    orphan = subprocess.Popen(
+        [sys.executable, "-m", "quantize_serve.quantize.worker"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+    out, _ = orphan.communicate(b"", timeout=120)  # its stdin closes with nothing on it
+    assert orphan.returncode == 0 and PREPARED_MARK in out.decode(), out.decode()[-2000:]
 
 
 def complete(server, prompt: str) -> dict:
