@@ -135,6 +135,7 @@ def run_accuracy(
         max_length=max_length,
         num_concurrent=num_concurrent,
         reuse_rows=reuse_rows,
+        log=log,
     )
     runs = run_tasks(lm, prepared, gate, server_base_url, output_dir, paired_with, log)
     after = prompt_token_counters(server_base_url)
@@ -341,9 +342,11 @@ def completions_model(
     max_length: int,
     num_concurrent: int | None = None,
     reuse_rows: bool = False,
+    log: Callable[[str], None] | None = None,
 ) -> Any:
     """lm-eval's model for the served model: ``local-completions`` (``gate.scoring`` echo), or its
-    subclass that computes each distinct context once (gates/scoring.py)."""
+    subclass that computes each distinct context once (gates/scoring.py), which says through ``log`` when
+    it turns a path off."""
     from lm_eval.api.registry import get_model
 
     from quantize_serve.gates import scoring  # lm-eval (and torch) load only when a gate runs
@@ -361,7 +364,7 @@ def completions_model(
     }
     name = "local-completions"
     if gate.scoring == "context-once":
-        name, model_args = scoring.MODEL_NAME, model_args | {"reuse_rows": reuse_rows}
+        name, model_args = scoring.MODEL_NAME, model_args | {"reuse_rows": reuse_rows, "warn": log}
     try:
         return get_model(name).create_from_arg_obj(model_args, {"batch_size": gate.batch_size})
     except Exception as exc:

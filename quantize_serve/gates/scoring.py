@@ -29,7 +29,8 @@ Anything else (a context with one continuation, a prompt over ``max_length``, a 
 line up) goes through the parent's echo path. And before a path carries a run, its first
 ``check_groups`` groups are also scored through the echo path and compared request by request: a
 difference over bf16 noise (``agrees``) turns the path off for the rest of the run (a warning says
-so) and everything is scored the echo way. ``stats`` counts what went which way.
+so, through ``warn``: the accuracy run passes its run's log) and everything is scored the echo way.
+``stats`` counts what went which way.
 """
 
 from __future__ import annotations
@@ -134,8 +135,16 @@ class ContextOnceCompletions(LocalCompletionsAPI):
     model runner), ``check_groups`` (groups per path scored both ways before the path carries a run;
     0 skips the check)."""
 
-    def __init__(self, *, reuse_rows: bool = False, check_groups: int = 8, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        reuse_rows: bool = False,
+        check_groups: int = 8,
+        warn: Callable[[str], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
+        self.warn = warn or log.warning
         self.reuse_rows = bool(reuse_rows)
         self.check_groups = int(check_groups)
         self.paths_checked: set[str] = set()
@@ -182,15 +191,10 @@ class ContextOnceCompletions(LocalCompletionsAPI):
         if bad:
             i = bad[0]
             self.paths_off.add(kind)
-            log.warning(
-                "scoring: the context-once path (%s) disagreed with lm-eval's echo path on %d of %d "
-                "checked requests (first: %s against %s over %d tokens); this run scores them the echo way",
-                kind,
-                len(bad),
-                len(indices),
-                new.get(i),
-                echo[i],
-                len(requests[i][2]),
+            self.warn(
+                f"scoring: the context-once path ({kind}) disagreed with lm-eval's echo path on {len(bad)} "
+                f"of {len(indices)} checked requests (first: {new.get(i)} against {echo[i]} over "
+                f"{len(requests[i][2])} tokens); this run scores them the echo way"
             )
         return echo
 

@@ -95,3 +95,35 @@ def test_the_model_runner_is_read_from_the_boot_log():
     assert v2_model_runner("(EngineCore pid=1) INFO [gpu_model_runner.py:1] Using V2 Model Runner")
     cpu = "WARNING [vllm.py:725] Model Runner V2 requires Triton; using the V1 model runner instead."
     assert not v2_model_runner(cpu)
+
+
+def test_a_path_that_disagrees_with_the_echo_path_is_turned_off_and_the_run_is_told():
+    """The check before a path carries a run: a disagreement turns it off, says so through ``warn`` (the
+    accuracy run's log, so the deployment's run log shows it), and the rest is scored the echo way. The
+    server's answers are this test's (a path that disagrees); the engines test scores a real model."""
+    from quantize_serve.gates.scoring import ContextOnceCompletions
+    from tests.conftest import ROOT
+
+    class Disagreeing(ContextOnceCompletions):
+        async def _score_groups(self, requests, groups):
+            return {i: (-9.0, False) for _, members in groups for i in members}, []
+
+        def _echo(self, requests, indices, count="echo_requests"):
+            self.stats[count] += len(indices)
+            return {i: (-1.0, True) for i in indices}
+
+    said: list[str] = []
+    lm = Disagreeing(
+        base_url="http://127.0.0.1:9/v1/completions",  # never called
+        tokenizer=str(ROOT / "models" / "tiny-llama"),
+        tokenizer_backend="huggingface",
+        tokenized_requests=True,
+        max_length=64,
+        warn=said.append,
+    )
+    choices = [("k", [1, 2, 3], [4]), ("k", [1, 2, 3], [5]), ("k", [6, 7], [4]), ("k", [6, 7], [5])]
+    assert lm._loglikelihood_tokens(choices) == [(-1.0, True)] * 4
+    assert lm.paths_off == {"first"} and len(said) == 1
+    assert said[0].startswith("scoring: the context-once path (first) disagreed") and "echo way" in said[0]
+    assert lm._loglikelihood_tokens(choices) == [(-1.0, True)] * 4 and len(said) == 1  # off: echo, no news
+    assert lm.stats["echo_requests"] == 4 and lm.stats["check_echo_requests"] == 4
