@@ -232,6 +232,8 @@ def one_run(
         },
         "quantize_device_peak_bytes": (report.get("checkpoint") or {}).get("device_peak_bytes"),
         "quantize_stage_seconds": (report.get("checkpoint") or {}).get("stage_seconds"),  # the worker's
+        # its imports done before the stage (a worker started as the run validated): not on the stage's wall
+        "quantize_imports_ahead": (report.get("checkpoint") or {}).get("imports_ahead"),
         "base_reused_from": report.get("base_reused_from"),
         "quantized_beside_base": report.get("quantized_beside_base"),
         "decision": "passed" if decision.get("passed") else ("rejected" if decision else None),
