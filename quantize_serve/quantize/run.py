@@ -364,9 +364,10 @@ CHILD_ENV = {"PYTHONUNBUFFERED": "1", "TQDM_MININTERVAL": "5", "HF_HUB_DISABLE_P
 
 
 # The worker started ahead of the stage (prepare_worker): `python -m quantize_serve.quantize.worker` with no
-# argument does its imports (torch, transformers, llm-compressor: 6-9 s), prints PREPARED_MARK and waits for
-# the spec's path on stdin, touching no device. The stage hands it the path (_run_child) instead of starting
-# a process; discard_prepared_worker stops one not used (it also exits when its stdin closes).
+# argument does its imports (torch, transformers, llm-compressor: 4-5 s on a 2-core CPU), prints
+# PREPARED_MARK and waits for the spec's path on stdin, touching no device. The stage hands it the path
+# (_run_child) instead of starting a process; discard_prepared_worker stops one not used (it also exits when
+# its stdin closes).
 PREPARED_MARK = (
     "[quantize] worker started ahead of the stage: torch, transformers and llm-compressor imported"
 )
