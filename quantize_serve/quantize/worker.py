@@ -13,6 +13,7 @@ its stdin closes without one.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -213,3 +214,9 @@ def main(spec_path: str | None) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else None)
+    # Done: the checkpoint and the report are written and closed. Skip the interpreter's teardown of torch,
+    # transformers and llm-compressor (1.1-1.2 s on a 2-core CPU, on the stage's wall); the OS frees the
+    # process's memory, the device's included, as it exits. A failure above exits the usual way.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
