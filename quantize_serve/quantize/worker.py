@@ -13,6 +13,7 @@ its stdin closes without one.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -216,7 +217,13 @@ if __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else None)
     # Done: the checkpoint and the report are written and closed. Skip the interpreter's teardown of torch,
     # transformers and llm-compressor (1.1-1.2 s on a 2-core CPU, on the stage's wall); the OS frees the
-    # process's memory, the device's included, as it exits. A failure above exits the usual way.
+    # process's memory, the device's included, as it exits. The logs' sinks are flushed and closed first
+    # (llm-compressor's loguru writes a file too when LLM_COMPRESSOR_LOG_FILE is set). A failure above exits
+    # the usual way.
+    from loguru import logger
+
+    logger.remove()
+    logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
