@@ -130,11 +130,17 @@ def workers_of_this_process() -> list:
     """This process's live quantization workers (a worker started ahead included)."""
     import psutil
 
-    return [
-        p
-        for p in psutil.Process().children()
-        if "quantize_serve.quantize.worker" in " ".join(p.cmdline()) and p.status() != psutil.STATUS_ZOMBIE
-    ]
+    found = []
+    for p in psutil.Process().children():
+        try:
+            if (
+                "quantize_serve.quantize.worker" in " ".join(p.cmdline())
+                and p.status() != psutil.STATUS_ZOMBIE
+            ):
+                found.append(p)
+        except psutil.Error:  # it ended while we looked
+            continue
+    return found
 
 
 def test_rerun_reuses_checkpoint(awq_checkpoint):
