@@ -1,4 +1,5 @@
-"""Is a process (or its group) still running, and which processes does it own.
+"""Is a process (or its group) still running, which processes does it own, and how a child dies with
+the pipeline.
 
 A zombie (exited, not yet reaped by its parent) counts as gone everywhere here: it holds no
 memory and answers nothing, which is what every caller asks about.
@@ -6,11 +7,31 @@ memory and answers nothing, which is what every caller asks about.
 
 from __future__ import annotations
 
+import ctypes
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import psutil
+
+PR_SET_PDEATHSIG = 1
+
+
+def own_session_dying_with_parent(signum: int) -> Callable[[], None]:
+    """A ``preexec_fn`` (it runs in the child between fork and exec): the child leads a session of its own
+    (its own process group, which the caller stops as one) and, on Linux, gets ``signum`` when the thread
+    that started it ends, so a pipeline process that dies hard takes the child with it. That thread must
+    outlive the child: the caller waits for it, or stops it, in the same thread."""
+
+    def preexec() -> None:
+        os.setsid()
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
+        except OSError:
+            pass
+
+    return preexec
 
 
 def process_alive(pid: int) -> bool:

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from collections import deque
@@ -33,6 +34,7 @@ from quantize_serve.core.digest import file_sha256
 from quantize_serve.core.errors import QuantizationError
 from quantize_serve.core import progress
 from quantize_serve.core.log_stream import BarFrame, stream_lines
+from quantize_serve.core.processes import own_session_dying_with_parent
 from quantize_serve.core.settings import PROJECT_ROOT, get_settings
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.recipe.quantization import QuantizationSection
@@ -382,7 +384,9 @@ def _start_worker(*args: str, stdin: int) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         env={**os.environ, **CHILD_ENV},
         cwd=str(PROJECT_ROOT),
-        start_new_session=True,
+        # a pipeline killed hard takes the worker with it (and the device memory it holds); SIGKILL: it
+        # starts no process of its own
+        preexec_fn=own_session_dying_with_parent(signal.SIGKILL),
     )
 
 

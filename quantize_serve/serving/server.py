@@ -9,7 +9,6 @@ that fits what vLLM said.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import os
@@ -30,7 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from quantize_serve.core.errors import ServerBootError, ServerUnavailableError
-from quantize_serve.core.processes import group_alive, process_alive
+from quantize_serve.core.processes import group_alive, own_session_dying_with_parent, process_alive
 from quantize_serve.core.settings import Settings, get_settings
 from quantize_serve.recipe.model import ServeSection
 from quantize_serve.serving.repo_layout import KEEP_MODEL_NAME, laid_out_as_hub_cache
@@ -331,15 +330,10 @@ def tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    os.setsid()
-    # Linux: if the pipeline process dies hard, the server dies with it. SIGTERM, not SIGKILL: the
-    # signal reaches only this child, and only vLLM's own shutdown stops its engine-core and worker
-    # grandchildren (with SIGKILL they were seen orphaned, still holding their memory).
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+# Linux: if the pipeline process dies hard, the server dies with it. SIGTERM, not SIGKILL: the signal reaches
+# only this child, and only vLLM's own shutdown stops its engine-core and worker grandchildren (with SIGKILL
+# they were seen orphaned, still holding their memory).
+_die_with_parent = own_session_dying_with_parent(signal.SIGTERM)
 
 
 # A guardian beside each server, in its own session: when the pipeline process dies while the

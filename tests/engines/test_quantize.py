@@ -274,3 +274,30 @@ def test_cpu_pinning_workaround_still_needed():
         "llm-compressor no longer fails to pin memory without an accelerator: remove the "
         f"workaround in quantize_serve/quantize/worker.py\n{out.stdout}\n{out.stderr[-2000:]}"
     )
+
+
+def test_a_worker_started_ahead_goes_with_a_pipeline_killed_hard():
+    """The pipeline process killed (SIGKILL: no cleanup of its own runs) while its worker started ahead still
+    imports: the worker goes with it, at once (PR_SET_PDEATHSIG; tests/unit/test_processes.py) or at the
+    latest when its imports end and it finds its stdin closed: it never holds a device past its pipeline."""
+    import psutil
+
+    from tests.conftest import ROOT
+
+    code = (
+        "import time\n"
+        "from quantize_serve.quantize import run\n"
+        "run.prepare_worker()\n"
+        "print(run._prepared[0].pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    pipeline = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    worker = psutil.Process(int(pipeline.stdout.readline()))
+    try:
+        pipeline.kill()
+        pipeline.wait()
+        worker.wait(timeout=30)
+    finally:
+        pipeline.stdout.close()
+        if worker.is_running():
+            worker.kill()
