@@ -441,8 +441,7 @@ def _run_child(spec_path: Path, *, log: Callable[[str], None]) -> dict:
         stream_lines(proc.stdout, emit, on_frame=count_layers)
         code = proc.wait()
     except BaseException:
-        proc.kill()
-        proc.wait()
+        _stop(proc)
         raise
     if code != 0:
         raise QuantizationError(
