@@ -43,8 +43,8 @@ The runs, on one local stack (Prefect server, `gpu` pool, local Hub):
    tag (the flow's wall ends after its promotion too); ``decision_inputs_seconds`` is the time to the last
    figure the decision reads (the fp8 boot done, the upload done). ``ratio_vs_careful_manual`` = first_release
    wall / manual wall, whenever both are in --out, with the session (its start) and date each came from
-   (``ratio_vs_careful_manual_from``); a manual run cut short (its record is saved after every stage) bounds
-   it instead: ``ratio_at_most``.
+   (``ratio_vs_careful_manual_from``); a manual run cut short (its record is saved after every stage and every
+   10 s) bounds it instead: ``ratio_at_most``.
 
 ``--set KEY=VALUE`` (repeatable): a recipe override for every run (the baseline's own win); runs record them.
 

@@ -32,6 +32,7 @@ from quantize_serve.serving.server import stop_process_group
 SCENARIO = load_scenario("release-time")
 RECIPE = ROOT / SCENARIO["recipe"]
 MANUAL_REPO_SUFFIX = "-manual"
+PROGRESS_EVERY_S = 10.0  # the record's elapsed_seconds between stages (a bound for a run cut short)
 log = logger("release")
 
 MANUAL_NOTE = SCENARIO["manual_note"]  # what the manual run is, recorded with it
@@ -150,11 +151,32 @@ def manual_run(res: Results, setting: ManualSetting, *, session: str, preceded_b
     }
     res.data["runs"]["manual"] = record
 
-    def mark(stage: str) -> None:  # the record on disk after every stage: a run cut short keeps them
+    saving = threading.Lock()
+
+    def save() -> None:  # the record on disk: a run cut short keeps its stages and how long it had run
+        with saving:
+            record.update(elapsed_seconds=marks.elapsed(), measured=time.strftime("%Y-%m-%dT%H:%M:%S"))
+            record_ratio(res)
+            res.save()
+
+    def mark(stage: str) -> None:
         marks.done(stage)
-        record.update(elapsed_seconds=marks.elapsed(), measured=time.strftime("%Y-%m-%dT%H:%M:%S"))
-        record_ratio(res)
-        res.save()
+        save()
+
+    def uploaded_after(seconds: float) -> None:
+        with saving:
+            steps["upload (in the background)"] = round(seconds, 1)
+
+    ended = threading.Event()
+
+    def save_while_running() -> None:  # a session's end inside a long stage (lm_eval's) still bounds the
+        while not ended.wait(PROGRESS_EVERY_S):  # ratio by how long the run had been going
+            try:
+                save()
+            except RuntimeError:  # the record changed as it was written (the file is replaced whole)
+                continue
+
+    threading.Thread(target=save_while_running, daemon=True).start()
 
     def run(step: str, argv: list[Any], **kwargs: Any) -> None:
         commands[step] = m.typed(argv)
@@ -205,10 +227,7 @@ def manual_run(res: Results, setting: ManualSetting, *, session: str, preceded_b
                 upload_argv, env=env, stdout=upload_log, stderr=subprocess.STDOUT, start_new_session=True
             )
         uploaded = threading.Thread(
-            target=lambda: (
-                upload.wait(),
-                steps.__setitem__("upload (in the background)", round(time.monotonic() - t_upload, 1)),
-            ),
+            target=lambda: (upload.wait(), uploaded_after(time.monotonic() - t_upload)),
             daemon=True,
         )
         uploaded.start()
@@ -235,18 +254,21 @@ def manual_run(res: Results, setting: ManualSetting, *, session: str, preceded_b
         record["decision_inputs_seconds"] = marks.elapsed()
         run("tag", m.tag_argv(hub.repo_id, hub.release_ref, hub.release_ref_kind))
         marks.done("released")
-        record.update(
-            complete=True,
-            wall_seconds=marks.elapsed(),
-            elapsed_seconds=marks.elapsed(),
-            measured=time.strftime("%Y-%m-%dT%H:%M:%S"),
-        )
+        with saving:
+            record.update(
+                complete=True,
+                wall_seconds=marks.elapsed(),
+                elapsed_seconds=marks.elapsed(),
+                measured=time.strftime("%Y-%m-%dT%H:%M:%S"),
+            )
         record["stress"] = dict(zip(("ramp", "final"), m.stress_steps(recipe, ckpt), strict=True))
     finally:
+        ended.set()
         if upload is not None and upload.poll() is None:
             stop_process_group(upload, grace_s=30)
-        record["boots"] = boot_logs(work)
-        res.save()
+        with saving:
+            record["boots"] = boot_logs(work)
+            res.save()
     log(f"manual: wall {record['wall_seconds']} s, stages {marks.stages}")
 
 
