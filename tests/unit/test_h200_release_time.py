@@ -290,7 +290,7 @@ def test_the_oneshot_script_calibrates_on_the_flows_rows_the_docs_way(tmp_path):
         "messages_field": "messages",
         "seed": 42,
         "num_samples": 256,
-        "max_seq_len": 2048,
+        "max_seq_len": 512,
         "dtype": "bfloat16",
     }
     script = manual.oneshot_script(params)
@@ -298,7 +298,7 @@ def test_the_oneshot_script_calibrates_on_the_flows_rows_the_docs_way(tmp_path):
     # the flow's selection and rendering (quantize/calibration.py, quantize/worker.py)
     assert "ds.shuffle(seed=42).select(range(256))" in script
     assert "apply_chat_template(m, tokenize=False) for m in ds['messages']" in script
-    assert "max_length=2048, add_special_tokens=False" in script
+    assert "max_length=512, add_special_tokens=False" in script
     assert "from_pretrained(MODEL, dtype='bfloat16', device_map=None)" in script
     assert "save_compressed=True" in script
     # oneshot's arguments are the flow's own (quantize/worker.py), its measured pipeline included

@@ -243,8 +243,8 @@ def test_quantization_goes_beside_the_base_where_the_device_memory_left_holds_it
 
 def test_the_flow_counts_calibrations_tokens_only_where_the_count_can_decide(monkeypatch):
     """tasks/quantize.py beside_base on an empty H200 with the llama3 recipe: the recipe's bound (256 x
-    2,048 tokens) does not fit beside the base at 0.90. With always, the tokens calibration runs on are
-    counted (a few seconds with the base's tokenizer) and the base is scored at 0.48; auto does the same.
+    512 tokens) does not fit beside the base at 0.90. With always, the tokens calibration runs on are
+    counted (a few seconds with the base's tokenizer) and the base is scored at 0.68; auto does the same.
     With never, nothing is counted."""
     from types import SimpleNamespace
 
@@ -257,7 +257,7 @@ def test_the_flow_counts_calibrations_tokens_only_where_the_count_can_decide(mon
     monkeypatch.setattr(task.gpu, "memory_info", lambda *a: {"free_bytes": h200})
     monkeypatch.setattr(task.gpu, "usable_memory_bytes", lambda *a: h200)
     monkeypatch.setattr(task.quantize, "weights_bytes_on_disk", lambda folder: 16_060_522_496)
-    monkeypatch.setattr(task, "calibration_tokens", lambda recipe, folder: counted.append(folder) or 300_737)
+    monkeypatch.setattr(task, "calibration_tokens", lambda recipe, folder: counted.append(folder) or 127_236)
     recipe = load_recipe(ROOT / "recipes/llama3-8b-instruct-awq.yaml")
     base = SimpleNamespace(config=json.loads((ROOT / "benchmarks/configs/llama-3-8b.json").read_text()))
     base.local_dir = "base"
@@ -266,10 +266,10 @@ def test_the_flow_counts_calibrations_tokens_only_where_the_count_can_decide(mon
     )
     with disable_run_logger():
         now, why, served_at = task.beside_base(SimpleNamespace(recipe=recipe), base)
-        assert (now, served_at, len(counted)) == (True, 0.48, 1), why
+        assert (now, served_at, len(counted)) == (True, 0.68, 1), why
         assert why.endswith(
-            "the base scored at 0.48 (71.7 GiB left), its capacity row derived at 0.90 "
-            "(300,737 calibration tokens)"
+            "the base scored at 0.68 (43.7 GiB left), its capacity row derived at 0.90 "
+            "(127,236 calibration tokens)"
         ), why
         now, why, served_at = task.beside_base(SimpleNamespace(recipe=never), base)
     assert (now, served_at, len(counted)) == (False, None, 1), why
