@@ -27,11 +27,11 @@ about 4 minutes a repeat on 2 cores, 3 repeats by default):
 writes benchmarks/results/quantize_speed.json (``--summarize-only`` recomputes the summary from its runs).
 
 GPU (``--gpu``: the Llama-3-8B shape with random bf16 weights, built by ``benchmarks/h200.py build`` if
-missing, calibrated as recipes/llama3-8b-instruct-awq.yaml is: 256 production-shaped conversations from
-localhub/datasets.py, ~300k tokens, cap 2,048; batch 1, the recipe's before this measurement set it to
-4). Seconds only: a random model's perplexity means nothing. It runs the CPU choice (the project's
-defaults, the baseline there), then the choice with each option that only a GPU can judge (GPU_ONLY) and
-with all of them; resumable (finished runs in --out are kept):
+missing, calibrated as recipes/llama3-8b-instruct-awq.yaml was when this was measured: 256 production-shaped
+conversations from localhub/datasets.py, ~300k tokens, cap 2,048 (512 since benchmarks/calibration_length.py);
+batch 1, the recipe's before this measurement set it to 4). Seconds only: a random model's perplexity means
+nothing. It runs the CPU choice (the project's defaults, the baseline there), then the choice with each
+option that only a GPU can judge (GPU_ONLY) and with all of them; resumable (finished runs in --out are kept):
     .venv/bin/python benchmarks/quantize_speed.py --gpu --model-dir M --work-dir W --out OUT.json
 about 11 minutes a repeat of AWQ's four sets (--sets 'awq:*') on one H200 (an 8B AWQ with the project's
 defaults takes ~175 s there, ~147 s of it calibrating; with today's old options 367 s). Then on CPU
@@ -512,7 +512,8 @@ def production_calibration(work_dir: Path, tokenizer_dir: Path, rows: int) -> Pa
 
 
 def gpu_recipe(method: str, model_dir: Path, calibration: Path) -> dict[str, Any]:
-    """benchmarks/h200.py's recipe for the 8B shape, calibrated as recipes/llama3-8b-instruct-awq.yaml is."""
+    """benchmarks/h200.py's recipe for the 8B shape, calibrated as recipes/llama3-8b-instruct-awq.yaml was
+    when the GPU sets were measured (cap 2,048)."""
     recipe = model_recipe(profile_of(rehearse=False), method, model_dir)
     recipe["calibration"] = {
         "dataset": str(calibration),
