@@ -155,7 +155,8 @@ def manual_run(res: Results, setting: ManualSetting, *, session: str, preceded_b
 
     def save() -> None:  # the record on disk: a run cut short keeps its stages and how long it had run
         with saving:
-            record.update(elapsed_seconds=marks.elapsed(), measured=time.strftime("%Y-%m-%dT%H:%M:%S"))
+            if not record["complete"]:
+                record.update(elapsed_seconds=marks.elapsed(), measured=time.strftime("%Y-%m-%dT%H:%M:%S"))
             record_ratio(res)
             res.save()
 
