@@ -9,8 +9,9 @@ the tokens (benchmarks/results/h200_quantize_speed.json: ~0.39 ms a token for th
 does its activation memory. A random-weight 8B's recovery means nothing, so the quality side is the
 reference model's (models/tiny-llama, recipes/tiny-llama-awq.yaml, on CPU, held-out perplexity recovery as
 benchmarks/quantize_speed.py measures it): its texts are short (~90 tokens, cap 256), so it is calibrated at
-the cap that keeps the share of its tokens that each 8B cap keeps of the 8B's at 2,048. Rule (the issue's):
-a cap is eligible when that recovery stays within TOLERANCE of the reference model's at its recipe's cap.
+the cap that keeps the share of its tokens that each 8B cap keeps of the 8B's at 2,048. Rule: a cap is
+eligible when that recovery stays within RECOVERY_TOLERANCE (harness.py) of the reference model's at its
+recipe's cap.
 
     .venv/bin/python benchmarks/calibration_length.py     # ~2 minutes on 2 cores
 writes benchmarks/results/calibration_length.json.
@@ -24,8 +25,20 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
-from benchmarks.harness import ROOT, Results, perplexity  # noqa: E402
-from benchmarks.quantize_speed import TOLERANCE, gpu_recipe, log, on_reference, production_calibration  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    RECOVERY_TOLERANCE,
+    ROOT,
+    Results,
+    driver_env,
+    gpu_recipe,
+    logger,
+    on_reference,
+    perplexity,
+    production_calibration,
+)
+
+driver_env()  # before the product's imports, which read it
+
 from quantize_serve.quantize.calibration import tokenize_calibration  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
 from quantize_serve.recipe.model import Recipe  # noqa: E402
@@ -34,6 +47,7 @@ OUT = ROOT / "benchmarks/results/calibration_length.json"
 CAPS = (2048, 1024, 512)  # the 8B's: the recipe's before this measurement, then halved twice
 PRODUCTION_BATCH_SIZE = 4  # recipes/llama3-8b-instruct-awq.yaml's calibration.batch_size
 REFERENCE = ROOT / "recipes/tiny-llama-awq.yaml"
+log = logger("calibration-length")
 
 
 def kept(lengths: list[int], batch: int) -> int:
@@ -103,13 +117,13 @@ def main(argv: list[str] | None = None) -> None:
         log(f"calibration length {rows[-1]}")
     for row in rows:
         row["recovery_delta"] = round(row["recovery"] - rows[0]["recovery"], 5)
-        row["within_tolerance"] = row["recovery_delta"] >= -TOLERANCE
+        row["within_tolerance"] = row["recovery_delta"] >= -RECOVERY_TOLERANCE
     res = Results(args.out, roots=())
     res.data.update(
         method=__doc__.split("\n\n")[0].replace("\n", " "),
         calibration=f"the 8B: 256 production-shaped conversations, batch {PRODUCTION_BATCH_SIZE}; the "
         f"reference model: {REFERENCE.relative_to(ROOT)}",
-        tolerance=TOLERANCE,
+        tolerance=RECOVERY_TOLERANCE,
         base_heldout_ppl=base_ppl,
         rows=rows,
         shortest_within_tolerance=min(

@@ -11,8 +11,9 @@ over data/corpus/heldout.txt, the int4 checkpoint decompressed by compressed-ten
 into recovery as base / quantized (lower is better; ``recovery``).
 The served gate (vLLM, fp8 KV, lm-eval) is not re-run per option set.
 
-Rule: the fastest option set whose recovery stays within TOLERANCE of today's and whose every repeat
-is faster than today's fastest (a saving larger than the spread). Fastest by the ``calibrate`` stage
+Rule: the fastest option set whose recovery stays within RECOVERY_TOLERANCE (harness.py) of today's and
+whose every repeat is faster than today's fastest (a saving larger than the spread). Fastest by the
+``calibrate`` stage
 (llm-compressor's oneshot, the only stage the options act on): on CPU its CPU seconds, with the worker
 on one thread (OMP_NUM_THREADS=1, set here for the child), on a GPU its wall seconds. On a 2-core
 machine shared with other users, two torch threads turn someone else's load into OpenMP spin-waits:
@@ -45,41 +46,40 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
 from benchmarks.harness import (  # noqa: E402
+    RECOVERY_TOLERANCE,
     ROOT,
     Results,
     driver_env,
-    model_recipe,
+    gpu_recipe,
+    on_reference,
     perplexity,
-    profile_of,
+    production_calibration,
+    quantize_once,
     versions,
     wait_for_build,
 )
 
 driver_env()  # before the product's imports, which read it
 
-from localhub.datasets import ultrachat_production_rows  # noqa: E402
 from quantize_serve.core.portable import write_json_result  # noqa: E402
 from quantize_serve.quantize.calibration import tokenize_calibration  # noqa: E402
-from quantize_serve.quantize.run import calibration_pipeline, quantize_model  # noqa: E402
+from quantize_serve.quantize.run import calibration_pipeline  # noqa: E402
 from quantize_serve.serving import gpu  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
 from quantize_serve.recipe.model import Recipe  # noqa: E402
-from quantize_serve.validate.preflight import resolve_base, validate_recipe  # noqa: E402
 
 OUT = ROOT / "benchmarks/results/quantize_speed.json"
 PRODUCTION_BATCH_SIZE = 1  # calibration.batch_size of recipes/llama3-8b-instruct-awq.yaml before the GPU sets
-TOLERANCE = 0.005  # the largest recovery loss against today's that an option set may cost
 # The options before this measurement, explicit (the recipe defaults now differ): llm-compressor's defaults.
 TODAY = {
     "quantization.n_grid": 20,
@@ -249,74 +249,12 @@ OPTIONS = [
         "batched_quantization)",
     },
 ]
+
+
 # llm-compressor's own log lines that open a calibration pass and close the last one (IndependentPipeline
 # logs one line per modifier's pass; the other pipelines run one pass in all and log none).
-PASS_START = re.compile(r"Inferred `(\w+)` for `(\w+)`")
-CALIBRATION_END = "Compression lifecycle finalized"
-
-
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def pass_timer() -> tuple[Callable[[str], None], Callable[[], dict[str, float]]]:
-    """A log callback for quantize_model that stamps llm-compressor's pass lines as they stream, and a
-    function that turns the stamps into seconds per calibration pass."""
-    marks: list[tuple[str, float]] = []
-
-    def emit(line: str) -> None:
-        if m := PASS_START.search(line):
-            marks.append((f"{m.group(2)} ({m.group(1)})", time.monotonic()))
-        elif CALIBRATION_END in line:
-            marks.append(("end", time.monotonic()))
-
-    def passes() -> dict[str, float]:
-        return {name: round(marks[i + 1][1] - t, 2) for i, (name, t) in enumerate(marks[:-1])}
-
-    return emit, passes
-
-
-def quantize_once(recipe: Any, overrides: dict[str, Any], work_dir: Path) -> dict[str, Any]:
-    """One quantization through the project's stage; its seconds and the checkpoint folder."""
-    validated = validate_recipe(recipe, overrides)
-    base = resolve_base(validated)
-    emit, passes = pass_timer()
-    result = quantize_model(
-        validated.recipe,
-        Path(base.local_dir),
-        base_identity=base.identity,
-        calibration_fingerprint=validated.calibration_fingerprint,
-        work_dir=work_dir,
-        log=emit,
-    )
-    return {
-        "seconds": result.seconds,
-        "stage_seconds": result.stage_seconds,
-        "stage_cpu_seconds": result.stage_cpu_seconds,
-        "calibration_passes": passes(),
-        "load_average_1min": round(os.getloadavg()[0], 2),
-        "placement": result.placement,
-        "device": result.device,
-        "device_peak_bytes": result.device_peak_bytes,
-        "device_peak_allocated_bytes": result.device_peak_allocated_bytes,
-        "checkpoint_dir": result.checkpoint_dir,
-    }
-
-
-def on_reference(method: str, overrides: dict[str, Any], base_ppl: float) -> dict[str, Any]:
-    """One quantization of the reference model (recipes/tiny-llama-METHOD.yaml with ``overrides``) from
-    scratch: quantize_once's figures with its held-out perplexity and recovery."""
-    with tempfile.TemporaryDirectory() as work:
-        run = quantize_once(ROOT / f"recipes/tiny-llama-{method}.yaml", overrides, Path(work))
-        ppl = perplexity(Path(run.pop("checkpoint_dir")))
-    return {**run, "heldout_ppl": ppl, "recovery": recovery(base_ppl, ppl)}
-
-
-def recovery(base_ppl: float, quantized_ppl: float) -> float:
-    """Recovery of a perplexity (lower is better): base / quantized, the rule the CPU rows of
-    quantize_speed.json were chosen by. (The paired accuracy gate now reads a perplexity in nats, which
-    turns the same loss into a larger one; TOLERANCE stays on this scale so every row compares.)"""
-    return round(base_ppl / quantized_ppl, 5)
 
 
 def schedule(sets: dict[str, list[tuple[str, dict]]], repeats: int) -> list[tuple[int, str, str, dict]]:
@@ -380,7 +318,7 @@ def summarize(
             row["saves_time"] = row is not today and max(mine) < min(theirs)
             if with_recovery:
                 row["recovery_delta"] = round(min(row["recovery"]) - min(today["recovery"]), 5)
-                row["within_tolerance"] = row["recovery_delta"] >= -TOLERANCE
+                row["within_tolerance"] = row["recovery_delta"] >= -RECOVERY_TOLERANCE
         eligible = [
             r
             for r in rows
@@ -438,7 +376,7 @@ def run_cpu(args: argparse.Namespace) -> None:
     started = time.monotonic()
     results: dict[str, Any] = {
         "today": TODAY,
-        "tolerance": TOLERANCE,
+        "tolerance": RECOVERY_TOLERANCE,
         "repeats": args.repeats or 3,
         "machine": {
             "cpus": os.cpu_count(),
@@ -499,33 +437,6 @@ def gpu_sets(summary: dict) -> dict[str, list[tuple[str, dict]]]:
     return sets
 
 
-def production_calibration(work_dir: Path, tokenizer_dir: Path, rows: int) -> Path:
-    """Production-shaped chat calibration data (localhub/datasets.py) as a local JSON-lines file."""
-    from transformers import AutoTokenizer
-
-    path = work_dir / "ultrachat-production.jsonl"
-    if not path.is_file():
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        data = ultrachat_production_rows(rows, tokenizer=tokenizer)
-        path.write_text("".join(json.dumps({"messages": r["messages"]}) + "\n" for r in data))
-    return path
-
-
-def gpu_recipe(method: str, model_dir: Path, calibration: Path) -> dict[str, Any]:
-    """benchmarks/h200.py's recipe for the 8B shape, calibrated as recipes/llama3-8b-instruct-awq.yaml was
-    when the GPU sets were measured (cap 2,048)."""
-    recipe = model_recipe(profile_of(rehearse=False), method, model_dir)
-    recipe["calibration"] = {
-        "dataset": str(calibration),
-        "messages_field": "messages",
-        "num_samples": 256,
-        "max_seq_len": 2048,
-        "shuffle_seed": 42,
-        "batch_size": 1,
-    }
-    return recipe
-
-
 def run_gpu(args: argparse.Namespace) -> None:
     model_dir, work_dir = Path(args.model_dir).resolve(), Path(args.work_dir).resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -581,7 +492,7 @@ def run_gpu_recovery(args: argparse.Namespace) -> None:
     """``--gpu-recovery``: each GPU set of --out (a --gpu result) on the reference model, on CPU, with its
     recovery against the GPU baseline's, calibrated at production's batch size (the llama3 recipe's
     before the GPU options: 1) where a set does not set its own; then the GPU choice: the fastest set
-    that saves time on the GPU and stays within TOLERANCE on the reference model."""
+    that saves time on the GPU and stays within RECOVERY_TOLERANCE on the reference model."""
     os.environ["OMP_NUM_THREADS"] = "1"
     res = Results(Path(args.out), roots=())
     sets = gpu_sets(json.loads(OUT.read_text())["summary"])
@@ -600,7 +511,7 @@ def run_gpu_recovery(args: argparse.Namespace) -> None:
         mine = [r for r in rows if r["method"] == method]
         for row in mine:
             row["recovery_delta"] = round(row["recovery"] - mine[0]["recovery"], 5)
-            row["within_tolerance"] = row["recovery_delta"] >= -TOLERANCE
+            row["within_tolerance"] = row["recovery_delta"] >= -RECOVERY_TOLERANCE
         ok = {r["set"] for r in mine if r["within_tolerance"]}
         eligible = [r for r in part["rows"] if r.get("saves_time") and r["set"] in ok]
         best = min(eligible, key=lambda r: r["median_calibrate_s"], default=None)
@@ -620,7 +531,7 @@ def run_gpu_recovery(args: argparse.Namespace) -> None:
         "model": "models/tiny-llama, recipes/tiny-llama-METHOD.yaml, on CPU",
         "base_heldout_ppl": base_ppl,
         "batch_size_unless_set": PRODUCTION_BATCH_SIZE,
-        "tolerance": TOLERANCE,
+        "tolerance": RECOVERY_TOLERANCE,
         "rows": rows,
     }
     res.data["choice"] = choice
