@@ -358,6 +358,8 @@ def boot_logs(folder: Path) -> list[dict[str, Any]]:
 
 RECOVERY_TOLERANCE = 0.005  # the largest recovery loss against the project's settings that a change may cost
 
+# llm-compressor's own log lines that open a calibration pass and close the last one (IndependentPipeline
+# logs one line per modifier's pass; the other pipelines run one pass in all and log none).
 PASS_START = re.compile(r"Inferred `(\w+)` for `(\w+)`")
 CALIBRATION_END = "Compression lifecycle finalized"
 

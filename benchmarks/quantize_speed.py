@@ -251,8 +251,6 @@ OPTIONS = [
 ]
 
 
-# llm-compressor's own log lines that open a calibration pass and close the last one (IndependentPipeline
-# logs one line per modifier's pass; the other pipelines run one pass in all and log none).
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
