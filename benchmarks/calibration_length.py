@@ -35,6 +35,7 @@ from benchmarks.harness import (  # noqa: E402
     on_reference,
     perplexity,
     production_calibration,
+    tokens_kept_in_batches,
 )
 
 driver_env()  # before the product's imports, which read it
@@ -50,43 +51,33 @@ REFERENCE = ROOT / "recipes/tiny-llama-awq.yaml"
 log = logger("calibration-length")
 
 
-def kept(lengths: list[int], batch: int) -> int:
-    """Tokens that reach the model: samples ordered by length, each batch cut to its shortest."""
-    lengths = sorted(lengths, reverse=True)
-    batches = [lengths[i : i + batch] for i in range(0, len(lengths), batch)]
-    return sum(min(b) * len(b) for b in batches)
-
-
 def production_tokens() -> dict[int, int]:
     """The 8B's calibration tokens kept at each cap of CAPS (the 8B build's tokenizer is the reference
-    model's)."""
+    model's): tokenized once at the largest cap, as a sample cut at a smaller one keeps its first tokens."""
     from transformers import AutoTokenizer
 
     tokenizer_dir = ROOT / "models/tiny-llama"
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    out = {}
     with tempfile.TemporaryDirectory() as work:
-        data = production_calibration(Path(work), tokenizer_dir, 512)
-        for cap in CAPS:
-            recipe = gpu_recipe("awq", tokenizer_dir, data)
-            recipe["calibration"].update(max_seq_len=cap, batch_size=PRODUCTION_BATCH_SIZE)
-            _, encoded = tokenize_calibration(Recipe.model_validate(recipe), tokenizer)
-            out[cap] = kept([len(x) for x in encoded["input_ids"]], PRODUCTION_BATCH_SIZE)
-    return out
+        recipe = gpu_recipe("awq", tokenizer_dir, production_calibration(Path(work), tokenizer_dir, 512))
+        recipe["calibration"].update(max_seq_len=max(CAPS), batch_size=PRODUCTION_BATCH_SIZE)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        _, encoded = tokenize_calibration(Recipe.model_validate(recipe), tokenizer)
+    lengths = [len(x) for x in encoded["input_ids"]]
+    return {
+        cap: tokens_kept_in_batches([min(n, cap) for n in lengths], PRODUCTION_BATCH_SIZE) for cap in CAPS
+    }
 
 
 def reference_tokens() -> dict[int, int]:
-    """The reference model's calibration tokens kept at every cap up to its recipe's."""
+    """The reference model's calibration tokens kept at every cap up to its recipe's (tokenized once, as
+    production_tokens)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(ROOT / "models/tiny-llama")
-    top = load_recipe(REFERENCE).calibration.max_seq_len
-    out = {}
-    for cap in range(top, 0, -1):
-        recipe = load_recipe(REFERENCE, {"calibration.max_seq_len": cap})
-        _, encoded = tokenize_calibration(recipe, tokenizer)
-        out[cap] = kept([len(x) for x in encoded["input_ids"]], recipe.calibration.batch_size)
-    return out
+    recipe = load_recipe(REFERENCE)
+    _, encoded = tokenize_calibration(recipe, AutoTokenizer.from_pretrained(ROOT / "models/tiny-llama"))
+    lengths = [len(x) for x in encoded["input_ids"]]
+    top, batch = recipe.calibration.max_seq_len, recipe.calibration.batch_size
+    return {cap: tokens_kept_in_batches([min(n, cap) for n in lengths], batch) for cap in range(top, 0, -1)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -99,8 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for cap in CAPS:
         share = production[cap] / production[CAPS[0]]
+        # the nearest share, the largest cap among equals (the recipe's own cap for the 8B's 2,048)
         ref_cap = min(reference, key=lambda c: (abs(reference[c] / reference[top] - share), -c))
-        ref_cap = top if cap == CAPS[0] else ref_cap
         run = on_reference("awq", {"calibration.max_seq_len": ref_cap}, base_ppl)
         rows.append(
             {

@@ -427,6 +427,14 @@ def recovery(base_ppl: float, quantized_ppl: float) -> float:
     return round(base_ppl / quantized_ppl, 5)
 
 
+def tokens_kept_in_batches(lengths: list[int], batch: int) -> int:
+    """The calibration tokens that reach the model: llm-compressor orders the samples by length (oneshot
+    without its own shuffle) and cuts each batch to its shortest."""
+    lengths = sorted(lengths, reverse=True)
+    batches = [lengths[i : i + batch] for i in range(0, len(lengths), batch)]
+    return sum(min(b) * len(b) for b in batches)
+
+
 def production_calibration(work_dir: Path, tokenizer_dir: Path, rows: int) -> Path:
     """Production-shaped chat calibration data (localhub/datasets.py) as a local JSON-lines file."""
     from transformers import AutoTokenizer

@@ -65,6 +65,7 @@ from benchmarks.harness import (  # noqa: E402
     perplexity,
     production_calibration,
     quantize_once,
+    tokens_kept_in_batches,
     versions,
     wait_for_build,
 )
@@ -538,8 +539,8 @@ def run_gpu_recovery(args: argparse.Namespace) -> None:
 
 
 def tokens_kept(sets: dict[str, list[tuple[str, dict]]]) -> dict[str, int]:
-    """The GPU runs' calibration tokens that reach the model at each batch size of ``sets``: llm-compressor
-    orders the samples by length (oneshot without its own shuffle) and cuts each batch to its shortest."""
+    """The GPU runs' calibration tokens that reach the model at each batch size of ``sets``
+    (tokens_kept_in_batches)."""
     from transformers import AutoTokenizer
 
     tokenizer_dir = ROOT / "models/tiny-llama"  # the 8B build's tokenizer
@@ -549,13 +550,8 @@ def tokens_kept(sets: dict[str, list[tuple[str, dict]]]) -> dict[str, int]:
         # the recipe model alone: the 8B's serve settings are not checked against the tokenizer's model
         recipe = Recipe.model_validate(gpu_recipe("awq", tokenizer_dir, data))
         _, encoded = tokenize_calibration(recipe, AutoTokenizer.from_pretrained(tokenizer_dir))
-    lengths = sorted((len(x) for x in encoded["input_ids"]), reverse=True)
-    return {
-        f"batch_size={b}": sum(
-            min(lengths[i : i + b]) * len(lengths[i : i + b]) for i in range(0, len(lengths), b)
-        )
-        for b in sorted(sizes)
-    }
+    lengths = [len(x) for x in encoded["input_ids"]]
+    return {f"batch_size={b}": tokens_kept_in_batches(lengths, b) for b in sorted(sizes)}
 
 
 def pick(sets: dict[str, list[tuple[str, dict]]], names: str | None) -> dict[str, list[tuple[str, dict]]]:
