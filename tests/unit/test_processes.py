@@ -10,6 +10,8 @@ import time
 
 import psutil
 
+from quantize_serve.core.processes import process_alive
+
 PARENT = """\
 import signal, subprocess, sys, time
 from quantize_serve.core.processes import own_session_dying_with_parent
@@ -25,10 +27,7 @@ time.sleep(120)
 def gone_within(pid: int, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
+        if not process_alive(pid):
             return True
         time.sleep(0.1)
     return False
