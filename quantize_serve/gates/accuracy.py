@@ -56,6 +56,7 @@ from quantize_serve.gates.documents import (
     outcomes,
     per_document_fewshot,
 )
+from quantize_serve.gates.lanes import LaneModels, lanes, run_lanes
 from quantize_serve.gates.recovery import task_decided
 from quantize_serve.gates.results import (  # noqa: F401 (the gate's result types, importable from here)
     AccuracyCheck,
@@ -128,16 +129,18 @@ def run_accuracy(
     prepared = prepared or prepare_run(gate, base_dir)  # task file problems fail before any request
     check_server(server_base_url)
     before = prompt_token_counters(server_base_url)
-    lm = completions_model(
-        server_base_url,
-        gate,
-        tokenizer_dir=tokenizer_dir,
-        max_length=max_length,
-        num_concurrent=num_concurrent,
-        reuse_rows=reuse_rows,
-        log=log,
+    models = LaneModels(
+        lambda: completions_model(
+            server_base_url,
+            gate,
+            tokenizer_dir=tokenizer_dir,
+            max_length=max_length,
+            num_concurrent=num_concurrent,
+            reuse_rows=reuse_rows,
+            log=log,
+        )
     )
-    runs = run_tasks(lm, prepared, gate, server_base_url, output_dir, paired_with, log)
+    runs = run_tasks(models, prepared, gate, server_base_url, output_dir, paired_with, log)
     after = prompt_token_counters(server_base_url)
     sent, cached = (
         (int(after[k] - before[k]) if k in after and k in before else None)
@@ -151,7 +154,7 @@ def run_accuracy(
         seconds=round(time.monotonic() - started, 1),
         lm_eval_version=getattr(import_lm_eval(), "__version__", "unknown"),
         scoring=gate.scoring,
-        scoring_counts=dict(getattr(lm, "stats", {})),
+        scoring_counts=models.stats(),
     )
     (output_dir / "accuracy_run.json").write_text(run.model_dump_json(indent=2))
     return run
@@ -198,7 +201,7 @@ class _TaskLooks:
 
 
 def run_tasks(
-    lm: Any,
+    models: LaneModels,
     prepared: Prepared,
     gate: AccuracyGate,
     server_base_url: str,
@@ -207,10 +210,12 @@ def run_tasks(
     log: Callable[[str], None],
 ) -> dict[str, TaskRun]:
     """Every task: its seeded draw of documents, scored look by look when the base's run holds it (all at
-    once otherwise), each document's outcome kept. Each look is one lm-eval call for every task still
-    running, so lm-eval sends all their requests of a kind (loglikelihood, generation) as one stream and
-    the server's batches run full until the look's last request, not until each task's. A task stops at
-    the first look where its decision is clear; its seconds are those of the calls it took part in."""
+    once otherwise), each document's outcome kept. A look runs one lm-eval call per lane (:func:`lanes`)
+    for every task still running, the lanes at the same time: lm-eval sends all of a call's requests of a
+    kind as one stream, so the server's batches run full until the look's last request, not until each
+    task's, and the generation tasks' decode steps carry the scoring tasks' prefills instead of running
+    alone before them (lm-eval runs one request kind after the other within a call). A task stops at the
+    first look where its decision is clear; its seconds are those of the calls it took part in."""
     tasks, task_manager = [], prepared.task_manager
     for spec in prepared.specs:
         t0 = time.monotonic()
@@ -226,62 +231,58 @@ def run_tasks(
         base = paired_with.tasks.get(spec.task.task) if paired_with else None
         fractions = gate.looks if base is not None and base.documents else [1.0]
         tasks.append(_TaskLooks(spec, members, order, list(fractions), base, seconds=time.monotonic() - t0))
+
+    def look_call(call: list[_TaskLooks], lm: Any, look: int) -> None:
+        t0 = time.monotonic()
+        looks = [f"{t.spec.task.task} look {look + 1} of {len(t.fractions)}" for t in call]
+        docs = [f"{sum(map(len, t.chunk.values()))} documents" for t in call]
+        log(f"lm-eval: {', '.join(map(': '.join, zip(looks, docs)))} against {server_base_url}")
+        samples = {member: docs for t in call for member, docs in t.chunk.items()}
+        results = evaluate_tasks(
+            lm,
+            [t.spec for t in call],
+            {n: m for t in call for n, m in t.members.items()},
+            server_base_url,
+            samples=samples,
+            seed=gate.seed,
+            task_manager=task_manager,
+        )
+        logged = results.pop("samples", None) or {}
+        for t in call:
+            t.documents.update(outcomes({m: rows for m, rows in logged.items() if m in t.members}))
+            write_raw_results(t.spec, results_of(results, t.members), output_dir)
+            t.seconds += time.monotonic() - t0
+        log(f"lm-eval: {', '.join(looks)} done in {time.monotonic() - t0:.1f} s")
+
     running, look = list(tasks), 0
-    while running:
-        for t in running:
-            t.chunk = look_documents(t.order, t.fractions[look - 1] if look else 0.0, t.fractions[look])
-        for call in one_call_each([t for t in running if t.chunk]):
-            t0 = time.monotonic()
-            log(
-                "lm-eval: "
-                + ", ".join(
-                    f"{t.spec.task.task} look {look + 1} of {len(t.fractions)}: "
-                    f"{sum(map(len, t.chunk.values()))} documents"
-                    for t in call
+    with per_document_fewshot(gate.seed):  # around the lanes' threads: it patches lm-eval's Task class
+        while running:
+            for t in running:
+                t.chunk = look_documents(t.order, t.fractions[look - 1] if look else 0.0, t.fractions[look])
+            run_lanes(
+                lanes([t for t in running if t.chunk]), models, lambda call, lm: look_call(call, lm, look)
+            )
+            for t in [t for t in running if t.documents]:  # a small task's first looks may hold none of them
+                t.run = task_run(
+                    t.spec,
+                    t.members,
+                    t.order,
+                    t.documents,
+                    output_dir,
+                    seconds=t.seconds,
+                    looks_run=look + 1,
+                    looks_planned=len(t.fractions),
                 )
-                + f" against {server_base_url}"
-            )
-            samples = {member: docs for t in call for member, docs in t.chunk.items()}
-            results = evaluate_tasks(
-                lm,
-                [t.spec for t in call],
-                {n: m for t in call for n, m in t.members.items()},
-                server_base_url,
-                samples=samples,
-                seed=gate.seed,
-                task_manager=task_manager,
-            )
-            logged = results.pop("samples", None) or {}
-            for t in call:
-                t.documents.update(outcomes({m: rows for m, rows in logged.items() if m in t.members}))
-                write_raw_results(t.spec, results_of(results, t.members), output_dir)
-                t.seconds += time.monotonic() - t0
-        for t in [t for t in running if t.documents]:  # a small task's first looks may hold none of them
-            t.run = task_run(
-                t.spec,
-                t.members,
-                t.order,
-                t.documents,
-                output_dir,
-                seconds=t.seconds,
-                looks_run=look + 1,
-                looks_planned=len(t.fractions),
-            )
-        running = [
-            t
-            for t in running
-            if look < len(t.fractions) - 1
-            and not (t.base and t.run and task_decided(t.base, t.run, gate, gate.rates(t.spec.task), look))
-        ]
-        look += 1
+            running = [
+                t
+                for t in running
+                if look < len(t.fractions) - 1
+                and not (
+                    t.base and t.run and task_decided(t.base, t.run, gate, gate.rates(t.spec.task), look)
+                )
+            ]
+            look += 1
     return {t.spec.task.task: t.run for t in tasks if t.run is not None}
-
-
-def one_call_each(tasks: list[_TaskLooks]) -> list[list[_TaskLooks]]:
-    """The look's lm-eval calls: one for all the tasks, or one each where two share a member task (lm-eval
-    keys samples and results by member); none where the look holds no task's documents."""
-    names = [n for t in tasks for n in t.members]
-    return [tasks] if tasks and len(names) == len(set(names)) else [[t] for t in tasks]
 
 
 def use_task_fewshot(spec: TaskSpec, members: dict[str, Any]) -> None:
@@ -419,15 +420,14 @@ def evaluate_tasks(
 
     names = ", ".join(repr(spec.task.task) for spec in specs)
     try:
-        with per_document_fewshot(seed):
-            results = lm_eval.simple_evaluate(
-                model=lm,
-                tasks=[members[name] for name in samples],
-                samples=samples,
-                log_samples=True,
-                fewshot_random_seed=seed,
-                task_manager=task_manager,
-            )
+        results = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=[members[name] for name in samples],
+            samples=samples,
+            log_samples=True,
+            fewshot_random_seed=seed,
+            task_manager=task_manager,
+        )
     except Exception as exc:
         if not _answers(server_base_url):  # the usual cause mid-run: say so, not "maybe"
             raise GateError(

@@ -201,9 +201,12 @@ def test_gsm8k_by_name_reads_its_data_from_the_hub(base_server, base_model_dir, 
     assert looked.looks_run == 4 and list(looked.documents) == list(
         gsm8k.documents
     )  # 8 documents: no early stop
-    assert said == [
+    assert [line for line in said if not line.endswith(" s")] == [
         f"lm-eval: gsm8k look {k} of 4: 2 documents against {server.base_url}" for k in (1, 2, 3, 4)
     ]
+    assert [line.split(" done in ")[0] for line in said if " done in " in line] == [
+        f"lm-eval: gsm8k look {k} of 4" for k in (1, 2, 3, 4)
+    ]  # and a line as each ends, with its seconds
     assert all(looked.documents[k].prompt_hash == d.prompt_hash for k, d in gsm8k.documents.items())
     fetched = {
         r.path.rsplit("/", 1)[-1]
@@ -212,9 +215,10 @@ def test_gsm8k_by_name_reads_its_data_from_the_hub(base_server, base_model_dir, 
     }
     assert {"train-00000-of-00001.parquet", "test-00000-of-00001.parquet"} <= fetched
 
-    # Each look is one lm-eval call for every task (gates/accuracy.py run_tasks): gsm8k 5-shot beside a
-    # 0-shot task gets the prompts and outcomes it gets alone, so a base scored task by task (an earlier
-    # release's reference) pairs with a candidate scored in one call; each task keeps its own raw results
+    # Each look is one lm-eval call per lane for every task (gates/accuracy.py run_tasks, gates/lanes.py):
+    # gsm8k 5-shot (the generation lane) beside a 0-shot task (the scoring lane), the two calls at once, gets
+    # the prompts and outcomes it gets alone, so a base scored task by task (an earlier release's reference)
+    # pairs with a candidate scored in lanes; each task keeps its own raw results
     facts = AccuracyTask(task=MC, limit=40)
     alone = run_accuracy(
         server.base_url,

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from quantize_serve.core.errors import GateError
-from quantize_serve.gates.accuracy import one_call_each, run_accuracy
+from quantize_serve.gates.accuracy import run_accuracy
+from quantize_serve.gates.lanes import GENERATE, SCORE, LaneModels, lanes, one_call_each, run_lanes
 from quantize_serve.gates.task_files import absolute_data_paths, resolve_task
 from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask
 from quantize_serve.recipe.load import load_recipe
@@ -124,6 +125,70 @@ def test_a_look_that_holds_no_tasks_documents_makes_no_lm_eval_call():
     """A limit under the looks' count leaves a look without any of a task's documents (the engine test:
     tests/engines/test_accuracy.py); with no task in it, the look calls lm-eval not at all."""
     assert one_call_each([]) == []
+
+
+class Member:
+    def __init__(self, output_type: str) -> None:
+        self.OUTPUT_TYPE = output_type
+
+
+class Looks:
+    def __init__(self, name: str, *members: tuple[str, str]) -> None:
+        self.name, self.members = name, {n: Member(kind) for n, kind in members}
+
+
+def test_a_looks_tasks_go_in_two_lanes_by_request_kind_each_lane_one_call_unless_members_are_shared():
+    """gates/lanes.py: generation tasks in one lane, the rest (scored, or mixing both kinds) in the other;
+    within a lane one lm-eval call, or one a task where two tasks share a member."""
+    gsm8k = Looks("gsm8k", ("gsm8k", "generate_until"))
+    arc = Looks("arc", ("arc_challenge", "multiple_choice"))
+    mmlu = Looks("mmlu", ("mmlu_a", "multiple_choice"), ("mmlu_b", "multiple_choice"))
+    mixed = Looks("mixed", ("m_gen", "generate_until"), ("m_ll", "loglikelihood"))
+    assert lanes([arc, gsm8k, mmlu]) == {SCORE: [[arc, mmlu]], GENERATE: [[gsm8k]]}
+    assert lanes([mixed]) == {SCORE: [[mixed]]}
+    also_arc = Looks("arc-again", ("arc_challenge", "multiple_choice"))
+    assert lanes([arc, also_arc]) == {SCORE: [[arc], [also_arc]]}
+    assert lanes([]) == {}
+
+
+def test_lanes_run_at_the_same_time_each_with_a_model_of_its_own_and_a_failure_is_raised():
+    """Two lanes' calls meet at a barrier only if they run at once; each lane's model is made once, in the
+    caller's thread, and the scoring counts add up over them; one lane's failure is raised after both end."""
+    import threading
+    from collections import Counter
+
+    made: list[str] = []
+
+    class Model:
+        def __init__(self) -> None:
+            made.append(threading.current_thread().name)
+            self.stats = Counter(context_requests=2)
+
+    models, barrier, seen = LaneModels(Model), threading.Barrier(2, timeout=10), []
+
+    def call(tasks, lm):
+        barrier.wait()  # a BrokenBarrierError after 10 s if the other lane's call is not running
+        seen.append((tasks[0].name, lm))
+
+    gen, arc, mmlu = (
+        Looks("gsm8k", ("gsm8k", "generate_until")),
+        Looks("arc", ("arc", "multiple_choice")),
+        Looks("mmlu", ("arc", "multiple_choice")),
+    )
+    run_lanes({GENERATE: [[gen]], SCORE: [[arc]]}, models, call)
+    assert {name for name, _ in seen} == {"gsm8k", "arc"} and len({id(lm) for _, lm in seen}) == 2
+    assert made == [threading.current_thread().name] * 2 and models.stats() == {"context_requests": 4}
+    run_lanes({SCORE: [[arc], [mmlu]]}, models, lambda tasks, lm: seen.append((tasks[0].name, lm)))
+    assert [name for name, _ in seen[2:]] == ["arc", "mmlu"] and len(made) == 2  # one lane: in order
+
+    def fails(tasks, lm):
+        if tasks[0].name == "arc":
+            raise GateError("arc failed")
+        seen.append(("finished", lm))
+
+    with pytest.raises(GateError, match="arc failed"):
+        run_lanes({GENERATE: [[gen]], SCORE: [[arc]]}, models, fails)
+    assert seen[-1][0] == "finished"
 
 
 def test_an_accuracy_runs_imports_and_task_index_are_prepared_ahead_unless_prepared_boots_are_off(
