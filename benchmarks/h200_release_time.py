@@ -140,7 +140,7 @@ BASELINE_OVERRIDES = SCENARIO["baseline_overrides"]  # the speed-ups that are re
 STAGE_LINE = re.compile(r"stage done: (.+?)\s*$")
 PROGRESS_LINE = re.compile(
     r"booting vLLM \([^)]+\)|vLLM \([^)]+\) healthy\b.*"
-    r"|lm-eval \S+: .+ documents in .*|lm-eval: .+ look \d+ of \d+: .*"
+    r"|lm-eval \S+: .+ documents in .*|lm-eval: .+ look \d+ of \d+(?::| done in) .*"
     r"|\d+ calibration samples, \d+ tokens|device peak .*"
     r"|stress: \d+ requests at concurrency \d+|stress: vllm bench serve.*|stress: (?:passed|FAILED)"
 )

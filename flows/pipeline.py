@@ -4,11 +4,13 @@ validate -> resolve base -> [choose the format: flows/formats.py] -> quantize ->
 find the release in production (both beside the boots: Hub I/O needs no device) -> measure capacity ->
 accuracy gate -> stress gate -> [serve production again] -> compare with production -> decide ->
 promote or reject -> report (and the release history). Each boot's vLLM process starts (its imports)
-while the device still works on the step before (tasks/serve.py prepare_boot), the quantization worker's
-as the run validates (tasks/quantize.py worker_ahead). A run that scores its
-base boots the base first and quantizes beside the base's accuracy run when calibration, the model on
-the device, fits the memory the base's boot leaves (calibration.beside_base, tasks/quantize.py; on a GPU
-host the base at a lower gpu_memory_utilization where the recipe's leaves too little, its row derived).
+while the device still works on the step before (tasks/serve.py prepare_boot; the base's, when no stored
+reference can spare its boot, while the base resolves or downloads), and fills vLLM's model-info cache
+for the model's architectures; the quantization worker's as the run validates (tasks/quantize.py
+worker_ahead). A run that scores its base boots the base first and quantizes beside the base's accuracy
+run when calibration, the model on the device, fits the memory the base's boot leaves
+(calibration.beside_base, tasks/quantize.py; on a GPU host the base at a lower gpu_memory_utilization
+where the recipe's leaves too little, its row derived).
 
 vLLM boots twice, each configuration once (flows/boots.py, shared with the format choice): (a) the base
 model serves capacity and the base accuracy; (b), the quantized model with 16-bit KV, is capacity only:
@@ -49,6 +51,7 @@ from tasks.releases import publish_release_history
 from tasks.progress import Progress
 from tasks.report import publish_report, request_approval, run_folder, run_id, write_report_files
 from tasks.serve import (
+    boots_base_first,
     derived_sixteen_bit_kv,
     find_base_reference,
     gpu_slot,
@@ -81,8 +84,9 @@ def quantize_serve(recipe: Recipe | str, overrides: dict[str, Any] | None = None
     validated = validate_recipe(recipe, overrides)
     progress = Progress(validated.recipe.name)
     progress.done("validate", validated, mark="validated")
-    # the quantization worker's imports while the base resolves (or downloads); none outlives the run
-    with worker_ahead(validated):
+    # the quantization worker's imports while the base resolves (or downloads), and the base's boot's when
+    # it boots first; none outlives the run
+    with worker_ahead(validated), prepared_boots():
         return release(validated, progress)
 
 
@@ -95,6 +99,8 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
         progress.start("shape capacity")
         with gpu_slot():
             preflight = progress.done("shape capacity", measure_shape_capacity(validated, run_dir))
+    if boots_base_first(validated):  # the base's boot imports vLLM while the base downloads
+        prepare_boot(run_dir, Boot.BASE)
     progress.start("resolve base")
     base = resolve_base_model(validated)
     base_boot = plan_base_boot(validated, base)  # a base too large for the recipe's GPUs: more, or stop here
@@ -151,7 +157,7 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
 
     # one GPU slot from the first boot to the last (quantization on the device included): runs never share
     with prepared_boots(), gpu_slot():  # a boot's process starts while the device works on the one before
-        prepare_boot(run_dir, first_boot)  # imports while quantizing (or, base first, at once)
+        prepare_boot(run_dir, first_boot, base)  # imports and inspects while quantizing (base first: started)
         base_served = None
         if beside:
             base_served = score_base(also=quantize_beside)

@@ -126,10 +126,21 @@ def boot_log(run_dir: Path, name: capacity.Boot) -> Path:
     return run_dir / f"vllm-{name}.log"
 
 
-def prepare_boot(run_dir: Path, name: capacity.Boot) -> None:
+def prepare_boot(run_dir: Path, name: capacity.Boot, base: BaseModelRef | None = None) -> None:
     """Start that boot's vLLM process (imports only, no device) while the device works on something
-    else; ``served`` for the same boot then takes it (server.prepare_server)."""
-    prepare_server(boot_log(run_dir, name))
+    else; ``served`` for the same boot then takes it (server.prepare_server). With the resolved ``base``,
+    the process also fills vLLM's model-info cache for its architectures (a quantized checkpoint keeps
+    the base's)."""
+    prepare_server(boot_log(run_dir, name), (base.config.get("architectures") or []) if base else None)
+
+
+def boots_base_first(validated: ValidatedRecipe) -> bool:
+    """Whether the run boots its base first whatever the base resolves to: no stored reference could be
+    this base's (report/base_reference.py stored_for), or reuse is off. Known before the base resolves,
+    so the base's boot can import while it downloads (flows/pipeline.py)."""
+    settings, recipe = get_settings(), validated.recipe
+    repo_id = None if recipe.model_is_local else recipe.model.id
+    return not settings.reuse_base_reference or not base_reference.stored_for(settings.work_dir, repo_id)
 
 
 @contextmanager

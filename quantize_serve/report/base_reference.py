@@ -182,6 +182,21 @@ def save_reference(work_dir: Path, reference: BaseReference) -> Path:
     return path
 
 
+def stored_for(work_dir: Path, repo_id: str | None) -> bool:
+    """Whether a stored reference could be this base's: one of the Hub repo ``repo_id`` at any commit, or,
+    for a local base (``repo_id`` None, known by its content's sha once hashed), one of any local base. A
+    run that finds none boots its base whatever it resolves to."""
+    prefix = f"{repo_id}@" if repo_id else "local:"
+    for path in (Path(work_dir) / FOLDER).glob("*.json"):
+        try:
+            base = json.loads(path.read_text()).get("factors", {}).get("base")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if str(base).startswith(prefix):
+            return True
+    return False
+
+
 def add_sixteen_bit_kv(work_dir: Path, key: str, fmt: str, row: MeasuredRow) -> None:
     """Keep row (b) of format ``fmt`` in the base reference under ``key`` (none stored: nothing to add to,
     since a run that did not complete the base's accuracy keeps nothing)."""

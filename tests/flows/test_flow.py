@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from quantize_serve.serving.server import PREPARED_MARK
+from quantize_serve.serving.server import INSPECTED, PREPARED_MARK
 from scripts.local_stack import local_stack
 from tests.conftest import ROOT
 
@@ -243,6 +243,11 @@ def test_deployment_run_promotes(promoted, stack):
     assert {"report.json", "report.md", "capacity.png"} <= {p.name for p in folder.iterdir()}
     # the production boot's vLLM process started while the device was busy before; row (b) derived from it
     assert PREPARED_MARK in (folder / "vllm-w4a16-fp8kv.log").read_text()
+    # no stored reference names this Hub base, so the base's boot started as the run did (flows/pipeline.py
+    # boots_base_first), and had vLLM's model info of its architecture before its command line came
+    base_log = (folder / "vllm-base.log").read_text()
+    inspected = f"(quantize-serve: vLLM's model info of LlamaForCausalLM {INSPECTED})"
+    assert base_log.index(PREPARED_MARK) < base_log.index(inspected) < base_log.index("\n$ "), base_log[:3000]
     assert not (folder / "vllm-w4a16.log").exists() and not report["sixteen_bit_kv_reused_from"]
     rows = {r["name"]: r for r in report["capacity"]["configs"]}
     assert rows["w4a16"]["derived"].startswith("not booted: the production boot's"), rows["w4a16"]
@@ -371,6 +376,8 @@ def test_a_release_that_beats_its_base_but_loses_to_production_on_capacity_is_re
     # the first release's base, tasks, serve settings, vLLM and host: the base's figures are reused, not
     # measured
     assert report["base_reused_from"] and not (Path(report["report_dir"]) / "vllm-base.log").exists()
+    # the production boot came first: its process inspected the architecture while the run quantized
+    assert INSPECTED in (Path(report["report_dir"]) / "vllm-w4a16-fp8kv.log").read_text()
     # and W8A8 on this base was measured with 16-bit KV by the first release: row (b) is that run's, no boot
     first_run = first_release.report["run_id"]
     assert report["sixteen_bit_kv_reused_from"] == first_run

@@ -17,6 +17,7 @@ from quantize_serve.report.base_reference import (
     reference_factors,
     reference_key,
     save_reference,
+    stored_for,
 )
 from quantize_serve.serving.boot import Boot
 from tests.conftest import ROOT
@@ -96,6 +97,43 @@ def test_a_reference_is_found_under_its_key_only(tmp_path):
     assert find_reference(tmp_path, "k2") is None
     (tmp_path / "base-references" / "k1.json").write_text("{not json")
     assert find_reference(tmp_path, "k1") is None  # unreadable: the base is measured again
+
+
+def test_a_run_knows_before_its_base_resolves_whether_a_stored_reference_could_be_its_base(
+    tmp_path, monkeypatch
+):
+    """stored_for: a Hub base's references name its repo (any commit), a local base's are all "local:"
+    ones; with none, the run boots its base (tasks/serve.py boots_base_first, unless reuse is off), so the
+    base's boot can start as the base downloads."""
+    from quantize_serve.core.settings import get_settings
+    from quantize_serve.validate.preflight import validate_recipe
+    from tasks.serve import boots_base_first
+
+    assert not stored_for(tmp_path, "org/base") and not stored_for(tmp_path, None)
+    ref = placeholder_reference("k1", "run-1")
+    save_reference(tmp_path, ref.model_copy(update={"factors": {"base": "org/base@" + "a" * 40}}))
+    (tmp_path / "base-references" / "broken.json").write_text("[not a reference")
+    assert stored_for(tmp_path, "org/base") and not stored_for(tmp_path, "org/base-2")
+    assert not stored_for(tmp_path, None)
+    save_reference(
+        tmp_path, placeholder_reference("k2", "run-2").model_copy(update={"factors": {"base": "local:ab"}})
+    )
+    assert stored_for(tmp_path, None)
+
+    monkeypatch.setenv("QS_WORK_DIR", str(tmp_path / "work"))
+    get_settings.cache_clear()
+    try:
+        local = validate_recipe(RECIPE)
+        assert boots_base_first(local)
+        shutil.copytree(tmp_path / "base-references", tmp_path / "work" / "base-references")
+        assert not boots_base_first(local)
+        monkeypatch.setenv("QS_REUSE_BASE_REFERENCE", "false")
+        get_settings.cache_clear()
+        assert boots_base_first(local)
+    finally:
+        monkeypatch.delenv("QS_WORK_DIR")
+        monkeypatch.delenv("QS_REUSE_BASE_REFERENCE", raising=False)
+        get_settings.cache_clear()
 
 
 def test_the_format_key_follows_the_checkpoints_bytes_and_the_serve_settings_not_the_calibration():

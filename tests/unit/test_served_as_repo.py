@@ -23,7 +23,14 @@ from quantize_serve.serve_profile.output import write_serve_profile
 from quantize_serve.serve_profile.pinned import write_serving_profile
 from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.repo_layout import LOCAL_COMMIT, laid_out_as_hub_cache, lay_out_as_hub_cache
-from quantize_serve.serving.server import BOOT, ENTRYPOINT, PREPARED_MARK, boot_env, boot_hub_cache
+from quantize_serve.serving.server import (
+    BOOT,
+    ENTRYPOINT,
+    INSPECTED,
+    PREPARED_MARK,
+    boot_env,
+    boot_hub_cache,
+)
 from tests.conftest import ROOT
 from tests.unit.test_results_portable import machine_leaks
 
@@ -202,9 +209,24 @@ def fake_vllm(tmp_path) -> Path:
     """A stand-in for vLLM's two modules the boot's bootstrap touches: its server module prints what it was
     run with and what the engine arguments' get_model_path makes of a repo id."""
     root = tmp_path / "fake-vllm"
-    for package in ("vllm", "vllm/engine", "vllm/entrypoints", "vllm/entrypoints/openai"):
+    for package in (
+        "vllm",
+        "vllm/engine",
+        "vllm/entrypoints",
+        "vllm/entrypoints/openai",
+        "vllm/model_executor",
+        "vllm/model_executor/models",
+    ):
         (root / package).mkdir(parents=True)
         (root / package / "__init__.py").touch()
+    (root / "vllm" / "model_executor" / "models" / "registry.py").write_text(
+        "class _Registry:\n"
+        "    def _try_inspect_model_cls(self, arch):\n"
+        "        if arch == 'Broken':\n"
+        "            raise ValueError('no such model')\n"
+        "        print('INSPECT', arch)\n"
+        "ModelRegistry = _Registry()\n"
+    )
     server = root / Path(*ENTRYPOINT.split(".")).with_suffix(".py")
     (root / "vllm" / "engine" / "arg_utils.py").write_text(
         "def get_model_path(model, revision=None):\n    return '/snapshots/' + model\n"
@@ -236,6 +258,30 @@ def test_every_boot_keeps_the_model_name_it_was_given(fake_vllm):
         check=True,
     ).stdout
     assert prepared.startswith(PREPARED_MARK) and ran in prepared
+
+
+def test_a_prepared_boot_inspects_the_architectures_it_is_sent_before_its_command_line(fake_vllm):
+    """prepare_server's {"inspect": [...]} lines: the prepared process has vLLM's registry inspect each
+    architecture (its model-info cache then holds it for the boot) and says so, then takes its command line;
+    an inspection that fails is said and left to the boot."""
+    env, args = {"PYTHONPATH": str(fake_vllm)}, ["--model", "org/model"]
+    lines = [{"inspect": ["LlamaForCausalLM", "Qwen3MoeForCausalLM"]}, {"inspect": ["Broken"]}, args]
+    out = subprocess.run(
+        [sys.executable, "-c", BOOT],
+        env=env,
+        input="".join(json.dumps(line) + "\n" for line in lines),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert out[:4] == [
+        PREPARED_MARK,
+        "INSPECT LlamaForCausalLM",
+        "INSPECT Qwen3MoeForCausalLM",
+        f"(quantize-serve: vLLM's model info of LlamaForCausalLM, Qwen3MoeForCausalLM {INSPECTED})",
+    ]
+    assert out[4].startswith("(quantize-serve: vLLM's model info of Broken not inspected ahead (ValueError(")
+    assert out[5] == "RAN True ['--model', 'org/model'] org/model"
 
 
 def test_the_published_profile_names_the_repo_and_says_what_makes_the_hit(checkpoint, tmp_path, monkeypatch):
