@@ -235,8 +235,8 @@ def run_tasks(
     def look_call(call: list[_TaskLooks], lm: Any, look: int) -> None:
         t0 = time.monotonic()
         looks = [f"{t.spec.task.task} look {look + 1} of {len(t.fractions)}" for t in call]
-        docs = [f"{sum(map(len, t.chunk.values()))} documents" for t in call]
-        log(f"lm-eval: {', '.join(map(': '.join, zip(looks, docs)))} against {server_base_url}")
+        counts = [f"{sum(map(len, t.chunk.values()))} documents" for t in call]
+        log(f"lm-eval: {', '.join(map(': '.join, zip(looks, counts)))} against {server_base_url}")
         samples = {member: docs for t in call for member, docs in t.chunk.items()}
         results = evaluate_tasks(
             lm,

@@ -49,8 +49,9 @@ def run_lanes(
         for each in calls:
             call(each, lm)
 
-    if len(work) == 1:
-        run(next(iter(work)))
+    if len(work) <= 1:  # a look may hold no task's documents
+        for name in work:
+            run(name)
         return
     with ThreadPoolExecutor(max_workers=len(work), thread_name_prefix="lm-eval") as pool:
         futures = [pool.submit(run, name) for name in work]

@@ -124,7 +124,10 @@ def test_a_metric_aggregated_over_the_whole_corpus_is_refused_before_any_request
 def test_a_look_that_holds_no_tasks_documents_makes_no_lm_eval_call():
     """A limit under the looks' count leaves a look without any of a task's documents (the engine test:
     tests/engines/test_accuracy.py); with no task in it, the look calls lm-eval not at all."""
-    assert one_call_each([]) == []
+    assert one_call_each([]) == [] and lanes([]) == {}
+    run_lanes(
+        {}, LaneModels(lambda: pytest.fail("no lane, no model")), lambda tasks, lm: pytest.fail("no call")
+    )
 
 
 class Member:
