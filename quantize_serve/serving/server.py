@@ -500,13 +500,13 @@ def _start_prepared(log_path: Path) -> None:
         )
 
 
-def discard_prepared_servers(log_path: Path | None = None) -> None:
-    """Stop every prepared boot not used (they hold nothing but imports), or the one of ``log_path``."""
+def discard_prepared_servers() -> None:
+    """Stop every prepared boot not used (they hold nothing but imports)."""
     settings = get_settings()
-    for key in [str(log_path)] if log_path else list(_prepared):
-        proc, _ = _prepared.pop(key, None), _inspected.pop(key, None)
-        if proc is not None:
-            stop_process_group(proc, settings.server_stop_timeout_s)
+    _inspected.clear()
+    while _prepared:
+        _, proc = _prepared.popitem()
+        stop_process_group(proc, settings.server_stop_timeout_s)
 
 
 def _take_prepared(log_path: Path) -> subprocess.Popen | None:
