@@ -127,3 +127,52 @@ def test_a_path_that_disagrees_with_the_echo_path_is_turned_off_and_the_run_is_t
     assert said[0].startswith("scoring: the context-once path (first) disagreed") and "echo way" in said[0]
     assert lm._loglikelihood_tokens(choices) == [(-1.0, True)] * 4 and len(said) == 1  # off: echo, no news
     assert lm.stats["echo_requests"] == 4 and lm.stats["check_echo_requests"] == 4
+
+
+def test_each_context_is_encoded_once_a_call_into_the_ids_lm_eval_gives():
+    """lm-eval encodes a request's whole prompt and its context, the context again for every choice; the
+    context-once model encodes a context once a loglikelihood call, and the split is lm-eval's own to the id
+    (its _encode_pair: trailing spaces go with the continuation)."""
+    from lm_eval.api.model import TemplateLM
+
+    from quantize_serve.gates.scoring import ContextOnceCompletions
+    from tests.conftest import ROOT
+
+    encoded: list[str] = []
+
+    class Counting(ContextOnceCompletions):
+        def tok_encode(self, string, *args, **kwargs):
+            encoded.append(string)
+            return super().tok_encode(string, *args, **kwargs)
+
+        def _loglikelihood_tokens(self, requests, **kwargs):
+            return [(float(len(ctx)), bool(cont)) for _, ctx, cont in requests]
+
+    lm = Counting(
+        base_url="http://127.0.0.1:9/v1/completions",  # never called
+        tokenizer=str(ROOT / "models" / "tiny-llama"),
+        tokenizer_backend="huggingface",
+        tokenized_requests=True,
+        max_length=64,
+    )
+    pairs = [
+        ("Question: which is heavier?\nAnswer:", " a stone"),
+        ("Question: which is heavier?\nAnswer:", " a feather"),
+        ("Question: which is heavier?\nAnswer: ", "the stone"),  # a trailing space moves to the continuation
+        ("The pass key is 527. What is the pass key? The pass key is", " 527."),
+        ("The pass key is 527. What is the pass key? The pass key is", " 528."),
+    ]
+    for context, continuation in pairs:
+        assert lm._encode_pair(context, continuation) == TemplateLM._encode_pair(lm, context, continuation)
+
+    class Request:
+        def __init__(self, args):
+            self.args = args
+
+    encoded.clear()
+    lm.loglikelihood([Request(p) for p in pairs], disable_tqdm=True)
+    contexts = [s for s in encoded if s in {c.rstrip() for c, _ in pairs}]
+    assert sorted(contexts) == sorted(
+        {c.rstrip() for c, _ in pairs}
+    )  # each once: three choices share the first
+    assert len(encoded) == len(pairs) + 2 and lm._contexts == {}  # the wholes, then the memo is let go
