@@ -19,8 +19,8 @@ On the 2-core CPU the server is compute-bound, so the decode steps that the scor
 no cheaper than those requests alone; on a GPU a decode step leaves most of the device idle, which is
 what the lanes fill (the H200's release-time runs measure it: benchmarks/results/h200_release_time.json).
 
-    .venv/bin/python benchmarks/accuracy_lanes.py            # ~6 min on 2 cores (4 runs of ~75 s, the boot; --repeats 3: ~8 min)
-    .venv/bin/python benchmarks/accuracy_lanes.py --limit 20 --repeats 1 --out /tmp/lanes.json  # a smoke run
+    .venv/bin/python benchmarks/accuracy_lanes.py    # ~8 min on 2 cores (6 runs of ~75 s, one boot)
+    .venv/bin/python benchmarks/accuracy_lanes.py --limit 16 --repeats 1 --out /tmp/lanes.json   # smoke
 
 Writes benchmarks/results/accuracy_lanes.json.
 """
@@ -117,7 +117,7 @@ def differing(first: dict[str, Any], other: dict[str, Any]) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--limit", type=int, default=LIMIT, help=f"documents a task (default {LIMIT})")
-    p.add_argument("--repeats", type=int, default=2, help="runs of each way, alternating (default 2)")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each way, alternating (default 3)")
     p.add_argument("--out", type=Path, default=OUT, help=f"default {OUT.relative_to(ROOT)}")
     args = p.parse_args(argv)
     recipe = load_recipe(RECIPE)
