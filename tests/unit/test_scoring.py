@@ -97,12 +97,25 @@ def test_the_model_runner_is_read_from_the_boot_log():
     assert not v2_model_runner(cpu)
 
 
+def without_server(cls, **kwargs):
+    """A context-once model of the reference tokenizer whose server is never called."""
+    from tests.conftest import ROOT
+
+    return cls(
+        base_url="http://127.0.0.1:9/v1/completions",
+        tokenizer=str(ROOT / "models" / "tiny-llama"),
+        tokenizer_backend="huggingface",
+        tokenized_requests=True,
+        max_length=64,
+        **kwargs,
+    )
+
+
 def test_a_path_that_disagrees_with_the_echo_path_is_turned_off_and_the_run_is_told():
     """The check before a path carries a run: a disagreement turns it off, says so through ``warn`` (the
     accuracy run's log, so the deployment's run log shows it), and the rest is scored the echo way. The
     server's answers are this test's (a path that disagrees); the engines test scores a real model."""
     from quantize_serve.gates.scoring import ContextOnceCompletions
-    from tests.conftest import ROOT
 
     class Disagreeing(ContextOnceCompletions):
         async def _score_groups(self, requests, groups):
@@ -113,14 +126,7 @@ def test_a_path_that_disagrees_with_the_echo_path_is_turned_off_and_the_run_is_t
             return {i: (-1.0, True) for i in indices}
 
     said: list[str] = []
-    lm = Disagreeing(
-        base_url="http://127.0.0.1:9/v1/completions",  # never called
-        tokenizer=str(ROOT / "models" / "tiny-llama"),
-        tokenizer_backend="huggingface",
-        tokenized_requests=True,
-        max_length=64,
-        warn=said.append,
-    )
+    lm = without_server(Disagreeing, warn=said.append)
     choices = [("k", [1, 2, 3], [4]), ("k", [1, 2, 3], [5]), ("k", [6, 7], [4]), ("k", [6, 7], [5])]
     assert lm._loglikelihood_tokens(choices) == [(-1.0, True)] * 4
     assert lm.paths_off == {"first"} and len(said) == 1
@@ -136,7 +142,6 @@ def test_each_context_is_encoded_once_a_call_into_the_ids_lm_eval_gives():
     from lm_eval.api.model import TemplateLM
 
     from quantize_serve.gates.scoring import ContextOnceCompletions
-    from tests.conftest import ROOT
 
     encoded: list[str] = []
 
@@ -148,13 +153,7 @@ def test_each_context_is_encoded_once_a_call_into_the_ids_lm_eval_gives():
         def _loglikelihood_tokens(self, requests, **kwargs):
             return [(float(len(ctx)), bool(cont)) for _, ctx, cont in requests]
 
-    lm = Counting(
-        base_url="http://127.0.0.1:9/v1/completions",  # never called
-        tokenizer=str(ROOT / "models" / "tiny-llama"),
-        tokenizer_backend="huggingface",
-        tokenized_requests=True,
-        max_length=64,
-    )
+    lm = without_server(Counting)
     pairs = [
         ("Question: which is heavier?\nAnswer:", " a stone"),
         ("Question: which is heavier?\nAnswer:", " a feather"),
