@@ -244,10 +244,12 @@ def test_deployment_run_promotes(promoted, stack):
     # the production boot's vLLM process started while the device was busy before; row (b) derived from it
     assert PREPARED_MARK in (folder / "vllm-w4a16-fp8kv.log").read_text()
     # no stored reference names this Hub base, so the base's boot started as the run did (flows/pipeline.py
-    # boots_base_first), and had vLLM's model info of its architecture before its command line came
+    # boots_base_first), and had vLLM's model info of its architecture before vLLM's server ran (the
+    # pipeline's "$ ..." line may come before either: it is written as the boot starts)
     base_log = (folder / "vllm-base.log").read_text()
     inspected = f"(quantize-serve: vLLM's model info of LlamaForCausalLM {INSPECTED})"
-    assert base_log.index(PREPARED_MARK) < base_log.index(inspected) < base_log.index("\n$ "), base_log[:3000]
+    order = [base_log.find(line) for line in (PREPARED_MARK, inspected, "Resolved architecture")]
+    assert -1 < order[0] < order[1] < order[2], base_log[:3000]
     assert not (folder / "vllm-w4a16.log").exists() and not report["sixteen_bit_kv_reused_from"]
     rows = {r["name"]: r for r in report["capacity"]["configs"]}
     assert rows["w4a16"]["derived"].startswith("not booted: the production boot's"), rows["w4a16"]
