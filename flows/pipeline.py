@@ -68,7 +68,7 @@ from tasks.serve import (
     write_serving_profile,
 )
 from tasks.serve_profile import search_serve_profile, with_found_profile
-from tasks.validate import resolve_base_model, validate_recipe
+from tasks.validate import base_architectures, resolve_base_model, validate_recipe
 
 
 def outcome(state: State):
@@ -99,8 +99,9 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
         progress.start("shape capacity")
         with gpu_slot():
             preflight = progress.done("shape capacity", measure_shape_capacity(validated, run_dir))
-    if boots_base_first(validated):  # the base's boot imports vLLM while the base downloads
+    if boots_base_first(validated):  # the base's boot imports vLLM, then inspects its model, as it downloads
         prepare_boot(run_dir, Boot.BASE)
+        prepare_boot(run_dir, Boot.BASE, base_architectures(validated))
     progress.start("resolve base")
     base = resolve_base_model(validated)
     base_boot = plan_base_boot(validated, base)  # a base too large for the recipe's GPUs: more, or stop here
@@ -157,7 +158,8 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
 
     # one GPU slot from the first boot to the last (quantization on the device included): runs never share
     with prepared_boots(), gpu_slot():  # a boot's process starts while the device works on the one before
-        prepare_boot(run_dir, first_boot, base)  # imports and inspects while quantizing (base first: started)
+        # imports and inspection while quantizing (the base first: started as the run started)
+        prepare_boot(run_dir, first_boot, base.config.get("architectures"))
         base_served = None
         if beside:
             base_served = score_base(also=quantize_beside)

@@ -126,12 +126,12 @@ def boot_log(run_dir: Path, name: capacity.Boot) -> Path:
     return run_dir / f"vllm-{name}.log"
 
 
-def prepare_boot(run_dir: Path, name: capacity.Boot, base: BaseModelRef | None = None) -> None:
+def prepare_boot(run_dir: Path, name: capacity.Boot, architectures: list[str] | None = None) -> None:
     """Start that boot's vLLM process (imports only, no device) while the device works on something
-    else; ``served`` for the same boot then takes it (server.prepare_server). With the resolved ``base``,
-    the process also fills vLLM's model-info cache for its architectures (a quantized checkpoint keeps
-    the base's)."""
-    prepare_server(boot_log(run_dir, name), (base.config.get("architectures") or []) if base else None)
+    else; ``served`` for the same boot then takes it (server.prepare_server). With ``architectures`` (the
+    base's config.json's: a quantized checkpoint keeps them), the process also fills vLLM's model-info
+    cache for them."""
+    prepare_server(boot_log(run_dir, name), architectures)
 
 
 def boots_base_first(validated: ValidatedRecipe) -> bool:

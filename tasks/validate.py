@@ -7,6 +7,10 @@ from typing import Any
 
 from prefect import task
 
+from quantize_serve.core.errors import HubError
+from quantize_serve.hub.client import resolve_token
+from quantize_serve.hub.download import base_model_cache, fetch_model_config
+from quantize_serve.recipe.inputs import read_model_config
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.validate import preflight as validate
 
@@ -28,3 +32,25 @@ def validate_recipe(
 @task(name="resolve-base-model")
 def resolve_base_model(validated: validate.ValidatedRecipe) -> validate.BaseModelRef:
     return validate.resolve_base(validated)
+
+
+@task(name="base-architectures")
+def base_architectures(validated: validate.ValidatedRecipe) -> list[str]:
+    """The base's config.json ``architectures`` before its weights download, for the base's boot to inspect
+    ahead (tasks/serve.py prepare_boot): from its folder, or that one file from the Hub (one attempt, into
+    the cache the download then finds it in); none when they cannot be had now: resolve-base-model, with
+    its retries, then says why."""
+    recipe = validated.recipe
+    try:
+        if recipe.model_is_local:
+            config = read_model_config(recipe.path(recipe.model.id))
+        else:
+            config = fetch_model_config(
+                recipe.model.id,
+                revision=recipe.model.revision,
+                token=resolve_token(recipe.hub) if recipe.hub else None,
+                cache_dir=base_model_cache(),
+            )
+    except (HubError, OSError, ValueError):
+        return []
+    return list(config.get("architectures") or [])

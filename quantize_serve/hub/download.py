@@ -223,11 +223,12 @@ def fetch_model_config(
     endpoint: str | None = None,
     token_env: str = "HF_TOKEN",
     retry: RetryPolicy = RetryPolicy(attempts=1),
+    cache_dir: Path | None = None,
 ) -> dict:
     """A Hub model's config.json, and nothing else (the planner and the command line's checks need
     only its shape). Made for a command line: one attempt, and one plain request first, because
     ``hf_hub_download`` alone retries a dead network for about half a minute; when the Hub cannot be
-    reached, a copy in the local cache is used if there is one."""
+    reached, a copy in the local cache (``cache_dir``: default the client's) is used if there is one."""
     import httpx
     from huggingface_hub import (
         constants,
@@ -246,11 +247,15 @@ def fetch_model_config(
                     hf_hub_url(repo_id, "config.json", revision=revision, endpoint=endpoint), token=token
                 )
             except httpx.TransportError:
-                cached = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+                cached = try_to_load_from_cache(
+                    repo_id, "config.json", cache_dir=cache_dir, revision=revision
+                )
                 if not isinstance(cached, str):
                     raise
                 return json.loads(Path(cached).read_text())
-        path = hf_hub_download(repo_id, "config.json", revision=revision, token=token, endpoint=endpoint)
+        path = hf_hub_download(
+            repo_id, "config.json", revision=revision, token=token, endpoint=endpoint, cache_dir=cache_dir
+        )
         return json.loads(Path(path).read_text())
 
     return _run(call, attempt)

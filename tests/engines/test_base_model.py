@@ -372,3 +372,31 @@ def test_the_task_reads_the_token_itself_and_tries_a_4xx_once(
     base = resolve(validated_for(awq_recipe, base_repo, token_env="QS_TEST_BASE_TOKEN"))
     assert base.repo_id == base_repo and files_in(Path(base.local_dir)) == NEEDED
     assert WRONG not in caplog.text and READ not in caplog.text
+
+
+def test_the_bases_architectures_are_had_before_its_weights_download(
+    local_hub: LocalHub, base_repo: str, awq_recipe, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    """tasks/validate.py base_architectures, for the base's boot to inspect them while the base downloads:
+    a local base's from its folder; a Hub base's from its config.json alone, one request with the recipe's
+    token, kept in the work cache where the download then finds it; none, and no error, when the Hub refuses
+    (resolve-base-model says why, with its retries)."""
+    from tasks.validate import base_architectures
+
+    local = ValidatedRecipe(
+        recipe=awq_recipe, source="x.yaml", recipe_sha256="0" * 64, calibration_fingerprint="0" * 64
+    )
+    assert base_architectures.fn(local) == ["LlamaForCausalLM"]
+    hub = validated_for(awq_recipe, base_repo, token_env="QS_TEST_BASE_TOKEN")
+    monkeypatch.setenv("QS_TEST_BASE_TOKEN", WRONG)
+    mark = len(local_hub.requests)
+    assert base_architectures.fn(hub) == []
+    assert len([r for r in local_hub.requests[mark:] if base_repo in r.path]) == 1  # no retry
+    monkeypatch.setenv("QS_TEST_BASE_TOKEN", READ)
+    mark = len(local_hub.requests)
+    assert base_architectures.fn(hub) == ["LlamaForCausalLM"]
+    assert downloads_since(local_hub, mark) == [f"/{base_repo}/resolve/main/config.json"]
+    base = resolve_base(hub)
+    assert f"/{base_repo}/resolve/{base.sha}/config.json" not in downloads_since(local_hub, mark)
+    assert files_in(Path(base.local_dir)) == NEEDED
+    assert_no_none_folder(tmp_path)
