@@ -9,8 +9,7 @@ from prefect import task
 
 from quantize_serve.core.errors import HubError
 from quantize_serve.hub.client import resolve_token
-from quantize_serve.hub.download import base_model_cache, fetch_model_config
-from quantize_serve.recipe.inputs import read_model_config
+from quantize_serve.hub.download import base_model_cache
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.validate import preflight as validate
 
@@ -42,15 +41,8 @@ def base_architectures(validated: validate.ValidatedRecipe) -> list[str]:
     its retries, then says why."""
     recipe = validated.recipe
     try:
-        if recipe.model_is_local:
-            config = read_model_config(recipe.path(recipe.model.id))
-        else:
-            config = fetch_model_config(
-                recipe.model.id,
-                revision=recipe.model.revision,
-                token=resolve_token(recipe.hub) if recipe.hub else None,
-                cache_dir=base_model_cache(),
-            )
+        token = resolve_token(recipe.hub) if recipe.hub else None
+        config = validate.base_config(recipe, token=token, cache_dir=base_model_cache()) or {}
     except (HubError, OSError, ValueError):
         return []
     return list(config.get("architectures") or [])

@@ -197,23 +197,31 @@ def check_serving_host(recipe: Recipe, *, source: str, base_config: dict[str, An
         )
 
 
+def base_config(
+    recipe: Recipe, *, token: str | None = None, cache_dir: Path | None = None
+) -> dict[str, Any] | None:
+    """The base model's config.json before a run resolves the base: the local folder's (None without one:
+    check_local_model says so), or only that file of the Hub repo (fetch_model_config, one attempt; with
+    ``token``, else the recipe's hub.token_env variable; into ``cache_dir``, else the client's cache)."""
+    if recipe.model_is_local:
+        folder = recipe.path(recipe.model.id)
+        return read_model_config(folder) if (folder / "config.json").is_file() else None
+    token_env = recipe.hub.token_env if recipe.hub else "HF_TOKEN"
+    return fetch_model_config(
+        recipe.model.id,
+        revision=recipe.model.revision,
+        token=token or os.environ.get(token_env) or None,
+        token_env=token_env,
+        cache_dir=cache_dir,
+    )
+
+
 def base_is_moe(recipe: Recipe, config: dict[str, Any] | None = None) -> bool:
     """Does the base model route to experts (capacity.model_shape decides, as the planner does)? Reads
-    its config.json when not given: the local folder's, or only that file of a Hub repo."""
+    its config.json when not given (:func:`base_config`)."""
+    config = config if config is not None else base_config(recipe)
     if config is None:
-        if recipe.model_is_local:
-            folder = recipe.path(recipe.model.id)
-            if not (folder / "config.json").is_file():
-                return False  # no model there: check_local_model says so
-            config = read_model_config(folder)
-        else:
-            token_env = recipe.hub.token_env if recipe.hub else "HF_TOKEN"
-            config = fetch_model_config(
-                recipe.model.id,
-                revision=recipe.model.revision,
-                token=os.environ.get(token_env) or None,
-                token_env=token_env,
-            )
+        return False  # no model there: check_local_model says so
     try:
         return ModelShape.from_config(config).is_moe
     except (RecipeError, RecipeErrors):
