@@ -150,7 +150,6 @@ class ContextOnceCompletions(LocalCompletionsAPI):
         self.paths_checked: set[str] = set()
         self.paths_off: set[str] = set()  # after a failed check
         self.stats: Counter[str] = Counter()
-        self._contexts: dict[str, list[int]] = {}  # a loglikelihood call's encoded contexts (_encode_pair)
         self.server_root = self.base_url.rsplit("/v1/", 1)[0]
 
     # lm-eval's tokenization of a call's loglikelihood requests (TemplateLM.loglikelihood) encodes each
@@ -159,19 +158,21 @@ class ContextOnceCompletions(LocalCompletionsAPI):
     # (its causal branch, _encode_pair in 0.4.13; tests/unit/test_scoring.py holds them equal). On the 2-core
     # CPU, a look of the production task set's scored tasks (2,986 requests, 747 contexts): 3.3 s against 5.3.
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[Score]:
+        self._contexts: dict[str, list[int]] = {}
         try:
             return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
         finally:
-            self._contexts.clear()
+            self._contexts = {}
 
     def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         n_spaces = len(context) - len(context.rstrip())
         if n_spaces > 0:  # trailing spaces go with the continuation
             context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
         whole = self.tok_encode(context + continuation)
-        if context not in self._contexts:
-            self._contexts[context] = self.tok_encode(context)
-        context_enc = self._contexts[context]
+        contexts = getattr(self, "_contexts", {})
+        if context not in contexts:
+            contexts[context] = self.tok_encode(context)
+        context_enc = contexts[context]
         return context_enc, whole[len(context_enc) :]
 
     # lm-eval calls this with every loglikelihood request of a task (after its own tokenization)
