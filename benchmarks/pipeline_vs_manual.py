@@ -59,6 +59,7 @@ from quantize_serve.core.portable import write_json_result  # noqa: E402
 from quantize_serve.gates.accuracy import lm_eval_concurrency  # noqa: E402
 from quantize_serve.quantize.run import build_llmcompressor_recipe  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
+from quantize_serve.serving.server import BOOT_START_DEFAULTS  # noqa: E402
 
 RECIPE = ROOT / "recipes/tiny-llama-awq.yaml"
 ENV = {
@@ -68,6 +69,7 @@ ENV = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "VLLM_USE_FLASHINFER_SAMPLER": "0",
     "TOKENIZERS_PARALLELISM": "false",
+    **BOOT_START_DEFAULTS,  # as the flow's boots: vLLM's engine core forked (vLLM spawns it on CPU anyway)
 }
 
 

@@ -27,7 +27,7 @@ from quantize_serve.gates.accuracy import lm_eval_concurrency
 from quantize_serve.quantize.run import build_llmcompressor_recipe
 from quantize_serve.recipe.load import load_recipe
 from quantize_serve.serving import gpu
-from quantize_serve.serving.server import stop_process_group
+from quantize_serve.serving.server import BOOT_START_DEFAULTS, stop_process_group
 
 SCENARIO = load_scenario("release-time")
 RECIPE = ROOT / SCENARIO["recipe"]
@@ -105,8 +105,9 @@ def manual_run(res: Results, setting: ManualSetting, *, session: str, preceded_b
     env = {
         **env,
         "VLLM_CACHE_ROOT": str(work / "vllm-cache"),  # a fresh compile cache, as first_release's
-        "HF_HUB_DISABLE_UPDATE_CHECK": "1",
-    }  # the hf CLI asks PyPI for a newer version otherwise
+        "HF_HUB_DISABLE_UPDATE_CHECK": "1",  # the hf CLI asks PyPI for a newer version otherwise
+        **BOOT_START_DEFAULTS,  # vLLM's engine core forked from the server, as the flow's boots start it
+    }
     base, ckpt, hub, serve = work / "base", work / "ckpt", recipe.hub, recipe.serve
     # Written before the clock starts, as a person has them ready: the llm-compressor recipe, the script,
     # the lm-eval group file.
@@ -146,7 +147,9 @@ def manual_run(res: Results, setting: ManualSetting, *, session: str, preceded_b
             **{k: v for k, v in evaluate.items() if k not in ("include_path", "samples")},
             "group_file": (work / "lm-eval-tasks" / f"{m.GATE_GROUP}.yaml").read_text(),
         },
-        "environment": {k: env.get(k) for k in ("VLLM_CACHE_ROOT", "VLLM_USE_FLASHINFER_SAMPLER")},
+        "environment": {
+            k: env.get(k) for k in ("VLLM_CACHE_ROOT", "VLLM_USE_FLASHINFER_SAMPLER", *BOOT_START_DEFAULTS)
+        },
         "overrides": overrides,
     }
     res.data["runs"]["manual"] = record

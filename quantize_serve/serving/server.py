@@ -42,11 +42,9 @@ ENTRYPOINT = "vllm.entrypoints.openai.api_server"  # the `vllm serve` console sc
 # the *first* request after a boot is a 2-token prompt (e.g. "The" plus BOS), the engine's worker
 # dies with exit code -4 (SIGILL) and every later request gets HTTP 500; bf16 or W4A16, fp8 or auto
 # KV alike. When the first request has 5 or more tokens, later 2-token requests are fine.
-# Reproduce: boot any model with `python -m vllm.entrypoints.openai.api_server --model DIR
-# --enforce-eager`, then `curl localhost:8000/v1/completions -d '{"model": DIR, "prompt": "The",
-# "max_tokens": 4}'` as the first request. Machines without AMX may not show it.
-# The warm-up is harmless on GPUs (one short request, ~ms) and keeps the first real request's
-# latency free of one-off kernel set-up there too.
+# Reproduce: boot any model (`--enforce-eager`), then `curl localhost:8000/v1/completions -d '{"model":
+# DIR, "prompt": "The", "max_tokens": 4}'` first. Machines without AMX may not show it. On GPUs it is
+# harmless (~ms) and keeps the first real request's latency free of one-off kernel set-up.
 WARMUP_MIN_PROMPT_TOKENS = 16
 WARMUP_PROMPT = " ".join(["The quick brown fox jumps over the lazy dog."] * 4)  # 36+ tokens for any BPE
 
@@ -330,9 +328,8 @@ def tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-# Linux: if the pipeline process dies hard, the server dies with it. SIGTERM, not SIGKILL: the signal reaches
-# only this child, and only vLLM's own shutdown stops its engine-core and worker grandchildren (with SIGKILL
-# they were seen orphaned, still holding their memory).
+# Linux: if the pipeline process dies hard, the server dies with it. SIGTERM, not SIGKILL: only vLLM's own
+# shutdown stops its engine-core and worker grandchildren (with SIGKILL they were seen orphaned, in memory).
 _die_with_parent = own_session_dying_with_parent(signal.SIGTERM)
 
 
@@ -375,14 +372,17 @@ def _guard(server_pid: int, stop_timeout_s: float) -> subprocess.Popen:
 
 
 # vLLM variables every boot gets unless the host sets them. vLLM's compile-cache key holds every VLLM_*
-# variable but a few (paths, logging): production's first boot reads the gates' compiled graphs only with
-# the same values (serve-profile.yaml says so: serve_profile/output.py).
+# variable but a few (paths, logging, the start method): production's first boot reads the gates' compiled
+# graphs only with the same values (serve-profile.yaml says so: serve_profile/output.py).
 BOOT_VLLM_DEFAULTS = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}  # vLLM probes FlashInfer unconditionally
+# `vllm serve` sets spawn: its engine core, a fresh interpreter, imports vLLM again (~13 s on the H200).
+# Forked, it has the server's imports; vLLM still spawns where CUDA is up in the server, or on CPU.
+BOOT_START_DEFAULTS = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
 
 
 def serving_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"))}
-    env = BOOT_VLLM_DEFAULTS | env
+    env = BOOT_VLLM_DEFAULTS | BOOT_START_DEFAULTS | env
     # One compile cache per work dir: every boot of a run, the serve-profile search, later runs and
     # (with the same variable) production's first boot on this host read and fill the same cache.
     # Its key is vLLM's own (version, the model's name, the serving settings, the code), so sharing the

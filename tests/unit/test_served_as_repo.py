@@ -25,11 +25,14 @@ from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.repo_layout import LOCAL_COMMIT, laid_out_as_hub_cache, lay_out_as_hub_cache
 from quantize_serve.serving.server import (
     BOOT,
+    BOOT_START_DEFAULTS,
+    BOOT_VLLM_DEFAULTS,
     ENTRYPOINT,
     INSPECTED,
     PREPARED_MARK,
     boot_env,
     boot_hub_cache,
+    serving_env,
 )
 from tests.conftest import ROOT
 from tests.unit.test_results_portable import machine_leaks
@@ -202,6 +205,16 @@ def test_each_boot_reads_its_own_offline_hub_cache(tmp_path, monkeypatch):
         assert Path(env_c["HF_HUB_CACHE"]).is_relative_to(tmp_path / "work" / "hub-layouts")
     finally:
         get_settings.cache_clear()
+
+
+def test_vllms_engine_core_starts_forked_unless_the_host_says_otherwise(monkeypatch):
+    """`vllm serve` would spawn it (a fresh interpreter importing vLLM again); the method stays out of vLLM's
+    compile-cache key, so the published profile's variables do not name it."""
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    assert serving_env()["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+    assert not set(BOOT_START_DEFAULTS) & set(BOOT_VLLM_DEFAULTS)
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    assert serving_env()["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
 
 
 @pytest.fixture
