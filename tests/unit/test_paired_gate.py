@@ -18,6 +18,7 @@ from quantize_serve.gates.documents import (
     look_documents,
     outcomes,
     per_document_fewshot,
+    templates_compiled_once,
 )
 from quantize_serve.gates.paired import Paired, design, operating_point, simulate_gate
 from quantize_serve.gates.recovery import compare_accuracy, task_decided
@@ -233,6 +234,46 @@ def test_a_document_gets_the_same_few_shot_examples_in_any_subset(tmp_path, fews
     assert alone == after_others and alone.count("question") == 4
     stock = task.fewshot_context(docs[7], 3)  # outside: lm-eval's own stream again
     assert ConfigurableTask.fewshot_context.__name__ == "fewshot_context" and isinstance(stock, str)
+
+
+def test_templates_compiled_once_render_the_same_prompts(tmp_path, monkeypatch):
+    """Each template string compiled once by lm-eval's own environment; every prompt the same string."""
+    import json
+
+    from lm_eval import utils
+    from lm_eval.api.task import ConfigurableTask
+
+    (tmp_path / "test.jsonl").write_text(
+        "".join(json.dumps({"q": f"question {i}", "c": ["x", "y"], "a": i % 2}) + "\n" for i in range(30))
+    )
+    task = ConfigurableTask(
+        config={
+            "task": "toy",
+            "dataset_path": "json",
+            "output_type": "multiple_choice",
+            "dataset_kwargs": {"data_files": {"test": str(tmp_path / "test.jsonl")}},
+            "test_split": "test",
+            "fewshot_split": "test",
+            "doc_to_text": "Q: {{q | regex_replace('question', 'item')}}\nA:",
+            "doc_to_choice": "{{c}}",
+            "doc_to_target": "{{a}}",
+        }
+    )
+    docs = list(task.test_docs())
+
+    def prompts():
+        with per_document_fewshot(1234):
+            return [task.fewshot_context(d, 5) for d in docs] + [task.doc_to_choice(d) for d in docs]
+
+    stock = prompts()
+    compiles = []
+    original = utils.env.from_string
+    monkeypatch.setattr(utils.env, "from_string", lambda t: compiles.append(t) or original(t))
+    with templates_compiled_once():
+        once = prompts()
+    assert once == stock and "item 3" in "".join(map(str, once))
+    assert sorted(compiles) == sorted(set(compiles)) and len(compiles) == 3  # text, target, choice
+    assert utils.apply_template.__module__ == "lm_eval.utils"  # lm-eval's own again afterwards
 
 
 def test_outcomes_merge_filters_and_keep_log_likelihood_pairs():

@@ -1,0 +1,155 @@
+"""The host's part of an accuracy look: lm-eval building the production task set's requests, and its metrics.
+
+The question: how long does lm-eval keep a look's documents on the host before the first request can go to
+the server (and after the last answer), with its prompt templates compiled for every render (stock) and
+with each template compiled once (``gates/documents.py templates_compiled_once``, the gate's way), and are
+the prompts the same?
+
+The work: the llama3 recipe's task set as the H200 release-time benchmark runs it (gsm8k 5-shot,
+arc_challenge 25-shot, hellaswag 10-shot, mmlu 5-shot at their limits: ``release-time`` scenario) on the
+production-shaped rows that benchmark publishes to a local Hub (``localhub/datasets.py``, token-true), the
+gate's seeded draw and looks, each look one ``simple_evaluate`` call a task as the gate makes it
+(``evaluate_tasks``, ``per_document_fewshot``). The model is lm-eval's ``DummyLM``: no server, so the
+seconds are lm-eval's host work alone (on a GPU host that work leaves the device idle; lanes do not hide it,
+the GIL runs one thread's Python at a time). The two ways alternate, ``--repeats`` times each; each
+document's prompt hash is compared between them.
+
+    .venv/bin/python benchmarks/request_building.py      # ~3 min on 2 cores
+
+Writes benchmarks/results/request_building.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
+
+from benchmarks.harness import RESULTS, ROOT, driver_env, load_scenario, logger, now, versions  # noqa: E402
+
+driver_env()
+
+from quantize_serve.core.portable import write_json_result  # noqa: E402
+from quantize_serve.gates.accuracy import evaluate_tasks, load_members, prepare_run, use_task_fewshot  # noqa: E402
+from quantize_serve.gates.documents import (  # noqa: E402
+    draw_documents,
+    look_documents,
+    per_document_fewshot,
+    templates_compiled_once,
+)
+from quantize_serve.recipe.gates import AccuracyTask  # noqa: E402
+from quantize_serve.recipe.load import load_recipe  # noqa: E402
+
+RECIPE = ROOT / "recipes" / "llama3-8b-instruct-awq.yaml"
+TOKENIZER = ROOT / "models" / "tiny-llama"  # the reference model's: the rows are published token-true with it
+TOKEN = "hf_request_building"
+OUT = RESULTS / "request_building.json"
+WAYS = {"stock": contextlib.nullcontext, "templates_compiled_once": templates_compiled_once}
+
+
+def run_looks(way: str, tasks: list[tuple[Any, dict, dict]], gate: Any, task_manager: Any) -> dict[str, Any]:
+    """Every look of every task, the gate's way but for the model: seconds a task a look, prompt hashes."""
+    from lm_eval.models.dummy import DummyLM
+
+    seconds: dict[str, list[float]] = {}
+    hashes: dict[str, str] = {}
+    with per_document_fewshot(gate.seed), WAYS[way]():
+        for look, end in enumerate(gate.looks):
+            for spec, members, order in tasks:
+                chunk = look_documents(order, gate.looks[look - 1] if look else 0.0, end)
+                t0 = time.monotonic()
+                results = evaluate_tasks(
+                    DummyLM(),
+                    [spec],
+                    members,
+                    "http://127.0.0.1:9",  # never asked: DummyLM answers
+                    samples=chunk,
+                    seed=gate.seed,
+                    task_manager=task_manager,
+                )
+                seconds.setdefault(spec.task.task, []).append(round(time.monotonic() - t0, 2))
+                for member, rows in results["samples"].items():
+                    hashes.update({f"{member}/{r['doc_id']}": r["prompt_hash"] for r in rows})
+    per_look = [round(sum(s[i] for s in seconds.values()), 2) for i in range(len(gate.looks))]
+    return {
+        "seconds": seconds,
+        "look_seconds": per_look,
+        "total_s": round(sum(per_look), 2),
+        "hashes": hashes,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--out", type=Path, default=OUT)
+    args = p.parse_args(argv)
+    log = logger("requests")
+
+    from huggingface_hub import HfApi
+    from transformers import AutoTokenizer
+
+    from localhub.client import hub_client_env
+    from localhub.datasets import publish_production_tasks
+    from localhub.server import start_local_hub
+
+    scenario_tasks = load_scenario("release-time")["tasks"]
+    gate = load_recipe(RECIPE).gates.accuracy
+    gate = gate.model_copy(update={"tasks": [AccuracyTask(**t) for t in scenario_tasks]})
+    runs: dict[str, list[dict[str, Any]]] = {way: [] for way in WAYS}
+    with (
+        tempfile.TemporaryDirectory(prefix="qs-request-building-") as tmp,
+        start_local_hub(Path(tmp) / "hub", tokens=(TOKEN,)) as hub,
+        hub_client_env(hub.endpoint, cache_dir=Path(tmp) / "cache"),
+    ):
+        os.environ["HF_TOKEN"] = TOKEN
+        publish_production_tasks(
+            HfApi(endpoint=hub.endpoint, token=TOKEN), tokenizer=AutoTokenizer.from_pretrained(TOKENIZER)
+        )
+        prepared = prepare_run(gate, ROOT)
+        tasks = []
+        for spec in prepared.specs:
+            members = load_members(spec, prepared.task_manager)
+            use_task_fewshot(spec, members)
+            sizes = {name: len(task.eval_docs) for name, task in members.items()}
+            tasks.append((spec, members, draw_documents(sizes, spec.task.limit, gate.seed, spec.task.task)))
+        for repeat in range(args.repeats):
+            for way in WAYS:
+                runs[way].append(run_looks(way, tasks, gate, prepared.task_manager))
+                log(f"{way} run {repeat + 1}: looks {runs[way][-1]['look_seconds']} s")
+    reference = runs["stock"][0]["hashes"]
+    result = {
+        "what": __doc__.split("\n\n")[0].replace("\n", " "),
+        "measured": now(),
+        "recipe": str(RECIPE.relative_to(ROOT)),
+        "tasks": scenario_tasks,
+        "looks": gate.looks,
+        "model": "lm-eval's DummyLM (no server: lm-eval's host work alone)",
+        "cpu": f"{os.cpu_count()} cores",
+        "versions": versions(),
+        "documents": len(reference),
+        "ways": {
+            way: {
+                "median_total_s": statistics.median(r["total_s"] for r in rs),
+                "runs": [{k: v for k, v in r.items() if k != "hashes"} for r in rs],
+                "prompts_differing_from_stock": sum(
+                    r["hashes"].get(k) != h for r in rs for k, h in reference.items()
+                ),
+            }
+            for way, rs in runs.items()
+        },
+    }
+    write_json_result(args.out, result, roots=[ROOT])
+    log(f"wrote {args.out}: " + ", ".join(f"{w} {v['median_total_s']} s" for w, v in result["ways"].items()))
+
+
+if __name__ == "__main__":
+    main()
