@@ -1,8 +1,9 @@
 """The host's part of an accuracy look: lm-eval building the production task set's requests, and its metrics.
 
-The question: how long does lm-eval keep a look's documents on the host before the first request can go to
-the server (and after the last answer), with its prompt templates compiled for every render (stock) and
-with each template compiled once (``gates/documents.py templates_compiled_once``, the gate's way), and are
+The question: how long does lm-eval keep a look's documents on the host before the first request can go
+to the server (and after the last answer), as stock lm-eval does it (each prompt template compiled for
+every render, the environment described at the end of every call) and the gate's way
+(``gates/lm_eval_host.py``: each template compiled once, the environment described once a run), and are
 the prompts the same?
 
 The work: the llama3 recipe's task set as the H200 release-time benchmark runs it (gsm8k 5-shot,
@@ -43,8 +44,8 @@ from quantize_serve.gates.documents import (  # noqa: E402
     draw_documents,
     look_documents,
     per_document_fewshot,
-    templates_compiled_once,
 )
+from quantize_serve.gates.lm_eval_host import host_work_once  # noqa: E402
 from quantize_serve.recipe.gates import AccuracyTask  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
 
@@ -52,7 +53,7 @@ RECIPE = ROOT / "recipes" / "llama3-8b-instruct-awq.yaml"
 TOKENIZER = ROOT / "models" / "tiny-llama"  # the reference model's: the rows are published token-true with it
 TOKEN = "hf_request_building"
 OUT = RESULTS / "request_building.json"
-WAYS = {"stock": contextlib.nullcontext, "templates_compiled_once": templates_compiled_once}
+WAYS = {"stock": contextlib.nullcontext, "host_work_once": host_work_once}
 
 
 def run_looks(way: str, tasks: list[tuple[Any, dict, dict]], gate: Any, task_manager: Any) -> dict[str, Any]:

@@ -55,9 +55,9 @@ from quantize_serve.gates.documents import (
     look_documents,
     outcomes,
     per_document_fewshot,
-    templates_compiled_once,
 )
 from quantize_serve.gates.lanes import LaneModels, lanes, run_lanes
+from quantize_serve.gates.lm_eval_host import host_work_once
 from quantize_serve.gates.recovery import task_decided
 from quantize_serve.gates.results import (  # noqa: F401 (the gate's result types, importable from here)
     AccuracyCheck,
@@ -256,8 +256,8 @@ def run_tasks(
         log(f"lm-eval: {', '.join(looks)} done in {time.monotonic() - t0:.1f} s")
 
     running, look = list(tasks), 0
-    # around the lanes' threads: they patch lm-eval's Task class and its template rendering
-    with per_document_fewshot(gate.seed), templates_compiled_once():
+    # around the lanes' threads: they patch lm-eval's Task class and two of its functions
+    with per_document_fewshot(gate.seed), host_work_once():
         while running:
             for t in running:
                 t.chunk = look_documents(t.order, t.fractions[look - 1] if look else 0.0, t.fractions[look])

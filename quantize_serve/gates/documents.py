@@ -13,9 +13,6 @@
   gets the same prompt in any subset (the prompt hashes prove it: recovery.py refuses
   to pair documents whose prompts differ). The draw is lm-eval's own (same pool, same sampler); only
   its seed differs from stock lm-eval's single stream.
-- :func:`templates_compiled_once`: lm-eval compiles a prompt's Jinja template again for every render
-  (its open issue 1286); inside this context each template string is compiled once, by lm-eval's own
-  Jinja environment, and rendered as before.
 - :func:`outcomes`: per document, lm-eval's per-sample metric values (``log_samples``) and its
   prompt hash; :func:`aggregate` computes a metric's value over any set of documents the way lm-eval
   does (mean; perplexities from summed log-likelihoods and weights).
@@ -24,7 +21,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import math
@@ -104,27 +100,6 @@ def per_document_fewshot(seed: int) -> Iterator[None]:
         yield
     finally:
         ConfigurableTask.fewshot_context = original  # type: ignore[method-assign]
-
-
-@contextlib.contextmanager
-def templates_compiled_once() -> Iterator[None]:
-    """lm-eval's ``utils.apply_template`` with each template string compiled once (``env.from_string``
-    compiles it on every call: 25-shot arc_challenge renders ~17,000 times a look, and compiling was
-    10.5 of the 12.4 s its look took to build its requests on a 2-core CPU). Same environment (its
-    filters, ``StrictUndefined``), same render: the prompts are the same strings."""
-    from lm_eval import utils
-
-    original = utils.apply_template
-    compiled = functools.lru_cache(maxsize=None)(utils.env.from_string)
-
-    def apply_template(template: str, doc: dict) -> str:
-        return compiled(template).render(**doc)
-
-    utils.apply_template = apply_template
-    try:
-        yield
-    finally:
-        utils.apply_template = original
 
 
 def outcomes(samples: dict[str, list[dict[str, Any]]]) -> dict[str, DocOutcome]:

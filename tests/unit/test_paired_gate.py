@@ -18,8 +18,8 @@ from quantize_serve.gates.documents import (
     look_documents,
     outcomes,
     per_document_fewshot,
-    templates_compiled_once,
 )
+from quantize_serve.gates.lm_eval_host import host_work_once, templates_compiled_once
 from quantize_serve.gates.paired import Paired, design, operating_point, simulate_gate
 from quantize_serve.gates.recovery import compare_accuracy, task_decided
 from quantize_serve.gates.results import AccuracyRun, MetricResult, TaskRun
@@ -274,6 +274,32 @@ def test_templates_compiled_once_render_the_same_prompts(tmp_path, monkeypatch):
     assert once == stock and "item 3" in "".join(map(str, once))
     assert sorted(compiles) == sorted(set(compiles)) and len(compiles) == 3  # text, target, choice
     assert utils.apply_template.__module__ == "lm_eval.utils"  # lm-eval's own again afterwards
+
+
+def test_the_environment_is_described_once_a_run(monkeypatch):
+    """simple_evaluate describes the environment at the end of every call (subprocesses); inside a run the
+    first call's description is every call's, from any lane's thread."""
+    import threading
+
+    from lm_eval import evaluator
+
+    described = []
+
+    def add_env_info(storage):
+        described.append(1)
+        storage.update(env=len(described))
+
+    monkeypatch.setattr(evaluator, "add_env_info", add_env_info)
+    results = [{} for _ in range(4)]
+    with host_work_once():
+        threads = [threading.Thread(target=evaluator.add_env_info, args=(r,)) for r in results]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert described == [1] and all(r == {"env": 1} for r in results)
+    evaluator.add_env_info(results[0])  # lm-eval's own again afterwards
+    assert described == [1, 1]
 
 
 def test_outcomes_merge_filters_and_keep_log_likelihood_pairs():

@@ -1,0 +1,69 @@
+"""lm-eval's host work in an accuracy run, done once where lm-eval repeats it; its results unchanged.
+
+A look makes one ``simple_evaluate`` call a lane (gates/lanes.py), and before its first request reaches
+the server lm-eval builds every prompt on the host: the device waits meanwhile (the GIL runs one lane's
+Python at a time). Two of its repeats, each undone when the run ends (``benchmarks/request_building.py``
+measures the first, the production task set on a 2-core CPU):
+
+- :func:`templates_compiled_once`: ``lm_eval.utils.apply_template`` compiles the prompt's Jinja template
+  on every render (``env.from_string``; lm-eval's open issue 1286). 25-shot arc_challenge renders ~17,000
+  times a look. Here each template string is compiled once, by lm-eval's own environment (its filters,
+  ``StrictUndefined``), and rendered as before: the same prompt strings. The four looks' requests: 12.6 s
+  against 48.9.
+- :func:`env_info_once`: every call ends with ``add_env_info``, torch's ``collect_env`` (a dozen
+  subprocesses, ``nvidia-smi`` among them on a GPU host: 0.55 s a call on the 2-core CPU). Here the first
+  call's description is kept for the run's other calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+
+@contextlib.contextmanager
+def templates_compiled_once() -> Iterator[None]:
+    """``lm_eval.utils.apply_template`` with each template string compiled once (module doc)."""
+    from lm_eval import utils
+
+    original = utils.apply_template
+    compiled = functools.lru_cache(maxsize=None)(utils.env.from_string)
+
+    def apply_template(template: str, doc: dict) -> str:
+        return compiled(template).render(**doc)
+
+    utils.apply_template = apply_template
+    try:
+        yield
+    finally:
+        utils.apply_template = original
+
+
+@contextlib.contextmanager
+def env_info_once() -> Iterator[None]:
+    """``simple_evaluate``'s environment description computed by the run's first call only (module doc)."""
+    from lm_eval import evaluator
+
+    original, described, lock = evaluator.add_env_info, {}, threading.Lock()
+
+    def add_env_info(storage: dict[str, Any]) -> None:
+        with lock:  # the lanes' calls end in their own threads
+            if not described:
+                original(described)
+        storage.update(described)
+
+    evaluator.add_env_info = add_env_info
+    try:
+        yield
+    finally:
+        evaluator.add_env_info = original
+
+
+@contextlib.contextmanager
+def host_work_once() -> Iterator[None]:
+    """Both, for one accuracy run."""
+    with templates_compiled_once(), env_info_once():
+        yield
