@@ -9,11 +9,11 @@ the prompts the same?
 The work: the llama3 recipe's task set as the H200 release-time benchmark runs it (gsm8k 5-shot,
 arc_challenge 25-shot, hellaswag 10-shot, mmlu 5-shot at their limits: ``release-time`` scenario) on the
 production-shaped rows that benchmark publishes to a local Hub (``localhub/datasets.py``, token-true), the
-gate's seeded draw and looks, each look one ``simple_evaluate`` call a task as the gate makes it
-(``evaluate_tasks``, ``per_document_fewshot``). The model is lm-eval's ``DummyLM``: no server, so the
-seconds are lm-eval's host work alone (on a GPU host that work leaves the device idle; lanes do not hide it,
-the GIL runs one thread's Python at a time). The two ways alternate, ``--repeats`` times each; each
-document's prompt hash is compared between them.
+gate's seeded draw and looks, each look one ``simple_evaluate`` call a lane as the gate makes them
+(``evaluate_tasks``, ``per_document_fewshot``, ``gates/lanes.py``: gsm8k's call, then the scored tasks').
+The model is lm-eval's ``DummyLM``: no server, so the seconds are lm-eval's host work alone (on a GPU host
+that work leaves the device idle; lanes do not hide it, the GIL runs one thread's Python at a time). The two
+ways alternate, ``--repeats`` times each; each document's prompt hash is compared between them.
 
     .venv/bin/python benchmarks/request_building.py      # ~3 min on 2 cores
 
@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
@@ -45,6 +46,7 @@ from quantize_serve.gates.documents import (  # noqa: E402
     look_documents,
     per_document_fewshot,
 )
+from quantize_serve.gates.lanes import lanes  # noqa: E402
 from quantize_serve.gates.lm_eval_host import host_work_once  # noqa: E402
 from quantize_serve.recipe.gates import AccuracyTask  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
@@ -56,36 +58,35 @@ OUT = RESULTS / "request_building.json"
 WAYS = {"stock": contextlib.nullcontext, "host_work_once": host_work_once}
 
 
-def run_looks(way: str, tasks: list[tuple[Any, dict, dict]], gate: Any, task_manager: Any) -> dict[str, Any]:
-    """Every look of every task, the gate's way but for the model: seconds a task a look, prompt hashes."""
+def run_looks(way: str, tasks: list[SimpleNamespace], gate: Any, task_manager: Any) -> dict[str, Any]:
+    """Every look, one call a lane as the gate makes them (one after the other here), but for the model:
+    seconds a call a look, and each document's prompt hash."""
     from lm_eval.models.dummy import DummyLM
 
     seconds: dict[str, list[float]] = {}
     hashes: dict[str, str] = {}
     with per_document_fewshot(gate.seed), WAYS[way]():
         for look, end in enumerate(gate.looks):
-            for spec, members, order in tasks:
-                chunk = look_documents(order, gate.looks[look - 1] if look else 0.0, end)
+            for call in [c for calls in lanes(tasks).values() for c in calls]:
+                start = gate.looks[look - 1] if look else 0.0
+                samples = {m: docs for t in call for m, docs in look_documents(t.order, start, end).items()}
                 t0 = time.monotonic()
                 results = evaluate_tasks(
                     DummyLM(),
-                    [spec],
-                    members,
+                    [t.spec for t in call],
+                    {n: m for t in call for n, m in t.members.items()},
                     "http://127.0.0.1:9",  # never asked: DummyLM answers
-                    samples=chunk,
+                    samples=samples,
                     seed=gate.seed,
                     task_manager=task_manager,
                 )
-                seconds.setdefault(spec.task.task, []).append(round(time.monotonic() - t0, 2))
+                name = "+".join(t.spec.task.task for t in call)
+                seconds.setdefault(name, []).append(round(time.monotonic() - t0, 2))
                 for member, rows in results["samples"].items():
                     hashes.update({f"{member}/{r['doc_id']}": r["prompt_hash"] for r in rows})
     per_look = [round(sum(s[i] for s in seconds.values()), 2) for i in range(len(gate.looks))]
-    return {
-        "seconds": seconds,
-        "look_seconds": per_look,
-        "total_s": round(sum(per_look), 2),
-        "hashes": hashes,
-    }
+    total = round(sum(per_look), 2)
+    return {"seconds": seconds, "look_seconds": per_look, "total_s": total, "hashes": hashes}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -121,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
             members = load_members(spec, prepared.task_manager)
             use_task_fewshot(spec, members)
             sizes = {name: len(task.eval_docs) for name, task in members.items()}
-            tasks.append((spec, members, draw_documents(sizes, spec.task.limit, gate.seed, spec.task.task)))
+            order = draw_documents(sizes, spec.task.limit, gate.seed, spec.task.task)
+            tasks.append(SimpleNamespace(spec=spec, members=members, order=order))
         for repeat in range(args.repeats):
             for way in WAYS:
                 runs[way].append(run_looks(way, tasks, gate, prepared.task_manager))
