@@ -8,11 +8,12 @@ process with its imports. How many seconds of a boot is that, and does the forke
 The work: the recipe's base model (default ``recipes/tiny-llama-awq.yaml``: models/tiny-llama, bf16) booted
 as the flow boots it (a prepared process: vLLM's server module imported and the architecture inspected
 before the command line, ``prepare_server``; then ``vllm_server`` with the recipe's serve settings and its
-warm-up request), ``--boots`` boots in the order spawn, fork, fork, spawn, ... (each method as often first
-as second). Per boot: the seconds from the command line to a healthy server (``boot_seconds``) and vLLM's
-timeline (``serving/vllm_log.py boot_timeline``: from the server's first line to the engine core's first
-line, ``engine_process_s``, and on). On CPU vLLM spawns its engine core whatever the variable says
-(``platforms/cpu.py``), so a CPU run rehearses the script and shows no difference.
+warm-up request): first one boot that fills the host's caches (vLLM's compile and model-info caches, the
+page cache; left out of the medians), then ``--boots`` boots in the order spawn, fork, fork, spawn, ...
+(each method as often first as second). Per boot: the seconds from the command line to a healthy server
+(``boot_seconds``) and vLLM's timeline (``serving/vllm_log.py boot_timeline``: from the server's first line
+to the engine core's first line, ``engine_process_s``, and on). On CPU vLLM spawns its engine core whatever
+the variable says (``platforms/cpu.py``), so a CPU run rehearses the script and shows no difference.
 
     .venv/bin/python benchmarks/engine_start.py --out /tmp/engine_start.json      # CPU: ~2 min
     bash scripts/gpu/host.sh launch engine-start                                   # the H200
@@ -83,12 +84,14 @@ def main(argv: list[str] | None = None) -> None:
     architectures = json.loads((model_dir / "config.json").read_text())["architectures"]
     rows = []
     with tempfile.TemporaryDirectory(prefix="qs-engine-start-") as tmp:
-        for i, method in enumerate(order(args.boots)):
-            rows.append(boot(spec, Path(tmp) / f"{i}" / f"vllm-{method}.log", method, architectures, log))
+        for i, method in enumerate(["fork", *order(args.boots)]):
+            row = boot(spec, Path(tmp) / f"{i}" / f"vllm-{method}.log", method, architectures, log)
+            rows.append({"warm_up": i == 0, **row})
     os.environ.pop(METHOD, None)
 
     def median(method: str, key: str) -> float | None:
-        values = [r[key] if key in r else r["timeline_s"][key] for r in rows if r["method"] == method]
+        counted = [r for r in rows if r["method"] == method and not r["warm_up"]]
+        values = [r[key] if key in r else r["timeline_s"][key] for r in counted]
         values = [v for v in values if v is not None]
         return statistics.median(values) if values else None
 
