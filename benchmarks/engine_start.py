@@ -68,7 +68,7 @@ def boot(spec: Any, log_path: Path, method: str, architectures: list[str], log: 
         served = '"object":"list"' in server.get("/v1/models").replace(" ", "")
     row = boot_logs(log_path.parent)[0]
     log(f"{method}: ready in {seconds} s, engine process at {row['timeline_s']['engine_process_s']} s")
-    return {"method": method, "boot_seconds": seconds, "served": served, "prepared": True, **row}
+    return {"method": method, "boot_seconds": seconds, "served": served, **row}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -30,17 +30,13 @@ def templates_compiled_once() -> Iterator[None]:
     """``lm_eval.utils.apply_template`` with each template string compiled once (module doc)."""
     from lm_eval import utils
 
-    original = utils.apply_template
     compiled = functools.lru_cache(maxsize=None)(utils.env.from_string)
 
     def apply_template(template: str, doc: dict) -> str:
         return compiled(template).render(**doc)
 
-    utils.apply_template = apply_template
-    try:
+    with _replaced(utils, "apply_template", apply_template):
         yield
-    finally:
-        utils.apply_template = original
 
 
 @contextlib.contextmanager
@@ -56,11 +52,19 @@ def env_info_once() -> Iterator[None]:
                 original(described)
         storage.update(described)
 
-    evaluator.add_env_info = add_env_info
+    with _replaced(evaluator, "add_env_info", add_env_info):
+        yield
+
+
+@contextlib.contextmanager
+def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """``owner.name`` is ``value`` for the block, its own again afterwards."""
+    original = getattr(owner, name)
+    setattr(owner, name, value)
     try:
         yield
     finally:
-        evaluator.add_env_info = original
+        setattr(owner, name, original)
 
 
 @contextlib.contextmanager
