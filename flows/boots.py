@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect.states import Completed, State
+from prefect.utilities.annotations import quote
 
 from quantize_serve.capacity.measure import CapacityConfig
 from quantize_serve.gates.accuracy import AccuracyRun, Prepared, lm_eval_concurrency
@@ -99,7 +100,7 @@ def accuracy_gate(
         base_dir=Path(r.base_dir),
         output_dir=output_dir,
         num_concurrent=lm_eval_concurrency(r.gates.accuracy, r.serve),
-        paired_with=paired_with if isinstance(paired_with, AccuracyRun) else None,
+        paired_with=quote(paired_with) if isinstance(paired_with, AccuracyRun) else None,  # not walked
         reuse_rows=v2_model_runner(read_log(server.log_path)),
         prepared=prepared,
         return_state=True,

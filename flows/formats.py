@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import flow
+from prefect.utilities.annotations import quote
 
 from flows.boots import serve_base, serve_quantized
 from quantize_serve.formats.choose import BenchSettings, FormatChoice, release_format
@@ -85,8 +86,8 @@ def choose_format(
                 base_accuracy=base_served.accuracy.result(raise_on_failure=False),
             )
             checks = compare_accuracy(
-                base_served.accuracy.result(raise_on_failure=False),
-                quantized.accuracy.result(raise_on_failure=False),
+                quote(base_served.accuracy.result(raise_on_failure=False)),
+                quote(quantized.accuracy.result(raise_on_failure=False)),
                 r.gates.accuracy,
             )
             row = with_stress(
