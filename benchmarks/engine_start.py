@@ -60,6 +60,7 @@ def boot(spec: Any, log_path: Path, method: str, architectures: list[str], log: 
     prepare_server(log_path, architectures)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:  # the flow's boots find their process prepared
+        # the model-info line's words either way: server.INSPECTED, or "not inspected ahead (...)"
         if log_path.exists() and "inspected ahead" in log_path.read_text(errors="replace"):
             break
         time.sleep(1)
