@@ -27,7 +27,6 @@ import contextlib
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,21 +38,17 @@ from benchmarks.harness import RESULTS, ROOT, driver_env, load_scenario, logger,
 
 driver_env()
 
+from benchmarks.production_stack import PRODUCTION_RECIPE, production_task_set  # noqa: E402
+
 from quantize_serve.core.portable import write_json_result  # noqa: E402
-from quantize_serve.gates.accuracy import evaluate_tasks, load_members, prepare_run, use_task_fewshot  # noqa: E402
+from quantize_serve.gates.accuracy import evaluate_tasks  # noqa: E402
 from quantize_serve.gates.documents import (  # noqa: E402
-    draw_documents,
     look_documents,
     per_document_fewshot,
 )
 from quantize_serve.gates.lanes import lanes  # noqa: E402
 from quantize_serve.gates.lm_eval_host import host_work_once  # noqa: E402
-from quantize_serve.recipe.gates import AccuracyTask  # noqa: E402
-from quantize_serve.recipe.load import load_recipe  # noqa: E402
 
-RECIPE = ROOT / "recipes" / "llama3-8b-instruct-awq.yaml"
-TOKENIZER = ROOT / "models" / "tiny-llama"  # the reference model's: the rows are published token-true with it
-TOKEN = "hf_request_building"
 OUT = RESULTS / "request_building.json"
 WAYS = {"stock": contextlib.nullcontext, "host_work_once": host_work_once}
 
@@ -95,44 +90,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     log = logger("requests")
-
-    from huggingface_hub import HfApi
-    from transformers import AutoTokenizer
-
-    from localhub.client import hub_client_env
-    from localhub.datasets import publish_production_tasks
-    from localhub.server import start_local_hub
-
     scenario_tasks = load_scenario("release-time")["tasks"]
-    gate = load_recipe(RECIPE).gates.accuracy
-    gate = gate.model_copy(update={"tasks": [AccuracyTask(**t) for t in scenario_tasks]})
     runs: dict[str, list[dict[str, Any]]] = {way: [] for way in WAYS}
-    with (
-        tempfile.TemporaryDirectory(prefix="qs-request-building-") as tmp,
-        start_local_hub(Path(tmp) / "hub", tokens=(TOKEN,)) as hub,
-        hub_client_env(hub.endpoint, cache_dir=Path(tmp) / "cache"),
-    ):
-        os.environ["HF_TOKEN"] = TOKEN
-        publish_production_tasks(
-            HfApi(endpoint=hub.endpoint, token=TOKEN), tokenizer=AutoTokenizer.from_pretrained(TOKENIZER)
-        )
-        prepared = prepare_run(gate, ROOT)
-        tasks = []
-        for spec in prepared.specs:
-            members = load_members(spec, prepared.task_manager)
-            use_task_fewshot(spec, members)
-            sizes = {name: len(task.eval_docs) for name, task in members.items()}
-            order = draw_documents(sizes, spec.task.limit, gate.seed, spec.task.task)
-            tasks.append(SimpleNamespace(spec=spec, members=members, order=order))
+    with production_task_set() as (gate, tasks, task_manager):
         for repeat in range(args.repeats):
             for way in WAYS:
-                runs[way].append(run_looks(way, tasks, gate, prepared.task_manager))
+                runs[way].append(run_looks(way, tasks, gate, task_manager))
                 log(f"{way} run {repeat + 1}: looks {runs[way][-1]['look_seconds']} s")
     reference = runs["stock"][0]["hashes"]
     result = {
         "what": __doc__.split("\n\n")[0].replace("\n", " "),
         "measured": now(),
-        "recipe": str(RECIPE.relative_to(ROOT)),
+        "recipe": str(PRODUCTION_RECIPE.relative_to(ROOT)),
         "tasks": scenario_tasks,
         "looks": gate.looks,
         "model": "lm-eval's DummyLM (no server: lm-eval's host work alone)",

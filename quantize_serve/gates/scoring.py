@@ -151,6 +151,7 @@ class ContextOnceCompletions(LocalCompletionsAPI):
         self.paths_off: set[str] = set()  # after a failed check
         self.stats: Counter[str] = Counter()
         self.server_root = self.base_url.rsplit("/v1/", 1)[0]
+        self.groups_in_flight: int | None = None  # unset: num_concurrent (_score_groups says why)
 
     # lm-eval's tokenization of a call's loglikelihood requests (TemplateLM.loglikelihood) encodes each
     # request's whole prompt and its context, so a multiple-choice document's context is encoded again for
@@ -240,6 +241,12 @@ class ContextOnceCompletions(LocalCompletionsAPI):
         if not groups:
             return scores, failed
         sem = asyncio.Semaphore(self._concurrent)
+        # A group's rows read the blocks its context request left in the prefix cache. Unbounded, every
+        # context request queues ahead of the first group's rows (the semaphore wakes in order), and by the
+        # time the rows come the contexts sent since have evicted their blocks: they are computed again.
+        # As many groups in flight as requests keeps every request slot busy and the contexts awaiting their
+        # rows to that many (benchmarks/context_order.py: the base's one-look pass on the llama3 task set).
+        in_flight = asyncio.Semaphore(self.groups_in_flight or self._concurrent)
         async with ClientSession(
             connector=TCPConnector(limit=self._concurrent), timeout=ClientTimeout(total=self.timeout)
         ) as session:
@@ -247,9 +254,10 @@ class ContextOnceCompletions(LocalCompletionsAPI):
 
             async def one(ctx: tuple, members: list[int]) -> None:
                 try:
-                    scores.update(
-                        await self._score_group(post, list(ctx), {i: requests[i][2] for i in members})
-                    )
+                    async with in_flight:
+                        scores.update(
+                            await self._score_group(post, list(ctx), {i: requests[i][2] for i in members})
+                        )
                 except RowsMismatch as exc:
                     log.debug("scoring: a group goes the echo way: %s", exc)
                     self.stats["fallback_groups"] += 1

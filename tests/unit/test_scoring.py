@@ -175,3 +175,51 @@ def test_each_context_is_encoded_once_a_call_into_the_ids_lm_eval_gives():
         {c.rstrip() for c, _ in pairs}
     )  # each once: three choices share the first
     assert len(encoded) == len(pairs) + 2 and lm._contexts == {}  # the wholes, then the memo is let go
+
+
+def test_a_groups_rows_follow_its_context_before_more_than_a_slots_worth_of_other_contexts():
+    """The rows read the blocks their context request left in vLLM's prefix cache, so they must come
+    before the contexts sent since evict them: with ``num_concurrent`` C, at most C - 1 other contexts are
+    sent between a group's context and its last row (unbounded, every context of the call went first), and
+    C requests stay in flight. The answers are this test's, shaped as vLLM's (the tests above)."""
+    import asyncio
+
+    from quantize_serve.gates.scoring import ContextOnceCompletions
+
+    sent: list[tuple[str, int]] = []
+    busy = {"now": 0, "most": 0}
+
+    class Recording(ContextOnceCompletions):
+        def _poster(self, session, sem):
+            async def post(path, payload):
+                async with sem:
+                    busy["now"] += 1
+                    busy["most"] = max(busy["most"], busy["now"])
+                    if path == "/v1/completions":
+                        sent.append(("context", payload["prompt"][0]))
+                        ids = payload["logprob_token_ids"]
+                        top = {f"token_id:{t}": -1.0 for t in ids}
+                        logprobs = {"top_logprobs": [top], "tokens": ["token_id:7"]}
+                        answer = {"choices": [{"logprobs": logprobs}]}
+                    else:
+                        ids = payload["token_ids"]
+                        sent.append(("rows", ids[0]))
+                        rows = [{str(t): {"logprob": -0.5, "rank": 1}} for t in ids[1:]]
+                        answer = {"prompt_logprobs": [None, *rows]}
+                    await asyncio.sleep(0)
+                    busy["now"] -= 1
+                    return answer
+
+            return post
+
+    slots = 4
+    lm = without_server(Recording, num_concurrent=slots, reuse_rows=True, check_groups=0)
+    requests = [(None, [100 + g, 1, 2], [3, c]) for g in range(40) for c in (4, 5, 6)]
+    assert lm._loglikelihood_tokens(requests) == [(-1.0, True)] * len(requests)  # two rows of -0.5
+    assert lm.stats["context_requests"] == 40 and lm.stats["row_requests"] == 120
+    between = []
+    for g in range(100, 140):
+        first, last = sent.index(("context", g)), max(i for i, e in enumerate(sent) if e == ("rows", g))
+        between.append(sum(kind == "context" for kind, _ in sent[first + 1 : last]))
+    assert max(between) <= slots - 1, between
+    assert busy["most"] == slots
