@@ -79,10 +79,12 @@ def test_gptq_quantizes_on_cpu(gptq_checkpoint, quantize_logs):
 
 
 def test_the_flow_counts_the_tokens_calibration_runs_on(gptq_recipe, gptq_checkpoint):
-    """The count the flow sizes calibration's device memory by (before the base boots) is the worker's."""
-    from quantize_serve.quantize.calibration import calibration_tokens
+    """The count the flow sizes calibration's device memory by (before the base boots) is the worker's;
+    what a GPU run prepares for it as the run starts (count_ahead) runs without error first."""
+    from quantize_serve.quantize.calibration import calibration_tokens, count_ahead
     from quantize_serve.validate.preflight import resolve_base, validate_recipe
 
+    assert count_ahead(gptq_recipe).result(timeout=120) is None
     base = resolve_base(validate_recipe(gptq_recipe))
     counted = calibration_tokens(gptq_recipe, Path(base.local_dir))
     assert counted == gptq_checkpoint.calibration_tokens and counted > gptq_recipe.calibration.num_samples

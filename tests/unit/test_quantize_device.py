@@ -274,3 +274,31 @@ def test_the_flow_counts_calibrations_tokens_only_where_the_count_can_decide(mon
         now, why, served_at = task.beside_base(SimpleNamespace(recipe=never), base)
     assert (now, served_at, len(counted)) == (False, None, 1), why
     assert why == "calibration.beside_base is never", why
+
+
+def test_the_count_is_prepared_as_the_run_starts_only_where_it_can_run(monkeypatch):
+    """worker_ahead starts calibration.count_ahead (the count's imports and dataset) beside the quantization
+    worker on a GPU host whose recipe may quantize beside its base; not without a GPU (the count never runs
+    there), with beside_base never, or with a checkpoint to use."""
+    from types import SimpleNamespace
+
+    import tasks.quantize as task
+
+    started = []
+    monkeypatch.setattr(task.quantize, "prepare_worker", lambda: None)
+    monkeypatch.setattr(task.quantize, "discard_prepared_worker", lambda: None)
+    monkeypatch.setattr(task, "count_ahead", lambda recipe: started.append(recipe.name))
+    recipe = load_recipe(ROOT / "recipes/llama3-8b-instruct-awq.yaml")
+    never = recipe.model_copy(
+        update={"calibration": recipe.calibration.model_copy(update={"beside_base": "never"})}
+    )
+    reused = recipe.model_copy(
+        update={"quantization": recipe.quantization.model_copy(update={"checkpoint": "org/checkpoint"})}
+    )
+    for device_info, r in [(None, recipe), ({"free_bytes": 1}, never), ({"free_bytes": 1}, reused)]:
+        monkeypatch.setattr(task.gpu, "memory_info", lambda *a, info=device_info: info)
+        with task.worker_ahead(SimpleNamespace(recipe=r)):
+            pass
+    assert started == []
+    with task.worker_ahead(SimpleNamespace(recipe=recipe)):
+        assert started == [recipe.name]
