@@ -19,7 +19,7 @@ interleaving (its generation requests run first here, on the same cache); the ch
 (36 requests) is off. The model is checked against the runs it explains: the same counts, computed unbounded,
 at each run's KV cache size, beside what vLLM reported (``measured``).
 
-    .venv/bin/python benchmarks/context_order.py      # ~2 min on 2 cores
+    .venv/bin/python benchmarks/context_order.py      # ~3 min on 2 cores
 
 Writes benchmarks/results/context_order.json.
 """
