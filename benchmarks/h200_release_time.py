@@ -65,7 +65,9 @@ the vLLM boots with their compile-cache hits or compiles, phases and timeline (f
 stress test's seconds and its bench's, whether the base reference was reused and from which run, the decision,
 and the streamed log's progress lines with their seconds since the command started; for ``manual``, the same
 per-stage marks (named as the flow's stages where one matches), each command's seconds, the commands as typed,
-the boots and what ``/metrics`` gave; ``earlier_sessions`` (recorded by hand) is kept. Written to ``--out``
+the boots and what ``/metrics`` gave. Each run names its card (``device``: a session may be lent an H100 where
+it asked for an H200). ``earlier_sessions`` (recorded by hand) is kept, and a run measured again moves there
+under its name and date, with what replaced it (``keep_replaced``). Written to ``--out``
 (h200_release_time.json).
 
 GPU host (after `benchmarks/h200.py build --model-dir M`):
@@ -212,6 +214,7 @@ def one_run(
     res.data["runs"][name] = {
         "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "session_started": session,
+        "device": (res.data.get("device") or {}).get("name"),  # the card: sessions are lent H200s or H100s
         "exit_code": rc,
         "wall_seconds": wall,
         "driver_seconds": driver,
@@ -309,6 +312,21 @@ def run_plan(
     ]
 
 
+def keep_replaced(
+    earlier: dict[str, Any], runs: dict[str, Any], names: list[str], session: str
+) -> dict[str, Any]:
+    """``earlier_sessions`` (recorded by hand) with each of ``runs`` that this session measures again kept
+    under its name and date, and what replaces it."""
+    kept = dict(earlier)
+    for name in names:
+        if name in runs:
+            key = f"{name}_{str(runs[name].get('measured', 'undated'))[:10]}"
+            while key in kept:  # measured twice that day
+                key += "_earlier"
+            kept[key] = {**runs[name], "replaced_by": f"runs.{name}, measured by the session of {session}"}
+    return kept
+
+
 def cmd_run(args: argparse.Namespace) -> None:
     from huggingface_hub import HfApi  # after HF_HUB_OFFLINE is set: huggingface_hub reads it on import
     from transformers import AutoTokenizer  # heavy (~3 s): only once the run starts
@@ -319,11 +337,14 @@ def cmd_run(args: argparse.Namespace) -> None:
     shutil.rmtree(home, ignore_errors=True)
     runs = home / "runs"
     res = Results(Path(args.out), roots=(state, get_settings().serving_python.parent))
+    session = time.strftime("%Y-%m-%dT%H:%M:%S")  # this invocation: each run it measures records it
     kept = {name: run for name, run in res.data.get("runs", {}).items() if name not in args.runs}
     cut = {name: run for name, run in res.data.get("cut_short", {}).items() if name not in args.runs}
-    earlier = {k: v for k, v in res.data.items() if k == "earlier_sessions"}  # recorded by hand: kept
+    earlier = keep_replaced(
+        res.data.get("earlier_sessions", {}), res.data.get("runs", {}), args.runs, session
+    )
     res.data.clear()  # the runs not asked for this time stay as an earlier session measured them
-    res.data.update(errors={}, runs=kept, cut_short=cut, **earlier)
+    res.data.update(errors={}, runs=kept, cut_short=cut, earlier_sessions=earlier)
     limits = SMOKE_LIMITS if args.cpu_smoke else {}
     tasks = [{**t, "limit": limits.get(t["task"], t["limit"])} for t in TASKS]
     base_overrides: dict[str, Any] = {"gates.accuracy.tasks": tasks, **parse_sets(args.set)}
@@ -331,7 +352,6 @@ def cmd_run(args: argparse.Namespace) -> None:
         base_overrides.update(SMOKE_OVERRIDES)
     recipe = load_recipe(RECIPE, base_overrides)  # as every run has it, before its own overrides
     serving_python = str(get_settings().serving_python)
-    session = time.strftime("%Y-%m-%dT%H:%M:%S")  # this invocation: each run it measures records it
     res.data.update(
         started=session,
         cpu_smoke=args.cpu_smoke,

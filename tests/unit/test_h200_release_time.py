@@ -532,3 +532,23 @@ def test_the_task_rows_cost_the_tokens_the_real_datasets_words_would():
     production = TOKENS_PER_WORD * 26
     assert abs(mean_tokens(arc_rows(300, seed=5, scale=k)) / production - 1) < 0.1
     assert mean_tokens(arc_rows(300, seed=5)) / production > 1.3  # unscaled: the inflated work
+
+
+def test_a_run_measured_again_keeps_the_earlier_one_under_its_name_and_date():
+    """The result file keeps every measurement: a run that a session measures again moves to earlier_sessions
+    (``{name}_{date}``, a second of that day ``_earlier``), saying what replaced it; the others stay put."""
+    earlier = {"2026-12-02": {"cut_short": True}}
+    runs = {
+        "first_release": {"measured": "2026-12-04T07:49:05", "wall_seconds": 1022.4},
+        "re_release": {"measured": "2026-12-05T14:28:35", "wall_seconds": 393.8},
+    }
+    kept = release_time.keep_replaced(earlier, runs, ["first_release", "manual"], "2026-12-06T09:00:00")
+    assert set(kept) == {"2026-12-02", "first_release_2026-12-04"} and earlier == {
+        "2026-12-02": {"cut_short": True}
+    }
+    assert kept["first_release_2026-12-04"] == {
+        **runs["first_release"],
+        "replaced_by": "runs.first_release, measured by the session of 2026-12-06T09:00:00",
+    }
+    again = release_time.keep_replaced(kept, runs, ["first_release"], "2026-12-06T11:00:00")
+    assert set(again) == {"2026-12-02", "first_release_2026-12-04", "first_release_2026-12-04_earlier"}
