@@ -67,7 +67,7 @@ and the streamed log's progress lines with their seconds since the command start
 per-stage marks (named as the flow's stages where one matches), each command's seconds, the commands as typed,
 the boots and what ``/metrics`` gave. Each run names its card (``device``: a session may be lent an H100 where
 it asked for an H200). ``earlier_sessions`` (recorded by hand) is kept, and a run measured again moves there
-under its name and date, with what replaced it (``keep_replaced``). Written to ``--out``
+under its name and date, with what replaced it (``Results.replace_run``). Written to ``--out``
 (h200_release_time.json).
 
 GPU host (after `benchmarks/h200.py build --model-dir M`):
@@ -211,40 +211,46 @@ def one_run(
     calibration = m.CALIBRATION_LINE.search(output)
     decision = report.get("decision") or {}
     res.data.setdefault("cut_short", {}).pop(name, None)
-    res.data["runs"][name] = {
-        "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "session_started": session,
-        "device": (res.data.get("device") or {}).get("name"),  # the card: sessions are lent H200s or H100s
-        "exit_code": rc,
-        "wall_seconds": wall,
-        "driver_seconds": driver,
-        "flow": flow,
-        "stage_seconds": stages,
-        "calibration": {"samples": int(calibration[1]), "tokens": int(calibration[2])}
-        if calibration
-        else None,
-        "tasks": [t.get("task") for t in overrides.get("gates.accuracy.tasks", [])],
-        "accuracy_task_seconds": {},
-        "boots": boot_logs(run_dir) if run_dir else [],
-        "boot_seconds": {
-            c["name"]: c["boot_seconds"] for c in (report.get("capacity") or {}).get("configs", [])
+    res.replace_run(
+        name,
+        session,
+        {
+            "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "session_started": session,
+            "device": (res.data.get("device") or {}).get(
+                "name"
+            ),  # the card: sessions are lent H200s or H100s
+            "exit_code": rc,
+            "wall_seconds": wall,
+            "driver_seconds": driver,
+            "flow": flow,
+            "stage_seconds": stages,
+            "calibration": {"samples": int(calibration[1]), "tokens": int(calibration[2])}
+            if calibration
+            else None,
+            "tasks": [t.get("task") for t in overrides.get("gates.accuracy.tasks", [])],
+            "accuracy_task_seconds": {},
+            "boots": boot_logs(run_dir) if run_dir else [],
+            "boot_seconds": {
+                c["name"]: c["boot_seconds"] for c in (report.get("capacity") or {}).get("configs", [])
+            },
+            "capacity_rows": {
+                c["name"]: {k: c.get(k) for k in ("kv_cache_tokens", "num_blocks", "derived")}
+                for c in (report.get("capacity") or {}).get("configs", [])
+            },
+            "quantize_device_peak_bytes": (report.get("checkpoint") or {}).get("device_peak_bytes"),
+            "quantize_stage_seconds": (report.get("checkpoint") or {}).get("stage_seconds"),  # the worker's
+            # its imports done before the stage (a worker started as the run validated): not on its wall
+            "quantize_imports_ahead": (report.get("checkpoint") or {}).get("imports_ahead"),
+            "base_reused_from": report.get("base_reused_from"),
+            "quantized_beside_base": report.get("quantized_beside_base"),
+            "decision": "passed" if decision.get("passed") else ("rejected" if decision else None),
+            "stress_seconds": stress_seconds(report.get("stress")),
+            "environment": env,
+            "overrides": overrides,
+            "log": progress["log"],  # seconds since the command started: boots, calibration, lm-eval, stress
         },
-        "capacity_rows": {
-            c["name"]: {k: c.get(k) for k in ("kv_cache_tokens", "num_blocks", "derived")}
-            for c in (report.get("capacity") or {}).get("configs", [])
-        },
-        "quantize_device_peak_bytes": (report.get("checkpoint") or {}).get("device_peak_bytes"),
-        "quantize_stage_seconds": (report.get("checkpoint") or {}).get("stage_seconds"),  # the worker's
-        # its imports done before the stage (a worker started as the run validated): not on the stage's wall
-        "quantize_imports_ahead": (report.get("checkpoint") or {}).get("imports_ahead"),
-        "base_reused_from": report.get("base_reused_from"),
-        "quantized_beside_base": report.get("quantized_beside_base"),
-        "decision": "passed" if decision.get("passed") else ("rejected" if decision else None),
-        "stress_seconds": stress_seconds(report.get("stress")),
-        "environment": env,
-        "overrides": overrides,
-        "log": progress["log"],  # seconds since the command started: boots, calibration, lm-eval, stress
-    }
+    )
     for side in ("accuracy-base", "accuracy-quantized"):
         summary = run_dir / side / "accuracy_run.json" if run_dir else None
         if summary and summary.is_file():
@@ -312,21 +318,6 @@ def run_plan(
     ]
 
 
-def keep_replaced(
-    earlier: dict[str, Any], runs: dict[str, Any], names: list[str], session: str
-) -> dict[str, Any]:
-    """``earlier_sessions`` (recorded by hand) with each of ``runs`` that this session measures again kept
-    under its name and date, and what replaces it."""
-    kept = dict(earlier)
-    for name in names:
-        if name in runs:
-            key = f"{name}_{str(runs[name].get('measured', 'undated'))[:10]}"
-            while key in kept:  # measured twice that day
-                key += "_earlier"
-            kept[key] = {**runs[name], "replaced_by": f"runs.{name}, measured by the session of {session}"}
-    return kept
-
-
 def cmd_run(args: argparse.Namespace) -> None:
     from huggingface_hub import HfApi  # after HF_HUB_OFFLINE is set: huggingface_hub reads it on import
     from transformers import AutoTokenizer  # heavy (~3 s): only once the run starts
@@ -338,12 +329,12 @@ def cmd_run(args: argparse.Namespace) -> None:
     runs = home / "runs"
     res = Results(Path(args.out), roots=(state, get_settings().serving_python.parent))
     session = time.strftime("%Y-%m-%dT%H:%M:%S")  # this invocation: each run it measures records it
-    kept = {name: run for name, run in res.data.get("runs", {}).items() if name not in args.runs}
+    # Every run stays as an earlier session measured it until this one measures it again
+    # (Results.replace_run): one never reached within the device time keeps its measurement in place.
+    kept = dict(res.data.get("runs", {}))
     cut = {name: run for name, run in res.data.get("cut_short", {}).items() if name not in args.runs}
-    earlier = keep_replaced(
-        res.data.get("earlier_sessions", {}), res.data.get("runs", {}), args.runs, session
-    )
-    res.data.clear()  # the runs not asked for this time stay as an earlier session measured them
+    earlier = res.data.get("earlier_sessions", {})
+    res.data.clear()
     res.data.update(errors={}, runs=kept, cut_short=cut, earlier_sessions=earlier)
     limits = SMOKE_LIMITS if args.cpu_smoke else {}
     tasks = [{**t, "limit": limits.get(t["task"], t["limit"])} for t in TASKS]

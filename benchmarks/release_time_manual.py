@@ -152,7 +152,7 @@ def manual_run(res: Results, setting: ManualSetting, *, session: str, preceded_b
         },
         "overrides": overrides,
     }
-    res.data["runs"]["manual"] = record
+    res.replace_run("manual", session, record)
 
     saving = threading.Lock()
 

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from benchmarks import h200_release_time as release_time
+from benchmarks.harness import Results
 from benchmarks import manual
 from benchmarks import release_time_manual as manual_path
 from localhub.datasets import MMLU_SUBJECTS
@@ -534,21 +535,35 @@ def test_the_task_rows_cost_the_tokens_the_real_datasets_words_would():
     assert mean_tokens(arc_rows(300, seed=5)) / production > 1.3  # unscaled: the inflated work
 
 
-def test_a_run_measured_again_keeps_the_earlier_one_under_its_name_and_date():
+def test_a_run_measured_again_keeps_the_earlier_one_under_its_name_and_date(tmp_path):
     """The result file keeps every measurement: a run that a session measures again moves to earlier_sessions
-    (``{name}_{date}``, a second of that day ``_earlier``), saying what replaced it; the others stay put."""
-    earlier = {"2026-12-02": {"cut_short": True}}
-    runs = {
-        "first_release": {"measured": "2026-12-04T07:49:05", "wall_seconds": 1022.4},
-        "re_release": {"measured": "2026-12-05T14:28:35", "wall_seconds": 393.8},
+    (``{name}_{date}``, a second of that day ``_earlier``) as the new record is written, saying what replaced
+    it; the others stay put, and so does a run this session never reached."""
+    first = {"measured": "2026-12-04T07:49:05", "wall_seconds": 1022.4}
+    warm = {"measured": "2026-12-05T16:10:00", "wall_seconds": 430.2}
+    path = tmp_path / "r.json"
+    path.write_text(
+        json.dumps(
+            {
+                "runs": {"first_release": first, "re_release_warm": warm},
+                "earlier_sessions": {"2026-12-02": {}},
+            }
+        )
+    )
+    res = Results(path)
+    res.replace_run("first_release", "2026-12-06T09:00:00", {"measured": "2026-12-06T09:12:00"})
+    assert res.data["runs"] == {"first_release": {"measured": "2026-12-06T09:12:00"}, "re_release_warm": warm}
+    assert res.data["earlier_sessions"] == {
+        "2026-12-02": {},
+        "first_release_2026-12-04": {
+            **first,
+            "replaced_by": "runs.first_release, measured by the session of 2026-12-06T09:00:00",
+        },
     }
-    kept = release_time.keep_replaced(earlier, runs, ["first_release", "manual"], "2026-12-06T09:00:00")
-    assert set(kept) == {"2026-12-02", "first_release_2026-12-04"} and earlier == {
-        "2026-12-02": {"cut_short": True}
+    res.data["runs"]["first_release"] = first  # the same day's run measured twice
+    res.replace_run("first_release", "2026-12-06T11:00:00", {"measured": "2026-12-06T11:12:00"})
+    assert set(res.data["earlier_sessions"]) == {
+        "2026-12-02",
+        "first_release_2026-12-04",
+        "first_release_2026-12-04_earlier",
     }
-    assert kept["first_release_2026-12-04"] == {
-        **runs["first_release"],
-        "replaced_by": "runs.first_release, measured by the session of 2026-12-06T09:00:00",
-    }
-    again = release_time.keep_replaced(kept, runs, ["first_release"], "2026-12-06T11:00:00")
-    assert set(again) == {"2026-12-02", "first_release_2026-12-04", "first_release_2026-12-04_earlier"}
