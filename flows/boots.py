@@ -86,11 +86,13 @@ def accuracy_gate(
     output_dir: Path,
     paired_with: AccuracyRun | BaseException | None = None,
     prepared: Future[Prepared] | None = None,
+    served: CapacityConfig,
 ) -> State:
     """The recipe's accuracy tasks against the live server (its final state, failed or not).
     ``paired_with``: the base's run, so the candidate stops at the first look that decides (a base that
     failed gives nothing to pair with: the candidate is scored in full, and the decision fails).
-    ``prepared``: :func:`accuracy_ahead`, started as the server's boot did."""
+    ``prepared``: :func:`accuracy_ahead`, started as the server's boot did. ``served``: the server's
+    capacity as its boot measured it (its KV cache bounds lm-eval's requests in flight)."""
     r = validated.recipe
     return run_accuracy(
         server.base_url,
@@ -103,6 +105,7 @@ def accuracy_gate(
         paired_with=quote(paired_with) if isinstance(paired_with, AccuracyRun) else None,  # not walked
         reuse_rows=v2_model_runner(read_log(server.log_path)),
         prepared=prepared,
+        kv_cache_tokens=served.kv_cache_tokens,
         return_state=True,
     )
 
@@ -141,9 +144,9 @@ def serve_base(
         gpu_memory_utilization=served_at,
     )
     with boot as (server, spec):
-        capacity = measure_capacity(server, spec, Boot.BASE)
+        measured = capacity = measure_capacity(server, spec, Boot.BASE)
         if served_at is not None:
-            capacity = capacity_at_recipe_utilization(validated, capacity, model_dir, served_at)
+            capacity = capacity_at_recipe_utilization(validated, measured, model_dir, served_at)
         stages.done("boot base", capacity)
         for name in prepare_next:  # their imports overlap this boot's accuracy run (nothing here is timed)
             prepare_boot(log_dir, name)
@@ -152,7 +155,12 @@ def serve_base(
         accuracy = stages.done(
             "accuracy base",
             accuracy_gate(
-                validated, server, tokenizer_dir=model_dir, output_dir=accuracy_dir, prepared=ahead
+                validated,
+                server,
+                tokenizer_dir=model_dir,
+                output_dir=accuracy_dir,
+                prepared=ahead,
+                served=measured,
             ),
         )
     return BaseServed(capacity=capacity, accuracy=accuracy, also=extra)
@@ -206,6 +214,7 @@ def serve_quantized(
                 output_dir=accuracy_dir,
                 paired_with=base_accuracy,
                 prepared=ahead,
+                served=capacity,
             ),
         )
         stages.start("stress")
@@ -251,7 +260,12 @@ def serve_release(
     with served(validated, Boot.PRODUCTION, model_dir, log_dir) as (server, spec):
         capacity = measure_capacity(server, spec, Boot.PRODUCTION)
         accuracy = accuracy_gate(
-            validated, server, tokenizer_dir=model_dir, output_dir=accuracy_dir, prepared=ahead
+            validated,
+            server,
+            tokenizer_dir=model_dir,
+            output_dir=accuracy_dir,
+            prepared=ahead,
+            served=capacity,
         )
         stress = run_stress_test(
             server, r.gates.stress, r.serve, tokenizer_dir=model_dir, output_dir=stress_dir, return_state=True

@@ -48,6 +48,7 @@ def run_accuracy(
     paired_with: accuracy.AccuracyRun | None = None,
     reuse_rows: bool = False,
     prepared: Future[accuracy.Prepared] | None = None,
+    kv_cache_tokens: int | None = None,
 ) -> accuracy.AccuracyRun:
     log = run_log()
     ahead = prepared.result() if prepared else None
@@ -65,6 +66,7 @@ def run_accuracy(
         reuse_rows=reuse_rows,
         log=log,
         prepared=ahead,
+        kv_cache_tokens=kv_cache_tokens,
     )
     for run in result.tasks.values():  # a line per task for a person following the run
         looks = f" (look {run.looks_run} of {run.looks_planned})" if run.looks_planned > 1 else ""

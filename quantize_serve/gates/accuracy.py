@@ -106,6 +106,7 @@ def run_accuracy(
     reuse_rows: bool = False,
     log: Callable[[str], None] = print,
     prepared: Prepared | None = None,
+    kv_cache_tokens: int | None = None,
 ) -> AccuracyRun:
     """Run every task of ``gate`` against the vLLM server at ``server_base_url``.
 
@@ -118,7 +119,9 @@ def run_accuracy(
     is clear (recovery.task_decided). ``reuse_rows``: the server runs vLLM's V2 model runner, so
     ``gate.scoring`` context-once may score multi-token continuations over the cached context
     (gates/scoring.py). ``log``: a line as each look's lm-eval call starts. ``prepared``: this run's
-    :func:`prepare_run`, done while the server booted (else done here). Any failure raises :class:`GateError`.
+    :func:`prepare_run`, done while the server booted (else done here). ``kv_cache_tokens``: the server's KV
+    cache as its boot measured it; the requests in flight keep within it (gates/lanes.py LaneModels). Any
+    failure raises :class:`GateError`.
     """
     if not gate.tasks:
         raise GateError(
@@ -139,7 +142,8 @@ def run_accuracy(
             num_concurrent=num_concurrent,
             reuse_rows=reuse_rows,
             log=log,
-        )
+        ),
+        kv_tokens=kv_cache_tokens,
     )
     runs = run_tasks(models, prepared, gate, server_base_url, output_dir, paired_with, log)
     after = prompt_token_counters(server_base_url)

@@ -43,6 +43,9 @@ def run_lanes(
     """Each lane's calls one after the other with the lane's model, the lanes in threads of their own (one
     lane: in this thread); the first failure is raised once every lane has ended."""
     work = {name: (models.get(name), calls) for name, calls in by_lane.items()}  # made in this thread
+    for lm, _ in work.values():  # lanes at once share the server's KV cache: each keeps to its part
+        if hasattr(lm, "kv_budget_tokens") and models.kv_tokens:
+            lm.kv_budget_tokens = models.kv_tokens // len(work)
 
     def run(name: str) -> None:
         lm, calls = work[name]
@@ -62,9 +65,11 @@ def run_lanes(
 @dataclass
 class LaneModels:
     """lm-eval's model of each lane, made on first use: each lane its own (lm-eval's API models keep a fast
-    tokenizer, which one thread may not use while another does)."""
+    tokenizer, which one thread may not use while another does). ``kv_tokens``: the server's KV cache,
+    which :func:`run_lanes` shares out between the lanes that run at once (gates/scoring.py in_flight)."""
 
     make: Callable[[], Any]
+    kv_tokens: int | None = None
     made: dict[str, Any] = field(default_factory=dict)
 
     def get(self, name: str) -> Any:

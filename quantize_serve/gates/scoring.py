@@ -152,6 +152,9 @@ class ContextOnceCompletions(LocalCompletionsAPI):
         self.stats: Counter[str] = Counter()
         self.server_root = self.base_url.rsplit("/v1/", 1)[0]
         self.groups_in_flight: int | None = None  # unset: num_concurrent (_score_groups says why)
+        # This model's share of the server's KV cache, in tokens (gates/lanes.py run_lanes): what its
+        # requests in flight may hold at once; None: unbounded (num_concurrent alone)
+        self.kv_budget_tokens: int | None = None
 
     # lm-eval's tokenization of a call's loglikelihood requests (TemplateLM.loglikelihood) encodes each
     # request's whole prompt and its context, so a multiple-choice document's context is encoded again for
@@ -175,6 +178,42 @@ class ContextOnceCompletions(LocalCompletionsAPI):
             contexts[context] = self.tok_encode(context)
         context_enc = contexts[context]
         return context_enc, whole[len(context_enc) :]
+
+    def in_flight(self, footprints: list[int], what: str, most: int) -> int:
+        """How many of these requests may be in flight at once: ``most``, or fewer where their KV tokens
+        (``footprints``: each one's prompt and what it generates) would overflow this model's share of the
+        server's cache. Over it, vLLM evicts the prefix-cache blocks a later request was to read (a group's
+        context before its rows) and computes them again; lanes that share a server each keep to their
+        share. The run's log says when the share bounds them."""
+        most = min(most, len(footprints))
+        if not self.kv_budget_tokens or not footprints:
+            return most
+        mean = sum(footprints) / len(footprints)
+        fit = max(1, int(self.kv_budget_tokens // mean))
+        if fit < most:
+            self.warn(
+                f"scoring: {fit} {what} in flight at once (not {most}): {len(footprints)} of ~{mean:,.0f} KV "
+                f"tokens each, within this lane's {self.kv_budget_tokens:,} tokens of the server's KV cache"
+            )
+        return min(most, fit)
+
+    # lm-eval's generation requests: each holds its prompt's and its answer's blocks while it decodes, and a
+    # call sends them all at once (``batch_size`` prompts a request), so on a small cache (the base beside a
+    # quantization) they alone could fill it
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        concurrent = self._concurrent
+        if self.kv_budget_tokens and requests and all(len(r.args) == 2 for r in requests):
+            contexts, kwargs = zip(*(r.args for r in requests), strict=True)
+            answers = [k.get("max_gen_toks", self._max_gen_toks) for k in kwargs]
+            prompts = self.tok_encode(list(contexts), add_special_tokens=self.add_bos_token)
+            footprints = [len(p) + a for p, a in zip(prompts, answers, strict=True)]
+            sequences = self.in_flight(footprints, "prompts", concurrent * self._batch_size)
+            # lm-eval's concurrent path sends batch_size prompts a request (1 would take its serial path)
+            self._concurrent = max(2, -(-sequences // self._batch_size))
+        try:
+            return super().generate_until(requests, disable_tqdm=disable_tqdm)
+        finally:
+            self._concurrent = concurrent
 
     # lm-eval calls this with every loglikelihood request of a task (after its own tokenization)
     def _loglikelihood_tokens(self, requests: list[Request], **kwargs: Any) -> list[Score]:
@@ -245,8 +284,12 @@ class ContextOnceCompletions(LocalCompletionsAPI):
         # context request queues ahead of the first group's rows (the semaphore wakes in order), and by the
         # time the rows come the contexts sent since have evicted their blocks: they are computed again.
         # As many groups in flight as requests keeps every request slot busy and the contexts awaiting their
-        # rows to that many (benchmarks/context_order.py: the base's one-look pass on the llama3 task set).
-        in_flight = asyncio.Semaphore(self.groups_in_flight or self._concurrent)
+        # rows to that many (benchmarks/context_order.py: the base's one-look pass on the llama3 task set),
+        # and no more than this lane's share of the KV cache holds (a group: its context's and rows' tokens).
+        footprints = [len(ctx) + sum(len(requests[i][2]) for i in members) for ctx, members in groups]
+        in_flight = asyncio.Semaphore(
+            self.groups_in_flight or self.in_flight(footprints, "groups", self._concurrent)
+        )
         async with ClientSession(
             connector=TCPConnector(limit=self._concurrent), timeout=ClientTimeout(total=self.timeout)
         ) as session:

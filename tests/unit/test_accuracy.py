@@ -194,6 +194,30 @@ def test_lanes_run_at_the_same_time_each_with_a_model_of_its_own_and_a_failure_i
     assert seen[-1][0] == "finished"
 
 
+def test_lanes_at_once_share_the_servers_kv_cache_and_one_lane_has_it_all():
+    """run_lanes gives each lane's model (one that bounds its requests by it) its part of the server's KV
+    cache: half each for two lanes at once, all of it for a look with one lane; none without a measure."""
+
+    class Model:
+        def __init__(self) -> None:
+            self.kv_budget_tokens = None
+
+    gen, arc = Looks("gsm8k", ("gsm8k", "generate_until")), Looks("arc", ("arc", "multiple_choice"))
+    seen: dict[str, int | None] = {}
+    models = LaneModels(Model, kv_tokens=151_968)
+    run_lanes(
+        {GENERATE: [[gen]], SCORE: [[arc]]},
+        models,
+        lambda t, lm: seen.update({t[0].name: lm.kv_budget_tokens}),
+    )
+    assert seen == {"gsm8k": 75_984, "arc": 75_984}
+    run_lanes({SCORE: [[arc]]}, models, lambda t, lm: seen.update({t[0].name: lm.kv_budget_tokens}))
+    assert seen["arc"] == 151_968
+    unmeasured = LaneModels(Model)
+    run_lanes({SCORE: [[arc]]}, unmeasured, lambda t, lm: seen.update({t[0].name: lm.kv_budget_tokens}))
+    assert seen["arc"] is None
+
+
 def test_an_accuracy_runs_imports_and_task_index_are_prepared_ahead_unless_prepared_boots_are_off(
     monkeypatch,
 ):

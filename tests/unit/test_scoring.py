@@ -223,3 +223,75 @@ def test_a_groups_rows_follow_its_context_before_more_than_a_slots_worth_of_othe
         between.append(sum(kind == "context" for kind, _ in sent[first + 1 : last]))
     assert max(between) <= slots - 1, between
     assert busy["most"] == slots
+
+
+def test_a_share_of_the_kv_cache_bounds_the_groups_in_flight_and_the_run_is_told():
+    """A group holds its context's and its rows' KV blocks until its last row is answered: within a share
+    of the server's cache that holds three groups' tokens, at most three are in flight (num_concurrent 8
+    would allow eight), and the run's log says so once a call."""
+    import asyncio
+
+    from quantize_serve.gates.scoring import ContextOnceCompletions
+
+    open_groups: dict[int, int] = {}  # group (its context's first id) -> rows still to answer
+    most = [0]
+
+    class Recording(ContextOnceCompletions):
+        def _poster(self, session, sem):
+            async def post(path, payload):
+                async with sem:
+                    await asyncio.sleep(0)
+                    if path == "/v1/completions":
+                        open_groups[payload["prompt"][0]] = 3
+                        most[0] = max(most[0], len(open_groups))
+                        top = {f"token_id:{t}": -1.0 for t in payload["logprob_token_ids"]}
+                        return {"choices": [{"logprobs": {"top_logprobs": [top], "tokens": ["token_id:7"]}}]}
+                    ids = payload["token_ids"]
+                    open_groups[ids[0]] -= 1
+                    if not open_groups[ids[0]]:
+                        del open_groups[ids[0]]
+                    return {
+                        "prompt_logprobs": [None, *({str(t): {"logprob": -0.5, "rank": 1}} for t in ids[1:])]
+                    }
+
+            return post
+
+    told: list[str] = []
+    lm = without_server(Recording, num_concurrent=8, reuse_rows=True, check_groups=0, warn=told.append)
+    lm.kv_budget_tokens = 3 * (3 + 3 * 2)  # a group: a 3-token context, three 2-token continuations
+    requests = [(None, [100 + g, 1, 2], [3, c]) for g in range(20) for c in (4, 5, 6)]
+    assert lm._loglikelihood_tokens(requests) == [(-1.0, True)] * len(requests)
+    assert most[0] == 3 and not open_groups
+    assert told == [
+        "scoring: 3 groups in flight at once (not 8): 20 of ~9 KV tokens each, within this lane's 27 tokens "
+        "of the server's KV cache"
+    ]
+
+
+def test_a_share_of_the_kv_cache_bounds_the_generation_requests_in_flight():
+    """lm-eval sends a call's generation prompts all at once, ``batch_size`` a request: within a share that
+    holds ~40 prompts with their answers, 3 requests of 16 go at once (num_concurrent 8), never fewer than
+    2 (lm-eval's serial path), and the model's own setting is back after the call."""
+    from lm_eval.api.instance import Instance
+
+    from quantize_serve.gates.scoring import ContextOnceCompletions
+
+    seen: list[int] = []
+
+    class Recording(ContextOnceCompletions):
+        async def get_batched_requests(self, requests, cache_keys, **kwargs):
+            seen.append(self._concurrent)
+            return [["answer"] for _ in requests]
+
+    lm = without_server(Recording, num_concurrent=8, batch_size=16)
+    prompt = "one two three four five six seven eight"
+    footprint = len(lm.tok_encode(prompt)) + 10
+    gen = {"until": ["\n"], "max_gen_toks": 10}
+    requests = [Instance("generate_until", {}, (prompt, gen), i) for i in range(100)]
+    lm.kv_budget_tokens = 40 * footprint
+    assert lm.generate_until(requests) == ["answer"] * 100
+    lm.kv_budget_tokens = footprint
+    lm.generate_until(requests)
+    lm.kv_budget_tokens = None
+    lm.generate_until(requests)
+    assert seen == [3, 2, 8] and lm._concurrent == 8
