@@ -202,14 +202,14 @@ class ContextOnceCompletions(LocalCompletionsAPI):
     # quantization) they alone could fill it
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         concurrent = self._concurrent
-        if self.kv_budget_tokens and requests and all(len(r.args) == 2 for r in requests):
+        if self.kv_budget_tokens and concurrent > 1 and requests and all(len(r.args) == 2 for r in requests):
             contexts, kwargs = zip(*(r.args for r in requests), strict=True)
             answers = [k.get("max_gen_toks", self._max_gen_toks) for k in kwargs]
             prompts = self.tok_encode(list(contexts), add_special_tokens=self.add_bos_token)
             footprints = [len(p) + a for p, a in zip(prompts, answers, strict=True)]
             sequences = self.in_flight(footprints, "prompts", concurrent * self._batch_size)
             # lm-eval's concurrent path sends batch_size prompts a request (1 would take its serial path)
-            self._concurrent = max(2, -(-sequences // self._batch_size))
+            self._concurrent = max(2, sequences // self._batch_size)
         try:
             return super().generate_until(requests, disable_tqdm=disable_tqdm)
         finally:

@@ -218,7 +218,9 @@ def test_gsm8k_by_name_reads_its_data_from_the_hub(base_server, base_model_dir, 
     # Each look is one lm-eval call per lane for every task (gates/accuracy.py run_tasks, gates/lanes.py):
     # gsm8k 5-shot (the generation lane) beside a 0-shot task (the scoring lane), the two calls at once, gets
     # the prompts and outcomes it gets alone, so a base scored task by task (an earlier release's reference)
-    # pairs with a candidate scored in lanes; each task keeps its own raw results
+    # pairs with a candidate scored in lanes; each task keeps its own raw results. Here the lanes also keep
+    # to a KV cache far smaller than the server's (gates/scoring.py in_flight): fewer requests in flight,
+    # the same outcomes
     facts = AccuracyTask(task=MC, limit=40)
     alone = run_accuracy(
         server.base_url,
@@ -235,7 +237,11 @@ def test_gsm8k_by_name_reads_its_data_from_the_hub(base_server, base_model_dir, 
         max_length=spec.serve.max_model_len,
         base_dir=PRODUCTION.parent,
         output_dir=tmp_path / "together",
+        kv_cache_tokens=64,
+        log=said.append,
     ).tasks
+    bounded = [line.split(": ")[1].split(" (")[0] for line in said if " in flight at once " in line]
+    assert bounded == ["1 prompts in flight at once", "1 groups in flight at once"], said
     assert together["gsm8k"].num_fewshot == 5 and together[MC].num_fewshot == 0
     assert together["gsm8k"].documents == gsm8k.documents and together[MC].documents == alone.documents
     for task, member in (("gsm8k", "gsm8k"), (MC, "qs_facts_mc")):
