@@ -66,7 +66,7 @@ def run_lanes(
 class LaneModels:
     """lm-eval's model of each lane, made on first use: each lane its own (lm-eval's API models keep a fast
     tokenizer, which one thread may not use while another does). ``kv_tokens``: the server's KV cache,
-    which :func:`run_lanes` shares out between the lanes that run at once (gates/scoring.py in_flight)."""
+    which :func:`run_lanes` shares out between the lanes that run at once (gates/scoring.py within_share)."""
 
     make: Callable[[], Any]
     kv_tokens: int | None = None

@@ -179,7 +179,7 @@ class ContextOnceCompletions(LocalCompletionsAPI):
         context_enc = contexts[context]
         return context_enc, whole[len(context_enc) :]
 
-    def in_flight(self, footprints: list[int], what: str, most: int) -> int:
+    def within_share(self, footprints: list[int], what: str, most: int) -> int:
         """How many of these requests may be in flight at once: ``most``, or fewer where their KV tokens
         (``footprints``: each one's prompt and what it generates) would overflow this model's share of the
         server's cache. Over it, vLLM evicts the prefix-cache blocks a later request was to read (a group's
@@ -207,7 +207,7 @@ class ContextOnceCompletions(LocalCompletionsAPI):
             answers = [k.get("max_gen_toks", self._max_gen_toks) for k in kwargs]
             prompts = self.tok_encode(list(contexts), add_special_tokens=self.add_bos_token)
             footprints = [len(p) + a for p, a in zip(prompts, answers, strict=True)]
-            sequences = self.in_flight(footprints, "prompts", concurrent * self._batch_size)
+            sequences = self.within_share(footprints, "prompts", concurrent * self._batch_size)
             # lm-eval's concurrent path sends batch_size prompts a request (1 would take its serial path)
             self._concurrent = max(2, sequences // self._batch_size)
         try:
@@ -288,7 +288,7 @@ class ContextOnceCompletions(LocalCompletionsAPI):
         # and no more than this lane's share of the KV cache holds (a group: its context's and rows' tokens).
         footprints = [len(ctx) + sum(len(requests[i][2]) for i in members) for ctx, members in groups]
         in_flight = asyncio.Semaphore(
-            self.groups_in_flight or self.in_flight(footprints, "groups", self._concurrent)
+            self.groups_in_flight or self.within_share(footprints, "groups", self._concurrent)
         )
         async with ClientSession(
             connector=TCPConnector(limit=self._concurrent), timeout=ClientTimeout(total=self.timeout)
