@@ -32,6 +32,23 @@ CONDITIONS = MeasurementConditions(
     serve={"max_model_len": 512, "max_num_seqs": 8, "kv_cache_dtype": "fp8", "memory_budget": 8388608},
     stress={"concurrency": 8, "num_requests": 48, "prompt_tokens": [32, 128, 256], "output_tokens": [16, 64]},
 )
+
+
+def placeholder_checkpoint(checkpoint_dir: str = "c", **more: object) -> QuantizeResult:
+    """An AWQ W4A16 checkpoint's record with placeholder figures; ``more`` sets any other field."""
+    fields = {
+        "checkpoint_dir": checkpoint_dir,
+        "method": "awq",
+        "scheme": "W4A16_ASYM",
+        "seconds": 1.0,
+        "base_bytes": 2,
+        "quantized_bytes": 1,
+        "calibration_fingerprint": "2" * 64,
+        "engine_versions": {},
+    }
+    return QuantizeResult(**(fields | more))
+
+
 # (task, metric, higher is better, AWQ W4A16 value, base value)
 AWQ_ACCURACY = [
     ("../evals/tasks/qs_facts_mc.yaml", "acc", True, 0.9291, 0.9316),
@@ -127,16 +144,7 @@ def run_report(
         recipe_source="recipes/tiny-llama-awq.yaml",
         recipe_sha256="0" * 64,
         base=BaseModelRef(local_dir="models/tiny-llama", sha="1" * 64),
-        checkpoint=QuantizeResult(
-            checkpoint_dir="c",
-            method="awq",
-            scheme="W4A16_ASYM",
-            seconds=1.0,
-            base_bytes=2,
-            quantized_bytes=1,
-            calibration_fingerprint="2" * 64,
-            engine_versions={},
-        ),
+        checkpoint=placeholder_checkpoint(),
         candidate=PushResult(
             repo_id=repo_id,
             commit_sha=candidate_sha,

@@ -587,8 +587,8 @@ def test_cli_starts_fast_with_auth_and_faults_endpoint(tmp_path: Path):
 
 def release_inputs(awq_recipe, section: HubSection, tmp_path: Path) -> tuple:
     """A validated recipe releasing to ``section``'s repo, and a checkpoint folder to release."""
-    from quantize_serve.quantize.run import QuantizeResult
     from quantize_serve.validate.preflight import ValidatedRecipe
+    from tests.release_fixtures import placeholder_checkpoint
 
     recipe = awq_recipe.model_copy(
         update={"hub": awq_recipe.hub.model_copy(update={"repo_id": section.repo_id})}
@@ -599,16 +599,7 @@ def release_inputs(awq_recipe, section: HubSection, tmp_path: Path) -> tuple:
     ckpt = tmp_path / "checkpoint"
     ckpt.mkdir()
     (ckpt / "config.json").write_text("{}")
-    checkpoint = QuantizeResult(
-        checkpoint_dir=str(ckpt),
-        method="awq",
-        scheme="W4A16_ASYM",
-        seconds=1.0,
-        base_bytes=2,
-        quantized_bytes=1,
-        calibration_fingerprint="2" * 64,
-        engine_versions={},
-    )
+    checkpoint = placeholder_checkpoint(str(ckpt))
     return recipe, validated, checkpoint
 
 

@@ -25,13 +25,13 @@ import yaml
 from prefect import flow
 
 from quantize_serve.gates.decision import Decision
-from quantize_serve.quantize.run import QuantizeResult
 from quantize_serve.recipe.load import apply_overrides
 from quantize_serve.report.run_report import RunReport
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
 from tasks.report import request_approval
 from tests.conftest import ROOT, SERVING_OVERRIDES
 from tests.conftest import local_hub as local_hub_server
+from tests.release_fixtures import placeholder_checkpoint
 
 TOKEN = "hf_ApprovalTestToken0123456789abcdefgh"
 REVIEW = {"reviewer": "ana", "note": "p99 TTFT too high for the chat tier"}
@@ -44,16 +44,7 @@ def fake_report(passed: bool) -> RunReport:
         recipe_source="x.yaml",
         recipe_sha256="0" * 64,
         base=BaseModelRef(local_dir="/m", sha="1" * 64),
-        checkpoint=QuantizeResult(
-            checkpoint_dir="/c",
-            method="awq",
-            scheme="W4A16_ASYM",
-            seconds=1.0,
-            base_bytes=2,
-            quantized_bytes=1,
-            calibration_fingerprint="2" * 64,
-            engine_versions={},
-        ),
+        checkpoint=placeholder_checkpoint("/c"),
         decision=Decision(passed=passed, checks=[]),
         serving_command="vllm serve /c",
     )

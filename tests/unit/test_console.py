@@ -145,20 +145,11 @@ def test_each_stage_ends_with_its_key_figure():
 
     from quantize_serve.capacity.measure import CapacityConfig
     from quantize_serve.gates.stress import StressResult
-    from quantize_serve.quantize.run import QuantizeResult
     from tasks.progress import key_figure
-    from tests.release_fixtures import accuracy_checks
+    from tests.release_fixtures import accuracy_checks, placeholder_checkpoint
 
-    quantized = QuantizeResult(
-        checkpoint_dir="c",
-        method="awq",
-        scheme="W4A16_ASYM",
-        seconds=25.0,
-        base_bytes=2_100_000,
-        quantized_bytes=900_000,
-        calibration_fingerprint="2" * 64,
-        engine_versions={},
-        calibration_tokens=5799,
+    quantized = placeholder_checkpoint(
+        seconds=25.0, base_bytes=2_100_000, quantized_bytes=900_000, calibration_tokens=5799
     )
     assert key_figure(quantized) == (True, "5,799 calibration tokens, 2.1 MB -> 0.9 MB")
     capacity = CapacityConfig(

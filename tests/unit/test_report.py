@@ -19,6 +19,7 @@ from quantize_serve.report.run_report import (
     write_report,
 )
 from quantize_serve.validate.preflight import BaseModelRef
+from tests.release_fixtures import placeholder_checkpoint
 
 
 def report_with_capacity() -> RunReport:
@@ -47,16 +48,7 @@ def report_with_capacity() -> RunReport:
         recipe_source="recipes/x.yaml",
         recipe_sha256="0" * 64,
         base=BaseModelRef(local_dir="models/tiny-llama", sha="1" * 64),
-        checkpoint=QuantizeResult(
-            checkpoint_dir="c",
-            method="awq",
-            scheme="W4A16_ASYM",
-            seconds=1.0,
-            base_bytes=2,
-            quantized_bytes=1,
-            calibration_fingerprint="2" * 64,
-            engine_versions={},
-        ),
+        checkpoint=placeholder_checkpoint(),
         capacity=CapacityReport(
             method="fixed budget",
             budget_bytes=8_000_000,
