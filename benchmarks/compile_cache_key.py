@@ -46,6 +46,7 @@ from quantize_serve.recipe.load import load_recipe  # noqa: E402
 from quantize_serve.serve_profile.output import write_profile  # noqa: E402
 from quantize_serve.serve_profile.search import candidate_serve  # noqa: E402
 from quantize_serve.serving.boot import Boot  # noqa: E402
+from quantize_serve.serving.compile_ahead import compile_log  # noqa: E402
 from quantize_serve.serving.repo_layout import KEEP_MODEL_NAME, lay_out_as_hub_cache  # noqa: E402
 from quantize_serve.serving.server import BOOT_VLLM_DEFAULTS, boot_env, boot_hub_cache, config_args  # noqa: E402
 
@@ -159,6 +160,16 @@ def measure(checkpoint: Path, tmp: Path) -> dict:
         lay_out_as_hub_cache(checkpoint, repo_id, boot_hub_cache(log), revision=revision)
     flow_env = boot_env(log)
     found = hashes(serving_python, flow, flow_env, prelude=KEEP_MODEL_NAME)["boots"]
+    # the boot that compiles (c) ahead beside the base (serving/compile_ahead.py), as tasks/serve.py starts it
+    # on a GPU: at another gpu_memory_utilization (no KV bytes pinned), with a log and Hub cache of its own
+    ahead_log = compile_log(log.parent)
+    lay_out_as_hub_cache(checkpoint, repo_id, boot_hub_cache(ahead_log), revision=release_ref)
+    ahead = "flow (c) compiled ahead beside the base: gpu_memory_utilization 0.53, its own log and Hub cache"
+    on_gpu = {k: v for k, v in production_c.vllm_config().items() if k != "kv-cache-memory-bytes"}
+    ahead_argv = argv(on_gpu | {"gpu-memory-utilization": 0.53})
+    found |= hashes(serving_python, {ahead: ahead_argv}, boot_env(ahead_log), prelude=KEEP_MODEL_NAME)[
+        "boots"
+    ]
     offline = "flow (c) as the flow boots it, without KEEP_MODEL_NAME (vLLM's offline mode)"
     found[offline] = hashes(serving_python, {offline: flow[name_c]}, flow_env)["boots"][offline]
 
@@ -227,7 +238,8 @@ def measure(checkpoint: Path, tmp: Path) -> dict:
         "before) is keyed on main, another entry. Production needs the flow's VLLM_* variables "
         "too (VLLM_USE_FLASHINFER_SAMPLER=0): with vLLM's defaults the env part of the key "
         "differs. The search's probe at (c)'s settings writes (c)'s entry, so (c) reads what "
-        "the found probe compiled.",
+        "the found probe compiled; so does the boot that compiles (c) ahead beside the base, at another "
+        "gpu_memory_utilization with a log and Hub cache of its own.",
     }
 
 

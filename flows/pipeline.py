@@ -39,6 +39,7 @@ from flows.formats import choose_format
 from quantize_serve.quantize.run import STAGE as QUANTIZE_STAGE
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.serving.boot import Boot
+from quantize_serve.serving.compile_ahead import Until
 from quantize_serve.release.publish import release_reasons
 from quantize_serve.report.provenance import ACCURACY_BASE_DIR, ACCURACY_QUANTIZED_DIR
 from quantize_serve.report.run_report import ReleaseRejected, RunReport
@@ -53,12 +54,16 @@ from tasks.progress import Progress
 from tasks.report import publish_report, request_approval, run_folder, run_id, write_report_files
 from tasks.serve import (
     boots_base_first,
+    compile_production_ahead,
+    compiled_production_ahead,
+    compiles_ahead,
     derived_sixteen_bit_kv,
     find_base_reference,
     gpu_slot,
     measure_shape_capacity,
     plan_base_boot,
     prepare_boot,
+    prepare_compile_ahead,
     prepared_boots,
     published_model,
     published_serve_command,
@@ -155,24 +160,40 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
         progress.mark("base served")
         return served_base
 
+    # the production boot's graphs compiled beside the base's accuracy run once the checkpoint is saved
+    until, ahead = Until(), beside and compiles_ahead(validated)
+
     def quantize_beside(server, spec, capacity):  # with the base's capacity read, before its accuracy run
         progress.start(QUANTIZE_STAGE)
-        return quantize_model.submit(validated, base)
+        quantized = quantize_model.submit(validated, base)
+        if not ahead:
+            return quantized, None
+        prepare_compile_ahead(run_dir, base.config.get("architectures"))  # its imports while calibrating
+        return quantized, compile_production_ahead.submit(
+            validated, base, quote(quantized), run_dir, quote(until)
+        )
 
     # one GPU slot from the first boot to the last (quantization on the device included): runs never share
     with prepared_boots(), gpu_slot():  # a boot's process starts while the device works on the one before
         # imports and inspection while quantizing (the base first: started as the run started)
         prepare_boot(run_dir, first_boot, base.config.get("architectures"))
-        base_served = None
+        base_served, compiled_ahead = None, None
         if beside:
-            base_served = score_base(also=quantize_beside)
+            try:
+                base_served = score_base(also=quantize_beside)
+            except BaseException:
+                until.abandon()  # a boot compiling ahead stops at once
+                raise
+            until.base_scored()  # it stops once its graphs are saved
         else:
             progress.start(QUANTIZE_STAGE)
         checkpoint = progress.done(
             QUANTIZE_STAGE,
-            base_served.also.result() if beside else quantize_model(validated, base),
+            base_served.also[0].result() if beside else quantize_model(validated, base),
             mark="quantized",
         )
+        if beside:  # the boot compiling ahead is gone before the production boot takes the memory
+            compiled_ahead = compiled_production_ahead(base_served.also[1])
         profile = None
         if (
             validated.recipe.serve.search and validated.recipe.serve.search.enabled
@@ -291,6 +312,7 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
             formats=formats,
             base_reused_from=reference.run_id if reference else None,
             quantized_beside_base=why if beside else None,
+            compiled_ahead=compiled_ahead.line() if compiled_ahead else None,
             sixteen_bit_kv_reused_from=sixteen_bit_kv.run_id if sixteen_bit_kv else None,
             accuracy=checks if isinstance(checks, list) else [],
             results=results,

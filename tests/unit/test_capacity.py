@@ -11,7 +11,8 @@ from quantize_serve.capacity.measure import (
     published_serve_command,
 )
 from quantize_serve.serving.boot import Boot
-from quantize_serve.serving.server import ServerSpec, remedy_for, root_cause
+from quantize_serve.serving.server import ServerSpec
+from quantize_serve.serving.vllm_log import remedy_for, root_cause
 from tests.conftest import ROOT
 
 
