@@ -156,7 +156,7 @@ def compile_production_ahead(
     until: compile_ahead.Until,
 ) -> compile_ahead.CompiledAhead:
     """Once ``quantized`` (the quantization beside the base's accuracy run) has saved the checkpoint: the
-    production settings booted in the memory the base leaves, until ``until`` says enough
+    production settings booted beside the base in the least memory they fit in, until ``until`` says enough
     (serving/compile_ahead.py), so the production boot finds its graphs compiled."""
     logger, r = get_run_logger(), validated.recipe
     checkpoint = quantized.result(raise_on_failure=False)
@@ -180,7 +180,13 @@ def compile_production_ahead(
         ).fits
 
     utilization, why = compile_ahead.utilization_ahead(
-        free, usable, recipe_utilization=r.serve.gpu_memory_utilization, fits=fits
+        free,
+        usable,
+        recipe_utilization=r.serve.gpu_memory_utilization,
+        fits=fits,
+        keep_free_bytes=compile_ahead.kept_for_base_bytes(
+            base.config, r.serve.max_num_batched_tokens or 8192
+        ),
     )
     if utilization is None:
         done = compile_ahead.CompiledAhead(outcome="skipped", detail=why)

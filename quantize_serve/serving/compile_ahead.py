@@ -6,8 +6,8 @@ from an empty cache: on one H100, 30.0 s of torch.compile and a 90.0 s boot, whe
 graphs in the cache took 7.9 s and 50.5 s (benchmarks/results/h200_release_time.json, first_release and
 re_release_warm). vLLM keys the cache on the model as named, its config and its KV dtype, not on the memory
 it is given (CacheConfig.compute_hash ignores gpu_memory_utilization and kv_cache_memory_bytes;
-benchmarks/results/compile_cache_key.json): (c)'s settings booted in the memory the base leaves compile
-the entry (c) itself then loads.
+benchmarks/results/compile_cache_key.json): (c)'s settings booted in the least memory they fit in, beside
+the base, compile the entry (c) itself then loads.
 
 That boot starts as the checkpoint is saved, while the base's accuracy run goes on, and stops once healthy;
 if the base's run ends first, as soon as its graphs are saved, so the release never waits longer than (c)
@@ -32,9 +32,9 @@ from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.server import ServerSpec, vllm_server
 from quantize_serve.serving.vllm_log import graphs_cached, read_log
 
-# What the compiling boot leaves free beside the base: its own CUDA context before vLLM reads the free memory
-# (~0.5 GiB) and what the base's accuracy run may still take from the device as it serves
-MARGIN_BYTES = 2 * GIB
+# Above the least memory the planner fits the production settings in: its error, and the compiling process's
+# own CUDA context before vLLM reads the free memory it checks its budget against
+HEADROOM_BYTES = 1 * GIB
 
 
 def compile_log(run_dir: Path) -> Path:
@@ -91,29 +91,52 @@ class CompiledAhead(BaseModel):
         )
 
 
+def kept_for_base_bytes(base_config: dict, max_num_batched_tokens: int) -> int:
+    """What the base's accuracy run keeps free beside the boot that compiles ahead: a step's prompt logprobs
+    over the vocabulary in fp32 (the batched tokens x the vocabulary x 4 B: 3.9 GiB for Llama-3-8B at 8,192
+    tokens), which may fall outside the budget vLLM profiled for the base, and a GiB."""
+    return max_num_batched_tokens * int(base_config.get("vocab_size", 0)) * 4 + GIB
+
+
 def utilization_ahead(
     free_bytes: int | None,
     usable_bytes: int | None,
     *,
     recipe_utilization: float,
     fits: Callable[[float], bool],
+    keep_free_bytes: int,
 ) -> tuple[float | None, str]:
     """The gpu_memory_utilization the production settings compile ahead at beside the base (None: they do
-    not), and why: what the device has free less :data:`MARGIN_BYTES`, two decimals, at most the recipe's,
-    where ``fits(u)`` (the planner: the weights, the activations and one max_model_len request's KV cache)."""
+    not), and why: the least that ``fits`` (the planner: the weights, the activations, the CUDA graphs and
+    one max_model_len request's KV cache), two decimals, raised by :data:`HEADROOM_BYTES`; only where the
+    device's free memory holds it and still ``keep_free_bytes`` for the base's accuracy run. The compile needs
+    no more: the KV cache's size is not in vLLM's key."""
     if free_bytes is None or usable_bytes is None:
         return None, "no GPU: on a CPU the compile would take the cores the base's accuracy run scores on"
     room = f"{free_bytes / GIB:.1f} GiB free beside the base"
-    utilization = min(recipe_utilization, math.floor((free_bytes - MARGIN_BYTES) / usable_bytes * 100) / 100)
-    if utilization <= 0 or not fits(utilization):
-        return None, f"{room}: the production settings do not fit in it"
-    return utilization, f"{room}, at gpu_memory_utilization {utilization:.2f}"
+    steps = range(1, math.floor(recipe_utilization * 100) + 1)
+    least = next((step / 100 for step in steps if fits(step / 100)), None)
+    if least is None:
+        return None, f"{room}: the planner fits the production settings in no utilization up to the recipe's"
+    utilization = min(
+        recipe_utilization, round(least + math.ceil(HEADROOM_BYTES / usable_bytes * 100) / 100, 2)
+    )
+    need = math.ceil(utilization * usable_bytes)
+    if need + keep_free_bytes > free_bytes:
+        return None, (
+            f"{room}: the production settings need {need / GIB:.1f} GiB (gpu_memory_utilization "
+            f"{utilization:.2f}) and the base's accuracy run keeps {keep_free_bytes / GIB:.1f}"
+        )
+    return utilization, (
+        f"{room}: at gpu_memory_utilization {utilization:.2f} ({need / GIB:.1f} GiB), "
+        f"{(free_bytes - need) / GIB:.1f} GiB left to the base's accuracy run"
+    )
 
 
 def compile_ahead(
     spec: ServerSpec, log_path: Path, until: Until, *, log: Callable[[str], None] = print
 ) -> CompiledAhead:
-    """Boot ``spec`` (the production settings in the memory the base leaves) until it is healthy or
+    """Boot ``spec`` (the production settings in the least memory they fit in) until it is healthy or
     ``until`` says enough, then stop it; its log at ``log_path``. A boot that fails is said, not raised."""
     started = time.monotonic()
     log(f"compiling the production boot's graphs ahead, beside the base's scoring: {spec.serve_command()}")

@@ -8,7 +8,13 @@ from __future__ import annotations
 from quantize_serve.core.model_files import GIB
 from quantize_serve.report.run_report import render_markdown
 from quantize_serve.serving import vllm_log
-from quantize_serve.serving.compile_ahead import CompiledAhead, Until, compile_log, utilization_ahead
+from quantize_serve.serving.compile_ahead import (
+    CompiledAhead,
+    Until,
+    compile_log,
+    kept_for_base_bytes,
+    utilization_ahead,
+)
 from tests.release_fixtures import run_report
 
 # One H100 (80 GB) with the 8B's base served at 0.44 and calibration done: what NVML read on
@@ -29,27 +35,37 @@ COMPILING = (
 )
 
 
-def test_the_boot_gets_what_the_base_leaves_less_a_margin_where_the_planner_fits_it():
+def test_the_boot_gets_the_least_the_planner_fits_it_in_and_leaves_the_base_its_step():
     asked = []
 
-    def fits(utilization: float) -> bool:
+    def fits(utilization: float) -> bool:  # the 8B's W4A16 at fp8 KV: ~8.4 GiB of an H100 (the planner's)
         asked.append(utilization)
-        return True
+        return utilization >= 0.11
 
-    utilization, why = utilization_ahead(FREE_BESIDE_BASE, USABLE, recipe_utilization=0.90, fits=fits)
-    assert utilization == asked[0] == 0.53  # (44 - 2) / 79, two decimals down
-    assert why == "44.0 GiB free beside the base, at gpu_memory_utilization 0.53"
-    # never above the recipe's own
-    assert utilization_ahead(78 * GIB, USABLE, recipe_utilization=0.90, fits=fits)[0] == 0.90
-    # too little memory, or the planner says the production settings need more: the boot is not started
-    assert utilization_ahead(1 * GIB, USABLE, recipe_utilization=0.90, fits=fits) == (
-        None,
-        "1.0 GiB free beside the base: the production settings do not fit in it",
+    keep = kept_for_base_bytes({"vocab_size": 128_256}, 8192)
+    assert round(keep / GIB, 2) == 4.91  # 8,192 x 128,256 x 4 B of prompt logprobs, and a GiB
+    utilization, why = utilization_ahead(
+        FREE_BESIDE_BASE, USABLE, recipe_utilization=0.90, fits=fits, keep_free_bytes=keep
     )
+    assert utilization == 0.13 and asked == [k / 100 for k in range(1, 12)]  # the least, and a GiB above
+    assert why == (
+        "44.0 GiB free beside the base: at gpu_memory_utilization 0.13 (10.3 GiB), 33.7 GiB left to the "
+        "base's accuracy run"
+    )
+    # the base's run keeps its step: a device this full starts no boot
+    none, why = utilization_ahead(14 * GIB, USABLE, recipe_utilization=0.90, fits=fits, keep_free_bytes=keep)
+    assert none is None and why == (
+        "14.0 GiB free beside the base: the production settings need 10.3 GiB (gpu_memory_utilization 0.13) "
+        "and the base's accuracy run keeps 4.9"
+    )
+    # never above the recipe's own, and nothing where the planner fits them nowhere under it
     assert (
-        utilization_ahead(FREE_BESIDE_BASE, USABLE, recipe_utilization=0.90, fits=lambda u: False)[0] is None
+        utilization_ahead(78 * GIB, USABLE, recipe_utilization=0.12, fits=fits, keep_free_bytes=keep)[0]
+        == 0.12
     )
-    none, why = utilization_ahead(None, None, recipe_utilization=0.90, fits=fits)
+    none, why = utilization_ahead(78 * GIB, USABLE, recipe_utilization=0.10, fits=fits, keep_free_bytes=keep)
+    assert none is None and why.endswith("in no utilization up to the recipe's")
+    none, why = utilization_ahead(None, None, recipe_utilization=0.90, fits=fits, keep_free_bytes=keep)
     assert none is None and why.startswith("no GPU")
 
 
