@@ -11,7 +11,6 @@ from prefect.logging import get_run_logger
 
 from quantize_serve.capacity import measure as capacity
 from quantize_serve.core.settings import get_settings
-from quantize_serve.capacity import planner
 from quantize_serve.hub.download import download_model
 from quantize_serve.quantize import device, existing_checkpoint
 from quantize_serve.quantize.calibration import calibration_tokens, count_ahead
@@ -91,15 +90,14 @@ def beside_base(
     usable = gpu.usable_memory_bytes()
 
     def base_fits(utilization: float) -> bool:
-        serve = r.serve.model_copy(update={"gpu_memory_utilization": utilization})
-        return capacity.plan_for(
-            r.model_copy(update={"serve": serve}),
+        return capacity.fits_at(
+            r,
             base.config,
             capacity.Boot.BASE,
-            block_size=planner.BLOCK_SIZE_GPU,
+            utilization,
             device_memory_bytes=usable,
             tensor_parallel_size=tensor_parallel_size,
-        ).fits
+        )
 
     def decide(tokens: int) -> tuple[bool, str, float | None]:
         activations = device.calibration_activation_bytes(base.config, r.quantization.method, tokens)

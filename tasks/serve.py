@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,6 @@ from quantize_serve.report import base_reference
 from quantize_serve.report.provenance import describe_hardware, serving_vllm_version
 from quantize_serve.serve_profile import output as profile_output
 from quantize_serve.serve_profile import pinned as serving_profile
-from quantize_serve.capacity import planner
 from quantize_serve.quantize.run import QuantizeResult
 from quantize_serve.serving import compile_ahead, gpu, host
 from quantize_serve.serving.server import (
@@ -160,38 +160,26 @@ def compile_production_ahead(
     (serving/compile_ahead.py), so the production boot finds its graphs compiled."""
     logger, r = get_run_logger(), validated.recipe
     checkpoint = quantized.result(raise_on_failure=False)
-    skip = "the quantization failed" if not isinstance(checkpoint, QuantizeResult) else until.ended
-    if skip:
-        done = compile_ahead.CompiledAhead(outcome="skipped", detail=skip)
-        logger.info("the production boot: %s", done.line())
-        return done
-    usable, tp = gpu.usable_memory_bytes(), r.serve.tensor_parallel_size
-    infos = [gpu.memory_info(i) for i in range(tp)] if len(gpu.device_handles()) >= tp else []
-    free = min(info["free_bytes"] for info in infos) if infos and all(infos) else None
-
-    def fits(utilization: float) -> bool:
-        serve = r.serve.model_copy(update={"gpu_memory_utilization": utilization})
-        return capacity.plan_for(
-            r.model_copy(update={"serve": serve}),
-            base.config,
-            capacity.Boot.PRODUCTION,
-            block_size=planner.BLOCK_SIZE_GPU,
-            device_memory_bytes=usable,
-        ).fits
-
-    utilization, why = compile_ahead.utilization_ahead(
-        free,
-        usable,
-        recipe_utilization=r.serve.gpu_memory_utilization,
-        fits=fits,
-        keep_free_bytes=compile_ahead.kept_for_base_bytes(
-            base.config, r.serve.max_num_batched_tokens or 8192
-        ),
-    )
+    utilization = None
+    why = "the quantization failed" if not isinstance(checkpoint, QuantizeResult) else until.ended
+    if not why:
+        usable = gpu.usable_memory_bytes()
+        utilization, why = compile_ahead.utilization_ahead(
+            gpu.free_bytes(r.serve.tensor_parallel_size),
+            usable,
+            recipe_utilization=r.serve.gpu_memory_utilization,
+            fits=partial(
+                capacity.fits_at, r, base.config, capacity.Boot.PRODUCTION, device_memory_bytes=usable
+            ),
+            keep_free_bytes=compile_ahead.kept_for_base_bytes(
+                base.config, r.serve.max_num_batched_tokens or 8192
+            ),
+        )
     if utilization is None:
         done = compile_ahead.CompiledAhead(outcome="skipped", detail=why)
         logger.info("the production boot: %s", done.line())
         return done
+    logger.info("compile ahead: %s", why)
     spec = capacity.capacity_spec(
         r,
         capacity.Boot.PRODUCTION,
@@ -199,7 +187,6 @@ def compile_production_ahead(
         gpu_memory_utilization=utilization,
         as_published=True,
     )
-    logger.info("compile ahead: %s", why)
     return compile_ahead.compile_ahead(spec, compile_ahead.compile_log(run_dir), until, log=logger.info)
 
 

@@ -448,6 +448,28 @@ def plan_for(
     )
 
 
+def fits_at(
+    recipe: Recipe,
+    base_config: dict,
+    name: Boot,
+    utilization: float,
+    *,
+    device_memory_bytes: int | None,
+    tensor_parallel_size: int | None = None,
+) -> bool:
+    """Whether the planner fits that boot on a GPU at ``utilization`` (the recipe's other settings): its
+    weights, activations, CUDA graphs and one max_model_len request's KV cache."""
+    serve = recipe.serve.model_copy(update={"gpu_memory_utilization": utilization})
+    return plan_for(
+        recipe.model_copy(update={"serve": serve}),
+        base_config,
+        name,
+        block_size=planner.BLOCK_SIZE_GPU,
+        device_memory_bytes=device_memory_bytes,
+        tensor_parallel_size=tensor_parallel_size,
+    ).fits
+
+
 def plan_for_row(
     recipe: Recipe, base_config: dict, row: CapacityConfig, *, device_memory_bytes: int | None = None
 ) -> planner.CapacityPlan:

@@ -76,6 +76,13 @@ def memory_info(index: int = 0) -> dict[str, Any] | None:
     return out
 
 
+def free_bytes(devices: int = 1) -> int | None:
+    """The least free memory of the first ``devices`` GPUs (a tensor-parallel group), None without them."""
+    if nvml() is None or len(device_handles()) < devices:
+        return None
+    return min(memory_info(i)["free_bytes"] for i in range(devices))
+
+
 def device_used_bytes(index: int = 0) -> int | None:
     """NVML's used memory of one GPU (every process on it), or None without NVML."""
     info = memory_info(index)
