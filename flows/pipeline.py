@@ -177,7 +177,7 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
     with prepared_boots(), gpu_slot():  # a boot's process starts while the device works on the one before
         # imports and inspection while quantizing (the base first: started as the run started)
         prepare_boot(run_dir, first_boot, base.config.get("architectures"))
-        base_served, compiled_ahead = None, None
+        base_served, compiling = None, None
         if beside:
             try:
                 base_served = score_base(also=quantize_beside)
@@ -185,15 +185,16 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
                 until.abandon()  # a boot compiling ahead stops at once
                 raise
             until.base_scored()  # it stops once its graphs are saved
+            quantized, compiling = base_served.also
         else:
             progress.start(QUANTIZE_STAGE)
         checkpoint = progress.done(
             QUANTIZE_STAGE,
-            base_served.also[0].result() if beside else quantize_model(validated, base),
+            quantized.result() if beside else quantize_model(validated, base),
             mark="quantized",
         )
-        if beside:  # the boot compiling ahead is gone before the production boot takes the memory
-            compiled_ahead = compiled_production_ahead(base_served.also[1])
+        # the boot compiling ahead is gone before the production boot takes the memory (None: not started)
+        compiled_ahead = compiled_production_ahead(compiling)
         profile = None
         if (
             validated.recipe.serve.search and validated.recipe.serve.search.enabled
