@@ -11,6 +11,7 @@ the tasks (``members``: lm-eval's Task objects by name) are split between them, 
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -43,14 +44,19 @@ def run_lanes(
     """Each lane's calls one after the other with the lane's model, the lanes in threads of their own (one
     lane: in this thread); the first failure is raised once every lane has ended."""
     work = {name: (models.get(name), calls) for name, calls in by_lane.items()}  # made in this thread
+    share = KvShare(models.kv_tokens, len(work)) if models.kv_tokens else None
     for lm, _ in work.values():  # lanes at once share the server's KV cache: each keeps to its part
-        if hasattr(lm, "kv_budget_tokens") and models.kv_tokens:
-            lm.kv_budget_tokens = models.kv_tokens // len(work)
+        if hasattr(lm, "kv_share"):
+            lm.kv_share = share
 
     def run(name: str) -> None:
         lm, calls = work[name]
-        for each in calls:
-            call(each, lm)
+        try:
+            for each in calls:
+                call(each, lm)
+        finally:  # its part goes to the lanes still running
+            if share:
+                share.ended()
 
     if len(work) <= 1:  # a look may hold no task's documents
         for name in work:
@@ -62,11 +68,30 @@ def run_lanes(
         future.result()
 
 
+class KvShare:
+    """The server's KV cache (``tokens``) shared between the lanes that run at once: each running lane's
+    part is the cache over the lanes still running, so a lane that ends leaves its part to the others, whose
+    requests in flight read it again as they end (gates/scoring.py ``InFlight``). The lanes run in threads of
+    their own; ``ended`` is their one write."""
+
+    def __init__(self, tokens: int, lanes: int = 1) -> None:
+        self.tokens = tokens
+        self._running = lanes
+        self._lock = threading.Lock()
+
+    def part(self) -> int:
+        return self.tokens // max(1, self._running)
+
+    def ended(self) -> None:
+        with self._lock:
+            self._running -= 1
+
+
 @dataclass
 class LaneModels:
     """lm-eval's model of each lane, made on first use: each lane its own (lm-eval's API models keep a fast
     tokenizer, which one thread may not use while another does). ``kv_tokens``: the server's KV cache,
-    which :func:`run_lanes` shares out between the lanes that run at once (gates/scoring.py within_share)."""
+    which :func:`run_lanes` shares out between the lanes that run at once (:class:`KvShare`)."""
 
     make: Callable[[], Any]
     kv_tokens: int | None = None

@@ -46,6 +46,8 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.openai_completions import LocalCompletionsAPI
 from tenacity import retry, retry_if_not_exception_type, stop_after_attempt, wait_exponential
 
+from quantize_serve.gates.lanes import KvShare
+
 log = logging.getLogger(__name__)
 
 MODEL_NAME = "qs-completions"
@@ -127,6 +129,27 @@ def agrees(new: Score, echo: Score, tokens: int) -> bool:
     )
 
 
+class InFlight:
+    """At most ``limit()`` holders at once: asyncio's semaphore (waiters go in in the order they came, which
+    the groups' context order relies on), whose size follows ``limit()`` upward, read again whenever a holder
+    leaves: a lane's part of the KV cache grows when the other lane ends (gates/lanes.py ``KvShare``), and
+    its next finished request lets as many more in. The limit never shrinks here (a share only grows)."""
+
+    def __init__(self, limit: Callable[[], int]) -> None:
+        self.limit = limit
+        self.size = limit()
+        self._slots = asyncio.Semaphore(self.size)
+
+    async def __aenter__(self) -> None:
+        await self._slots.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._slots.release()
+        while self.size < self.limit():
+            self.size += 1
+            self._slots.release()
+
+
 @register_model(MODEL_NAME)
 class ContextOnceCompletions(LocalCompletionsAPI):
     """``local-completions`` that computes each distinct context once (see the module's doc).
@@ -152,9 +175,11 @@ class ContextOnceCompletions(LocalCompletionsAPI):
         self.stats: Counter[str] = Counter()
         self.server_root = self.base_url.rsplit("/v1/", 1)[0]
         self.groups_in_flight: int | None = None  # unset: num_concurrent (_score_groups says why)
-        # This model's share of the server's KV cache, in tokens (gates/lanes.py run_lanes): what its
-        # requests in flight may hold at once; None: unbounded (num_concurrent alone)
-        self.kv_budget_tokens: int | None = None
+        # This model's share of the server's KV cache (gates/lanes.py run_lanes): what its requests in
+        # flight may hold at once, a part that grows as the other lanes end; None: unbounded
+        # (num_concurrent alone)
+        self.kv_share: KvShare | None = None
+        self._in_flight: InFlight | None = None  # generate_until's bound on lm-eval's requests
 
     # lm-eval's tokenization of a call's loglikelihood requests (TemplateLM.loglikelihood) encodes each
     # request's whole prompt and its context, so a multiple-choice document's context is encoded again for
@@ -179,41 +204,52 @@ class ContextOnceCompletions(LocalCompletionsAPI):
         context_enc = contexts[context]
         return context_enc, whole[len(context_enc) :]
 
-    def within_share(self, footprints: list[int], what: str, most: int) -> int:
-        """How many of these requests may be in flight at once: ``most``, or fewer where their KV tokens
-        (``footprints``: each one's prompt and what it generates) would overflow this model's share of the
-        server's cache. Over it, vLLM evicts the prefix-cache blocks a later request was to read (a group's
-        context before its rows) and computes them again; lanes that share a server each keep to their
-        share. The run's log says when the share bounds them."""
+    def within_share(self, footprints: list[int], what: str, most: int) -> Callable[[], int]:
+        """How many of these requests may be in flight at once, read again as they end: ``most``, or fewer
+        where their KV tokens (``footprints``: each one's prompt and what it generates) would overflow this
+        model's part of the server's cache. Over it, vLLM evicts the prefix-cache blocks a later request was
+        to read (a group's context before its rows) and computes them again; lanes that share a server each
+        keep to their part, which grows when another lane ends. The run's log says when the share bounds
+        them."""
         most = min(most, len(footprints))
-        if not self.kv_budget_tokens or not footprints:
-            return most
+        share = self.kv_share
+        if share is None or not footprints:
+            return lambda: most
         mean = sum(footprints) / len(footprints)
-        fit = max(1, int(self.kv_budget_tokens // mean))
-        if fit < most:
+
+        def bound() -> int:
+            return min(most, max(1, int(share.part() // mean)))
+
+        if (fit := bound()) < most:
+            more = " (more once the other lanes end)" if share.part() < share.tokens else ""
             self.warn(
                 f"scoring: {fit} {what} in flight at once (not {most}): {len(footprints)} of ~{mean:,.0f} KV "
-                f"tokens each, within this lane's {self.kv_budget_tokens:,} tokens of the server's KV cache"
+                f"tokens each, within this lane's {share.part():,} tokens of the server's KV cache{more}"
             )
-        return min(most, fit)
+        return bound
 
     # lm-eval's generation requests: each holds its prompt's and its answer's blocks while it decodes, and a
     # call sends them all at once (``batch_size`` prompts a request), so on a small cache (the base beside a
-    # quantization) they alone could fill it
+    # quantization) they alone could fill it. lm-eval's own bound (``num_concurrent``) stays; ``InFlight``
+    # holds its requests to this lane's part, read again as each ends.
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        concurrent = self._concurrent
-        if self.kv_budget_tokens and concurrent > 1 and requests and all(len(r.args) == 2 for r in requests):
+        if self.kv_share and self._concurrent > 1 and requests and all(len(r.args) == 2 for r in requests):
             contexts, kwargs = zip(*(r.args for r in requests), strict=True)
             answers = [k.get("max_gen_toks", self._max_gen_toks) for k in kwargs]
             prompts = self.tok_encode(list(contexts), add_special_tokens=self.add_bos_token)
             footprints = [len(p) + a for p, a in zip(prompts, answers, strict=True)]
-            sequences = self.within_share(footprints, "prompts", concurrent * self._batch_size)
-            # lm-eval's concurrent path sends batch_size prompts a request (1 would take its serial path)
-            self._concurrent = max(2, sequences // self._batch_size)
+            sequences = self.within_share(footprints, "prompts", self._concurrent * self._batch_size)
+            self._in_flight = InFlight(lambda: max(1, sequences() // self._batch_size))
         try:
             return super().generate_until(requests, disable_tqdm=disable_tqdm)
         finally:
-            self._concurrent = concurrent
+            self._in_flight = None
+
+    async def amodel_call(self, *args: Any, **kwargs: Any) -> Any:
+        if self._in_flight is None:
+            return await super().amodel_call(*args, **kwargs)
+        async with self._in_flight:
+            return await super().amodel_call(*args, **kwargs)
 
     # lm-eval calls this with every loglikelihood request of a task (after its own tokenization)
     def _loglikelihood_tokens(self, requests: list[Request], **kwargs: Any) -> list[Score]:
@@ -287,8 +323,9 @@ class ContextOnceCompletions(LocalCompletionsAPI):
         # rows to that many (benchmarks/context_order.py: the base's one-look pass on the llama3 task set),
         # and no more than this lane's share of the KV cache holds (a group: its context's and rows' tokens).
         footprints = [len(ctx) + sum(len(requests[i][2]) for i in members) for ctx, members in groups]
-        in_flight = asyncio.Semaphore(
-            self.groups_in_flight or self.within_share(footprints, "groups", self._concurrent)
+        fixed = self.groups_in_flight
+        in_flight = InFlight(
+            (lambda: fixed) if fixed else self.within_share(footprints, "groups", self._concurrent)
         )
         async with ClientSession(
             connector=TCPConnector(limit=self._concurrent), timeout=ClientTimeout(total=self.timeout)

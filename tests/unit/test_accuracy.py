@@ -4,6 +4,8 @@ tests/engines/test_accuracy.py)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -196,26 +198,37 @@ def test_lanes_run_at_the_same_time_each_with_a_model_of_its_own_and_a_failure_i
 
 def test_lanes_at_once_share_the_servers_kv_cache_and_one_lane_has_it_all():
     """run_lanes gives each lane's model (one that bounds its requests by it) its part of the server's KV
-    cache: half each for two lanes at once, all of it for a look with one lane; none without a measure."""
+    cache: half each for two lanes at once, the whole once the other lane has ended, all of it for a look
+    with one lane; none without a measure."""
 
     class Model:
         def __init__(self) -> None:
-            self.kv_budget_tokens = None
+            self.kv_share = None
 
     gen, arc = Looks("gsm8k", ("gsm8k", "generate_until")), Looks("arc", ("arc", "multiple_choice"))
-    seen: dict[str, int | None] = {}
+    both_in = threading.Barrier(2, timeout=30)
+    together = [True]
+    seen: dict[str, list[int | None]] = {}
+
+    def call(tasks, lm) -> None:
+        name = tasks[0].name
+        seen[name] = [lm.kv_share and lm.kv_share.part()]
+        if together[0]:
+            both_in.wait()  # neither lane ends before both have read their part
+            if name == "gsm8k":  # arc's lane ends; its part comes to this one
+                deadline = time.monotonic() + 30
+                while lm.kv_share.part() < 151_968 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                seen[name].append(lm.kv_share.part())
+
     models = LaneModels(Model, kv_tokens=151_968)
-    run_lanes(
-        {GENERATE: [[gen]], SCORE: [[arc]]},
-        models,
-        lambda t, lm: seen.update({t[0].name: lm.kv_budget_tokens}),
-    )
-    assert seen == {"gsm8k": 75_984, "arc": 75_984}
-    run_lanes({SCORE: [[arc]]}, models, lambda t, lm: seen.update({t[0].name: lm.kv_budget_tokens}))
-    assert seen["arc"] == 151_968
-    unmeasured = LaneModels(Model)
-    run_lanes({SCORE: [[arc]]}, unmeasured, lambda t, lm: seen.update({t[0].name: lm.kv_budget_tokens}))
-    assert seen["arc"] is None
+    run_lanes({GENERATE: [[gen]], SCORE: [[arc]]}, models, call)
+    assert seen == {"gsm8k": [75_984, 151_968], "arc": [75_984]}
+    together[0] = False
+    run_lanes({SCORE: [[arc]]}, models, call)
+    assert seen["arc"] == [151_968]
+    run_lanes({SCORE: [[arc]]}, LaneModels(Model), call)
+    assert seen["arc"] == [None]
 
 
 def test_an_accuracy_runs_imports_and_task_index_are_prepared_ahead_unless_prepared_boots_are_off(

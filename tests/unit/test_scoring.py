@@ -6,9 +6,13 @@ the V2 runner's generate rows as measured on vLLM 0.26, research in docs/gates.m
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from quantize_serve.gates.lanes import KvShare
 from quantize_serve.gates.scoring import (
+    InFlight,
     RowsMismatch,
     agrees,
     continuation_rows,
@@ -258,7 +262,7 @@ def test_a_share_of_the_kv_cache_bounds_the_groups_in_flight_and_the_run_is_told
 
     told: list[str] = []
     lm = without_server(Recording, num_concurrent=8, reuse_rows=True, check_groups=0, warn=told.append)
-    lm.kv_budget_tokens = 3 * (3 + 3 * 2)  # a group: a 3-token context, three 2-token continuations
+    lm.kv_share = KvShare(3 * (3 + 3 * 2))  # a group: a 3-token context, three 2-token continuations
     requests = [(None, [100 + g, 1, 2], [3, c]) for g in range(20) for c in (4, 5, 6)]
     assert lm._loglikelihood_tokens(requests) == [(-1.0, True)] * len(requests)
     assert most[0] == 3 and not open_groups
@@ -270,28 +274,84 @@ def test_a_share_of_the_kv_cache_bounds_the_groups_in_flight_and_the_run_is_told
 
 def test_a_share_of_the_kv_cache_bounds_the_generation_requests_in_flight():
     """lm-eval sends a call's generation prompts all at once, ``batch_size`` a request: within a share that
-    holds 50 prompts with their answers, 3 requests of 16 go at once (num_concurrent 8), never fewer than 2
-    (1 is lm-eval's serial path), and the model's own setting is back after the call."""
+    holds 50 prompts with their answers, 3 requests of 16 go at once, at least one, and 6 once the other lane
+    has ended; lm-eval's own bound (num_concurrent 8, its concurrent path) stays, and none is left after."""
     from lm_eval.api.instance import Instance
 
     from quantize_serve.gates.scoring import ContextOnceCompletions
 
-    seen: list[int] = []
+    seen: list[tuple[int, int | None]] = []
 
     class Recording(ContextOnceCompletions):
         async def get_batched_requests(self, requests, cache_keys, **kwargs):
-            seen.append(self._concurrent)
+            seen.append((self._concurrent, self._in_flight and self._in_flight.limit()))
+            if self.kv_share and self.kv_share.part() < self.kv_share.tokens:
+                self.kv_share.ended()  # the other lane
+                seen.append((self._concurrent, self._in_flight.limit()))
             return [["answer"] for _ in requests]
 
-    lm = without_server(Recording, num_concurrent=8, batch_size=16)
+    told: list[str] = []
+    lm = without_server(Recording, num_concurrent=8, batch_size=16, warn=told.append)
     prompt = "one two three four five six seven eight"
     footprint = len(lm.tok_encode(prompt)) + 10
     gen = {"until": ["\n"], "max_gen_toks": 10}
     requests = [Instance("generate_until", {}, (prompt, gen), i) for i in range(100)]
-    lm.kv_budget_tokens = 50 * footprint
+    lm.kv_share = KvShare(100 * footprint, lanes=2)
     assert lm.generate_until(requests) == ["answer"] * 100
-    lm.kv_budget_tokens = footprint
+    lm.kv_share = KvShare(footprint)
     lm.generate_until(requests)
-    lm.kv_budget_tokens = None
+    lm.kv_share = None
     lm.generate_until(requests)
-    assert seen == [3, 2, 8] and lm._concurrent == 8
+    assert seen == [(8, 3), (8, 6), (8, 1), (8, None)] and lm._in_flight is None
+    assert told[0].startswith("scoring: 50 prompts in flight at once (not 100): 100 of ~")
+    assert told[0].endswith("of the server's KV cache (more once the other lanes end)")
+    assert len(told) == 2 and not told[1].endswith("end)")
+
+
+def test_in_flight_admits_up_to_its_limit_in_order_and_more_once_the_limit_grows():
+    """InFlight holds 2 of 6 at once and lets the waiting ones in in the order they came; once the limit
+    reads 5 (the other lane ended), the next one to leave lets in as many as now fit. No timing: each holder
+    leaves when the test says, and ``settle`` runs the loop until nothing more can move."""
+    limit = [2]
+
+    async def main() -> None:
+        bound = InFlight(lambda: limit[0])
+        leave = [asyncio.Event() for _ in range(6)]
+        inside: list[int] = []
+        left: list[int] = []
+
+        async def holder(i: int) -> None:
+            async with bound:
+                inside.append(i)
+                await leave[i].wait()
+            left.append(i)
+
+        async def settle() -> None:
+            for _ in range(20):
+                await asyncio.sleep(0)
+
+        tasks = [asyncio.create_task(holder(i)) for i in range(6)]
+        await settle()
+        assert inside == [0, 1]
+        leave[0].set()
+        await settle()
+        assert inside == [0, 1, 2] and left == [0]
+        limit[0] = 5
+        leave[1].set()
+        await settle()
+        assert inside == [0, 1, 2, 3, 4, 5] and left == [0, 1] and bound.size == 5
+        for event in leave:
+            event.set()
+        await asyncio.gather(*tasks)
+        assert left == [0, 1, 2, 3, 4, 5]
+
+    asyncio.run(main())
+
+
+def test_the_kv_share_grows_as_lanes_end():
+    share = KvShare(151_968, lanes=2)
+    assert share.part() == 75_984
+    share.ended()
+    assert share.part() == 151_968
+    share.ended()  # the last lane's end leaves it whole
+    assert share.part() == 151_968
