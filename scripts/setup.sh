@@ -105,7 +105,10 @@ PYEOF
     TORCH_LINE+=" its ${TORCH_PIN#torch==} CUDA build would be reused)"
   fi
 else
-  TORCH_LINE="installing $TORCH_PIN from $SOURCE$([[ -z ${QS_WHEELHOUSE:-} ]] && echo ", else $TORCH_CPU_INDEX")"
+  TORCH_LINE="installing $TORCH_PIN from $SOURCE"
+  # no fallback to PyTorch's index where a wheelhouse is the only source (an assignment from a failing
+  # $(...) would end set-up here under set -e, with no word said: the CPU wheelhouse did until 2026-12-06)
+  [[ -n ${QS_WHEELHOUSE:-} ]] || TORCH_LINE+=", else $TORCH_CPU_INDEX"
 fi
 announce_torch() {  # once, and only when an environment is (re)built
   [[ -n ${TORCH_LINE:-} ]] && say "$TORCH_LINE"
@@ -190,8 +193,9 @@ plan_install() {  # plan_install DIR WHAT...
 # --- the two environments, installed side by side -------------------------------------------------
 # Each is decided (and its venv made) in turn; then the serving environment installs in the background
 # while the pipeline environment installs here: two pip processes, each mostly waiting on downloads or
-# unpacking its own wheels (on the lent H200, from the wheelhouse, the two took 105-160 s one after the
-# other). The serving install's output is kept in a log and printed once it ends.
+# unpacking its own wheels: from nothing, 142 s against 228 s one after the other on a 2-core CPU (pip's
+# cache warm); 52 s from the wheelhouse on an H100 host (105-160 s on the H200 hosts before). The serving
+# install's output is kept in a log and printed once it ends.
 install_pipeline() {
   install_torch .venv
   .venv/bin/pip install --quiet --disable-pip-version-check -r requirements/pipeline.txt -r "$TORCH_REQ"

@@ -162,6 +162,9 @@ def test_the_wheelhouse_is_the_only_source(project, tmp_path):
     assert f"setup: packages come from the wheelhouse {wheels} (no index)" in out
     assert f"torch==2.11.0 from the wheelhouse {wheels} (no index)" in out
     assert "configured package sources" not in out
+    cpu = lines(plan(project, tmp_path, gpu=None, QS_WHEELHOUSE=str(wheels)))  # a CPU wheelhouse too
+    assert f"setup: installing torch==2.13.0+cpu from the wheelhouse {wheels} (no index)\n" in cpu
+    assert "download.pytorch.org" not in cpu and "configured package sources" not in cpu
 
 
 def test_make_passes_its_command_line_variables_to_set_up(project, tmp_path):
@@ -175,6 +178,26 @@ def test_make_passes_its_command_line_variables_to_set_up(project, tmp_path):
 def test_a_missing_wheelhouse_is_refused(project, tmp_path):
     result = plan(project, tmp_path, QS_WHEELHOUSE=str(tmp_path / "nowhere"))
     assert result.returncode == 2 and "is not a folder" in result.stderr
+
+
+def test_both_environments_install_at_once_and_a_failure_waits_for_the_other(project, tmp_path):
+    """Not a plan: set-up makes both venvs, then installs the serving one in the background beside the
+    pipeline one. From an empty wheelhouse both fail at torch; set-up exits 1 with the pipeline's reason, and
+    only after the serving install has ended too (its log complete: nothing of set-up left running)."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    bin_dir = tmp_path / "bin"
+    fake_nvidia_smi(bin_dir, None)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("QS_", "PIP_", "VIRTUAL_ENV"))}
+    env |= {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": sys.executable, "QS_WHEELHOUSE": str(wheels)}
+    result = subprocess.run(
+        ["bash", str(project / "scripts" / "setup.sh")], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "setup: installing .venv-serve beside .venv (its output: .venv-serve/setup.log)" in result.stdout
+    reason = f"setup: torch==2.13.0+cpu is not in {wheels}"
+    assert reason in result.stderr and reason in (project / ".venv-serve" / "setup.log").read_text()
+    assert not (project / ".venv" / ".stamp").exists() and not (project / ".venv-serve" / ".stamp").exists()
 
 
 def test_the_stamp_holds_the_device_so_switching_rebuilds(project, tmp_path):
