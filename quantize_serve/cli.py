@@ -309,7 +309,7 @@ def plan_command(args: argparse.Namespace) -> int:
         or (serve.max_model_len if serve else min(DEFAULT_PLAN_MAX_MODEL_LEN, shape.max_position_embeddings)),
         max_num_batched_tokens=args.max_num_batched_tokens
         or (serve.max_num_batched_tokens if serve else None)
-        or 8192,
+        or planner.DEFAULT_MAX_NUM_BATCHED_TOKENS,
         block_size=block,
         tensor_parallel_size=args.tp or (serve.tensor_parallel_size if serve else 1),
         mode=mode,

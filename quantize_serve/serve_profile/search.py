@@ -44,9 +44,6 @@ from quantize_serve.recipe.model import ProfileSearch, Recipe, ServeSection
 from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.server import ServerSpec
 
-# The max_num_batched_tokens a candidate gets when the recipe leaves it unset: the same default the
-# capacity planner assumes (capacity.plan_for), written out so the emitted profile states it.
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 # KV block size when the recipe uses a fixed budget (the CPU runs: vLLM CPU's block is 128 tokens)
 # and when it does not (CUDA's default, 16). Only the planner's starting point depends on it.
 CPU_BLOCK_SIZE, GPU_BLOCK_SIZE = planner.BLOCK_SIZE_CPU, planner.BLOCK_SIZE_GPU
@@ -216,7 +213,7 @@ def candidate_serve(
     max_num_batched_tokens is the recipe's (or the planner's default, 8192), raised to max_num_seqs
     where it is lower: vLLM needs at least one token per running sequence in a step.
     """
-    batched = max(serve.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS, max_num_seqs)
+    batched = max(serve.max_num_batched_tokens or planner.DEFAULT_MAX_NUM_BATCHED_TOKENS, max_num_seqs)
     data = serve.model_dump()
     data.update(
         max_num_seqs=max_num_seqs,

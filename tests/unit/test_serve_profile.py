@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from quantize_serve.capacity import planner
 from quantize_serve.capacity.measure import capacity_spec, plan_for
 from quantize_serve.core.errors import GateError
 from quantize_serve.recipe.load import load_recipe, parse_recipe
@@ -124,7 +125,7 @@ def test_candidates_keep_the_recipe_and_raise_batched_tokens_to_max_num_seqs():
     assert ps.candidate_serve(serve, max_num_seqs=3000).max_num_batched_tokens == 3000
     unset = ServeSection.model_validate({**serve.model_dump(), "max_num_batched_tokens": None})
     c = ps.candidate_serve(unset, max_num_seqs=12, max_model_len=1024)
-    assert (c.max_num_batched_tokens, c.max_model_len) == (ps.DEFAULT_MAX_NUM_BATCHED_TOKENS, 1024)
+    assert (c.max_num_batched_tokens, c.max_model_len) == (planner.DEFAULT_MAX_NUM_BATCHED_TOKENS, 1024)
     assert c.model_dump(
         exclude={"max_num_seqs", "max_num_batched_tokens", "max_model_len"}
     ) == unset.model_dump(exclude={"max_num_seqs", "max_num_batched_tokens", "max_model_len"})
