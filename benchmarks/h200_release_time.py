@@ -42,9 +42,9 @@ The runs, on one local stack (Prefect server, `gpu` pool, local Hub):
    One boot per configuration, the serve settings as the recipe says them. Timed from the first command to the
    tag (the flow's wall ends after its promotion too); ``decision_inputs_seconds`` is the time to the last
    figure the decision reads (the fp8 boot done, the upload done). ``ratio_vs_careful_manual`` = first_release
-   wall / manual wall, whenever both are in --out, with the session (its start) and date each came from
-   (``ratio_vs_careful_manual_from``); a manual run cut short (its record is saved after every stage and every
-   10 s) bounds it instead: ``ratio_at_most``.
+   wall / manual wall, whenever both are in --out and on one card, with the session (its start), date and
+   card each came from (``ratio_vs_careful_manual_from``); a manual run cut short (its record is saved after
+   every stage and every 10 s) bounds it instead: ``ratio_at_most``.
 
 ``--set KEY=VALUE`` (repeatable): a recipe override for every run (the baseline's own win); runs record them.
 
@@ -217,9 +217,7 @@ def one_run(
         {
             "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "session_started": session,
-            "device": (res.data.get("device") or {}).get(
-                "name"
-            ),  # the card: sessions are lent H200s or H100s
+            "device": res.card(),
             "exit_code": rc,
             "wall_seconds": wall,
             "driver_seconds": driver,

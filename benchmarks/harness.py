@@ -145,6 +145,11 @@ class Results:
             earlier[key] = {**runs[name], "replaced_by": f"runs.{name}, measured by the session of {session}"}
         runs[name] = record
 
+    def card(self) -> str | None:
+        """The card of this session's host (``device.name``; None on CPU): sessions are lent H200s or H100s,
+        so each run records it."""
+        return (self.data.get("device") or {}).get("name")
+
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")

@@ -482,7 +482,8 @@ def careful_manual_ratio(runs: dict[str, Any]) -> dict[str, Any] | None:
     """first_release's flow wall / manual's wall, when both are recorded (the flow got to its decision,
     the manual path to its tag), with where each came from: they may be measured in different sessions,
     each on a fresh host. A manual run cut short (a session's end) gives no ratio, but a bound: its wall
-    is longer than the time it had run, so the ratio is at most first_release's wall / that time."""
+    is longer than the time it had run, so the ratio is at most first_release's wall / that time. Runs on
+    two cards (a session asked for an H200 and lent an H100) are not paired: neither a ratio nor a bound."""
     flow, manual = runs.get("first_release") or {}, runs.get("manual") or {}
     if not (flow.get("wall_seconds") and flow.get("decision") and manual):
         return None
@@ -495,10 +496,14 @@ def careful_manual_ratio(runs: dict[str, Any]) -> dict[str, Any] | None:
             "wall_seconds": run.get("wall_seconds"),
             "measured": run.get("measured"),
             "session_started": run.get("session_started"),
+            "device": run.get("device"),
         }
         for name, run in (("first_release", flow), ("manual", manual))
     }
     sessions = {run.get("session_started") for run in (flow, manual)}
+    cards = {run.get("device") for run in (flow, manual)}
+    if None not in cards and len(cards) > 1:
+        return {"ratio": None, "not_paired": "the two runs are on different cards", **source}
     bound = (
         {}
         if complete

@@ -126,6 +126,7 @@ def manual_run(res: Results, setting: ManualSetting, *, session: str, preceded_b
     record: dict[str, Any] = {
         "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "session_started": session,
+        "device": res.card(),
         "preceded_by": preceded_by,
         "complete": False,
         "wall_seconds": None,

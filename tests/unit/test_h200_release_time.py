@@ -364,7 +364,7 @@ def test_the_hub_steps_are_the_hf_cli():
 
 
 def run(wall, session, **extra):
-    return {"wall_seconds": wall, "measured": session, "session_started": session, **extra}
+    return {"wall_seconds": wall, "measured": session, "session_started": session, "device": "H200", **extra}
 
 
 def test_the_ratio_is_the_first_releases_wall_over_the_manual_wall_with_where_each_came_from():
@@ -380,11 +380,13 @@ def test_the_ratio_is_the_first_releases_wall_over_the_manual_wall_with_where_ea
             "wall_seconds": 540.0,
             "measured": "2026-12-02T10:00:00",
             "session_started": "2026-12-02T10:00:00",
+            "device": "H200",
         },
         "manual": {
             "wall_seconds": 900.0,
             "measured": "2026-12-03T09:00:00",
             "session_started": "2026-12-03T09:00:00",
+            "device": "H200",
         },
     }
     runs["manual"]["session_started"] = "2026-12-02T10:00:00"
@@ -401,6 +403,21 @@ def test_a_manual_run_cut_short_bounds_the_ratio_from_above():
     ratio = manual.careful_manual_ratio(runs)
     assert ratio["ratio"] is None and ratio["ratio_at_most"] == 0.45
     assert ratio["manual_cut_short_after_seconds"] == 1200.0 and ratio["same_session"] is False
+
+
+def test_runs_on_two_cards_are_not_paired():
+    runs = {
+        "first_release": run(540.0, "a", decision="rejected", device="NVIDIA H200"),
+        "manual": run(None, "b", complete=False, elapsed_seconds=1200.0, device="NVIDIA H100 80GB HBM3"),
+    }
+    ratio = manual.careful_manual_ratio(runs)
+    assert ratio["ratio"] is None and "ratio_at_most" not in ratio
+    assert ratio["not_paired"] == "the two runs are on different cards"
+    assert ratio["manual"]["device"] == "NVIDIA H100 80GB HBM3"
+    runs["manual"].update(complete=True, wall_seconds=900.0)
+    assert manual.careful_manual_ratio(runs)["ratio"] is None
+    runs["manual"]["device"] = "NVIDIA H200"
+    assert manual.careful_manual_ratio(runs)["ratio"] == 0.6
 
 
 @pytest.mark.parametrize(
