@@ -103,12 +103,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     with local_stack(home, hub_token=production.STACK_TOKEN, deploy=False, extra_env=extra) as stack:
         api = HfApi(endpoint=stack.hub_endpoint, token=production.STACK_TOKEN)
         t0 = time.monotonic()
-        base_sha = production.publish_base(api, model_dir, home / "scratch")
-        if not (
-            args.keep_model or args.rehearse
-        ):  # the Hub holds it now; the run downloads its own copy (disk: 64 GiB hosts)
-            for shard in model_dir.glob("*.safetensors"):
-                shard.unlink()
+        base_sha = production.publish_base(
+            api, model_dir, home / "scratch", keep=args.keep_model or args.rehearse
+        )
         res.data["disk_free_gib_after_publish"] = harness.gib(shutil.disk_usage(state).free)
         c = recipe.calibration
         publish_ultrachat(

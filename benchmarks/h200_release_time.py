@@ -93,6 +93,7 @@ from benchmarks.harness import (  # noqa: E402
     Results,
     boot_logs,
     driver_env,
+    error_text,
     load_scenario,
     logger,
     parse_sets,
@@ -366,10 +367,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     with local_stack(home, hub_token=production.STACK_TOKEN, deploy=False, extra_env=extra) as stack:
         api = HfApi(endpoint=stack.hub_endpoint, token=production.STACK_TOKEN)
         t0 = time.monotonic()
-        base_sha = production.publish_base(api, model_dir, home / "scratch")
-        if not (args.keep_model or args.cpu_smoke):  # the Hub holds it now (disk: 64 GiB hosts)
-            for shard in model_dir.glob("*.safetensors"):
-                shard.unlink()
+        base_sha = production.publish_base(
+            api, model_dir, home / "scratch", keep=args.keep_model or args.cpu_smoke
+        )
         c = recipe.calibration
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         publish_ultrachat_production(api, repo_id=c.dataset, train_sft=2 * c.num_samples, tokenizer=tokenizer)
@@ -404,7 +404,8 @@ def cmd_run(args: argparse.Namespace) -> None:
                     session=session,
                 )
             except Exception as exc:  # noqa: BLE001 - recorded; the next run still tells something
-                res.data["errors"][name] = repr(exc)[:2000]
+                log(f"{name}: failed: {exc!r}")
+                res.data["errors"][name] = error_text(exc)
                 res.save()
             done.append(name)
             if name == "first_release":
@@ -424,7 +425,8 @@ def cmd_run(args: argparse.Namespace) -> None:
                 )
                 manual_run(res, setting, session=session, preceded_by=done)
             except Exception as exc:  # noqa: BLE001 - recorded beside what the run did so far
-                res.data["errors"]["manual"] = repr(exc)[:2000]
+                log(f"manual: failed: {exc!r}")
+                res.data["errors"]["manual"] = error_text(exc)
                 res.save()
     r = res.data["runs"]
     res.data["summary"] = {

@@ -27,8 +27,10 @@ mean lengths, lm-eval's concurrency as the gate resolves it); none of its pipeli
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import time
 import urllib.error
@@ -50,7 +52,15 @@ from quantize_serve.traffic.bench import BENCH_LAUNCHER as VLLM_CLI
 from quantize_serve.traffic.bench import bench_args, bench_lengths
 
 PY, SERVE_PY = ROOT / ".venv/bin/python", ROOT / ".venv-serve/bin/python"
-LM_EVAL, HF = ROOT / ".venv/bin/lm_eval", ROOT / ".venv/bin/hf"
+
+
+def console_script(name: str, env_bin: Path = ROOT / ".venv/bin") -> str:
+    """``name`` as a shell with the environment activated finds it: the environment's own, else the first on
+    PATH (the host's, where set-up reuses the host's package, as the lent GPU host's huggingface_hub)."""
+    return shutil.which(name, path=os.pathsep.join([str(env_bin), os.environ.get("PATH", "")])) or name
+
+
+LM_EVAL, HF = console_script("lm_eval"), console_script("hf")
 API_SERVER = "vllm.entrypoints.openai.api_server"  # `python -m` of it: the server `vllm serve` runs
 SERVED = "model"
 GATE_GROUP = "release_gate"

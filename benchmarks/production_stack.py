@@ -28,9 +28,12 @@ STACK_TOKEN = "hf_local_h200_endpoint_token"  # the local endpoint's own token, 
 PRODUCTION_RECIPE = ROOT / "recipes" / "llama3-8b-instruct-awq.yaml"
 
 
-def publish_base(api: Any, model_dir: Path, scratch: Path) -> str:
+def publish_base(api: Any, model_dir: Path, scratch: Path, *, keep: bool) -> str:
     """The base model under Meta's id, with an ``original/`` folder as Meta's repos have (a placeholder the
-    download must skip). The commit it is at."""
+    download must skip). The commit it is at. Unless ``keep``, the built weights go once the Hub holds them
+    (disk: 64 GiB hosts; each run downloads its own copy), and the build's marker with them: the Hub is the
+    stack's, gone with it, so the next driver on this host builds again rather than publish a model with no
+    weights."""
     api.create_repo(BASE_ID, private=True, exist_ok=True)
     original = scratch / "original"
     original.mkdir(parents=True, exist_ok=True)
@@ -42,12 +45,17 @@ def publish_base(api: Any, model_dir: Path, scratch: Path) -> str:
         commit_message="base model",
         ignore_patterns=[BUILD_MARKER],
     )
-    return api.upload_folder(
+    sha = api.upload_folder(
         repo_id=BASE_ID,
         folder_path=str(original),
         path_in_repo="original",
         commit_message="original/ (Meta ships consolidated .pth weights here)",
     ).oid
+    if not keep:
+        (model_dir / BUILD_MARKER).unlink()
+        for shard in model_dir.glob("*.safetensors"):
+            shard.unlink()
+    return sha
 
 
 def deployment_env(serving_python: str) -> dict[str, str]:

@@ -15,6 +15,7 @@ import yaml
 from benchmarks import h200_release_time as release_time
 from benchmarks.harness import Results
 from benchmarks import manual
+from benchmarks import production_stack as production
 from benchmarks import release_time_manual as manual_path
 from localhub.datasets import MMLU_SUBJECTS
 from quantize_serve.quantize.worker import calibration_arguments
@@ -361,6 +362,41 @@ def test_the_hub_steps_are_the_hf_cli():
         "org/r",
         "production",
     ]
+
+
+def test_the_hub_cli_is_the_environments_own_else_the_hosts(tmp_path, monkeypatch):
+    if (ROOT / ".venv/bin/hf").is_file():
+        assert Path(manual.HF) == ROOT / ".venv/bin/hf"
+    host_bin, env_bin = tmp_path / "host-bin", tmp_path / "env-bin"
+    host_bin.mkdir()
+    env_bin.mkdir()
+    (host_bin / "hf").write_text("#!/bin/sh\n")
+    (host_bin / "hf").chmod(0o755)
+    monkeypatch.setenv("PATH", str(host_bin))
+    assert manual.console_script("hf", env_bin) == str(host_bin / "hf")  # set-up reused the host's package
+    (env_bin / "hf").write_text("#!/bin/sh\n")
+    (env_bin / "hf").chmod(0o755)
+    assert manual.console_script("hf", env_bin) == str(env_bin / "hf")
+
+
+def test_a_published_base_leaves_no_built_marker_without_its_weights(tmp_path):
+    class Hub:  # the stack's local Hub, as far as publish_base needs it: what is left on disk is the test
+        def create_repo(self, *a, **k):
+            pass
+
+        def upload_folder(self, **k):
+            return type("Commit", (), {"oid": "c0ffee"})()
+
+    for keep in (True, False):
+        model = tmp_path / f"model-{keep}"
+        model.mkdir()
+        for name in ("build.json", "config.json", "model-00001-of-00001.safetensors"):
+            (model / name).write_text("{}")
+        assert production.publish_base(Hub(), model, tmp_path / "scratch", keep=keep) == "c0ffee"
+        left = sorted(p.name for p in model.iterdir())
+        assert left == (
+            ["build.json", "config.json", "model-00001-of-00001.safetensors"] if keep else ["config.json"]
+        )  # without the marker the next driver on the host builds again
 
 
 def run(wall, session, **extra):
