@@ -75,7 +75,7 @@ def boot_spec(recipe, folder: Path, scheme: str | None, kv: str, *, warm_up: boo
             device_memory_bytes=int(serve.memory_budget),
             gpu_memory_utilization=1.0,
             max_model_len=serve.max_model_len,
-            max_num_batched_tokens=serve.max_num_batched_tokens or 8192,
+            max_num_batched_tokens=serve.batched_tokens,
             block_size=planner.BLOCK_SIZE_CPU,
             mode="fixed_budget",
             group_size=128,

@@ -308,8 +308,7 @@ def plan_command(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len
         or (serve.max_model_len if serve else min(DEFAULT_PLAN_MAX_MODEL_LEN, shape.max_position_embeddings)),
         max_num_batched_tokens=args.max_num_batched_tokens
-        or (serve.max_num_batched_tokens if serve else None)
-        or planner.DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        or (serve.batched_tokens if serve else planner.DEFAULT_MAX_NUM_BATCHED_TOKENS),
         block_size=block,
         tensor_parallel_size=args.tp or (serve.tensor_parallel_size if serve else 1),
         mode=mode,

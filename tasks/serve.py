@@ -16,7 +16,6 @@ from prefect.futures import PrefectFuture
 from prefect.logging import get_run_logger
 
 from quantize_serve.capacity import measure as capacity
-from quantize_serve.capacity import planner
 from quantize_serve.capacity import shape as shape_capacity
 from quantize_serve.core.errors import GateError
 from quantize_serve.core.portable import portable_path
@@ -172,9 +171,7 @@ def compile_production_ahead(
             fits=partial(
                 capacity.fits_at, r, base.config, capacity.Boot.PRODUCTION, device_memory_bytes=usable
             ),
-            keep_free_bytes=compile_ahead.kept_for_base_bytes(
-                base.config, r.serve.max_num_batched_tokens or planner.DEFAULT_MAX_NUM_BATCHED_TOKENS
-            ),
+            keep_free_bytes=compile_ahead.kept_for_base_bytes(base.config, r.serve.batched_tokens),
         )
     if utilization is None:
         done = compile_ahead.CompiledAhead(outcome="skipped", detail=why)

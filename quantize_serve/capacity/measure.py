@@ -437,7 +437,7 @@ def plan_for(
         device_memory_bytes=int(recipe.serve.memory_budget) if fixed else int(device_memory_bytes or 0),
         gpu_memory_utilization=1.0 if fixed else recipe.serve.gpu_memory_utilization,
         max_model_len=recipe.serve.max_model_len,
-        max_num_batched_tokens=recipe.serve.max_num_batched_tokens or planner.DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        max_num_batched_tokens=recipe.serve.batched_tokens,
         block_size=block_size,
         tensor_parallel_size=tensor_parallel_size or recipe.serve.tensor_parallel_size,
         mode="fixed_budget" if fixed else "gpu",

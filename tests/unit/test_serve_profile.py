@@ -124,6 +124,9 @@ def test_candidates_keep_the_recipe_and_raise_batched_tokens_to_max_num_seqs():
     assert ps.candidate_serve(serve, max_num_seqs=12).max_num_batched_tokens == 2048
     assert ps.candidate_serve(serve, max_num_seqs=3000).max_num_batched_tokens == 3000
     unset = ServeSection.model_validate({**serve.model_dump(), "max_num_batched_tokens": None})
+    # the one place a recipe's unset value becomes vLLM's default: the planner, the search, the compile ahead
+    assert (serve.batched_tokens, unset.batched_tokens) == (2048, 8192)
+    assert planner.DEFAULT_MAX_NUM_BATCHED_TOKENS == 8192
     c = ps.candidate_serve(unset, max_num_seqs=12, max_model_len=1024)
     assert (c.max_num_batched_tokens, c.max_model_len) == (planner.DEFAULT_MAX_NUM_BATCHED_TOKENS, 1024)
     assert c.model_dump(
