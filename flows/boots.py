@@ -51,7 +51,7 @@ class BaseServed:
 @dataclass
 class ReleaseServed:
     capacity: CapacityConfig
-    accuracy: State
+    accuracy: State | None  # None: measured for its throughput only
     stress: State
 
 
@@ -251,22 +251,31 @@ def serve_quantized(
 
 
 def serve_release(
-    validated: ValidatedRecipe, model_dir: str, log_dir: Path, *, accuracy_dir: Path, stress_dir: Path
+    validated: ValidatedRecipe,
+    model_dir: str,
+    log_dir: Path,
+    *,
+    accuracy_dir: Path,
+    stress_dir: Path,
+    throughput_only: bool = False,
 ) -> ReleaseServed:
     """(d): the release the release ref serves, downloaded (release/baseline.py), booted with this run's
-    production settings, measured as the candidate's (c) is; its logs in ``log_dir``."""
+    production settings, measured as the candidate's (c) is; its logs in ``log_dir``. ``throughput_only``:
+    its accuracy is the one recorded with it (its stress test measures the throughput again)."""
     r = validated.recipe
-    ahead = accuracy_ahead(validated)
+    ahead = None if throughput_only else accuracy_ahead(validated)
     with served(validated, Boot.PRODUCTION, model_dir, log_dir) as (server, spec):
         capacity = measure_capacity(server, spec, Boot.PRODUCTION)
-        accuracy = accuracy_gate(
-            validated,
-            server,
-            tokenizer_dir=model_dir,
-            output_dir=accuracy_dir,
-            prepared=ahead,
-            served=capacity,
-        )
+        accuracy = None
+        if not throughput_only:
+            accuracy = accuracy_gate(
+                validated,
+                server,
+                tokenizer_dir=model_dir,
+                output_dir=accuracy_dir,
+                prepared=ahead,
+                served=capacity,
+            )
         stress = run_stress_test(
             server, r.gates.stress, r.serve, tokenizer_dir=model_dir, output_dir=stress_dir, return_state=True
         )

@@ -12,7 +12,7 @@ from quantize_serve.capacity.measure import CapacityConfig
 from quantize_serve.gates import regression
 from quantize_serve.gates.accuracy import AccuracyRun
 from quantize_serve.gates.stress import StressResult
-from quantize_serve.release.baseline import ProductionBaseline, find_baseline
+from quantize_serve.release.baseline import ProductionBaseline, find_baseline, to_measure_again
 from quantize_serve.report.provenance import describe_hardware, serving_vllm_version
 from quantize_serve.validate.preflight import ValidatedRecipe
 from tasks.decide import accuracy_task_labels
@@ -36,6 +36,21 @@ def find_production_release(validated: ValidatedRecipe) -> ProductionBaseline:
     else:
         logger.info("production %s is served again (%s)", baseline.commit, "; ".join(baseline.differences))
     return baseline
+
+
+@task(name="confirm-production-throughput", cache_policy=NO_CACHE)
+def confirm_production_throughput(
+    validated: ValidatedRecipe, baseline: ProductionBaseline, candidate: regression.ReleaseResults
+) -> ProductionBaseline:
+    """``baseline`` as it is, or, where the candidate's throughput fell below the limit against production's
+    recorded figure, with production's files downloaded to measure its throughput again on this host."""
+    if baseline.recorded is None:
+        return baseline
+    why = regression.throughput_to_confirm(baseline.recorded, candidate, validated.recipe.gates.regression)
+    if why is None:
+        return baseline
+    get_run_logger().info("production %s: its throughput is measured again (%s)", baseline.commit, why)
+    return to_measure_again(validated.recipe, baseline.model_copy(update={"differences": [why]}))
 
 
 @task(name="record-results")
@@ -69,6 +84,10 @@ def compare_with_production(
     production = baseline.recorded or served_again
     if production is None:  # the flow serves it again whenever nothing was recorded: a bug if reached
         raise ValueError(f"production {baseline.commit} has neither recorded nor measured figures")
+    source = "recorded" if baseline.recorded else "served again"
+    if baseline.recorded and served_again:  # its recorded figures, its throughput measured again
+        production = regression.with_throughput_of(baseline.recorded, served_again)
+        source = "recorded, throughput served again"
     result = regression.compare_with_production(
         candidate,
         production,
@@ -76,7 +95,7 @@ def compare_with_production(
         base=base,
         release_ref=baseline.release_ref,
         production_sha=baseline.commit,
-        source="recorded" if baseline.recorded else "served again",
+        source=source,
         differences=baseline.differences,
         task_labels=accuracy_task_labels(validated),
     )

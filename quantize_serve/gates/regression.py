@@ -16,7 +16,11 @@ Production's figures are the ones recorded with it on the Hub (:class:`ReleaseRe
 the release step as ``release-results.json`` in the gated commit) when they were measured under the
 same :class:`MeasurementConditions` as the candidate's (:func:`condition_differences`); otherwise the
 flow serves the release again with this run's settings (flows/boots.py ``serve_release``) and compares
-with those figures. With no release the gate is off (:func:`regression_off`), and the report says so.
+with those figures. A host's speed on the day is no recorded condition (a busier host, another card of
+the same model): a candidate whose throughput falls below the limit against production's recorded figure
+is compared with production's throughput measured again on this host, beside its other recorded figures
+(:func:`throughput_to_confirm`), so the gate never rejects on a slower host alone. With no release the
+gate is off (:func:`regression_off`), and the report says so.
 
 Pure functions and types (no Hub, no server): the flow composes them (tasks/regression.py).
 """
@@ -102,10 +106,11 @@ class RegressionResult(BaseModel):
     off: str = Field(default="", description="why the gate did not apply (no release yet, disabled, no hub)")
     release_ref: str | None = None
     production_sha: str | None = None
-    source: Literal["recorded", "served again"] | None = None
+    source: Literal["recorded", "served again", "recorded, throughput served again"] | None = None
     differences: list[str] = Field(
         default_factory=list,
-        description="why production was served again: the conditions that differ from its recorded ones",
+        description="why production was served again: the conditions that differ from its recorded ones, "
+        "or its recorded throughput the candidate's fell below",
     )
     rows: list[RegressionRow] = Field(default_factory=list)
 
@@ -117,13 +122,12 @@ class RegressionResult(BaseModel):
         """The side-by-side table (report.md, the card)."""
         if self.off:
             return f"Regression gate off: {self.off}."
-        head = f"Against the release at `{self.release_ref}` (`{(self.production_sha or '')[:12]}`), its " + (
-            "figures as recorded with it on the Hub (same conditions)."
-            if self.source == "recorded"
-            else "served again in this run with this run's settings ("
-            + "; ".join(self.differences or ["no figures recorded with it"])
-            + ")."
-        )
+        why = "; ".join(self.differences or ["no figures recorded with it"])
+        head = f"Against the release at `{self.release_ref}` (`{(self.production_sha or '')[:12]}`), its " + {
+            "recorded": "figures as recorded with it on the Hub (same conditions).",
+            "recorded, throughput served again": "figures as recorded with it on the Hub (same conditions), "
+            f"its throughput measured again in this run ({why}).",
+        }.get(self.source or "", f"served again in this run with this run's settings ({why}).")
         lines = [
             head,
             "",
@@ -231,6 +235,31 @@ def release_results(
     )
 
 
+def throughput_to_confirm(
+    recorded: ReleaseResults, candidate: ReleaseResults, gate: RegressionGate
+) -> str | None:
+    """Why production's throughput is measured again on this host before the gate compares it: the
+    candidate's fell below ``min_throughput_ratio`` of production's recorded figure. None: nothing to
+    confirm (throughput not compared, or not measured, or within the limit)."""
+    limit, was, now = gate.min_throughput_ratio, recorded.output_throughput, candidate.output_throughput
+    if limit is None or not was or now is None or now / was >= limit:
+        return None
+    return (
+        f"the candidate's {_num(now)} output tok/s is x{now / was:.3f} of production's recorded {_num(was)}, "
+        f"below {limit:.2f}: a host's speed on the day is no recorded condition"
+    )
+
+
+def with_throughput_of(recorded: ReleaseResults, served: ReleaseResults) -> ReleaseResults:
+    """Production's recorded figures, its throughput as measured again (:func:`throughput_to_confirm`)."""
+    return recorded.model_copy(
+        update={
+            "output_throughput": served.output_throughput,
+            "stress_concurrency": served.stress_concurrency,
+        }
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # The comparison
 # --------------------------------------------------------------------------------------------
@@ -248,7 +277,7 @@ def compare_with_production(
     base: ReleaseResults | None = None,
     release_ref: str,
     production_sha: str,
-    source: Literal["recorded", "served again"],
+    source: Literal["recorded", "served again", "recorded, throughput served again"],
     differences: list[str] | None = None,
     task_labels: Mapping[str, str] | None = None,
 ) -> RegressionResult:

@@ -417,7 +417,9 @@ class RegressionGate(Section):
     tokens and max concurrency, and on throughput at the stress concurrency. The release's results are
     the ones recorded with it on the Hub (release-results.json) when they were measured under the same
     conditions (tasks, vLLM version, hardware, serve settings, stress profile); otherwise the release is
-    served again in this run, with this recipe's settings. With no release yet (a first release, or no
+    served again in this run, with this recipe's settings. A candidate whose throughput falls below
+    min_throughput_ratio of the recorded figure is compared with production's throughput measured again
+    in this run (a slower host is no regression). With no release yet (a first release, or no
     hub section) the gate is off and the report says so. See quantize_serve/gates/regression.py.
     """
 

@@ -2,7 +2,8 @@
 
 Its figures recorded with it (``release-results.json``) are used as they are when they were measured
 under this run's conditions (gates/regression.py ``condition_differences``); otherwise its commit is
-downloaded, for the flow to serve it again with this run's settings (flows/boots.py ``serve_release``).
+downloaded, for the flow to serve it again with this run's settings (flows/boots.py ``serve_release``);
+so it is when the candidate's throughput falls below production's recorded one (:func:`to_measure_again`).
 With no gated release at the ref, the gate is off, and ``off`` says why.
 """
 
@@ -25,7 +26,9 @@ class ProductionBaseline(BaseModel):
     recorded: ReleaseResults | None = Field(
         default=None, description="its recorded figures, comparable as they are"
     )
-    differences: list[str] = Field(default_factory=list, description="why it must be served again")
+    differences: list[str] = Field(
+        default_factory=list, description="why it must be served again (all of it, or its throughput)"
+    )
     local_dir: str | None = Field(default=None, description="its files, downloaded to serve it again")
 
 
@@ -66,5 +69,13 @@ def find_baseline(recipe: Recipe, conditions: MeasurementConditions) -> Producti
             return found
     else:
         found.differences = ["no figures recorded with it (released before release-results.json)"]
-    found.local_dir = str(download_model(recipe, hub.repo_id, entry.commit).local_dir)
-    return found
+    return to_measure_again(recipe, found)
+
+
+def to_measure_again(recipe: Recipe, baseline: ProductionBaseline) -> ProductionBaseline:
+    """``baseline`` (a release found, its ``differences`` saying why) with the release's files downloaded, to
+    serve it again on this host."""
+    if recipe.hub is None or baseline.commit is None:  # a bug if reached: the gate is off without a release
+        raise ValueError("no release in production to serve again")
+    local_dir = download_model(recipe, recipe.hub.repo_id, baseline.commit).local_dir
+    return baseline.model_copy(update={"local_dir": str(local_dir)})
