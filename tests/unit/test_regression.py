@@ -34,7 +34,7 @@ GATE = RegressionGate()
 RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
 
 
-def compare(candidate, production, gate=GATE):
+def compare(candidate, production, gate=GATE, **how):
     return compare_with_production(
         candidate,
         production,
@@ -42,7 +42,7 @@ def compare(candidate, production, gate=GATE):
         base=base_results(),
         release_ref="production",
         production_sha="a" * 40,
-        source="recorded",
+        **{"source": "recorded", **how},
     )
 
 
@@ -147,39 +147,22 @@ def test_a_throughput_below_the_recorded_figure_is_measured_again_before_it_reje
         (results().model_copy(update={"output_throughput": None}), GATE),  # a failed stress test fails anyway
     ):
         assert throughput_to_confirm(recorded, *not_needed) is None
-    again = results(throughput=650.0).model_copy(update={"stress_concurrency": 4})
-    production = with_throughput_of(recorded, again)
+    served = results(throughput=650.0).model_copy(update={"stress_concurrency": 4})
+    production = with_throughput_of(recorded, served)
     assert (production.output_throughput, production.stress_concurrency) == (650.0, 4)
     assert production.model_dump(exclude={"output_throughput", "stress_concurrency"}) == recorded.model_dump(
         exclude={"output_throughput", "stress_concurrency"}
     )
-    result = compare_with_production(
-        results(throughput=600.0),
-        production,
-        GATE,
-        release_ref="production",
-        production_sha="a" * 40,
-        source="recorded, throughput served again",
-        differences=[why],
-    )
+    again = {"source": "recorded, throughput served again", "differences": [why]}
+    result = compare(results(throughput=600.0), production, **again)
     throughput = next(r for r in result.rows if r.kind == "throughput")
     assert result.passed and (throughput.production, throughput.candidate) == (650.0, 600.0)
     assert (
         "its figures as recorded with it on the Hub (same conditions), its throughput measured again in this "
         "run (the candidate's 600 output tok/s is x0.250" in result.markdown()
     )
-    slower_still = compare_with_production(
-        results(throughput=400.0),
-        production,
-        GATE,
-        release_ref="production",
-        production_sha="a" * 40,
-        source="recorded, throughput served again",
-        differences=[why],
-    )
-    assert [r.kind for r in slower_still.rows if not r.passed] == [
-        "throughput"
-    ]  # a regression on this host too
+    slower_still = compare(results(throughput=400.0), production, **again)
+    assert [r.kind for r in slower_still.rows if not r.passed] == ["throughput"]  # on this host too
 
 
 def test_the_gate_off_is_a_row_that_says_so_and_passes():
