@@ -41,6 +41,9 @@ from quantize_serve.recipe.model import SERVE_FIELDS_NOT_MEASURED, Recipe
 
 # The accuracy task fields that change a score (a recovery threshold does not).
 TASK_FIELDS_MEASURED = ("task", "num_fewshot", "limit")
+# Where production's figures came from: its record, all of it served again, or its record with the
+# throughput measured again (throughput_to_confirm).
+Source = Literal["recorded", "served again", "recorded, throughput served again"]
 
 
 class MeasurementConditions(BaseModel):
@@ -106,7 +109,7 @@ class RegressionResult(BaseModel):
     off: str = Field(default="", description="why the gate did not apply (no release yet, disabled, no hub)")
     release_ref: str | None = None
     production_sha: str | None = None
-    source: Literal["recorded", "served again", "recorded, throughput served again"] | None = None
+    source: Source | None = None
     differences: list[str] = Field(
         default_factory=list,
         description="why production was served again: the conditions that differ from its recorded ones, "
@@ -277,7 +280,7 @@ def compare_with_production(
     base: ReleaseResults | None = None,
     release_ref: str,
     production_sha: str,
-    source: Literal["recorded", "served again", "recorded, throughput served again"],
+    source: Source,
     differences: list[str] | None = None,
     task_labels: Mapping[str, str] | None = None,
 ) -> RegressionResult:
