@@ -67,6 +67,9 @@ GATE_GROUP = "release_gate"
 # The line both quantizers print, the flow's worker ("[quantize] ...", relayed without its tag) and the
 # oneshot script here ("[oneshot] ..."): samples and tokens
 CALIBRATION_LINE = re.compile(r"(\d+) calibration samples, (\d+) tokens")
+# How far apart two sessions' base downloads (the flow's "base resolved", `hf download` by hand) may be
+# for their walls to be paired: hosts as fast as each other have measured 30.9 and 30.3 s, a slower one 48.1.
+HOST_SPEED_TOLERANCE = 1.25
 # lm-eval's groups among the recipe's task names, with their leaf tasks (what --samples is keyed by): mmlu's
 # 57 subjects, as lm-eval's own mmlu group names them and the local Hub publishes them.
 LM_EVAL_GROUPS = {"mmlu": tuple(f"mmlu_{s}" for s in MMLU_SUBJECTS)}
@@ -493,7 +496,10 @@ def careful_manual_ratio(runs: dict[str, Any]) -> dict[str, Any] | None:
     the manual path to its tag), with where each came from: they may be measured in different sessions,
     each on a fresh host. A manual run cut short (a session's end) gives no ratio, but a bound: its wall
     is longer than the time it had run, so the ratio is at most first_release's wall / that time. Runs on
-    two cards (a session asked for an H200 and lent an H100) are not paired: neither a ratio nor a bound."""
+    two cards (a session asked for an H200 and lent an H100) are not paired: neither a ratio nor a bound.
+    Nor are runs of two sessions whose hosts differ in speed: lent hosts of one card name have run every
+    step 1.5-1.8x apart, so the one step both paths take alike, the base's download from the Hub, is
+    compared (:data:`HOST_SPEED_TOLERANCE`); within a session the host is the same one."""
     flow, manual = runs.get("first_release") or {}, runs.get("manual") or {}
     if not (flow.get("wall_seconds") and flow.get("decision") and manual):
         return None
@@ -514,6 +520,19 @@ def careful_manual_ratio(runs: dict[str, Any]) -> dict[str, Any] | None:
     cards = {run.get("device") for run in (flow, manual)}
     if None not in cards and len(cards) > 1:
         return {"ratio": None, "not_paired": "the two runs are on different cards", **source}
+    same_session = None if None in sessions else len(sessions) == 1
+    download = {
+        "first_release": (flow.get("stage_seconds") or {}).get("base resolved"),
+        "manual": (manual.get("step_seconds") or {}).get("download"),
+    }
+    check = {"base_download_seconds": download} if None not in download.values() else {}
+    if check and not same_session and max(download.values()) > HOST_SPEED_TOLERANCE * min(download.values()):
+        apart = (
+            "the two sessions' hosts differ in speed: the base's download took "
+            f"{download['first_release']} s in first_release's and {download['manual']} s in manual's, "
+            f"more than {HOST_SPEED_TOLERANCE}x apart"
+        )
+        return {"ratio": None, "not_paired": apart, **check, **source}
     bound = (
         {}
         if complete
@@ -525,6 +544,7 @@ def careful_manual_ratio(runs: dict[str, Any]) -> dict[str, Any] | None:
     return {
         "ratio": round(flow["wall_seconds"] / manual_s, 3) if complete else None,
         **bound,
+        **check,
         **source,
-        "same_session": None if None in sessions else len(sessions) == 1,
+        "same_session": same_session,
     }

@@ -456,6 +456,31 @@ def test_runs_on_two_cards_are_not_paired():
     assert manual.careful_manual_ratio(runs)["ratio"] == 0.6
 
 
+def test_runs_of_two_sessions_on_hosts_of_differing_speed_are_not_paired():
+    def runs(flow_download, manual_download, manual_session):
+        return {
+            "first_release": run(
+                571.9, "a", decision="passed", stage_seconds={"base resolved": flow_download}
+            ),
+            "manual": run(
+                None,
+                manual_session,
+                complete=False,
+                elapsed_seconds=1301.0,
+                step_seconds={"download": manual_download},
+            ),
+        }
+
+    slower = manual.careful_manual_ratio(runs(30.9, 48.1, "b"))  # the 2026-12-06 hosts
+    assert slower["ratio"] is None and "ratio_at_most" not in slower
+    assert "differ in speed" in slower["not_paired"] and "30.9 s" in slower["not_paired"]
+    assert slower["base_download_seconds"] == {"first_release": 30.9, "manual": 48.1}
+    alike = manual.careful_manual_ratio(runs(30.9, 30.3, "b"))
+    assert alike["ratio_at_most"] == 0.44 and alike["base_download_seconds"]["manual"] == 30.3
+    one_host = manual.careful_manual_ratio(runs(30.9, 48.1, "a"))  # a warmer page cache, the same host
+    assert one_host["ratio_at_most"] == 0.44 and one_host["same_session"] is True
+
+
 @pytest.mark.parametrize(
     "runs",
     [
