@@ -7,27 +7,25 @@ task, and re-running minutes of evaluation would not fix either.
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from quantize_serve.core import ahead
 from quantize_serve.core.settings import get_settings
 from quantize_serve.gates import accuracy
 from quantize_serve.recipe.gates import AccuracyGate
 from tasks.run_log import run_log
 
 
-# One worker: a run's preparation, its boot and its accuracy run all come before the next boot's
-_AHEAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="accuracy-ahead")
-
-
 def prepare_accuracy(gate: AccuracyGate, base_dir: Path) -> Future[accuracy.Prepared] | None:
-    """accuracy.prepare_run (lm-eval's imports, the task files, its task index) started now in a thread, as a
-    server boots: the boot's seconds, where the accuracy run would spend them after it. Its errors (a task
-    file) are raised by the run that takes it. None with QS_PREPARE_BOOTS=false: the run does it."""
-    return _AHEAD.submit(accuracy.prepare_run, gate, base_dir) if get_settings().prepare_boots else None
+    """accuracy.prepare_run (lm-eval's imports, the task files, its task index) started now as work ahead
+    (core/ahead.py), as a server boots: the boot's seconds, where the accuracy run would spend them after it.
+    Its errors (a task file) are raised by the run that takes it. None with QS_PREPARE_BOOTS=false: the run
+    does it."""
+    return ahead.start(accuracy.prepare_run, gate, base_dir) if get_settings().prepare_boots else None
 
 
 # log_prints off here: the flow's print-to-log patch would also catch prints aimed at a swapped
@@ -51,9 +49,10 @@ def run_accuracy(
     kv_cache_tokens: int | None = None,
 ) -> accuracy.AccuracyRun:
     log = run_log()
-    ahead = prepared.result() if prepared else None
-    if ahead:
-        log(f"lm-eval's imports and task index prepared while the server booted ({ahead.seconds:.0f} s)")
+    ahead.settle()  # its own preparation, if any, and all other work ahead: they import what lm-eval does
+    done = prepared.result() if prepared else None
+    if done:
+        log(f"lm-eval's imports and task index prepared while the server booted ({done.seconds:.0f} s)")
     result = accuracy.run_accuracy(
         server_base_url,
         gate,
@@ -65,7 +64,7 @@ def run_accuracy(
         paired_with=paired_with,
         reuse_rows=reuse_rows,
         log=log,
-        prepared=ahead,
+        prepared=done,
         kv_cache_tokens=kv_cache_tokens,
     )
     for run in result.tasks.values():  # a line per task for a person following the run

@@ -10,6 +10,7 @@ from prefect import task
 from prefect.logging import get_run_logger
 
 from quantize_serve.capacity import measure as capacity
+from quantize_serve.core import ahead
 from quantize_serve.core.settings import get_settings
 from quantize_serve.hub.download import download_model
 from quantize_serve.quantize import device, existing_checkpoint
@@ -50,17 +51,25 @@ def worker_ahead(validated: ValidatedRecipe) -> Iterator[None]:
     """The quantization worker started now, when the recipe quantizes (no quantization.checkpoint): its
     imports happen while the flow resolves (or downloads) the base. Whatever happens inside, it does not
     outlive the block (quantize/run.py prepare_worker). On a GPU host the calibration-token count of
-    :func:`beside_base` is prepared too (calibration.count_ahead): on the first release of a base it
-    stands between the download and the base's boot (14.0 s on one H100, 2026-12-05)."""
+    :func:`beside_base` is prepared too (calibration.count_ahead, work ahead in this process: the count
+    waits for it): on the first release of a base it stands between the download and the base's boot (14.0 s
+    on one H100, 2026-12-05)."""
     r = validated.recipe
     if not r.quantization.checkpoint:
         quantize.prepare_worker()
-        if get_settings().prepare_boots and r.calibration.beside_base != "never" and gpu.memory_info():
+        if get_settings().prepare_boots and r.calibration.beside_base != "never" and counts_calibration():
             count_ahead(r)
     try:
         yield
     finally:
         quantize.discard_prepared_worker()
+        ahead.settle()  # nothing started ahead outlives the run
+
+
+def counts_calibration() -> bool:
+    """Whether :func:`beside_base` counts calibration's tokens: on a GPU host, where the count sizes the
+    base's memory beside calibration; on any host with QS_AHEAD_AS_ON_GPU (the count then changes nothing)."""
+    return get_settings().ahead_as_on_gpu or gpu.memory_info() is not None
 
 
 def checkpoint_folder(validated: ValidatedRecipe) -> tuple[Path, str | None]:
@@ -112,10 +121,12 @@ def beside_base(
     tokens, bound = c.num_samples * c.max_seq_len, "at most "
     now, why, utilization = decide(tokens)
     # the bound does not fit beside the base at the recipe's utilization: count, where a count can change it
-    if info and (not now or utilization is not None) and decide(0)[0]:
+    # (without a GPU, only with QS_AHEAD_AS_ON_GPU: a CPU host's answer does not depend on it)
+    counted = (not now or utilization is not None) and decide(0)[0] if info else counts_calibration()
+    if counted and c.beside_base != "never":
         tokens, bound = calibration_tokens(r, Path(base.local_dir)), ""
         now, why, utilization = decide(tokens)
-    if info and c.beside_base != "never":
+    if (info or counted) and c.beside_base != "never":
         why = f"{why} ({bound}{tokens:,} calibration tokens)"
     get_run_logger().info("quantize beside the base's accuracy run: %s (%s)", "yes" if now else "no", why)
     return now, why, utilization

@@ -55,6 +55,12 @@ class Settings(BaseSettings):
         "as the run validates (quantize/run.py prepare_worker), and an accuracy run's lm-eval imports "
         "and task index while its server boots (tasks/accuracy.py prepare_accuracy).",
     )
+    ahead_as_on_gpu: bool = Field(
+        default=False,
+        description="Take the work-ahead paths of a GPU host on any host: the calibration count started as "
+        "the run validates and counted before the base boots (tasks/quantize.py), without changing what a "
+        "CPU host decides. For testing those paths where no GPU is (tests/flows/test_flow.py).",
+    )
     gpu_concurrency_limit: str = Field(
         default="gpu", description="Prefect global concurrency limit that serialises GPU stages."
     )

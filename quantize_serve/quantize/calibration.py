@@ -15,10 +15,11 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from quantize_serve.core import ahead
 from quantize_serve.core.errors import RecipeError
 from quantize_serve.recipe.inputs import check_calibration_rows, show_path
 from quantize_serve.recipe.model import DATA_FORMATS, Recipe
@@ -225,25 +226,24 @@ def tokenize_calibration(recipe: Recipe, tokenizer: Any) -> tuple[Any, Any]:
     return rows, encoded
 
 
-_AHEAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="calibration-ahead")
-
-
 def count_ahead(recipe: Recipe) -> Future[None]:
-    """What :func:`calibration_tokens` needs before the base's tokenizer, started now in a thread: the
-    transformers and datasets imports and the dataset in its cache (4.7 s of the llama3 recipe's 5.2 s count
-    in a cold process on a 2-core CPU; the count took 14.0 s on one H100's host). Its errors stay in the
-    future: the count raises its own."""
+    """What :func:`calibration_tokens` needs before the base's tokenizer, started now as work ahead
+    (core/ahead.py): the transformers and datasets imports and the dataset in its cache (4.7 s of the llama3
+    recipe's 5.2 s count in a cold process on a 2-core CPU; the count took 14.0 s on one H100's host). Its
+    errors stay in the future: the count raises its own."""
 
     def prepare() -> None:
         from transformers import AutoTokenizer  # noqa: F401 (the import is the work)
 
         load_calibration(recipe)
 
-    return _AHEAD.submit(prepare)
+    return ahead.start(prepare)
 
 
 def calibration_tokens(recipe: Recipe, model_dir: Path) -> int:
-    """How many tokens calibration runs on, with the tokenizer of the model in ``model_dir``."""
+    """How many tokens calibration runs on, with the tokenizer of the model in ``model_dir``; after the work
+    started ahead (:func:`count_ahead`), whose imports it shares."""
+    ahead.settle()
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=recipe.model.trust_remote_code)

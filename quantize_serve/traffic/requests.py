@@ -12,7 +12,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from quantize_serve.core import progress
+from quantize_serve.core import ahead, progress
 from quantize_serve.core.errors import GateError
 from quantize_serve.serving.server import SERVED_NAME
 
@@ -33,6 +33,7 @@ class Probe:
 def token_prompts(tokenizer_dir: str, rng: random.Random) -> Callable[[int], list[int]]:
     """prompt(n): n token ids drawn with rng from the tokenizer's vocabulary (no special tokens),
     BOS first when the tokenizer adds one. Also the soak test's generator (soak.py)."""
+    ahead.settle()  # work started ahead imports transformers too (core/ahead.py)
     from transformers import AutoTokenizer  # heavy import, only where used
 
     try:

@@ -5,6 +5,7 @@ the tests below), the rejection path and a cancel from the UI."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -45,9 +46,12 @@ NO_WORSE = {"gates.regression.min_throughput_ratio": None, "gates.regression.max
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, awq_checkpoint):  # the checkpoint fixture warms the shared cache
+    """The runs take a GPU host's work-ahead paths (QS_AHEAD_AS_ON_GPU: the calibration count started as the
+    run validates, counted before the base boots), which CPU hosts otherwise never take."""
     home = tmp_path_factory.mktemp("stack")
     runs = home / "runs"
-    with local_stack(home, hub_token=TOKEN, extra_env={"QS_RUNS_DIR": str(runs)}) as s:
+    env = {"QS_RUNS_DIR": str(runs), "QS_AHEAD_AS_ON_GPU": "true"}
+    with local_stack(home, hub_token=TOKEN, extra_env=env) as s:
         s.runs = runs
         yield s
 
@@ -326,6 +330,8 @@ def test_a_first_release_quantizes_beside_the_base_accuracy_run(promoted, stack)
     capacity is read the checkpoint is quantized while the base's accuracy is scored."""
     report = promoted_report(stack, promoted)
     assert report["quantized_beside_base"].startswith("calibration.beside_base is always"), report
+    # counted in the flow's thread after the count's work ahead (QS_AHEAD_AS_ON_GPU), as on a GPU host
+    assert re.search(r"\(\d[\d,]* calibration tokens\)$", report["quantized_beside_base"]), report
     # the quantization worker, started as the run validated, had done its imports (tasks/quantize.py); a
     # second local suite reuses the first's checkpoint (.cache/test-work, tests/conftest.py): nothing to time
     assert report["checkpoint"]["imports_ahead"] or report["checkpoint"]["cached"], report["checkpoint"]
