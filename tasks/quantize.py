@@ -63,7 +63,7 @@ def worker_ahead(validated: ValidatedRecipe) -> Iterator[None]:
         yield
     finally:
         quantize.discard_prepared_worker()
-        ahead.settle()  # nothing started ahead outlives the run
+        ahead.settle(cancel=True)  # nothing started ahead outlives the run
 
 
 def counts_calibration() -> bool:

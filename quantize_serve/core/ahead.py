@@ -36,12 +36,16 @@ def start(work: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         return future
 
 
-def settle() -> None:
+def settle(*, cancel: bool = False) -> None:
     """Wait for every piece of work started ahead so far (their errors stay in their futures). Called by code
-    that imports what work ahead imports, before it does."""
+    that imports what work ahead imports, before it does. ``cancel``: pieces not yet begun never begin (a
+    run that ends waits only for the piece under way)."""
     if threading.current_thread().name.startswith("ahead"):
         return  # a piece of work ahead runs after those before it already
     with _LOCK:
         pending = [f for f in _STARTED if not f.done()]
         _STARTED[:] = pending
+    if cancel:
+        for future in pending:
+            future.cancel()
     wait(pending)

@@ -63,6 +63,16 @@ def test_work_ahead_runs_one_piece_at_a_time_and_settle_waits_for_all_of_it():
     ahead.settle()  # nothing pending: returns at once
 
 
+def test_a_settle_that_cancels_waits_only_for_the_piece_under_way():
+    began = []
+    futures = [ahead.start(lambda n=n: began.append(n) or time.sleep(0.3)) for n in range(3)]
+    while not began:
+        time.sleep(0.01)
+    ahead.settle(cancel=True)
+    assert began == [0] and futures[0].exception() is None
+    assert all(f.cancelled() for f in futures[1:])
+
+
 def test_the_count_and_its_work_ahead_import_transformers_in_a_fresh_process():
     """What a GPU host's flow does with a local base, in a process that has not imported transformers yet."""
     code = (
