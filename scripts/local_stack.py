@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from quantize_serve.local_api import FIRST_START_S, SERVER_ENV
 from quantize_serve.serving.server import (  # every process here leads its own group
     free_port,
     stop_process_group,
@@ -199,7 +200,7 @@ def local_stack(
     env.update(
         PREFECT_HOME=str(home / "prefect"),
         PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
-        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        **SERVER_ENV,  # the settings of every Prefect server the product starts (telemetry off)
         PREFECT_UI_ENABLED="true",
         PREFECT_LOGGING_LEVEL="INFO",
         # the server streams run logs out (off by default), so `deployment run --watch` shows them
@@ -248,7 +249,8 @@ def local_stack(
                 start_new_session=True,
             )
         )
-        wait_http(f"{env['PREFECT_API_URL']}/health", 120, stack.procs[0], server_log)
+        # a first start (a fresh .demo/prefect) migrates the database: minutes on a small, busy machine
+        wait_http(f"{env['PREFECT_API_URL']}/health", FIRST_START_S, stack.procs[0], server_log)
         wait_http(f"{env['HF_ENDPOINT']}/api/models/local/health", 30, stack.procs[1], hub_log)
         create_pools_and_limit(stack.api_url)
         if deploy:

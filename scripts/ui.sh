@@ -6,7 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=${PORT:-4200} HOST=127.0.0.1
 RUNS=${QS_RUNS_DIR:-runs}
-export PREFECT_HOME="$PWD/.demo/prefect" PREFECT_SERVER_ANALYTICS_ENABLED=false
+export PREFECT_HOME="$PWD/.demo/prefect"
+# the settings of every Prefect server the product starts (quantize_serve/local_api.py: telemetry off)
+server_env=$(.venv/bin/python -m quantize_serve.local_api)
+# shellcheck disable=SC2086  # KEY=VALUE words
+export $server_env
 [ -d "$PREFECT_HOME" ] || echo "ui: no demo database yet (\`make demo\` makes one): an empty one in $PREFECT_HOME"
 mkdir -p "$PREFECT_HOME"
 # The UI's browser code calls the API at PREFECT_UI_API_URL, which otherwise follows PREFECT_API_URL
@@ -18,7 +22,7 @@ export PREFECT_API_URL="http://$HOST:$PORT/api" PREFECT_UI_API_URL="http://$HOST
 server=$!
 trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true' INT TERM EXIT
 
-for _ in $(seq 60); do  # about 10 s here
+for _ in $(seq 600); do  # about 10 s here; a first start (no database yet) migrates it: a minute or more
   .venv/bin/python -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)" \
     "http://$HOST:$PORT/api/health" 2>/dev/null && break
   kill -0 "$server" 2>/dev/null || { echo "ui: the Prefect server did not start (its output is above)" >&2; exit 1; }
