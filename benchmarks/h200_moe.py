@@ -3,10 +3,10 @@
 ``recipes/tiny-qwen3-moe-awq.yaml`` (``models/tiny-qwen3-moe``: Qwen3-MoE architecture, 8 experts, top-2)
 runs through the flow as `quantize-serve run` runs a recipe (``flows.pipeline.quantize_serve`` with a
 local, temporary Prefect API), in GPU mode as the gpu test tier and `make demo` run the tiny recipes
-there (``serving.host.GPU_OVERRIDES``: no serve.memory_budget, so vLLM sizes each boot's KV cache from
-gpu_memory_utilization), against a local Hub endpoint (``localhub``) that receives the candidate and
-the release. llm-compressor quantizes on the GPU (AWQ W4A16_ASYM, every expert calibrated on every
-token, the routers left 16-bit).
+there (the recipe's serve.memory_budget, the CPU host's budget, is not applied on a GPU host, so vLLM
+sizes each boot's KV cache from gpu_memory_utilization: validate/preflight.py for_this_host), against a
+local Hub endpoint (``localhub``) that receives the candidate and the release. llm-compressor quantizes on
+the GPU (AWQ W4A16_ASYM, every expert calibrated on every token, the routers left 16-bit).
 
 Written to --out (benchmarks/results/h200_moe.json): the run's final state, decision and reasons, the
 release and where the Hub's release ref points (it must be the gated commit), where it quantized, the
@@ -55,7 +55,7 @@ from quantize_serve.recipe.load import load_recipe  # noqa: E402
 from quantize_serve.report.run_report import RunReport, report_of, stress_summary  # noqa: E402
 from quantize_serve.serving import gpu  # noqa: E402
 from quantize_serve.serving.boot import Boot  # noqa: E402
-from quantize_serve.serving.host import GPU_OVERRIDES, servable_overrides  # noqa: E402
+from quantize_serve.serving.host import servable_overrides  # noqa: E402
 from quantize_serve.serving.vllm_log import read_log  # noqa: E402
 from quantize_serve.validate.preflight import check_quantize_host, check_serving_host  # noqa: E402
 
@@ -73,9 +73,9 @@ def run_overrides(on_gpu: bool) -> tuple[dict[str, Any], str]:
     """The recipe overrides of this run and why: GPU mode on a GPU (as the gpu tier and the demo run the
     tiny recipes), else what this CPU's vLLM serves (``servable_overrides``; none where it serves W4A16)."""
     if on_gpu:
-        return dict(GPU_OVERRIDES), (
-            "GPU mode: no serve.memory_budget, vLLM sizes each boot's KV cache from "
-            "gpu_memory_utilization, as production does"
+        return {}, (
+            "GPU mode: serve.memory_budget (the CPU host's budget) not applied, vLLM sizes each boot's KV "
+            "cache from gpu_memory_utilization, as production does"
         )
     overrides, why = servable_overrides()
     return overrides, why or "CPU: the recipe's own settings (serve.memory_budget)"
@@ -105,9 +105,10 @@ def read_report(report_path: Path, *, platform: str) -> dict[str, Any]:
     report = RunReport.model_validate_json(Path(report_path).read_text())
     folder = Path(report_path).parent
     scheme = report.checkpoint.scheme
+    kv = report.capacity.kv_cache_dtype if report.capacity else None  # the production boot's, as served
     kernels: dict[str, Any] = {}
     for boot in Boot:
-        path = folder / f"vllm-{boot}.log"
+        path = folder / boot.log_name(scheme, kv_cache_dtype=kv)  # named by what ran, as the flow names it
         text = read_log(path)
         kernels[str(boot)] = {
             "log": path.name if text else None,

@@ -12,6 +12,8 @@ serve_release     (d) the release in production (hub.release_ref), when its reco
 Each boot is served once and stopped before the next starts (one GPU's memory, one boot at a time);
 the caller holds the `gpu` slot around them. ``also`` runs on a boot right after its capacity is read
 (the format choice's kernel check and bench; the pipeline's serving profile), with the live server.
+``stop`` is asked before each boot and gate starts and after each ends: it raises once the release can no
+longer happen (a Hub step it needs failed for good: quantize_serve/release/blocked.py), so none starts after.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from tasks.soak import run_soak_test
 from tasks.stress import run_stress_test
 
 Also = Callable[[RunningServer, ServerSpec, CapacityConfig], Any]
+Stop = Callable[[], None]  # raises when the boots are to stop
 
 
 @dataclass
@@ -65,17 +68,29 @@ class QuantizedServed:
     also: Any = None
 
 
-class _NoProgress:
-    """The stages of boots no one follows line by line (the format choice's: its own stage)."""
+class _Stages:
+    """A boot's stages: ``progress`` is told as each starts and ends (None: no one follows them line by line,
+    e.g. the format choice's: its own stage), and ``stop`` is asked at each."""
+
+    def __init__(self, progress: Progress | None, stop: Stop | None) -> None:
+        self.progress, self.stop = progress, stop
 
     def start(self, stage: str) -> None:
-        pass
+        if self.stop:
+            self.stop()
+        if self.progress:
+            self.progress.start(stage)
 
     def done(self, stage: str, result: Any = None, *, mark: str | None = None) -> Any:
+        if self.progress:
+            self.progress.done(stage, result, mark=mark)
+        if self.stop:
+            self.stop()
         return result
 
     def mark(self, name: str) -> None:
-        pass
+        if self.progress:
+            self.progress.mark(name)
 
 
 def accuracy_gate(
@@ -126,13 +141,14 @@ def serve_base(
     also: Also | None = None,
     prepare_next: tuple[Boot, ...] = (),
     progress: Progress | None = None,
+    stop: Stop | None = None,
 ) -> BaseServed:
     """(a): ``tensor_parallel_size`` when the base needs more GPUs than the recipe's (plan-base-boot).
     ``served_at``: a gpu_memory_utilization below the recipe's (calibration beside it): the row is then
     derived at the recipe's (capacity-at-recipe-utilization).
     ``prepare_next``: the boots that follow in ``log_dir``, their processes started once capacity is read.
-    ``progress`` is told as the boot and its accuracy run start and end."""
-    stages = progress or _NoProgress()
+    ``progress`` is told as the boot and its accuracy run start and end; ``stop`` is asked then."""
+    stages = _Stages(progress, stop)
     stages.start("boot base")
     ahead = accuracy_ahead(validated)
     boot = served(
@@ -149,7 +165,7 @@ def serve_base(
             capacity = capacity_at_recipe_utilization(validated, measured, model_dir, served_at)
         stages.done("boot base", capacity)
         for name in prepare_next:  # their imports overlap this boot's accuracy run (nothing here is timed)
-            prepare_boot(log_dir, name)
+            prepare_boot(validated, log_dir, name)
         extra = also(server, spec, capacity) if also else None
         stages.start("accuracy base")
         accuracy = stages.done(
@@ -184,12 +200,13 @@ def serve_quantized(
     also: Also | None = None,
     progress: Progress | None = None,
     base_accuracy: AccuracyRun | BaseException | None = None,
+    stop: Stop | None = None,
 ) -> QuantizedServed:
     """(b) when ``sixteen_bit_kv``, then (c). ``soak_dir``: run the soak test too (gates.soak), its
-    files there. ``progress`` is told as each boot and gate starts and ends. ``base_accuracy``: the
-    base's run, which the accuracy gate pairs with look by look."""
+    files there. ``progress`` is told as each boot and gate starts and ends; ``stop`` is asked then.
+    ``base_accuracy``: the base's run, which the accuracy gate pairs with look by look."""
     r = validated.recipe
-    stages = progress or _NoProgress()
+    stages = _Stages(progress, stop)
     sixteen = None
     if sixteen_bit_kv:
         stages.start("boot quantized 16-bit KV")
@@ -197,7 +214,8 @@ def serve_quantized(
             sixteen = stages.done(
                 "boot quantized 16-bit KV", measure_capacity(server, spec, Boot.QUANTIZED_16BIT_KV)
             )
-            prepare_boot(log_dir, Boot.PRODUCTION)  # (c)'s imports while (b) stops, unless started before
+            # (c)'s imports while (b) stops, unless started before
+            prepare_boot(validated, log_dir, Boot.PRODUCTION)
         stages.mark("quantized served")
     stages.start("boot production")
     ahead = accuracy_ahead(validated)
@@ -258,25 +276,42 @@ def serve_release(
     accuracy_dir: Path,
     stress_dir: Path,
     throughput_only: bool = False,
+    stop: Stop | None = None,
 ) -> ReleaseServed:
     """(d): the release the release ref serves, downloaded (release/baseline.py), booted with this run's
     production settings, measured as the candidate's (c) is; its logs in ``log_dir``. ``throughput_only``:
-    its accuracy is the one recorded with it (its stress test measures the throughput again)."""
+    its accuracy is the one recorded with it (its stress test measures the throughput again). ``stop`` is
+    asked as each boot and gate starts and ends (the caller tells the stage as a whole)."""
     r = validated.recipe
+    stages = _Stages(None, stop)
     ahead = None if throughput_only else accuracy_ahead(validated)
+    stages.start("boot production again")
     with served(validated, Boot.PRODUCTION, model_dir, log_dir) as (server, spec):
-        capacity = measure_capacity(server, spec, Boot.PRODUCTION)
+        capacity = stages.done("boot production again", measure_capacity(server, spec, Boot.PRODUCTION))
         accuracy = None
         if not throughput_only:
-            accuracy = accuracy_gate(
-                validated,
-                server,
-                tokenizer_dir=model_dir,
-                output_dir=accuracy_dir,
-                prepared=ahead,
-                served=capacity,
+            stages.start("accuracy of production")
+            accuracy = stages.done(
+                "accuracy of production",
+                accuracy_gate(
+                    validated,
+                    server,
+                    tokenizer_dir=model_dir,
+                    output_dir=accuracy_dir,
+                    prepared=ahead,
+                    served=capacity,
+                ),
             )
-        stress = run_stress_test(
-            server, r.gates.stress, r.serve, tokenizer_dir=model_dir, output_dir=stress_dir, return_state=True
+        stages.start("stress of production")
+        stress = stages.done(
+            "stress of production",
+            run_stress_test(
+                server,
+                r.gates.stress,
+                r.serve,
+                tokenizer_dir=model_dir,
+                output_dir=stress_dir,
+                return_state=True,
+            ),
         )
     return ReleaseServed(capacity=capacity, accuracy=accuracy, stress=stress)

@@ -1,7 +1,8 @@
 """The quantize-serve flow: the pipeline's table of contents. Composition only.
 
 validate -> resolve base -> [choose the format: flows/formats.py] -> quantize -> push candidate and
-find the release in production (both beside the boots: Hub I/O needs no device) -> measure capacity ->
+find the release in production (both beside the boots: Hub I/O needs no device; either failing for good
+stops the boots and gates at once and fails the run: quantize_serve/release/blocked.py) -> measure capacity ->
 accuracy gate -> stress gate -> [serve production again] -> compare with production -> decide ->
 promote or reject -> report (and the release history). Each boot's vLLM process starts (its imports)
 while the device still works on the step before (tasks/serve.py prepare_boot; the base's, when no stored
@@ -36,17 +37,19 @@ from prefect.utilities.annotations import quote
 
 from flows.boots import BaseServed, reused_base, serve_base, serve_quantized, serve_release
 from flows.formats import choose_format
+from quantize_serve.gates.results import scoring_notes
 from quantize_serve.quantize.run import STAGE as QUANTIZE_STAGE
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.compile_ahead import Until
+from quantize_serve.release.blocked import Blocked
 from quantize_serve.release.publish import release_reasons
 from quantize_serve.report.provenance import ACCURACY_BASE_DIR, ACCURACY_QUANTIZED_DIR
 from quantize_serve.report.run_report import ReleaseRejected, RunReport
 from quantize_serve.validate.preflight import ValidatedRecipe
 from tasks.decide import compare_accuracy, decide_release
 from tasks.formats import with_candidate
-from tasks.hub import promote_or_reject, push_candidate
+from tasks.hub import HubStep, promote_or_reject, push_candidate
 from tasks.quantize import beside_base, quantize_model, worker_ahead
 from tasks.regression import (
     compare_with_production,
@@ -113,8 +116,8 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
         with gpu_slot():
             preflight = progress.done("shape capacity", measure_shape_capacity(validated, run_dir))
     if boots_base_first(validated):  # the base's boot imports vLLM, then inspects its model, as it downloads
-        prepare_boot(run_dir, Boot.BASE)
-        prepare_boot(run_dir, Boot.BASE, base_architectures(validated))
+        prepare_boot(validated, run_dir, Boot.BASE)
+        prepare_boot(validated, run_dir, Boot.BASE, base_architectures(validated))
     progress.start("resolve base")
     base = resolve_base_model(validated)
     base_boot = plan_base_boot(validated, base)  # a base too large for the recipe's GPUs: more, or stop here
@@ -141,6 +144,9 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
     )
     after_base = (Boot.QUANTIZED_16BIT_KV, Boot.PRODUCTION) if boot_sixteen else (Boot.PRODUCTION,)
 
+    # a Hub step the release needs that failed for good stops the boots and every stage after it
+    blocked = Blocked(run_dir, validated.recipe.hub)
+
     def score_base(also=None) -> BaseServed:  # (a), its figures kept for the next release of this base
         served_base = serve_base(
             validated,
@@ -152,6 +158,7 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
             also=also,
             prepare_next=after_base,
             progress=progress,
+            stop=blocked.check,
         )
         record_base_reference(
             validated,
@@ -173,15 +180,17 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
         quantized = quantize_model.submit(validated, base)
         if not ahead:
             return quantized, None
-        prepare_compile_ahead(run_dir, base.config.get("architectures"))  # its imports while calibrating
+        # its imports while calibrating
+        prepare_compile_ahead(validated, run_dir, base.config.get("architectures"))
         return quantized, compile_production_ahead.submit(
             validated, base, quote(quantized), run_dir, quote(until)
         )
 
     # one GPU slot from the first boot to the last (quantization on the device included): runs never share
-    with prepared_boots(), gpu_slot():  # a boot's process starts while the device works on the one before
+    with prepared_boots(), gpu_slot(), blocked.stops():  # a boot's process starts while the device works on
+        # the one before; a boot stopped for a failed Hub step ends the run with that step's failure
         # imports and inspection while quantizing (the base first: started as the run started)
-        prepare_boot(run_dir, first_boot, base.config.get("architectures"))
+        prepare_boot(validated, run_dir, first_boot, base.config.get("architectures"))
         base_served, compiling = None, None
         if beside:
             try:
@@ -218,9 +227,15 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
             if profile
             else published_serve_command(validated, checkpoint.checkpoint_dir)
         )
-        # Hub I/O needs no device: the push and the production release's download run beside the boots
-        pushed = push_candidate.submit(validated, base, checkpoint, serving_command, run_dir, profile)
-        in_production = find_production_release.submit(validated)  # its recorded figures, or its files
+        # Hub I/O needs no device: the push and the production release's download run beside the boots;
+        # either failing for good stops them (HubStep)
+        pushed = HubStep(
+            "push-candidate",
+            push_candidate.submit(validated, base, checkpoint, serving_command, run_dir, profile),
+            blocked,
+        )
+        # its recorded figures, or its files
+        in_production = HubStep("find-production-release", find_production_release.submit(validated), blocked)
         if base_served is None and reference:
             base_served = reused_base(reference)
             progress.done("base reused", reference)
@@ -236,6 +251,7 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
             soak_dir=run_dir,
             sixteen_bit_kv=boot_sixteen,
             progress=progress,  # soak.png beside report.md
+            stop=blocked.check,
             base_accuracy=outcome(base_served.accuracy),
             also=lambda server, spec, cap: write_serving_profile(
                 validated, base, spec, cap, checkpoint.checkpoint_dir, run_dir
@@ -258,6 +274,7 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
                 accuracy_dir=run_dir / "production-release" / "accuracy",
                 stress_dir=run_dir / "production-release" / "stress",
                 throughput_only=baseline.recorded is not None,
+                stop=blocked.check,
             )
             progress.done("production served again", release_served.capacity)
     candidate = progress.done("push candidate", pushed.result(), mark="candidate pushed")  # beside the boots
@@ -323,6 +340,9 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
             compiled_ahead=compiled_ahead.line() if compiled_ahead else None,
             sixteen_bit_kv_reused_from=sixteen_bit_kv.run_id if sixteen_bit_kv else None,
             accuracy=checks if isinstance(checks, list) else [],
+            scoring=scoring_notes(
+                {"base": outcome(base_served.accuracy), "candidate": outcome(quantized.accuracy)}
+            ),
             results=results,
             regression=regression,
             stress=outcome(quantized.stress) if quantized.stress.is_completed() else None,

@@ -46,6 +46,7 @@ from quantize_serve.core.errors import USER_ERRORS, QuantizeServeError, RecipeEr
 from quantize_serve.core.settings import get_settings
 from quantize_serve.hub.client import resolve_token
 from quantize_serve.hub.download import fetch_model_config
+from quantize_serve.local_api import start_local_api
 from quantize_serve.recipe.inputs import check_model, check_model_config, read_model_config, show_path
 from quantize_serve.recipe.load import load_recipe
 from quantize_serve.recipe.section import looks_local
@@ -53,7 +54,7 @@ from quantize_serve.release.history import release_history
 from quantize_serve.release.rollback import RollbackRequest, plan_rollback
 from quantize_serve.report.run_report import RunReport, report_of
 from quantize_serve.serving import gpu
-from quantize_serve.validate.preflight import check_recipe, check_serving_host, model_shape_dir
+from quantize_serve.validate.preflight import check_recipe, check_serving_host, for_this_host, model_shape_dir
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT = 0, 1, 2
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -128,8 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu",
         type=_gpu,
         metavar="h200|h100-80gb|BYTES",
-        help=f"device memory: a preset or a size (default: the recipe's serve.memory_budget "
-        f"if set, else {DEFAULT_GPU})",
+        help=f"device memory: a preset or a size (default: on a host without a GPU, the recipe's "
+        f"serve.memory_budget if set; else {DEFAULT_GPU})",
     )
     p.add_argument("--tp", type=_positive_int, metavar="N", help="tensor parallel size")
     p.add_argument("--max-model-len", type=_positive_int, metavar="N")
@@ -284,6 +285,7 @@ def plan_command(args: argparse.Namespace) -> int:
     recipe = None
     if args.recipe:
         recipe, config, model = _recipe_model(args.recipe)
+        recipe = _on_this_host(recipe)
     else:
         config, model = _model_config(args.model, revision=args.revision), args.model
     shape = planner.ModelShape.from_config(config, source=_config_source(model))
@@ -354,6 +356,7 @@ def measure_command(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe, overrides)
     check_serving_host(recipe, source=args.recipe)
     device = gpu.usable_memory_bytes()
+    recipe = _on_this_host(recipe, device)
     if device is None and recipe.serve.memory_budget is None:
         raise RecipeError(
             args.recipe,
@@ -371,6 +374,16 @@ def measure_command(args: argparse.Namespace) -> int:
     shape_capacity.write_files(result, out)
     print(result.model_dump_json(indent=2) if args.json else result.markdown())
     return EXIT_OK
+
+
+def _on_this_host(recipe: Any, device_memory_bytes: int | None = None) -> Any:
+    """The recipe as this host applies it (preflight.for_this_host), each setting it does not apply said
+    on stderr (a --json plan stays parseable)."""
+    device = gpu.usable_memory_bytes() if device_memory_bytes is None else device_memory_bytes
+    recipe, not_applied = for_this_host(recipe, device)
+    for field, why in not_applied.items():
+        print(f"{field} not applied: {why}", file=sys.stderr)
+    return recipe
 
 
 def _recipe_model(path: str) -> tuple[Any, dict[str, Any], str]:
@@ -446,6 +459,7 @@ def run_command(args: argparse.Namespace) -> int:
     print(f"quantize-serve run {check.source}", flush=True)
     handlers = terminal_handlers((PrefectConsoleHandler,))
     with run_console(verbose=args.verbose, handlers=handlers) as stages:
+        start_local_api(say=stages.print)  # once, before the flow: a first start migrates the database
         state = run_local(args.recipe)
     if not args.verbose:
         quiet_prefect_server_notes(handlers)
@@ -515,6 +529,7 @@ def rollback_command(args: argparse.Namespace) -> int:
 
     if not args.debug:
         quiet_user_tracebacks()
+    start_local_api()
     state = rollback_release(request.model_copy(update={"to": plan.target}), return_state=True)
     result = state.result(raise_on_failure=False)
     if isinstance(result, BaseException):

@@ -28,10 +28,10 @@ def demo_overrides() -> tuple[dict, str | None]:
     """The recipe overrides the demo runs with on this machine, and the one line that says why (None:
     the recipe as it is)."""
     from quantize_serve.serving import gpu
-    from quantize_serve.serving.host import GPU_OVERRIDES, servable_overrides
+    from quantize_serve.serving.host import servable_overrides
 
-    if gpu.usable_memory_bytes():
-        return dict(GPU_OVERRIDES), (
+    if gpu.usable_memory_bytes():  # the run drops serve.memory_budget, the CPU host's budget, itself
+        return {}, (
             f"demo: {gpu.describe_devices()}: the tiny recipe runs on the GPU, its KV "
             "cache sized by vLLM from gpu_memory_utilization (serve.memory_budget is for CPUs)"
         )

@@ -1,5 +1,7 @@
 """Hub tasks: push the candidate, then promote or reject it (the work is in
-``quantize_serve.release.publish``; these add the logs, the event and the link artifact).
+``quantize_serve.release.publish``; these add the logs, the event and the link artifact); and
+:class:`HubStep`, a Hub step the release needs submitted beside the boots, which stops them the moment it
+fails for good (quantize_serve/release/blocked.py).
 
 The token is resolved inside the release functions (environment or Prefect Secret block) and never
 passed as a task parameter: Prefect records task inputs, and a token must not be among them.
@@ -8,19 +10,25 @@ passed as a task parameter: Prefect records task inputs, and a token must not be
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from prefect import task
 from prefect.artifacts import create_link_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
+from prefect.futures import PrefectFuture
 from prefect.logging import get_run_logger
 
+from quantize_serve.core import progress
 from quantize_serve.hub.client import PushResult
 from quantize_serve.quantize.run import QuantizeResult
 from quantize_serve.release import publish as rel
+from quantize_serve.release.blocked import Blocked
 from quantize_serve.report.run_report import Release, RunReport
 from quantize_serve.serve_profile.search import ProfileSearchResult
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
+
+T = TypeVar("T")
 
 
 @task(name="push-candidate", cache_policy=NO_CACHE)
@@ -65,3 +73,38 @@ def promote_or_reject(
         "release %s: %s", release.status, "; ".join(reasons) or f"{release.ref} -> {release.commit_sha}"
     )
     return release
+
+
+class HubStep(Generic[T]):
+    """A Hub step the release needs (``name``: its task's), submitted beside the boots: the moment it has
+    failed for good (its retries spent inside the task), ``blocked`` stops the run's boots, the step's
+    failure ends on the run's screen and in its log, and :meth:`result` raises it as ``blocked`` words it."""
+
+    def __init__(self, name: str, future: PrefectFuture[T], blocked: Blocked) -> None:
+        self.name, self.future, self.blocked = name, future, blocked
+        self._logger = get_run_logger()  # the flow run's: the callback runs in the task's thread
+        future.add_done_callback(self._ended)
+
+    def _ended(self, future: PrefectFuture[T]) -> None:
+        try:
+            future.wait()
+            state = future.state
+            if not (state.is_failed() or state.is_crashed()):
+                return
+            error = state.result(raise_on_failure=False)
+            if not isinstance(error, BaseException):
+                error = RuntimeError(state.message or state.name)
+            if self.blocked.fail(self.name, error):
+                self._logger.error("the release can no longer happen: %s", self.blocked.error)
+                figure = f"{type(error).__name__}, failed for good: the release cannot happen"
+                progress.publish(progress.StageEnded(self.name.replace("-", " "), None, figure, False))
+        except Exception:  # noqa: BLE001 - a callback's error would vanish in the task runner's thread
+            self._logger.exception("%s: its failure could not stop the boots", self.name)
+
+    def result(self) -> T:
+        """The step's result; its failure first blocks the release (as the callback would), then is raised
+        as ``blocked`` words it."""
+        self.future.wait()
+        self._ended(self.future)
+        self.blocked.check()
+        return self.future.result()

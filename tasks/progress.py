@@ -99,7 +99,8 @@ def key_figure(result: Any) -> tuple[bool, str]:
             if q.checkpoint
             else f"{q.method} {q.scheme}, {r.calibration.num_samples} calibration samples"
         )
-        return True, f"{r.name}: {what}"
+        note = result.host_note()  # a recipe setting this host does not apply (serve.memory_budget on a GPU)
+        return True, f"{r.name}: {what}" + (f"; {note}" if note else "")
     if isinstance(result, BaseModelRef):
         return True, f"{result.repo_id or portable_path(result.local_dir)} at {result.sha[:12]}"
     if isinstance(result, QuantizeResult):
@@ -109,10 +110,7 @@ def key_figure(result: Any) -> tuple[bool, str]:
         tokens = f"{result.calibration_tokens:,} calibration tokens, " if result.calibration_tokens else ""
         return True, tokens + size
     if isinstance(result, CapacityConfig):
-        return True, (
-            f"{result.kv_cache_tokens:,} KV tokens ({result.kv_cache_dtype}), max concurrency "
-            f"{result.max_concurrency:.1f} at {result.max_model_len} tokens"
-        )
+        return True, result.figure()  # measured (vLLM's own line), derived from what, or reused
     if isinstance(result, BaseReference):
         return True, (
             f"measured by run {result.run_id[:8]}: {result.capacity.kv_cache_tokens:,} KV tokens, "

@@ -116,25 +116,28 @@ def served(
         gpu_memory_utilization=gpu_memory_utilization,
         as_published=name is capacity.Boot.PRODUCTION,
     )
-    label = name.label(validated.recipe.quantization.scheme)
+    label = capacity.boot_label(validated.recipe, name)
     logger.info("booting vLLM (%s): %s", label, spec.serve_command())
-    with vllm_server(spec, log_path=boot_log(run_dir, name)) as server:
+    with vllm_server(spec, log_path=boot_log(validated, run_dir, name)) as server:
         logger.info("vLLM (%s) healthy at %s after %.0f s", label, server.base_url, server.boot_seconds)
         yield server, spec
     logger.info("vLLM (%s) stopped", label)
 
 
-def boot_log(run_dir: Path, name: capacity.Boot) -> Path:
-    """Where a boot's vLLM log goes (and what a prepared boot is known by)."""
-    return run_dir / f"vllm-{name}.log"
+def boot_log(validated: ValidatedRecipe, run_dir: Path, name: capacity.Boot) -> Path:
+    """Where a boot's vLLM log goes (and what a prepared boot is known by), named by what it runs: the
+    recipe's scheme and KV dtype (capacity.boot_log_name: ``vllm-w8a8-16bitkv.log``)."""
+    return run_dir / capacity.boot_log_name(validated.recipe, name)
 
 
-def prepare_boot(run_dir: Path, name: capacity.Boot, architectures: list[str] | None = None) -> None:
+def prepare_boot(
+    validated: ValidatedRecipe, run_dir: Path, name: capacity.Boot, architectures: list[str] | None = None
+) -> None:
     """Start that boot's vLLM process (imports only, no device) while the device works on something
     else; ``served`` for the same boot then takes it (server.prepare_server). With ``architectures`` (the
     base's config.json's: a quantized checkpoint keeps them), the process also fills vLLM's model-info
     cache for them."""
-    prepare_server(boot_log(run_dir, name), architectures)
+    prepare_server(boot_log(validated, run_dir, name), architectures)
 
 
 def compiles_ahead(validated: ValidatedRecipe) -> bool:
@@ -185,7 +188,8 @@ def compile_production_ahead(
         gpu_memory_utilization=utilization,
         as_published=True,
     )
-    return compile_ahead.compile_ahead(spec, compile_ahead.compile_log(run_dir), until, log=logger.info)
+    log_path = compile_ahead.compile_log(run_dir, capacity.boot_label(r, capacity.Boot.PRODUCTION))
+    return compile_ahead.compile_ahead(spec, log_path, until, log=logger.info)
 
 
 def compiled_production_ahead(
@@ -202,9 +206,10 @@ def compiled_production_ahead(
     return compile_ahead.CompiledAhead(outcome="failed", detail=repr(done))
 
 
-def prepare_compile_ahead(run_dir: Path, architectures: list[str] | None) -> None:
+def prepare_compile_ahead(validated: ValidatedRecipe, run_dir: Path, architectures: list[str] | None) -> None:
     """The process of the boot that compiles ahead, started with its imports while calibration runs."""
-    prepare_server(compile_ahead.compile_log(run_dir), architectures)
+    label = capacity.boot_label(validated.recipe, capacity.Boot.PRODUCTION)
+    prepare_server(compile_ahead.compile_log(run_dir, label), architectures)
 
 
 def boots_base_first(validated: ValidatedRecipe) -> bool:
@@ -258,6 +263,7 @@ def summarize_capacity(
         device_memory_bytes=gpu.usable_memory_bytes(),
         base_boot=base_boot.reason if base_boot else None,
         fp8_kv_unavailable=host.serving_host_gap(None, "fp8"),
+        host_note=validated.host_note(),
     )
 
 
@@ -317,7 +323,8 @@ def measure_shape_capacity(validated: ValidatedRecipe, run_dir: Path) -> shape_c
     production = result.row(capacity.Boot.PRODUCTION)
     if production.refused:
         raise GateError(
-            f"the production configuration ({production.name}, TP {production.tensor_parallel_size}) "
+            f"the production configuration ({capacity.boot_label(r, production.name)}, TP "
+            f"{production.tensor_parallel_size}) "
             f"does not fit: vLLM refused its dummy-weights boot: {production.refused}. Nothing was "
             "downloaded or quantized. Fix: raise serve.tensor_parallel_size or "
             "serve.gpu_memory_utilization, or lower serve.max_model_len"
@@ -364,6 +371,10 @@ def find_base_reference(
             capacity.Boot.BASE,
             found.run_id,
         )
+        # the row says so wherever it is shown (the capacity table, report.json)
+        found = found.model_copy(
+            update={"capacity": found.capacity.model_copy(update={"reused_from": found.run_id})}
+        )
     else:
         logger.info("base %s: no reference under key %s, the base is served", base.identity, key)
     return key, found
@@ -404,9 +415,10 @@ def reused_sixteen_bit_kv(
         get_run_logger().info(
             "capacity row (%s) reused from run %s (same base, quantization format, serve settings, vLLM "
             "version and hardware): the quantized checkpoint is not booted with 16-bit KV",
-            capacity.Boot.QUANTIZED_16BIT_KV,
+            capacity.boot_label(validated.recipe, capacity.Boot.QUANTIZED_16BIT_KV),
             row.run_id,
         )
+        row = row.model_copy(update={"capacity": row.capacity.model_copy(update={"reused_from": row.run_id})})
     return row
 
 

@@ -11,14 +11,19 @@ CHART = "capacity.png"
 
 
 def capacity_chart(configs: list[CapacityConfig], path: Path, *, scheme: str | None = None) -> Path:
-    """Weights and KV memory (stacked) and max concurrency for the measured configurations, named as the
-    capacity table names them (``scheme``: the candidate's, Boot.label)."""
+    """Weights and KV memory (stacked) and max concurrency for the configurations, named as the capacity
+    table names them (``scheme``: the candidate's; each row's KV dtype: Boot.label), a row not measured in
+    this run marked so (derived, reused)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [c.name.label(scheme) for c in configs]
+    names = [
+        c.name.label(scheme, kv_cache_dtype=c.kv_cache_dtype)
+        + ("" if c.source == "measured" else f"\n({c.source})")
+        for c in configs
+    ]
     weights = [c.weights_bytes / GIB for c in configs]
     kv = [c.kv_cache_memory_bytes / GIB for c in configs]
     conc = [c.max_concurrency for c in configs]

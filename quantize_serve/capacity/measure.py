@@ -18,6 +18,11 @@ Two ways to hold the budget equal:
 Where the host's vLLM has no fp8 KV cache (a CPU without AVX-512: serving/host.py), a run serves
 its production boot with a 16-bit KV cache (serve.kv_cache_dtype auto); the table then shows the
 fp8-KV row as not available on this CPU, with the reason, instead of a measurement.
+
+Every row says what it is (``CapacityConfig.source``) and what the boot it rests on held in vLLM's own
+figures (``BootHeld``: its log's "KV cache size" line): measured (this run's boot of that configuration);
+derived (the base served at a lower gpu_memory_utilization beside calibration, at_utilization; row (b)
+from the production boot, with_sixteen_bit_kv); reused (an earlier run's row: report/base_reference.py).
 """
 
 from __future__ import annotations
@@ -28,9 +33,10 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, computed_field
 
 from quantize_serve.capacity import planner
+from quantize_serve.capacity.held import BootHeld, said, vllm_said
 from quantize_serve.capacity.plan_table import ModelSummary
 from quantize_serve.core.errors import GateError
 from quantize_serve.core.model_files import GIB
@@ -66,8 +72,46 @@ class CapacityConfig(BaseModel):
     max_model_len: int
     max_concurrency: float
     boot_seconds: float
-    # How a row not measured at the recipe's settings was derived from one that was (at_utilization)
+    # How a row not measured at the recipe's settings was derived from one that was (at_utilization,
+    # with_sixteen_bit_kv), beginning with what it was derived from
     derived: str | None = None
+    # What the boot the row rests on held (None: a row recorded before it was kept)
+    held: BootHeld | None = None
+    reused_from: str | None = None  # the earlier run whose row this is (report/base_reference.py)
+
+    @computed_field
+    @property
+    def source(self) -> str:
+        """measured, derived, or reused (from an earlier run)."""
+        return "reused" if self.reused_from else "derived" if self.derived else "measured"
+
+    def provenance(self) -> str:
+        """What the row is, in one line: measured with what its boot held, derived from what, reused
+        from which run."""
+        own = (
+            self.derived
+            if self.derived
+            else f"measured: its boot held {self.held.describe()}"
+            if self.held
+            else "measured"
+        )
+        return f"reused from run {self.reused_from}: {own}" if self.reused_from else own
+
+    def figure(self) -> str:
+        """The row as a person reads it on one line (the run's stage lines): its figures, and what it is
+        (a derived row's first clause: what it was derived from)."""
+        what = (
+            self.derived.split("; ")[0]
+            if self.derived
+            else f'measured (vLLM: "{self.held.vllm_said}")'
+            if self.held and self.held.vllm_said
+            else "measured"
+        )
+        reused = f"reused from run {self.reused_from}, " if self.reused_from else ""
+        return (
+            f"{self.kv_cache_tokens:,} KV tokens ({self.kv_cache_dtype}), max concurrency "
+            f"{self.max_concurrency:.1f} at {self.max_model_len} tokens: {reused}{what}"
+        )
 
 
 class PlannerCheck(BaseModel):
@@ -95,18 +139,27 @@ class CapacityReport(BaseModel):
     model: ModelSummary | None = None
     # The candidate's quantization scheme: the table names the quantized rows by it (Boot.label).
     scheme: str | None = None
+    # The production boot's KV dtype as it served: the table names its row by it (Boot.label).
+    kv_cache_dtype: str | None = None
+    # A recipe setting this host did not apply, and why (serve.memory_budget on a GPU host:
+    # validate/preflight.py for_this_host)
+    host_note: str | None = None
 
     def by_name(self, name: Boot) -> CapacityConfig:
         return next(c for c in self.configs if c.name == name)
 
+    def label(self, name: Boot) -> str:
+        """A row's name as the table and the run folder's boot logs name it: by what ran (Boot.label)."""
+        return Boot(name).label(self.scheme, kv_cache_dtype=self.kv_cache_dtype)
+
     def markdown(self) -> str:
         rows = [
             "| configuration | KV dtype | weights GiB | KV cache GiB | KV tokens | max concurrency | "
-            "planner KV tokens (error) |",
-            "|---|---|---:|---:|---:|---:|---:|",
+            "planner KV tokens (error) | source |",
+            "|---|---|---:|---:|---:|---:|---:|---|",
         ]
         checks = {p.name: p for p in self.planner}
-        quantized = Boot.QUANTIZED_16BIT_KV.label(self.scheme)
+        quantized = self.label(Boot.QUANTIZED_16BIT_KV)
         for c in self.configs:
             p = checks.get(c.name)
             tp = (
@@ -115,15 +168,16 @@ class CapacityReport(BaseModel):
                 else ""
             )
             rows.append(
-                f"| {c.name.label(self.scheme)}{tp} | {c.kv_cache_dtype} | {c.weights_bytes / GIB:.4f} | "
+                f"| {self.label(c.name)}{tp} | {c.kv_cache_dtype} | {c.weights_bytes / GIB:.4f} | "
                 f"{c.kv_cache_memory_bytes / GIB:.4f} | {c.kv_cache_tokens:,} | "
                 f"{c.max_concurrency:.2f}x @ {c.max_model_len:,} | "
                 + (f"{p.predicted_kv_tokens:,} ({p.error_pct:+.2f}%) |" if p else "- |")
+                + f" {c.source} |"
             )
         if self.fp8_kv_unavailable:
             rows.append(
                 f"| {Boot.PRODUCTION.label(self.scheme)} | fp8 | - | - | {FP8_UNAVAILABLE}: "
-                f"{self.fp8_kv_unavailable} | - | - |"
+                f"{self.fp8_kv_unavailable} | - | - | - |"
             )
             fp8 = (
                 f"fp8 KV {FP8_UNAVAILABLE}; the production boot serves the 16-bit KV cache of the "
@@ -143,9 +197,11 @@ class CapacityReport(BaseModel):
             "",
             f"Method: {self.method}",
         ]
+        if self.host_note:
+            rows += ["", f"{self.host_note}."]
         if self.base_boot:
             rows += ["", f"Base boot: {self.base_boot}"]
-        rows += [f"\n{c.name.label(self.scheme)}: {c.derived}" for c in self.configs if c.derived]
+        rows += ["", "Rows:", *(f"- {self.label(c.name)}: {c.provenance()}" for c in self.configs)]
         return "\n".join(rows)
 
 
@@ -310,15 +366,15 @@ def read_cache_info(metrics_text: str) -> dict[str, str]:
 
 
 def measure_capacity(server: RunningServer, spec: ServerSpec, *, name: Boot) -> CapacityConfig:
-    """Read one boot's KV capacity from vLLM's /metrics and its weight memory (see module doc)."""
+    """Read one boot's KV capacity from vLLM's /metrics and its weight memory (see module doc), with what
+    the boot held as vLLM logged it (``held``)."""
     info = read_cache_info(server.get("/metrics"))
     num_blocks = int(info["num_gpu_blocks"])
     block_size = int(info["block_size"])
     tokens = int(label_number(info, "kv_cache_size_tokens") or num_blocks * block_size)
     max_len = spec.serve.max_model_len
-    log_text = (
-        "" if spec.kv_cache_memory_bytes is not None else Path(server.log_path).read_text(errors="replace")
-    )
+    log_path = Path(server.log_path)
+    log_text = log_path.read_text(errors="replace") if log_path.is_file() else ""
     if spec.kv_cache_memory_bytes is not None:
         weights = checkpoint_tensor_bytes(Path(spec.model_dir))
     else:
@@ -328,6 +384,7 @@ def measure_capacity(server: RunningServer, spec: ServerSpec, *, name: Boot) -> 
     if kv_bytes is None:  # sized by vLLM from gpu_memory_utilization: its log says how much
         found = AVAILABLE_KV.findall(log_text)
         kv_bytes = float(found[-1]) * GIB if found else 0
+    fixed = spec.kv_cache_memory_bytes is not None
     return CapacityConfig(
         name=Boot(name),
         tensor_parallel_size=spec.serve.tensor_parallel_size,
@@ -340,6 +397,13 @@ def measure_capacity(server: RunningServer, spec: ServerSpec, *, name: Boot) -> 
         max_model_len=max_len,
         max_concurrency=round(label_number(info, "kv_cache_max_concurrency") or tokens / max_len, 2),
         boot_seconds=server.boot_seconds,
+        held=BootHeld(
+            kv_cache_tokens=tokens,
+            gpu_memory_utilization=None if fixed else spec.serve.gpu_memory_utilization,
+            kv_cache_memory_bytes=spec.kv_cache_memory_bytes,
+            vllm_said=vllm_said(log_text),
+            log=log_path.name,
+        ),
     )
 
 
@@ -356,23 +420,31 @@ def at_utilization(
     cache as ceil(usable x utilization) minus what the profiled boot needs besides it (weights, activation
     peak, non-torch memory), none of which depends on the utilization: the KV bytes move by exactly the
     difference of the two ceilings, and the blocks by that over one block's bytes. The blocks' remainder at
-    ``served_at`` is unknown, so the row is at most one block short of a boot at the recipe's settings."""
+    ``served_at`` is unknown, so the row is at most one block short of a boot at the recipe's settings. Under
+    a fixed budget (serve.memory_budget) the utilization sizes nothing: the row stays as measured."""
     target = recipe.serve.gpu_memory_utilization
+    if recipe.serve.memory_budget is not None or served_at == target:
+        return measured
     delta = math.ceil(usable_bytes * target) - math.ceil(usable_bytes * served_at)
     plan = plan_for_row(recipe, base_config, measured, device_memory_bytes=usable_bytes)
     per_token = plan.kv_bytes_per_token_per_gpu
     blocks = measured.num_blocks + delta // (per_token * measured.block_size)
     tokens = blocks * measured.block_size
+    held = measured.held or BootHeld(
+        kv_cache_tokens=measured.kv_cache_tokens, gpu_memory_utilization=served_at
+    )
     return measured.model_copy(
         update={
             "kv_cache_memory_bytes": measured.kv_cache_memory_bytes + delta,
             "num_blocks": blocks,
             "kv_cache_tokens": tokens,
             "max_concurrency": round(tokens / measured.max_model_len, 2),
-            "derived": f"served at gpu_memory_utilization {served_at:.2f} ({measured.kv_cache_tokens:,} KV "
-            f"tokens, {measured.num_blocks:,} blocks) beside calibration; at the recipe's {target:.2f} by "
-            f"vLLM's sizing, {delta / GIB:+.2f} GiB of KV cache: {blocks - measured.num_blocks:+,} blocks "
-            "(at most one short of a boot there)",
+            "held": held,
+            "derived": f"derived at gpu_memory_utilization {target:.2f} from its boot at {served_at:.2f}, "
+            f"which held {measured.kv_cache_tokens:,} tokens; that boot served beside calibration, "
+            f"{measured.num_blocks:,} blocks{said(held)}; at the recipe's {target:.2f} by vLLM's sizing, "
+            f"{delta / GIB:+.2f} GiB of KV cache: {blocks - measured.num_blocks:+,} blocks (at most one "
+            "short of a boot there)",
         }
     )
 
@@ -393,8 +465,15 @@ def with_sixteen_bit_kv(
     weights: the row derived from (c) is 17 blocks (272 tokens, 0.03%) short of the one booted. Where (c)
     served a 16-bit KV cache itself (a CPU without fp8 KV), it is (b)."""
     row = production.model_copy(update={"name": Boot.QUANTIZED_16BIT_KV, "boot_seconds": 0.0})
+    held = production.held or BootHeld(kv_cache_tokens=production.kv_cache_tokens)
     if not production.kv_cache_dtype.startswith("fp8"):
-        return row.model_copy(update={"derived": "not booted: the production boot served a 16-bit KV cache"})
+        return row.model_copy(
+            update={
+                "held": held,
+                "derived": f"the production boot's figures, which held {production.kv_cache_tokens:,} "
+                f"tokens; not booted again: that boot served a 16-bit KV cache{said(held)}",
+            }
+        )
     row = row.model_copy(update={"kv_cache_dtype": kv_cache_dtype})
     per_token = plan_for_row(
         recipe, base_config, row, device_memory_bytes=usable_bytes
@@ -406,9 +485,11 @@ def with_sixteen_bit_kv(
             "num_blocks": blocks,
             "kv_cache_tokens": tokens,
             "max_concurrency": round(tokens / production.max_model_len, 2),
-            "derived": f"not booted: the production boot's {production.kv_cache_memory_bytes / GIB:.2f} "
-            f"GiB of KV cache at {per_token:,} bytes a 16-bit token, by vLLM's sizing (on one H200 the "
-            "8B's booted row held 0.03% more)",
+            "held": held,
+            "derived": f"derived from the production boot, which held {production.kv_cache_tokens:,} "
+            f"{production.kv_cache_dtype} tokens{said(held)}; not booted: that boot's "
+            f"{production.kv_cache_memory_bytes / GIB:.2f} GiB of KV cache at {per_token:,} bytes a 16-bit "
+            "token, by vLLM's sizing (on one H200 the 8B's booted row held 0.03% more)",
         }
     )
 
@@ -492,8 +573,10 @@ def summarize_capacity(
     device_memory_bytes: int | None = None,
     base_boot: str | None = None,
     fp8_kv_unavailable: str | None = None,
+    host_note: str | None = None,
 ) -> CapacityReport:
-    """Derived figures and the planner's predictions beside the measured ones.
+    """Derived figures and the planner's predictions beside the measured ones. ``host_note``: a recipe
+    setting this host did not apply (ValidatedRecipe.host_note).
 
     ``fp8_kv_unavailable``: why this host cannot serve an fp8 KV cache (serving.host). When the
     production boot (c) served a 16-bit KV cache for that reason, it measured the configuration of
@@ -529,6 +612,20 @@ def summarize_capacity(
         fp8_kv_unavailable=fp8_kv_unavailable,
         model=ModelSummary.of(planner.ModelShape.from_config(base_config)),
         scheme=recipe.quantization.scheme,
+        kv_cache_dtype=c.kv_cache_dtype,
+        host_note=host_note,
+    )
+
+
+def boot_label(recipe: Recipe, boot: Boot) -> str:
+    """A boot's name by what it runs (Boot.label): the recipe's scheme and its production KV dtype."""
+    return Boot(boot).label(recipe.quantization.scheme, kv_cache_dtype=recipe.production_kv_cache_dtype)
+
+
+def boot_log_name(recipe: Recipe, boot: Boot, *, kind: str = "") -> str:
+    """The file a boot of ``recipe`` logs to in its run folder (Boot.log_name): ``vllm-w8a8-16bitkv.log``."""
+    return Boot(boot).log_name(
+        recipe.quantization.scheme, kv_cache_dtype=recipe.production_kv_cache_dtype, kind=kind
     )
 
 
@@ -572,7 +669,7 @@ def run_capacity_stage(
                 recipe,
                 boot,
                 boot.model_dir(base_dir, checkpoint_dir),
-                log_path=Path(log_dir) / f"vllm-{boot}.log",
+                log_path=Path(log_dir) / boot_log_name(recipe, boot),
                 log=log,
             )
         )

@@ -36,6 +36,7 @@ from quantize_serve.capacity.measure import (
     METHOD_FIXED,
     METHOD_GPU,
     CapacityConfig,
+    boot_log_name,
     capacity_spec,
     measure_capacity,
     plan_for,
@@ -174,6 +175,7 @@ class ShapeCapacity(BaseModel):
     rows: list[ShapeRow]
     max_model_len: int | None = None  # the recipe's (None: a report made before it was recorded)
     unplanned: str | None = None  # why the rows have no prediction: the planner's refusal of the shape
+    scheme: str | None = None  # the recipe's: the quantized rows are named by it (Boot.label)
 
     def configs(self) -> list[CapacityConfig]:
         return [r.measured for r in self.rows if r.measured]
@@ -190,7 +192,7 @@ class ShapeCapacity(BaseModel):
             "|---|---:|---:|---:|---:|",
         ]
         for r in self.rows:
-            p, name = r.planned, r.name.label(kv_cache_dtype=r.kv_cache_dtype)
+            p, name = r.planned, r.name.label(self.scheme, kv_cache_dtype=r.kv_cache_dtype)
             plan = "-" if p is None else f"{p.kv_cache_tokens:,}" if p.fits else f"does not fit: {p.reason}"
             if r.measured:
                 m = r.measured
@@ -260,7 +262,7 @@ def measure_shape(
             continue
         log(f"shape capacity {boot}: {spec.serve_command()}")
         try:
-            with vllm_server(spec, log_path=out_dir / f"vllm-shape-{boot}.log") as server:
+            with vllm_server(spec, log_path=out_dir / boot_log_name(recipe, boot, kind="shape")) as server:
                 measured = measure_capacity(server, spec, name=boot)
         except ServerBootError as exc:
             row.refused = str(exc).splitlines()[0]
@@ -286,6 +288,7 @@ def measure_shape(
         rows=[rows[b] for b in Boot],
         max_model_len=recipe.serve.max_model_len,
         unplanned=unplanned,
+        scheme=recipe.quantization.scheme,
     )
 
 

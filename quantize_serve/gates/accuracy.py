@@ -160,6 +160,7 @@ def run_accuracy(
         lm_eval_version=getattr(import_lm_eval(), "__version__", "unknown"),
         scoring=gate.scoring,
         scoring_counts=models.stats(),
+        scoring_checks=models.checks(),
     )
     (output_dir / "accuracy_run.json").write_text(run.model_dump_json(indent=2))
     return run

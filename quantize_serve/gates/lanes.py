@@ -109,6 +109,10 @@ class LaneModels:
             total.update(getattr(lm, "stats", {}))
         return dict(total)
 
+    def checks(self) -> list[Any]:
+        """The scoring paths' checks against the echo path (gates/scoring.py ``checks``), every lane's."""
+        return [check for lm in self.made.values() for check in getattr(lm, "checks", [])]
+
 
 def one_call_each(tasks: list[Any]) -> list[list[Any]]:
     """A lane's lm-eval calls in a look: one for all its tasks, or one each where two share a member task

@@ -33,6 +33,51 @@ class TaskRun(BaseModel):
     looks_planned: int = 1
 
 
+class ScoringCheck(BaseModel):
+    """One context-once path checked against lm-eval's echo path before it carried a run
+    (gates/scoring.py ``_checked``)."""
+
+    path: str  # "first": one-token choices from the context request; "rows": the generate route's rows
+    checked: int  # requests scored both ways
+    over_tolerance: int  # differing by more than bf16 noise (scoring.agrees), or not lined up
+    disagreed: int  # of those, beyond spread_factor x the echo path's own spread, or not lined up
+    not_lined_up: int = 0  # requests whose group's responses did not line up (scored the echo way)
+    largest_nats: float = 0.0  # the largest |context-once - echo| over the checked requests
+    first: str = ""  # the first disagreeing (else over-tolerance) request: "(-5.3928, False) against (...)"
+    first_tokens: int = 0  # its continuation's tokens
+    # nats a token the echo path itself moved, the same requests sent again one at a time (another batch
+    # shape); None: not measured (nothing over tolerance, or only responses that did not line up)
+    echo_spread: float | None = None
+    spread_factor: float = 2.0
+    kept: bool  # the path carried the run
+
+    def line(self) -> str:
+        """What the check found and did, in one line (the run's log, the report)."""
+        what = f"context-once ({self.path}) {'kept' if self.kept else 'turned off'}: "
+        if not self.over_tolerance:
+            return what + f"all {self.checked} checked requests agreed with lm-eval's echo path"
+        tail = "" if self.kept else "; the run scored these requests the echo way"
+        if self.echo_spread is None:
+            return what + f"{self.not_lined_up} of {self.checked} checked requests did not line up" + tail
+        differed = self.over_tolerance if self.kept else self.disagreed
+        spread = (
+            f"{self.spread_factor:g}x the echo path's own spread ({self.echo_spread:.3f} nats a token when "
+            "the same requests were sent again one at a time)"
+        )
+        what += (
+            f"{differed} of {self.checked} checked requests differed from lm-eval's echo path by more than "
+            f"bf16 noise (first: {self.first} over {self.first_tokens} tokens; largest "
+            f"{self.largest_nats:.3f} nats)"
+        )
+        if self.kept:
+            return what + f", within {spread}: the server's batch-dependent numerics, not a misread row"
+        lined = f"; {self.not_lined_up} did not line up" if self.not_lined_up else ""
+        return (
+            what + f", beyond {spread}{lined}: not the server's noise but a misread row, a shifted context "
+            "boundary or a different quantity" + tail
+        )
+
+
 class AccuracyRun(BaseModel):
     """Every task of one accuracy gate against one server."""
 
@@ -47,6 +92,8 @@ class AccuracyRun(BaseModel):
     prompt_tokens_computed: int | None = None
     # what went which way (gates/scoring.py): context requests, requests scored context-once, echo...
     scoring_counts: dict[str, int] = Field(default_factory=dict)
+    # each context-once path's check against the echo path (gates/scoring.py), kept or turned off
+    scoring_checks: list[ScoringCheck] = Field(default_factory=list)
 
 
 class AccuracyCheck(BaseModel):
@@ -108,3 +155,15 @@ def format_recovery(recovery: float | None, interval: tuple[float, float] | None
         return "n/a"
     point = f"{recovery:.4f}"
     return point if interval is None else f"{point} [{interval[0]:.3f}, {interval[1]:.3f}]"
+
+
+def scoring_notes(runs: dict[str, object]) -> list[str]:
+    """The run report's lines on context-once scoring: each check that found more than bf16 noise, by run
+    (``runs``: name -> its AccuracyRun, or what stopped it)."""
+    return [
+        f"{name}: {check.line()}"
+        for name, run in runs.items()
+        if isinstance(run, AccuracyRun)
+        for check in run.scoring_checks
+        if check.over_tolerance or not check.kept
+    ]

@@ -132,10 +132,15 @@ class _Call:
     writes: bool = True
 
     def scrub(self, text: str) -> str:
-        if self.token:
-            text = text.replace(self.token, "<token>")
-        text = re.sub(r"(?i)(bearer\s+)[^\s'\"]+", r"\1<token>", text)
-        return re.sub(r"\bhf_[A-Za-z0-9]{16,}", "hf_<token>", text)
+        return scrub_tokens(text, self.token)
+
+
+def scrub_tokens(text: str, token: str | None = None) -> str:
+    """``text`` without ``token``, bearer credentials or anything shaped like a Hub token."""
+    if token:
+        text = text.replace(token, "<token>")
+    text = re.sub(r"(?i)(bearer\s+)[^\s'\"]+", r"\1<token>", text)
+    return re.sub(r"\bhf_[A-Za-z0-9]{16,}", "hf_<token>", text)
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

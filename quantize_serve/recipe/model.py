@@ -202,8 +202,10 @@ class ServeSection(Section):
     dtype: Literal["auto", "bfloat16", "float16"] = "auto"
     memory_budget: ByteSize | None = Field(
         default=None,
-        description="CPU runs: device memory the compared configurations share; each gets "
-        "KV cache = budget - its weights (what a GPU does with gpu_memory_utilization).",
+        description="The CPU host's budget: memory the compared configurations share on a host "
+        "without a GPU; each boot gets KV cache = budget - its weights (--kv-cache-memory-bytes). "
+        "On a GPU host it is not applied (the run says so): vLLM sizes each boot's KV cache from "
+        "gpu_memory_utilization (validate/preflight.py for_this_host).",
     )
     extra_args: list[str] = Field(default_factory=list, description="More vLLM server flags.")
     search: ProfileSearch | None = Field(
@@ -372,6 +374,13 @@ class Recipe(BaseModel):
 
     def calibration_files(self) -> list[Path]:
         return [self.path(f) for f in [self.calibration.dataset, *self.calibration.files]]
+
+    @property
+    def production_kv_cache_dtype(self) -> str:
+        """The KV dtype of the production boot: serve.kv_cache_dtype, where ``auto`` means fp8 for a
+        checkpoint that carries calibrated KV scales (quantization.kv_cache_scales: vLLM resolves it so)."""
+        kv = self.serve.kv_cache_dtype
+        return "fp8" if kv == "auto" and self.quantization.kv_cache_scales else kv
 
     def fingerprint(self) -> str:
         """sha256 of the canonical recipe (paths as written): identical inputs, identical key."""

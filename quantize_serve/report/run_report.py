@@ -36,6 +36,7 @@ from quantize_serve.report.provenance import (
 )
 from quantize_serve.serve_profile.pinned import ServingProfile
 from quantize_serve.serve_profile.search import ProfileSearchResult
+from quantize_serve.serving.boot import Boot
 from quantize_serve.validate.preflight import BaseModelRef
 
 
@@ -73,6 +74,9 @@ class RunReport(BaseModel):
     profile: ProfileSearchResult | None = None
     formats: FormatChoice | None = None  # quantization.candidates: every format measured, the rule's choice
     accuracy: list[AccuracyCheck] = Field(default_factory=list)
+    # context-once scoring's checks against lm-eval's echo path that found more than bf16 noise, by run:
+    # kept or turned off, and why (gates/results.py scoring_notes)
+    scoring: list[str] = Field(default_factory=list)
     stress: StressResult | None = None
     soak: SoakResult | None = None  # only when the recipe sets gates.soak
     decision: Decision
@@ -211,7 +215,8 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
             ]
         if r.sixteen_bit_kv_reused_from:
             lines += [
-                f"Row `w4a16` (16-bit KV) is reused from run `{r.sixteen_bit_kv_reused_from}`: the same "
+                f"Row `{r.capacity.label(Boot.QUANTIZED_16BIT_KV)}` (16-bit KV) is reused from run "
+                f"`{r.sixteen_bit_kv_reused_from}`: the same "
                 "base, quantization format, serve settings, vLLM version and hardware give the same tensor "
                 "bytes and KV cache; the checkpoint was served with 16-bit KV there, and here only as "
                 "released.",
@@ -266,6 +271,7 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
             "reach the stated true-pass rate (see the Decision's reason and docs/gates.md).",
             "",
         ]
+        lines += [*(f"- scoring, {note}" for note in r.scoring), *([""] if r.scoring else [])]
     if r.stress:
         lines += [
             "## Stress test (quantized, production serving settings)",

@@ -37,9 +37,10 @@ from quantize_serve.serving.vllm_log import graphs_cached, read_log
 HEADROOM_BYTES = 1 * GIB
 
 
-def compile_log(run_dir: Path) -> Path:
-    """Where the boot that compiles ahead logs, beside the boots' own logs (tasks/serve.py boot_log)."""
-    return run_dir / f"vllm-{Boot.PRODUCTION}-compile-ahead.log"
+def compile_log(run_dir: Path, label: str = Boot.PRODUCTION.value) -> Path:
+    """Where the boot that compiles ahead logs, beside the boots' own logs (tasks/serve.py boot_log);
+    ``label``: the production boot's name by what it runs (capacity.boot_label)."""
+    return run_dir / f"vllm-{label}-compile-ahead.log"
 
 
 class Until:

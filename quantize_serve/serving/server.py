@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -439,6 +440,37 @@ def _take_prepared(log_path: Path) -> subprocess.Popen | None:
     return proc
 
 
+# Every boot between its start and its stop, by process group: stop_servers_under() reaches a boot that
+# another thread runs (flows/pipeline.py: a Hub step the release needs failed for good).
+_live: dict[int, Path] = {}
+_live_lock = threading.Lock()
+
+
+def _boot_started(proc: subprocess.Popen, log_path: Path) -> None:
+    with _live_lock:
+        _live[proc.pid] = log_path
+
+
+def _boot_stopping(proc: subprocess.Popen) -> None:
+    """Forgotten before it is stopped and reaped: a pid given back to the system is never signalled."""
+    with _live_lock:
+        _live.pop(proc.pid, None)
+
+
+def stop_servers_under(folder: Path) -> list[int]:
+    """SIGTERM the process group of every live boot whose log lies under ``folder`` (a run's folder), from
+    any thread: a boot waiting for /health fails at once, a served one stops answering; the thread that
+    runs each boot still stops and reaps its group (vllm_server). The pids signalled."""
+    with _live_lock:
+        pids = [pid for pid, log in _live.items() if log.is_relative_to(folder)]
+        for pid in pids:  # under the lock: the owner forgets a boot (_boot_stopping) before reaping it
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    return pids
+
+
 # A free port is free when it is picked, not always when vLLM binds it a few seconds later: another
 # process on the host (another run, the other test lane) may take it in between. Such a boot starts
 # again on another port.
@@ -476,11 +508,13 @@ def vllm_server(
         started = time.monotonic()
         for attempt in range(1, PORT_ATTEMPTS + 1):
             proc, server = _start(spec, settings, log_path, append=attempt > 1)
+            _boot_started(proc, log_path)
             guardian = _guard(proc.pid, settings.server_stop_timeout_s)
             try:
                 _wait_healthy(proc, server, timeout, enough)
                 break
             except ServerBootError:
+                _boot_stopping(proc)
                 stop_process_group(proc, settings.server_stop_timeout_s)
                 guardian.kill()
                 guardian.wait()
@@ -490,12 +524,16 @@ def vllm_server(
                     log.write(
                         f"\n(port {server.port} was taken before vLLM bound it: starting again on another)\n"
                     )
+            except BaseException:
+                _boot_stopping(proc)
+                raise
         try:
             if spec.warm_up and (enough is None or server.healthy()):
                 server.warmup_prompt_tokens = _warm_up(proc, server, spec.serve.max_model_len)
             server.boot_seconds = round(time.monotonic() - started, 1)
             yield server
         finally:
+            _boot_stopping(proc)
             stop_process_group(proc, settings.server_stop_timeout_s)
             guardian.kill()  # the group is gone; the guardian has nothing left to watch
             guardian.wait()

@@ -10,6 +10,10 @@ without `datasets`, torch or Prefect (so it answers in well under a second), eve
 calibration problem reported together, and a note for each input it cannot check offline (a Hub
 model's config.json unless asked to fetch it, a Hub dataset's columns and rows).
 
+The recipe as this host applies it (``for_this_host``): ``serve.memory_budget`` is the CPU host's budget;
+on a GPU host it is not applied (vLLM sizes each boot's KV cache from ``serve.gpu_memory_utilization``),
+and the run says so (``ValidatedRecipe.not_applied``: the validate stage's line, the capacity section).
+
 Two checks of the host, before anything heavy: ``check_serving_host`` (a CPU whose vLLM lacks the
 kernels the run's quantized boots need, among them any quantized mixture of experts) and
 ``check_quantize_host`` (a GPU host whose pipeline environment's torch has no CUDA, so the quantization would
@@ -37,6 +41,7 @@ from quantize_serve.quantize.existing_checkpoint import check_checkpoint, checkp
 from quantize_serve.recipe.inputs import check_model, check_model_config, read_model_config, show_path
 from quantize_serve.recipe.load import apply_overrides, load_recipe, parse_recipe
 from quantize_serve.recipe.model import Recipe
+from quantize_serve.serving import gpu
 from quantize_serve.serving.host import moe_serving_gap, serving_host_gap
 
 
@@ -46,6 +51,12 @@ class ValidatedRecipe(BaseModel):
     recipe_sha256: str
     calibration_fingerprint: str
     overrides: dict[str, Any] = {}  # the run's parameters that changed the recipe file (dotted keys)
+    # recipe fields this host does not apply (dotted key -> why): for_this_host
+    not_applied: dict[str, str] = {}
+
+    def host_note(self) -> str | None:
+        """One line naming what this host did not apply, or None."""
+        return "; ".join(f"{k} not applied: {why}" for k, why in self.not_applied.items()) or None
 
 
 class BaseModelRef(BaseModel):
@@ -67,7 +78,8 @@ class BaseModelRef(BaseModel):
 def validate_recipe(
     recipe: Recipe | str | Path | dict, overrides: dict[str, Any] | None = None
 ) -> ValidatedRecipe:
-    """The recipe, with ``overrides`` (dotted keys, recipe.apply_overrides) applied, validated."""
+    """The recipe, with ``overrides`` (dotted keys, recipe.apply_overrides) applied, validated, as this
+    host applies it (:func:`for_this_host`; ``recipe_sha256`` is the recipe as written)."""
     overrides = overrides or {}
     if isinstance(recipe, (str, Path)):
         source = str(recipe)
@@ -87,13 +99,32 @@ def validate_recipe(
     recipe_sha256 = recipe.fingerprint()  # the recipe as written (and overridden), before the pin below
     if not recipe.calibration_is_local:
         recipe = pin_calibration_commit(recipe, source=source)
+    recipe, not_applied = for_this_host(recipe, gpu.usable_memory_bytes())
     return ValidatedRecipe(
         recipe=recipe,
         source=source,
         recipe_sha256=recipe_sha256,
         calibration_fingerprint=calibration_fingerprint(recipe, source=source),
         overrides=overrides,
+        not_applied=not_applied,
     )
+
+
+def for_this_host(recipe: Recipe, device_memory_bytes: int | None) -> tuple[Recipe, dict[str, str]]:
+    """The recipe as a host with ``device_memory_bytes`` of GPU memory (None: no GPU, vLLM serves on the
+    CPU) applies it, and each field it does not apply (dotted key -> why). ``serve.memory_budget`` is the
+    CPU host's budget for weights and KV cache: on a GPU host it is dropped, and vLLM sizes each boot's KV
+    cache from serve.gpu_memory_utilization, as production does."""
+    budget = recipe.serve.memory_budget
+    if device_memory_bytes is None or budget is None:
+        return recipe, {}
+    serve = recipe.serve.model_copy(update={"memory_budget": None})
+    why = (
+        f"{budget.human_readable(separator=' ')} is the CPU host's budget; on this GPU host "
+        f"({device_memory_bytes / 2**30:.2f} GiB) vLLM sizes each boot's KV cache from "
+        f"serve.gpu_memory_utilization ({recipe.serve.gpu_memory_utilization:.2f})"
+    )
+    return recipe.model_copy(update={"serve": serve}), {"serve.memory_budget": why}
 
 
 def pin_calibration_commit(recipe: Recipe, *, source: str) -> Recipe:
@@ -262,10 +293,8 @@ def served_schemes(recipe: Recipe) -> list[tuple[str, str | None]]:
 
 
 def production_kv_dtype(recipe: Recipe) -> str:
-    """The KV dtype of the production boot: the recipe's, where ``auto`` means fp8 for a checkpoint
-    that carries calibrated KV scales (quantization.kv_cache_scales: vLLM resolves it so)."""
-    kv = recipe.serve.kv_cache_dtype
-    return "fp8" if kv == "auto" and recipe.quantization.kv_cache_scales else kv
+    """The KV dtype of the production boot (Recipe.production_kv_cache_dtype)."""
+    return recipe.production_kv_cache_dtype
 
 
 def check_quantize_host(recipe: Recipe, *, source: str) -> None:

@@ -99,6 +99,9 @@ def test_the_paired_gate_on_a_real_model_and_its_4bit_copy(recipe, tmp_path):
     counts = base.scoring_counts
     assert base.scoring == "context-once" and counts["checked_first"] > 0 and counts["context_requests"] > 8
     assert counts["context_once_requests"] == 4 * counts["context_requests"], counts
+    # the check is recorded with the run (the report's scoring lines: gates/results.py scoring_notes)
+    assert [(c.path, c.kept) for c in base.scoring_checks] == [("first", True)], base.scoring_checks
+    print("\n".join(f"candidate scoring: {c.line()}" for c in candidate.scoring_checks))
     # vLLM's own count of what it was sent and computed (/metrics), kept with the run
     for run in (base, echo):
         assert 0 < run.prompt_tokens_computed <= run.prompt_tokens, run

@@ -15,7 +15,6 @@ from quantize_serve.capacity.shape import measure_shape
 from quantize_serve.recipe.load import load_recipe
 from quantize_serve.serving import gpu
 from quantize_serve.serving.boot import Boot
-from quantize_serve.serving.host import GPU_OVERRIDES
 from tests.conftest import ROOT, local_hub
 from tests.gpu.conftest import assert_memory_given_back
 
@@ -30,18 +29,18 @@ def test_the_whole_flow_on_the_tiny_recipe_promotes_on_the_gpu(prefect_api, idle
 
     token = "hf_GpuTierToken0123456789abcdefghij"
     with local_hub(tmp_path, tokens=(token,), online=True):
-        state = quantize_serve(
-            str(ROOT / "recipes" / "tiny-llama-awq.yaml"), overrides=GPU_OVERRIDES, return_state=True
-        )
+        state = quantize_serve(str(ROOT / "recipes" / "tiny-llama-awq.yaml"), return_state=True)
     report = state.result(raise_on_failure=False)
     assert state.is_completed(), state.message
     assert isinstance(report, RunReport)
     assert report.decision.passed and report.release.status == "promoted"
     assert report.checkpoint.device.startswith("cuda"), report.checkpoint.device  # quantized on the GPU
     assert report.checkpoint.placement.startswith("model and calibration activations on the device")
-    # the three capacity boots, under vLLM's GPU accounting (no fixed budget: GPU_OVERRIDES)
+    # the three capacity boots, under vLLM's GPU accounting: the recipe's serve.memory_budget, the CPU
+    # host's budget, is not applied on a GPU host, and the capacity section says so
     capacity = report.capacity
     assert capacity is not None and capacity.budget_bytes is None, capacity
+    assert "serve.memory_budget not applied" in (capacity.host_note or ""), capacity.markdown()
     rows = {c.name: c for c in capacity.configs}
     assert list(rows) == list(Boot)
     assert all(c.kv_cache_tokens > 0 and c.block_size == 16 for c in rows.values()), capacity.markdown()
@@ -49,7 +48,13 @@ def test_the_whole_flow_on_the_tiny_recipe_promotes_on_the_gpu(prefect_api, idle
     assert rows[Boot.QUANTIZED_16BIT_KV].kv_cache_tokens > rows[Boot.BASE].kv_cache_tokens
     assert 1.9 < capacity.fp8_token_ratio < 2.1, capacity.markdown()  # fp8 KV: half the bytes per token
     assert all(abs(p.error_pct) <= 1.0 for p in capacity.planner), capacity.markdown()
-    assert "GPU KV cache" in (Path(report.report_dir) / f"vllm-{Boot.PRODUCTION}.log").read_text()
+    # every row says what its boot held as vLLM logged it (a base served beside calibration: derived)
+    for row in rows.values():
+        assert row.held and "GPU KV cache size" in (row.held.vllm_said or ""), row.provenance()
+    production = rows[Boot.PRODUCTION]
+    assert production.source == "measured" and production.held.kv_cache_tokens == production.kv_cache_tokens
+    assert production.held.log == "vllm-w4a16-fp8kv.log"  # named by what ran: W4A16, fp8 KV
+    assert "GPU KV cache" in (Path(report.report_dir) / production.held.log).read_text()
     assert report.stress.peak_gpu_memory_bytes, "the stress test read no GPU memory (NVML)"
     print(
         f"GPU peak memory in the stress test: {report.stress.peak_gpu_memory_bytes / 2**30:.2f} GiB; "

@@ -261,8 +261,11 @@ def test_a_base_served_at_a_lower_utilization_stands_at_the_recipes_by_vllms_siz
     assert row.kv_cache_memory_bytes == served.kv_cache_memory_bytes + delta
     assert row.num_blocks == 31_744 + delta // (131_072 * 16) == 56_080
     assert (row.kv_cache_tokens, row.max_concurrency) == (897_280, 109.53)
-    assert row.derived.startswith("served at gpu_memory_utilization 0.56 (507,904 KV tokens, 31,744 blocks)")
-    assert "+24,336 blocks" in row.derived
+    assert row.derived.startswith(
+        "derived at gpu_memory_utilization 0.90 from its boot at 0.56, which held 507,904 tokens"
+    )
+    assert "31,744 blocks" in row.derived and "+24,336 blocks" in row.derived
+    assert row.source == "derived" and row.held.kv_cache_tokens == 507_904
     assert at_utilization(served, recipe, LLAMA["8b"], served_at=0.90, usable_bytes=H200).num_blocks == 31_744
     spec = capacity_spec(recipe, Boot.BASE, base_model_dir, gpu_memory_utilization=0.56)
     assert spec.vllm_config()["gpu-memory-utilization"] == 0.56
@@ -276,7 +279,7 @@ def test_a_base_served_at_a_lower_utilization_stands_at_the_recipes_by_vllms_siz
         gain_fp8=1,
         planner=[],
     )
-    assert "base: served at gpu_memory_utilization 0.56" in report.markdown()
+    assert "- base: derived at gpu_memory_utilization 0.90 from its boot at 0.56" in report.markdown()
 
 
 def test_the_sixteen_bit_kv_row_is_derived_from_the_production_boot_by_vllms_sizing():
@@ -308,7 +311,10 @@ def test_the_sixteen_bit_kv_row_is_derived_from_the_production_boot_by_vllms_siz
     )
     assert (row.num_blocks, row.kv_cache_tokens, row.max_concurrency) == (61_076, 977_216, 119.29)
     assert 977_488 - row.kv_cache_tokens == 272
-    assert row.boot_seconds == 0 and row.derived.startswith("not booted: the production boot's 119.29 GiB")
+    assert row.boot_seconds == 0 and row.derived.startswith(
+        "derived from the production boot, which held 1,954,480 fp8 tokens; not booted: that boot's "
+        "119.29 GiB"
+    )
     # a production boot that served a 16-bit KV cache (a CPU without fp8 KV) is row (b) itself
     sixteen = fp8.model_copy(
         update={"kv_cache_dtype": "auto", "kv_cache_tokens": 977_488, "num_blocks": 61_093}

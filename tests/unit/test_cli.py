@@ -244,7 +244,10 @@ def test_plan_prints_the_planners_own_table(capsys) -> None:
     assert text.strip() == expected.strip()
 
 
-def test_plan_of_a_recipe_uses_its_serve_settings(capsys) -> None:
+def test_plan_of_a_recipe_uses_its_serve_settings(capsys, monkeypatch) -> None:
+    from quantize_serve.serving import gpu
+
+    monkeypatch.setattr(gpu, "usable_memory_bytes", lambda index=0: None)  # a CPU host: its budget applies
     rc, text = run_main(capsys, "plan", "recipes/tiny-llama-awq.yaml", "--json")
     assert rc == 0
     table = plan_table.PlanTable.model_validate_json(text)

@@ -164,7 +164,8 @@ def test_each_stage_ends_with_its_key_figure():
         max_concurrency=28.25,
         boot_seconds=17.0,
     )
-    assert key_figure(capacity) == (True, "14,464 KV tokens (fp8), max concurrency 28.2 at 512 tokens")
+    figure = "14,464 KV tokens (fp8), max concurrency 28.2 at 512 tokens: measured"
+    assert key_figure(capacity) == (True, figure)
     assert key_figure(accuracy_checks()) == (True, "3 of 3 metrics pass, lowest recovery 0.9902")
     stress = StressResult.model_construct(
         requests=50,

@@ -47,19 +47,22 @@ def test_measure_needs_a_recipe_and_no_gpu_preset(capsys):
     assert "--gpu only applies to a prediction" in capsys.readouterr().err
 
 
-def fake_boots(monkeypatch, *, refuse: set[str] = frozenset()) -> list[str]:
-    """measure_shape's boots without vLLM: each boot's name is recorded; a boot in ``refuse`` is refused."""
+def fake_boots(monkeypatch, recipe, *, refuse: set[str] = frozenset()) -> list[str]:
+    """measure_shape's boots of ``recipe`` without vLLM: each boot's role is recorded, read from its log's
+    name (named by what it runs: capacity.boot_log_name); a boot in ``refuse`` is refused."""
     from contextlib import contextmanager
 
     from quantize_serve.capacity import shape
-    from quantize_serve.capacity.measure import CapacityConfig
+    from quantize_serve.capacity.measure import CapacityConfig, boot_log_name
     from quantize_serve.core.errors import ServerBootError
+    from quantize_serve.serving.boot import Boot
 
     booted: list[str] = []
+    roles = {boot_log_name(recipe, b, kind="shape"): b for b in Boot}
 
     @contextmanager
     def server(spec, *, log_path):
-        name = log_path.stem.removeprefix("vllm-shape-")
+        name = roles[log_path.name]
         booted.append(name)
         if name in refuse:
             raise ServerBootError("vLLM exited with code 1 before it became healthy: No available memory")
@@ -90,7 +93,7 @@ def test_a_shape_can_be_measured_one_configuration_at_a_time(monkeypatch, tmp_pa
     from quantize_serve.capacity.shape import measure_shape
     from quantize_serve.serving.boot import Boot
 
-    booted = fake_boots(monkeypatch)
+    booted = fake_boots(monkeypatch, awq_recipe)
     result = measure_shape(awq_recipe, TINY, out_dir=tmp_path, model="tiny", boots={Boot.PRODUCTION})
     assert booted == [Boot.PRODUCTION]
     rows = {r.name: r for r in result.rows}
@@ -104,7 +107,7 @@ def test_the_preflight_boots_nothing_after_production_is_refused(monkeypatch, tm
     from quantize_serve.capacity.shape import measure_shape
     from quantize_serve.serving.boot import Boot
 
-    booted = fake_boots(monkeypatch, refuse={str(Boot.PRODUCTION)})
+    booted = fake_boots(monkeypatch, awq_recipe, refuse={str(Boot.PRODUCTION)})
     result = measure_shape(awq_recipe, TINY, out_dir=tmp_path, model="tiny", production_first=True)
     assert booted == [Boot.PRODUCTION]
     assert result.row(Boot.PRODUCTION).refused.endswith("No available memory")
@@ -128,7 +131,7 @@ def test_a_shape_the_planner_refuses_is_measured_on_a_gpu_and_refused_on_a_fixed
             shutil.copyfile(f, model / f.name)
     config = json.loads((TINY / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**config, "sliding_window": 256}))
-    booted = fake_boots(monkeypatch)
+    booted = fake_boots(monkeypatch, awq_recipe)
 
     with pytest.raises(RecipeError) as err:
         measure_shape(awq_recipe, model, out_dir=tmp_path / "cpu", model="sliding")
@@ -147,7 +150,8 @@ def test_a_shape_the_planner_refuses_is_measured_on_a_gpu_and_refused_on_a_fixed
     text = result.markdown()
     # the production row as this host serves it (an AVX2 CPU's session recipe: a 16-bit KV cache)
     prod = result.row(Boot.PRODUCTION)
-    name = f"{prod.name.label(kv_cache_dtype=prod.kv_cache_dtype)} ({prod.kv_cache_dtype})"
+    label = prod.name.label(awq_recipe.quantization.scheme, kv_cache_dtype=prod.kv_cache_dtype)
+    name = f"{label} ({prod.kv_cache_dtype})"
     if awq_recipe.serve.kv_cache_dtype == "fp8":
         assert name == "w4a16-fp8kv (fp8)"
     assert f"| {name} | 0.00 | 4,096 | 8.00x | - |" in text and "max concurrency @ 512" in text
