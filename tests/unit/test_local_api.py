@@ -59,6 +59,9 @@ def test_the_run_starts_prefects_api_with_telemetry_off_and_a_failed_start_is_on
         return proc
 
     monkeypatch.setattr(prefect_server.subprocess, "Popen", recorded)
+    # a fresh process's servers: none started yet (a test before this one in the same worker may have one)
+    servers: dict = {}
+    monkeypatch.setattr(prefect_server.SubprocessASGIServer, "_instances", servers)
     with temporary_settings(
         {
             PREFECT_API_URL: None,  # the ephemeral API, whatever ran before in this process
@@ -77,7 +80,7 @@ def test_the_run_starts_prefects_api_with_telemetry_off_and_a_failed_start_is_on
     assert "Traceback" not in text and len(out.err.splitlines()) <= 6, text
     assert started, "no Prefect server was started"
     assert all(proc.poll() is not None for proc, _ in started), "a Prefect server was left running"
-    assert None not in prefect_server.SubprocessASGIServer._instances  # a later start begins afresh
+    assert None not in servers  # a later start begins afresh
     for _, env in started:
         with mock.patch.dict(os.environ, env, clear=True):
             assert Settings().server.analytics_enabled is False
