@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -53,12 +54,19 @@ TOKEN = "hf_CliRunTestToken0123456789abcdefghij"
 
 @pytest.mark.timeout(1800)
 def test_run_shows_a_line_per_stage_and_the_decision_and_keeps_the_full_log_in_the_run_folder(
-    tmp_path, capsys
+    tmp_path, capsys, monkeypatch
 ):
     """`quantize-serve run` on the demo recipe (as this CPU serves it, tests/conftest.py), its paths given
     absolute as a generated recipe gives them: under 60 lines on stdout (not a terminal here: no live
     bar), nothing on stderr, every decision row names its task by lm-eval's name (no path), and the
-    full log (Prefect's task logs, lm-eval's lines) in run.log in the run's folder."""
+    full log (Prefect's task logs, lm-eval's lines) in run.log in the run's folder. It takes a GPU host's
+    work-ahead paths (QS_AHEAD_AS_ON_GPU; its base booted, not reused, so the run decides beside_base): the
+    calibration count started ahead and the count in the flow's thread, which raced on a GPU host."""
+    from quantize_serve.core.settings import get_settings
+
+    monkeypatch.setenv("QS_AHEAD_AS_ON_GPU", "true")
+    monkeypatch.setenv("QS_REUSE_BASE_REFERENCE", "false")
+    get_settings.cache_clear()
     data = apply_overrides(yaml.safe_load(DEMO.read_text()), SERVING_OVERRIDES, source="demo")
     data["model"]["id"] = str(ROOT / "models" / "tiny-llama")
     data["calibration"]["dataset"] = str(ROOT / "data" / "calibration" / "tiny_calibration.jsonl")
@@ -66,10 +74,13 @@ def test_run_shows_a_line_per_stage_and_the_decision_and_keeps_the_full_log_in_t
         task["task"] = str((DEMO.parent / task["task"]).resolve())
     path = tmp_path / DEMO.name
     path.write_text(yaml.safe_dump(data))
-    with local_hub(tmp_path, tokens=(TOKEN,), online=True) as hub:
-        rc = main(["run", str(path)])
-        out = capsys.readouterr()
-        (report_path,) = hub.runs.glob("*/report.json")
+    try:
+        with local_hub(tmp_path, tokens=(TOKEN,), online=True) as hub:
+            rc = main(["run", str(path)])
+            out = capsys.readouterr()
+            (report_path,) = hub.runs.glob("*/report.json")
+    finally:
+        get_settings.cache_clear()  # the environment's settings again once monkeypatch undoes the variables
     lines = out.out.splitlines()
     print(f"`quantize-serve run` printed {len(lines)} lines:\n{out.out}")  # the figure the issue asks for
     assert rc == 0 and out.err == "", out.out + out.err
@@ -91,6 +102,9 @@ def test_run_shows_a_line_per_stage_and_the_decision_and_keeps_the_full_log_in_t
     # an accuracy run's lm-eval imports and task index were done while its server booted (accuracy_ahead),
     # and a line said as each of the candidate's looks started
     assert "lm-eval's imports and task index prepared while the server booted" in log
+    # the count a GPU host makes before the base boots, after its work ahead (core/ahead.py)
+    counted = r"quantize beside the base's accuracy run: \w+ \(.*\(\d[\d,]* calibration tokens\)\)"
+    assert re.search(counted, log), log[-3000:]
     assert "look 1 of 4:" in log
 
 
