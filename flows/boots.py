@@ -235,17 +235,8 @@ def serve_quantized(
                 served=capacity,
             ),
         )
-        stages.start("stress")
-        stress = stages.done(
-            "stress",
-            run_stress_test(
-                server,
-                r.gates.stress,
-                r.serve,
-                tokenizer_dir=checkpoint_dir,
-                output_dir=stress_dir,
-                return_state=True,
-            ),
+        stress = stress_gate(
+            stages, "stress", validated, server, tokenizer_dir=checkpoint_dir, output_dir=stress_dir
         )
         soak = None
         if soak_dir is not None and r.gates.soak:  # gates.soak is optional
@@ -268,6 +259,31 @@ def serve_quantized(
     )
 
 
+def stress_gate(
+    stages: _Stages,
+    name: str,
+    validated: ValidatedRecipe,
+    server: RunningServer,
+    *,
+    tokenizer_dir: str,
+    output_dir: Path,
+) -> State:
+    """The stress test against the live server as stage ``name`` (its final state, failed or not)."""
+    r = validated.recipe
+    stages.start(name)
+    return stages.done(
+        name,
+        run_stress_test(
+            server,
+            r.gates.stress,
+            r.serve,
+            tokenizer_dir=tokenizer_dir,
+            output_dir=output_dir,
+            return_state=True,
+        ),
+    )
+
+
 def serve_release(
     validated: ValidatedRecipe,
     model_dir: str,
@@ -282,7 +298,6 @@ def serve_release(
     production settings, measured as the candidate's (c) is; its logs in ``log_dir``. ``throughput_only``:
     its accuracy is the one recorded with it (its stress test measures the throughput again). ``stop`` is
     asked as each boot and gate starts and ends (the caller tells the stage as a whole)."""
-    r = validated.recipe
     stages = _Stages(None, stop)
     ahead = None if throughput_only else accuracy_ahead(validated)
     stages.start("boot production again")
@@ -302,16 +317,7 @@ def serve_release(
                     served=capacity,
                 ),
             )
-        stages.start("stress of production")
-        stress = stages.done(
-            "stress of production",
-            run_stress_test(
-                server,
-                r.gates.stress,
-                r.serve,
-                tokenizer_dir=model_dir,
-                output_dir=stress_dir,
-                return_state=True,
-            ),
+        stress = stress_gate(
+            stages, "stress of production", validated, server, tokenizer_dir=model_dir, output_dir=stress_dir
         )
     return ReleaseServed(capacity=capacity, accuracy=accuracy, stress=stress)
