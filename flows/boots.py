@@ -88,6 +88,11 @@ class _Stages:
             self.stop()
         return result
 
+    def run(self, stage: str, work: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``work(*args, **kwargs)`` as the stage ``stage``: started, then done with its result."""
+        self.start(stage)
+        return self.done(stage, work(*args, **kwargs))
+
     def mark(self, name: str) -> None:
         if self.progress:
             self.progress.mark(name)
@@ -167,17 +172,15 @@ def serve_base(
         for name in prepare_next:  # their imports overlap this boot's accuracy run (nothing here is timed)
             prepare_boot(validated, log_dir, name)
         extra = also(server, spec, capacity) if also else None
-        stages.start("accuracy base")
-        accuracy = stages.done(
+        accuracy = stages.run(
             "accuracy base",
-            accuracy_gate(
-                validated,
-                server,
-                tokenizer_dir=model_dir,
-                output_dir=accuracy_dir,
-                prepared=ahead,
-                served=measured,
-            ),
+            accuracy_gate,
+            validated,
+            server,
+            tokenizer_dir=model_dir,
+            output_dir=accuracy_dir,
+            prepared=ahead,
+            served=measured,
         )
     return BaseServed(capacity=capacity, accuracy=accuracy, also=extra)
 
@@ -222,36 +225,32 @@ def serve_quantized(
     with served(validated, Boot.PRODUCTION, checkpoint_dir, log_dir) as (server, spec):
         capacity = stages.done("boot production", measure_capacity(server, spec, Boot.PRODUCTION))
         extra = also(server, spec, capacity) if also else None
-        stages.start("accuracy")
-        accuracy = stages.done(
+        accuracy = stages.run(
             "accuracy",
-            accuracy_gate(
-                validated,
-                server,
-                tokenizer_dir=checkpoint_dir,
-                output_dir=accuracy_dir,
-                paired_with=base_accuracy,
-                prepared=ahead,
-                served=capacity,
-            ),
+            accuracy_gate,
+            validated,
+            server,
+            tokenizer_dir=checkpoint_dir,
+            output_dir=accuracy_dir,
+            paired_with=base_accuracy,
+            prepared=ahead,
+            served=capacity,
         )
-        stress = stress_gate(
-            stages, "stress", validated, server, tokenizer_dir=checkpoint_dir, output_dir=stress_dir
+        stress = stages.run(
+            "stress", stress_gate, validated, server, tokenizer_dir=checkpoint_dir, output_dir=stress_dir
         )
         soak = None
         if soak_dir is not None and r.gates.soak:  # gates.soak is optional
-            stages.start("soak")
-            soak = stages.done(
+            soak = stages.run(
                 "soak",
-                run_soak_test(
-                    server,
-                    r.gates.soak,
-                    r.serve,
-                    stress=r.gates.stress,
-                    tokenizer_dir=checkpoint_dir,
-                    output_dir=soak_dir,
-                    return_state=True,
-                ),
+                run_soak_test,
+                server,
+                r.gates.soak,
+                r.serve,
+                stress=r.gates.stress,
+                tokenizer_dir=checkpoint_dir,
+                output_dir=soak_dir,
+                return_state=True,
             )
     stages.mark("fp8 served")
     return QuantizedServed(
@@ -260,27 +259,12 @@ def serve_quantized(
 
 
 def stress_gate(
-    stages: _Stages,
-    name: str,
-    validated: ValidatedRecipe,
-    server: RunningServer,
-    *,
-    tokenizer_dir: str,
-    output_dir: Path,
+    validated: ValidatedRecipe, server: RunningServer, *, tokenizer_dir: str, output_dir: Path
 ) -> State:
-    """The stress test against the live server as stage ``name`` (its final state, failed or not)."""
+    """The stress test against the live server (its final state, failed or not)."""
     r = validated.recipe
-    stages.start(name)
-    return stages.done(
-        name,
-        run_stress_test(
-            server,
-            r.gates.stress,
-            r.serve,
-            tokenizer_dir=tokenizer_dir,
-            output_dir=output_dir,
-            return_state=True,
-        ),
+    return run_stress_test(
+        server, r.gates.stress, r.serve, tokenizer_dir=tokenizer_dir, output_dir=output_dir, return_state=True
     )
 
 
@@ -305,19 +289,22 @@ def serve_release(
         capacity = stages.done("boot production again", measure_capacity(server, spec, Boot.PRODUCTION))
         accuracy = None
         if not throughput_only:
-            stages.start("accuracy of production")
-            accuracy = stages.done(
+            accuracy = stages.run(
                 "accuracy of production",
-                accuracy_gate(
-                    validated,
-                    server,
-                    tokenizer_dir=model_dir,
-                    output_dir=accuracy_dir,
-                    prepared=ahead,
-                    served=capacity,
-                ),
+                accuracy_gate,
+                validated,
+                server,
+                tokenizer_dir=model_dir,
+                output_dir=accuracy_dir,
+                prepared=ahead,
+                served=capacity,
             )
-        stress = stress_gate(
-            stages, "stress of production", validated, server, tokenizer_dir=model_dir, output_dir=stress_dir
+        stress = stages.run(
+            "stress of production",
+            stress_gate,
+            validated,
+            server,
+            tokenizer_dir=model_dir,
+            output_dir=stress_dir,
         )
     return ReleaseServed(capacity=capacity, accuracy=accuracy, stress=stress)
