@@ -19,7 +19,7 @@ demo: setup
 # Lint first (ruff, pinned in requirements/pipeline.txt; rules in pyproject.toml): a finding fails the target.
 test: setup
 	@$(PY) -m ruff check . && $(PY) -m ruff format --check .
-	@$(PY) -m pytest -v -n auto --durations=15 --durations-json=benchmarks/results/test_durations.json
+	@$(PY) -m pytest -v -n auto --durations=15 --durations-json=.cache/test_durations.json
 
 test-fast: setup
 	@$(PY) -m ruff check . && $(PY) -m ruff format --check .

@@ -415,6 +415,7 @@ def pytest_sessionfinish(session, exitstatus):
         for tier in TIERS
     }
     tests = dict(sorted(DURATIONS.items(), key=lambda kv: -kv[1]["seconds"]))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)  # .cache/ on a fresh clone
     Path(path).write_text(
         json.dumps(
             {

@@ -151,7 +151,7 @@ collect)
     [ -f "$f" ] && cp "$f" "$DEST/"
   done
   for f in "$STATE"/*.log; do [ -f "$f" ] && tail -c 4000000 "$f" > "$DEST/$(basename "$f")"; done
-  cp benchmarks/results/test_durations.json "$DEST/" 2>/dev/null || true  # make test's, here
+  cp .cache/test_durations.json "$DEST/" 2>/dev/null || true  # make test's, here
   (cd "$STATE" && tar -czf "$DEST/logs.tar.gz" --exclude='*.safetensors' --exclude='*.parquet' work/logs work/stress \
       work/flow_result.json gpu-smoke-work/logs gpu-smoke-work/real-model/runs runs llama3-stack/runs llama3-stack/*.log release-time-stack/runs release-time-stack/*.log shape schemes shapes/boots peak/boots moe/runs \
       2>/dev/null) || true
