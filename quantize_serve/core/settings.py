@@ -33,9 +33,13 @@ class Settings(BaseSettings):
         default=PROJECT_ROOT / ".cache" / "work",
         description="Checkpoints and caches, keyed by their inputs, reused across runs.",
     )
-    server_host: str = "127.0.0.1"
-    server_boot_timeout_s: float = Field(default=600.0, gt=0)
-    server_stop_timeout_s: float = Field(default=20.0, gt=0)
+    server_host: str = Field(default="127.0.0.1", description="Address the vLLM servers listen on.")
+    server_boot_timeout_s: float = Field(
+        default=600.0, gt=0, description="Seconds a vLLM server may take to become healthy."
+    )
+    server_stop_timeout_s: float = Field(
+        default=20.0, gt=0, description="Seconds a vLLM server is given to stop before it is killed."
+    )
     reuse_base_reference: bool = Field(
         default=True,
         description="Take a known base's capacity row (a) and base accuracy from a previous "
@@ -59,7 +63,8 @@ class Settings(BaseSettings):
         default=False,
         description="Take the work-ahead paths of a GPU host on any host: the calibration count started as "
         "the run validates and counted before the base boots (tasks/quantize.py), without changing what a "
-        "CPU host decides. For testing those paths where no GPU is (tests/flows/test_flow.py).",
+        "CPU host decides. For testing those paths where no GPU is (the flows tier: test_flow.py, "
+        "test_cli.py).",
     )
     gpu_concurrency_limit: str = Field(
         default="gpu", description="Prefect global concurrency limit that serialises GPU stages."

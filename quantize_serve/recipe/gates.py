@@ -92,10 +92,10 @@ class ErrorRates(Section):
 class ErrorRatesOverride(Section):
     """A task's own error rates; a field left out takes gates.accuracy.error_rates'."""
 
-    bad_recovery: float | None = None
-    max_false_pass: float | None = None
-    good_recovery: float | None = None
-    min_true_pass: float | None = None
+    bad_recovery: float | None = Field(default=None, description="Unset: the gate's.")
+    max_false_pass: float | None = Field(default=None, description="Unset: the gate's.")
+    good_recovery: float | None = Field(default=None, description="Unset: the gate's.")
+    min_true_pass: float | None = Field(default=None, description="Unset: the gate's.")
 
     _points = field_validator("bad_recovery", "good_recovery")(_recovery_point)
     _false = field_validator("max_false_pass")(_false_pass)
@@ -118,7 +118,7 @@ RETIRED_ACCURACY_FIELDS = {
 
 class AccuracyTask(Section):
     task: str = Field(description="lm-eval task name, or a path to a task YAML.")
-    num_fewshot: int = Field(default=0, ge=0)
+    num_fewshot: int = Field(default=0, ge=0, description="Few-shot examples per document (lm-eval's).")
     limit: PositiveInt | float | None = Field(
         default=None,
         description="Docs per task (int or fraction; for a group such as mmlu, per member "
@@ -151,7 +151,9 @@ class AccuracyTask(Section):
 
 
 class AccuracyGate(Section):
-    tasks: list[AccuracyTask] = Field(default_factory=list)
+    tasks: list[AccuracyTask] = Field(
+        default_factory=list, description="The lm-eval tasks the candidate is scored on against the base."
+    )
     error_rates: ErrorRates = Field(
         default_factory=ErrorRates,
         description="The gate's stated error rates for every task (a task's "
@@ -177,7 +179,7 @@ class AccuracyGate(Section):
         "choices over the cached context), each path checked against echo before it carries a run "
         "(gates/scoring.py). echo: lm-eval's local-completions, one full prompt per choice.",
     )
-    batch_size: PositiveInt = 8
+    batch_size: PositiveInt = Field(default=8, description="lm-eval's batch size.")
     num_concurrent: PositiveInt | None = Field(
         default=None,
         description="lm-eval's concurrent requests to the server. Unset: the server's "
@@ -277,14 +279,24 @@ class StressGate(Section):
     concurrency: PositiveInt | None = Field(
         default=None, description="Target concurrency; defaults to serve.max_num_seqs."
     )
-    num_requests: PositiveInt = 64
-    max_duration_s: float = Field(default=600, gt=0)
-    prompt_tokens: list[PositiveInt] = Field(default_factory=lambda: [32, 128, 512])
-    output_tokens: list[PositiveInt] = Field(default_factory=lambda: [16, 64, 128])
-    long_prompt_share: float = Field(default=0.1, ge=0, le=1)
-    overlong_prompts: int = Field(default=2, ge=0)
-    max_preemptions: int = Field(default=0, ge=0)
-    request_timeout_s: float = Field(default=120, gt=0)
+    num_requests: PositiveInt = Field(default=64, description="Valid requests sent.")
+    max_duration_s: float = Field(default=600, gt=0, description="Longest the traffic may take.")
+    prompt_tokens: list[PositiveInt] = Field(
+        default_factory=lambda: [32, 128, 512], description="Prompt sizes, each sent with every output size."
+    )
+    output_tokens: list[PositiveInt] = Field(
+        default_factory=lambda: [16, 64, 128], description="Output sizes (max_tokens, with ignore_eos)."
+    )
+    long_prompt_share: float = Field(
+        default=0.1, ge=0, le=1, description="Share of requests whose prompt + output fills max_model_len."
+    )
+    overlong_prompts: int = Field(
+        default=2, ge=0, description="Prompts over max_model_len that must get a clean HTTP 400."
+    )
+    max_preemptions: int = Field(
+        default=0, ge=0, description="Preemptions (vllm:num_preemptions_total) allowed."
+    )
+    request_timeout_s: float = Field(default=120, gt=0, description="Seconds one request may take.")
 
 
 # gates.soak bounds: (lowest, highest, why). Inclusive; the message names the field, value and range.

@@ -53,8 +53,12 @@ class ModelSection(Section):
 
     id: str = Field(description="Local folder (e.g. ../models/tiny-llama) or Hub repo id (org/name).")
     revision: str | None = Field(default=None, description="Hub branch, tag or commit sha.")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    trust_remote_code: bool = False
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="auto", description="The dtype the base model is loaded in for quantization."
+    )
+    trust_remote_code: bool = Field(
+        default=False, description="Run the model's own code from its repo (transformers' trust_remote_code)."
+    )
 
 
 class CalibrationSection(Section):
@@ -63,7 +67,7 @@ class CalibrationSection(Section):
     dataset: str = Field(description="Hub dataset id, or a local file / list of files.")
     files: list[str] = Field(default_factory=list, description="More local files, same format.")
     subset: str | None = Field(default=None, description="Hub dataset configuration name.")
-    split: str = "train"
+    split: str = Field(default="train", description="Dataset split to read.")
     revision: str | None = Field(
         default=None,
         description="Hub dataset branch, tag or commit sha (None = main). A run pins it to "
@@ -73,9 +77,9 @@ class CalibrationSection(Section):
     messages_field: str | None = Field(
         default=None, description="Column holding chat messages, rendered with the chat template."
     )
-    num_samples: PositiveInt = 256
-    max_seq_len: PositiveInt = 2048
-    shuffle_seed: int = 42
+    num_samples: PositiveInt = Field(default=256, description="Rows calibrated on.")
+    max_seq_len: PositiveInt = Field(default=2048, description="Tokens a row is cut to.")
+    shuffle_seed: int = Field(default=42, description="Seed of the shuffle that picks the rows.")
     batch_size: PositiveInt = Field(
         default=1,
         description="Calibration batch size (llm-compressor's). llm-compressor orders the samples by "
@@ -137,7 +141,7 @@ class ProfileSearch(Section):
     most ``step`` apart, or ``max_boots`` boots are spent.
     """
 
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="false: no search (as when serve.search is absent).")
     max_boots: PositiveInt = Field(
         default=6, description=f"vLLM boots the max_num_seqs search may spend (at most {MAX_SEARCH_BOOTS})."
     )
@@ -192,14 +196,22 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 class ServeSection(Section):
     """How vLLM serves the model: the production settings the gates prove."""
 
-    max_model_len: PositiveInt = 4096
-    gpu_memory_utilization: float = Field(default=0.90, gt=0, le=1)
-    max_num_seqs: PositiveInt = 256
-    max_num_batched_tokens: PositiveInt | None = None
-    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "fp8"
-    tensor_parallel_size: PositiveInt = 1
-    enforce_eager: bool = False
-    dtype: Literal["auto", "bfloat16", "float16"] = "auto"
+    max_model_len: PositiveInt = Field(default=4096, description="vLLM's --max-model-len.")
+    gpu_memory_utilization: float = Field(
+        default=0.90, gt=0, le=1, description="vLLM's --gpu-memory-utilization."
+    )
+    max_num_seqs: PositiveInt = Field(default=256, description="vLLM's --max-num-seqs.")
+    max_num_batched_tokens: PositiveInt | None = Field(
+        default=None,
+        description="vLLM's --max-num-batched-tokens. Unset: "
+        f"{DEFAULT_MAX_NUM_BATCHED_TOKENS}, vLLM's default for online serving.",
+    )
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        default="fp8", description="vLLM's --kv-cache-dtype of the production boot."
+    )
+    tensor_parallel_size: PositiveInt = Field(default=1, description="vLLM's --tensor-parallel-size.")
+    enforce_eager: bool = Field(default=False, description="vLLM's --enforce-eager (no CUDA graphs).")
+    dtype: Literal["auto", "bfloat16", "float16"] = Field(default="auto", description="vLLM's --dtype.")
     memory_budget: ByteSize | None = Field(
         default=None,
         description="The CPU host's budget: memory the compared configurations share on a host "
@@ -267,12 +279,21 @@ class ServeSection(Section):
 class HubSection(Section):
     """Where the release goes. The token never comes from here: environment or a Prefect Secret."""
 
-    repo_id: str
-    private: bool = True
-    release_ref: str = "production"
-    release_ref_kind: Literal["tag", "branch"] = "tag"
-    commit_message: str = "quantize-serve: {method} {scheme} of {base_model}@{base_revision}"
-    token_env: str = "HF_TOKEN"
+    repo_id: str = Field(description="The Hub repo the release goes to (org/name).")
+    private: bool = Field(default=True, description="Create the repo private (applied on creation only).")
+    release_ref: str = Field(
+        default="production", description="The tag or branch promotion points at the gated commit."
+    )
+    release_ref_kind: Literal["tag", "branch"] = Field(default="tag", description="What release_ref is.")
+    commit_message: str = Field(
+        default="quantize-serve: {method} {scheme} of {base_model}@{base_revision}",
+        description="Template of the candidate's commit message; placeholders: "
+        + ", ".join("{" + f + "}" for f in COMMIT_MESSAGE_FIELDS)
+        + ".",
+    )
+    token_env: str = Field(
+        default="HF_TOKEN", description="Environment variable holding the Hub token (never the token itself)."
+    )
     token_secret_block: str | None = Field(
         default=None, description="Name of a Prefect Secret block holding the token."
     )
@@ -349,7 +370,11 @@ class Recipe(BaseModel):
     serve: ServeSection = Field(default_factory=ServeSection)
     gates: GatesSection = Field(default_factory=GatesSection)
     hub: HubSection | None = None
-    approval: Literal["auto", "manual"] = "auto"
+    approval: Literal["auto", "manual"] = Field(
+        default="auto",
+        description="auto: promote when every gate passes; manual: the run pauses with a sign-off form "
+        "in the Prefect UI before promotion.",
+    )
     base_dir: str = Field(
         default=".", description="Folder that relative paths resolve against (the recipe's folder)."
     )

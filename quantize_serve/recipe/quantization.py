@@ -52,9 +52,11 @@ class Candidate(Section):
     validated as it is. Fields left out come from the quantization section."""
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$", description="Lowercase, digits, dashes.")
-    method: Method | None = None
-    scheme: Scheme | None = None
-    group_size: PositiveInt | None = None
+    method: Method | None = Field(default=None, description="As quantization.method.")
+    scheme: Scheme | None = Field(default=None, description="As quantization.scheme. Unset: quantization's.")
+    group_size: PositiveInt | None = Field(
+        default=None, description="As quantization.group_size. Unset: quantization's."
+    )
     checkpoint: str | None = Field(
         default=None,
         description="Local folder or Hub repo id of a quantized checkpoint of the recipe's base model.",
@@ -118,11 +120,22 @@ class QuantizationSection(Section):
     One of: ``method`` (+ ``scheme``) quantizes the base model; ``checkpoint`` validates an
     already-quantized one; ``candidates`` compares several and releases the best (``choose``)."""
 
-    method: Method | None = None
-    scheme: Scheme = "W4A16"
-    group_size: PositiveInt = 128
-    targets: list[str] = Field(default_factory=lambda: ["Linear"])
-    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
+    method: Method | None = Field(
+        default=None,
+        description="Quantize the base model with: awq or gptq (W4A16, W4A16_ASYM), smoothquant-gptq or "
+        "gptq (W8A8), rtn (FP8_DYNAMIC).",
+    )
+    scheme: Scheme = Field(default="W4A16", description="The quantized format (llm-compressor's scheme).")
+    group_size: PositiveInt = Field(
+        default=128, description="Weights per quantization group of the 4-bit schemes (even)."
+    )
+    targets: list[str] = Field(
+        default_factory=lambda: ["Linear"], description="Modules llm-compressor quantizes."
+    )
+    ignore: list[str] = Field(
+        default_factory=lambda: ["lm_head"],
+        description="Modules left unquantized: names, or `re:` regular expressions.",
+    )
     kv_cache_scales: bool = Field(
         default=False,
         description="Calibrate static fp8 KV-cache scales into the checkpoint (vLLM uses 1.0 without).",
@@ -151,7 +164,9 @@ class QuantizationSection(Section):
         description="An already-quantized checkpoint (local folder "
         "or Hub repo id) of the base model, validated without re-quantizing.",
     )
-    checkpoint_revision: str | None = None
+    checkpoint_revision: str | None = Field(
+        default=None, description="Hub branch, tag or commit of `checkpoint`."
+    )
     candidates: list[Candidate] = Field(
         default_factory=list,
         description="Formats to compare; the release is the best that passes every gate (see choose).",
