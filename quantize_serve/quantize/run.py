@@ -34,7 +34,7 @@ from quantize_serve.core.digest import file_sha256
 from quantize_serve.core.errors import QuantizationError
 from quantize_serve.core import progress
 from quantize_serve.core.log_stream import BarFrame, stream_lines
-from quantize_serve.core.processes import own_session_dying_with_parent
+from quantize_serve.core.processes import dying_with_parent
 from quantize_serve.core.settings import PROJECT_ROOT, get_settings
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.recipe.quantization import QuantizationSection
@@ -377,16 +377,17 @@ _prepared: list[subprocess.Popen] = []
 
 
 def _start_worker(*args: str, stdin: int) -> subprocess.Popen:
+    # a pipeline killed hard takes the worker with it (and the device memory it holds); SIGKILL: it starts
+    # no process of its own
+    worker = [get_settings().pipeline_python, "-m", "quantize_serve.quantize.worker", *args]
     return subprocess.Popen(
-        [str(get_settings().pipeline_python), "-m", "quantize_serve.quantize.worker", *args],
+        dying_with_parent(worker, signal.SIGKILL),
         stdin=stdin,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={**os.environ, **CHILD_ENV},
         cwd=str(PROJECT_ROOT),
-        # a pipeline killed hard takes the worker with it (and the device memory it holds); SIGKILL: it
-        # starts no process of its own
-        preexec_fn=own_session_dying_with_parent(signal.SIGKILL),
+        start_new_session=True,
     )
 
 

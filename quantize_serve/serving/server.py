@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from quantize_serve.core.errors import ServerBootError, ServerUnavailableError
-from quantize_serve.core.processes import group_alive, own_session_dying_with_parent, process_alive
+from quantize_serve.core.processes import dying_with_parent, group_alive, process_alive
 from quantize_serve.core.settings import Settings, get_settings
 from quantize_serve.recipe.model import ServeSection
 from quantize_serve.serving.repo_layout import KEEP_MODEL_NAME, laid_out_as_hub_cache
@@ -253,7 +253,7 @@ def tail(path: Path, lines: int = 40) -> str:
 
 # Linux: if the pipeline process dies hard, the server dies with it. SIGTERM, not SIGKILL: only vLLM's own
 # shutdown stops its engine-core and worker grandchildren (with SIGKILL they were seen orphaned, in memory).
-_die_with_parent = own_session_dying_with_parent(signal.SIGTERM)
+DIE_WITH_PARENT = signal.SIGTERM
 
 
 # A guardian beside each server, in its own session: when the pipeline process dies while the
@@ -414,12 +414,12 @@ def _start_prepared(log_path: Path) -> None:
     # appending (O_APPEND): the boot's own lines, written later by the pipeline, are never overwritten
     with log_path.open("a") as log:  # the imports' warnings go at the top of the boot's log
         _prepared[key] = subprocess.Popen(
-            [str(settings.serving_python), "-c", BOOT],
+            dying_with_parent([settings.serving_python, "-c", BOOT], DIE_WITH_PARENT),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.PIPE,
             env=boot_env(log_path),
-            preexec_fn=_die_with_parent,
+            start_new_session=True,
         )
 
 
@@ -566,12 +566,12 @@ def _start(
             prepared
             if prepared is not None
             else subprocess.Popen(
-                [str(settings.serving_python), "-c", BOOT, ENTRYPOINT, *args],
+                dying_with_parent([settings.serving_python, "-c", BOOT, ENTRYPOINT, *args], DIE_WITH_PARENT),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=boot_env(log_path),
-                preexec_fn=_die_with_parent,
+                start_new_session=True,
             )
         )
     return proc, RunningServer(

@@ -1,4 +1,4 @@
-"""A child started with own_session_dying_with_parent goes when the process that started it is killed hard."""
+"""A child started with dying_with_parent goes when the process that started it is killed hard."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import time
 
 import psutil
 
-from quantize_serve.core.processes import process_alive
+from quantize_serve.core.processes import dying_with_parent, process_alive
 
 PARENT = """\
 import signal, subprocess, sys, time
-from quantize_serve.core.processes import own_session_dying_with_parent
+from quantize_serve.core.processes import dying_with_parent
 child = subprocess.Popen(
-    [sys.executable, "-c", "import time; time.sleep(120)"],
-    preexec_fn=own_session_dying_with_parent(signal.SIGKILL),
+    dying_with_parent([sys.executable, "-c", "import time; time.sleep(120)"], signal.SIGKILL),
+    start_new_session=True,
 )
 print(child.pid, flush=True)
 time.sleep(120)
@@ -48,3 +48,27 @@ def test_a_child_dies_with_the_process_that_started_it():
         parent.stdout.close()
         if not gone_within(child, 0):
             psutil.Process(child).kill()
+
+
+def test_a_child_starts_while_a_lock_of_the_hub_client_is_held():
+    """huggingface_hub closes its HTTP session in every forked child (os.register_at_fork). Run from a
+    preexec_fn, that hook ran between fork and exec and waited for a lock another thread of the flow held at
+    the fork (a Hub request in flight): the child hung there, and its parent waiting for the exec (a CLI
+    run's prepared boot, 2026-12-07). Started by dying_with_parent, nothing runs in the child before exec."""
+    import threading
+
+    from huggingface_hub.utils._http import get_session
+
+    started: list[subprocess.Popen] = []
+
+    def start() -> None:
+        argv = dying_with_parent([sys.executable, "-c", "pass"], signal.SIGTERM)
+        started.append(subprocess.Popen(argv, start_new_session=True))
+
+    lock = get_session()._transport._pool._optional_thread_lock  # what a request in flight holds
+    with lock:
+        starter = threading.Thread(target=start, daemon=True)
+        starter.start()
+        starter.join(timeout=30)
+    assert started, "the child did not start within 30 s"
+    assert started[0].wait(timeout=30) == 0
