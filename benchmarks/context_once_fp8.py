@@ -36,11 +36,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
 
-from benchmarks.harness import RESULTS, ROOT, driver_env, logger, now, versions  # noqa: E402
+from benchmarks.harness import RESULTS, ROOT, driver_env, logger, now, quantize_once, versions  # noqa: E402
 
 driver_env()
 
 from quantize_serve.capacity.measure import capacity_spec  # noqa: E402
+from quantize_serve.core.settings import get_settings  # noqa: E402
 from quantize_serve.core.portable import write_json_result  # noqa: E402
 from quantize_serve.gates.accuracy import completions_model  # noqa: E402
 from quantize_serve.gates.scoring import agrees, group_by_context  # noqa: E402
@@ -137,20 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {"serve.memory_budget": None} if describe_devices() else {}
     recipe = load_recipe(args.recipe, overrides)
     checkpoint = args.checkpoint
-    if checkpoint is None:
-        from quantize_serve.quantize.run import quantize_model
-        from quantize_serve.validate.preflight import resolve_base, validate_recipe
-
-        validated = validate_recipe(args.recipe, overrides)
-        base = resolve_base(validated)
-        made = quantize_model(
-            validated.recipe,
-            Path(base.local_dir),
-            base_identity=base.identity,
-            calibration_fingerprint=validated.calibration_fingerprint,
-            log=log,
-        )
-        checkpoint = Path(made.checkpoint_dir)
+    if checkpoint is None:  # quantized as the flow's stage does, into the work dir's cache
+        checkpoint = Path(quantize_once(args.recipe, overrides, get_settings().work_dir)["checkpoint_dir"])
     run_dir = Path(tempfile.mkdtemp(prefix="context-once-fp8-"))  # the boots' vLLM logs
     log(f"vLLM logs in {run_dir}")
     pairs = documents(args.docs)
