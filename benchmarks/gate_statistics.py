@@ -157,7 +157,7 @@ def gate_on_real_outcomes(looks: tuple[float, ...], seed: int) -> dict:
             for name, fractions in (("with_looks", looks), ("one_look", (1.0,))):
                 gate = AccuracyGate(tasks=[AccuracyTask(task=task)], looks=list(fractions))
                 look, ran = 0, scored_through(full, 0, fractions)
-                while look < len(fractions) - 1 and not task_decided(base, ran, gate, gate.error_rates, look):
+                while look < len(fractions) - 1 and not task_decided(base, ran, gate, gate.tasks[0], look):
                     look += 1
                     ran = scored_through(full, look, fractions)
                 checks = compare_accuracy(

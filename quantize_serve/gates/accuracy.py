@@ -284,9 +284,7 @@ def run_tasks(
                 t
                 for t in running
                 if look < len(t.fractions) - 1
-                and not (
-                    t.base and t.run and task_decided(t.base, t.run, gate, gate.rates(t.spec.task), look)
-                )
+                and not (t.base and t.run and task_decided(t.base, t.run, gate, t.spec.task, look))
             ]
             look += 1
     return {t.spec.task.task: t.run for t in tasks if t.run is not None}

@@ -19,11 +19,19 @@ Pure (numpy only). docs/gates.md states the rule and why; in short:
   candidate at r_good is stopped so with probability FUTILITY_SHARE of (1 - min_true_pass). The last
   look passes on the first bound alone. The constants come from a seeded simulation of the standard
   Brownian motion at the looks (deterministic).
+- Groups: "true recovery" is the task's, over documents like these (new questions of the same subjects and
+  new subjects). Where a task's documents come in groups (mmlu's subjects), documents of one group share
+  an effect, so the variance is the clustered one (group sums, never below the per-document one).
+- The decision: a task passes when every metric it gates passes at the same look; the release when every
+  task passes. :func:`task_operating_point` gives a task's joint rates (its metrics' statistics correlated
+  as their per-document differences are), and the release's true pass is the product over its tasks
+  (disjoint documents).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from statistics import NormalDist
@@ -51,23 +59,44 @@ class Paired:
     num: np.ndarray
     den: np.ndarray
     binary: bool  # 0/1 outcomes (accuracy, exact match): the variance is smoothed (module doc)
+    groups: np.ndarray | None = None  # each document's group (int labels); None: independent documents
 
     @classmethod
-    def of(cls, num: list[float], den: list[float]) -> Paired:
+    def of(cls, num: list[float], den: list[float], groups: list[str] | None = None) -> Paired:
         n, d = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
         if n.shape != d.shape or n.ndim != 1 or len(n) == 0:
             raise ValueError(
                 f"paired series need one value per document on both sides, got {n.shape} and {d.shape}"
             )
         binary = bool(np.isin(n, (0.0, 1.0)).all() and np.isin(d, (0.0, 1.0)).all())
-        return cls(n, d, binary)
+        labels = None
+        if groups is not None and len(set(groups)) > 1:
+            labels = np.unique(np.asarray(groups), return_inverse=True)[1]
+        return cls(n, d, binary, labels)
 
     @property
     def docs(self) -> int:
         return len(self.num)
 
     def head(self, docs: int) -> Paired:
-        return Paired(self.num[:docs], self.den[:docs], self.binary)
+        groups = None if self.groups is None else self.groups[:docs]
+        return Paired(self.num[:docs], self.den[:docs], self.binary, groups)
+
+    def design_effect(self, r: float) -> float:
+        """The clustered variance of mean(num - r den) over the per-document one (at least 1): how much
+        less a document of a group tells than an independent one. 1 without groups."""
+        if self.groups is None:
+            return 1.0
+        present = np.unique(self.groups)
+        if len(present) < 2:
+            return 1.0
+        c = self.num - r * self.den
+        c = c - c.mean()
+        per_doc = float(c @ c)
+        if per_doc <= 0:
+            return 1.0
+        sums = np.bincount(self.groups, weights=c)[present]
+        return max(1.0, float(sums @ sums) * len(present) / (len(present) - 1) / per_doc)
 
     @property
     def recovery(self) -> float:
@@ -103,7 +132,7 @@ class Paired:
         """The per-document standard deviation the score statistic divides by at recovery r (its
         variance under the hypothesis "recovery = r"): what the documents needed are planned with."""
         num, den, w = self._augmented()
-        return math.sqrt(_null_second_moment(num - r * den, w))
+        return math.sqrt(_null_second_moment(num - r * den, w) * self.design_effect(r))
 
     def z(self, r: float) -> float:
         """The score statistic for "recovery = r": mean(num - r den) over its standard error, the
@@ -115,7 +144,7 @@ class Paired:
         mean = float(w @ e)
         if mean == 0:
             return 0.0
-        variance = _null_second_moment(e, w)  # score_sd(r) ** 2
+        variance = _null_second_moment(e, w) * self.design_effect(r)  # score_sd(r) ** 2
         if variance <= 0:
             return math.copysign(math.inf, mean)
         return mean / math.sqrt(variance / self.docs)
@@ -215,18 +244,57 @@ class OperatingPoint:
     docs_needed: int | None  # documents for min_true_pass (None: none up to MAX_DOCS)
 
 
-def _pass_probability(d: Design, docs: int, drift_bad: float, gap: float) -> float:
-    z = _brownian(d.fractions)
+@lru_cache(maxsize=8)
+def _brownian_metrics(fractions: tuple[float, ...], metrics: int) -> np.ndarray:
+    """``metrics`` independent sets of :func:`_brownian`'s paths, shape (metrics, paths, looks); the first
+    set is _brownian's own."""
+    sets = [_brownian(fractions)]
+    steps = np.sqrt(np.diff((0.0, *fractions)))
+    for j in range(1, metrics):
+        rng = np.random.default_rng((SIMULATION_SEED, j))
+        w = np.cumsum(rng.standard_normal((SIMULATED_PATHS, len(fractions))) * steps, axis=1)
+        sets.append(w / np.sqrt(np.asarray(fractions)))
+    return np.stack(sets)
+
+
+def _paths(fractions: tuple[float, ...], corr: np.ndarray | None) -> np.ndarray:
+    """The metrics' statistics at the looks under no drift, shape (metrics, paths, looks): standard
+    Brownian paths correlated as ``corr`` (None: one metric)."""
+    if corr is None or len(corr) == 1:
+        return _brownian(fractions)[None]
+    values, vectors = np.linalg.eigh(corr)
+    root = vectors * np.sqrt(np.clip(values, 0.0, None))  # root @ root.T = corr (nearest PSD)
+    root /= np.linalg.norm(root, axis=1, keepdims=True)  # unit variance each
+    return np.einsum("ij,jpl->ipl", root, _brownian_metrics(fractions, len(corr)))
+
+
+def _pass_probability(
+    d: Design,
+    docs: int,
+    drift_bad: np.ndarray,
+    gap: np.ndarray,
+    corr: np.ndarray | None = None,
+    scale: np.ndarray | None = None,
+) -> float:
+    """The chance a task passes: every metric's statistic for "R <= bad" crosses the pass bound at one
+    look before any metric's statistic for "R >= good" falls below the stop bound (look_verdict per
+    metric, task_decided over them). ``drift_bad``: each metric's (true R - bad) * unit; ``gap``: its
+    (good - bad) * unit, unit = mean_den / sd; ``scale``: each statistic's sd at the true recovery (1 at
+    bad, where the statistic's variance is the one it assumes)."""
+    z = _paths(d.fractions, corr)
+    if scale is not None:
+        z = z * np.asarray(scale, dtype=float)[:, None, None]
     root_n = np.sqrt(np.asarray(d.fractions) * docs)
-    z_bad = z + drift_bad * root_n
-    z_good = z_bad - gap * root_n
+    z_bad = z + np.asarray(drift_bad, dtype=float)[:, None, None] * root_n
+    z_good = z_bad - np.asarray(gap, dtype=float)[:, None, None] * root_n
     crossed = z_bad >= np.asarray(d.pass_bounds)
-    stopped = z_good <= -np.asarray(d.stop_bounds)
-    alive = np.ones(len(z), dtype=bool)
-    passed = np.zeros(len(z), dtype=bool)
+    every = crossed.all(axis=0)
+    stopped = (~crossed & (z_good <= -np.asarray(d.stop_bounds))).any(axis=0)
+    alive = np.ones(every.shape[0], dtype=bool)
+    passed = np.zeros(every.shape[0], dtype=bool)
     for k in range(len(d.fractions)):
-        passed |= alive & crossed[:, k]
-        alive &= ~crossed[:, k] & ~stopped[:, k]
+        passed |= alive & every[:, k]
+        alive &= ~every[:, k] & ~stopped[:, k]
     return float(passed.mean())
 
 
@@ -235,15 +303,44 @@ def operating_point(
 ) -> OperatingPoint:
     """False- and true-pass rates of design ``d`` on ``docs`` documents whose paired noise is ``sd``
     per document and whose denominator averages ``mean_den``; and the documents min_true_pass needs."""
-    if sd <= 0 or mean_den <= 0:
+    return task_operating_point(
+        d, docs, [(sd, mean_den, sd)], None, bad=bad, good=good, min_true_pass=min_true_pass
+    )
+
+
+def task_operating_point(
+    d: Design,
+    docs: int,
+    noise: list[tuple[float, float, float]],
+    corr: np.ndarray | None,
+    *,
+    bad: float,
+    good: float,
+    min_true_pass: float,
+) -> OperatingPoint:
+    """What design ``d`` achieves for a task that gates the metrics of ``noise`` (each: the statistic's
+    per-document sd at bad, the denominator's mean, and the sd of num - bad den where the candidate is: the
+    statistic's spread for a good candidate), their statistics correlated as ``corr``: the chance
+    to pass a candidate at ``bad`` on one metric (the largest over the metrics: the others at good), the
+    chance to pass one at ``good`` on every metric, and the documents ``min_true_pass`` of the latter
+    needs. A metric without noise is decided by its point alone and always passes at good."""
+    noisy = [i for i, (sd, mean_den, _) in enumerate(noise) if sd > 0 and mean_den > 0]
+    if not noisy:
+        zero = np.zeros(1)
         return OperatingPoint(
-            false_pass=_pass_probability(d, max(docs, 1), 0.0, 0.0), true_pass=1.0, docs_needed=1
+            false_pass=_pass_probability(d, max(docs, 1), zero, zero), true_pass=1.0, docs_needed=1
         )
-    unit = mean_den / sd  # a recovery difference of 1 moves Z by unit * sqrt(n)
-    gap = (good - bad) * unit
+    gap = np.array([(good - bad) * noise[i][1] / noise[i][0] for i in noisy])
+    sub = None if corr is None or len(noisy) == 1 else np.asarray(corr)[np.ix_(noisy, noisy)]
+    spread = np.array([min(1.0, noise[i][2] / noise[i][0]) for i in noisy])
 
     def true_pass(n: int) -> float:
-        return _pass_probability(d, n, gap, gap)
+        return _pass_probability(d, n, gap, gap, sub, spread)
+
+    def false_pass(i: int) -> float:  # metric i at bad, the others at good
+        drift, at = gap.copy(), spread.copy()
+        drift[i], at[i] = 0.0, 1.0
+        return _pass_probability(d, docs, drift, gap, sub, at)
 
     needed: int | None = None
     if true_pass(MAX_DOCS) >= min_true_pass:
@@ -253,8 +350,22 @@ def operating_point(
             lo, hi = (mid + 1, hi) if true_pass(mid) < min_true_pass else (lo, mid)
         needed = lo
     return OperatingPoint(
-        false_pass=_pass_probability(d, docs, 0.0, gap), true_pass=true_pass(docs), docs_needed=needed
+        false_pass=max(false_pass(i) for i in range(len(noisy))),
+        true_pass=true_pass(docs),
+        docs_needed=needed,
     )
+
+
+def correlation(pairs: list[Paired], r: float) -> np.ndarray:
+    """The correlation of the metrics' per-document differences num - r den over their shared documents:
+    the correlation of their statistics (0 where a metric does not vary)."""
+    e = np.stack([p.num - r * p.den for p in pairs])
+    e = e - e.mean(axis=1, keepdims=True)
+    norms = np.sqrt((e * e).sum(axis=1))
+    norms[norms == 0] = np.inf
+    corr = (e @ e.T) / np.outer(norms, norms)
+    np.fill_diagonal(corr, 1.0)
+    return corr
 
 
 @dataclass(frozen=True)
@@ -295,18 +406,83 @@ def simulate_gate(
     """The implemented rule (look_verdict at each look) on synthetic paired 0/1 outcomes: ``docs``
     documents, the base right with probability ``base_accuracy``, a share ``flip_rate`` of them flipped
     so that the candidate's true recovery is ``recovery``. How often it passes, on how many documents."""
+
+    def draw(rng: np.random.Generator) -> list[Paired]:
+        return [
+            synthetic_pairs(
+                rng, docs=docs, base_accuracy=base_accuracy, flip_rate=flip_rate, recovery=recovery
+            )
+        ]
+
     d = design(fractions, max_false_pass, min_true_pass)
+    return simulate_task(draw, d, bad=bad, good=good, trials=trials, seed=seed)
+
+
+def simulate_task(
+    draw: Callable[[np.random.Generator], list[Paired]],
+    d: Design,
+    *,
+    bad: float,
+    good: float,
+    trials: int,
+    seed: int,
+) -> Simulated:
+    """The implemented rule for a task's decision (every metric's look_verdict at each look, as
+    recovery.task_decided and compare_accuracy take them) on ``trials`` draws of the task's metrics."""
     rng = np.random.default_rng(seed)
     passed = used = 0
     for _ in range(trials):
-        pair = synthetic_pairs(
-            rng, docs=docs, base_accuracy=base_accuracy, flip_rate=flip_rate, recovery=recovery
-        )
-        for look, t in enumerate(fractions):
+        pairs = draw(rng)
+        docs = pairs[0].docs
+        for look, t in enumerate(d.fractions):
             n = round(t * docs)
-            verdict = look_verdict(pair.head(n), d, look, bad, good)
-            if verdict.decided:
-                passed += verdict.passed
+            verdicts = [look_verdict(p.head(n), d, look, bad, good) for p in pairs]
+            if all(v.decided and v.passed for v in verdicts) or any(
+                v.decided and not v.passed for v in verdicts
+            ):
+                passed += all(v.passed for v in verdicts)
                 used += n
                 break
     return Simulated(pass_rate=passed / trials, mean_docs=used / trials)
+
+
+def synthetic_task(
+    rng: np.random.Generator,
+    *,
+    docs: int,
+    base_accuracy: float,
+    flip_rate: float,
+    recoveries: tuple[float, ...],
+    agreement: float = 1.0,
+    groups: int = 1,
+    group_spread: float = 0.0,
+) -> list[Paired]:
+    """A task's metrics on ``docs`` shared documents (synthetic_pairs' model per metric at its recovery):
+    the second and later metrics agree with the first on a share ``agreement`` of the documents and are
+    drawn afresh on the rest (acc and acc_norm, strict and flexible match). With ``groups`` > 1 the
+    documents come in equal groups (mmlu's subjects) whose recovery is the metric's plus a uniform shift in
+    [-group_spread, group_spread], drawn per task: the subjects are a sample too."""
+    size = docs // groups
+    labels = np.tile(np.arange(groups), size)  # interleaved: every look holds a share of every group
+
+    def metric(recovery: float, shift: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        num, den = np.empty((size, groups)), np.empty((size, groups))
+        for g in range(groups):
+            lo = 1 - flip_rate / base_accuracy  # every flip down
+            hi = 1 + flip_rate / base_accuracy  # every flip up
+            r = float(np.clip(recovery + shift[g], lo + 1e-9, hi - 1e-9))
+            pair = synthetic_pairs(
+                rng, docs=size, base_accuracy=base_accuracy, flip_rate=flip_rate, recovery=r
+            )
+            num[:, g], den[:, g] = pair.num, pair.den
+        return num.ravel(), den.ravel()
+
+    shifts = rng.uniform(-group_spread, group_spread, groups)  # symmetric: the task's recovery stays
+    first = metric(recoveries[0], shifts)
+    out = [Paired(*first, True, labels if groups > 1 else None)]
+    for recovery in recoveries[1:]:
+        fresh = metric(recovery, shifts)
+        keep = rng.random(len(labels)) < agreement
+        num, den = np.where(keep, first[0], fresh[0]), np.where(keep, first[1], fresh[1])
+        out.append(Paired(num, den, True, labels if groups > 1 else None))
+    return out

@@ -12,9 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quantize_serve.gates.documents import LOG_AGGREGATIONS, MEAN_AGGREGATIONS, aggregate, nats
-from quantize_serve.gates.paired import Design, Paired, design, look_verdict, operating_point
+from quantize_serve.gates.paired import (
+    Design,
+    Paired,
+    correlation,
+    design,
+    look_verdict,
+    task_operating_point,
+)
 from quantize_serve.gates.results import AccuracyCheck, AccuracyRun, MetricResult, TaskRun, format_recovery
-from quantize_serve.recipe.gates import AccuracyGate, ErrorRates
+from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask, ErrorRates
 
 # The one name a task's log-likelihood metrics are gated under: word perplexity, byte perplexity and
 # bits per byte are one measurement on three scales, and recovery on the log scale (total nats, base
@@ -65,6 +72,7 @@ def paired_metrics(base: TaskRun, quantized: TaskRun) -> tuple[list[PairedMetric
                 "one run (a reused base result from another lm-eval or task version?)",
             )
         ]
+    groups = [k.rsplit("/", 1)[0] for k in keys]  # the member task (mmlu's subject): docs/gates.md
     gated: list[PairedMetric] = []
     log_family: list[str] = []
     for metric in [*base.metrics, *(m for m in quantized.metrics if m not in base.metrics)]:
@@ -113,7 +121,7 @@ def paired_metrics(base: TaskRun, quantized: TaskRun) -> tuple[list[PairedMetric
         gated.append(
             PairedMetric(
                 metric,
-                Paired.of(num, den),
+                Paired.of(num, den, groups),
                 _over(b, base, keys, metric),
                 _over(q, quantized, keys, metric),
                 direction,
@@ -127,7 +135,7 @@ def paired_metrics(base: TaskRun, quantized: TaskRun) -> tuple[list[PairedMetric
         gated.append(
             PairedMetric(
                 name,
-                Paired.of(b_nats, q_nats),
+                Paired.of(b_nats, q_nats, groups),
                 _over(base.metrics[name], base, keys, name),
                 _over(quantized.metrics[name], quantized, keys, name),
                 False,
@@ -144,17 +152,23 @@ def _over(result: MetricResult, run: TaskRun, keys: list[str], metric: str) -> M
     return result.model_copy(update={"value": value})
 
 
-def look_design(gate: AccuracyGate, rates: ErrorRates, run: TaskRun) -> Design:
+def look_design(gate: AccuracyGate, task: AccuracyTask, run: TaskRun, metrics: int) -> Design:
+    """The looks' bounds for a task that gates ``metrics`` metrics: early rejections of a good candidate
+    spend a fifth of the task's share of the miss budget, split over its metrics."""
     fractions = tuple(gate.looks) if run.looks_planned > 1 else (1.0,)
-    return design(fractions, rates.max_false_pass, rates.min_true_pass)
+    miss = 1 - gate.true_pass_share(task)
+    return design(fractions, gate.rates(task).max_false_pass, 1 - miss / max(metrics, 1))
 
 
-def task_decided(base: TaskRun, quantized: TaskRun, gate: AccuracyGate, rates: ErrorRates, look: int) -> bool:
+def task_decided(
+    base: TaskRun, quantized: TaskRun, gate: AccuracyGate, task: AccuracyTask, look: int
+) -> bool:
     """At look index ``look``: every metric passes already, or one is already rejected."""
     gated, problems = paired_metrics(base, quantized)
     if problems or not gated:
         return False  # let the run finish; compare_accuracy reports the problem
-    d = look_design(gate, rates, quantized)
+    rates = gate.rates(task)
+    d = look_design(gate, task, quantized, len(gated))
     verdicts = [look_verdict(m.pair, d, look, rates.bad_recovery, rates.good_recovery) for m in gated]
     return all(v.decided and v.passed for v in verdicts) or any(v.decided and not v.passed for v in verdicts)
 
@@ -200,22 +214,24 @@ def compare_accuracy(base: AccuracyRun, quantized: AccuracyRun, gate: AccuracyGa
             for metric, reason in problems
         ]
         look = max(q.looks_run - 1, 0)
-        d = look_design(gate, rates, q)
+        d = look_design(gate, task, q, len(gated))
         verdicts = [look_verdict(m.pair, d, look, rates.bad_recovery, rates.good_recovery) for m in gated]
         stopped_by = next((m.metric for m, v in zip(gated, verdicts) if v.decided and not v.passed), None)
-        for m, verdict in zip(gated, verdicts):
-            checks.append(
-                check_metric(
-                    task.task,
-                    m,
-                    verdict.passed,
-                    rates,
-                    d,
-                    look,
-                    q,
-                    undecided_because=None if verdict.decided else stopped_by,
-                )
+        joint = task_point(gated, d, q, rates, gate.true_pass_share(task)) if gated else None
+        for i, (m, verdict) in enumerate(zip(gated, verdicts)):
+            check = check_metric(
+                task.task,
+                m,
+                verdict.passed,
+                rates,
+                d,
+                look,
+                q,
+                share=gate.true_pass_share(task),
+                metrics=len(gated),
+                undecided_because=None if verdict.decided else stopped_by,
             )
+            checks.append(check if joint is None else joint.on(check, first=i == 0))
         if gate.min_samples is not None:
             samples = check_samples(
                 task.task, b.num_docs, q.planned_docs or q.num_docs, gate.min_samples, rates.bad_recovery
@@ -223,6 +239,57 @@ def compare_accuracy(base: AccuracyRun, quantized: AccuracyRun, gate: AccuracyGa
             if samples is not None:
                 checks.append(samples)
     return checks
+
+
+@dataclass(frozen=True)
+class TaskPoint:
+    """What the gate achieves for one task's decision, every metric it gates together (docs/gates.md)."""
+
+    true_pass: float  # the chance to pass a candidate at good_recovery on every metric
+    share: float  # the task's planned share of the release's min_true_pass
+    docs_needed: int | None  # documents the share needs at this noise (None: none up to MAX_DOCS)
+    planned: int
+    good: float
+
+    def on(self, check: AccuracyCheck, *, first: bool) -> AccuracyCheck:
+        """``check`` with the task's figures; the first check of the task carries its warning."""
+        update: dict = {
+            "task_true_pass": self.true_pass,
+            "task_share": self.share,
+            "task_docs_needed": self.docs_needed,
+        }
+        if first and self.true_pass < self.share:
+            need = (
+                f"raise the task's limit to {self.docs_needed} documents"
+                if self.docs_needed
+                else "no document count reaches it at this noise"
+            )
+            update["warning"] = (
+                f"{self.planned} documents at this paired noise pass a candidate at {self.good:g} on every "
+                f"metric of the task only {self.true_pass:.1%} of the time, below the task's "
+                f"{self.share:.1%} share of the release's stated true pass: {need} (or state a lower "
+                "min_true_pass)"
+            )
+        return check.model_copy(update=update)
+
+
+def metric_noise(pair: Paired, bad: float) -> tuple[float, float, float]:
+    """What the operating point needs of a metric: its statistic's sd at bad (the hypothesis' variance),
+    its denominator's mean, and the spread of num - bad den at the candidate's point (both clustered)."""
+    return pair.score_sd(bad), float(pair.den.mean()), pair.sd_at(bad) * pair.design_effect(bad) ** 0.5
+
+
+def task_point(
+    gated: list[PairedMetric], d: Design, quantized: TaskRun, rates: ErrorRates, share: float
+) -> TaskPoint:
+    """The task's joint rates: its metrics' statistics correlated as their per-document differences."""
+    planned = quantized.planned_docs or gated[0].pair.docs
+    noise = [metric_noise(m.pair, rates.bad_recovery) for m in gated]
+    corr = correlation([m.pair for m in gated], rates.bad_recovery) if len(gated) > 1 else None
+    point = task_operating_point(
+        d, planned, noise, corr, bad=rates.bad_recovery, good=rates.good_recovery, min_true_pass=share
+    )
+    return TaskPoint(point.true_pass, share, point.docs_needed, planned, rates.good_recovery)
 
 
 def _value(run: TaskRun, metric: str) -> float | None:
@@ -239,20 +306,23 @@ def check_metric(
     look: int,
     quantized: TaskRun,
     *,
+    share: float,
+    metrics: int = 1,
     undecided_because: str | None = None,
 ) -> AccuracyCheck:
-    """The check of one paired metric, with the error rates this run's documents achieve."""
+    """The check of one paired metric, with the error rates this run's documents achieve for it alone
+    (its documents needed: for its part, ``1/metrics``, of the task's miss budget ``1 - share``)."""
     pair = m.pair
     sd = pair.sd_at(1.0)
     planned = quantized.planned_docs or pair.docs
-    point = operating_point(
+    point = task_operating_point(
         d,
         planned,
-        sd=pair.score_sd(rates.bad_recovery),
-        mean_den=float(pair.den.mean()),
+        [metric_noise(pair, rates.bad_recovery)],
+        None,
         bad=rates.bad_recovery,
         good=rates.good_recovery,
-        min_true_pass=rates.min_true_pass,
+        min_true_pass=1 - (1 - share) / metrics,
     )
     interval = pair.interval()
     interval = (float(interval[0]), float(interval[1])) if interval else None
@@ -273,18 +343,6 @@ def check_metric(
     reason = f"recovery {formula} = {format_recovery(recovery, interval)}: {verdict}"
     if m.also:
         reason += f" ({', '.join(m.also)}: the same measurement)"
-    warning = ""
-    if point.true_pass < rates.min_true_pass:
-        need = (
-            f"raise the task's limit to {point.docs_needed} documents"
-            if point.docs_needed
-            else "no document count reaches it at this noise"
-        )
-        warning = (
-            f"{planned} documents at this paired noise pass a candidate at {rates.good_recovery:g} only "
-            f"{point.true_pass:.0%} of the time, below the stated {rates.min_true_pass:.0%}: {need} "
-            "(or state a lower min_true_pass)"
-        )
     return AccuracyCheck(
         task=task,
         metric=m.metric,
@@ -296,7 +354,6 @@ def check_metric(
         higher_is_better=m.higher_is_better,
         reason=reason,
         recovery_interval=interval,
-        warning=warning,
         good_recovery=rates.good_recovery,
         max_false_pass=rates.max_false_pass,
         min_true_pass=rates.min_true_pass,

@@ -3,6 +3,8 @@ document's outcome), and one check per task and metric of the candidate against 
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel, Field
 
 from quantize_serve.gates.documents import DocOutcome
@@ -123,7 +125,13 @@ class AccuracyCheck(BaseModel):
     paired_sd: float | None = None  # per-document sd of the paired difference at recovery 1
     false_pass: float | None = None  # achieved: the chance this run's design passes a candidate at threshold
     true_pass: float | None = None  # achieved: the chance it passes one at good_recovery
-    docs_needed: int | None = None  # documents the stated min_true_pass needs at this noise
+    docs_needed: int | None = None  # documents this metric alone needs for its part of the task's share
+    # the task's decision, every metric it gates together (gates/recovery.py TaskPoint): the chance to pass a
+    # candidate at good_recovery on all of them, the task's share of the release's min_true_pass, and the
+    # documents that share needs at this noise
+    task_true_pass: float | None = None
+    task_share: float | None = None
+    task_docs_needed: int | None = None
 
     @property
     def recovery_text(self) -> str:
@@ -147,6 +155,29 @@ class AccuracyCheck(BaseModel):
             return ""
         look = f", look {self.look} of {self.looks}" if self.looks and self.looks > 1 else ""
         return f"{self.docs} of {self.planned_docs or self.docs} docs{look}"
+
+
+def release_rates(checks: list[AccuracyCheck]) -> str:
+    """The release's decision in one line: the chance a candidate at good_recovery on every gated metric of
+    every task passes (the product of the tasks', which score disjoint documents), against the stated
+    rate; the false-pass side holds per task. Empty without the tasks' figures."""
+    tasks: dict[str, AccuracyCheck] = {}
+    for c in checks:
+        if c.task_true_pass is not None:
+            tasks.setdefault(c.task, c)
+    if not tasks or any(c.task_true_pass is None for c in checks if c.recovery is not None):
+        return ""
+    true_pass = math.prod(c.task_true_pass or 0.0 for c in tasks.values())
+    first = next(iter(tasks.values()))
+    stated = first.min_true_pass or 0.0
+    false_pass = max(c.false_pass or 0.0 for c in checks if c.task in tasks)
+    short = [t for t, c in tasks.items() if (c.task_true_pass or 0) < (c.task_share or 0)]
+    tail = f"; short of it: {', '.join(short)} (too few documents)" if short else ""
+    return (
+        f"The release: a candidate at >= its tasks' good recovery on every gated metric of the {len(tasks)} "
+        f"task(s) passes {true_pass:.1%} of the time with these documents (stated >= {stated:.0%}{tail}); "
+        f"one at <= a task's bad recovery on any metric of it passes at most {false_pass:.1%}."
+    )
 
 
 def format_recovery(recovery: float | None, interval: tuple[float, float] | None) -> str:

@@ -70,8 +70,9 @@ class ErrorRates(Section):
     )
     min_true_pass: float = Field(
         default=0.95,
-        description="Smallest chance to pass a good release "
-        "(reached when the task has enough documents; the report warns if not).",
+        description="Smallest chance to pass a good release, one at good_recovery on every gated metric "
+        "of every task: each of the gate's T tasks is planned for min_true_pass^(1/T) (reached when the "
+        "tasks have enough documents; the report warns if not).",
     )
 
     _points = field_validator("bad_recovery", "good_recovery")(_recovery_point)
@@ -205,6 +206,11 @@ class AccuracyGate(Section):
     def rates(self, task: AccuracyTask) -> ErrorRates:
         """The error rates stated for ``task``."""
         return task.error_rates.over(self.error_rates) if task.error_rates else self.error_rates
+
+    def true_pass_share(self, task: AccuracyTask) -> float:
+        """The true-pass rate ``task`` is planned for: its share of the release's min_true_pass (every task
+        must pass, on disjoint documents: the release's rate is the product of the tasks')."""
+        return self.rates(task).min_true_pass ** (1 / len(self.tasks))
 
     @field_validator("looks")
     @classmethod

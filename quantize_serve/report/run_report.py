@@ -21,7 +21,7 @@ from quantize_serve.capacity.shape import ShapeCapacity
 from quantize_serve.core.portable import portable_path
 from quantize_serve.formats.choose import CHART as FORMATS_CHART
 from quantize_serve.formats.choose import FormatChoice
-from quantize_serve.gates.results import AccuracyCheck
+from quantize_serve.gates.results import AccuracyCheck, release_rates
 from quantize_serve.gates.decision import Decision
 from quantize_serve.gates.regression import RegressionResult, ReleaseResults
 from quantize_serve.gates.soak import SoakResult
@@ -261,7 +261,9 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
                 f"{c.recovery_text} | {c.docs_text or '-'} | {flips} | {rates[0]} | {rates[1]} | "
                 f"{'pass' if c.passed else '**FAIL**'}{', too few documents' if c.warning else ''} |"
             )
+        release = release_rates(r.accuracy)
         lines += [
+            *(["", release] if release else []),
             "",
             "Base and candidate are scored on the same documents (seeded random draw, same prompts); "
             "recovery's interval is paired (Fieller), perplexities on the log scale (nats: base / "

@@ -450,7 +450,7 @@ def test_a_good_candidate_is_decided_at_an_early_look():
     gate = gate_of()
     b = task_run({"acc": base}, planned=2000)
     first_look = task_run({"acc": cand[:500]}, planned=2000, looks_planned=4)
-    assert task_decided(b, first_look, gate, gate.error_rates, 0)
+    assert task_decided(b, first_look, gate, gate.tasks[0], 0)
     [check] = compare_accuracy(run_of(b), run_of(first_look), gate)
     assert check.passed and check.docs == 500 and (check.look, check.looks) == (1, 4)
     assert check.base == pytest.approx(sum(base[:500]) / 500)  # over the paired documents only
@@ -462,7 +462,7 @@ def test_a_borderline_candidate_is_not_decided_early():
     gate = gate_of()
     b = task_run({"acc": base}, planned=400)
     assert not task_decided(
-        b, task_run({"acc": cand[:100]}, planned=400, looks_planned=4), gate, gate.error_rates, 0
+        b, task_run({"acc": cand[:100]}, planned=400, looks_planned=4), gate, gate.tasks[0], 0
     )
 
 
