@@ -132,5 +132,5 @@ def test_the_paired_gate_on_a_real_model_and_its_4bit_copy(recipe, tmp_path):
     for c in checks:
         assert c.false_pass <= 0.05 + 0.002 and c.true_pass is not None and c.docs_needed
         assert c.passed is (": shown above 0.93" in c.reason) and (not c.passed or c.recovery > 0.93)
-        first = firsts.setdefault(c.task, c)  # a task's warning is on its first check: all its metrics at once
+        first = firsts.setdefault(c.task, c)  # the task's warning: on its first check, for all its metrics
         assert bool(c.warning) is (c is first and c.task_true_pass < c.task_share), c
