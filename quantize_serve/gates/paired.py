@@ -196,9 +196,10 @@ class Design:
 
 
 @lru_cache(maxsize=8)
-def _brownian(fractions: tuple[float, ...]) -> np.ndarray:
-    """W(t_k)/sqrt(t_k) for SIMULATED_PATHS seeded paths: shape (paths, looks), each column N(0, 1)."""
-    rng = np.random.default_rng(SIMULATION_SEED)
+def _brownian(fractions: tuple[float, ...], stream: int = 0) -> np.ndarray:
+    """W(t_k)/sqrt(t_k) for SIMULATED_PATHS seeded paths: shape (paths, looks), each column N(0, 1).
+    ``stream``: another independent set (one per metric of a task), 0 the set the bounds come from."""
+    rng = np.random.default_rng(SIMULATION_SEED if stream == 0 else (SIMULATION_SEED, stream))
     steps = np.diff((0.0, *fractions))
     w = np.cumsum(rng.standard_normal((SIMULATED_PATHS, len(fractions))) * np.sqrt(steps), axis=1)
     return w / np.sqrt(np.asarray(fractions))
@@ -235,6 +236,16 @@ def look_verdict(pair: Paired, d: Design, look: int, bad: float, good: float) ->
     return LookVerdict(False, False)
 
 
+def task_verdict(pairs: list[Paired], d: Design, look: int, bad: float, good: float) -> LookVerdict:
+    """The decision of a task at look index ``look``: decided when every metric passes already or one is
+    rejected; passed when every metric passed."""
+    verdicts = [look_verdict(p, d, look, bad, good) for p in pairs]
+    decided = all(v.decided and v.passed for v in verdicts) or any(
+        v.decided and not v.passed for v in verdicts
+    )
+    return LookVerdict(decided, all(v.passed for v in verdicts))
+
+
 @dataclass(frozen=True)
 class OperatingPoint:
     """What the design achieves on a task with ``docs`` documents and this paired noise."""
@@ -242,19 +253,6 @@ class OperatingPoint:
     false_pass: float  # chance to pass a candidate at r_bad
     true_pass: float  # chance to pass a candidate at r_good
     docs_needed: int | None  # documents for min_true_pass (None: none up to MAX_DOCS)
-
-
-@lru_cache(maxsize=8)
-def _brownian_metrics(fractions: tuple[float, ...], metrics: int) -> np.ndarray:
-    """``metrics`` independent sets of :func:`_brownian`'s paths, shape (metrics, paths, looks); the first
-    set is _brownian's own."""
-    sets = [_brownian(fractions)]
-    steps = np.sqrt(np.diff((0.0, *fractions)))
-    for j in range(1, metrics):
-        rng = np.random.default_rng((SIMULATION_SEED, j))
-        w = np.cumsum(rng.standard_normal((SIMULATED_PATHS, len(fractions))) * steps, axis=1)
-        sets.append(w / np.sqrt(np.asarray(fractions)))
-    return np.stack(sets)
 
 
 def _paths(fractions: tuple[float, ...], corr: np.ndarray | None) -> np.ndarray:
@@ -265,7 +263,8 @@ def _paths(fractions: tuple[float, ...], corr: np.ndarray | None) -> np.ndarray:
     values, vectors = np.linalg.eigh(corr)
     root = vectors * np.sqrt(np.clip(values, 0.0, None))  # root @ root.T = corr (nearest PSD)
     root /= np.linalg.norm(root, axis=1, keepdims=True)  # unit variance each
-    return np.einsum("ij,jpl->ipl", root, _brownian_metrics(fractions, len(corr)))
+    independent = np.stack([_brownian(fractions, j) for j in range(len(corr))])
+    return np.einsum("ij,jpl->ipl", root, independent)
 
 
 def _pass_probability(
@@ -436,11 +435,9 @@ def simulate_task(
         docs = pairs[0].docs
         for look, t in enumerate(d.fractions):
             n = round(t * docs)
-            verdicts = [look_verdict(p.head(n), d, look, bad, good) for p in pairs]
-            if all(v.decided and v.passed for v in verdicts) or any(
-                v.decided and not v.passed for v in verdicts
-            ):
-                passed += all(v.passed for v in verdicts)
+            verdict = task_verdict([p.head(n) for p in pairs], d, look, bad, good)
+            if verdict.decided:
+                passed += verdict.passed
                 used += n
                 break
     return Simulated(pass_rate=passed / trials, mean_docs=used / trials)
@@ -467,12 +464,9 @@ def synthetic_task(
 
     def metric(recovery: float, shift: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         num, den = np.empty((size, groups)), np.empty((size, groups))
-        for g in range(groups):
-            lo = 1 - flip_rate / base_accuracy  # every flip down
-            hi = 1 + flip_rate / base_accuracy  # every flip up
-            r = float(np.clip(recovery + shift[g], lo + 1e-9, hi - 1e-9))
+        for g in range(groups):  # synthetic_pairs refuses a shift the flip rate cannot give
             pair = synthetic_pairs(
-                rng, docs=size, base_accuracy=base_accuracy, flip_rate=flip_rate, recovery=r
+                rng, docs=size, base_accuracy=base_accuracy, flip_rate=flip_rate, recovery=recovery + shift[g]
             )
             num[:, g], den[:, g] = pair.num, pair.den
         return num.ravel(), den.ravel()

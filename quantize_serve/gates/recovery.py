@@ -19,6 +19,7 @@ from quantize_serve.gates.paired import (
     design,
     look_verdict,
     task_operating_point,
+    task_verdict,
 )
 from quantize_serve.gates.results import AccuracyCheck, AccuracyRun, MetricResult, TaskRun, format_recovery
 from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask, ErrorRates
@@ -169,8 +170,7 @@ def task_decided(
         return False  # let the run finish; compare_accuracy reports the problem
     rates = gate.rates(task)
     d = look_design(gate, task, quantized, len(gated))
-    verdicts = [look_verdict(m.pair, d, look, rates.bad_recovery, rates.good_recovery) for m in gated]
-    return all(v.decided and v.passed for v in verdicts) or any(v.decided and not v.passed for v in verdicts)
+    return task_verdict([m.pair for m in gated], d, look, rates.bad_recovery, rates.good_recovery).decided
 
 
 def compare_accuracy(base: AccuracyRun, quantized: AccuracyRun, gate: AccuracyGate) -> list[AccuracyCheck]:
@@ -217,7 +217,8 @@ def compare_accuracy(base: AccuracyRun, quantized: AccuracyRun, gate: AccuracyGa
         d = look_design(gate, task, q, len(gated))
         verdicts = [look_verdict(m.pair, d, look, rates.bad_recovery, rates.good_recovery) for m in gated]
         stopped_by = next((m.metric for m, v in zip(gated, verdicts) if v.decided and not v.passed), None)
-        joint = task_point(gated, d, q, rates, gate.true_pass_share(task)) if gated else None
+        share = gate.true_pass_share(task)
+        joint = task_point(gated, d, q, rates, share) if gated else None
         for i, (m, verdict) in enumerate(zip(gated, verdicts)):
             check = check_metric(
                 task.task,
@@ -227,7 +228,7 @@ def compare_accuracy(base: AccuracyRun, quantized: AccuracyRun, gate: AccuracyGa
                 d,
                 look,
                 q,
-                share=gate.true_pass_share(task),
+                share=share,
                 metrics=len(gated),
                 undecided_because=None if verdict.decided else stopped_by,
             )
