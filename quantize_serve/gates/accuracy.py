@@ -198,11 +198,12 @@ class _TaskLooks:
     spec: TaskSpec
     members: dict[str, Any]
     order: dict[str, list[int]]
+    task_docs: int  # the documents the task holds (its draw is order)
     fractions: list[float]
     base: TaskRun | None
+    seconds: float = 0.0
     documents: dict[str, DocOutcome] = field(default_factory=dict)
     chunk: dict[str, list[int]] = field(default_factory=dict)  # the documents this look adds
-    seconds: float = 0.0
     run: TaskRun | None = None
 
 
@@ -228,15 +229,15 @@ def run_tasks(
         members = load_members(spec, task_manager)
         check_pairable(spec, members)  # before any request
         use_task_fewshot(spec, members)
-        order = draw_documents(
-            {name: len(task.eval_docs) for name, task in members.items()},
-            spec.task.limit,
-            gate.seed,
-            spec.task.task,
-        )
+        sizes = {name: len(task.eval_docs) for name, task in members.items()}
+        order = draw_documents(sizes, spec.task.limit, gate.seed, spec.task.task)
         base = paired_with.tasks.get(spec.task.task) if paired_with else None
         fractions = gate.looks if base is not None and base.documents else [1.0]
-        tasks.append(_TaskLooks(spec, members, order, list(fractions), base, seconds=time.monotonic() - t0))
+        tasks.append(
+            _TaskLooks(
+                spec, members, order, sum(sizes.values()), list(fractions), base, time.monotonic() - t0
+            )
+        )
 
     def look_call(call: list[_TaskLooks], lm: Any, look: int) -> None:
         t0 = time.monotonic()
@@ -279,6 +280,7 @@ def run_tasks(
                     seconds=t.seconds,
                     looks_run=look + 1,
                     looks_planned=len(t.fractions),
+                    task_docs=t.task_docs,
                 )
             running = [
                 t
@@ -488,6 +490,7 @@ def task_run(
     seconds: float,
     looks_run: int,
     looks_planned: int,
+    task_docs: int | None = None,
 ) -> TaskRun:
     """The task as scored so far: its documents in the draw's order and its metrics over them."""
     ordered = {
@@ -506,6 +509,7 @@ def task_run(
         results_path=str(output_dir / f"lm_eval_{_file_stem(spec.name)}.json"),
         documents=ordered,
         planned_docs=sum(map(len, order.values())),
+        task_docs=task_docs,
         looks_run=looks_run,
         looks_planned=looks_planned,
     )

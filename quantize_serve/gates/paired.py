@@ -307,6 +307,42 @@ def operating_point(
     )
 
 
+def _noisy(noise: list[tuple[float, float, float]]) -> list[int]:
+    return [i for i, (sd, mean_den, _) in enumerate(noise) if sd > 0 and mean_den > 0]
+
+
+def _task_pass(
+    d: Design, noise: list[tuple[float, float, float]], corr: np.ndarray | None, bad: float, good: float
+) -> Callable[[int, int | None], float]:
+    """pass(docs, i): the chance the task passes on ``docs`` documents with metric i at ``bad`` and the
+    others at ``good`` (i None: every metric at good); metrics without noise left out (they pass at good)."""
+    noisy = _noisy(noise)
+    gap = np.array([(good - bad) * noise[i][1] / noise[i][0] for i in noisy])
+    sub = None if corr is None or len(noisy) == 1 else np.asarray(corr)[np.ix_(noisy, noisy)]
+    spread = np.array([min(1.0, noise[i][2] / noise[i][0]) for i in noisy])
+
+    def passes(docs: int, at_bad: int | None) -> float:
+        drift, at = gap.copy(), spread.copy()
+        if at_bad is not None:
+            drift[at_bad], at[at_bad] = 0.0, 1.0
+        return _pass_probability(d, docs, drift, gap, sub, at)
+
+    return passes
+
+
+def task_true_pass(
+    d: Design,
+    docs: int,
+    noise: list[tuple[float, float, float]],
+    corr: np.ndarray | None,
+    *,
+    bad: float,
+    good: float,
+) -> float:
+    """The chance design ``d`` passes a task whose every metric is at ``good`` (task_operating_point)."""
+    return _task_pass(d, noise, corr, bad, good)(docs, None) if _noisy(noise) else 1.0
+
+
 def task_operating_point(
     d: Design,
     docs: int,
@@ -323,34 +359,23 @@ def task_operating_point(
     to pass a candidate at ``bad`` on one metric (the largest over the metrics: the others at good), the
     chance to pass one at ``good`` on every metric, and the documents ``min_true_pass`` of the latter
     needs. A metric without noise is decided by its point alone and always passes at good."""
-    noisy = [i for i, (sd, mean_den, _) in enumerate(noise) if sd > 0 and mean_den > 0]
+    noisy = _noisy(noise)
     if not noisy:
         zero = np.zeros(1)
         return OperatingPoint(
             false_pass=_pass_probability(d, max(docs, 1), zero, zero), true_pass=1.0, docs_needed=1
         )
-    gap = np.array([(good - bad) * noise[i][1] / noise[i][0] for i in noisy])
-    sub = None if corr is None or len(noisy) == 1 else np.asarray(corr)[np.ix_(noisy, noisy)]
-    spread = np.array([min(1.0, noise[i][2] / noise[i][0]) for i in noisy])
-
-    def true_pass(n: int) -> float:
-        return _pass_probability(d, n, gap, gap, sub, spread)
-
-    def false_pass(i: int) -> float:  # metric i at bad, the others at good
-        drift, at = gap.copy(), spread.copy()
-        drift[i], at[i] = 0.0, 1.0
-        return _pass_probability(d, docs, drift, gap, sub, at)
-
+    passes = _task_pass(d, noise, corr, bad, good)
     needed: int | None = None
-    if true_pass(MAX_DOCS) >= min_true_pass:
+    if passes(MAX_DOCS, None) >= min_true_pass:
         lo, hi = 1, MAX_DOCS
         while lo < hi:
             mid = (lo + hi) // 2
-            lo, hi = (mid + 1, hi) if true_pass(mid) < min_true_pass else (lo, mid)
+            lo, hi = (mid + 1, hi) if passes(mid, None) < min_true_pass else (lo, mid)
         needed = lo
     return OperatingPoint(
-        false_pass=max(false_pass(i) for i in range(len(noisy))),
-        true_pass=true_pass(docs),
+        false_pass=max(passes(docs, i) for i in range(len(noisy))),
+        true_pass=passes(docs, None),
         docs_needed=needed,
     )
 

@@ -9,7 +9,11 @@ documents the candidate scored, joined with the base's by document, with their p
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from quantize_serve.gates.documents import LOG_AGGREGATIONS, MEAN_AGGREGATIONS, aggregate, nats
 from quantize_serve.gates.paired import (
@@ -19,6 +23,7 @@ from quantize_serve.gates.paired import (
     design,
     look_verdict,
     task_operating_point,
+    task_true_pass,
     task_verdict,
 )
 from quantize_serve.gates.results import AccuracyCheck, AccuracyRun, MetricResult, TaskRun, format_recovery
@@ -251,6 +256,36 @@ class TaskPoint:
     docs_needed: int | None  # documents the share needs at this noise (None: none up to MAX_DOCS)
     planned: int
     good: float
+    task_docs: int | None = None  # the documents the task holds (None: not known)
+    flip_rate: float | None = None  # the largest of its 0/1 metrics'
+    # where the task cannot hold docs_needed: the highest bad_recovery whose share its task_docs reach
+    widest_bad: float | None = None
+
+    @property
+    def reachable(self) -> bool:
+        """Whether some limit this task can take reaches the share."""
+        return self.docs_needed is not None and (self.task_docs is None or self.docs_needed <= self.task_docs)
+
+    def remedy(self) -> str:
+        if self.reachable:
+            held = f" (it holds {self.task_docs})" if self.task_docs else ""
+            lower = " (or state a lower min_true_pass)"
+            return f"raise the task's limit to {self.docs_needed} documents{held}{lower}"
+        noise = (
+            f"{self.flip_rate:.1%} of documents flipped"
+            if self.flip_rate is not None
+            else "this paired noise"
+        )
+        have = f"its {self.task_docs} documents" if self.task_docs else "any number of documents"
+        widen = (
+            f"bad_recovery {self.widest_bad:g} reaches it on {have}"
+            if self.widest_bad is not None
+            else "no bad_recovery above 0 reaches it"
+        )
+        return (
+            f"the task cannot show this rate: at {noise}, {have} are too few. Gate another task with more "
+            f"documents, or state a wider indifference zone: {widen} (or state a lower min_true_pass)"
+        )
 
     def on(self, check: AccuracyCheck, *, first: bool) -> AccuracyCheck:
         """``check`` with the task's figures; the first check of the task carries its warning."""
@@ -260,16 +295,10 @@ class TaskPoint:
             "task_docs_needed": self.docs_needed,
         }
         if first and self.true_pass < self.share:
-            need = (
-                f"raise the task's limit to {self.docs_needed} documents"
-                if self.docs_needed
-                else "no document count reaches it at this noise"
-            )
             update["warning"] = (
                 f"{self.planned} documents at this paired noise pass a candidate at {self.good:g} on every "
                 f"metric of the task only {self.true_pass:.1%} of the time, below the task's "
-                f"{self.share:.1%} share of the release's stated true pass: {need} (or state a lower "
-                "min_true_pass)"
+                f"{self.share:.1%} share of the release's stated true pass: {self.remedy()}"
             )
         return check.model_copy(update=update)
 
@@ -280,17 +309,52 @@ def metric_noise(pair: Paired, bad: float) -> tuple[float, float, float]:
     return pair.score_sd(bad), float(pair.den.mean()), pair.sd_at(bad) * pair.design_effect(bad) ** 0.5
 
 
+def _task_noise(gated: list[PairedMetric], bad: float) -> tuple[list, np.ndarray | None]:
+    pairs = [m.pair for m in gated]
+    return [metric_noise(p, bad) for p in pairs], correlation(pairs, bad) if len(pairs) > 1 else None
+
+
+def widest_bad(
+    gated: list[PairedMetric], d: Design, docs: int, good: float, bad: float, share: float
+) -> float | None:
+    """The highest bad_recovery (to 0.001, at most ``bad``) at which ``docs`` documents pass a candidate at
+    ``good`` with the task's ``share``; None when none above 0 does."""
+
+    def reaches(b: float) -> bool:
+        noise, corr = _task_noise(gated, b)
+        return task_true_pass(d, docs, noise, corr, bad=b, good=good) >= share
+
+    lo, hi = 0.001, bad  # the true pass grows as bad falls (a wider zone): reaches(hi) is False here
+    if not reaches(lo):
+        return None
+    while hi - lo > 0.0005:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if reaches(mid) else (lo, mid)
+    return math.floor(lo * 1000) / 1000
+
+
 def task_point(
     gated: list[PairedMetric], d: Design, quantized: TaskRun, rates: ErrorRates, share: float
 ) -> TaskPoint:
     """The task's joint rates: its metrics' statistics correlated as their per-document differences."""
     planned = quantized.planned_docs or gated[0].pair.docs
-    noise = [metric_noise(m.pair, rates.bad_recovery) for m in gated]
-    corr = correlation([m.pair for m in gated], rates.bad_recovery) if len(gated) > 1 else None
-    point = task_operating_point(
-        d, planned, noise, corr, bad=rates.bad_recovery, good=rates.good_recovery, min_true_pass=share
+    noise, corr = _task_noise(gated, rates.bad_recovery)
+    good, bad = rates.good_recovery, rates.bad_recovery
+    point = task_operating_point(d, planned, noise, corr, bad=bad, good=good, min_true_pass=share)
+    flips = [m.pair.flip_rate for m in gated if m.pair.flip_rate is not None]
+    found = TaskPoint(
+        point.true_pass,
+        share,
+        point.docs_needed,
+        planned,
+        good,
+        quantized.task_docs,
+        max(flips, default=None),
     )
-    return TaskPoint(point.true_pass, share, point.docs_needed, planned, rates.good_recovery)
+    if point.true_pass >= share or found.reachable:
+        return found
+    docs = quantized.task_docs or planned
+    return dataclasses.replace(found, widest_bad=widest_bad(gated, d, docs, good, bad, share))
 
 
 def _value(run: TaskRun, metric: str) -> float | None:

@@ -31,6 +31,7 @@ class TaskRun(BaseModel):
     # per document ("member/doc_id"), in the gate's seeded order: what paired recovery is computed on
     documents: dict[str, DocOutcome] = Field(default_factory=dict)
     planned_docs: int | None = None  # the documents the task's draw holds (all looks)
+    task_docs: int | None = None  # the documents the task holds (its members' evaluation splits)
     looks_run: int = 1  # looks evaluated before the decision was clear
     looks_planned: int = 1
 

@@ -528,3 +528,18 @@ def test_report_and_card_show_the_paired_figures():
         )
     )
     assert f"| {check.recovery_text} | 0.93 | 1000 of 1000 docs |" in card and "paired" in card
+
+
+def test_a_remedy_the_task_cannot_meet_is_named_as_such():
+    """A 300-document task whose paired noise needs more documents than it holds: the warning says the task
+    cannot show the rate, and names the indifference zone that these documents reach."""
+    base, cand = outcomes_with_flips(300, 0.5, flips_down=20, flips_up=18)
+    runs = [task_run({"acc": v}).model_copy(update={"task_docs": 300}) for v in (base, cand)]
+    [check] = compare_accuracy(run_of(runs[0]), run_of(runs[1]), gate_of())
+    assert check.docs_needed > 300 and "raise the task's limit" not in check.warning
+    assert "the task cannot show this rate" in check.warning and "300 documents are too few" in check.warning
+    widest = float(check.warning.split("bad_recovery ")[1].split(" ")[0])
+    assert 0.5 < widest < 0.93
+    wider = gate_of(error_rates=ErrorRates(bad_recovery=widest))
+    [again] = compare_accuracy(run_of(runs[0]), run_of(runs[1]), wider)
+    assert again.task_true_pass >= 0.95 and not again.warning
