@@ -18,6 +18,7 @@ import yaml
 
 from quantize_serve.cli import main
 from quantize_serve.recipe.load import apply_overrides
+from tests import first_release_guide as guide
 from tests.conftest import ROOT, SERVING_OVERRIDES, local_hub
 from tests.unit.malformed_recipes import recipe_data
 
@@ -61,7 +62,8 @@ def test_run_shows_a_line_per_stage_and_the_decision_and_keeps_the_full_log_in_t
     bar), nothing on stderr, every decision row names its task by lm-eval's name (no path), and the
     full log (Prefect's task logs, lm-eval's lines) in run.log in the run's folder. It takes a GPU host's
     work-ahead paths (QS_AHEAD_AS_ON_GPU; its base booted, not reused, so the run decides beside_base): the
-    calibration count started ahead and the count in the flow's thread, which raced on a GPU host."""
+    calibration count started ahead and the count in the flow's thread, which raced on a GPU host. The command
+    line is the first-release guide's (docs/getting-started/first-release.md, step 6), its recipe this one."""
     from quantize_serve.core.settings import get_settings
 
     monkeypatch.setenv("QS_AHEAD_AS_ON_GPU", "true")
@@ -76,7 +78,7 @@ def test_run_shows_a_line_per_stage_and_the_decision_and_keeps_the_full_log_in_t
     path.write_text(yaml.safe_dump(data))
     try:
         with local_hub(tmp_path, tokens=(TOKEN,), online=True) as hub:
-            rc = main(["run", str(path)])
+            rc = main(guide.run_argv(path))
             out = capsys.readouterr()
             (report_path,) = hub.runs.glob("*/report.json")
     finally:
