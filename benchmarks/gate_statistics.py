@@ -1,7 +1,7 @@
 """What the accuracy gate's rule achieves: stated against simulated error rates, documents used with and
 without looks, and the flip rates measured on a real pretrained model (docs/gates.md).
 
-    python benchmarks/gate_statistics.py [--trials 4000]
+    python benchmarks/gate_statistics.py [--trials 2000]
 
 Writes benchmarks/results/gate_statistics.json:
 - ``flip_rates``: per task and metric, the share of documents whose outcome flipped between the real
@@ -11,18 +11,26 @@ Writes benchmarks/results/gate_statistics.json:
   looks): per task and candidate, pass or not, recovery with its paired interval, and the documents it
   used with the planned looks and with one look;
 - ``llama3``: for each task of the production recipe (its documents, Meta-Llama-3-8B-Instruct's
-  published base accuracy) and each flip rate (the planning values 6% and 10%, and the largest one
-  measured on the real model), simulated on synthetic paired outcomes through the implemented rule
-  (quantize_serve.gates.paired.look_verdict at each look):
-  - the pass rate at the stated bad and good recoveries against the stated rates, with looks and with
-    one look, and the mean documents each scored;
-  - the rates the report predicts for that run (operating_point), and the documents min_true_pass needs;
-  - the retired point rule (point recovery >= 0.95 on the same documents) at the same recoveries.
+  published base accuracy, every metric it gates) and each flip rate (the planning values 6% and 10%,
+  and the largest one measured on the real model), simulated on synthetic paired outcomes through the
+  implemented rule (the task's verdict over its metrics' look_verdict at each look):
+  - the pass rate with one metric at the stated bad recovery (the others at good), with every metric at
+    good and at 1.00, against the stated rates (the task's share of the release's min_true_pass), with
+    looks and with one look, and the mean documents each scored;
+  - the rates the report predicts for that run (task_operating_point), and the documents the share needs;
+  - the retired point rule (point recovery >= 0.95 on the same documents) at the same recoveries;
+- ``release``: per flip rate, the release's true pass (the product of its tasks': disjoint documents),
+  simulated and predicted, and its false pass (a release bad on one task passes at most that task's);
+- ``perplexity``: the real model's per-document nats and each candidate's, scaled to the bad and good
+  points, 100-500 documents drawn with replacement, one look and with looks;
+- ``grouped``: mmlu's shape (57 subjects of 20) at design effects of about 1.2 and 1.6, with the gate's
+  clustered variance and with the documents taken as independent.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -30,10 +38,18 @@ from pathlib import Path
 import numpy as np
 
 from quantize_serve.gates.documents import DocOutcome, aggregate, draw_documents
-from quantize_serve.gates.paired import design, operating_point, simulate_gate, synthetic_pairs
-from quantize_serve.gates.recovery import compare_accuracy, task_decided
+from quantize_serve.gates.paired import (
+    Paired,
+    correlation,
+    design,
+    simulate_task,
+    synthetic_pairs,
+    synthetic_task,
+    task_operating_point,
+)
+from quantize_serve.gates.recovery import compare_accuracy, look_design, metric_noise, task_decided
 from quantize_serve.gates.results import AccuracyRun, MetricResult, TaskRun
-from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask
+from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask, ErrorRates
 from quantize_serve.recipe.load import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +62,16 @@ RECIPE = ROOT / "recipes" / "llama3-8b-instruct-awq.yaml"
 BASE_ACCURACY = {"gsm8k": 0.7521, "arc_challenge": 0.6263, "hellaswag": 0.7881, "mmlu": 0.6654}
 MMLU_SUBJECTS = 57
 PLANNING_FLIP_RATES = (0.06, 0.10)
+# The metrics each task of the recipe gates (lm-eval's task configs) and the share of documents on which the
+# second one's outcome pair is the first's: 0.7 for acc and acc_norm (measured: 0.70-0.75 over the real
+# model's candidates on its cloze task, flip_rates_samples.json), 0.9 for gsm8k's strict and flexible
+# match of one answer (assumed: they differ where the answer's format does).
+GATED = {"gsm8k": (2, 0.9), "arc_challenge": (2, 0.7), "hellaswag": (2, 0.7), "mmlu": (1, 1.0)}
+PERPLEXITY_DOCS = (100, 200, 500)
+# mmlu's shape at two design effects: (label, flip rate, half-width of the subjects' uniform recovery shift)
+GROUPED = (("design_effect_about_1.2", 0.12, 0.08), ("design_effect_about_1.6", 0.20, 0.2))
 RETIRED_POINT_THRESHOLD = 0.95
+DEFAULT_TRIALS = 2000
 
 
 def task_documents(task) -> int:  # type: ignore[no-untyped-def]
@@ -187,51 +212,70 @@ def gate_on_real_outcomes(looks: tuple[float, ...], seed: int) -> dict:
     return result
 
 
-def simulate_task(task, rates, looks: tuple[float, ...], flip_rate: float, trials: int) -> dict:  # type: ignore[no-untyped-def]
-    docs, accuracy = task_documents(task), BASE_ACCURACY[task.task]
-    stated = dict(
-        bad=rates.bad_recovery,
-        max_false_pass=rates.max_false_pass,
-        good=rates.good_recovery,
-        min_true_pass=rates.min_true_pass,
-    )
-    row: dict = {"documents": docs, "base_accuracy": accuracy, "flip_rate": flip_rate, "stated": stated}
-    if flip_rate < abs(rates.bad_recovery - 1) * accuracy:
-        row["skipped"] = "this flip rate cannot give the bad recovery at this accuracy"
-        return row
-    for name, fractions in (("with_looks", looks), ("one_look", (1.0,))):
-        cells = {}
-        for label, recovery, seed in (
-            ("at_bad", rates.bad_recovery, 1),
-            ("at_good", rates.good_recovery, 2),
-            ("at_1.00", 1.0, 3),
-        ):
-            sim = simulate_gate(
-                docs=docs,
-                base_accuracy=accuracy,
-                flip_rate=flip_rate,
-                recovery=recovery,
-                fractions=fractions,
-                trials=trials,
-                seed=seed,
-                **stated,
-            )
-            cells[label] = {"pass_rate": sim.pass_rate, "mean_documents": round(sim.mean_docs, 1)}
-        pair = synthetic_pairs(
-            np.random.default_rng(0),
-            docs=100_000,
-            base_accuracy=accuracy,
-            flip_rate=flip_rate,
-            recovery=rates.good_recovery,
-        )
-        point = operating_point(
-            design(fractions, rates.max_false_pass, rates.min_true_pass),
-            docs,
-            sd=pair.score_sd(rates.bad_recovery),
-            mean_den=accuracy,
+def noise_of(pairs: list[Paired], bad: float) -> tuple[list, np.ndarray | None]:
+    return [metric_noise(p, bad) for p in pairs], correlation(pairs, bad) if len(pairs) > 1 else None
+
+
+def rates_row(draw_at, d, rates, trials: int, seed: int, *, bad_possible: bool = True) -> dict:  # type: ignore[no-untyped-def]
+    """The implemented rule (paired.simulate_task: every metric's look_verdict at each look, the task's
+    verdict over them) on draws at the bad point (the first metric at bad, the others at good) and at
+    good (every metric)."""
+    cells: dict = {}
+    for label, point, offset in (("at_bad", rates.bad_recovery, 1), ("at_good", rates.good_recovery, 2)):
+        if label == "at_bad" and not bad_possible:
+            cells[label] = {"skipped": "this flip rate cannot give the bad recovery at this accuracy"}
+            continue
+        sim = simulate_task(
+            draw_at(point),
+            d,
             bad=rates.bad_recovery,
             good=rates.good_recovery,
-            min_true_pass=rates.min_true_pass,
+            trials=trials,
+            seed=seed + offset,
+        )
+        cells[label] = {"pass_rate": sim.pass_rate, "mean_documents": round(sim.mean_docs, 1)}
+    return cells
+
+
+def simulate_llama3_task(gate, task, flip_rate: float, trials: int) -> dict:  # type: ignore[no-untyped-def]
+    """One task of the production recipe at one flip rate, every metric it gates: simulated and as the
+    report predicts it (recovery.task_point's operating point), with looks and with one look."""
+    rates = gate.rates(task)
+    docs, accuracy = task_documents(task), BASE_ACCURACY[task.task]
+    metrics, agreement = GATED[task.task]
+    groups = MMLU_SUBJECTS if task.task == "mmlu" else 1
+    share = gate.true_pass_share(task)
+    row: dict = {
+        "documents": docs,
+        "base_accuracy": accuracy,
+        "flip_rate": flip_rate,
+        "metrics": metrics,
+        "agreement": agreement,
+        "stated": {
+            "bad": rates.bad_recovery,
+            "max_false_pass": rates.max_false_pass,
+            "good": rates.good_recovery,
+            "task_share_of_min_true_pass": round(share, 4),
+        },
+    }
+    bad_possible = flip_rate >= abs(rates.bad_recovery - 1) * accuracy
+    shape = dict(base_accuracy=accuracy, flip_rate=flip_rate, agreement=agreement, groups=groups)
+
+    def draw_at(point: float):  # type: ignore[no-untyped-def]
+        recoveries = (point,) + (rates.good_recovery if point == rates.bad_recovery else point,) * (
+            metrics - 1
+        )
+        return lambda rng: synthetic_task(rng, docs=docs, recoveries=recoveries, **shape)
+
+    large = synthetic_task(
+        np.random.default_rng(0), docs=57_000, recoveries=(rates.good_recovery,) * metrics, **shape
+    )
+    noise, corr = noise_of(large, rates.bad_recovery)
+    for name, looks in (("with_looks", len(gate.looks)), ("one_look", 1)):
+        d = look_design(gate, task, looks, metrics)
+        cells = rates_row(draw_at, d, rates, trials, seed=10 * looks, bad_possible=bad_possible)
+        point = task_operating_point(
+            d, docs, noise, corr, bad=rates.bad_recovery, good=rates.good_recovery, min_true_pass=share
         )
         cells["predicted"] = {
             "false_pass": point.false_pass,
@@ -253,42 +297,141 @@ def simulate_task(task, rates, looks: tuple[float, ...], flip_rate: float, trial
     return row
 
 
+def release_row(gate, tasks: dict) -> dict:  # type: ignore[no-untyped-def]
+    """The release at one flip rate: it passes when every task passes (disjoint documents, so the true pass
+    is the product of the tasks'); a bad release, bad on one task, passes at most that task's false pass."""
+    rows = [tasks[t.task] for t in gate.tasks]
+    out: dict = {"tasks": len(rows), "stated": {"min_true_pass": gate.error_rates.min_true_pass}}
+    for name in ("with_looks", "one_look"):
+        bad = [r[name]["at_bad"]["pass_rate"] for r in rows if "pass_rate" in r[name]["at_bad"]]
+        out[name] = {
+            "true_pass": math.prod(r[name]["at_good"]["pass_rate"] for r in rows),
+            "predicted_true_pass": math.prod(r[name]["predicted"]["true_pass"] for r in rows),
+            "false_pass": max(bad, default=None),  # over the tasks whose bad point this flip rate gives
+            "mean_documents": round(sum(r[name]["at_good"]["mean_documents"] for r in rows), 1),
+        }
+    return out
+
+
+def perplexity_cells(trials: int, looks: tuple[float, ...]) -> dict:
+    """Perplexity from the real model's recorded per-document nats: each candidate's nats scaled so its
+    recovery over the 500 documents is exactly the point, then documents drawn with replacement."""
+    if not SAMPLES.is_file():
+        return {}
+    samples = json.loads(SAMPLES.read_text())["tasks"]
+    out: dict = {}
+    for task, metrics in samples.items():
+        for candidates in (v for k, v in metrics.items() if k == "loglikelihood"):
+            for candidate, docs in candidates.items():
+                pairs = np.array(list(docs.values()), dtype=float)
+                base, cand = -pairs[:, 0], -pairs[:, 1]
+                if base.sum() == cand.sum():
+                    continue  # the base run again: no candidate
+                for n in PERPLEXITY_DOCS:
+
+                    def draw_at(point: float, n: int = n):  # type: ignore[no-untyped-def]
+                        scaled = cand * (base.sum() / cand.sum()) / point
+
+                        def draw(rng):  # type: ignore[no-untyped-def]
+                            i = rng.integers(0, len(base), n)
+                            return [Paired(base[i], scaled[i], False)]
+
+                        return draw
+
+                    row = {}
+                    for name, fractions in (("with_looks", looks), ("one_look", (1.0,))):
+                        d = design(fractions, 0.05, 0.95)
+                        row[name] = rates_row(draw_at, d, ErrorRates(), trials, seed=n)
+                    out.setdefault(task, {}).setdefault(candidate, {})[str(n)] = row
+    return out
+
+
+def grouped_cells(trials: int, looks: tuple[float, ...]) -> dict:
+    """mmlu's shape: 57 subjects of 20 documents whose recovery varies by subject, at two design effects;
+    the gate's clustered variance against the same documents taken as independent."""
+    out = {}
+    for label, flip_rate, spread in GROUPED:
+        shape = dict(
+            docs=1140,
+            base_accuracy=BASE_ACCURACY["mmlu"],
+            flip_rate=flip_rate,
+            groups=57,
+            group_spread=spread,
+        )
+        effects = [
+            synthetic_task(np.random.default_rng(s), recoveries=(0.93,), **shape)[0].design_effect(0.93)
+            for s in range(200)
+        ]
+        d = design(looks, 0.05, 0.95)
+        row: dict = {
+            "flip_rate": flip_rate,
+            "group_spread": spread,
+            "design_effect": round(float(np.mean(effects)), 3),
+        }
+        for grouped in (True, False):
+
+            def draw_at(point: float, grouped: bool = grouped):  # type: ignore[no-untyped-def]
+                def draw(rng):  # type: ignore[no-untyped-def]
+                    pairs = synthetic_task(rng, recoveries=(point,), **shape)
+                    return pairs if grouped else [dataclasses.replace(p, groups=None) for p in pairs]
+
+                return draw
+
+            row["clustered" if grouped else "as_independent"] = rates_row(
+                draw_at, d, ErrorRates(), trials, seed=7
+            )
+        out[label] = row
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--trials",
         type=int,
-        default=4000,
-        help="synthetic runs per cell (default 4000: a "
-        "rate near 5%% has a standard error of about 0.35 points)",
+        default=DEFAULT_TRIALS,
+        help="synthetic runs per cell (default 2000: a "
+        "rate near 5%% has a standard error of about 0.5 points)",
     )
     args = parser.parse_args()
     recipe = load_recipe(RECIPE)
     gate = recipe.gates.accuracy
     flips = measured_flip_rates()
     flip_rates = sorted({*PLANNING_FLIP_RATES, *filter(None, [largest_measured_flip_rate(flips)])})
-    llama3 = {}
-    for task in gate.tasks:
-        rates = gate.rates(task)
-        llama3[task.task] = [
-            simulate_task(task, rates, tuple(gate.looks), f, args.trials) for f in flip_rates
-        ]
-        print(task.task, json.dumps(llama3[task.task][0].get("with_looks", {}), indent=None))
+    llama3: dict = {}
+    release: dict = {}
+    for f in flip_rates:
+        tasks = {task.task: simulate_llama3_task(gate, task, f, args.trials) for task in gate.tasks}
+        for name, row in tasks.items():
+            llama3.setdefault(name, []).append(row)
+        release[str(f)] = release_row(gate, tasks)
+        print(f, json.dumps(release[str(f)]), flush=True)
+    perplexity = perplexity_cells(args.trials, tuple(gate.looks))
+    print("perplexity done", flush=True)
+    grouped = grouped_cells(args.trials, tuple(gate.looks))
     result = {
         "command": "python benchmarks/gate_statistics.py"
-        + (f" --trials {args.trials}" if args.trials != 4000 else ""),
+        + (f" --trials {args.trials}" if args.trials != DEFAULT_TRIALS else ""),
         "trials_per_cell": args.trials,
         "standard_error_at_5pct": round(math.sqrt(0.05 * 0.95 / args.trials), 4),
         "looks": gate.looks,
         "flip_rates": flips,
         "real_model_gate": gate_on_real_outcomes(tuple(gate.looks), gate.seed),
         "llama3": llama3,
-        "note": "Synthetic paired 0/1 outcomes (documents independent, flips at the given rate) through the "
-        "implemented rule; base accuracies are Meta-Llama-3-8B-Instruct's published scores. "
-        "flip_rates are measured on the real SmolLM2-135M-Instruct reference model and its candidates.",
+        "release": release,
+        "perplexity": perplexity,
+        "grouped": grouped,
+        "note": (
+            "llama3 and release: synthetic paired 0/1 outcomes through the implemented rule, each task "
+            "with every metric it gates (GATED: their count and agreement), mmlu's documents labelled by "
+            "subject; base accuracies are Meta-Llama-3-8B-Instruct's published scores. perplexity: the "
+            "real SmolLM2-135M-Instruct reference model's per-document nats and each candidate's, scaled "
+            "to the point, drawn with replacement. grouped: mmlu's shape, subjects' recoveries shifted "
+            "uniformly. flip_rates are measured on the real reference model and its candidates."
+        ),
     }
     RESULT.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {RESULT.relative_to(ROOT)}")
+    print(f"wrote {RESULT}")
 
 
 if __name__ == "__main__":

@@ -158,10 +158,11 @@ def _over(result: MetricResult, run: TaskRun, keys: list[str], metric: str) -> M
     return result.model_copy(update={"value": value})
 
 
-def look_design(gate: AccuracyGate, task: AccuracyTask, run: TaskRun, metrics: int) -> Design:
-    """The looks' bounds for a task that gates ``metrics`` metrics: early rejections of a good candidate
-    spend a fifth of the task's share of the miss budget, split over its metrics."""
-    fractions = tuple(gate.looks) if run.looks_planned > 1 else (1.0,)
+def look_design(gate: AccuracyGate, task: AccuracyTask, looks_planned: int, metrics: int) -> Design:
+    """The looks' bounds for a task that gates ``metrics`` metrics (one look where the run planned one):
+    early rejections of a good candidate spend a fifth of the task's share of the miss budget, split over
+    its metrics."""
+    fractions = tuple(gate.looks) if looks_planned > 1 else (1.0,)
     miss = 1 - gate.true_pass_share(task)
     return design(fractions, gate.rates(task).max_false_pass, 1 - miss / max(metrics, 1))
 
@@ -174,7 +175,7 @@ def task_decided(
     if problems or not gated:
         return False  # let the run finish; compare_accuracy reports the problem
     rates = gate.rates(task)
-    d = look_design(gate, task, quantized, len(gated))
+    d = look_design(gate, task, quantized.looks_planned, len(gated))
     return task_verdict([m.pair for m in gated], d, look, rates.bad_recovery, rates.good_recovery).decided
 
 
@@ -219,7 +220,7 @@ def compare_accuracy(base: AccuracyRun, quantized: AccuracyRun, gate: AccuracyGa
             for metric, reason in problems
         ]
         look = max(q.looks_run - 1, 0)
-        d = look_design(gate, task, q, len(gated))
+        d = look_design(gate, task, q.looks_planned, len(gated))
         verdicts = [look_verdict(m.pair, d, look, rates.bad_recovery, rates.good_recovery) for m in gated]
         stopped_by = next((m.metric for m, v in zip(gated, verdicts) if v.decided and not v.passed), None)
         share = gate.true_pass_share(task)
