@@ -295,7 +295,7 @@ def run_plan(
     release_env = {**env, "QS_WORK_DIR": str(home / "work")}
     warm_up = {
         "gates.accuracy.tasks": [{**t, "limit": SMOKE_LIMITS[t["task"]]} for t in TASKS],
-        "gates.stress.num_requests": recipe.gates.stress.concurrency or recipe.serve.max_num_seqs,
+        "gates.stress.num_requests": recipe.serve.concurrency(recipe.gates.stress.concurrency),
         "gates.stress.output_tokens": WARM_UP_OUTPUT_TOKENS,
     }
     baseline = {

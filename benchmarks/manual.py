@@ -431,7 +431,7 @@ def stress_steps(recipe: Any, tokenizer: Path | str) -> tuple[list[dict[str, int
             }
         )
     input_len, output_len = bench_lengths(profile, serve)
-    target = profile.concurrency or serve.max_num_seqs
+    target = serve.concurrency(profile.concurrency)
     final = {
         "concurrency": target,
         "num_prompts": max(profile.num_requests, target),

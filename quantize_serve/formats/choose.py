@@ -148,7 +148,7 @@ class BenchSettings(BaseModel):
     def from_recipe(cls, recipe: Recipe) -> BenchSettings:
         rule = recipe.quantization.rule
         mean_in, mean_out = bench_lengths(recipe.gates.stress, recipe.serve)
-        concurrency = rule.concurrency or recipe.serve.max_num_seqs
+        concurrency = recipe.serve.concurrency(rule.concurrency)
         return cls(
             concurrency=concurrency,
             input_tokens=rule.input_tokens or mean_in,

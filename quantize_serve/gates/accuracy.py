@@ -88,9 +88,8 @@ PROMPT_TOKENS, PROMPT_TOKENS_CACHED = "vllm:prompt_tokens_total", "vllm:prompt_t
 
 
 def lm_eval_concurrency(gate: AccuracyGate, serve: ServeSection) -> int:
-    """lm-eval's concurrent requests: the gate's ``num_concurrent``, else the server's ``max_num_seqs``
-    (every sequence slot busy; fewer left the server idle between batches, more only queue)."""
-    return gate.num_concurrent or serve.max_num_seqs
+    """lm-eval's concurrent requests: the gate's ``num_concurrent``, else every sequence slot."""
+    return serve.concurrency(gate.num_concurrent)
 
 
 def run_accuracy(

@@ -166,7 +166,7 @@ def measurement_conditions(
         t.model_dump(mode="json", include=set(TASK_FIELDS_MEASURED)) for t in recipe.gates.accuracy.tasks
     ]
     stress = recipe.gates.stress.model_dump(mode="json")
-    stress["concurrency"] = stress["concurrency"] or recipe.serve.max_num_seqs
+    stress["concurrency"] = recipe.serve.concurrency(stress["concurrency"])
     return MeasurementConditions(
         tasks=tasks, vllm_version=vllm_version, hardware=hardware, serve=serve, stress=stress
     )

@@ -293,7 +293,7 @@ def run_soak_test(
             f"last lines of its log:\n{server.log_tail(20)}"
         )
     alive = server_process_alive or (lambda: process_alive(server.pid))
-    concurrency = gate.concurrency or serve.max_num_seqs
+    concurrency = serve.concurrency(gate.concurrency)
 
     def draw() -> tuple[list[int], int]:
         return prompt(rng.choice(prompts)), rng.choice(outputs)

@@ -140,7 +140,7 @@ def plan_traffic(
             p, o = rng.choice(profile.prompt_tokens), rng.choice(profile.output_tokens)
             probes.append(Probe(i, "normal", prompt(p), o))
 
-    steps = concurrency_steps(profile.concurrency or serve.max_num_seqs)
+    steps = concurrency_steps(serve.concurrency(profile.concurrency))
     left, counts = n - min(n, steps[-1]), []
     for c in steps[:-1]:
         counts.append(min(c, left))
@@ -223,7 +223,7 @@ async def _stress(
     log: Callable[[str], None],
 ) -> StressResult:
     t0 = time.monotonic()
-    target = profile.concurrency or serve.max_num_seqs
+    target = serve.concurrency(profile.concurrency)
     bench_proc = await start_bench(output_dir)  # its imports while the traffic runs
     try:
         sampler, stop = Sampler(server, alive), asyncio.Event()

@@ -270,6 +270,11 @@ class ServeSection(Section):
             )
         return self
 
+    def concurrency(self, requested: int | None) -> int:
+        """Requests in flight for a gate or a measurement: ``requested``, else every sequence slot the
+        server has (``max_num_seqs``: fewer leave it idle between batches, more only queue)."""
+        return requested or self.max_num_seqs
+
     @property
     def batched_tokens(self) -> int:
         """max_num_batched_tokens as vLLM serves it: the recipe's, else vLLM's default."""

@@ -352,3 +352,21 @@ def test_a_key_written_twice_is_an_error_that_shows_both_lines(tmp_path) -> None
         in err.value.problem
     )
     assert "keep one of the two lines" in err.value.fix
+
+
+def test_an_unset_concurrency_is_every_sequence_slot_for_every_gate_and_the_format_choice():
+    """One resolution of "unset means serve.max_num_seqs" (lm-eval's requests, stress, soak, the measured
+    conditions, the format choice's benchmark all call it)."""
+    recipe = load_recipe(ROOT / "recipes/llama3-8b-instruct-awq.yaml")
+    from quantize_serve.formats.choose import BenchSettings
+    from quantize_serve.gates.accuracy import lm_eval_concurrency
+    from quantize_serve.gates.regression import measurement_conditions
+
+    serve = recipe.serve
+    assert serve.concurrency(None) == serve.max_num_seqs and serve.concurrency(3) == 3
+    assert lm_eval_concurrency(recipe.gates.accuracy, serve) == serve.max_num_seqs
+    assert BenchSettings.from_recipe(recipe).concurrency == (
+        recipe.quantization.rule.concurrency or serve.max_num_seqs
+    )
+    stress = recipe.gates.stress.concurrency or serve.max_num_seqs
+    assert measurement_conditions(recipe, vllm_version="0", hardware="h").stress["concurrency"] == stress
