@@ -314,17 +314,17 @@ def test_plan_of_a_hub_model_fetches_config_json_only(tmp_path: Path, monkeypatc
 def test_run_of_a_bad_recipe_fails_before_prefect_starts(tmp_path: Path) -> None:
     case = next(c for c in ISSUE_CASES if c.name == "bad-recovery-1.5")
     path = write_case(case, tmp_path)
+    # before any heavy work: none of the engines is imported (a bound on seconds would be a timed test)
     code = (
-        "import sys, time\n"
-        "t0 = time.monotonic()\n"
+        "import sys\n"
         "from quantize_serve.cli import main\n"
         f"rc = main(['run', {str(path)!r}])\n"
-        "print('RESULT', rc, round(time.monotonic() - t0, 2), 'prefect' in sys.modules)\n"
+        "heavy = [m for m in ('prefect', 'torch', 'transformers', 'vllm', 'lm_eval') if m in sys.modules]\n"
+        "print('RESULT', rc, ','.join(heavy) or '-')\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    rc, seconds, prefect = done.stdout.split("RESULT ")[1].split()
-    assert (rc, prefect) == ("2", "False"), done.stderr
-    assert float(seconds) < 2
+    rc, heavy = done.stdout.split("RESULT ")[1].split()
+    assert (rc, heavy) == ("2", "-"), done.stderr
     assert_one_screen(case, int(rc), done.stderr)
 
 
