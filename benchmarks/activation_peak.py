@@ -1,14 +1,16 @@
 """Which part of a shape sets vLLM's profiled activation peak: variants of a shape, booted and compared.
 
 Why: the planner's activation term is what decides its KV tokens to 0.1 % (issue 25), and on the H200
-(``benchmarks/results/h200_shapes.json``, vLLM 0.26.0) the term calibrated on Llama fitted Llama-3-8B and -70B
+(``benchmarks/results/capacity/h200_shapes.json``, vLLM 0.26.0) the term calibrated on Llama fitted
+Llama-3-8B and -70B
 within 0.01 GiB but Qwen2-72B's peak was 0.30 GiB above it with graphs on (2.57 against 2.27 GiB) and
 0.12 GiB eager. The two shapes differ in three things: Qwen2's q/k/v biases, its intermediate size (29,568,
 not a multiple of 256) and its vocabulary (152,064). Each variant here changes one of them, so the peak that
 moves names the cause; the MoE pair separates Qwen3-30B-A3B's eager peak from its compiled one (the planner's
 sparse-layer compiled extra is calibrated on its compiled peak), and Mixtral-8x7B tests that term on an MoE
 it was not calibrated on. vLLM logs at DEBUG here, so each row also keeps its memory profile's debug lines.
-Measured (``benchmarks/results/h200_activation_peak.json``): a 4-layer Qwen2-72B peaks at its full depth's
+Measured (``benchmarks/results/capacity/h200_activation_peak.json``): a 4-layer Qwen2-72B peaks at its full
+depth's
 2.57 GiB, and so do one without its biases and one with Llama's intermediate size; one with Llama's vocabulary
 peaks at Llama-3-70B's 2.21 GiB. The planner's compiled term (``compiled_pass_peak_bytes``) is what that
 showed.
@@ -202,7 +204,7 @@ def measure_row(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    harness.add_out_option(p, "h200_activation_peak.json", "activation_peak_rehearsal.json")
+    harness.add_out_option(p, "capacity/h200_activation_peak.json", "capacity/activation_peak_rehearsal.json")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "qs-activation-peak")
     p.add_argument("--variants", help="comma-separated, default all: " + ", ".join(VARIANTS))
     p.add_argument("--configs", default="w4a16", help="comma-separated: base (bf16), w4a16; default w4a16")
@@ -224,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     if args.replan:
-        out = args.out or harness.ROOT / "benchmarks/results/h200_activation_peak.json"
+        out = args.out or harness.ROOT / "benchmarks/results/capacity/h200_activation_peak.json"
         res = harness.Results(out, roots=(args.work,))
         res.data["rows"] = replan(res.data.get("rows", []))
         res.save()

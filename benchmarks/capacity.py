@@ -1,7 +1,7 @@
 """Capacity of the three configurations on the reference model (tiny AWQ recipe), under the
 recipe's one memory budget, with the planner's prediction beside each measured figure.
 
-Writes benchmarks/results/capacity.json. Three real vLLM CPU boots through the project's
+Writes benchmarks/results/capacity/capacity.json. Three real vLLM CPU boots through the project's
 capacity stage. Targets: fp8_token_ratio within 2.00 +- 1%; planner error within 3%.
 """
 
@@ -25,7 +25,7 @@ from quantize_serve.validate.preflight import resolve_base, validate_recipe  # n
 
 def main(
     recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml",
-    out: Path = ROOT / "benchmarks/results/capacity.json",
+    out: Path = ROOT / "benchmarks/results/capacity/capacity.json",
 ) -> None:
     validated = validate_recipe(recipe_path)
     recipe = validated.recipe

@@ -24,7 +24,7 @@ keep to a share of the KV cache each, gates/scoring.py within_share: measured on
 
     .venv/bin/python benchmarks/context_order.py      # ~3 min on 2 cores
 
-Writes benchmarks/results/context_order.json.
+Writes benchmarks/results/release-time/context_order.json.
 """
 
 from __future__ import annotations
@@ -52,10 +52,11 @@ from quantize_serve.gates.lm_eval_host import host_work_once  # noqa: E402
 from quantize_serve.gates.scoring import GENERATE_PATH, ContextOnceCompletions  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
 
-OUT = RESULTS / "context_order.json"
+OUT = RESULTS / "release-time/context_order.json"
 BLOCK = 16  # vLLM's block size on the GPU (planner.BLOCK_SIZE_GPU)
 MAX_LENGTH = 8192  # the llama3 recipe's serve.max_model_len
-# The runs the model is checked against (benchmarks/results/h200_release_time.json): the KV cache the
+# The runs the model is checked against (benchmarks/results/release-time/h200_release_time.json): the KV
+# cache the
 # server scored with, its looks, and the prompt tokens vLLM computed of those sent (both lanes).
 RUNS = {
     "base_h100": {

@@ -18,7 +18,7 @@ the variable says (``platforms/cpu.py``), so a CPU run rehearses the script and 
     .venv/bin/python benchmarks/engine_start.py --out /tmp/engine_start.json      # CPU: ~2 min
     bash scripts/gpu/host.sh launch engine-start                                   # the H200
 
-Writes benchmarks/results/engine_start.json (GPU) by default.
+Writes benchmarks/results/release-time/engine_start.json (GPU) by default.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from quantize_serve.recipe.load import load_recipe  # noqa: E402
 from quantize_serve.serving.boot import Boot  # noqa: E402
 from quantize_serve.serving.server import PREPARED_MARK, prepare_server, vllm_server  # noqa: E402
 
-OUT = RESULTS / "engine_start.json"
+OUT = RESULTS / "release-time/engine_start.json"
 METHOD = "VLLM_WORKER_MULTIPROC_METHOD"
 
 

@@ -2,7 +2,7 @@
 for the harmful one the gates must reject on their own (tiny-llama-sparse-gptq: 50% SparseGPT, then
 GPTQ W4A16), on an ephemeral Prefect API, Hub publishing left out, default thresholds.
 
-Writes benchmarks/results/gates.json: per recipe, `accuracy` (per task and metric: base,
+Writes benchmarks/results/gate-decisions/gates.json: per recipe, `accuracy` (per task and metric: base,
 quantized, recovery, recovery_interval (the ~95% interval; null where lm-eval gives no stderr),
 threshold, passed, warning (set when the interval crosses the threshold; see docs/gates.md)),
 `stress` (the stress summary and vllm bench serve's throughput), and `decision` (passed,
@@ -72,7 +72,7 @@ def run(method: str) -> dict:
 def main() -> None:
     results = {method: run(method) for method in ("awq", "gptq", "sparse-gptq")}
 
-    out = ROOT / "benchmarks/results/gates.json"
+    out = ROOT / "benchmarks/results/gate-decisions/gates.json"
     write_json_result(out, results)
     for method, r in results.items():
         print(method, "decision:", "pass" if r["decision"]["passed"] else "FAIL")

@@ -606,7 +606,7 @@ def main(argv: list[str] | None = None) -> None:
     r = sub.add_parser("run", help="quantize, capacity, stress and flow stages; JSON to --out")
     r.add_argument("--model-dir", required=True)
     r.add_argument("--work-dir", required=True, help="checkpoints, vLLM logs, stress output")
-    r.add_argument("--out", default=str(ROOT / "benchmarks/results/h200.json"))
+    r.add_argument("--out", default=str(ROOT / "benchmarks/results/capacity/h200.json"))
     r.add_argument("--stages", default="quantize,capacity,stress,flow")
     r.add_argument("--methods", default="awq,gptq")
     r.add_argument("--seed", type=int, default=0)

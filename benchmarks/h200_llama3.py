@@ -22,7 +22,7 @@ What the deployment is given, and why (recorded in the result and in the run's r
 
 Measured: time to decision with each task's seconds, the decision and its reasons, the promoted
 tag against the gated commit, GPU memory before and after. Written to ``--out``
-(benchmarks/results/h200_llama3.json when copied back).
+(benchmarks/results/capacity/h200_llama3.json when copied back).
 
 ``--rehearse`` runs the same steps on a CPU host with the reference model (CPU overrides: a
 memory budget, short contexts, a small stress test), to catch mistakes before device time is spent.

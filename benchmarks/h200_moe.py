@@ -8,7 +8,7 @@ sizes each boot's KV cache from gpu_memory_utilization: validate/preflight.py fo
 local Hub endpoint (``localhub``) that receives the candidate and the release. llm-compressor quantizes on
 the GPU (AWQ W4A16_ASYM, every expert calibrated on every token, the routers left 16-bit).
 
-Written to --out (benchmarks/results/h200_moe.json): the run's final state, decision and reasons, the
+Written to --out (benchmarks/results/capacity/h200_moe.json): the run's final state, decision and reasons, the
 release and where the Hub's release ref points (it must be the gated commit), where it quantized, the
 model's total and active parameters, the capacity rows with the planner beside them (the run's
 report.json), and the kernels each boot's vLLM log names, with the project's kernel check
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         help="one more recipe override, dotted key and a YAML value (e.g. quantization.scheme=W4A16); "
         "the report lists it",
     )
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/h200_moe.json")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/capacity/h200_moe.json")
     p.add_argument(
         "--work",
         type=Path,

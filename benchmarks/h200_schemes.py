@@ -164,7 +164,7 @@ def measure(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/h200_schemes.json")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/release-formats/h200_schemes.json")
     p.add_argument("--work", type=Path, default=Path("/tmp/qs-schemes"))
     p.add_argument("--concurrency", type=int, default=None, help="default 64 (4 on --rehearse)")
     p.add_argument("--repeats", type=int, default=None)

@@ -436,7 +436,7 @@ def describe_row(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_out_option(p, "h200_shapes.json", "h200_shapes_rehearsal.json")
+    add_out_option(p, "capacity/h200_shapes.json", "capacity/h200_shapes_rehearsal.json")
     p.add_argument(
         "--work",
         type=Path,

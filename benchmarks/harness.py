@@ -39,7 +39,6 @@ RESULTS = ROOT / "benchmarks" / "results"
 # The reference tokenizer: a dummy-weights boot needs one, any will do; the 8B build saves it (its ids are a
 # subset of Llama-3's 128,256-row embedding)
 TOKENIZER = ROOT / "models" / "tiny-llama"
-TINY_RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"  # the reference model's recipe (CPU settings)
 BUILD_MARKER = "build.json"
 # Every model shape a benchmark boots: its config.json (the Qwen and Mixtral ones are the models' published
 # config.json, which the planner's tests use too), and the reference models' own.
@@ -370,7 +369,7 @@ def boot_logs(folder: Path) -> list[dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------------------------
-# Quantizing the reference model and the 8B shape (quantize_speed.py, calibration_length.py).
+# Quantizing the reference model and the 8B shape (quantize_speed.py, context_once_fp8.py).
 # --------------------------------------------------------------------------------------------
 
 RECOVERY_TOLERANCE = 0.005  # the largest recovery loss against the project's settings that a change may cost

@@ -21,7 +21,7 @@ manual``: the production recipe, timed against the flow's first release).
 Pipeline = ``quantize-serve run recipe`` (no Hub section, fresh checkpoint cache), which also
 writes the report. Both quantize from scratch.
 
-Writes benchmarks/results/pipeline_vs_manual.json: each round's wall times, the totals and
+Writes benchmarks/results/release-time/pipeline_vs_manual.json: each round's wall times, the totals and
 ``ratio_vs_careful_manual`` = sum(pipeline) / sum(careful manual), the vLLM boots of each, and
 the host's load average during the measurement. Both paths share one ``VLLM_CACHE_ROOT``, filled
 by an untimed boot before the first round.
@@ -139,7 +139,9 @@ def pipeline(work: Path, name: str) -> tuple[float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2, help="manual/pipeline pairs, interleaved")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/pipeline_vs_manual.json")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "benchmarks/results/release-time/pipeline_vs_manual.json"
+    )
     args = parser.parse_args()
     rounds, load = [], []
     with tempfile.TemporaryDirectory() as tmp:

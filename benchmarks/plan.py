@@ -1,5 +1,5 @@
 """Print the capacity planner's table for Llama-3-8B and Llama-3-70B on 80 GB and 141 GB
-GPUs and write ``benchmarks/results/plan.json``.
+GPUs and write ``benchmarks/results/capacity/plan.json``.
 
 Why: it answers "how much memory does 4-bit quantization free, and how many more
 max-length requests fit" for the production GPU sizes without booting anything; the
@@ -34,7 +34,7 @@ from quantize_serve.capacity.plan_table import format_table, plan_table  # noqa:
 from quantize_serve.capacity.planner import GPU_MEMORY_BYTES, ModelShape  # noqa: E402
 from quantize_serve.core.portable import write_json_result  # noqa: E402
 
-GPUS: dict[str, float] = {  # labels as in results/plan.json; sizes: the planner's presets (`--gpu`)
+GPUS: dict[str, float] = {  # labels as in results/capacity/plan.json; sizes: the planner's presets (`--gpu`)
     "80GB (H100/A100 80GB, 79.6 GiB)": GPU_MEMORY_BYTES["h100-80gb"],
     "141GB (H200, 139.8 GiB)": GPU_MEMORY_BYTES["h200"],
 }
@@ -50,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--utilization", type=float, default=0.90)
     parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "plan.json")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "benchmarks" / "results" / "capacity" / "plan.json"
+    )
     args = parser.parse_args(argv)
 
     configs = ROOT / "benchmarks" / "configs"

@@ -1,9 +1,10 @@
 """Quantize the reference model with AWQ and GPTQ; sizes, seconds and held-out perplexity.
 
-Writes benchmarks/results/quantize.json. Each method quantizes from scratch (a fresh work folder,
+Writes benchmarks/results/release-formats/quantize.json. Each method quantizes from scratch (a fresh work
+folder,
 so no cached checkpoint is reused) through the project's quantization stage.
 
-Perplexity method: the same as benchmarks/results/reference_model.json's heldout_ppl:
+Perplexity method: the same as benchmarks/results/reference-models/reference_model.json's heldout_ppl:
 exp(mean token NLL) over data/corpus/heldout.txt packed into 256-token windows, computed with
 transformers on CPU. The quantized checkpoint is loaded through compressed-tensors, which
 decompresses the int4 weights (with their scales and zero points) to bf16: the same numbers vLLM's
@@ -58,7 +59,7 @@ def main() -> None:
         }
         print(method, results[method], flush=True)
 
-    out = ROOT / "benchmarks/results/quantize.json"
+    out = ROOT / "benchmarks/results/release-formats/quantize.json"
     write_json_result(out, results)
     print(f"wrote {out}")
 

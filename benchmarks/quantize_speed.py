@@ -25,11 +25,12 @@ on one set. The basic pipeline is measured but not eligible (NOT_ELIGIBLE says w
 CPU (the reference model, models/tiny-llama, recipes tiny-llama-awq.yaml and tiny-llama-gptq.yaml;
 about 4 minutes a repeat on 2 cores, 3 repeats by default):
     .venv/bin/python benchmarks/quantize_speed.py
-writes benchmarks/results/quantize_speed.json (``--summarize-only`` recomputes the summary from its runs).
+writes benchmarks/results/release-time/quantize_speed.json (``--summarize-only`` recomputes the summary from
+its runs).
 
 GPU (``--gpu``: the Llama-3-8B shape with random bf16 weights, built by ``benchmarks/h200.py build`` if
 missing, calibrated as recipes/llama3-8b-instruct-awq.yaml was when this was measured: 256 production-shaped
-conversations from localhub/datasets.py, ~300k tokens, cap 2,048 (512 since benchmarks/calibration_length.py);
+conversations from localhub/datasets.py, ~300k tokens, cap 2,048 (512 since calibration_length.json);
 batch 1, the recipe's before this measurement set it to 4). Seconds only: a random model's perplexity means
 nothing. It runs the CPU choice (the project's defaults, the baseline there), then the choice with each
 option that only a GPU can judge (GPU_ONLY) and with all of them; resumable (finished runs in --out are kept):
@@ -79,7 +80,7 @@ from quantize_serve.serving import gpu  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
 from quantize_serve.recipe.model import Recipe  # noqa: E402
 
-OUT = ROOT / "benchmarks/results/quantize_speed.json"
+OUT = ROOT / "benchmarks/results/release-time/quantize_speed.json"
 PRODUCTION_BATCH_SIZE = 1  # calibration.batch_size of recipes/llama3-8b-instruct-awq.yaml before the GPU sets
 # The options before this measurement, explicit (the recipe defaults now differ): llm-compressor's defaults.
 TODAY = {

@@ -3,7 +3,7 @@
 Reads the fault matrix (docs/reliability.md: one row per fault, each naming the test that proves
 it), runs exactly those tests with pytest, then runs benchmarks/validate_cli.py (seconds per
 `quantize-serve validate`, lines printed per recipe error), and writes
-benchmarks/results/reliability.json:
+benchmarks/results/reliability/reliability.json:
 
   fault_cases           one entry per row: fault, test id, result (passed / failed / skipped / missing)
   validate_seconds_max  slowest `quantize-serve validate` of one recipe, interpreter start included
@@ -104,7 +104,7 @@ def main() -> int:
     for row in rows:
         row["result"] = results[row["test"]]
     subprocess.run([sys.executable, "benchmarks/validate_cli.py"], cwd=ROOT, check=True)
-    validate = json.loads((RESULTS / "validate_cli.json").read_text())
+    validate = json.loads((RESULTS / "reliability/validate_cli.json").read_text())
     out = {
         "fault_cases": rows,
         "fault_cases_total": len(rows),
@@ -115,7 +115,7 @@ def main() -> int:
         "source": "docs/reliability.md (rows), pytest (results), benchmarks/validate_cli.py (validate "
         "figures)",
     }
-    write_json_result(RESULTS / "reliability.json", out)
+    write_json_result(RESULTS / "reliability/reliability.json", out)
     print(
         f"fault cases: {out['fault_cases_passed']}/{len(rows)} passed; validate_seconds_max "
         f"{out['validate_seconds_max']}; error_lines_max {out['error_lines_max']}"

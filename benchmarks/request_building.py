@@ -17,7 +17,7 @@ ways alternate, ``--repeats`` times each; each document's prompt hash is compare
 
     .venv/bin/python benchmarks/request_building.py      # ~3 min on 2 cores
 
-Writes benchmarks/results/request_building.json.
+Writes benchmarks/results/release-time/request_building.json.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from quantize_serve.gates.documents import (  # noqa: E402
 from quantize_serve.gates.lanes import lanes  # noqa: E402
 from quantize_serve.gates.lm_eval_host import host_work_once  # noqa: E402
 
-OUT = RESULTS / "request_building.json"
+OUT = RESULTS / "release-time/request_building.json"
 WAYS = {"stock": contextlib.nullcontext, "host_work_once": host_work_once}
 
 

@@ -8,7 +8,8 @@ output tok/s and p99 TTFT at the rule's concurrency (2 runs), accuracy recovery 
 reference model: meaningful here), the kernel vLLM chose and the kernel check; the rule picks the
 release, which then runs the whole pipeline.
 
-    .venv/bin/python benchmarks/schemes.py      # -> benchmarks/results/schemes.json (~25 min, 2 cores)
+    .venv/bin/python benchmarks/schemes.py      # -> benchmarks/results/release-formats/schemes.json (~25
+    min, 2 cores)
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def main() -> None:
         },
         "report": str(Path(report.report_dir) / "report.md"),
     }
-    write_json_result(ROOT / "benchmarks/results/schemes.json", result)
+    write_json_result(ROOT / "benchmarks/results/release-formats/schemes.json", result)
     print((Path(report.report_dir) / "formats.md").read_text())
 
 

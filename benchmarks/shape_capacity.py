@@ -35,7 +35,7 @@ log = logger("shape")
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/h200x2_shape.json")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/capacity/h200x2_shape.json")
     p.add_argument("--work", type=Path, default=Path("/tmp/qs-shape"))
     p.add_argument("--models", default="Llama-3-8B,Llama-3-70B")
     p.add_argument("--tp", default="1,2")

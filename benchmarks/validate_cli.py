@@ -1,6 +1,6 @@
 """How fast `quantize-serve validate` answers, and how long its error screens are.
 
-Writes benchmarks/results/validate_cli.json. For each recipe: the wall seconds of the installed
+Writes benchmarks/results/reliability/validate_cli.json. For each recipe: the wall seconds of the installed
 console script in a subprocess (interpreter start included: what CI pays per call), the exit
 status, and the number of lines it printed. The recipes are the fourteen malformed ones of issue 11
 and the recipe-only cross-section rules (tests/unit/malformed_recipes.py, the same cases the tests
@@ -41,7 +41,7 @@ from benchmarks.harness import ROOT  # noqa: E402
 
 SCRIPT = Path(sys.executable).parent / "quantize-serve"
 CASES_DIR = ROOT / ".cache" / "validate-cli"
-OUT = ROOT / "benchmarks" / "results" / "validate_cli.json"
+OUT = ROOT / "benchmarks" / "results" / "reliability" / "validate_cli.json"
 TARGET_SECONDS, TARGET_LINES = 1.0, 15
 
 

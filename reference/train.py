@@ -17,7 +17,7 @@ Steps:
    saved in bfloat16 safetensors (every linear dim is a multiple of 32 and every
    quantized linear's ``in_features`` divides by 128, which W4A16 group-128 kernels need);
 3. held-out perplexity and ``facts_mc`` accuracy of the *saved* bf16 model, written to
-   ``benchmarks/results/reference_model.json`` (``reference_moe.json``) next to a model
+   ``benchmarks/results/reference-models/reference_model.json`` (``reference_moe.json``) next to a model
    card and SHA256SUMS.
 
 Both architectures share the tokenizer (trained the same way on the same text, so the
@@ -131,7 +131,7 @@ class Reference:
     config_class: type
     model_class: type
     architecture: dict[str, Any]
-    results: str  # benchmarks/results/<results>
+    results: str  # benchmarks/results/reference-models/<results>
     train_kwargs: dict[str, Any]  # extra forward arguments while training
     description: str  # the model card's first paragraph (after the parameter count)
     steps: int  # the default step count (a count, not a timer: the weights stay reproducible)
@@ -158,7 +158,8 @@ REFERENCES = {
         "reference_moe.json",
         {"output_router_logits": True},  # the load-balancing loss joins the loss
         # Fewer steps than the dense model: a step costs more (the experts' loop), and the 2-core build
-        # machine is shared; 600 steps still learn the world (benchmarks/results/reference_moe.json).
+        # machine is shared; 600 steps still learn the world
+        # (benchmarks/results/reference-models/reference_moe.json).
         "mixture-of-experts `Qwen3MoeForCausalLM`",
         MOE_STEPS,
     ),
@@ -588,7 +589,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, default=Path("data"))
     parser.add_argument("--out", type=Path, help="default: models/tiny-llama or models/tiny-qwen3-moe")
     parser.add_argument(
-        "--results", type=Path, help="default: benchmarks/results/reference_model.json or reference_moe.json"
+        "--results",
+        type=Path,
+        help="default: benchmarks/results/reference-models/reference_model.json or reference_moe.json",
     )
     parser.add_argument(
         "--steps", type=int, help=f"default: {DEFAULT_STEPS} (llama), {MOE_STEPS} (qwen3-moe)"
@@ -597,7 +600,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     ref = REFERENCES[args.arch]
     out = args.out or Path("models") / ref.folder
-    results_path = args.results or Path("benchmarks/results") / ref.results
+    results_path = args.results or Path("benchmarks/results/reference-models") / ref.results
     results = run(args.data, out, results_path, args.steps or ref.steps, args.seed, ref)
     print(
         json.dumps(

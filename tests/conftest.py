@@ -52,7 +52,8 @@ if LANE and not GPU_MEMORY:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(int(LANE[2:]) % (os.cpu_count() or 1)))
     # and one OpenMP thread for every other process a lane starts (the quantization worker's torch): two
     # threads next to the other lane's busy core spin-wait, and llm-compressor's calibration then ran up to
-    # 15x slower (benchmarks/results/quantize_speed.json, "rule": 4.5 s quiet, 70 s beside another job)
+    # 15x slower (benchmarks/results/release-time/quantize_speed.json, "rule": 4.5 s quiet, 70 s beside
+    # another job)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
@@ -119,7 +120,7 @@ def tier_of(item) -> str | None:
 
 # `make test`'s two lanes (pytest-xdist), by test file: each lane runs its files in one process, so its
 # session boots and flow runs stay shared; every other test is a unit of its own, run where there is
-# room. The split balances the lanes' seconds (benchmarks/results/test_durations.json).
+# room. The split balances the lanes' seconds (benchmarks/results/setup-and-tests/test_durations.json).
 # On 2026-12-03 (a fresh clone, 20:34 in all) the flows lane took 1,225 s and the engines lane 983 s; the
 # MoE and shape-capacity files (77 s, their own quantization and boots) went back to the engines lane:
 # 1,143 / 1,015 s, 19:12 in all.

@@ -1,7 +1,8 @@
 """Realistic release figures for the regression gate and the release history, without a vLLM boot.
 
 The numbers are the tiny reference model's as the pipeline measured them on CPU under the 8 MiB budget
-(README, benchmarks/results/schemes.json): the 4-bit formats hold 14,464 KV tokens with the fp8 KV
+(README, benchmarks/results/release-formats/schemes.json): the 4-bit formats hold 14,464 KV tokens with the
+fp8 KV
 cache (28.25 requests of 512 tokens), the 8-bit ones 13,696 (26.75); accuracy of the AWQ W4A16
 release on the project's tasks; `vllm bench serve` output throughput at the stress concurrency.
 """

@@ -1,12 +1,12 @@
 """An AVX2-only x86 CPU, emulated on an AVX-512 one, for the project's CPU-support path
 (quantize_serve/serving/host.py): what a CPU without AVX-512 serves, the demo's switch to INT8 W8A8
 with a 16-bit KV cache, and the tests that then run or skip. Not a product switch: nothing in the
-project reads QS_EMULATE_AVX2 but this file (when its folder is first on PYTHONPATH) and
-benchmarks/cpu_schemes.py, which labels its result as emulated.
+project reads QS_EMULATE_AVX2 but this file (when its folder is first on PYTHONPATH); the scheme
+probe that labelled its result as emulated is retired (benchmarks/results/release-formats/README.md).
 
     export QS_EMULATE_AVX2=1 PYTHONPATH=$PWD/benchmarks/avx2_emulation:$PWD \
            ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
-    .venv/bin/python -m pytest tests/unit -q        # or make demo, benchmarks/cpu_schemes.py, ...
+    .venv/bin/python -m pytest tests/unit -q        # or make demo, ...
 
 Every Python process started with that environment (the pipeline, the quantization worker, vLLM's
 server and engine processes) then sees no AVX-512 and no AMX:
@@ -16,7 +16,7 @@ server and engine processes) then sees no AVX-512 and no AMX:
 - the project's host check reads the CPU's flags without the avx512* and amx* ones.
 vLLM's AMD Zen path reads /proc/cpuinfo itself, but it needs zentorch, which the serving environment
 does not hold. On this machine the emulation gave the six rows the AVX2 EPYC gave, reason for reason
-(benchmarks/results/cpu_schemes_avx2_emulated.json against cpu_schemes.json).
+(benchmarks/results/release-formats/cpu_schemes_avx2_emulated.json against cpu_schemes.json).
 """
 
 import importlib.abc

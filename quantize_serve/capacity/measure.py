@@ -461,7 +461,8 @@ def with_sixteen_bit_kv(
     the same budget, so vLLM gives the KV cache the same bytes, and the blocks are those bytes over one
     16-bit block's (vLLM 0.26 sizes num_blocks as the available bytes over a block's, floored).
     ``kv_cache_dtype``: what the boot of (b) would name (sixteen_bit_kv_dtype). On one H200 the 8B's two
-    boots (benchmarks/results/h200.json) gave (c) 30.7 MiB less KV memory than (b), the fp8 path's own
+    boots (benchmarks/results/capacity/h200.json) gave (c) 30.7 MiB less KV memory than (b), the fp8 path's
+    own
     weights: the row derived from (c) is 17 blocks (272 tokens, 0.03%) short of the one booted. Where (c)
     served a 16-bit KV cache itself (a CPU without fp8 KV), it is (b)."""
     row = production.model_copy(update={"name": Boot.QUANTIZED_16BIT_KV, "boot_seconds": 0.0})

@@ -25,7 +25,7 @@ Two accounting modes, because the project measures capacity two ways:
     allocator that appear during profiling) is the figure vLLM itself logs for it.
 
     CUDA graphs on (``enforce_eager`` false, vLLM's default) change up to three things, measured on the
-    H200 with vLLM 0.26.0 (issue 25's rows, ``benchmarks/results/h200_shapes.json``):
+    H200 with vLLM 0.26.0 (issue 25's rows, ``benchmarks/results/capacity/h200_shapes.json``):
 
     - the model is compiled (torch.compile), and the compiled profiling pass of a dense model peaks at one
       vocabulary x hidden tensor plus two batched-token x hidden tensors, above the eager forward's peak
@@ -150,7 +150,8 @@ NON_TORCH_OVERHEAD_BYTES_TP: int = int(0.065 * GiB)
 # CUDA graphs on means torch.compile, and vLLM's compiled profiling pass of a dense model (its V2 model
 # runner) peaks at one vocabulary x hidden tensor in the model dtype plus two max_num_batched_tokens x hidden
 # tensors, whatever the MLP's width: compiled_pass_peak_bytes. Measured on the H200 (vLLM 0.26.0, 8,192
-# batched tokens, issue 25; benchmarks/results/h200_activation_peak.json, 4-layer variants of one shape, one
+# batched tokens, issue 25; benchmarks/results/capacity/h200_activation_peak.json, 4-layer variants of one
+# shape, one
 # difference each): a 4-layer Qwen2-72B peaks at its full depth's 2.57 GiB, and so does one without its biases
 # and one with Llama's intermediate size (28,672); one with Llama's vocabulary (128,256) peaks at
 # Llama-3-70B's 2.21 GiB, 0.36 GiB lower: (152,064 - 128,256) x 8,192 x 2 B = 0.363 GiB, one vocabulary x
@@ -184,7 +185,8 @@ CUDAGRAPH_POOL_BYTES_PER_LAYER: int = 20 * 2**20
 # The V1 model runner's profiled CUDA-graph estimate, which it takes from the KV budget: a fixed part and a
 # part per decoder layer (51 piecewise + 35 full graphs, max_num_seqs 256). vLLM logged 0.56 GiB for
 # Qwen3-30B-A3B W4A16 (48 layers; 0.49 in bf16) and 0.26 GiB for a 4-layer Mixtral-8x7B W4A16
-# (benchmarks/results/h200_activation_peak.json), which refuted the earlier per-layer-only form (11.2 MiB x 4
+# (benchmarks/results/capacity/h200_activation_peak.json), which refuted the earlier per-layer-only form
+# (11.2 MiB x 4
 # = 0.04 GiB). The two points give 0.2327 GiB + 6.98 MiB a layer: a calibration on two shapes, with none left
 # to test it.
 CUDAGRAPH_ESTIMATE_FIXED_BYTES: int = int(0.2327 * GiB)

@@ -46,11 +46,12 @@ else:
 # calibrated with its observers, Hessians (GPTQ) or smoothing grid (AWQ), and CUDA's own context.
 CALIBRATION_HEADROOM_BYTES = 8 * GIB
 # AWQ with the model on the device took 2.13 times the cache calibration_activation_bytes counts (the 8B
-# on an H200 at 300,737 tokens: benchmarks/results/h200_quantize_peak.json), a little over that here
+# on an H200 at 300,737 tokens: benchmarks/results/release-time/h200_quantize_peak.json), a little over that
+# here
 AWQ_UNCOUNTED = 2.2
 # The calibrating process's own CUDA context, taken before it reads the free memory it places the model by
 # (worker.placement): beside a base served at 0.49 of an H200 the flow counted 71.3 GiB left and the worker
-# read 70.6 (benchmarks/results/h200_release_time.json, first_release's placement_note)
+# read 70.6 (benchmarks/results/release-time/h200_release_time.json, first_release's placement_note)
 WORKER_CONTEXT_BYTES = 1 * GIB
 CUDA_LINE = re.compile(r"^cuda\s*(?::[^=\n]*)?=\s*(.+?)\s*$", re.MULTILINE)
 
@@ -130,7 +131,8 @@ def calibration_activation_bytes(config: dict, method: str, tokens: int) -> int:
     the CPU for a mixture of experts (its offload_device default).
 
     Measured on one H200, the 8B's AWQ at 300,737 tokens with the model on the device
-    (benchmarks/quantize_speed.py --gpu --peak: benchmarks/results/h200_quantize_peak.json): a peak of
+    (benchmarks/quantize_speed.py --gpu --peak: benchmarks/results/release-time/h200_quantize_peak.json): a
+    peak of
     61.49 GiB reserved and 61.19 GiB allocated, so fragmentation is not it. Beside 14.96 GiB of weights that
     is 46.5 GiB where the count gives 21.8: 2.13 times. The count is taken AWQ_UNCOUNTED times: a
     placement that errs high keeps the model on the CPU (slower), one that errs low runs out of memory, as
@@ -165,7 +167,8 @@ def beside_base(
     multiplies; ``need_bytes``: calibration's with the model on the device (calibration_need_bytes);
     ``base_fits(u)``: whether the base serves at utilization u (the planner). Onloaded calibration is not
     enough: beside a base served at 0.90 of an H200 (13.7 GiB left), the 8B's onloaded AWQ ran out of memory
-    at its third layer (benchmarks/results/h200_release_time.json, earlier_sessions.beside_base_attempt).
+    at its third layer (benchmarks/results/release-time/h200_release_time.json,
+    earlier_sessions.beside_base_attempt).
     On a GPU host, where the recipe's utilization leaves too little, the base is served at the highest that
     leaves enough (two decimals) and its capacity row derived at the recipe's (capacity.at_utilization): the
     accuracy run needs the weights and some KV cache, not the recipe's whole budget. Measured on one H200

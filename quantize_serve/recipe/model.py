@@ -94,13 +94,13 @@ class CalibrationSection(Section):
         "pass per modifier (AWQ: the smoothing pass, then the quantizer's pass for the fp8 KV scales); "
         "sequential: every modifier in one layer-by-layer pass; basic: the whole model at once, every "
         "layer's calibration state held at the same time. Unset: sequential for awq, independent otherwise "
-        "(benchmarks/results/quantize_speed.json; before, independent for every method).",
+        "(benchmarks/results/release-time/quantize_speed.json; before, independent for every method).",
     )
     propagate_error: bool | None = Field(
         default=None,
         description="llm-compressor's propagate_error: feed each layer the previous layer's outputs after "
         "quantization (true, its default: a second forward pass per layer) or those seen while calibrating "
-        "(false). Unset: false for awq, true otherwise (benchmarks/results/quantize_speed.json; "
+        "(false). Unset: false for awq, true otherwise (benchmarks/results/release-time/quantize_speed.json; "
         "before, true for every method).",
     )
     sequential_targets_per_subgraph: PositiveInt = Field(

@@ -147,7 +147,8 @@ class QuantizationSection(Section):
         le=100,
         description="awq only: AWQModifier.n_grid, the points of the smoothing-scale grid search per "
         "mapping. Each point is a forward pass of the mapping's parent module over all the calibration "
-        "data: where AWQ spends its time. 5 by measurement (benchmarks/results/quantize_speed.json); "
+        "data: where AWQ spends its time. 5 by measurement "
+        "(benchmarks/results/release-time/quantize_speed.json); "
         "llm-compressor's default, used before, is 20.",
     )
     duo_scaling: bool | Literal["both"] = Field(

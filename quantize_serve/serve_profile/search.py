@@ -20,7 +20,7 @@ The boot-and-stress step is a ``probe(serve_section) -> SearchPoint`` callable
 What shows the limit: preemptions come from outputs that grow after admission (vLLM reserves a
 prompt's blocks before it admits the request, so long prompts alone never preempt). A profile that
 finds the limit needs long outputs against the KV budget, e.g. 256-token outputs against a budget of
-a few dozen 128-token blocks on the tiny model (see benchmarks/serve_profile.py).
+a few dozen 128-token blocks on the tiny model (benchmarks/results/capacity/README.md).
 
 The winner ships as ``serve-profile.yaml`` (``profile_output.write_serve_profile``), a file ``vllm serve
 --config`` reads: the boot's vLLM config (``ServerSpec.vllm_config``). The modules: this one (the

@@ -3,10 +3,12 @@
 A first release quantizes beside its base's accuracy run (calibration.beside_base), so the checkpoint is saved
 while the base is still scored. The production boot (c) then boots after the base and compiles its graphs
 from an empty cache: on one H100, 30.0 s of torch.compile and a 90.0 s boot, where the same boot with its
-graphs in the cache took 7.9 s and 50.5 s (benchmarks/results/h200_release_time.json, first_release and
+graphs in the cache took 7.9 s and 50.5 s (benchmarks/results/release-time/h200_release_time.json,
+first_release and
 re_release_warm). vLLM keys the cache on the model as named, its config and its KV dtype, not on the memory
 it is given (CacheConfig.compute_hash ignores gpu_memory_utilization and kv_cache_memory_bytes;
-benchmarks/results/compile_cache_key.json): (c)'s settings booted in the least memory they fit in, beside
+benchmarks/results/release-time/compile_cache_key.json): (c)'s settings booted in the least memory they fit
+in, beside
 the base, compile the entry (c) itself then loads.
 
 That boot starts as the checkpoint is saved, while the base's accuracy run goes on, and stops once healthy;

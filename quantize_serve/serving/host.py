@@ -7,7 +7,7 @@ AVX2 only) a W4A16 boot answers /health and then fails its first request (``'_C'
 attribute 'cpu_gemm_wna16'``), and an fp8 KV boot refuses to start ("FP8 KV cache on CPU requires
 x86 with AVX-512 or AMX"). vLLM's AMD path (zentorch) is only taken with AVX-512 too. The same AVX2
 build does serve INT8 W8A8 (CPUInt8ScaledMMLinearKernel) and FP8_DYNAMIC weights with a 16-bit KV
-cache (benchmarks/results/cpu_schemes.json).
+cache (benchmarks/results/release-formats/cpu_schemes.json).
 
 So a run that asks such a CPU for W4A16 weights or an fp8 KV cache is stopped at validation, with
 this reason, instead of after quantizing; the demo and the test suite switch their default to what
@@ -98,12 +98,6 @@ def cpu_serving_gap(
         f"backend serves {' and '.join(needs)} only with its AVX-512 kernels (its AVX2 build serves "
         f"{' and '.join(AVX2_SCHEMES)} weights with a 16-bit KV cache)"
     )
-
-
-def quantized_serving_gap(flags: frozenset[str] | None = None, *, machine: str | None = None) -> str | None:
-    """Why vLLM cannot serve W4A16 and fp8 KV (the shipped recipes' production boot) on this CPU, or
-    None when it can."""
-    return cpu_serving_gap("W4A16", "fp8", flags, machine=machine)
 
 
 def serving_host_gap(scheme: str | None = "W4A16", kv_cache_dtype: str | None = "fp8") -> str | None:

@@ -5,7 +5,7 @@ model's name included: a boot of the checkpoint folder never shares an entry wit
 ``vllm serve <repo id> --config serve-profile.yaml``. A boot that names the repo id and the revision the
 profile names (the release ref, ``hub.release_ref``: vLLM keys on the revision as named) writes the very
 entry production's first boot on the same host reads, given the same ``VLLM_CACHE_ROOT`` and ``VLLM_*``
-variables (benchmarks/compile_cache_key.py).
+variables (benchmarks/results/release-time/compile_cache_key.json).
 
 So the production boot serves the checkpoint under its repo id from a Hub-cache layout of the checkpoint
 (what the Hub client's cache holds after a download: ``models--ORG--NAME/refs/<revision>`` naming a commit,
@@ -25,14 +25,16 @@ from pathlib import Path
 
 # The snapshot's commit when the revision is a branch or tag: the layout stands for no commit on the Hub
 # (the candidate may not be pushed yet). The key does not hold it: an online boot is keyed on the
-# revision as named, offline the layout's ref gives the same (benchmarks/compile_cache_key.py).
+# revision as named, offline the layout's ref gives the same
+# (benchmarks/results/release-time/compile_cache_key.json).
 LOCAL_COMMIT = "0" * 40
 
 # Run in a boot's process before vLLM's server module (server.BOOT). vLLM in offline mode (HF_HUB_OFFLINE=1,
 # every boot here) replaces a model named by its repo id with the id's snapshot folder before it builds its
 # config (vllm.engine.arg_utils.get_model_path, in vLLM 0.8 to 0.32), and keys its compile cache on that
 # folder: a boot under the repo id would still never share an entry with production's online
-# `vllm serve <repo id>`, keyed on the id (benchmarks/results/compile_cache_key.json shows both keys). The
+# `vllm serve <repo id>`, keyed on the id (benchmarks/results/release-time/compile_cache_key.json shows both
+# keys). The
 # process keeps the name it was given; offline, huggingface_hub still reads only the boot's layout, and a
 # local folder was kept by vLLM's own function too. Remove when vLLM's offline mode keeps the repo id.
 KEEP_MODEL_NAME = """\

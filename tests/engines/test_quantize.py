@@ -36,7 +36,7 @@ def assert_checkpoint(result, scheme: str, method: str) -> dict:
     assert manifest["result"]["engine_versions"]["llmcompressor"].startswith("0.14")
     assert verify_manifest(ckpt)
     assert method.split("-")[-1].upper() + "Modifier" in (ckpt / RECIPE_FILE).read_text()
-    # the calibration pipeline measured for AWQ (benchmarks/results/quantize_speed.json);
+    # the calibration pipeline measured for AWQ (benchmarks/results/release-time/quantize_speed.json);
     # llm-compressor's own defaults for the rest
     p = manifest["calibration_pipeline"]
     expected = ("sequential", False) if method == "awq" else ("independent", True)

@@ -238,7 +238,7 @@ def test_a_base_served_at_a_lower_utilization_stands_at_the_recipes_by_vllms_siz
     """The base scored beside calibration at 0.56 of an H200: its row at the recipe's 0.90 is the blocks
     vLLM gives 0.34 x usable memory more (2 MiB a block of Llama-3-8B's bf16 KV), and the capacity table
     says how the row was had. 56,080 blocks is what the 8B's base measured at 0.90 on the H200
-    (benchmarks/results/h200_llama3.json: 897,280 KV tokens)."""
+    (benchmarks/results/capacity/h200_llama3.json: 897,280 KV tokens)."""
     from quantize_serve.capacity.measure import CapacityConfig, CapacityReport, at_utilization
     from quantize_serve.recipe.load import load_recipe
 
@@ -284,7 +284,8 @@ def test_a_base_served_at_a_lower_utilization_stands_at_the_recipes_by_vllms_siz
 
 def test_the_sixteen_bit_kv_row_is_derived_from_the_production_boot_by_vllms_sizing():
     """Row (b) not booted (serve.sixteen_bit_kv_row: derive): the production boot's KV cache bytes over a
-    16-bit block's. The H200's two boots of one 8B W4A16 checkpoint (benchmarks/results/h200.json): fp8 KV
+    16-bit block's. The H200's two boots of one 8B W4A16 checkpoint (benchmarks/results/capacity/h200.json):
+    fp8 KV
     got 128,086,662,184 bytes (122,155 blocks), 16-bit KV 128,118,874,439 (61,093 blocks, 977,488
     tokens); derived from the first, 61,076 blocks: 272 tokens (0.03%) short of the boot."""
     from quantize_serve.capacity.measure import CapacityConfig, with_sixteen_bit_kv

@@ -18,7 +18,7 @@ from quantize_serve.serving.compile_ahead import (
 from tests.release_fixtures import run_report
 
 # One H100 (80 GB) with the 8B's base served at 0.44 and calibration done: what NVML read on
-# 2026-12-05's first release (benchmarks/results/h200_release_time.json), rounded
+# 2026-12-05's first release (benchmarks/results/release-time/h200_release_time.json), rounded
 USABLE, FREE_BESIDE_BASE = 79 * GIB, 44 * GIB
 
 # The line each vLLM writes once the compiled graphs are in its cache

@@ -20,7 +20,6 @@ from quantize_serve.serving.host import (
     AVX2_OVERRIDES,
     cpu_flags,
     cpu_serving_gap,
-    quantized_serving_gap,
     servable_overrides,
 )
 from quantize_serve.validate.preflight import check_serving_host, production_kv_dtype
@@ -50,7 +49,7 @@ def test_flags_are_read_from_cpuinfo():
     ],
 )
 def test_which_cpus_serve_the_quantized_boots(flags, machine, servable):
-    gap = quantized_serving_gap(flags, machine=machine)
+    gap = cpu_serving_gap("W4A16", "fp8", flags, machine=machine)
     assert (gap is None) is servable
     if gap:
         assert "no AVX-512" in gap and "W4A16" in gap and "fp8 KV" in gap

@@ -20,7 +20,8 @@ H200 = 150_109_880_320  # what CUDA reports on an H200 (bytes)
 GIB = 1024**3
 
 # Qwen2-72B W4A16 with graphs on, as vLLM 0.26.0 logged it on the H200 (the row's vllm_lines in
-# benchmarks/results/h200_shapes.json; the "Actual usage" line in vLLM's format, gpu_worker.py, from the
+# benchmarks/results/capacity/h200_shapes.json; the "Actual usage" line in vLLM's format, gpu_worker.py, from
+# the
 # figures parsed out of it). No "Estimated CUDA graph memory" line: vLLM took no graph estimate from the
 # budget.
 LOG_72B = """\

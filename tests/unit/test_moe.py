@@ -131,7 +131,7 @@ def test_the_qwen3_30b_recipe_checks_offline_against_its_config():
 
 def test_total_and_active_parameters_of_the_tiny_moe_match_its_weights():
     """The planner's counts from config.json against the tensors in model.safetensors and the training
-    script's own count (benchmarks/results/reference_moe.json)."""
+    script's own count (benchmarks/results/reference-models/reference_moe.json)."""
     config = json.loads((MOE_DIR / "config.json").read_text())
     assert "num_local_experts" in config and "num_experts" not in config  # how transformers 5 saves it
     shape = ModelShape.from_config(config)
@@ -140,7 +140,9 @@ def test_total_and_active_parameters_of_the_tiny_moe_match_its_weights():
     experts = sum(v for k, v in elements.items() if ".mlp.experts." in k)
     assert shape.num_parameters() == sum(elements.values())
     assert shape.num_active_parameters() == sum(elements.values()) - experts + experts * 2 // 8  # top-2 of 8
-    results = json.loads((ROOT / "benchmarks" / "results" / "reference_moe.json").read_text())
+    results = json.loads(
+        (ROOT / "benchmarks" / "results" / "reference-models" / "reference_moe.json").read_text()
+    )
     assert (results["params"], results["active_params"]) == (
         shape.num_parameters(),
         shape.num_active_parameters(),
@@ -182,7 +184,9 @@ def test_the_tiny_moe_reference_files_are_what_training_recorded():
     assert set(listed) == present and {"README.md", "config.json", "model.safetensors"} <= present
     for name, digest in listed.items():
         assert hashlib.sha256((MOE_DIR / name).read_bytes()).hexdigest() == digest, name
-    results = json.loads((ROOT / "benchmarks" / "results" / "reference_moe.json").read_text())
+    results = json.loads(
+        (ROOT / "benchmarks" / "results" / "reference-models" / "reference_moe.json").read_text()
+    )
     assert (
         results["architecture"] == "Qwen3MoeForCausalLM" and results["sha256"] == listed["model.safetensors"]
     )

@@ -5,7 +5,7 @@ Llama-3-8B-shaped model, vLLM 0.26, ``LLM()`` (max_num_batched_tokens 16384), ma
 8192, gpu_memory_utilization 0.90 of 139.8 GiB. Those runs and issue 14's Llama-3-70B runs were
 planned and measured without CUDA graphs (``enforce_eager``). The non-torch overhead is the figure vLLM
 logs for it (0.22 GiB on every H200 boot at TP 1). Production boots (graphs on, issue 25's rows of
-benchmarks/results/h200_shapes.json) are the ``*_graphs_on`` tests.
+benchmarks/results/capacity/h200_shapes.json) are the ``*_graphs_on`` tests.
 """
 
 from __future__ import annotations
@@ -545,7 +545,8 @@ def test_qwen2_biases_vocabulary_and_allocator_rounding() -> None:
     assert llama_style.bias_elements_per_layer() == 8192 + 1024 + 1024 + 8192  # attention_bias: o too
 
 
-# Issue 25's KV tokens on one H200 in production settings (benchmarks/results/h200_shapes.json: vLLM 0.26.0,
+# Issue 25's KV tokens on one H200 in production settings (benchmarks/results/capacity/h200_shapes.json: vLLM
+# 0.26.0,
 # graphs on, max_num_seqs 256, max_num_batched_tokens 8192, dummy weights); the 8B figures repeat
 # h200_schemes.json's to the token.
 MEASURED_GRAPHS_ON = {
@@ -640,7 +641,7 @@ def test_qwen2_72b_graphs_on_within_0_1_percent_eager_high_and_says_so(
 
 
 # vLLM's "peak activation" (GiB) of 4-layer variants of a shape on the H200 (W4A16, graphs on, 8,192 batched
-# tokens; benchmarks/results/h200_activation_peak.json): (shape, config keys overridden) -> GiB.
+# tokens; benchmarks/results/capacity/h200_activation_peak.json): (shape, config keys overridden) -> GiB.
 MEASURED_VARIANT_PEAKS = [
     ("qwen2-72b", {}, 2.57),
     ("qwen2-72b", {"intermediate_size": 28672}, 2.57),

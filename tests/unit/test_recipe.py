@@ -166,7 +166,8 @@ def test_llmcompressor_recipe_states_every_number():
 
 
 def test_speed_options_default_to_the_measured_choice():
-    """benchmarks/results/quantize_speed.json: AWQ with a 5-point grid and one pass without the second
+    """benchmarks/results/release-time/quantize_speed.json: AWQ with a 5-point grid and one pass without the
+    second
     forward per layer; GPTQ keeps its error propagation; methods not measured and raw llm-compressor recipes
     keep llm-compressor's defaults; a recipe that sets an option gets it."""
     from quantize_serve.quantize.run import calibration_pipeline
@@ -197,11 +198,14 @@ def test_speed_options_default_to_the_measured_choice():
 
 
 def test_the_production_recipe_calibrates_at_the_batch_size_measured_on_the_gpu():
-    """benchmarks/results/h200_quantize_speed.json: the fastest set on the H200 within the reference model's
+    """benchmarks/results/release-time/h200_quantize_speed.json: the fastest set on the H200 within the
+    reference model's
     recovery tolerance sets the llama3 recipe's calibration batch size."""
     from quantize_serve.quantize.run import calibration_pipeline
 
-    chosen = json.loads((ROOT / "benchmarks/results/h200_quantize_speed.json").read_text())["choice"]["awq"]
+    chosen = json.loads((ROOT / "benchmarks/results/release-time/h200_quantize_speed.json").read_text())[
+        "choice"
+    ]["awq"]
     recipe = load_recipe(ROOT / "recipes/llama3-8b-instruct-awq.yaml")
     assert recipe.calibration.batch_size == chosen["changes"]["calibration.batch_size"] == 4
     assert calibration_pipeline(recipe)["pipeline"] == chosen["changes"]["calibration.pipeline"]

@@ -21,7 +21,7 @@ from tests.conftest import ROOT
 
 MODEL = ROOT / "models" / "tiny-llama"
 DATA = ROOT / "data"
-RESULTS = ROOT / "benchmarks" / "results" / "reference_model.json"
+RESULTS = ROOT / "benchmarks" / "results" / "reference-models" / "reference_model.json"
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -1,6 +1,7 @@
 """The production boot served under its Hub repo id (serving/repo_layout.py): the boot spec, the Hub-cache
 layout, the boot's process and environment, and the published profile. Without vLLM: the real boot of (c)
-under the repo id is tests/engines/test_capacity.py's, the keys are benchmarks/compile_cache_key.py's."""
+under the repo id is tests/engines/test_capacity.py's, the keys are
+benchmarks/results/release-time/compile_cache_key.json's."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """serve-profile.yaml pins the KV cache the gates validated (quantize_serve/serve_profile/pinned.py).
 
-The GPU figures are the 8B AWQ fp8-KV boot measured on the H200 (benchmarks/results/h200.json:
+The GPU figures are the 8B AWQ fp8-KV boot measured on the H200 (benchmarks/results/capacity/h200.json:
 122,155 blocks of 16 tokens, "Available KV cache memory: 119.29 GiB", utilization 0.90 of
 139.80 GiB). The boots themselves are covered by the flow tests (CPU) and benchmarks/h200.py (GPU).
 """
