@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from quantize_serve.core.model_files import GIB
 from quantize_serve.core.portable import write_json_result
@@ -69,15 +70,81 @@ def driver_env(*, local_hub: bool = False, prefect: bool = False) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+class Scenario(BaseModel):
+    """A scenario file, validated as a recipe is: the runner's keys (``benchmarks/run.py``), then the
+    settings its driver reads; a key not named here is refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: str
+    asked: bool = True  # false: answered; kept to measure again when its inputs change
+    driver: str
+    host: str
+    job: str | None = None
+    result: str
+    resume: bool = False
+    setup: str | None = None
+    args: list[str] = []
+    env: dict[str, str] = {}
+    # the drivers' own settings
+    recipe: str | None = None
+    recipes: dict[str, str] | None = None
+    rehearse_recipe: str | None = None
+    config: str | None = None
+    shape: str | None = None
+    calibration: str | None = None
+    model_dir: str | None = None
+    search: dict[str, int] | None = None
+    profiles: dict[str, dict[str, Any]] | None = None
+    serve: dict[str, Any] | None = None
+    rehearse_serve: dict[str, Any] | None = None
+    accuracy_tasks: list[dict[str, Any]] | None = None
+    rehearse_overrides: dict[str, Any] | None = None
+    variants: dict[str, list[Any]] | None = None
+    rehearse_variants: dict[str, list[Any]] | None = None
+    tasks: list[dict[str, Any]] | None = None
+    smoke_limits: dict[str, int] | None = None
+    smoke_data: dict[str, int] | None = None
+    baseline_env: dict[str, str] | None = None
+    baseline_overrides: dict[str, Any] | None = None
+    baseline_concurrent: int | None = None
+    targets: dict[str, float] | None = None
+    manual_note: str | None = None
+    candidates: list[list[str]] | None = None
+    bench: dict[str, int] | None = None
+    rehearse_bench: dict[str, int] | None = None
+    rehearse_schemes: list[str] | None = None
+    reference: list[list[Any]] | None = None
+    tolerance_pct: float | None = None
+    models: list[str] | None = None
+    rehearse_models: list[str] | None = None
+    target_pct: float | None = None
+    estimate_s: dict[str, float] | None = None
+    target_seconds: float | None = None
+    part_timeout_s: float | None = None
+    tier_duplicate_of_demo: str | None = None
+
+
 def load_scenario(name: str) -> dict[str, Any]:
-    """``benchmarks/scenarios/NAME.yaml``: what the scenario runs, with which recipe and settings, and where
-    its result goes (the runner's keys, ``benchmarks/run.py``), and the settings its driver reads."""
+    """``benchmarks/scenarios/NAME.yaml``, validated (``Scenario``): what the scenario runs, with which
+    recipe and settings, and where its result goes (the runner's keys, ``benchmarks/run.py``), and the
+    settings its driver reads."""
     path = SCENARIOS / f"{name}.yaml"
     if not path.is_file():
         raise SystemExit(
             f"no scenario {name!r} (benchmarks/scenarios/{name}.yaml); known: {', '.join(scenario_names())}"
         )
-    return yaml.safe_load(path.read_text())
+    data = yaml.safe_load(path.read_text())
+    try:
+        Scenario.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or '(file)'}: "
+            + ("unknown key" if e["type"] == "extra_forbidden" else e["msg"])
+            for e in exc.errors()
+        )
+        raise SystemExit(f"benchmarks/scenarios/{name}.yaml: {problems}") from None
+    return data
 
 
 def scenario_names() -> list[str]:

@@ -4,6 +4,7 @@ any of them, recording as it goes, resumes, and collects.
 
     .venv/bin/python benchmarks/run.py --list                              # the scenarios and their questions
     .venv/bin/python benchmarks/run.py NAME [--state DIR] [DRIVER ARGS...]  # run one on this host
+    .venv/bin/python benchmarks/run.py --dry-run NAME [DRIVER ARGS...]     # what it would run; runs nothing
     .venv/bin/python benchmarks/run.py --collect DEST [--state DIR]        # every result and the run records
 
 On the GPU host, ``bash scripts/gpu/host.sh launch NAME [ARGS]`` starts one detached (job NAME, or the
@@ -96,10 +97,32 @@ def record(state: Path, **entry: Any) -> None:
         f.write(json.dumps({"at": now(), **entry}) + "\n")
 
 
+def dry_run(name: str, state: Path, extra: list[str]) -> int:
+    """What ``run`` would do for ``name``, printed: the command, the environment it adds, the result and its
+    seed; nothing runs, nothing is written."""
+    scenario = load_scenario(name)
+    check_scenario(name, scenario)
+    argv, env, out = command(scenario, state, extra)
+    committed = RESULTS / scenario["result"]
+    shown = " ".join(argv[1:]).replace(str(ROOT) + os.sep, "")
+    print(f"[dry-run] {name}: {scenario['question']}")
+    if not scenario.get("asked", True):
+        print(f"[dry-run] {name}: answered; it runs to measure again")
+    print(f"[dry-run] would run: python {shown}")
+    for k, v in env.items():
+        print(f"[dry-run] with {k}={v}")
+    seeded = scenario.get("resume") and not out.is_file() and committed.is_file()
+    seed_from = str(committed).replace(str(ROOT) + os.sep, "")
+    print(f"[dry-run] result: {out}" + (f" (seeded from {seed_from})" if seeded else ""))
+    return 0
+
+
 def run(name: str, state: Path, extra: list[str]) -> int:
     scenario = load_scenario(name)
     check_scenario(name, scenario)
     argv, env, out = command(scenario, state, extra)
+    if not scenario.get("asked", True):
+        print(f"[run] {name}: answered (asked: false); measuring again", flush=True)
     if seed(scenario, out):
         print(
             f"[run] {out} seeded from benchmarks/results/{scenario['result']} (this session adds to it)",
@@ -137,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         allow_abbrev=False,
-        usage="run.py (--list | --collect DEST | NAME) [--state DIR] [DRIVER ARGS...]",
+        usage="run.py (--list | --collect DEST | [--dry-run] NAME) [--state DIR] [DRIVER ARGS...]",
     )
     p.add_argument("name", nargs="?", help="a scenario: benchmarks/scenarios/NAME.yaml")
     p.add_argument(
@@ -148,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--list", action="store_true", help="the scenarios and their questions")
     p.add_argument("--job", action="store_true", help="print the scenario's job name (host.sh)")
+    p.add_argument("--dry-run", action="store_true", help="print what NAME would run; run nothing")
     p.add_argument(
         "--collect", type=Path, metavar="DEST", help="copy every result and the run records to DEST"
     )
@@ -155,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     state = (args.state or default_state()).resolve()
     if args.list:
         for name, s in scenarios().items():
-            print(f"{name:16} {s.get('host', ''):15} {s.get('result', '')}\n{'':16} {s.get('question', '')}")
+            asked = "asked" if s.get("asked", True) else "answered"
+            print(f"{name:16} {s['host']:15} {asked:9} {s['result']}\n{'':16} {s['question']}")
         return 0
     if args.collect:
         print(f"collected into {args.collect}: {' '.join(collect(args.collect, state))}")
@@ -165,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.job:
         print(job_name(args.name))
         return 0
-    return run(args.name, state, extra)
+    return (dry_run if args.dry_run else run)(args.name, state, extra)
 
 
 if __name__ == "__main__":

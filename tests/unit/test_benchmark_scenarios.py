@@ -59,6 +59,7 @@ def fake(tmp_path, monkeypatch):
         json.dumps(
             {
                 "question": "does the runner run it",
+                "host": "any",
                 "driver": str(driver),
                 "result": "toy.json",
                 "resume": True,
@@ -142,3 +143,32 @@ def test_host_sh_status_lists_every_stage_done_beyond_the_tail(tmp_path):
     listed = [line for line in done.stdout.splitlines() if line.startswith("  done: ")]
     assert [line.removeprefix("  done: ") for line in listed] == stages
     assert "model.layers.79" in done.stdout  # the tail as before
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_every_scenario_file_validates_and_says_whether_it_is_still_asked(name):
+    data = harness.load_scenario(name)
+    assert isinstance(harness.Scenario.model_validate(data).asked, bool)
+
+
+def test_a_scenario_with_an_unknown_key_is_refused_naming_the_key_and_the_file(tmp_path, monkeypatch):
+    (tmp_path / "typo.yaml").write_text(
+        "question: q\ndriver: benchmarks/plan.py\nhost: cpu\nresult: r.json\nresults: r.json\nresume: maybe\n"
+    )
+    monkeypatch.setattr(harness, "SCENARIOS", tmp_path)
+    with pytest.raises(SystemExit) as refused:
+        harness.load_scenario("typo")
+    message = str(refused.value)
+    assert message.startswith("benchmarks/scenarios/typo.yaml: ")
+    assert "results: unknown key" in message and "resume: " in message
+
+
+def test_a_dry_run_prints_the_command_and_runs_nothing(fake, capsys):
+    state = fake / "state"
+    (fake / "results" / "toy.json").write_text("{}")
+    assert runner.main(["--dry-run", "toy", "--state", str(state), "--fail"]) == 0
+    out = capsys.readouterr().out
+    command = f"python {fake / 'driver.py'} --work {state}/toy --out {state / 'toy.json'} --fail"
+    assert f"would run: {command}" in out
+    assert f"with WHERE={state}/w" in out and "(seeded from" in out
+    assert not state.exists()  # no result, no seed, no run record
