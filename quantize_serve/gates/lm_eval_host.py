@@ -9,8 +9,11 @@ Python at a time). Two of its repeats, each undone when the run ends:
   times a look. Here each template string is compiled once, by lm-eval's own environment (its filters,
   ``StrictUndefined``), and rendered as before: the same prompt strings.
 - :func:`env_info_once`: every call ends with ``add_env_info``, torch's ``collect_env`` (a dozen
-  subprocesses, ``nvidia-smi`` among them on a GPU host: 0.55 s a call on a 2-core CPU). Here the first
-  call's description is kept for the run's other calls.
+  subprocesses, ``nvidia-smi`` among them on a GPU host: 0.55 s a call on a 2-core CPU), and records
+  the working folder's git commit with ``git describe``, whose stderr reaches the terminal: from a
+  checkout without ``.git`` (a release tarball) each call printed ``fatal: not a git repository`` into
+  the run's one-screen view. Here the first call's description and commit are kept for the run's other
+  calls, the commit asked for quietly (lm-eval's own fallback, reading ``.git``, where git says no).
 
 The production task set's four looks, one call a lane, on a 2-core CPU: 44.2 s of lm-eval's host work
 stock, 4.0 s with both, every prompt the same (``benchmarks/request_building.py``).
@@ -20,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import subprocess
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -41,7 +46,8 @@ def templates_compiled_once() -> Iterator[None]:
 
 @contextlib.contextmanager
 def env_info_once() -> Iterator[None]:
-    """``simple_evaluate``'s environment description computed by the run's first call only (module doc)."""
+    """``simple_evaluate``'s environment description and git commit computed by the run's first call only,
+    the commit without a word on the terminal (module doc)."""
     from lm_eval import evaluator
 
     original, described, lock = evaluator.add_env_info, {}, threading.Lock()
@@ -52,7 +58,20 @@ def env_info_once() -> Iterator[None]:
                 original(described)
         storage.update(described)
 
-    with _replaced(evaluator, "add_env_info", add_env_info):
+    @functools.cache
+    def get_git_commit_hash() -> str | None:
+        try:
+            done = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, check=True)
+            return done.stdout.strip()
+        except (subprocess.CalledProcessError, FileNotFoundError):
+            from lm_eval.loggers.utils import get_commit_from_path
+
+            return get_commit_from_path(os.getcwd())
+
+    with (
+        _replaced(evaluator, "add_env_info", add_env_info),
+        _replaced(evaluator, "get_git_commit_hash", get_git_commit_hash),
+    ):
         yield
 
 

@@ -543,3 +543,18 @@ def test_a_remedy_the_task_cannot_meet_is_named_as_such():
     wider = gate_of(error_rates=ErrorRates(bad_recovery=widest))
     [again] = compare_accuracy(run_of(runs[0]), run_of(runs[1]), wider)
     assert again.task_true_pass >= 0.95 and not again.warning
+
+
+def test_a_run_outside_a_git_checkout_prints_nothing_for_lm_evals_commit(tmp_path, monkeypatch, capfd):
+    """lm-eval records the working folder's commit with `git describe`, whose 'fatal: not a git repository'
+    reached the run's screen from a checkout without .git (seen on a GPU host): asked once, quietly."""
+    from lm_eval import evaluator
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    with host_work_once():
+        assert evaluator.get_git_commit_hash() is None
+        assert evaluator.get_git_commit_hash() is None
+    assert capfd.readouterr().err == ""
+    evaluator.get_git_commit_hash()  # lm-eval's own again afterwards: it speaks
+    assert "not a git repository" in capfd.readouterr().err
