@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from quantize_serve.capacity.measure import FP8_PATH_OWN_BYTES
 from quantize_serve.capacity.shape import measure_shape
 from quantize_serve.recipe.load import load_recipe
 from quantize_serve.serving import gpu
@@ -44,8 +45,13 @@ def test_the_whole_flow_on_the_tiny_recipe_promotes_on_the_gpu(prefect_api, idle
     rows = {c.name: c for c in capacity.configs}
     assert list(rows) == list(Boot)
     assert all(c.kv_cache_tokens > 0 and c.block_size == 16 for c in rows.values()), capacity.markdown()
-    # the weights freed go to the KV cache (vLLM logs the tiny model's weights as 0.00 GiB; its tokens tell)
-    assert rows[Boot.QUANTIZED_16BIT_KV].kv_cache_tokens > rows[Boot.BASE].kv_cache_tokens
+    # the weights freed go to the KV cache (vLLM logs the tiny model's weights as 0.00 GiB; its tokens tell),
+    # within what row (b), derived from (c), may be short: the fp8 path's own memory, more than the tiny
+    # model's quantization frees (2 MB -> 0.9 MB; at 1 KiB a 16-bit token 32,768 tokens are allowed; on an
+    # H100 on 2026-12-07 the derived row held 26,064 fewer than the base)
+    sixteen = rows[Boot.QUANTIZED_16BIT_KV]
+    short = FP8_PATH_OWN_BYTES * sixteen.kv_cache_tokens // sixteen.kv_cache_memory_bytes
+    assert sixteen.kv_cache_tokens + short > rows[Boot.BASE].kv_cache_tokens, capacity.markdown()
     assert 1.9 < capacity.fp8_token_ratio < 2.1, capacity.markdown()  # fp8 KV: half the bytes per token
     assert all(abs(p.error_pct) <= 1.0 for p in capacity.planner), capacity.markdown()
     # every row says what its boot held as vLLM logged it (a base served beside calibration: derived)
