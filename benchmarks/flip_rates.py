@@ -18,7 +18,7 @@ Steps, with the project's own functions:
    Each model's per-document outcomes are kept in the scratch folder, so a rerun skips the models it
    has (same checkpoint, tasks and settings).
 4. Pairs each candidate with the base per document (same doc id and prompt hash) and writes
-   benchmarks/results/flip_rates.json (figures) and flip_rates_samples.json (per document
+   benchmarks/results/flip-rates/flip_rates.json (figures) and flip_rates_samples.json (per document
    [base, candidate] outcomes, re-usable by another script).
 
     .venv/bin/python benchmarks/flip_rates.py                 # ~50 min on 2 cores (12 quantizing)
@@ -65,8 +65,8 @@ CANDIDATES: dict[str, dict[str, Any]] = {
 }
 CONCURRENT = 2  # lm-eval's requests in flight (of 8 prompts each): the 2 cores stay busy
 KV_CACHE_BYTES = 512 * 2**20  # every boot: ~22k tokens of 16-bit KV, plenty for lm-eval's batches
-OUT = ROOT / "benchmarks" / "results" / "flip_rates.json"
-SAMPLES_OUT = ROOT / "benchmarks" / "results" / "flip_rates_samples.json"
+OUT = ROOT / "benchmarks" / "results" / "flip-rates" / "flip_rates.json"
+SAMPLES_OUT = OUT.with_name("flip_rates_samples.json")
 # lm-eval's per-document values: 0/1 for these, (log-likelihood, weight) for the perplexity metrics
 BINARY_METRICS = ("acc", "acc_norm")
 LOGLIK_METRICS = {"word_perplexity": "words", "byte_perplexity": "bytes", "bits_per_byte": "bytes"}

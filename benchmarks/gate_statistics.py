@@ -3,10 +3,10 @@ without looks, and the flip rates measured on a real pretrained model (docs/gate
 
     python benchmarks/gate_statistics.py [--trials 2000]
 
-Writes benchmarks/results/gate_statistics.json:
+Writes benchmarks/results/gate-statistics/gate_statistics.json:
 - ``flip_rates``: per task and metric, the share of documents whose outcome flipped between the real
   reference model (SmolLM2-135M-Instruct) and each of its candidates, read from
-  benchmarks/results/flip_rates.json (``python benchmarks/flip_rates.py`` measures them);
+  benchmarks/results/flip-rates/flip_rates.json (``python benchmarks/flip_rates.py`` measures them);
 - ``real_model_gate``: the implemented rule on those recorded outcomes (the gate's seeded order, its
   looks): per task and candidate, pass or not, recovery with its paired interval, and the documents it
   used with the planned looks and with one look;
@@ -53,9 +53,9 @@ from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask, ErrorRates
 from quantize_serve.recipe.load import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULT = ROOT / "benchmarks" / "results" / "gate_statistics.json"
-FLIPS = ROOT / "benchmarks" / "results" / "flip_rates.json"
-SAMPLES = ROOT / "benchmarks" / "results" / "flip_rates_samples.json"
+RESULT = ROOT / "benchmarks" / "results" / "gate-statistics" / "gate_statistics.json"
+FLIPS = ROOT / "benchmarks" / "results" / "flip-rates" / "flip_rates.json"
+SAMPLES = FLIPS.with_name("flip_rates_samples.json")
 RECIPE = ROOT / "recipes" / "llama3-8b-instruct-awq.yaml"
 # Meta-Llama-3-8B-Instruct on the Neural Magic card (lm-eval + vLLM, OpenLLM v1), in percent: the
 # base accuracies the research notes computed today's rule with (shared research, section 3.3).

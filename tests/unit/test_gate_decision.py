@@ -128,7 +128,7 @@ def test_a_perplexity_task_on_real_skewed_nats_keeps_the_false_pass_rate_with_lo
     """The real reference model's per-document nats (one document of 500 holds 40% of the paired variance)
     and its GPTQ candidate's, scaled so the recovery over the 500 is 0.93; 100 documents drawn with
     replacement, the default looks. docs/gates.md says what one look does not yet hold."""
-    samples = json.loads((ROOT / "benchmarks/results/flip_rates_samples.json").read_text())
+    samples = json.loads((ROOT / "benchmarks/results/flip-rates/flip_rates_samples.json").read_text())
     recorded = samples["tasks"]["qs_realtext_ppl"]["loglikelihood"]["gptq-w4a16-g64"]
     nats = -np.array(list(recorded.values()), dtype=float)
     base, cand = nats[:, 0], nats[:, 1] * (nats[:, 0].sum() / nats[:, 1].sum()) / 0.93
