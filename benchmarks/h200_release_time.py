@@ -66,9 +66,8 @@ stress test's seconds and its bench's, whether the base reference was reused and
 and the streamed log's progress lines with their seconds since the command started; for ``manual``, the same
 per-stage marks (named as the flow's stages where one matches), each command's seconds, the commands as typed,
 the boots and what ``/metrics`` gave. Each run names its card (``device``: a session may be lent an H100 where
-it asked for an H200). ``earlier_sessions`` (recorded by hand) is kept, and a run measured again moves there
-under its name and date, with what replaced it (``Results.replace_run``). Written to ``--out``
-(h200_release_time.json).
+it asked for an H200). A run measured again replaces its record (``Results.replace_run``); the earlier
+one is in git's history of the result file. Written to ``--out`` (h200_release_time.json).
 
 GPU host (after `benchmarks/h200.py build --model-dir M`):
     .venv/bin/python benchmarks/h200_release_time.py --state S --model-dir M --out OUT.json
@@ -214,7 +213,6 @@ def one_run(
     res.data.setdefault("cut_short", {}).pop(name, None)
     res.replace_run(
         name,
-        session,
         {
             "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "session_started": session,
@@ -333,9 +331,8 @@ def cmd_run(args: argparse.Namespace) -> None:
     # (Results.replace_run): one never reached within the device time keeps its measurement in place.
     kept = dict(res.data.get("runs", {}))
     cut = {name: run for name, run in res.data.get("cut_short", {}).items() if name not in args.runs}
-    earlier = res.data.get("earlier_sessions", {})
     res.data.clear()
-    res.data.update(errors={}, runs=kept, cut_short=cut, earlier_sessions=earlier)
+    res.data.update(errors={}, runs=kept, cut_short=cut)
     limits = SMOKE_LIMITS if args.cpu_smoke else {}
     tasks = [{**t, "limit": limits.get(t["task"], t["limit"])} for t in TASKS]
     base_overrides: dict[str, Any] = {"gates.accuracy.tasks": tasks, **parse_sets(args.set)}

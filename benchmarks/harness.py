@@ -199,17 +199,10 @@ class Results:
         self.data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.is_file() else {}
         self.data.setdefault("errors", {})
 
-    def replace_run(self, name: str, session: str, record: dict[str, Any]) -> None:
-        """``runs[name]`` = ``record``, measured by the session started at ``session``; the run it replaces
-        moves to ``earlier_sessions`` under its name and date (a second of that day ``_earlier``), saying
-        what replaced it. Called as a run's record is first written: until then the earlier run stays."""
-        runs, earlier = self.data.setdefault("runs", {}), self.data.setdefault("earlier_sessions", {})
-        if name in runs:
-            key = f"{name}_{str(runs[name].get('measured', 'undated'))[:10]}"
-            while key in earlier:
-                key += "_earlier"
-            earlier[key] = {**runs[name], "replaced_by": f"runs.{name}, measured by the session of {session}"}
-        runs[name] = record
+    def replace_run(self, name: str, record: dict[str, Any]) -> None:
+        """``runs[name]`` = ``record``. Called as a run's record is first written: until then the earlier
+        run stays. The run it replaces is in git's history of the result file, not in the file."""
+        self.data.setdefault("runs", {})[name] = record
 
     def card(self) -> str | None:
         """The card of this session's host (``device.name``; None on CPU): sessions are lent H200s or H100s,

@@ -153,7 +153,7 @@ def manual_run(res: Results, setting: ManualSetting, *, session: str, preceded_b
         },
         "overrides": overrides,
     }
-    res.replace_run("manual", session, record)
+    res.replace_run("manual", record)
 
     saving = threading.Lock()
 

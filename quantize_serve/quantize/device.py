@@ -136,7 +136,7 @@ def calibration_activation_bytes(config: dict, method: str, tokens: int) -> int:
     61.49 GiB reserved and 61.19 GiB allocated, so fragmentation is not it. Beside 14.96 GiB of weights that
     is 46.5 GiB where the count gives 21.8: 2.13 times. The count is taken AWQ_UNCOUNTED times: a
     placement that errs high keeps the model on the CPU (slower), one that errs low runs out of memory, as
-    the 8B's AWQ did beside a base that left it 61.0 GiB (h200_release_time.json,
+    the 8B's AWQ did beside a base that left it 61.0 GiB (h200_release_time.json at 98cc560,
     earlier_sessions.beside_base_lower). A calibration batch of 4 (the llama3 recipe's) peaked 1.8 GiB higher
     (63.3 GiB reserved, h200_quantize_speed.json): a batch's transient, inside CALIBRATION_HEADROOM_BYTES."""
     text = language_model(config)
@@ -167,7 +167,7 @@ def beside_base(
     multiplies; ``need_bytes``: calibration's with the model on the device (calibration_need_bytes);
     ``base_fits(u)``: whether the base serves at utilization u (the planner). Onloaded calibration is not
     enough: beside a base served at 0.90 of an H200 (13.7 GiB left), the 8B's onloaded AWQ ran out of memory
-    at its third layer (benchmarks/results/release-time/h200_release_time.json,
+    at its third layer (benchmarks/results/release-time/h200_release_time.json at 98cc560,
     earlier_sessions.beside_base_attempt).
     On a GPU host, where the recipe's utilization leaves too little, the base is served at the highest that
     leaves enough (two decimals) and its capacity row derived at the recipe's (capacity.at_utilization): the

@@ -613,35 +613,16 @@ def test_the_task_rows_cost_the_tokens_the_real_datasets_words_would():
     assert mean_tokens(arc_rows(300, seed=5)) / production > 1.3  # unscaled: the inflated work
 
 
-def test_a_run_measured_again_keeps_the_earlier_one_under_its_name_and_date(tmp_path):
-    """The result file keeps every measurement: a run that a session measures again moves to earlier_sessions
-    (``{name}_{date}``, a second of that day ``_earlier``) as the new record is written, saying what replaced
-    it; the others stay put, and so does a run this session never reached."""
+def test_a_run_measured_again_replaces_its_record_and_nothing_else(tmp_path):
+    """A run that a session measures again replaces its record as the new one is written; the others stay
+    put, and so does a run this session never reached. The file keeps no earlier sessions: git's history
+    of the result file does."""
     first = {"measured": "2026-12-04T07:49:05", "wall_seconds": 1022.4}
     warm = {"measured": "2026-12-05T16:10:00", "wall_seconds": 430.2}
     path = tmp_path / "r.json"
-    path.write_text(
-        json.dumps(
-            {
-                "runs": {"first_release": first, "re_release_warm": warm},
-                "earlier_sessions": {"2026-12-02": {}},
-            }
-        )
-    )
+    path.write_text(json.dumps({"runs": {"first_release": first, "re_release_warm": warm}}))
     res = Results(path)
-    res.replace_run("first_release", "2026-12-06T09:00:00", {"measured": "2026-12-06T09:12:00"})
+    res.replace_run("first_release", {"measured": "2026-12-06T09:12:00"})
     assert res.data["runs"] == {"first_release": {"measured": "2026-12-06T09:12:00"}, "re_release_warm": warm}
-    assert res.data["earlier_sessions"] == {
-        "2026-12-02": {},
-        "first_release_2026-12-04": {
-            **first,
-            "replaced_by": "runs.first_release, measured by the session of 2026-12-06T09:00:00",
-        },
-    }
-    res.data["runs"]["first_release"] = first  # the same day's run measured twice
-    res.replace_run("first_release", "2026-12-06T11:00:00", {"measured": "2026-12-06T11:12:00"})
-    assert set(res.data["earlier_sessions"]) == {
-        "2026-12-02",
-        "first_release_2026-12-04",
-        "first_release_2026-12-04_earlier",
-    }
+    res.save()
+    assert "earlier_sessions" not in json.loads(path.read_text())
