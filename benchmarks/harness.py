@@ -429,7 +429,7 @@ def boot_logs(folder: Path) -> list[dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------------------------
-# Quantizing the reference model and the 8B shape (quantize_speed.py, context_once_fp8.py).
+# Quantizing the reference model and the 8B shape (quantize_speed.py).
 # --------------------------------------------------------------------------------------------
 
 RECOVERY_TOLERANCE = 0.005  # the largest recovery loss against the project's settings that a change may cost

@@ -1,31 +1,20 @@
 """The local production stack the release drivers run on (h200_llama3.py, h200_release_time.py): the 8B
 base under Meta's id on a local Hub, and the ``llama3`` deployment of prefect.yaml with this host's serving
-Python; and the production task set those runs score, built by lm-eval on CPU (request_building.py,
-context_order.py)."""
+Python."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import yaml
 
-from benchmarks.harness import BUILD_MARKER, ROOT, TOKENIZER, load_scenario
-from quantize_serve.gates.accuracy import load_members, prepare_run, use_task_fewshot
-from quantize_serve.gates.documents import draw_documents
-from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask
-from quantize_serve.recipe.load import load_recipe
+from benchmarks.harness import BUILD_MARKER, ROOT
 
 BASE_ID = "meta-llama/Meta-Llama-3-8B-Instruct"
 DEPLOYMENT = "llama3"
 STACK_TOKEN = "hf_local_h200_endpoint_token"  # the local endpoint's own token, not a Hub secret
-PRODUCTION_RECIPE = ROOT / "recipes" / "llama3-8b-instruct-awq.yaml"
 
 
 def publish_base(api: Any, model_dir: Path, scratch: Path, *, keep: bool) -> str:
@@ -98,39 +87,3 @@ def stage_seconds(api_url: str, run_id: str) -> tuple[dict[str, Any], dict[str, 
         "run_id": str(run.id),
     }
     return flow, stages
-
-
-@contextlib.contextmanager
-def production_task_set() -> Iterator[tuple[AccuracyGate, list[SimpleNamespace], Any]]:
-    """The llama3 recipe's gate with the ``release-time`` scenario's tasks, their production-shaped rows
-    published to a local Hub (token-true with the reference tokenizer): the gate, each task's spec, members
-    and seeded document order, and lm-eval's task manager."""
-    from huggingface_hub import HfApi
-    from transformers import AutoTokenizer
-
-    from localhub.client import hub_client_env
-    from localhub.datasets import publish_production_tasks
-    from localhub.server import start_local_hub
-
-    gate = load_recipe(PRODUCTION_RECIPE).gates.accuracy
-    scenario_tasks = load_scenario("release-time")["tasks"]
-    gate = gate.model_copy(update={"tasks": [AccuracyTask(**t) for t in scenario_tasks]})
-    with (
-        tempfile.TemporaryDirectory(prefix="qs-production-tasks-") as tmp,
-        start_local_hub(Path(tmp) / "hub", tokens=(STACK_TOKEN,)) as hub,
-        hub_client_env(hub.endpoint, cache_dir=Path(tmp) / "cache"),
-    ):
-        os.environ["HF_TOKEN"] = STACK_TOKEN
-        publish_production_tasks(
-            HfApi(endpoint=hub.endpoint, token=STACK_TOKEN),
-            tokenizer=AutoTokenizer.from_pretrained(TOKENIZER),
-        )
-        prepared = prepare_run(gate, ROOT)
-        tasks = []
-        for spec in prepared.specs:
-            members = load_members(spec, prepared.task_manager)
-            use_task_fewshot(spec, members)
-            sizes = {name: len(task.eval_docs) for name, task in members.items()}
-            order = draw_documents(sizes, spec.task.limit, gate.seed, spec.task.task)
-            tasks.append(SimpleNamespace(spec=spec, members=members, order=order))
-        yield gate, tasks, prepared.task_manager

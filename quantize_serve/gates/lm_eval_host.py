@@ -16,7 +16,8 @@ Python at a time). Two of its repeats, each undone when the run ends:
   calls, the commit asked for quietly (lm-eval's own fallback, reading ``.git``, where git says no).
 
 The production task set's four looks, one call a lane, on a 2-core CPU: 44.2 s of lm-eval's host work
-stock, 4.0 s with both, every prompt the same (``benchmarks/request_building.py``).
+stock, 4.0 s with both, every prompt the same (benchmarks/results/release-time/README.md,
+``request_building.json``).
 """
 
 from __future__ import annotations

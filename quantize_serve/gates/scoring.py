@@ -34,12 +34,12 @@ quantity, also with an fp8 KV cache: vLLM's FlashAttention backend writes a pass
 reads every key back from it (Q quantized to fp8 too), cached in an earlier request or computed in this one.
 But an fp8 step is 16x a bf16 one, so batch-dependent rounding that bf16 hides can move a score: on an H100
 (vLLM 0.26, SmolLM2-135M AWQ W4A16, fp8 KV) 2 of 32 one-token scores were 0.29 nats apart, where the base
-with a 16-bit KV cache agreed (benchmarks/context_once_fp8.py measures both paths and the echo path against
-itself on a card). A difference beyond ``ECHO_SPREAD_FACTOR`` times the echo path's own largest move (a
-misread row, a shifted context boundary, a different quantity: nats) turns the path off for the rest of the
-run, and everything is scored the echo way. Either way a warning says so, through ``warn`` (the accuracy run
-passes its run's log), and ``checks`` keeps the record (the run report shows it). ``stats`` counts what
-went which way.
+with a 16-bit KV cache agreed (the retired benchmarks/context_once_fp8.py measured both paths and the echo
+path against itself on a card: benchmarks/results/release-time/README.md names the commit that has it). A
+difference beyond ``ECHO_SPREAD_FACTOR`` times the echo path's own largest move (a misread row, a shifted
+context boundary, a different quantity: nats) turns the path off for the rest of the run, and everything is
+scored the echo way. Either way a warning says so, through ``warn`` (the accuracy run passes its run's log),
+and ``checks`` keeps the record (the run report shows it). ``stats`` counts what went which way.
 """
 
 from __future__ import annotations
@@ -373,8 +373,9 @@ class ContextOnceCompletions(LocalCompletionsAPI):
         # context request queues ahead of the first group's rows (the semaphore wakes in order), and by the
         # time the rows come the contexts sent since have evicted their blocks: they are computed again.
         # As many groups in flight as requests keeps every request slot busy and the contexts awaiting their
-        # rows to that many (benchmarks/context_order.py: the base's one-look pass on the llama3 task set),
-        # and no more than this lane's share of the KV cache holds (a group: its context's and rows' tokens).
+        # rows to that many (benchmarks/results/release-time/README.md, context_order.json: the base's
+        # one-look pass on the llama3 task set), and no more than this lane's share of the KV cache holds (a
+        # group: its context's and rows' tokens).
         footprints = [len(ctx) + sum(len(requests[i][2]) for i in members) for ctx, members in groups]
         fixed = self.groups_in_flight
         in_flight = InFlight(
