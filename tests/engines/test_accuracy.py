@@ -150,7 +150,7 @@ def production_gsm8k_gate(limit: int) -> AccuracyGate:
     """The production recipe's gsm8k entry as written (name, 5-shot, recovery override) with a
     smaller limit, at the tiny recipe's batch size and concurrency (a 2-core CPU server)."""
     gsm8k = next(t for t in load_recipe(PRODUCTION).gates.accuracy.tasks if t.task == "gsm8k")
-    assert gsm8k.num_fewshot == 5 and gsm8k.limit == 650
+    assert gsm8k.num_fewshot == 5 and gsm8k.limit == 850
     tiny = load_recipe(RECIPE).gates.accuracy
     return AccuracyGate(
         tasks=[gsm8k.model_copy(update={"limit": limit})],

@@ -116,12 +116,15 @@ def test_the_release_rate_is_the_product_of_its_tasks():
         [
             check("arc", "acc", 0.99, share),
             check("arc", "acc_norm", 0.99, share),
-            check("gsm8k", "em", 0.96, share),
+            check("gsm8k", "em", 0.95, share),
         ]
     )
-    assert f"passes {0.99 * 0.96:.1%} of the time" in line and "stated >= 95%" in line
+    assert f"passes {0.99 * 0.95:.1%} of the time" in line and "stated >= 95%" in line
     assert "short of it: gsm8k (too few documents)" in line and "passes at most 4.8%" in line
     assert release_rates([]) == ""
+    # a task below its planned share is no shortfall where the release keeps its rate: the others carry it
+    line = release_rates([check("arc", "acc", 0.999, share), check("gsm8k", "em", 0.96, share)])
+    assert f"passes {0.999 * 0.96:.1%} of the time" in line and "short of it" not in line
 
 
 def test_a_perplexity_task_on_real_skewed_nats_keeps_the_false_pass_rate_with_looks():
@@ -139,3 +142,28 @@ def test_a_perplexity_task_on_real_skewed_nats_keeps_the_false_pass_rate_with_lo
 
     sim = simulate_task(draw, design(LOOKS, 0.05, 0.95), bad=0.93, good=0.99, trials=600, seed=4)
     assert sim.pass_rate <= 0.05 + 0.02, sim
+
+
+def test_a_task_below_its_share_warns_only_where_the_release_falls_short():
+    """A noisy task below its planned share (0.95^(1/2)) beside a quiet one with room to spare: the release's
+    rate (their product) holds 95%, so no warning. Beside another noisy task the release falls short, and
+    each warns once."""
+    rng = np.random.default_rng(11)
+    [noisy] = synthetic_task(rng, docs=640, base_accuracy=0.63, flip_rate=0.09, recoveries=(0.99,))
+    [quiet] = synthetic_task(rng, docs=900, base_accuracy=0.63, flip_rate=0.01, recoveries=(0.995,))
+
+    def checks(second):  # type: ignore[no-untyped-def]
+        pairs = (("a", noisy), ("b", second))
+        sides = [
+            run_of(*(task_run({"acc": list(p.den if s == 0 else p.num)}, task=t) for t, p in pairs))
+            for s in (0, 1)
+        ]
+        gate = AccuracyGate(tasks=[AccuracyTask(task="a"), AccuracyTask(task="b")], looks=list(LOOKS))
+        return compare_accuracy(*sides, gate)
+
+    beside_quiet = checks(quiet)
+    first, second = beside_quiet[0], beside_quiet[1]
+    assert first.task_true_pass < first.task_share  # below its plan ...
+    assert first.task_true_pass * second.task_true_pass >= 0.95 and not any(c.warning for c in beside_quiet)
+    beside_noisy = checks(noisy)
+    assert beside_noisy[0].task_true_pass ** 2 < 0.95 and all(c.warning for c in beside_noisy)
