@@ -53,7 +53,8 @@ from quantize_serve.capacity.shape import measure_shape, shape_folder  # noqa: E
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
 from quantize_serve.serving import gpu  # noqa: E402
 from quantize_serve.serving.boot import Boot  # noqa: E402
-from quantize_serve.serving.vllm_log import compile_cache, evidence_lines, memory_figures, read_log  # noqa: E402
+from benchmarks.evidence import evidence_lines  # noqa: E402
+from quantize_serve.serving.vllm_log import compile_cache, memory_figures, read_log  # noqa: E402
 
 SCENARIO = harness.load_scenario("peak")
 SHAPES_SCENARIO = harness.load_scenario("shapes")  # the serve settings and recipes: h200_shapes.py's

@@ -7,20 +7,63 @@ capacity stage. Targets: fp8_token_ratio within 2.00 +- 1%; planner error within
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+from benchmarks.evidence import write_json_result  # noqa: E402
 from benchmarks.harness import ROOT  # noqa: E402
-from quantize_serve.capacity.measure import run_capacity_stage  # noqa: E402
-from quantize_serve.core.portable import write_json_result  # noqa: E402
+from quantize_serve.capacity.measure import (  # noqa: E402
+    CapacityReport,
+    boot_log_name,
+    measure_boot,
+    summarize_capacity,
+)
+from quantize_serve.recipe.model import Recipe  # noqa: E402
+from quantize_serve.serving.boot import Boot  # noqa: E402
+from quantize_serve.serving.host import serving_host_gap  # noqa: E402
 from quantize_serve.quantize.run import quantize_model  # noqa: E402
 from quantize_serve.validate.preflight import resolve_base, validate_recipe  # noqa: E402
+
+
+def run_capacity_stage(
+    recipe: Recipe,
+    base_dir: str | Path,
+    checkpoint_dir: str | Path,
+    *,
+    log_dir: Path,
+    device_memory_bytes: int | None = None,
+    log: Callable[[str], None] = lambda _: None,
+) -> CapacityReport:
+    """The capacity stage with a boot of its own per configuration (what the flow does while it
+    shares those boots with the gates): the three boots in order, then the summary."""
+    configs = []
+    for boot in Boot:
+        configs.append(
+            measure_boot(
+                recipe,
+                boot,
+                boot.model_dir(base_dir, checkpoint_dir),
+                log_path=Path(log_dir) / boot_log_name(recipe, boot),
+                log=log,
+            )
+        )
+        log(f"capacity {boot}: {configs[-1]}")
+    base_config = json.loads((Path(base_dir) / "config.json").read_text())
+    return summarize_capacity(
+        recipe,
+        configs,
+        base_config,
+        device_memory_bytes=device_memory_bytes,
+        fp8_kv_unavailable=serving_host_gap(None, "fp8"),
+    )
 
 
 def main(

@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from quantize_serve.core.portable import write_json_result
+from benchmarks.evidence import write_json_result
 from quantize_serve.gates.accuracy import check_server, completions_model, index_tasks
 from quantize_serve.gates.task_files import resolve_task
 from quantize_serve.quantize.run import quantize_model

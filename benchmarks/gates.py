@@ -23,7 +23,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from benchmarks.harness import ROOT  # noqa: E402
-from quantize_serve.core.portable import write_json_result  # noqa: E402
+from benchmarks.evidence import write_json_result  # noqa: E402
 from quantize_serve.recipe.load import parse_recipe  # noqa: E402
 from quantize_serve.report.run_report import RunReport, report_of, stress_summary  # noqa: E402
 

@@ -89,7 +89,8 @@ from quantize_serve.serve_profile.output import ProfileFileSpec  # noqa: E402
 from quantize_serve.serving import gpu  # noqa: E402
 from quantize_serve.serving.boot import Boot  # noqa: E402
 from quantize_serve.serving.server import ServerSpec, vllm_server  # noqa: E402
-from quantize_serve.serving.vllm_log import evidence_lines, read_log  # noqa: E402
+from benchmarks.evidence import evidence_lines, wait_until_idle  # noqa: E402
+from quantize_serve.serving.vllm_log import read_log  # noqa: E402
 from quantize_serve.validate.preflight import validate_recipe  # noqa: E402
 
 SEARCH = load_scenario("h200")["search"]
@@ -98,7 +99,7 @@ log = logger("h200")
 
 def wait_idle(baseline: int | None, *, timeout_s: float) -> tuple[int | None, float]:
     """GPU memory once it is back within 1 GiB of the baseline (or at the timeout)."""
-    return gpu.wait_until_idle(baseline, within_bytes=GIB, timeout_s=timeout_s)
+    return wait_until_idle(baseline, within_bytes=GIB, timeout_s=timeout_s)
 
 
 def device_total() -> int | None:

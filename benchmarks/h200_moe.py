@@ -56,6 +56,7 @@ from quantize_serve.report.run_report import RunReport, report_of, stress_summar
 from quantize_serve.serving import gpu  # noqa: E402
 from quantize_serve.serving.boot import Boot  # noqa: E402
 from quantize_serve.serving.host import servable_overrides  # noqa: E402
+from benchmarks.evidence import kernel_report  # noqa: E402
 from quantize_serve.serving.vllm_log import read_log  # noqa: E402
 from quantize_serve.validate.preflight import check_quantize_host, check_serving_host  # noqa: E402
 
@@ -112,7 +113,7 @@ def read_report(report_path: Path, *, platform: str) -> dict[str, Any]:
         text = read_log(path)
         kernels[str(boot)] = {
             "log": path.name if text else None,
-            **(formats.kernel_report(text, scheme if boot.quantized else "bf16", platform) if text else {}),
+            **(kernel_report(text, scheme if boot.quantized else "bf16", platform) if text else {}),
         }
     capacity = report.capacity
     checks = {p.name: p for p in capacity.planner} if capacity else {}

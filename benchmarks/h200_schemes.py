@@ -24,14 +24,16 @@ import functools
 import json
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
+from benchmarks.evidence import write_json_result  # noqa: E402
 from benchmarks.harness import ROOT, TOKENIZER, load_scenario, logger  # noqa: E402
 from quantize_serve.capacity import planner  # noqa: E402
 from quantize_serve.capacity.measure import measure_capacity  # noqa: E402
-from quantize_serve.capacity.shape import preset_quantization_config, shape_folder  # noqa: E402
-from quantize_serve.core.portable import write_json_result  # noqa: E402
+from quantize_serve.capacity.shape import checkpoint_quantization_config, shape_folder  # noqa: E402
+from quantize_serve.quantize.run import CHECKPOINT_FORMAT  # noqa: E402
 from quantize_serve.formats import choose as formats  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
 from quantize_serve.recipe.quantization import FormatRule  # noqa: E402
@@ -52,6 +54,21 @@ WEIGHTS_NOTE = (
     "means nothing with random weights, so recovery is null and no accuracy gate was run"
 )
 log = logger("schemes")
+
+
+def preset_quantization_config(
+    preset: str, *, ignore: Collection[str] = ("lm_head",), format: str | None = None
+) -> dict:
+    """compressed-tensors' preset scheme ``preset`` (W4A16, W8A8, FP8_DYNAMIC, ...) on every Linear as the
+    ``quantization_config`` llm-compressor writes for it, in ``format`` (default: the format the project's
+    checkpoints of that scheme have, quantize.run.CHECKPOINT_FORMAT)."""
+    from compressed_tensors.quantization import (
+        preset_name_to_scheme,
+    )  # imports torch: only when a folder is made
+
+    fmt = format or CHECKPOINT_FORMAT[preset]
+    group = {**preset_name_to_scheme(preset, ["Linear"]).model_dump(), "format": fmt}
+    return checkpoint_quantization_config({"group_0": group}, ignore=list(ignore), format=fmt)
 
 
 def scheme_folder(config: Path, scheme: str | None, work: Path) -> Path:

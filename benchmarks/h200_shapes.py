@@ -67,6 +67,7 @@ from benchmarks.harness import (  # noqa: E402
 
 driver_env()  # before the product's imports, which read it
 
+from benchmarks.evidence import evidence_lines, graph_estimate_bytes, kernel_report  # noqa: E402
 from quantize_serve.capacity.measure import plan_for  # noqa: E402
 from quantize_serve.capacity.planner import (  # noqa: E402
     BLOCK_SIZE_CPU,
@@ -76,16 +77,11 @@ from quantize_serve.capacity.planner import (  # noqa: E402
     kv_error_pct,
 )
 from quantize_serve.capacity.shape import ShapeRow, measure_shape, shape_folder  # noqa: E402
-from quantize_serve.formats.choose import kernel_report, platform_of  # noqa: E402
+from quantize_serve.formats.choose import platform_of  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
 from quantize_serve.serving import gpu  # noqa: E402
 from quantize_serve.serving.boot import Boot  # noqa: E402
-from quantize_serve.serving.vllm_log import (  # noqa: E402
-    evidence_lines,
-    graph_estimate_bytes,
-    memory_figures,
-    read_log,
-)
+from quantize_serve.serving.vllm_log import memory_figures, read_log  # noqa: E402
 
 SCENARIO = load_scenario("shapes")
 MODELS, REHEARSE_MODELS = tuple(SCENARIO["models"]), tuple(SCENARIO["rehearse_models"])

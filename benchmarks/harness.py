@@ -4,9 +4,10 @@ release drivers run on: production_stack.py).
 
 A benchmark's settings (its rows, recipes, serve settings, task sets) are in its scenario file,
 ``benchmarks/scenarios/NAME.yaml``, read by ``load_scenario``; a driver that borrows another's settings
-reads that scenario. The product owns what the drivers measure with: vLLM's log lines
-(``quantize_serve.serving.vllm_log``), weightless shape folders (``quantize_serve.capacity.shape``) and GPU
-memory sampling (``quantize_serve.serving.gpu``).
+reads that scenario. The product owns what the drivers measure with and the product reads too: vLLM's log
+lines (``quantize_serve.serving.vllm_log``), weightless shape folders (``quantize_serve.capacity.shape``) and
+GPU memory sampling (``quantize_serve.serving.gpu``); what only the benchmarks read from a boot log, and the
+result file's writing, are in ``benchmarks/evidence.py``.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from benchmarks.evidence import boot_phases, boot_timeline, compile_summary, write_json_result
 from quantize_serve.core.model_files import GIB
-from quantize_serve.core.portable import write_json_result
 from quantize_serve.core.processes import process_alive
 from quantize_serve.core.settings import get_settings
-from quantize_serve.serving.vllm_log import boot_phases, boot_timeline, compile_summary, read_log
+from quantize_serve.serving.vllm_log import read_log
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "benchmarks" / "scenarios"

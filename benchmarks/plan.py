@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run 
 from benchmarks.harness import ROOT  # noqa: E402
 from quantize_serve.capacity.plan_table import format_table, plan_table  # noqa: E402
 from quantize_serve.capacity.planner import GPU_MEMORY_BYTES, ModelShape  # noqa: E402
-from quantize_serve.core.portable import write_json_result  # noqa: E402
+from benchmarks.evidence import write_json_result  # noqa: E402
 
 GPUS: dict[str, float] = {  # labels as in results/capacity/plan.json; sizes: the planner's presets (`--gpu`)
     "80GB (H100/A100 80GB, 79.6 GiB)": GPU_MEMORY_BYTES["h100-80gb"],

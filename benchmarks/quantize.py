@@ -24,7 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from benchmarks.harness import ROOT, perplexity  # noqa: E402
-from quantize_serve.core.portable import write_json_result  # noqa: E402
+from benchmarks.evidence import write_json_result  # noqa: E402
 from quantize_serve.quantize.run import quantize_model  # noqa: E402
 from quantize_serve.validate.preflight import resolve_base, validate_recipe  # noqa: E402
 

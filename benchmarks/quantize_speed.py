@@ -73,7 +73,7 @@ from benchmarks.harness import (  # noqa: E402
 
 driver_env()  # before the product's imports, which read it
 
-from quantize_serve.core.portable import write_json_result  # noqa: E402
+from benchmarks.evidence import write_json_result  # noqa: E402
 from quantize_serve.quantize.calibration import tokenize_calibration  # noqa: E402
 from quantize_serve.quantize.run import calibration_pipeline  # noqa: E402
 from quantize_serve.serving import gpu  # noqa: E402

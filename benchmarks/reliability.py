@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
 
 from benchmarks.harness import RESULTS, ROOT  # noqa: E402
-from quantize_serve.core.portable import write_json_result  # noqa: E402
+from benchmarks.evidence import write_json_result  # noqa: E402
 
 MATRIX = ROOT / "docs" / "reliability.md"
 ROW = re.compile(r"^\|\s*(\d+)\s*\|(.+?)\|(.+?)\|(.+?)\|\s*`(tests/[\w/]+\.py::[\w\[\]\-.,]+)`\s*\|\s*$")

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
 from benchmarks.harness import ROOT, SHAPES, TOKENIZER, load_scenario, logger  # noqa: E402
 from quantize_serve.capacity.shape import measure_shape, shape_folder, write_files  # noqa: E402
-from quantize_serve.core.portable import write_json_result  # noqa: E402
+from benchmarks.evidence import write_json_result  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
 from quantize_serve.serving import gpu  # noqa: E402
 

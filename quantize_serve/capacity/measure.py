@@ -42,7 +42,6 @@ from quantize_serve.core.errors import GateError
 from quantize_serve.core.model_files import GIB
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.serving.boot import Boot
-from quantize_serve.serving.host import serving_host_gap
 from quantize_serve.serving.metrics import read_labels
 from quantize_serve.serving.server import RunningServer, ServerSpec, vllm_server
 from quantize_serve.serving.vllm_log import AVAILABLE_KV, MODEL_LOADING
@@ -659,36 +658,3 @@ def measure_boot(
         if while_up is not None:
             while_up(server, measured)
     return measured
-
-
-def run_capacity_stage(
-    recipe: Recipe,
-    base_dir: str | Path,
-    checkpoint_dir: str | Path,
-    *,
-    log_dir: Path,
-    device_memory_bytes: int | None = None,
-    log: Callable[[str], None] = lambda _: None,
-) -> CapacityReport:
-    """The capacity stage with a boot of its own per configuration (what the flow does while it
-    shares those boots with the gates): the three boots in order, then the summary."""
-    configs = []
-    for boot in Boot:
-        configs.append(
-            measure_boot(
-                recipe,
-                boot,
-                boot.model_dir(base_dir, checkpoint_dir),
-                log_path=Path(log_dir) / boot_log_name(recipe, boot),
-                log=log,
-            )
-        )
-        log(f"capacity {boot}: {configs[-1]}")
-    base_config = json.loads((Path(base_dir) / "config.json").read_text())
-    return summarize_capacity(
-        recipe,
-        configs,
-        base_config,
-        device_memory_bytes=device_memory_bytes,
-        fp8_kv_unavailable=serving_host_gap(None, "fp8"),
-    )

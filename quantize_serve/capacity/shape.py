@@ -93,21 +93,6 @@ def checkpoint_quantization_config(config_groups: dict, *, ignore: list[str], fo
     }
 
 
-def preset_quantization_config(
-    preset: str, *, ignore: Collection[str] = ("lm_head",), format: str | None = None
-) -> dict:
-    """compressed-tensors' preset scheme ``preset`` (W4A16, W8A8, FP8_DYNAMIC, ...) on every Linear as the
-    ``quantization_config`` llm-compressor writes for it, in ``format`` (default: the format the project's
-    checkpoints of that scheme have, quantize.run.CHECKPOINT_FORMAT)."""
-    from compressed_tensors.quantization import (
-        preset_name_to_scheme,
-    )  # imports torch: only when a folder is made
-
-    fmt = format or CHECKPOINT_FORMAT[preset]
-    group = {**preset_name_to_scheme(preset, ["Linear"]).model_dump(), "format": fmt}
-    return checkpoint_quantization_config({"group_0": group}, ignore=list(ignore), format=fmt)
-
-
 def _write_folder(folder: Path, config: dict, files: list[Path], quantization_config: dict | None) -> Path:
     folder = Path(folder)
     if folder.exists():

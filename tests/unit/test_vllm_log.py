@@ -1,11 +1,13 @@
 """What the product reads from a vLLM boot log (serving/vllm_log.py), GPU memory sampling without NVML
 (serving/gpu.py), and weightless shape folders (capacity/shape.py): the three things the benchmarks once
-copied and now import. The log lines are vLLM 0.26 CUDA's, as the H200 boots wrote them."""
+copied and now import; and what only the benchmarks read from a log or wait for (benchmarks/evidence.py).
+The log lines are vLLM 0.26 CUDA's, as the H200 boots wrote them."""
 
 from __future__ import annotations
 
 import json
 
+from benchmarks import evidence
 from quantize_serve.capacity.shape import TOKENIZER_FILES, shape_folder, weightless_folder
 from quantize_serve.serving import gpu, vllm_log
 from tests.conftest import ROOT
@@ -29,8 +31,8 @@ INFO 12-01 10:00:11 [core.py:200] init engine (profile, create kv cache, warmup 
 def test_the_kernels_vllm_chose_are_read_in_order_of_first_mention():
     assert vllm_log.boot_kernels(BOOT + BOOT) == ["MarlinLinearKernel"]
     assert vllm_log.moe_methods(BOOT) == ["CompressedTensorsWNA16MarlinMoEMethod"]
-    assert vllm_log.moe_backends(BOOT) == ["MARLIN WNA16"]
-    assert vllm_log.experts_classes(BOOT) == ["TritonExperts"]
+    assert evidence.moe_backends(BOOT) == ["MARLIN WNA16"]
+    assert evidence.experts_classes(BOOT) == ["TritonExperts"]
 
 
 def test_the_memory_lines_give_the_graph_pool_and_the_actual_usage_split():
@@ -42,8 +44,8 @@ def test_the_memory_lines_give_the_graph_pool_and_the_actual_usage_split():
         "non_torch": 0.35,
         "cuda_graphs": 0.71,
     }
-    assert vllm_log.graph_estimate_bytes(memory) == int(0.72 * 1024**3)
-    assert vllm_log.graph_estimate_bytes(vllm_log.memory_figures("")) is None
+    assert evidence.graph_estimate_bytes(memory) == int(0.72 * 1024**3)
+    assert evidence.graph_estimate_bytes(vllm_log.memory_figures("")) is None
     assert vllm_log.last_figure(vllm_log.AVAILABLE_KV, BOOT) == 108.05
 
 
@@ -51,7 +53,7 @@ def test_a_boot_compiled_loaded_or_ran_eager():
     assert vllm_log.compile_cache(BOOT) == "miss"
     assert vllm_log.compile_cache("Directly load the compiled graph(s) for compile range (1, 8192)") == "hit"
     assert vllm_log.compile_cache("Enforce eager set") is None
-    assert vllm_log.compile_summary(BOOT) == {
+    assert evidence.compile_summary(BOOT) == {
         "compile_cache_hits": 0,
         "graphs_compiled": 1,
         "compile_seconds": 21.5,
@@ -66,14 +68,14 @@ def test_a_boots_phases_are_read_in_seconds():
         "INFO 12-01 10:00:09 [monitor.py:40] torch.compile took 27.35 s in total\n"
         "INFO 12-01 10:00:10 [gpu_model_runner.py:4500] Graph capturing finished in 9 secs, took 0.71 GiB\n"
     )
-    assert vllm_log.boot_phases(cuda) == {
+    assert evidence.boot_phases(cuda) == {
         "model_loading_s": 12.2,
         "torch_compile_s": 27.35,
         "graph_capture_s": 9.0,
         "init_engine_s": 61.4,
     }
     cpu = "INFO [gpu_model_runner.py:5150] Model loading took 0.01 GiB memory and 0.016769 seconds"
-    assert vllm_log.boot_phases(cpu) == {
+    assert evidence.boot_phases(cpu) == {
         "model_loading_s": 0.016769,
         "torch_compile_s": None,
         "graph_capture_s": None,
@@ -95,7 +97,7 @@ def test_a_boots_timeline_is_read_from_its_lines_timestamps():
         "model) took 22.50 s\n"
         "(APIServer pid=1) INFO 12-05 00:00:33 [entry.py:140] Starting vLLM server on http://127.0.0.1:1\n"
     )
-    assert vllm_log.boot_timeline(log) == {
+    assert evidence.boot_timeline(log) == {
         "config_resolved_s": 7,
         "engine_process_s": 16,
         "weights_loaded_s": 17,
@@ -105,16 +107,16 @@ def test_a_boots_timeline_is_read_from_its_lines_timestamps():
     earlier = log.replace(
         "[entry.py:140] Starting vLLM server on", "[api_server.py:1945] Starting vLLM API server 0 on"
     )
-    assert vllm_log.boot_timeline(earlier)["server_ready_s"] == 43  # the wording of earlier vLLM releases
-    assert vllm_log.boot_timeline(BOOT)["engine_ready_s"] is not None
-    assert vllm_log.boot_timeline("no vLLM line") == dict.fromkeys(vllm_log.TIMELINE)
+    assert evidence.boot_timeline(earlier)["server_ready_s"] == 43  # the wording of earlier vLLM releases
+    assert evidence.boot_timeline(BOOT)["engine_ready_s"] is not None
+    assert evidence.boot_timeline("no vLLM line") == dict.fromkeys(vllm_log.TIMELINE)
 
 
 def test_evidence_keeps_the_figure_lines_not_the_progress_bars():
-    first = vllm_log.evidence_lines(BOOT)
+    first = evidence.evidence_lines(BOOT)
     assert not any("it/s" in line for line in first)
     assert first[0].endswith("Model loading took 5.31 GiB and 12.2 seconds")
-    last = vllm_log.evidence_lines(BOOT, ("GiB",), limit=2, width=40, last=True)
+    last = evidence.evidence_lines(BOOT, ("GiB",), limit=2, width=40, last=True)
     assert len(last) == 2 and all(len(line) <= 40 for line in last)
     assert vllm_log.read_log(None) == "" and vllm_log.read_log(ROOT / "no-such.log") == ""
 
@@ -128,9 +130,9 @@ def test_memory_sampling_without_nvml_records_nothing_and_with_a_reader_keeps_th
     with gpu.PeakMemorySampler(read=lambda: None, every_s=0.001) as none:
         pass
     assert none.peak is None and none.series == []
-    assert gpu.wait_until_idle(None, within_bytes=1, timeout_s=5, read=lambda: None) == (None, 0.0)
+    assert evidence.wait_until_idle(None, within_bytes=1, timeout_s=5, read=lambda: None) == (None, 0.0)
     settled = iter([10, 10, 2])
-    used, waited = gpu.wait_until_idle(1, within_bytes=2, timeout_s=5, read=lambda: next(settled))
+    used, waited = evidence.wait_until_idle(1, within_bytes=2, timeout_s=5, read=lambda: next(settled))
     assert used == 2 and waited >= 0.9
 
 
