@@ -57,8 +57,8 @@ from benchmarks.evidence import evidence_lines  # noqa: E402
 from quantize_serve.serving.vllm_log import compile_cache, memory_figures, read_log  # noqa: E402
 
 SCENARIO = harness.load_scenario("peak")
-SHAPES_SCENARIO = harness.load_scenario("shapes")  # the serve settings and recipes: h200_shapes.py's
-RECIPES, SERVE, REHEARSE_SERVE = (SHAPES_SCENARIO[k] for k in ("recipes", "serve", "rehearse_serve"))
+SHAPE_SETTINGS = harness.shared_settings()["shapes"]  # the serve settings and recipes: h200_shapes.py's too
+RECIPES, SERVE, REHEARSE_SERVE = (SHAPE_SETTINGS[k] for k in ("recipes", "serve", "rehearse_serve"))
 # name -> (shape of harness.SHAPES, config.json keys overridden)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {k: tuple(v) for k, v in SCENARIO["variants"].items()}
 REHEARSE_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {

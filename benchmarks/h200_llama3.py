@@ -57,7 +57,7 @@ REDIRECTED = (
     "gsm8k, arc_challenge, hellaswag and mmlu: their data cannot be downloaded here, and random "
     "weights cannot pass a meaningful accuracy gate; the gate is perplexity recovery"
 )
-REHEARSE_OVERRIDES = SCENARIO["rehearse_overrides"]
+REHEARSE_OVERRIDES = harness.shared_settings()["llama3_rehearse_overrides"]
 log = harness.logger("llama3")
 
 

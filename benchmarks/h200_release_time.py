@@ -93,9 +93,9 @@ from benchmarks.harness import (  # noqa: E402
     boot_logs,
     driver_env,
     error_text,
-    load_scenario,
     logger,
     parse_sets,
+    shared_settings,
     versions,
     wait_for_build,
     write_json_result,
@@ -122,10 +122,10 @@ from scripts.local_stack import local_stack  # noqa: E402
 
 TASKS = SCENARIO["tasks"]
 SMOKE_LIMITS, SMOKE_DATA = SCENARIO["smoke_limits"], SCENARIO["smoke_data"]
-# CPU smoke: the llama3 scenario's CPU rehearsal, lm-eval's concurrency as the gate resolves it
+# CPU smoke: the llama3 deployment's CPU rehearsal (shared.yaml), lm-eval's concurrency as the gate sets it
 SMOKE_OVERRIDES = {
     k: v
-    for k, v in load_scenario("llama3")["rehearse_overrides"].items()
+    for k, v in shared_settings()["llama3_rehearse_overrides"].items()
     if k != "gates.accuracy.num_concurrent"
 }
 BASELINE_ENV = SCENARIO["baseline_env"]

@@ -62,6 +62,7 @@ from benchmarks.harness import (  # noqa: E402
     logger,
     merge_row,
     out_path,
+    shared_settings,
     versions,
 )
 
@@ -85,7 +86,9 @@ from quantize_serve.serving.vllm_log import memory_figures, read_log  # noqa: E4
 
 SCENARIO = load_scenario("shapes")
 MODELS, REHEARSE_MODELS = tuple(SCENARIO["models"]), tuple(SCENARIO["rehearse_models"])
-RECIPES, SERVE, REHEARSE_SERVE = SCENARIO["recipes"], SCENARIO["serve"], SCENARIO["rehearse_serve"]
+# each shape's recipe and serve settings (shared.yaml: activation_peak.py's too)
+SHAPE_SETTINGS = shared_settings()["shapes"]
+RECIPES, SERVE, REHEARSE_SERVE = (SHAPE_SETTINGS[k] for k in ("recipes", "serve", "rehearse_serve"))
 TARGET_PCT, ESTIMATE_S = SCENARIO["target_pct"], SCENARIO["estimate_s"]
 RECORDED = ("measured", "does-not-fit")  # what --resume keeps; a refused or failed row is tried again
 CONFIG_ALIASES = {"bf16": Boot.BASE}

@@ -3,11 +3,11 @@ versions they ran with, and the random-weight 8B model the GPU drivers build (th
 release drivers run on: production_stack.py).
 
 A benchmark's settings (its rows, recipes, serve settings, task sets) are in its scenario file,
-``benchmarks/scenarios/NAME.yaml``, read by ``load_scenario``; a driver that borrows another's settings
-reads that scenario. The product owns what the drivers measure with and the product reads too: vLLM's log
-lines (``quantize_serve.serving.vllm_log``), weightless shape folders (``quantize_serve.capacity.shape``) and
-GPU memory sampling (``quantize_serve.serving.gpu``); what only the benchmarks read from a boot log, and the
-result file's writing, are in ``benchmarks/evidence.py``.
+``benchmarks/scenarios/NAME.yaml``, read by ``load_scenario``; the settings more than one driver reads are in
+``benchmarks/scenarios/shared.yaml``, read by ``shared_settings``. The product owns what the drivers measure
+with and the product reads too: vLLM's log lines (``quantize_serve.serving.vllm_log``), weightless shape
+folders (``quantize_serve.capacity.shape``) and GPU memory sampling (``quantize_serve.serving.gpu``); what
+only the benchmarks read from a boot log, and the result file's writing, are in ``benchmarks/evidence.py``.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from quantize_serve.serving.vllm_log import read_log
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "benchmarks" / "scenarios"
+SHARED = "shared.yaml"  # in SCENARIOS: the settings more than one driver reads (shared_settings), no scenario
 RESULTS = ROOT / "benchmarks" / "results"
 # The reference tokenizer: a dummy-weights boot needs one, any will do; the 8B build saves it (its ids are a
 # subset of Llama-3's 128,256-row embedding)
@@ -89,18 +90,13 @@ class Scenario(BaseModel):
     env: dict[str, str] = {}
     # the drivers' own settings
     recipe: str | None = None
-    recipes: dict[str, str] | None = None
     rehearse_recipe: str | None = None
-    config: str | None = None
     shape: str | None = None
-    calibration: str | None = None
     model_dir: str | None = None
     search: dict[str, int] | None = None
-    profiles: dict[str, dict[str, Any]] | None = None
     serve: dict[str, Any] | None = None
     rehearse_serve: dict[str, Any] | None = None
     accuracy_tasks: list[dict[str, Any]] | None = None
-    rehearse_overrides: dict[str, Any] | None = None
     variants: dict[str, list[Any]] | None = None
     rehearse_variants: dict[str, list[Any]] | None = None
     tasks: list[dict[str, Any]] | None = None
@@ -126,12 +122,65 @@ class Scenario(BaseModel):
     tier_duplicate_of_demo: str | None = None
 
 
+class EightB(BaseModel):
+    """The Llama-3-8B shape the GPU drivers build, quantize and serve: its config.json, the calibration
+    file, and the GPU profile and its CPU rehearsal (``profile_of``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: str
+    calibration: str
+    profiles: dict[str, dict[str, Any]]
+
+
+class ShapeSettings(BaseModel):
+    """Each shape's recipe and the serve settings of its boots (production mode; per shape on --rehearse)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    recipes: dict[str, str]
+    serve: dict[str, Any]
+    rehearse_serve: dict[str, dict[str, Any]]
+
+
+class SharedSettings(BaseModel):
+    """``benchmarks/scenarios/shared.yaml``: the settings more than one driver reads, validated as a scenario
+    is (a key not named here is refused). A driver reads its own settings from its scenario and these from
+    here, never from another driver's scenario."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    eight_b: EightB
+    shapes: ShapeSettings
+    llama3_rehearse_overrides: dict[str, Any]
+
+
+def refusal(path: str, exc: ValidationError) -> SystemExit:
+    """A settings file's validation errors in one line: the file, then each field and what is wrong."""
+    problems = "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or '(file)'}: "
+        + ("unknown key" if e["type"] == "extra_forbidden" else e["msg"])
+        for e in exc.errors()
+    )
+    return SystemExit(f"{path}: {problems}")
+
+
+def shared_settings() -> dict[str, Any]:
+    """``benchmarks/scenarios/shared.yaml``, validated (``SharedSettings``)."""
+    data = yaml.safe_load((SCENARIOS / SHARED).read_text())
+    try:
+        SharedSettings.model_validate(data)
+    except ValidationError as exc:
+        raise refusal(f"benchmarks/scenarios/{SHARED}", exc) from None
+    return data
+
+
 def load_scenario(name: str) -> dict[str, Any]:
     """``benchmarks/scenarios/NAME.yaml``, validated (``Scenario``): what the scenario runs, with which
     recipe and settings, and where its result goes (the runner's keys, ``benchmarks/run.py``), and the
     settings its driver reads."""
     path = SCENARIOS / f"{name}.yaml"
-    if not path.is_file():
+    if path.name == SHARED or not path.is_file():
         raise SystemExit(
             f"no scenario {name!r} (benchmarks/scenarios/{name}.yaml); known: {', '.join(scenario_names())}"
         )
@@ -139,17 +188,12 @@ def load_scenario(name: str) -> dict[str, Any]:
     try:
         Scenario.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or '(file)'}: "
-            + ("unknown key" if e["type"] == "extra_forbidden" else e["msg"])
-            for e in exc.errors()
-        )
-        raise SystemExit(f"benchmarks/scenarios/{name}.yaml: {problems}") from None
+        raise refusal(f"benchmarks/scenarios/{name}.yaml", exc) from None
     return data
 
 
 def scenario_names() -> list[str]:
-    return sorted(p.stem for p in SCENARIOS.glob("*.yaml"))
+    return sorted(p.stem for p in SCENARIOS.glob("*.yaml") if p.name != SHARED)
 
 
 def logger(tag: str) -> Callable[[str], None]:
@@ -347,11 +391,11 @@ def build_random_model(out: Path, config: dict[str, Any], *, seed: int, log: Cal
 
 
 def profile_of(rehearse: bool) -> dict[str, Any]:
-    """scenarios/h200.yaml's GPU profile (the 8B shape), or its CPU rehearsal with the reference model's
-    shape: they differ only in sizes and the memory mode."""
-    scenario = load_scenario("h200")
-    profile = dict(scenario["profiles"]["rehearse" if rehearse else "gpu"])
-    config = TOKENIZER / "config.json" if rehearse else ROOT / scenario["config"]
+    """The 8B shape's GPU profile (scenarios/shared.yaml, ``eight_b``), or its CPU rehearsal with the
+    reference model's shape: they differ only in sizes and the memory mode."""
+    eight_b = shared_settings()["eight_b"]
+    profile = dict(eight_b["profiles"]["rehearse" if rehearse else "gpu"])
+    config = TOKENIZER / "config.json" if rehearse else ROOT / eight_b["config"]
     return {**profile, "config": json.loads(config.read_text())}
 
 
@@ -365,7 +409,7 @@ def model_recipe(profile: dict, method: str, model_dir: Path, *, concurrency: in
         "name": f"{profile['name']}-{method}",
         "model": {"id": str(model_dir), "dtype": "bfloat16"},
         "calibration": {
-            "dataset": str(ROOT / load_scenario("h200")["calibration"]),
+            "dataset": str(ROOT / shared_settings()["eight_b"]["calibration"]),
             "text_field": "text",
             "num_samples": profile["num_samples"],
             "max_seq_len": profile["max_seq_len"],

@@ -116,11 +116,11 @@ launch|launch-*)
   name=${1#launch}; name=${name#-}; shift
   if [ -z "$name" ]; then
     name=h200
-    if [ $# -gt 0 ] && [ -f "benchmarks/scenarios/$1.yaml" ]; then name=$1; shift; fi
+    if [ $# -gt 0 ] && [ "$1" != shared ] && [ -f "benchmarks/scenarios/$1.yaml" ]; then name=$1; shift; fi
   fi
   scenario=benchmarks/scenarios/$name.yaml
-  [ -f "$scenario" ] || {
-    echo "host.sh: no scenario $name; known: $(ls benchmarks/scenarios | sed 's/\.yaml$//' | tr '\n' ' ')" >&2
+  [ "$name" != shared ] && [ -f "$scenario" ] || {  # shared.yaml: the scenarios' shared settings, no scenario
+    echo "host.sh: no scenario $name; known: $(ls benchmarks/scenarios | grep -vx shared.yaml | sed 's/\.yaml$//' | tr '\n' ' ')" >&2
     exit 2
   }
   job=$(scenario_key "$scenario" job); job=${job:-$name}

@@ -5,6 +5,7 @@ No GPU and no engine here: the drivers run on a GPU host."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ from benchmarks import harness
 from benchmarks import run as runner
 from tests.conftest import ROOT
 
-SCENARIOS = sorted(p.stem for p in (ROOT / "benchmarks/scenarios").glob("*.yaml"))
+SCENARIOS = harness.scenario_names()
 
 
 def test_the_gpu_questions_are_scenario_files():
@@ -172,3 +173,43 @@ def test_a_dry_run_prints_the_command_and_runs_nothing(fake, capsys):
     assert f"would run: {command}" in out
     assert f"with WHERE={state}/w" in out and "(seeded from" in out
     assert not state.exists()  # no result, no seed, no run record
+
+
+def test_the_shared_settings_validate_and_are_no_scenario():
+    """benchmarks/scenarios/shared.yaml holds what more than one driver reads; it is not listed or run."""
+    assert harness.SharedSettings.model_validate(harness.shared_settings())
+    assert "shared" not in SCENARIOS
+    with pytest.raises(SystemExit, match="no scenario 'shared'"):
+        harness.load_scenario("shared")
+
+
+def test_a_shared_setting_with_an_unknown_key_is_refused_naming_it(tmp_path, monkeypatch):
+    text = (ROOT / "benchmarks/scenarios/shared.yaml").read_text()
+    (tmp_path / "shared.yaml").write_text(text + "typo_key: 1\n")
+    monkeypatch.setattr(harness, "SCENARIOS", tmp_path)
+    with pytest.raises(SystemExit, match="^benchmarks/scenarios/shared.yaml: typo_key: unknown key"):
+        harness.shared_settings()
+
+
+# a module that is no driver but one driver's own part reads that driver's scenario
+OWN_PARTS = {"benchmarks/release_time_manual.py": "benchmarks/h200_release_time.py"}
+
+
+def test_no_driver_reads_another_drivers_scenario():
+    """Each load_scenario("NAME") in benchmarks/ names a scenario of that driver (or of the driver the
+    module is part of): what several drivers read is in shared.yaml (harness.shared_settings)."""
+    driver_of = {name: harness.load_scenario(name)["driver"] for name in SCENARIOS}
+    borrowed = []
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        module = f"benchmarks/{path.name}"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", getattr(node.func, "id", None)) == "load_scenario"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                name = node.args[0].value
+                if driver_of.get(name) != OWN_PARTS.get(module, module):
+                    borrowed.append((module, name))
+    assert not borrowed, f"read from another driver's scenario (move the setting to shared.yaml): {borrowed}"
