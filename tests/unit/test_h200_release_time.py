@@ -172,8 +172,8 @@ def test_the_manual_path_does_first_releases_work_in_a_hub_repo_of_its_own():
     assert overrides == {**PRODUCTION, "hub.repo_id": "your-org/Meta-Llama-3-8B-Instruct-AWQ-W4A16-manual"}
     assert recipe.hub.repo_id.endswith("-manual") and recipe.hub.release_ref == "production"
     assert [(t.task, t.num_fewshot, t.limit) for t in recipe.gates.accuracy.tasks] == [
-        ("gsm8k", 5, 650),
-        ("arc_challenge", 25, 850),
+        ("gsm8k", 5, 850),
+        ("arc_challenge", 25, None),
         ("hellaswag", 10, 1000),
         ("mmlu", 5, 20),
     ]
@@ -244,8 +244,9 @@ def test_one_lm_eval_invocation_runs_every_task_at_its_own_shots_and_limit(tmp_p
         ],
     }
     samples = json.loads((tmp_path / "samples.json").read_text())  # --limit's first documents, per task
-    assert samples["gsm8k"] == list(range(650)) and samples["hellaswag"] == list(range(1000))
-    assert len(samples) == 3 + len(MMLU_SUBJECTS) == 60 and samples["mmlu_anatomy"] == list(range(20))
+    assert samples["gsm8k"] == list(range(850)) and samples["hellaswag"] == list(range(1000))
+    assert "arc_challenge" not in samples  # no limit: the whole test split
+    assert len(samples) == 2 + len(MMLU_SUBJECTS) == 59 and samples["mmlu_anatomy"] == list(range(20))
     # the gate's settings: batch 16, lm-eval's concurrency sized to max_num_seqs, the server's max_model_len
     assert (settings["batch_size"], settings["concurrent"], settings["max_length"]) == (16, 128, 8192)
     argv = manual.lm_eval_argv("http://127.0.0.1:9", "ckpt", "out", **settings)
