@@ -15,9 +15,12 @@ from quantize_serve.capacity.measure import CapacityConfig, CapacityReport
 from quantize_serve.gates.accuracy import AccuracyCheck
 from quantize_serve.gates.decision import Decision
 from quantize_serve.gates.regression import MeasurementConditions, RecordedMetric, ReleaseResults
+from quantize_serve.gates.stress import StressResult
 from quantize_serve.hub.client import PushResult
 from quantize_serve.quantize.run import QuantizeResult
 from quantize_serve.report.run_report import RunReport
+from quantize_serve.serving.boot import Boot
+from quantize_serve.traffic.bench import ThroughputFigures
 from quantize_serve.validate.preflight import BaseModelRef
 
 if TYPE_CHECKING:
@@ -93,6 +96,68 @@ def base_results() -> ReleaseResults:
     )
 
 
+def capacity_config(**overrides: object) -> CapacityConfig:
+    """A capacity row: by default the AWQ W4A16 release's production boot (fp8 KV cache, KV_4BIT tokens in
+    blocks of 16 at MAX_MODEL_LEN) under the 8 MiB budget; ``overrides`` sets any field. Unless given,
+    ``num_blocks`` and ``max_concurrency`` follow from the tokens, the block size and the model length."""
+    fields: dict = {
+        "name": Boot.PRODUCTION,
+        "kv_cache_dtype": "fp8",
+        "weights_bytes": 900_000,
+        "kv_cache_memory_bytes": 7_000_000,
+        "kv_cache_tokens": KV_4BIT,
+        "block_size": 16,
+        "max_model_len": MAX_MODEL_LEN,
+        "boot_seconds": 20.0,
+    } | overrides
+    fields.setdefault("num_blocks", fields["kv_cache_tokens"] // fields["block_size"])
+    fields.setdefault("max_concurrency", fields["kv_cache_tokens"] / fields["max_model_len"])
+    return CapacityConfig(**fields)
+
+
+def stress_result(**overrides: object) -> StressResult:
+    """A stress test with nothing wrong in it, at the tiny AWQ recipe's profile (CONDITIONS: its valid
+    requests all completed, its 2 over-long prompts rejected, the ramp 1-16, the bench run after the
+    traffic); ``overrides`` sets any field."""
+    n = CONDITIONS.stress["num_requests"]
+    fields: dict = {
+        "requests": n + 2,
+        "completed": n,
+        "rejected_overlong": 2,
+        "overlong_expected": 2,
+        "errors_5xx": 0,
+        "other_errors": 0,
+        "timeouts": 0,
+        "wrong_token_counts": 0,
+        "aborted": 0,
+        "server_restarts": 0,
+        "server_died": False,
+        "peak_kv_cache_usage": 0.3,
+        "preemptions": 0,
+        "peak_running": 12,
+        "peak_waiting": 0,
+        "peak_rss_bytes": 2**30,
+        "peak_gpu_memory_bytes": None,
+        "duration_s": 10.0,
+        "concurrency_steps": [1, 4, 8, 16],
+        "failures": [],
+        "error_samples": [],
+        "output_dir": "stress",
+        "throughput": ThroughputFigures(
+            command="vllm bench serve",
+            result_path="bench.json",
+            input_len=8,
+            output_len=8,
+            num_prompts=n,
+            completed=n,
+            failed=0,
+            request_throughput=1.0,
+            output_throughput=8.0,
+        ),
+    }
+    return StressResult(**(fields | overrides))
+
+
 def accuracy_checks(scale: float = 1.0) -> list[AccuracyCheck]:
     out = []
     for task, metric, up, value, base in AWQ_ACCURACY:
@@ -114,6 +179,41 @@ def accuracy_checks(scale: float = 1.0) -> list[AccuracyCheck]:
     return out
 
 
+def failed_checks(*tasks: str) -> list[AccuracyCheck]:
+    """For each of ``tasks``, an ``acc`` check that failed (recovery 0.5): for what a report names, not
+    its figures."""
+    return [
+        AccuracyCheck(
+            task=t,
+            metric="acc",
+            base=0.5,
+            quantized=0.25,
+            recovery=0.5,
+            threshold=0.95,
+            passed=False,
+            higher_is_better=True,
+            reason="recovery quantized/base = 0.5000 < 0.95",
+        )
+        for t in tasks
+    ]
+
+
+def bare_report(**more: object) -> RunReport:
+    """A run's report with only what every report has (no capacity, accuracy, candidate or release):
+    the tiny AWQ recipe's, its gates passed; ``more`` sets any other field."""
+    fields: dict = {
+        "run_id": "r",
+        "recipe": "tiny-llama-awq",
+        "recipe_source": "recipes/tiny-llama-awq.yaml",
+        "recipe_sha256": "0" * 64,
+        "base": BaseModelRef(local_dir="models/tiny-llama", sha="1" * 64),
+        "checkpoint": placeholder_checkpoint(),
+        "decision": Decision(passed=True, checks=[]),
+        "serving_command": "vllm serve c",
+    }
+    return RunReport(**(fields | more))
+
+
 def run_report(
     *,
     repo_id: str,
@@ -125,27 +225,8 @@ def run_report(
     **more,
 ) -> RunReport:
     """A gated run's report as the flow hands it to the release step (figures above, no boot)."""
-    configs = [
-        CapacityConfig(
-            name="w4a16-fp8kv",
-            kv_cache_dtype="fp8",
-            weights_bytes=900_000,
-            kv_cache_memory_bytes=7_000_000,
-            kv_cache_tokens=kv_tokens,
-            num_blocks=kv_tokens // 16,
-            block_size=16,
-            max_model_len=MAX_MODEL_LEN,
-            max_concurrency=kv_tokens / MAX_MODEL_LEN,
-            boot_seconds=20.0,
-        )
-    ]
-    return RunReport(
+    return bare_report(
         run_id=run_id,
-        recipe="tiny-llama-awq",
-        recipe_source="recipes/tiny-llama-awq.yaml",
-        recipe_sha256="0" * 64,
-        base=BaseModelRef(local_dir="models/tiny-llama", sha="1" * 64),
-        checkpoint=placeholder_checkpoint(),
         candidate=PushResult(
             repo_id=repo_id,
             commit_sha=candidate_sha,
@@ -155,7 +236,7 @@ def run_report(
         capacity=CapacityReport(
             method="fixed budget",
             budget_bytes=8_388_608,
-            configs=configs,
+            configs=[capacity_config(kv_cache_tokens=kv_tokens)],
             freed_weight_bytes=1_100_000,
             fp8_token_ratio=2.0,
             gain_quantized=1.19,
@@ -165,7 +246,6 @@ def run_report(
         accuracy=accuracy_checks(),
         results=results(kv_tokens=kv_tokens),
         decision=decision or Decision(passed=True, checks=[]),
-        serving_command="vllm serve c",
         report_dir=report_dir,
         vllm_version="0.32.0",
         hardware=CONDITIONS.hardware,
@@ -178,20 +258,8 @@ def placeholder_reference(key: str = "k1", run_id: str = "run-1") -> BaseReferen
     numbers."""
     from quantize_serve.gates.accuracy import AccuracyRun
     from quantize_serve.report.base_reference import BaseReference
-    from quantize_serve.serving.boot import Boot
 
-    capacity = CapacityConfig(
-        name=Boot.BASE,
-        kv_cache_dtype="auto",
-        weights_bytes=1,
-        kv_cache_memory_bytes=2,
-        kv_cache_tokens=3,
-        num_blocks=4,
-        block_size=5,
-        max_model_len=6,
-        max_concurrency=7.0,
-        boot_seconds=8.0,
-    )
+    capacity = capacity_config(name=Boot.BASE, kv_cache_dtype="auto")
     accuracy = AccuracyRun(
         server_base_url="http://127.0.0.1:1", tasks={}, seconds=1.0, lm_eval_version="0.4.13"
     )

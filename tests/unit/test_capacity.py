@@ -14,6 +14,7 @@ from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.server import ServerSpec
 from quantize_serve.serving.vllm_log import remedy_for, root_cause
 from tests.conftest import ROOT
+from tests.release_fixtures import capacity_config
 
 
 def test_remedies_match_what_vllm_says():
@@ -127,24 +128,12 @@ def test_a_base_too_large_for_the_recipes_gpus_boots_at_the_smallest_tp_that_fit
 
 
 def test_the_base_boot_at_another_tp_is_labelled_in_the_capacity_table(awq_recipe, base_model_dir):
-    from quantize_serve.capacity.measure import CapacityConfig, CapacityReport
+    from quantize_serve.capacity.measure import CapacityReport
 
     spec = capacity_spec(awq_recipe, Boot.BASE, base_model_dir, tensor_parallel_size=2)
     assert spec.vllm_config()["tensor-parallel-size"] == 2 and awq_recipe.serve.tensor_parallel_size == 1
     rows = [
-        CapacityConfig(
-            name=b,
-            tensor_parallel_size=tp,
-            kv_cache_dtype="auto",
-            weights_bytes=1,
-            kv_cache_memory_bytes=1,
-            kv_cache_tokens=1,
-            num_blocks=1,
-            block_size=16,
-            max_model_len=1,
-            max_concurrency=1,
-            boot_seconds=1,
-        )
+        capacity_config(name=b, tensor_parallel_size=tp, kv_cache_dtype="auto")
         for b, tp in zip(Boot, (2, 1, 1))
     ]
     report = CapacityReport(
@@ -181,24 +170,9 @@ def test_a_boot_is_named_for_people_by_the_candidates_scheme(scheme, labels):
 
 
 def test_the_capacity_table_names_a_w8a8_candidates_rows_by_its_scheme():
-    from quantize_serve.capacity.measure import CapacityConfig, CapacityReport
+    from quantize_serve.capacity.measure import CapacityReport
 
-    rows = [
-        CapacityConfig(
-            name=b,
-            tensor_parallel_size=1,
-            kv_cache_dtype="auto",
-            weights_bytes=1,
-            kv_cache_memory_bytes=1,
-            kv_cache_tokens=1,
-            num_blocks=1,
-            block_size=16,
-            max_model_len=1,
-            max_concurrency=1,
-            boot_seconds=1,
-        )
-        for b in (Boot.BASE, Boot.QUANTIZED_16BIT_KV)
-    ]
+    rows = [capacity_config(name=b, kv_cache_dtype="auto") for b in (Boot.BASE, Boot.QUANTIZED_16BIT_KV)]
     report = CapacityReport(
         method="m",
         budget_bytes=None,

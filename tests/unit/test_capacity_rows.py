@@ -25,6 +25,7 @@ from quantize_serve.serving.host import AVX2_OVERRIDES
 from quantize_serve.serving.server import ServerSpec
 from quantize_serve.validate.preflight import for_this_host, validate_recipe
 from tests.conftest import ROOT
+from tests.release_fixtures import capacity_config
 
 SMOLLM2 = ROOT / "recipes" / "smollm2-135m-awq.yaml"
 TINY = ROOT / "recipes" / "tiny-llama-awq.yaml"
@@ -225,13 +226,7 @@ def test_boot_logs_are_named_by_the_runs_scheme_and_kv_dtype(overrides, names, t
 
 
 def test_the_capacity_table_names_a_16_bit_kv_production_row_by_what_it_served():
-    rows = [
-        CapacityConfig(
-            name=b, kv_cache_dtype=kv, weights_bytes=1, kv_cache_memory_bytes=1, kv_cache_tokens=16,
-            num_blocks=1, block_size=16, max_model_len=16, max_concurrency=1, boot_seconds=1,
-        )
-        for b, kv in zip(Boot, ("auto", "auto", "auto"))
-    ]  # fmt: skip
+    rows = [capacity_config(name=b, kv_cache_dtype="auto") for b in Boot]
     report = CapacityReport(
         method="m", budget_bytes=None, configs=rows, freed_weight_bytes=0, fp8_token_ratio=1,
         gain_quantized=1, gain_fp8=1, planner=[], scheme="W8A8", kv_cache_dtype="auto",

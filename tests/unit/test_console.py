@@ -143,27 +143,15 @@ def test_each_stage_ends_with_its_key_figure():
     failed, with why."""
     from prefect.states import Completed, Failed
 
-    from quantize_serve.capacity.measure import CapacityConfig
     from quantize_serve.gates.stress import StressResult
     from tasks.progress import key_figure
-    from tests.release_fixtures import accuracy_checks, placeholder_checkpoint
+    from tests.release_fixtures import accuracy_checks, capacity_config, placeholder_checkpoint
 
     quantized = placeholder_checkpoint(
         seconds=25.0, base_bytes=2_100_000, quantized_bytes=900_000, calibration_tokens=5799
     )
     assert key_figure(quantized) == (True, "5,799 calibration tokens, 2.1 MB -> 0.9 MB")
-    capacity = CapacityConfig(
-        name="w4a16-fp8kv",
-        kv_cache_dtype="fp8",
-        weights_bytes=900_000,
-        kv_cache_memory_bytes=7_000_000,
-        kv_cache_tokens=14_464,
-        num_blocks=904,
-        block_size=16,
-        max_model_len=512,
-        max_concurrency=28.25,
-        boot_seconds=17.0,
-    )
+    capacity = capacity_config(kv_cache_dtype="fp8", kv_cache_tokens=14_464, max_model_len=512)
     figure = "14,464 KV tokens (fp8), max concurrency 28.2 at 512 tokens: measured"
     assert key_figure(capacity) == (True, figure)
     assert key_figure(accuracy_checks()) == (True, "3 of 3 metrics pass, lowest recovery 0.9902")

@@ -25,6 +25,7 @@ from quantize_serve.serving.host import (
 from quantize_serve.validate.preflight import check_serving_host, production_kv_dtype
 from scripts import demo
 from tests.conftest import AVX2_ONLY, ROOT
+from tests.release_fixtures import capacity_config
 
 RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
 
@@ -205,17 +206,13 @@ def test_the_demo_runs_the_recipe_as_it_is_where_the_cpu_serves_it(avx2_host, mo
 
 
 def capacity_row(name: str, kv: str, weights: int, tokens: int) -> CapacityConfig:
-    return CapacityConfig(
+    return capacity_config(
         name=name,
         kv_cache_dtype=kv,
         weights_bytes=weights,
         kv_cache_memory_bytes=8_388_608 - weights,
         kv_cache_tokens=tokens,
-        num_blocks=tokens // 128,
         block_size=128,
-        max_model_len=512,
-        max_concurrency=tokens / 512,
-        boot_seconds=20.0,
     )
 
 

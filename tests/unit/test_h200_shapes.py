@@ -16,6 +16,7 @@ from quantize_serve.capacity.shape import ShapeRow
 from benchmarks.evidence import kernel_report
 from quantize_serve.serving import vllm_log
 from quantize_serve.serving.boot import Boot
+from tests.release_fixtures import capacity_config
 
 H200 = 150_109_880_320  # what CUDA reports on an H200 (bytes)
 GIB = 1024**3
@@ -54,14 +55,12 @@ MOE_TRITON = (
 
 
 def measured(boot: Boot, tokens: int, weights_gib: float, dtype: str) -> CapacityConfig:
-    return CapacityConfig(
+    return capacity_config(
         name=boot,
         kv_cache_dtype=dtype,
         weights_bytes=int(weights_gib * GIB),
         kv_cache_memory_bytes=int(83.85 * GIB),
         kv_cache_tokens=tokens,
-        num_blocks=tokens // 16,
-        block_size=16,
         max_model_len=8192,
         max_concurrency=round(tokens / 8192, 2),
         boot_seconds=120.0,

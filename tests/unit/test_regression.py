@@ -18,7 +18,6 @@ from quantize_serve.gates.regression import (
     throughput_to_confirm,
     with_throughput_of,
 )
-from quantize_serve.gates.stress import StressResult
 from quantize_serve.hub.releases import HubCommit, RepoState
 from quantize_serve.recipe.gates import RegressionGate
 from quantize_serve.recipe.load import load_recipe, parse_recipe
@@ -28,7 +27,15 @@ from quantize_serve.release.rollback import NOTE_MARK, ROLLBACKS_HEADING, note_r
 from quantize_serve.report.release_results import release_record, release_record_bytes
 from quantize_serve.report.run_report import render_markdown
 from tests.conftest import ROOT
-from tests.release_fixtures import CONDITIONS, KV_4BIT, KV_8BIT, base_results, results, run_report
+from tests.release_fixtures import (
+    CONDITIONS,
+    KV_4BIT,
+    KV_8BIT,
+    base_results,
+    results,
+    run_report,
+    stress_result,
+)
 
 GATE = RegressionGate()
 RECIPE = ROOT / "recipes" / "tiny-llama-awq.yaml"
@@ -46,39 +53,11 @@ def compare(candidate, production, gate=GATE, **how):
     )
 
 
-def stress() -> StressResult:
-    return StressResult(
-        requests=50,
-        completed=48,
-        rejected_overlong=2,
-        overlong_expected=2,
-        errors_5xx=0,
-        other_errors=0,
-        timeouts=0,
-        wrong_token_counts=0,
-        aborted=0,
-        server_restarts=0,
-        server_died=False,
-        peak_kv_cache_usage=0.5,
-        preemptions=0,
-        peak_running=8,
-        peak_waiting=0,
-        peak_rss_bytes=None,
-        peak_gpu_memory_bytes=None,
-        duration_s=10.0,
-        throughput=None,
-        concurrency_steps=[1, 2, 4, 8],
-        failures=[],
-        error_samples=[],
-        output_dir="s",
-    )
-
-
 def test_a_release_that_beats_its_base_but_serves_fewer_requests_than_production_is_rejected():
     """The issue's case: the 8-bit candidate recovers fine against its base, but holds 13,696 KV tokens
     where production holds 14,464: 5% fewer concurrent requests, below min_capacity_ratio 1.0."""
     result = compare(results(kv_tokens=KV_8BIT), results(kv_tokens=KV_4BIT))
-    decision = decide([], stress(), regression=result)
+    decision = decide([], stress_result(), regression=result)
     capacity = next(c for c in decision.checks if c.check == "regression capacity")
     assert not decision.passed and not capacity.passed
     assert "KV tokens: candidate 13,696 vs production 14,464: x0.947 < 1.00" in capacity.reason
@@ -168,7 +147,7 @@ def test_a_throughput_below_the_recorded_figure_is_measured_again_before_it_reje
 def test_the_gate_off_is_a_row_that_says_so_and_passes():
     decision = decide(
         [],
-        stress(),
+        stress_result(),
         regression=regression_off(
             "no release to compare with: the tag 'production' does not exist in org/m yet (a first release)"
         ),

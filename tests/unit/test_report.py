@@ -8,8 +8,7 @@ import re
 from pathlib import Path
 
 from quantize_serve.capacity.chart import CHART
-from quantize_serve.capacity.measure import CapacityConfig, CapacityReport
-from quantize_serve.gates.decision import Decision
+from quantize_serve.capacity.measure import CapacityReport
 from quantize_serve.quantize.run import QuantizeResult
 from quantize_serve.report.run_report import (
     ReleaseRejected,
@@ -19,22 +18,13 @@ from quantize_serve.report.run_report import (
     write_report,
 )
 from quantize_serve.validate.preflight import BaseModelRef
-from tests.release_fixtures import placeholder_checkpoint
+from tests.release_fixtures import bare_report, capacity_config, failed_checks
 
 
 def report_with_capacity() -> RunReport:
     configs = [
-        CapacityConfig(
-            name=name,
-            kv_cache_dtype=dtype,
-            weights_bytes=w,
-            kv_cache_memory_bytes=kv,
-            kv_cache_tokens=t,
-            num_blocks=t // 16,
-            block_size=16,
-            max_model_len=512,
-            max_concurrency=t / 512,
-            boot_seconds=20.0,
+        capacity_config(
+            name=name, kv_cache_dtype=dtype, weights_bytes=w, kv_cache_memory_bytes=kv, kv_cache_tokens=t
         )
         for name, dtype, w, kv, t in [
             ("base", "auto", 2_000_000, 6_000_000, 6016),
@@ -42,13 +32,8 @@ def report_with_capacity() -> RunReport:
             ("w4a16-fp8kv", "fp8", 900_000, 7_000_000, 14464),
         ]
     ]
-    return RunReport(
-        run_id="r",
-        recipe="tiny-llama-awq",
+    return bare_report(
         recipe_source="recipes/x.yaml",
-        recipe_sha256="0" * 64,
-        base=BaseModelRef(local_dir="models/tiny-llama", sha="1" * 64),
-        checkpoint=placeholder_checkpoint(),
         capacity=CapacityReport(
             method="fixed budget",
             budget_bytes=8_000_000,
@@ -59,8 +44,6 @@ def report_with_capacity() -> RunReport:
             gain_fp8=2.4,
             planner=[],
         ),
-        decision=Decision(passed=True, checks=[]),
-        serving_command="vllm serve c",
     )
 
 
@@ -114,25 +97,6 @@ def test_pushed_card_names_no_machine_path(awq_recipe, tmp_path):
 # --------------------------------------------------------------------------------------------
 # What the card and the report name: lm-eval task names and dataset ids, the serving vLLM, the run
 # --------------------------------------------------------------------------------------------
-
-
-def accuracy_checks(*tasks: str) -> list:
-    from quantize_serve.gates.accuracy import AccuracyCheck
-
-    return [
-        AccuracyCheck(
-            task=t,
-            metric="acc",
-            base=0.5,
-            quantized=0.25,
-            recovery=0.5,
-            threshold=0.95,
-            passed=False,
-            higher_is_better=True,
-            reason="recovery quantized/base = 0.5000 < 0.95",
-        )
-        for t in tasks
-    ]
 
 
 def write_lm_eval_results(folder, configs: dict, groups: dict | None = None) -> None:
@@ -216,7 +180,7 @@ def test_report_names_tasks_the_serving_vllm_and_the_run(tmp_path, monkeypatch):
     report = report_with_capacity().model_copy(
         update={
             "recipe_source": "recipes/tiny-llama-awq.yaml",
-            "accuracy": accuracy_checks("../evals/tasks/qs_facts_mc.yaml"),
+            "accuracy": failed_checks("../evals/tasks/qs_facts_mc.yaml"),
             "run_url": "https://prefect.example.com/runs/flow-run/r",
         }
     )
@@ -248,12 +212,12 @@ def test_gated_card_names_tasks_and_datasets_never_paths(awq_recipe, tmp_path):
     spelled = "../evals/tasks/qs_facts_mc.yaml"
     report = report_with_capacity().model_copy(
         update={
-            "accuracy": accuracy_checks(spelled, "gsm8k"),
+            "accuracy": failed_checks(spelled, "gsm8k"),
             "report_dir": str(tmp_path),
             "vllm_version": "0.32.0",
             "run_url": "http://127.0.0.1:4200/runs/flow-run/r",
             "decision": decide(
-                accuracy_checks(spelled),
+                failed_checks(spelled),
                 None,
                 task_labels=task_labels([spelled], base_dir=Path(awq_recipe.base_dir)),
             ),
@@ -352,8 +316,8 @@ def test_decision_rows_report_and_artifact_name_a_task_by_its_lm_eval_name_never
     recipe_dir.mkdir()
     labels = task_labels([absolute, "../evals/tasks/qs_heldout_ppl.yaml"], base_dir=PROJECT_ROOT / "recipes")
     assert labels == {absolute: "qs_facts_mc", "../evals/tasks/qs_heldout_ppl.yaml": "qs_heldout_ppl"}
-    assert [r.check for r in accuracy_rows(accuracy_checks(absolute), labels)] == ["accuracy qs_facts_mc acc"]
-    assert [r.check for r in accuracy_rows(accuracy_checks(absolute))] == [
+    assert [r.check for r in accuracy_rows(failed_checks(absolute), labels)] == ["accuracy qs_facts_mc acc"]
+    assert [r.check for r in accuracy_rows(failed_checks(absolute))] == [
         "accuracy qs_facts_mc acc"
     ]  # its stem
 
@@ -369,9 +333,9 @@ def test_decision_rows_report_and_artifact_name_a_task_by_its_lm_eval_name_never
     report = report_with_capacity().model_copy(
         update={
             "recipe_source": str(recipe_dir / "r.yaml"),
-            "accuracy": accuracy_checks(absolute),
+            "accuracy": failed_checks(absolute),
             "decision": decide(
-                accuracy_checks(absolute), None, task_labels=task_labels([absolute], base_dir=recipe_dir)
+                failed_checks(absolute), None, task_labels=task_labels([absolute], base_dir=recipe_dir)
             ),
         }
     )

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from quantize_serve.capacity.measure import CapacityConfig, capacity_spec
+from quantize_serve.capacity.measure import capacity_spec
 from quantize_serve.core.errors import ServerBootError
 from quantize_serve.recipe.load import load_recipe
 from quantize_serve.serve_profile import probe as profile_probe
@@ -36,6 +36,7 @@ from quantize_serve.serving.server import (
     serving_env,
 )
 from tests.conftest import ROOT
+from tests.release_fixtures import capacity_config
 from tests.unit.test_results_portable import machine_leaks
 
 RECIPE = load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml")
@@ -302,16 +303,11 @@ def test_the_published_profile_names_the_repo_and_says_what_makes_the_hit(checkp
     monkeypatch.setenv("HF_TOKEN", "hf_secret_token_value")
     compiling = RECIPE.model_copy(update={"serve": RECIPE.serve.model_copy(update={"enforce_eager": False})})
     spec = capacity_spec(compiling, Boot.PRODUCTION, checkpoint, as_published=True)
-    measured = CapacityConfig(
-        name=Boot.PRODUCTION,
-        kv_cache_dtype="fp8",
+    measured = capacity_config(
         weights_bytes=949_536,
         kv_cache_memory_bytes=7_012_352,
         kv_cache_tokens=13_696,
-        num_blocks=107,
         block_size=128,
-        max_model_len=512,
-        max_concurrency=26.75,
         boot_seconds=30.0,
     )
     profile = write_serving_profile(

@@ -13,6 +13,7 @@ import pytest
 from quantize_serve.capacity.shape import quantization_config
 from quantize_serve.cli import main
 from tests.conftest import ROOT
+from tests.release_fixtures import capacity_config
 
 TINY = ROOT / "models" / "tiny-llama"
 
@@ -53,7 +54,7 @@ def fake_boots(monkeypatch, recipe, *, refuse: set[str] = frozenset()) -> list[s
     from contextlib import contextmanager
 
     from quantize_serve.capacity import shape
-    from quantize_serve.capacity.measure import CapacityConfig, boot_log_name
+    from quantize_serve.capacity.measure import boot_log_name
     from quantize_serve.core.errors import ServerBootError
     from quantize_serve.serving.boot import Boot
 
@@ -69,17 +70,8 @@ def fake_boots(monkeypatch, recipe, *, refuse: set[str] = frozenset()) -> list[s
         yield spec
 
     def measure(server, spec, *, name):
-        return CapacityConfig(
-            name=name,
-            kv_cache_dtype=spec.effective_kv_dtype,
-            weights_bytes=1,
-            kv_cache_memory_bytes=1,
-            kv_cache_tokens=4096,
-            num_blocks=32,
-            block_size=128,
-            max_model_len=512,
-            max_concurrency=8.0,
-            boot_seconds=1.0,
+        return capacity_config(
+            name=name, kv_cache_dtype=spec.effective_kv_dtype, kv_cache_tokens=4096, block_size=128
         )
 
     monkeypatch.setattr(shape, "vllm_server", server)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from quantize_serve.gates.stress import StressResult, judge, plan_traffic, went_wrong
+from quantize_serve.gates.stress import judge, plan_traffic, went_wrong
 from quantize_serve.recipe.load import load_recipe
-from quantize_serve.traffic.bench import ThroughputFigures
 from tests.conftest import ROOT
+from tests.release_fixtures import stress_result
 
 RECIPE = load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml")
 
@@ -38,47 +38,6 @@ def test_plan_is_seeded_with_exact_lengths() -> None:
             assert len(p.prompt) in profile.prompt_tokens and p.max_tokens in profile.output_tokens
 
 
-def clean_result(**changes) -> StressResult:
-    """A stress result with nothing wrong in it, except ``changes``."""
-    n = RECIPE.gates.stress.num_requests
-    fields = dict(
-        requests=n + 2,
-        completed=n,
-        rejected_overlong=2,
-        overlong_expected=2,
-        errors_5xx=0,
-        other_errors=0,
-        timeouts=0,
-        wrong_token_counts=0,
-        aborted=0,
-        server_restarts=0,
-        server_died=False,
-        peak_kv_cache_usage=0.3,
-        preemptions=0,
-        peak_running=12,
-        peak_waiting=0,
-        peak_rss_bytes=2**30,
-        peak_gpu_memory_bytes=None,
-        duration_s=10.0,
-        concurrency_steps=[1, 4, 8, 16],
-        failures=[],
-        error_samples=[],
-        output_dir="stress",
-        throughput=ThroughputFigures(
-            command="vllm bench serve",
-            result_path="bench.json",
-            input_len=8,
-            output_len=8,
-            num_prompts=n,
-            completed=n,
-            failed=0,
-            request_throughput=1.0,
-            output_throughput=8.0,
-        ),
-    )
-    return StressResult(**(fields | changes))
-
-
 def test_the_bench_runs_only_after_traffic_that_went_as_planned() -> None:
     """Valid requests completed with their token count, over-long ones rejected with HTTP 400: anything
     else (or no answer recorded) has failed the test, and the bench is not run."""
@@ -95,14 +54,14 @@ def test_the_bench_runs_only_after_traffic_that_went_as_planned() -> None:
 
 
 def test_clean_result_passes() -> None:
-    assert judge(clean_result(), RECIPE.gates.stress, traffic="done", death_reason="", bench_error="") == []
+    assert judge(stress_result(), RECIPE.gates.stress, traffic="done", death_reason="", bench_error="") == []
 
 
 @pytest.mark.parametrize("peak", [0, None])
 def test_sampler_that_saw_no_running_request_fails_the_check(peak) -> None:
     """A measurement that captured nothing (requests outran the sampler) is a failure, never a pass."""
     failures = judge(
-        clean_result(peak_running=peak, peak_kv_cache_usage=0.0),
+        stress_result(peak_running=peak, peak_kv_cache_usage=0.0),
         RECIPE.gates.stress,
         traffic="done",
         death_reason="",
