@@ -303,10 +303,11 @@ def vllm_processes_of(log_path: str = "") -> list:
 
 
 @contextmanager
-def local_hub(
+def local_hub_server(
     root: Path, *, tokens: tuple[str, ...] = (), read_tokens: tuple[str, ...] = (), online: bool = False
 ) -> Iterator[LocalHub]:
-    """The one way tests start a local Hub (localhub/, the Hub's HTTP protocol) under ``root``.
+    """The one way tests start a local Hub (localhub/, the Hub's HTTP protocol) under ``root``: the
+    ``local_hub`` fixture below, or this for a hub of one test's own.
 
     ``tokens`` may write, ``read_tokens`` only read (none: anyone may). ``online``: this process and
     the processes it starts (the quantization worker loads the calibration data) reach it as the Hub,
@@ -333,6 +334,26 @@ def local_hub(
                 get_settings.cache_clear()
 
 
+# The tokens of a module's ``local_hub`` (below): one that may write, one that may only read.
+HUB_WRITE = "hf_WriteTokenForLocalHubTests0123456789"
+HUB_READ = "hf_ReadOnlyTokenForLocalHubTests01234567"
+
+
+@pytest.fixture(scope="module")
+def local_hub_access() -> dict:
+    """Who may use the module's ``local_hub``: local_hub_server's keywords. HUB_WRITE writes, HUB_READ
+    only reads, offline (each test sets its client); a module that needs another hub overrides this."""
+    return {"tokens": (HUB_WRITE,), "read_tokens": (HUB_READ,)}
+
+
+@pytest.fixture(scope="module")
+def local_hub(local_hub_access, tmp_path_factory):
+    """One local Hub for the test module (``local_hub_access`` says who may use it); each test uses
+    repos of its own. A module that needs content on it publishes it in a fixture built on this one."""
+    with local_hub_server(tmp_path_factory.mktemp("hub"), **local_hub_access) as hub:
+        yield hub
+
+
 @pytest.fixture(scope="session")
 def datasets_hub(tmp_path_factory):
     """A local hub holding the datasets the shipped recipes name, made by localhub.datasets:
@@ -344,7 +365,7 @@ def datasets_hub(tmp_path_factory):
     from localhub.datasets import publish_gsm8k, publish_ultrachat
 
     root = tmp_path_factory.mktemp("datasets-hub")
-    with local_hub(root) as hub:
+    with local_hub_server(root) as hub:
         with hub_client_env(hub.endpoint, cache_dir=root / "publish-cache"):
             api = HfApi(endpoint=hub.endpoint)
             publish_gsm8k(api)

@@ -24,12 +24,11 @@ from quantize_serve.core.settings import get_settings
 from quantize_serve.hub.client import RetryPolicy
 from quantize_serve.hub.download import BASE_MODEL_FILES, base_model_patterns, resolve_base_model
 from quantize_serve.validate.preflight import ValidatedRecipe, resolve_base
+from tests.conftest import HUB_READ as READ
+from tests.conftest import HUB_WRITE as WRITE
 from tests.conftest import ROOT, use_local_hub_client
-from tests.conftest import local_hub as local_hub_server
 
 TINY = ROOT / "models" / "tiny-llama"
-WRITE = "hf_WriteTokenForBaseModelTests012345678"
-READ = "hf_ReadTokenForBaseModelTests0123456789"
 WRONG = "hf_WrongTokenForBaseModelTests012345678"
 FAST = RetryPolicy(attempts=2, base_s=0.01, max_s=0.05)
 # What a Llama repo on the Hub holds besides what we need: Meta's consolidated weights, other formats.
@@ -57,14 +56,9 @@ Usage = namedtuple("Usage", "total used free")
 
 
 @pytest.fixture(scope="module")
-def local_hub(tmp_path_factory: pytest.TempPathFactory):
-    with local_hub_server(tmp_path_factory.mktemp("hub"), tokens=(WRITE,), read_tokens=(READ,)) as hub:
-        yield hub
-
-
-@pytest.fixture(scope="module")
 def base_repo(local_hub: LocalHub) -> str:
-    """The tiny Llama as a private Hub repo, with Meta's original/ folder and other weight formats."""
+    """The tiny Llama as a private repo on the module's local Hub, with Meta's original/ folder and other
+    weight formats."""
     client = HfApi(endpoint=local_hub.endpoint, token=WRITE)
     repo = f"org/tiny-llama-{uuid.uuid4().hex[:8]}"
     with pytest.MonkeyPatch.context() as mp:  # the session is offline; this is loopback

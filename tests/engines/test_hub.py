@@ -37,11 +37,10 @@ from quantize_serve.hub.publish import (
 )
 from quantize_serve.recipe.model import HubSection
 from quantize_serve.release.card import AccuracyRow, ModelCardInputs, Provenance, render_model_card
+from tests.conftest import HUB_READ as READ
+from tests.conftest import HUB_WRITE as WRITE
 from tests.conftest import ROOT, use_local_hub_client
-from tests.conftest import local_hub as local_hub_server
 
-WRITE = "hf_WriteTokenForLocalHubTests0123456789"
-READ = "hf_ReadOnlyTokenForLocalHubTests01234567"
 WRONG = "hf_WrongTokenThatTheHubRejects0123456789"
 FAST = RetryPolicy(attempts=4, base_s=0.01, max_s=0.05)
 
@@ -51,15 +50,9 @@ FAST = RetryPolicy(attempts=4, base_s=0.01, max_s=0.05)
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def local_hub(tmp_path_factory: pytest.TempPathFactory):
-    """One local hub for the module; each test uses its own repo, faults are cleared per test."""
-    with local_hub_server(tmp_path_factory.mktemp("hub"), tokens=(WRITE,), read_tokens=(READ,)) as hub:
-        yield hub
-
-
 @pytest.fixture(autouse=True)
 def _client_env(local_hub: LocalHub, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """This test's client against the module's local Hub (each test uses its own repo); faults cleared."""
     use_local_hub_client(monkeypatch, local_hub.endpoint, tmp_path / "hf-cache")
     local_hub.clear_faults()
     yield

@@ -29,19 +29,12 @@ from quantize_serve.release.publish import promote_or_reject
 from quantize_serve.release.rollback import apply_rollback, plan_rollback
 from quantize_serve.report.release_results import RELEASE_RESULTS_FILE
 from quantize_serve.validate.preflight import ValidatedRecipe
+from tests.conftest import HUB_READ as READ
+from tests.conftest import HUB_WRITE as WRITE
 from tests.conftest import ROOT, use_local_hub_client
-from tests.conftest import local_hub as local_hub_server
 from tests.release_fixtures import CONDITIONS, KV_4BIT, KV_8BIT, run_report
 
-WRITE = "hf_WriteTokenForReleaseTests0123456789ab"
-READ = "hf_ReadOnlyTokenForReleaseTests012345678"
 FAST = RetryPolicy(attempts=3, base_s=0.01, max_s=0.05)
-
-
-@pytest.fixture(scope="module")
-def local_hub(tmp_path_factory: pytest.TempPathFactory):
-    with local_hub_server(tmp_path_factory.mktemp("hub"), tokens=(WRITE,), read_tokens=(READ,)) as hub:
-        yield hub
 
 
 @pytest.fixture(autouse=True)

@@ -30,19 +30,15 @@ from quantize_serve.report.run_report import RunReport
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
 from tasks.report import request_approval
 from tests.conftest import ROOT, SERVING_OVERRIDES
-from tests.conftest import local_hub as local_hub_server
-from tests.release_fixtures import placeholder_checkpoint
+from tests.release_fixtures import bare_report, placeholder_checkpoint
 
 TOKEN = "hf_ApprovalTestToken0123456789abcdefgh"
 REVIEW = {"reviewer": "ana", "note": "p99 TTFT too high for the chat tier"}
 
 
 def fake_report(passed: bool) -> RunReport:
-    return RunReport(
-        run_id="r",
-        recipe="tiny-llama-awq",
+    return bare_report(
         recipe_source="x.yaml",
-        recipe_sha256="0" * 64,
         base=BaseModelRef(local_dir="/m", sha="1" * 64),
         checkpoint=placeholder_checkpoint("/c"),
         decision=Decision(passed=passed, checks=[]),
@@ -59,11 +55,11 @@ def manual_recipe(awq_recipe):
 
 
 @pytest.fixture(scope="module")
-def local_hub(tmp_path_factory):
-    """A local Hub (token required) that this process and the processes it starts (the quantization
-    worker loads the calibration data) reach as the Hub; runs go to a temporary folder."""
-    with local_hub_server(tmp_path_factory.mktemp("hub"), tokens=(TOKEN,), online=True) as hub:
-        yield hub
+def local_hub_access() -> dict:
+    """The module's local Hub (tests/conftest.py): TOKEN writes, and this process and the processes it
+    starts (the quantization worker loads the calibration data) reach it as the Hub; runs go to a
+    temporary folder."""
+    return {"tokens": (TOKEN,), "online": True}
 
 
 def hub_repo(hub, repo_id: str) -> dict:
@@ -234,7 +230,7 @@ def run_artifacts(flow_run_id) -> dict[str, str]:
         return {a.key: a.data for a in client.read_artifacts() if a.flow_run_id == flow_run_id}
 
 
-def run_report(flow_run_id) -> dict:
+def written_report(flow_run_id) -> dict:
     """report.json of the run (its folder ends with the run id's first 8 characters)."""
     from quantize_serve.core.settings import get_settings
 
@@ -261,7 +257,7 @@ def test_full_flow_rejected_by_the_reviewer_promotes_nothing(local_hub, awq_chec
         state.is_failed() and state.message == f"release rejected: not approved by ana: {REVIEW['note']}"
     ), f"{state.type}: {state.message}"
     assert final_state(paused.id).is_failed()
-    report = run_report(paused.id)
+    report = written_report(paused.id)
     assert report["decision"]["passed"], "the gates passed: only the reviewer said no"
     rel = report["release"]
     assert rel["status"] == "rejected" and rel["approved_by"] == "ana" and rel["ref"] is None

@@ -19,7 +19,7 @@ import yaml
 from quantize_serve.cli import main
 from quantize_serve.recipe.load import apply_overrides
 from tests import first_release_guide as guide
-from tests.conftest import ROOT, SERVING_OVERRIDES, local_hub
+from tests.conftest import ROOT, SERVING_OVERRIDES, local_hub_server
 from tests.unit.malformed_recipes import recipe_data
 
 
@@ -77,7 +77,7 @@ def test_run_shows_a_line_per_stage_and_the_decision_and_keeps_the_full_log_in_t
     path = tmp_path / DEMO.name
     path.write_text(yaml.safe_dump(data))
     try:
-        with local_hub(tmp_path, tokens=(TOKEN,), online=True) as hub:
+        with local_hub_server(tmp_path, tokens=(TOKEN,), online=True) as hub:
             rc = main(guide.run_argv(path))
             out = capsys.readouterr()
             (report_path,) = hub.runs.glob("*/report.json")

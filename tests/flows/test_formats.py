@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from tests.conftest import ROOT, local_hub
+from tests.conftest import ROOT
 from tests.unit.test_formats import recipe_with
 
 AUTOAWQ = ROOT / "tests" / "fixtures" / "tiny-llama-autoawq"
@@ -19,15 +19,21 @@ TOKEN = "hf_FormatsTestToken0123456789abcdefghij"
 
 
 @pytest.fixture(scope="module")
-def formats_hub(tmp_path_factory):
-    """A local Hub holding the AutoAWQ checkpoint as a repo; runs go to a temporary folder."""
+def local_hub_access() -> dict:
+    """The module's local Hub (tests/conftest.py): TOKEN writes, reached as the Hub; runs go to a
+    temporary folder."""
+    return {"tokens": (TOKEN,), "online": True}
+
+
+@pytest.fixture(scope="module")
+def formats_hub(local_hub):
+    """The module's local Hub, holding the AutoAWQ checkpoint as a repo."""
     from huggingface_hub import HfApi
 
-    with local_hub(tmp_path_factory.mktemp("hub"), tokens=(TOKEN,), online=True) as hub:
-        api = HfApi(endpoint=hub.endpoint, token=TOKEN)
-        api.create_repo("community/tiny-llama-awq", private=True)
-        api.upload_folder(repo_id="community/tiny-llama-awq", folder_path=str(AUTOAWQ))
-        yield hub
+    api = HfApi(endpoint=local_hub.endpoint, token=TOKEN)
+    api.create_repo("community/tiny-llama-awq", private=True)
+    api.upload_folder(repo_id="community/tiny-llama-awq", folder_path=str(AUTOAWQ))
+    return local_hub
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ from quantize_serve import cli
 from quantize_serve.release.rollback import RollbackRequest
 from tests.engines.test_releases import WRITE, production, release
 from tests.engines.test_releases import _client_env as _client_env  # noqa: F401 - autouse: online, HF_TOKEN
-from tests.engines.test_releases import local_hub as local_hub  # noqa: F401 - the module's local Hub
 from tests.engines.test_releases import validated as validated  # noqa: F401
 
 

@@ -10,7 +10,7 @@ from huggingface_hub import HfApi
 from huggingface_hub import constants as hf_constants
 
 from quantize_serve.core.settings import get_settings
-from tests.conftest import ROOT, local_hub, use_local_hub_client, vllm_processes_of
+from tests.conftest import ROOT, local_hub_server, use_local_hub_client, vllm_processes_of
 
 TINY = ROOT / "models" / "tiny-llama"
 
@@ -24,7 +24,7 @@ WRITE = "hf_WriteTokenForShapeCapacityTests0123456"
 @pytest.fixture
 def hub_base(tmp_path, monkeypatch):
     """The tiny Llama as a private repo on a local hub; this test's client, work cache and token."""
-    with local_hub(tmp_path, tokens=(WRITE,)) as hub:
+    with local_hub_server(tmp_path, tokens=(WRITE,)) as hub:
         use_local_hub_client(monkeypatch, hub.endpoint, tmp_path / "hf-cache")
         repo = f"org/tiny-llama-{uuid.uuid4().hex[:8]}"
         api = HfApi(endpoint=hub.endpoint, token=WRITE)

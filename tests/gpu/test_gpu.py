@@ -16,7 +16,7 @@ from quantize_serve.capacity.shape import measure_shape
 from quantize_serve.recipe.load import load_recipe
 from quantize_serve.serving import gpu
 from quantize_serve.serving.boot import Boot
-from tests.conftest import ROOT, local_hub
+from tests.conftest import ROOT, local_hub_server
 from tests.gpu.conftest import assert_memory_given_back
 
 LLAMA3_8B = ROOT / "benchmarks" / "configs" / "llama-3-8b.json"
@@ -29,7 +29,7 @@ def test_the_whole_flow_on_the_tiny_recipe_promotes_on_the_gpu(prefect_api, idle
     from quantize_serve.report.run_report import RunReport
 
     token = "hf_GpuTierToken0123456789abcdefghij"
-    with local_hub(tmp_path, tokens=(token,), online=True):
+    with local_hub_server(tmp_path, tokens=(token,), online=True):
         state = quantize_serve(str(ROOT / "recipes" / "tiny-llama-awq.yaml"), return_state=True)
     report = state.result(raise_on_failure=False)
     assert state.is_completed(), state.message

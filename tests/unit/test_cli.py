@@ -19,7 +19,7 @@ from quantize_serve.capacity import plan_table, planner
 from quantize_serve.cli import _WithoutUserTraceback, main
 from quantize_serve.core.errors import HubError, RecipeError, RecipeErrors
 from quantize_serve.recipe.load import load_recipe, parse_recipe
-from tests.conftest import ROOT, local_hub
+from tests.conftest import ROOT, local_hub_server
 from tests.unit.malformed_recipes import CROSS_SECTION_CASES, ISSUE_CASES, Case, recipe_data, write_case
 
 SHIPPED = sorted((ROOT / "recipes").glob("*.yaml"))
@@ -287,7 +287,7 @@ def test_plan_of_a_hub_model_fetches_config_json_only(tmp_path: Path, monkeypatc
     token = "hf_CliTestToken0123456789abcdef"
     monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)  # the local hub speaks plain LFS
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)  # the suite sets HF_HUB_OFFLINE=1
-    with local_hub(tmp_path, tokens=(token,)) as hub:
+    with local_hub_server(tmp_path, tokens=(token,)) as hub:
         api = HfApi(endpoint=hub.endpoint, token=token)
         api.create_repo("org/tiny-llama", private=True)
         api.upload_file(

@@ -16,7 +16,7 @@ import pytest
 from quantize_serve.core.errors import (
     HubError,
 )
-from tests.conftest import ROOT, local_hub
+from tests.conftest import ROOT, local_hub_server
 
 MODEL = ROOT / "models" / "tiny-llama"
 
@@ -78,7 +78,7 @@ def test_disk_full_during_base_download_is_a_hub_error_without_token(tmp_path, m
 
     monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_XET", True)
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)  # the session is offline; this is loopback
-    with local_hub(tmp_path, tokens=(TOKEN,)) as hub:
+    with local_hub_server(tmp_path, tokens=(TOKEN,)) as hub:
         repo = HubSection(repo_id="org/tiny-base", private=True, release_ref="production")
         push_candidate(repo, MODEL, commit_message="base model", token=TOKEN, endpoint=hub.endpoint)
         with small_disk(tmp_path, "512k") as disk:  # the weights are 2.1 MB
