@@ -250,11 +250,10 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise SystemExit(f"unknown {what} {', '.join(unknown)}; choose from {', '.join(allowed)}")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG")  # the boots inherit it (DEBUG_EVIDENCE)
+    harness.require_gpu(
+        "activation_peak.py", "--rehearse runs it on this CPU", rehearsing=args.rehearse
+    )  # CUDA's memory profile
     device = gpu.usable_memory_bytes()
-    if device is None and not args.rehearse:
-        raise SystemExit(
-            "no GPU: this benchmark reads vLLM's CUDA memory profile (--rehearse runs it on a CPU)"
-        )
     out = harness.out_path(args)
     res = harness.Results(out, roots=(args.work,))
     done = (

@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from benchmarks.evidence import write_json_result  # noqa: E402
-from benchmarks.harness import ROOT  # noqa: E402
+from benchmarks.harness import ROOT, serving_choice  # noqa: E402
 from quantize_serve.capacity.measure import (  # noqa: E402
     CapacityReport,
     boot_log_name,
@@ -70,7 +70,10 @@ def main(
     recipe_path: Path = ROOT / "recipes/tiny-llama-awq.yaml",
     out: Path = ROOT / "benchmarks/results/capacity/capacity.json",
 ) -> None:
-    validated = validate_recipe(recipe_path)
+    overrides, why = serving_choice("capacity.py", recipe_path, as_demo=True)  # what this host serves
+    if why:
+        print(why, flush=True)
+    validated = validate_recipe(recipe_path, overrides)
     recipe = validated.recipe
     base = resolve_base(validated)
     ckpt = quantize_model(
@@ -90,6 +93,7 @@ def main(
         )
     result = {
         "recipe": recipe.name,
+        "overrides": overrides,  # what this host serves (the demo's choice); empty: the recipe as it is
         "method": report.method,
         "budget_bytes": report.budget_bytes,
         "configs": [c.model_dump(mode="json") for c in report.configs],

@@ -41,6 +41,7 @@ from typing import Any
 import yaml
 
 from benchmarks.evidence import write_json_result
+from benchmarks.harness import servable
 from quantize_serve.gates.accuracy import check_server, completions_model, index_tasks
 from quantize_serve.gates.task_files import resolve_task
 from quantize_serve.quantize.run import quantize_model
@@ -339,6 +340,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--note", default=None, help="a line for the result (e.g. what else the machine ran)")
     args = p.parse_args(argv)
+    # the candidates this host serves with that KV cache (on a CPU without AVX-512: int8-w8a8, the demo's
+    # choice, and base-rerun), the others named in one line; none: refused in one line
+    schemes = {name: CANDIDATES[name].get("scheme") for name in args.candidates}
+    args.candidates, left_out = servable("flip_rates.py", schemes, args.kv_cache_dtype)
+    if left_out:
+        log(left_out)
     out = args.out or (None if args.limit else OUT)
     args.work.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

@@ -33,7 +33,7 @@ import psutil
 from huggingface_hub import HfApi
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
-from benchmarks.harness import RESULTS, ROOT, error_text, load_scenario, logger, now  # noqa: E402
+from benchmarks.harness import RESULTS, ROOT, error_text, load_scenario, logger, now, require_gpu  # noqa: E402
 from localhub.client import hub_client_env  # noqa: E402
 from localhub.server import start_local_hub  # noqa: E402
 from quantize_serve.capacity.measure import FP8_PATH_OWN_BYTES  # noqa: E402
@@ -566,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--part-timeout", type=float, default=timeout, help="seconds each part's command may take")
     p.add_argument("--dry-run", action="store_true", help="write the skeleton and the commands; run nothing")
     args = p.parse_args(argv)
+    require_gpu("gpu_smoke.py", "--dry-run writes the skeleton here", rehearsing=args.dry_run, serves=None)
     if args.demo_runs < 1:
         p.error("--demo-runs is at least 1")
     args.out, args.state = args.out.resolve(), args.state.resolve()

@@ -63,6 +63,7 @@ from benchmarks.harness import (  # noqa: E402
     logger,
     model_recipe,
     profile_of,
+    require_gpu,
     versions,
     wait_for_build,
 )
@@ -476,6 +477,8 @@ def boot_pinned_profile(report: Any, recipe: Any) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> None:
+    if not args.dry_run:  # a dry run boots nothing
+        require_gpu("h200.py run", "--rehearse runs it on this CPU", rehearsing=args.rehearse)
     profile = profile_of(args.rehearse)
     model_dir = Path(args.model_dir).resolve()
     work_dir = Path(args.work_dir).resolve()

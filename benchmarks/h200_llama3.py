@@ -62,6 +62,7 @@ log = harness.logger("llama3")
 
 
 def cmd_run(args: argparse.Namespace) -> None:
+    harness.require_gpu("h200_llama3.py", "--rehearse runs it on this CPU", rehearsing=args.rehearse)
     from huggingface_hub import HfApi  # after HF_HUB_OFFLINE is set: huggingface_hub reads it on import
 
     state = Path(args.state).resolve()

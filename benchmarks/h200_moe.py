@@ -18,9 +18,9 @@ COMPLETED, promoted, the ref on the gated commit, the experts on Marlin MoE.
 
 Before anything starts, the host is checked as `quantize-serve run` and `make demo` check it. On a CPU
 the refusal is the expected answer: vLLM's CPU backend serves no quantized mixture of experts
-(``serving.host.CPU_MOE_REFUSALS``), so the driver prints the one-screen refusal, records it in --out
-and exits 2. ``--recipe recipes/tiny-llama-awq.yaml`` rehearses everything else on a CPU: this driver,
-the flow with that recipe's CPU settings, the report read into the JSON.
+(``serving.host.CPU_MOE_REFUSALS``), so the driver records the one-screen refusal in --out, prints it
+in one line and exits 2. ``--recipe recipes/tiny-llama-awq.yaml`` rehearses everything else on a CPU: this
+driver, the flow with that recipe's CPU settings, the report read into the JSON.
 
 On the GPU host (scripts/gpu/README.md): ``bash scripts/gpu/host.sh launch-moe``. Exit 0: every target
 holds; 1: the run ended otherwise (the JSON says how); 2: refused before it started.
@@ -44,7 +44,16 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-from benchmarks.harness import ROOT, Results, gib, load_scenario, logger, parse_sets, versions  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    ROOT,
+    Results,
+    gib,
+    load_scenario,
+    logger,
+    parse_sets,
+    refuse,
+    versions,
+)
 from localhub.client import hub_client_env  # noqa: E402
 from localhub.server import start_local_hub  # noqa: E402
 from quantize_serve.cli import render_error  # noqa: E402
@@ -293,9 +302,12 @@ def main(argv: list[str] | None = None) -> int:
             status="refused before the run", refusal=refusal, finished=time.strftime("%Y-%m-%dT%H:%M:%S")
         )
         res.save()
-        print(refusal, file=sys.stderr)
-        log(f"refused before the run (nothing started); written to {args.out}")
-        return 2
+        one_line = " ".join(line.strip() for line in refusal.splitlines())
+        refuse(
+            "h200_moe.py",
+            f"refused before the run (nothing started): {one_line}",
+            f"the screen is in {args.out}",
+        )
     res.data.update(status="running", versions=versions())
     res.save()
     baseline = gpu.device_used_bytes()

@@ -95,6 +95,7 @@ from benchmarks.harness import (  # noqa: E402
     error_text,
     logger,
     parse_sets,
+    require_gpu,
     shared_settings,
     versions,
     wait_for_build,
@@ -317,6 +318,7 @@ def run_plan(
 
 
 def cmd_run(args: argparse.Namespace) -> None:
+    require_gpu("h200_release_time.py", "--cpu-smoke runs it on this CPU", rehearsing=args.cpu_smoke)
     from huggingface_hub import HfApi  # after HF_HUB_OFFLINE is set: huggingface_hub reads it on import
     from transformers import AutoTokenizer  # heavy (~3 s): only once the run starts
 

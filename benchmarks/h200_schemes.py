@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
 from benchmarks.evidence import write_json_result  # noqa: E402
-from benchmarks.harness import ROOT, TOKENIZER, load_scenario, logger  # noqa: E402
+from benchmarks.harness import ROOT, TOKENIZER, load_scenario, logger, require_gpu  # noqa: E402
 from quantize_serve.capacity import planner  # noqa: E402
 from quantize_serve.capacity.measure import measure_capacity  # noqa: E402
 from quantize_serve.capacity.shape import checkpoint_quantization_config, shape_folder  # noqa: E402
@@ -193,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bench-timeout", type=float, default=600.0)
     p.add_argument("--rehearse", action="store_true", help="CPU: the reference model's shape, a tiny bench")
     args = p.parse_args(argv)
+    # the rehearsal serves W8A8 and FP8_DYNAMIC with a 16-bit KV cache (scenario rehearse_schemes)
+    require_gpu(
+        "h200_schemes.py", "--rehearse runs it on this CPU", rehearsing=args.rehearse, serves=("W8A8", "auto")
+    )
     if args.rehearse:
         recipe = load_recipe(REHEARSE_RECIPE, REHEARSE_SERVE)
         args.config, candidates, bench = TOKENIZER / "config.json", REHEARSE_CANDIDATES, dict(REHEARSE_BENCH)
@@ -200,8 +204,6 @@ def main(argv: list[str] | None = None) -> int:
         # positive"), so the rehearsal serves a 16-bit KV cache: the same code paths, real requests.
         kv = "auto"
     else:
-        if gpu.compute_capability() is None:
-            raise SystemExit("no GPU: this benchmark measures an H200 (--rehearse runs it on CPU)")
         recipe = load_recipe(RECIPE, SERVE)
         args.config, candidates, bench, kv = SHAPE, CANDIDATES, dict(BENCH), "fp8"
     if args.concurrency:

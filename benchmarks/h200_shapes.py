@@ -62,6 +62,7 @@ from benchmarks.harness import (  # noqa: E402
     logger,
     merge_row,
     out_path,
+    require_gpu,
     shared_settings,
     versions,
 )
@@ -465,11 +466,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     models = REHEARSE_MODELS if args.rehearse else MODELS
     out = out_path(args)
-    device = gpu.usable_memory_bytes()
-    if device is None and not (args.rehearse or args.dry_run or args.replan):
-        raise SystemExit(
-            "no GPU: this benchmark measures GPU capacity (--rehearse runs it on a CPU, --dry-run plans)"
+    if not (args.dry_run or args.replan):  # they boot nothing
+        require_gpu(
+            "h200_shapes.py", "--rehearse runs it on this CPU, --dry-run plans", rehearsing=args.rehearse
         )
+    device = gpu.usable_memory_bytes()
     platform = platform_of(gpu.compute_capability())
     order = [row_id(m, b) for m, b in all_rows(models)]
     selected = select_rows(models, models=args.models, rows=args.rows)

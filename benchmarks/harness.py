@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -32,7 +32,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from benchmarks.evidence import boot_phases, boot_timeline, compile_summary, write_json_result
 from quantize_serve.core.model_files import GIB
 from quantize_serve.core.processes import process_alive
+from quantize_serve.core.errors import RecipeError, RecipeErrors
 from quantize_serve.core.settings import get_settings
+from quantize_serve.recipe.load import load_recipe
+from quantize_serve.serving import gpu
+from quantize_serve.serving.host import serving_host_gap
 from quantize_serve.serving.vllm_log import read_log
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,6 +198,99 @@ def load_scenario(name: str) -> dict[str, Any]:
 
 def scenario_names() -> list[str]:
     return sorted(p.stem for p in SCENARIOS.glob("*.yaml") if p.name != SHARED)
+
+
+# --------------------------------------------------------------------------------------------
+# What a driver needs of its host (issue 73, item 5): each live driver calls require_gpu or serving_choice
+# before any heavy work, or is named in ANY_HOST (tests/unit/test_driver_hosts.py holds every one to it).
+# benchmarks/results/README.md, "Which hosts each driver runs on", says the same for people.
+# --------------------------------------------------------------------------------------------
+
+GPU_HOST_FIX = "run it on a GPU host (scripts/gpu/README.md)"
+AVX512_FIX = "run it on an x86 CPU with AVX-512 (AMX or not) or on a GPU host (scripts/gpu/README.md)"
+# The live drivers that run on every host the project supports, and why: they serve nothing, or only what
+# every vLLM build serves
+ANY_HOST = {
+    "quantize.py": "quantizes and scores the reference model with transformers on CPU; serves nothing",
+    "plan.py": "the capacity planner's arithmetic; boots nothing",
+    "engine_start.py": "boots the recipe's base model only (16-bit weights and KV), which every vLLM build "
+    "serves; a CPU run rehearses it",
+    "gate_statistics.py": "a numpy simulation of the accuracy gate",
+    "validate_cli.py": "times `quantize-serve validate`, which boots nothing",
+    "reliability.py": "the fault matrix's tests (each skipped, with its reason, where the host cannot serve "
+    "what it serves: tests/conftest.py) and validate_cli.py",
+}
+
+
+def refuse(driver: str, why: str, fix: str) -> NoReturn:
+    """A driver's refusal: one line on stderr (the driver, why, the fix), exit status 2, no traceback."""
+    print(f"{driver}: {why}; {fix}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def require_gpu(
+    driver: str,
+    on_cpu: str | None = None,
+    *,
+    rehearsing: bool = False,
+    serves: tuple[str | None, str | None] | None = ("W4A16", "fp8"),
+) -> None:
+    """Refuse (``refuse``) a GPU driver started where NVML sees no NVIDIA GPU (quantize_serve/serving/gpu.py,
+    as the product decides where vLLM serves); ``on_cpu``: the fix's second half, the driver's CPU mode
+    (e.g. "--rehearse runs it on this CPU"). ``rehearsing``: the driver runs its CPU mode, which serves
+    ``serves`` (weight scheme, KV dtype; None: it serves nothing), refused in one line where this CPU's vLLM
+    cannot (a CPU without AVX-512: serving.host.serving_host_gap)."""
+    if rehearsing:
+        gap = serving_host_gap(*serves) if serves else None
+        if gap:
+            what = f"{serves[0] or '16-bit'} weights with a {serves[1] or '16-bit'} KV cache"
+            refuse(driver, f"its CPU mode serves {what}, and {gap}", AVX512_FIX)
+        return
+    if gpu.usable_memory_bytes() is None:
+        fix = GPU_HOST_FIX + (f", or: {on_cpu}" if on_cpu else "")
+        refuse(driver, "no NVIDIA GPU seen (NVML finds none: quantize_serve/serving/gpu.py)", fix)
+
+
+def serving_choice(
+    driver: str, recipe: Path, *, as_demo: bool, fix: str = AVX512_FIX
+) -> tuple[dict, str | None]:
+    """The recipe overrides a driver that serves ``recipe`` runs with on this host, and the line that says why
+    (None: the recipe as it is). ``as_demo``: the demo's own choice (scripts/demo.py demo_overrides: on a CPU
+    without AVX-512, INT8 W8A8 with a 16-bit KV cache); else the recipe as written. Checked as
+    `quantize-serve run` checks a host (validate/preflight.py check_serving_host: every checkpoint the run
+    serves, the production KV cache, a quantized mixture of experts); a host that cannot serve it is refused
+    in one line (``refuse``, with ``fix``)."""
+    from quantize_serve.validate.preflight import check_serving_host
+    from scripts.demo import demo_overrides
+
+    overrides, why = demo_overrides() if as_demo else ({}, None)
+    source = str(recipe.relative_to(ROOT)) if recipe.is_relative_to(ROOT) else recipe.name
+    try:
+        check_serving_host(load_recipe(recipe, overrides), source=source)
+    except (RecipeError, RecipeErrors) as exc:
+        problems = "; ".join(e.problem for e in getattr(exc, "errors", [exc]))
+        refuse(
+            driver,
+            f"this host cannot serve {source}{' as the demo runs it' if as_demo else ''}: {problems}",
+            fix,
+        )
+    return overrides, why
+
+
+def servable(
+    driver: str, offered: dict[str, str | None], kv_cache_dtype: str
+) -> tuple[list[str], str | None]:
+    """Of ``offered`` (name -> weight scheme; None: 16-bit), the names this host serves with a
+    ``kv_cache_dtype`` KV cache (serving.host.serving_host_gap: all of them on a GPU or an AVX-512 CPU), and
+    the line that names those left out (None: none); refused in one line where it serves none of them."""
+    gaps = {name: serving_host_gap(scheme, kv_cache_dtype) for name, scheme in offered.items()}
+    kept = [name for name, gap in gaps.items() if not gap]
+    if not kept:
+        refuse(
+            driver, f"this host serves none of {', '.join(offered)}: {next(iter(gaps.values()))}", AVX512_FIX
+        )
+    left = [name for name in offered if name not in kept]
+    return kept, (f"{driver}: left out {', '.join(left)}: {gaps[left[0]]}" if left else None)
 
 
 def logger(tag: str) -> Callable[[str], None]:

@@ -56,12 +56,11 @@ from benchmarks.manual import (  # noqa: E402 - the steps by hand, shared with h
     stress_by_hand,
 )
 
-from benchmarks.harness import ROOT  # noqa: E402
+from benchmarks.harness import ROOT, serving_choice  # noqa: E402
 from benchmarks.evidence import write_json_result  # noqa: E402
 from quantize_serve.gates.accuracy import lm_eval_concurrency  # noqa: E402
 from quantize_serve.quantize.run import build_llmcompressor_recipe  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
-from quantize_serve.serving.host import serving_host_gap  # noqa: E402
 from quantize_serve.serving.server import BOOT_START_DEFAULTS  # noqa: E402
 
 RECIPE = ROOT / "recipes/tiny-llama-awq.yaml"
@@ -79,15 +78,8 @@ ENV = {
 def host_choice() -> tuple[dict[str, Any], str | None]:
     """The recipe overrides both paths run with on this host, and the line that says why: the demo's own
     choice (scripts/demo.py: on a CPU without AVX-512, INT8 W8A8 with a 16-bit KV cache). A host that
-    serves not even that is refused in one line (SystemExit)."""
-    from scripts.demo import demo_overrides
-
-    overrides, why = demo_overrides()
-    recipe = load_recipe(RECIPE, overrides)
-    gap = serving_host_gap(recipe.quantization.scheme, recipe.serve.kv_cache_dtype)
-    if gap:
-        raise SystemExit(f"pipeline_vs_manual: this host cannot serve the tiny recipe: {gap}")
-    return overrides, why
+    serves not even that is refused in one line (harness.serving_choice)."""
+    return serving_choice("pipeline_vs_manual.py", RECIPE, as_demo=True)
 
 
 def with_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

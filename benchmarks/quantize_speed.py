@@ -66,6 +66,7 @@ from benchmarks.harness import (  # noqa: E402
     perplexity,
     production_calibration,
     quantize_once,
+    require_gpu,
     tokens_kept_in_batches,
     versions,
     wait_for_build,
@@ -591,6 +592,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.summarize_only:
         write_cpu_summary(json.loads(args.out.read_text()), CPU_SETS, args.out)
     elif args.gpu:
+        require_gpu("quantize_speed.py --gpu", "without --gpu it measures the reference model on this CPU")
         if not (args.model_dir and args.work_dir):
             p.error("--gpu needs --model-dir and --work-dir")
         run_peak(args) if args.peak else run_gpu(args)

@@ -28,7 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-from benchmarks.harness import ROOT  # noqa: E402
+from benchmarks.harness import AVX512_FIX, ROOT, serving_choice  # noqa: E402
 from benchmarks.evidence import write_json_result  # noqa: E402
 from quantize_serve.formats import choose as formats_module  # noqa: E402
 from quantize_serve.recipe.load import parse_recipe  # noqa: E402
@@ -40,6 +40,9 @@ RECIPE = ROOT / "recipes" / "tiny-llama-formats.yaml"
 
 
 def main() -> None:
+    # Its W4A16 candidates and fp8 KV cache are what it compares: a host that cannot serve them is refused
+    # (release-formats/cpu_schemes_avx2_emulated.json has what a CPU without AVX-512 serves).
+    serving_choice("schemes.py", RECIPE, as_demo=False, fix=AVX512_FIX)
     from flows.pipeline import quantize_serve
 
     data = yaml.safe_load(RECIPE.read_text())

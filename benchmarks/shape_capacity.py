@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
-from benchmarks.harness import ROOT, SHAPES, TOKENIZER, load_scenario, logger  # noqa: E402
+from benchmarks.harness import ROOT, SHAPES, TOKENIZER, load_scenario, logger, require_gpu  # noqa: E402
 from quantize_serve.capacity.shape import measure_shape, shape_folder, write_files  # noqa: E402
 from benchmarks.evidence import write_json_result  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
@@ -44,11 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault(
         "VLLM_ALLREDUCE_USE_SYMM_MEM", "0"
     )  # two H200s: keep all-reduce off NVLink multicast
+    require_gpu("shape_capacity.py", "--rehearse runs it on this CPU", rehearsing=args.rehearse)
     device, settings, recipe_path = gpu.usable_memory_bytes(), dict(SERVE), RECIPE
     if args.rehearse:
         args.models, args.tp, settings, recipe_path = "tiny-llama", "1", {}, REHEARSE_RECIPE
-    elif device is None:
-        raise SystemExit("no GPU: this benchmark measures GPU capacity (--rehearse runs it on CPU)")
     result: dict = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "settings": settings,

@@ -61,6 +61,16 @@ def test_without_the_demo_the_tier_runs_whole_and_without_commit_git_says(tmp_pa
     assert isinstance(r["tree_dirty"], bool)
 
 
+def test_without_a_gpu_the_smoke_is_refused_in_one_line_before_any_part(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_smoke.gpu, "usable_memory_bytes", lambda index=0: None)  # NVML sees none
+    with pytest.raises(SystemExit) as refused:
+        smoke(tmp_path, "--commit", "x")
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("gpu_smoke.py: no NVIDIA GPU seen") and "--dry-run writes the skeleton here" in err
+    assert not (tmp_path / "results").exists()
+
+
 def test_unknown_parts_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         smoke(tmp_path, "--dry-run", "--parts", "demo,everything")
@@ -171,6 +181,7 @@ def test_a_whole_smoke_with_stand_in_parts_records_each_part(tmp_path, monkeypat
     writes a report where the flow would, writes the tier's JUnit XML): the result, the report's copy, the
     tier's deselection and the whole-flow checks read from the demo's report. On a CPU those checks fail (no
     GPU figures), so the tier part and the smoke fail."""
+    monkeypatch.setattr(gpu_smoke, "require_gpu", lambda *args, **kwargs: None)  # a GPU host, but for NVML
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
     demo_runs = tmp_path / "demo-runs"
@@ -211,6 +222,7 @@ def test_a_whole_smoke_with_stand_in_parts_records_each_part(tmp_path, monkeypat
 
 def test_a_missing_reference_model_fails_its_part_with_the_fix(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_smoke, "MODEL_DIR", "models/not-built")
+    monkeypatch.setattr(gpu_smoke, "require_gpu", lambda *args, **kwargs: None)  # a GPU host, but for NVML
     assert smoke(tmp_path, "--parts", "real-model", "--commit", "x") == 1
     real = result(tmp_path)["parts"]["real-model"]
     assert real["outcome"] == "failed" and "requirements/reference-models.txt" in real["error"]

@@ -164,7 +164,9 @@ def cpu_host_env(monkeypatch):
 
 def test_on_a_cpu_host_the_moe_run_is_refused_before_anything_starts(tmp_path, cpu_host_env, capsys):
     out = tmp_path / "h200_moe.json"
-    assert hm.main(["--out", str(out), "--work", str(tmp_path / "work")]) == 2
+    with pytest.raises(SystemExit) as refused:
+        hm.main(["--out", str(out), "--work", str(tmp_path / "work")])
+    assert refused.value.code == 2
     data = json.loads(out.read_text())
     assert (data["status"], data["device"], data["platform"], data["run_overrides"]) == (
         "refused before the run",
@@ -175,7 +177,9 @@ def test_on_a_cpu_host_the_moe_run_is_refused_before_anything_starts(tmp_path, c
     assert data["refusal"].startswith("recipes/tiny-qwen3-moe-awq.yaml: 1 problem")
     assert '"No WNA16 MoE backend supports the deployment configuration"' in data["refusal"]
     assert "fix: run on a GPU host" in data["refusal"] and "Marlin MoE for W4A16" in data["refusal"]
-    assert data["refusal"] in capsys.readouterr().err  # the same screen, printed
+    err = capsys.readouterr().err  # the same screen, printed in one line
+    assert err.count("\n") == 1 and err.startswith("h200_moe.py: refused before the run (nothing started): ")
+    assert " ".join(line.strip() for line in data["refusal"].splitlines()) in err
     assert not (tmp_path / "work" / "runs").exists() and "versions" not in data  # nothing started
 
 

@@ -32,10 +32,16 @@ def test_an_avx2_cpu_runs_both_paths_as_int8_w8a8_with_a_16_bit_kv_cache(avx2_ho
     assert data["serve"]["kv_cache_dtype"] == "auto" and data["quantization"]["scheme"] == "W8A8"
 
 
-def test_a_host_that_serves_not_even_that_is_refused_in_one_line(avx2_host, monkeypatch):
+def test_a_host_that_serves_not_even_that_is_refused_in_one_line(avx2_host, monkeypatch, capsys):
     bench = driver()
-    monkeypatch.setattr(bench, "serving_host_gap", lambda scheme="W4A16", kv="fp8": "no kernel for it here")
-    with pytest.raises(
-        SystemExit, match="^pipeline_vs_manual: this host cannot serve the tiny recipe: no kernel"
-    ):
+    monkeypatch.setattr(
+        host, "cpu_serving_gap", lambda scheme, kv, flags=None, machine=None: "no kernel here"
+    )
+    with pytest.raises(SystemExit) as refused:
         bench.host_choice()
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and err.count("\n") == 1
+    recipe = "recipes/tiny-llama-awq.yaml"
+    assert err.startswith(
+        f"pipeline_vs_manual.py: this host cannot serve {recipe} as the demo runs it: no kernel"
+    )
