@@ -61,6 +61,8 @@ RECIPE = ROOT / "recipes" / "llama3-8b-instruct-awq.yaml"
 # base accuracies the research notes computed today's rule with (shared research, section 3.3).
 BASE_ACCURACY = {"gsm8k": 0.7521, "arc_challenge": 0.6263, "hellaswag": 0.7881, "mmlu": 0.6654}
 MMLU_SUBJECTS = 57
+# the evaluation splits lm-eval scores (test for gsm8k and arc_challenge, validation for hellaswag)
+SPLIT_SIZES = {"gsm8k": 1319, "arc_challenge": 1172, "hellaswag": 10042}
 PLANNING_FLIP_RATES = (0.06, 0.10)
 # The metrics each task of the recipe gates (lm-eval's task configs) and the share of documents on which the
 # second one's outcome pair is the first's: 0.7 for acc and acc_norm (measured: 0.70-0.75 over the real
@@ -75,7 +77,10 @@ DEFAULT_TRIALS = 2000
 
 
 def task_documents(task) -> int:  # type: ignore[no-untyped-def]
-    return task.limit * MMLU_SUBJECTS if task.task == "mmlu" else task.limit
+    """The documents the task's limit draws: a subject's share for mmlu, the whole split where unset."""
+    if task.task == "mmlu":
+        return task.limit * MMLU_SUBJECTS
+    return task.limit if task.limit is not None else SPLIT_SIZES[task.task]
 
 
 def point_rule_pass_rate(
