@@ -14,20 +14,27 @@ from pathlib import Path
 from typing import Any
 
 from quantize_serve.core.model_files import GIB
-from quantize_serve.core.portable import portable_data
+from quantize_serve.core.settings import PROJECT_ROOT
 from quantize_serve.formats.choose import FAMILY, Platform, kernel_problem
 from quantize_serve.serving.gpu import device_used_bytes
 from quantize_serve.serving.vllm_log import (
     COMPILE_HIT,
     COMPILE_MISS,
     INIT_ENGINE,
-    TIMELINE,
     TORCH_COMPILE,
     boot_kernels,
     last_figure,
     moe_methods,
 )
 
+# A boot's timeline: the seconds from its first timestamped vLLM line to each marker
+TIMELINE = {
+    "config_resolved_s": re.compile(r"Resolved architecture"),
+    "engine_process_s": re.compile(r"Initializing a V1 LLM engine"),
+    "weights_loaded_s": re.compile(r"Loading weights took"),
+    "engine_ready_s": INIT_ENGINE,
+    "server_ready_s": re.compile(r"Starting vLLM (?:API )?server (?:\d+ )?on"),
+}
 # MoE backends ("Using 'MARLIN' WNA16 MoE backend") and experts classes ("Using TritonExperts")
 MOE_BACKEND_LINE = re.compile(r"Using '?(\w+)'? (Unquantized |WNA16 |Fp8 |Int8 )?MoE backend")
 EXPERTS_LINE = re.compile(r"Using (\w+Experts)\b")
@@ -176,3 +183,37 @@ def wait_until_idle(
 def write_json_result(path: Path, data: Any, *, roots: Sequence[Path] = ()) -> None:
     """Write a result to be committed: JSON, indented, with ``portable_data`` applied."""
     Path(path).write_text(json.dumps(portable_data(data, roots=roots), indent=2, default=str) + "\n")
+
+
+ABSOLUTE_PATH = re.compile(r"(?<![\w.:/-])/[^\s\"'`,;()\[\]{}]+")
+LOOPBACK_PORT = re.compile(r"\b(127\.0\.0\.1|localhost):\d+")
+
+
+def portable_text(text: str, *, roots: Sequence[Path] = ()) -> str:
+    """Text as committed or published: an absolute path under the project, or under one of
+    ``roots`` (a benchmark's scratch folder), becomes relative to it; a loopback port (a
+    throwaway server's) becomes ``PORT``. Other absolute strings (``/v1/completions``) stay."""
+    bases = [Path(r) for r in (PROJECT_ROOT, *roots)]
+    bases += [b.resolve() for b in bases]
+
+    def relative(match: re.Match) -> str:
+        p = Path(match.group(0))
+        for base in bases:
+            if p == base:
+                return "."
+            if p.is_relative_to(base):
+                return p.relative_to(base).as_posix()
+        return match.group(0)
+
+    return LOOPBACK_PORT.sub(r"\1:PORT", ABSOLUTE_PATH.sub(relative, text))
+
+
+def portable_data(value: Any, *, roots: Sequence[Path] = ()) -> Any:
+    """``portable_text`` applied to every string in a JSON-like value (numbers untouched)."""
+    if isinstance(value, str):
+        return portable_text(value, roots=roots)
+    if isinstance(value, dict):
+        return {k: portable_data(v, roots=roots) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable_data(v, roots=roots) for v in value]
+    return value

@@ -37,7 +37,7 @@ from benchmarks.harness import RESULTS, ROOT, error_text, load_scenario, logger,
 from localhub.client import hub_client_env  # noqa: E402
 from localhub.server import start_local_hub  # noqa: E402
 from quantize_serve.capacity.measure import FP8_PATH_OWN_BYTES  # noqa: E402
-from quantize_serve.core.portable import portable_text  # noqa: E402
+from benchmarks.evidence import portable_text  # noqa: E402
 from quantize_serve.core.processes import process_tree  # noqa: E402
 from quantize_serve.serving import gpu  # noqa: E402
 from quantize_serve.serving.server import stop_process_group  # noqa: E402

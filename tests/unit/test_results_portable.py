@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from quantize_serve.core.portable import portable_text
+from benchmarks.evidence import portable_text
 from tests.conftest import ROOT
 
 RESULTS = ROOT / "benchmarks" / "results"

@@ -109,7 +109,7 @@ def test_a_boots_timeline_is_read_from_its_lines_timestamps():
     )
     assert evidence.boot_timeline(earlier)["server_ready_s"] == 43  # the wording of earlier vLLM releases
     assert evidence.boot_timeline(BOOT)["engine_ready_s"] is not None
-    assert evidence.boot_timeline("no vLLM line") == dict.fromkeys(vllm_log.TIMELINE)
+    assert evidence.boot_timeline("no vLLM line") == dict.fromkeys(evidence.TIMELINE)
 
 
 def test_evidence_keeps_the_figure_lines_not_the_progress_bars():
