@@ -49,7 +49,7 @@ harness.driver_env()  # before the product's imports, which read it
 
 from quantize_serve.capacity.model_shape import ModelShape  # noqa: E402
 from quantize_serve.capacity.planner import activation_peak_bytes  # noqa: E402
-from quantize_serve.capacity.shape import measure_shape, shape_folder  # noqa: E402
+from quantize_serve.capacity.shape import measure_shape  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
 from quantize_serve.serving import gpu  # noqa: E402
 from quantize_serve.serving.boot import Boot  # noqa: E402
@@ -84,7 +84,7 @@ log = harness.logger("peak")
 
 def variant_folder(name: str, variants: dict[str, tuple[str, dict]], layers: int | None, work: Path) -> Path:
     """The variant's shape folder: its config.json (``variant_config``) and the reference tokenizer."""
-    return shape_folder(
+    return harness.shape_folder(
         variant_config(name, variants, layers), work / "variants" / name, tokenizer_dir=harness.TOKENIZER
     )
 

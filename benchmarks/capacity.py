@@ -18,12 +18,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from benchmarks.evidence import write_json_result  # noqa: E402
+from benchmarks.evidence import measure_boot, write_json_result  # noqa: E402
 from benchmarks.harness import ROOT, serving_choice  # noqa: E402
 from quantize_serve.capacity.measure import (  # noqa: E402
     CapacityReport,
     boot_log_name,
-    measure_boot,
     summarize_capacity,
 )
 from quantize_serve.recipe.model import Recipe  # noqa: E402

@@ -2,21 +2,28 @@
 needs: a boot's compile summary, phases and timeline, the log's lines kept as evidence, vLLM's CUDA-graph
 estimate, the kernels and MoE backends it chose, GPU memory back at idle, and the result file itself (paths
 made portable). The patterns the product reads too (serving/vllm_log.py) are imported from there, so a change
-in vLLM's wording is still fixed in one place."""
+in vLLM's wording is still fixed in one place. Also the boots only the benchmarks make to measure: one
+capacity configuration on its own (``measure_boot``) and a serving-profile file booted as production boots it
+(``ProfileFileSpec``)."""
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from quantize_serve.capacity.measure import CapacityConfig, capacity_spec, measure_capacity
 from quantize_serve.core.model_files import GIB
 from quantize_serve.core.settings import PROJECT_ROOT
 from quantize_serve.formats.choose import FAMILY, Platform, kernel_problem
+from quantize_serve.recipe.model import Recipe
+from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.gpu import device_used_bytes
+from quantize_serve.serving.server import RunningServer, ServerSpec, vllm_server
 from quantize_serve.serving.vllm_log import (
     COMPILE_HIT,
     COMPILE_MISS,
@@ -217,3 +224,38 @@ def portable_data(value: Any, *, roots: Sequence[Path] = ()) -> Any:
     if isinstance(value, list | tuple):
         return [portable_data(v, roots=roots) for v in value]
     return value
+
+
+def measure_boot(
+    recipe: Recipe,
+    boot: Boot,
+    model_dir: str | Path,
+    *,
+    log_path: Path,
+    log: Callable[[str], None] = lambda _: None,
+    while_up: Callable[[RunningServer, CapacityConfig], None] | None = None,
+) -> CapacityConfig:
+    """The capacity stage for one configuration on its own: boot it, measure it, (``while_up``:
+    use the same server for more, e.g. a stress test), stop it. The flow measures the same way on
+    the boots it shares with the gates (tasks/serve.py: ``capacity.measure_capacity`` on a
+    ``capacity_spec`` boot; the production boot named as published)."""
+    spec = capacity_spec(recipe, boot, Path(model_dir), as_published=boot is Boot.PRODUCTION)
+    log(f"capacity {boot}: {spec.serve_command()}")
+    with vllm_server(spec, log_path=log_path) as server:
+        measured = measure_capacity(server, spec, name=boot)
+        if while_up is not None:
+            while_up(server, measured)
+    return measured
+
+
+class ProfileFileSpec(ServerSpec):
+    """A boot from a serving-profile file (``vllm serve --config FILE``, what production runs):
+    every setting comes from the file; the other fields only describe it to the server lifecycle."""
+
+    config_path: str
+
+    def vllm_args(self) -> list[str]:
+        return ["--config", self.config_path]
+
+    def serve_command(self, model: str | None = None) -> str:
+        return shlex.join(["vllm", "serve", "--config", self.config_path])

@@ -19,7 +19,7 @@ One driver, three sub-commands:
       ``quantize_serve.quantize.run.quantize_model`` (llm-compressor in a child process), calibrated
       on the project's corpus; GPU memory through NVML before (idle baseline), during (peak)
       and after each (target: back within 1 GiB of the baseline).
-    - ``capacity``: the capacity stage's three configurations (``capacity.measure_boot``, the
+    - ``capacity``: the capacity stage's three configurations (``evidence.measure_boot``, the
       stress test on the production boot's server; ``summarize_capacity`` in GPU mode, device memory
       from NVML) at max_model_len 8192, gpu_memory_utilization 0.90.
     - ``stress``: ``run_stress_test`` on the W4A16+fp8 boot (the same server as its capacity
@@ -75,7 +75,6 @@ import yaml  # noqa: E402
 from quantize_serve.capacity import planner  # noqa: E402
 from quantize_serve.capacity.measure import (  # noqa: E402
     capacity_spec,
-    measure_boot,
     plan_for,
     plan_for_row,
     read_cache_info,
@@ -86,11 +85,10 @@ from quantize_serve.gates.stress import plan_traffic, run_stress_test  # noqa: E
 from quantize_serve.quantize.run import quantize_model  # noqa: E402
 from quantize_serve.recipe.load import parse_recipe  # noqa: E402
 from quantize_serve.report.run_report import RunReport, report_of, stress_summary  # noqa: E402
-from quantize_serve.serve_profile.output import ProfileFileSpec  # noqa: E402
 from quantize_serve.serving import gpu  # noqa: E402
 from quantize_serve.serving.boot import Boot  # noqa: E402
 from quantize_serve.serving.server import ServerSpec, vllm_server  # noqa: E402
-from benchmarks.evidence import evidence_lines, wait_until_idle  # noqa: E402
+from benchmarks.evidence import ProfileFileSpec, evidence_lines, measure_boot, wait_until_idle  # noqa: E402
 from quantize_serve.serving.vllm_log import read_log  # noqa: E402
 from quantize_serve.validate.preflight import validate_recipe  # noqa: E402
 

@@ -29,10 +29,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
 from benchmarks.evidence import write_json_result  # noqa: E402
-from benchmarks.harness import ROOT, TOKENIZER, load_scenario, logger, require_gpu  # noqa: E402
+from benchmarks.harness import ROOT, TOKENIZER, load_scenario, logger, require_gpu, shape_folder  # noqa: E402
 from quantize_serve.capacity import planner  # noqa: E402
 from quantize_serve.capacity.measure import measure_capacity  # noqa: E402
-from quantize_serve.capacity.shape import checkpoint_quantization_config, shape_folder  # noqa: E402
+from quantize_serve.capacity.shape import checkpoint_quantization_config  # noqa: E402
 from quantize_serve.quantize.run import CHECKPOINT_FORMAT  # noqa: E402
 from quantize_serve.formats import choose as formats  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402

@@ -63,6 +63,7 @@ from benchmarks.harness import (  # noqa: E402
     merge_row,
     out_path,
     require_gpu,
+    shape_folder,
     shared_settings,
     versions,
 )
@@ -78,7 +79,7 @@ from quantize_serve.capacity.planner import (  # noqa: E402
     CapacityPlan,
     kv_error_pct,
 )
-from quantize_serve.capacity.shape import ShapeRow, measure_shape, shape_folder  # noqa: E402
+from quantize_serve.capacity.shape import ShapeRow, measure_shape  # noqa: E402
 from quantize_serve.formats.choose import platform_of  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
 from quantize_serve.serving import gpu  # noqa: E402

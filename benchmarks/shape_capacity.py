@@ -18,8 +18,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # a script run from the checkout
-from benchmarks.harness import ROOT, SHAPES, TOKENIZER, load_scenario, logger, require_gpu  # noqa: E402
-from quantize_serve.capacity.shape import measure_shape, shape_folder, write_files  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    ROOT,
+    SHAPES,
+    TOKENIZER,
+    load_scenario,
+    logger,
+    require_gpu,
+    shape_folder,
+)
+from quantize_serve.capacity.shape import measure_shape, write_files  # noqa: E402
 from benchmarks.evidence import write_json_result  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
 from quantize_serve.serving import gpu  # noqa: E402

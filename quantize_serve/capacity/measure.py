@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, computed_field
@@ -43,7 +42,7 @@ from quantize_serve.core.model_files import GIB
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.metrics import read_labels
-from quantize_serve.serving.server import RunningServer, ServerSpec, vllm_server
+from quantize_serve.serving.server import RunningServer, ServerSpec
 from quantize_serve.serving.vllm_log import AVAILABLE_KV, MODEL_LOADING
 
 METHOD_FIXED = (
@@ -636,25 +635,3 @@ def boot_log_name(recipe: Recipe, boot: Boot, *, kind: str = "") -> str:
     return Boot(boot).log_name(
         recipe.quantization.scheme, kv_cache_dtype=recipe.production_kv_cache_dtype, kind=kind
     )
-
-
-def measure_boot(
-    recipe: Recipe,
-    boot: Boot,
-    model_dir: str | Path,
-    *,
-    log_path: Path,
-    log: Callable[[str], None] = lambda _: None,
-    while_up: Callable[[RunningServer, CapacityConfig], None] | None = None,
-) -> CapacityConfig:
-    """The capacity stage for one configuration on its own: boot it, measure it, (``while_up``:
-    use the same server for more, e.g. a stress test), stop it. The flow measures the same way on
-    the boots it shares with the gates (``measure_capacity`` on a ``capacity_spec`` boot; the
-    production boot named as published)."""
-    spec = capacity_spec(recipe, boot, Path(model_dir), as_published=boot is Boot.PRODUCTION)
-    log(f"capacity {boot}: {spec.serve_command()}")
-    with vllm_server(spec, log_path=log_path) as server:
-        measured = measure_capacity(server, spec, name=boot)
-        if while_up is not None:
-            while_up(server, measured)
-    return measured

@@ -49,7 +49,6 @@ from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.server import vllm_server
 
 WEIGHT_SUFFIXES = {".safetensors", ".bin", ".pth", ".pt", ".gguf"}
-TOKENIZER_FILES = ("tokenizer", "special_tokens", "chat_template")  # file name prefixes
 
 
 def quantization_config(q: QuantizationSection) -> dict:
@@ -93,7 +92,9 @@ def checkpoint_quantization_config(config_groups: dict, *, ignore: list[str], fo
     }
 
 
-def _write_folder(folder: Path, config: dict, files: list[Path], quantization_config: dict | None) -> Path:
+def write_folder(folder: Path, config: dict, files: list[Path], quantization_config: dict | None) -> Path:
+    """``folder`` made afresh: ``files`` copied in, ``config`` its config.json (with ``quantization_config``
+    when given)."""
     folder = Path(folder)
     if folder.exists():
         shutil.rmtree(folder)
@@ -115,20 +116,9 @@ def weightless_folder(base_dir: Path, folder: Path, *, quantization_config: dict
         for f in base_dir.iterdir()
         if f.is_file() and f.suffix not in WEIGHT_SUFFIXES and f.name != "config.json"
     ]
-    return _write_folder(
+    return write_folder(
         folder, json.loads((base_dir / "config.json").read_text()), files, quantization_config
     )
-
-
-def shape_folder(
-    config: Path | dict, folder: Path, *, tokenizer_dir: Path, quantization_config: dict | None = None
-) -> Path:
-    """``folder`` (made afresh): a model of the shape ``config`` (a config.json, or its mapping) with no
-    weights and ``tokenizer_dir``'s tokenizer files (a dummy-weights boot needs a tokenizer; any will do),
-    config.json carrying ``quantization_config`` when given."""
-    data = dict(config) if isinstance(config, dict) else json.loads(Path(config).read_text())
-    files = [f for f in Path(tokenizer_dir).iterdir() if f.is_file() and f.name.startswith(TOKENIZER_FILES)]
-    return _write_folder(folder, data, files, quantization_config)
 
 
 def shape_folders(base_dir: Path, q: QuantizationSection, out_dir: Path) -> dict[Boot, Path]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +30,6 @@ def compile_cache_note() -> list[str]:
         f"vllm-cache of QS_WORK_DIR) and its VLLM_* variables ({variables}), the first boot loads",
         "what the validated boot compiled instead of compiling again.",
     ]
-
-
-class ProfileFileSpec(ServerSpec):
-    """A boot from a serving-profile file (``vllm serve --config FILE``, what production runs):
-    every setting comes from the file; the other fields only describe it to the server lifecycle."""
-
-    config_path: str
-
-    def vllm_args(self) -> list[str]:
-        return ["--config", self.config_path]
-
-    def serve_command(self, model: str | None = None) -> str:
-        return shlex.join(["vllm", "serve", "--config", self.config_path])
 
 
 def write_serve_profile(

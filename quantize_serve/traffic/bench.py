@@ -28,7 +28,7 @@ BENCH_MIN_TIMEOUT_S = 120.0  # the bench starts its own Python (~10-15 s on a sm
 # (vllm.platforms.vllm_version_matches_substr): without "+cpu" vLLM took no CPU platform, imported
 # its default kernels (the AVX-512 build) and died of SIGILL on a CPU without AVX-512. With the
 # `vllm` wheel the patch does nothing.
-_VLLM_VERSION = """\
+VLLM_VERSION_SHIM = """\
 import importlib.metadata as md, sys
 _version = md.version
 def version(name):
@@ -40,20 +40,11 @@ def version(name):
         raise
 md.version = version
 """
-# `vllm ARGS...` (the careful engineer's commands: benchmarks/manual.py)
-BENCH_LAUNCHER = (
-    _VLLM_VERSION
-    + """\
-sys.argv = ["vllm", *sys.argv[1:]]
-from vllm.entrypoints.cli.main import main
-main()
-"""
-)
 # The bench's process, started ahead (start_bench): it imports the CLI and its bench and serve commands
 # (~6-9 s on a 2-core CPU, most of a small bench's time) while the traffic before it runs, then reads its
 # arguments from stdin as one JSON line (run_bench). An empty stdin: it exits without a bench.
 PREPARED_BENCH_LAUNCHER = (
-    _VLLM_VERSION
+    VLLM_VERSION_SHIM
     + """\
 import json
 from vllm.entrypoints.cli.main import main

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.evidence import measure_boot
 from quantize_serve.capacity.measure import (
-    measure_boot,
     measure_capacity,
     summarize_capacity,
     with_sixteen_bit_kv,

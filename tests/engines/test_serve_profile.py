@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from benchmarks.evidence import ProfileFileSpec
 from quantize_serve.capacity.measure import capacity_spec, read_cache_info
 from quantize_serve.core.errors import GateError
 from quantize_serve.recipe.model import ProfileSearch
@@ -23,10 +24,10 @@ from tests.conftest import vllm_processes_of
 from tests.unit.test_serve_profile import threshold_probe
 
 
-def profile_server_spec(found: ps.SearchPoint, config_path: str | Path) -> po.ProfileFileSpec:
+def profile_server_spec(found: ps.SearchPoint, config_path: str | Path) -> ProfileFileSpec:
     if found.spec is None:
         raise GateError("this search point carries no ServerSpec; write and boot a real boot's point")
-    return po.ProfileFileSpec(**found.spec.model_dump(), config_path=str(config_path))
+    return ProfileFileSpec(**found.spec.model_dump(), config_path=str(config_path))
 
 
 NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$", re.M)

@@ -1,14 +1,16 @@
 """What the product reads from a vLLM boot log (serving/vllm_log.py), GPU memory sampling without NVML
-(serving/gpu.py), and weightless shape folders (capacity/shape.py): the three things the benchmarks once
-copied and now import; and what only the benchmarks read from a log or wait for (benchmarks/evidence.py).
-The log lines are vLLM 0.26 CUDA's, as the H200 boots wrote them."""
+(serving/gpu.py), and weightless model folders (capacity/shape.py): the three things the benchmarks once
+copied and now import; what only the benchmarks read from a log or wait for (benchmarks/evidence.py); and a
+shape's folder with the reference tokenizer (benchmarks/harness.py: shape_folder, on the product's
+write_folder). The log lines are vLLM 0.26 CUDA's, as the H200 boots wrote them."""
 
 from __future__ import annotations
 
 import json
 
 from benchmarks import evidence
-from quantize_serve.capacity.shape import TOKENIZER_FILES, shape_folder, weightless_folder
+from benchmarks.harness import TOKENIZER_FILES, shape_folder
+from quantize_serve.capacity.shape import weightless_folder
 from quantize_serve.serving import gpu, vllm_log
 from tests.conftest import ROOT
 
