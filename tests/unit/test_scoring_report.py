@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from quantize_serve.gates.results import AccuracyRun, ScoringCheck, scoring_notes
 from quantize_serve.report.run_report import write_report
-from tests.unit.test_report import accuracy_checks, report_with_capacity
+from tests.release_fixtures import failed_checks
+from tests.unit.test_report import report_with_capacity
 
 OFF = ScoringCheck(
     path="first",
@@ -39,7 +40,7 @@ def test_the_report_names_the_check_the_count_the_first_disagreement_and_the_lik
     notes = scoring_notes({"base": run(quiet), "candidate": run(OFF, KEPT)})
     assert notes == [f"candidate: {OFF.line()}", f"candidate: {KEPT.line()}"]  # the base agreed: not shown
     report = report_with_capacity().model_copy(
-        update={"accuracy": accuracy_checks("../evals/tasks/qs_facts_mc.yaml"), "scoring": notes}
+        update={"accuracy": failed_checks("../evals/tasks/qs_facts_mc.yaml"), "scoring": notes}
     )
     files = write_report(report, tmp_path)
     text = files["markdown"].read_text()
