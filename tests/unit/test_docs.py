@@ -1,7 +1,8 @@
-"""The README and docs/ hold together: every relative link names a file (and a heading) that exists, no page
-names a path of this machine, dated run figures live in the evidence folders (benchmarks/results/<question>/
-README.md) and not in the README or docs/, the README's first-release commands are the tested guide's, and
-its minimal recipe is valid. docs/gates.md is left to its own tests."""
+"""The README, docs/ and the GPU host's procedure (scripts/gpu/README.md) hold together: every relative
+link names a file (and a heading) that exists, no page names a path of this machine, dated run figures live in
+the evidence folders (benchmarks/results/<question>/README.md) and not in those pages, the README's
+first-release commands are the tested guide's, and its minimal recipe is valid. docs/gates.md is left to its
+own tests."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from scripts.reference_docs import slug
 from tests import first_release_guide as guide
 from tests.conftest import ROOT
 
-PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
+PAGES = [ROOT / "README.md", ROOT / "scripts" / "gpu" / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
 EVIDENCE = sorted((ROOT / "benchmarks" / "results").glob("*/README.md"))
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
