@@ -10,7 +10,9 @@ documents the candidate scored, joined with the base's by document, with their p
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -185,7 +187,8 @@ def compare_accuracy(base: AccuracyRun, quantized: AccuracyRun, gate: AccuracyGa
     With ``gate.min_samples`` set, a task evaluated on fewer documents also gets a failed ``samples``
     check (:func:`check_samples`)."""
     checks: list[AccuracyCheck] = []
-    points: list[tuple[int, TaskPoint, bool]] = []  # (check index, its task's point, the task's first check)
+    # (check index, its task's point, the task's first check, its widest_bad but for docs, good and share)
+    points: list[tuple[int, TaskPoint, bool, Callable[..., float | None]]] = []
     for task in gate.tasks:
         rates = gate.rates(task)
         b, q = base.tasks.get(task.task), quantized.tasks.get(task.task)
@@ -226,6 +229,7 @@ def compare_accuracy(base: AccuracyRun, quantized: AccuracyRun, gate: AccuracyGa
         stopped_by = next((m.metric for m, v in zip(gated, verdicts) if v.decided and not v.passed), None)
         share = gate.true_pass_share(task)
         joint = task_point(gated, d, q, rates, share) if gated else None
+        widen = functools.partial(widest_bad, gated, d, bad=rates.bad_recovery)
         for i, (m, verdict) in enumerate(zip(gated, verdicts)):
             check = check_metric(
                 task.task,
@@ -240,7 +244,7 @@ def compare_accuracy(base: AccuracyRun, quantized: AccuracyRun, gate: AccuracyGa
                 undecided_because=None if verdict.decided else stopped_by,
             )
             if joint is not None:
-                points.append((len(checks), joint, i == 0))
+                points.append((len(checks), joint, i == 0, widen))
             checks.append(check)
         if gate.min_samples is not None:
             samples = check_samples(
@@ -250,12 +254,16 @@ def compare_accuracy(base: AccuracyRun, quantized: AccuracyRun, gate: AccuracyGa
                 checks.append(samples)
     # a task short of its share warns only where the release falls short of its stated rate: a task's share
     # is the plan, and a task with room to spare carries one without
-    tasks = {id(point): point for _, point, _ in points}
+    tasks = {id(point): point for _, point, _, _ in points}
     short = len(tasks) < len(gate.tasks) or math.prod(p.true_pass for p in tasks.values()) < (
         gate.error_rates.min_true_pass
     )
-    for index, point, first in points:
-        checks[index] = point.on(checks[index], first=first and short)
+    for index, point, first, widen in points:
+        warns = first and short
+        if warns and point.true_pass < point.share and not point.reachable:  # the remedy names the zone
+            docs = point.task_docs or point.planned
+            point = dataclasses.replace(point, widest_bad=widen(docs, point.good, share=point.share))
+        checks[index] = point.on(checks[index], first=warns)
     return checks
 
 
@@ -354,7 +362,7 @@ def task_point(
     good, bad = rates.good_recovery, rates.bad_recovery
     point = task_operating_point(d, planned, noise, corr, bad=bad, good=good, min_true_pass=share)
     flips = [m.pair.flip_rate for m in gated if m.pair.flip_rate is not None]
-    found = TaskPoint(
+    return TaskPoint(
         point.true_pass,
         share,
         point.docs_needed,
@@ -363,10 +371,6 @@ def task_point(
         quantized.task_docs,
         max(flips, default=None),
     )
-    if point.true_pass >= share or found.reachable:
-        return found
-    docs = quantized.task_docs or planned
-    return dataclasses.replace(found, widest_bad=widest_bad(gated, d, docs, good, bad, share))
 
 
 def _value(run: TaskRun, metric: str) -> float | None:
