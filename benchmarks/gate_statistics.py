@@ -40,14 +40,13 @@ import numpy as np
 from quantize_serve.gates.documents import DocOutcome, aggregate, draw_documents
 from quantize_serve.gates.paired import (
     Paired,
-    correlation,
     design,
     simulate_task,
     synthetic_pairs,
     synthetic_task,
     task_operating_point,
 )
-from quantize_serve.gates.recovery import compare_accuracy, look_design, metric_noise, task_decided
+from quantize_serve.gates.recovery import compare_accuracy, look_design, task_decided, task_noise
 from quantize_serve.gates.results import AccuracyRun, MetricResult, TaskRun
 from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask, ErrorRates
 from quantize_serve.recipe.load import load_recipe
@@ -217,10 +216,6 @@ def gate_on_real_outcomes(looks: tuple[float, ...], seed: int) -> dict:
     return result
 
 
-def noise_of(pairs: list[Paired], bad: float) -> tuple[list, np.ndarray | None]:
-    return [metric_noise(p, bad) for p in pairs], correlation(pairs, bad) if len(pairs) > 1 else None
-
-
 def rates_row(draw_at, d, rates, trials: int, seed: int, *, bad_possible: bool = True) -> dict:  # type: ignore[no-untyped-def]
     """The implemented rule (paired.simulate_task: every metric's look_verdict at each look, the task's
     verdict over them) on draws at the bad point (the first metric at bad, the others at good) and at
@@ -275,7 +270,7 @@ def simulate_llama3_task(gate, task, flip_rate: float, trials: int) -> dict:  # 
     large = synthetic_task(
         np.random.default_rng(0), docs=57_000, recoveries=(rates.good_recovery,) * metrics, **shape
     )
-    noise, corr = noise_of(large, rates.bad_recovery)
+    noise, corr = task_noise(large, rates.bad_recovery)
     for name, looks in (("with_looks", len(gate.looks)), ("one_look", 1)):
         d = look_design(gate, task, looks, metrics)
         cells = rates_row(draw_at, d, rates, trials, seed=10 * looks, bad_possible=bad_possible)

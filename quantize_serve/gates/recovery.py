@@ -329,8 +329,9 @@ def metric_noise(pair: Paired, bad: float) -> tuple[float, float, float]:
     return pair.score_sd(bad), float(pair.den.mean()), pair.sd_at(bad) * pair.design_effect(bad) ** 0.5
 
 
-def _task_noise(gated: list[PairedMetric], bad: float) -> tuple[list, np.ndarray | None]:
-    pairs = [m.pair for m in gated]
+def task_noise(pairs: list[Paired], bad: float) -> tuple[list, np.ndarray | None]:
+    """What task_operating_point needs of a task's metrics at ``bad``: each one's metric_noise, and the
+    correlation of their statistics (None for one metric)."""
     return [metric_noise(p, bad) for p in pairs], correlation(pairs, bad) if len(pairs) > 1 else None
 
 
@@ -341,7 +342,7 @@ def widest_bad(
     ``good`` with the task's ``share``; None when none above 0 does."""
 
     def reaches(b: float) -> bool:
-        noise, corr = _task_noise(gated, b)
+        noise, corr = task_noise([m.pair for m in gated], b)
         return task_true_pass(d, docs, noise, corr, bad=b, good=good) >= share
 
     lo, hi = 0.001, bad  # the true pass grows as bad falls (a wider zone): reaches(hi) is False here
@@ -358,7 +359,7 @@ def task_point(
 ) -> TaskPoint:
     """The task's joint rates: its metrics' statistics correlated as their per-document differences."""
     planned = quantized.planned_docs or gated[0].pair.docs
-    noise, corr = _task_noise(gated, rates.bad_recovery)
+    noise, corr = task_noise([m.pair for m in gated], rates.bad_recovery)
     good, bad = rates.good_recovery, rates.bad_recovery
     point = task_operating_point(d, planned, noise, corr, bad=bad, good=good, min_true_pass=share)
     flips = [m.pair.flip_rate for m in gated if m.pair.flip_rate is not None]
