@@ -14,7 +14,7 @@ Steps, with the project's own functions:
 3. Per model (the base first, then each candidate): ``vllm_server`` boots it with the recipe's serve
    section and ``--kv-cache-dtype`` (default ``auto``: 16-bit KV for every model, so the flips are the
    weights' alone) and a fixed KV budget; lm-eval (``local-completions`` through
-   ``quantize_serve.gates.accuracy``'s task loading and model) runs every task with ``log_samples``.
+   ``quantize_serve.gates.accuracy.run``'s task loading and model) runs every task with ``log_samples``.
    Each model's per-document outcomes are kept in the scratch folder, so a rerun skips the models it
    has (same checkpoint, tasks and settings).
 4. Pairs each candidate with the base per document (same doc id and prompt hash) and writes
@@ -42,8 +42,8 @@ import yaml
 
 from benchmarks.evidence import write_json_result
 from benchmarks.harness import servable
-from quantize_serve.gates.accuracy import check_server, completions_model, index_tasks
-from quantize_serve.gates.task_files import resolve_task
+from quantize_serve.gates.accuracy.run import check_server, completions_model, index_tasks
+from quantize_serve.gates.accuracy.task_files import resolve_task
 from quantize_serve.quantize.run import quantize_model
 from quantize_serve.recipe.quantization import QuantizationSection
 from quantize_serve.serving.server import ServerSpec, vllm_server

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from quantize_serve.gates.documents import DocOutcome, aggregate, draw_documents
-from quantize_serve.gates.paired import (
+from quantize_serve.gates.accuracy.documents import DocOutcome, aggregate, draw_documents
+from quantize_serve.gates.accuracy.paired import (
     Paired,
     design,
     simulate_task,
@@ -46,8 +46,8 @@ from quantize_serve.gates.paired import (
     synthetic_task,
     task_operating_point,
 )
-from quantize_serve.gates.recovery import compare_accuracy, look_design, task_decided, task_noise
-from quantize_serve.gates.results import AccuracyRun, MetricResult, TaskRun
+from quantize_serve.gates.accuracy.recovery import compare_accuracy, look_design, task_decided, task_noise
+from quantize_serve.gates.accuracy.results import AccuracyRun, MetricResult, TaskRun
 from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask, ErrorRates
 from quantize_serve.recipe.load import load_recipe
 

@@ -58,7 +58,7 @@ from benchmarks.manual import (  # noqa: E402 - the steps by hand, shared with h
 
 from benchmarks.harness import ROOT, serving_choice  # noqa: E402
 from benchmarks.evidence import write_json_result  # noqa: E402
-from quantize_serve.gates.accuracy import lm_eval_concurrency  # noqa: E402
+from quantize_serve.gates.accuracy.run import lm_eval_concurrency  # noqa: E402
 from quantize_serve.quantize.run import build_llmcompressor_recipe  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
 from quantize_serve.serving.server import BOOT_START_DEFAULTS  # noqa: E402

@@ -1,4 +1,4 @@
-"""Prefect task for the accuracy gate (thin wrapper around quantize_serve.gates.accuracy.run_accuracy).
+"""Prefect task for the accuracy gate (thin wrapper around quantize_serve.gates.accuracy.run.run_accuracy).
 
 No Prefect retries: lm-eval already retries each failed request (REQUEST_ATTEMPTS, with backoff),
 which covers a transient server hiccup; a failure that survives that is a dead server or a broken
@@ -15,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 
 from quantize_serve.core import ahead
 from quantize_serve.core.settings import get_settings
-from quantize_serve.gates import accuracy
+from quantize_serve.gates.accuracy import run as accuracy
 from quantize_serve.recipe.gates import AccuracyGate
 from tasks.run_log import run_log
 

@@ -6,7 +6,9 @@ from pathlib import Path
 
 from prefect import task
 
-from quantize_serve.gates import accuracy, decision, recovery
+from quantize_serve.gates import decision
+from quantize_serve.gates.accuracy import recovery
+from quantize_serve.gates.accuracy import run as accuracy
 from quantize_serve.gates.regression import RegressionResult
 from quantize_serve.gates.soak import SoakResult
 from quantize_serve.gates.stress import StressResult

@@ -10,7 +10,7 @@ from prefect.logging import get_run_logger
 
 from quantize_serve.capacity import measure as capacity
 from quantize_serve.formats import choose as formats
-from quantize_serve.gates.accuracy import AccuracyCheck
+from quantize_serve.gates.accuracy.run import AccuracyCheck
 from quantize_serve.gates.stress import StressResult
 from quantize_serve.quantize import existing_checkpoint
 from quantize_serve.serving import gpu

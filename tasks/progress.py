@@ -17,7 +17,7 @@ from quantize_serve.core.portable import portable_path
 from quantize_serve.formats.choose import FormatChoice
 from quantize_serve.gates.decision import Decision
 from quantize_serve.gates.regression import RegressionResult
-from quantize_serve.gates.results import AccuracyCheck, AccuracyRun
+from quantize_serve.gates.accuracy.results import AccuracyCheck, AccuracyRun
 from quantize_serve.gates.soak import SoakResult
 from quantize_serve.gates.stress import StressResult
 from quantize_serve.hub.client import PushResult

@@ -10,7 +10,7 @@ from prefect.logging import get_run_logger
 
 from quantize_serve.capacity.measure import CapacityConfig
 from quantize_serve.gates import regression
-from quantize_serve.gates.accuracy import AccuracyRun
+from quantize_serve.gates.accuracy.run import AccuracyRun
 from quantize_serve.gates.stress import StressResult
 from quantize_serve.release.baseline import ProductionBaseline, find_baseline, to_measure_again
 from quantize_serve.report.provenance import describe_hardware, serving_vllm_version

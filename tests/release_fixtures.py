@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from quantize_serve.capacity.measure import CapacityConfig, CapacityReport
-from quantize_serve.gates.accuracy import AccuracyCheck
+from quantize_serve.gates.accuracy.run import AccuracyCheck
 from quantize_serve.gates.decision import Decision
 from quantize_serve.gates.regression import MeasurementConditions, RecordedMetric, ReleaseResults
 from quantize_serve.gates.stress import StressResult
@@ -256,7 +256,7 @@ def run_report(
 def placeholder_reference(key: str = "k1", run_id: str = "run-1") -> BaseReference:
     """A base reference with placeholder figures: for where references are stored and found, not their
     numbers."""
-    from quantize_serve.gates.accuracy import AccuracyRun
+    from quantize_serve.gates.accuracy.run import AccuracyRun
     from quantize_serve.report.base_reference import BaseReference
 
     capacity = capacity_config(name=Boot.BASE, kv_cache_dtype="auto")

@@ -11,11 +11,11 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel
 
-from quantize_serve.gates.results import AccuracyCheck
+from quantize_serve.gates.accuracy.results import AccuracyCheck
 from quantize_serve.gates.regression import RegressionResult
 from quantize_serve.gates.soak import SoakResult
 from quantize_serve.gates.stress import StressResult
-from quantize_serve.gates.task_label import task_label
+from quantize_serve.gates.accuracy.task_label import task_label
 
 
 class CheckRow(BaseModel):

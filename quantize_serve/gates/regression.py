@@ -33,9 +33,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from quantize_serve.gates.accuracy import AccuracyRun
+from quantize_serve.gates.accuracy.run import AccuracyRun
 from quantize_serve.gates.stress import StressResult
-from quantize_serve.gates.task_label import task_label
+from quantize_serve.gates.accuracy.task_label import task_label
 from quantize_serve.recipe.gates import RegressionGate
 from quantize_serve.recipe.model import SERVE_FIELDS_NOT_MEASURED, Recipe
 
@@ -286,7 +286,7 @@ def compare_with_production(
 ) -> RegressionResult:
     """One row per accuracy metric, KV tokens, max concurrency and throughput; each passes or fails
     with its reason. A figure production has and the candidate lacks (its stage failed) is a failure.
-    ``task_labels``: how the rows name each accuracy task (gates/task_label.py)."""
+    ``task_labels``: how the rows name each accuracy task (gates/accuracy/task_label.py)."""
     rows: list[RegressionRow] = []
     for p in production.accuracy:
         c = candidate.metric(p.task, p.metric)

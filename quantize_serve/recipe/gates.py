@@ -178,7 +178,7 @@ class AccuracyGate(Section):
         description="How loglikelihood requests reach vLLM. context-once: each distinct context "
         "computed once (mmlu's four choices in one request; on vLLM's V2 model runner, multi-token "
         "choices over the cached context), each path checked against echo before it carries a run "
-        "(gates/scoring.py). echo: lm-eval's local-completions, one full prompt per choice.",
+        "(gates/accuracy/scoring.py). echo: lm-eval's local-completions, one full prompt per choice.",
     )
     batch_size: PositiveInt = Field(default=8, description="lm-eval's batch size.")
     num_concurrent: PositiveInt | None = Field(

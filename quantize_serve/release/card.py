@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from quantize_serve.capacity.chart import CHART
-from quantize_serve.gates.results import format_recovery
+from quantize_serve.gates.accuracy.results import format_recovery
 from quantize_serve.hub.client import SHA40
 from quantize_serve.quantize.calibration import describe
 from quantize_serve.quantize.existing_checkpoint import checkpoint_group_size

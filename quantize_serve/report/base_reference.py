@@ -36,11 +36,11 @@ import yaml
 from pydantic import BaseModel, Field
 
 from quantize_serve.capacity.measure import CapacityConfig
-from quantize_serve.gates.accuracy import AccuracyRun
+from quantize_serve.gates.accuracy.run import AccuracyRun
 from quantize_serve.recipe.model import SERVE_FIELDS_NOT_MEASURED, Recipe
 
 FOLDER = "base-references"
-# The accuracy gate's way of drawing documents and seeding their few-shot examples (gates/documents.py):
+# The accuracy gate's way of drawing documents and seeding their few-shot examples (gates/accuracy/documents.py):
 # a base measured another way has other prompts, and the paired gate cannot pair with it.
 DOCUMENTS_PROTOCOL = "seeded-draw-per-document-fewshot-v1"
 # vLLM settings that name folders of this host, not how the base is served
@@ -88,7 +88,7 @@ def reference_factors(
         "tasks": tasks,
         # which documents and prompts: the seeded draw, and its per-document few-shot seeding
         "documents": {"seed": recipe.gates.accuracy.seed, "protocol": DOCUMENTS_PROTOCOL},
-        # how the requests reached vLLM (gates/scoring.py): the same logprobs within bf16 noise, but a
+        # how the requests reached vLLM (gates/accuracy/scoring.py): the same logprobs within bf16 noise, but a
         # base scored one way is not paired with a candidate scored the other
         "scoring": recipe.gates.accuracy.scoring,
         "vllm_version": vllm_version,

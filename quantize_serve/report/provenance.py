@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from quantize_serve.core.digest import file_sha256
 from quantize_serve.core.portable import portable_path
 from quantize_serve.core.settings import get_settings
-from quantize_serve.gates.task_files import TASK_FILE_SUFFIXES
+from quantize_serve.gates.accuracy.task_files import TASK_FILE_SUFFIXES
 from quantize_serve.serving.gpu import describe_devices
 
 # Where the flow keeps lm-eval's raw results (its `configs` say which dataset each task read).

@@ -21,7 +21,7 @@ from quantize_serve.capacity.shape import ShapeCapacity
 from quantize_serve.core.portable import portable_path
 from quantize_serve.formats.choose import CHART as FORMATS_CHART
 from quantize_serve.formats.choose import FormatChoice
-from quantize_serve.gates.results import AccuracyCheck, release_rates
+from quantize_serve.gates.accuracy.results import AccuracyCheck, release_rates
 from quantize_serve.gates.decision import Decision
 from quantize_serve.gates.regression import RegressionResult, ReleaseResults
 from quantize_serve.gates.soak import SoakResult
@@ -75,7 +75,7 @@ class RunReport(BaseModel):
     formats: FormatChoice | None = None  # quantization.candidates: every format measured, the rule's choice
     accuracy: list[AccuracyCheck] = Field(default_factory=list)
     # context-once scoring's checks against lm-eval's echo path that found more than bf16 noise, by run:
-    # kept or turned off, and why (gates/results.py scoring_notes)
+    # kept or turned off, and why (gates/accuracy/results.py scoring_notes)
     scoring: list[str] = Field(default_factory=list)
     stress: StressResult | None = None
     soak: SoakResult | None = None  # only when the recipe sets gates.soak

@@ -95,7 +95,7 @@ def graphs_cached(log_text: str) -> bool:
 
 def v2_model_runner(log_text: str) -> bool:
     """Whether the boot runs vLLM's V2 model runner (prompt logprobs over a prefix-cache hit come back
-    only for the computed rows there; on V1 the cached rows are uninitialised: gates/scoring.py)."""
+    only for the computed rows there; on V1 the cached rows are uninitialised: gates/accuracy/scoring.py)."""
     return bool(V2_RUNNER.search(log_text))
 
 

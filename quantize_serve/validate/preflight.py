@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field
 from quantize_serve.capacity.model_shape import ModelShape
 from quantize_serve.core.errors import HubNotFoundError, RecipeError, RecipeErrors
 from quantize_serve.core.model_files import check_model_files, folder_digest
-from quantize_serve.gates.task_files import TASK_FILE_SUFFIXES
+from quantize_serve.gates.accuracy.task_files import TASK_FILE_SUFFIXES
 from quantize_serve.hub.client import resolve_token
 from quantize_serve.hub.download import download_base, fetch_model_config, resolve_dataset_commit
 from quantize_serve.quantize.calibration import calibration_fingerprint, peek_calibration, pin_calibration

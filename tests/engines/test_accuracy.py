@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from quantize_serve.core.errors import GateError
-from quantize_serve.gates.accuracy import AccuracyRun, run_accuracy
-from quantize_serve.gates.recovery import compare_accuracy
+from quantize_serve.gates.accuracy.run import AccuracyRun, run_accuracy
+from quantize_serve.gates.accuracy.recovery import compare_accuracy
 from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask
 from quantize_serve.recipe.load import load_recipe
 from tests.conftest import ROOT
@@ -165,7 +165,7 @@ def test_gsm8k_by_name_reads_its_data_from_the_hub(base_server, base_model_dir, 
     (train 12 for the few-shot examples, test 8) are the project's, published on the local hub as
     openai/gsm8k / main (conftest's datasets_hub). The tiny model scores about 0: that is not gated.
     Scored again look by look (2 documents each), every document gets the same 5-shot prompt as in
-    the base's single pass: the few-shot draw is seeded per document (gates/documents.py)."""
+    the base's single pass: the few-shot draw is seeded per document (gates/accuracy/documents.py)."""
     server, spec = base_server
     gate = production_gsm8k_gate(limit=8)
     run = run_accuracy(
@@ -215,11 +215,11 @@ def test_gsm8k_by_name_reads_its_data_from_the_hub(base_server, base_model_dir, 
     }
     assert {"train-00000-of-00001.parquet", "test-00000-of-00001.parquet"} <= fetched
 
-    # Each look is one lm-eval call per lane for every task (gates/accuracy.py run_tasks, gates/lanes.py):
+    # Each look is one lm-eval call per lane for every task (gates/accuracy/run.py run_tasks, gates/accuracy/lanes.py):
     # gsm8k 5-shot (the generation lane) beside a 0-shot task (the scoring lane), the two calls at once, gets
     # the prompts and outcomes it gets alone, so a base scored task by task (an earlier release's reference)
     # pairs with a candidate scored in lanes; each task keeps its own raw results. Here the lanes also keep
-    # to a KV cache far smaller than the server's (gates/scoring.py within_share): fewer requests in flight,
+    # to a KV cache far smaller than the server's (gates/accuracy/scoring.py within_share): fewer requests in flight,
     # the same outcomes
     facts = AccuracyTask(task=MC, limit=40)
     alone = run_accuracy(

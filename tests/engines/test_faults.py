@@ -150,7 +150,7 @@ def doomed_boot(tmp_path_factory) -> Iterator[Boot]:
 
 @pytest.mark.timeout(300)
 def test_vllm_killed_during_accuracy_gate_fails_the_gate_fast(doomed_boot, tmp_path):
-    from quantize_serve.gates.accuracy import run_accuracy
+    from quantize_serve.gates.accuracy.run import run_accuracy
 
     server = doomed_boot.server
     killer = After(server, 3, lambda: os.kill(server.pid, signal.SIGKILL))  # once lm-eval is sending

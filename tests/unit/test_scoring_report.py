@@ -1,10 +1,10 @@
 """The run report says when context-once scoring was turned off, or kept past a difference, and why
-(gates/results.py ``scoring_notes``; issue 72: a candidate's check turned it off on an H100 and the report
+(gates/accuracy/results.py ``scoring_notes``; issue 72: a candidate's check turned it off on an H100 and the report
 said nothing)."""
 
 from __future__ import annotations
 
-from quantize_serve.gates.results import AccuracyRun, ScoringCheck, scoring_notes
+from quantize_serve.gates.accuracy.results import AccuracyRun, ScoringCheck, scoring_notes
 from quantize_serve.report.run_report import write_report
 from tests.release_fixtures import failed_checks
 from tests.unit.test_report import report_with_capacity

@@ -7,7 +7,7 @@ import math
 
 from pydantic import BaseModel, Field
 
-from quantize_serve.gates.documents import DocOutcome
+from quantize_serve.gates.accuracy.documents import DocOutcome
 
 
 class MetricResult(BaseModel):
@@ -38,7 +38,7 @@ class TaskRun(BaseModel):
 
 class ScoringCheck(BaseModel):
     """One context-once path checked against lm-eval's echo path before it carried a run
-    (gates/scoring.py ``_checked``)."""
+    (gates/accuracy/scoring.py ``_checked``)."""
 
     path: str  # "first": one-token choices from the context request; "rows": the generate route's rows
     checked: int  # requests scored both ways
@@ -93,9 +93,9 @@ class AccuracyRun(BaseModel):
     # prefix cache); None when the server does not expose them
     prompt_tokens: int | None = None
     prompt_tokens_computed: int | None = None
-    # what went which way (gates/scoring.py): context requests, requests scored context-once, echo...
+    # what went which way (gates/accuracy/scoring.py): context requests, requests scored context-once, echo...
     scoring_counts: dict[str, int] = Field(default_factory=dict)
-    # each context-once path's check against the echo path (gates/scoring.py), kept or turned off
+    # each context-once path's check against the echo path (gates/accuracy/scoring.py), kept or turned off
     scoring_checks: list[ScoringCheck] = Field(default_factory=list)
 
 
@@ -127,7 +127,7 @@ class AccuracyCheck(BaseModel):
     false_pass: float | None = None  # achieved: the chance this run's design passes a candidate at threshold
     true_pass: float | None = None  # achieved: the chance it passes one at good_recovery
     docs_needed: int | None = None  # documents this metric alone needs for its part of the task's share
-    # the task's decision, every metric it gates together (gates/recovery.py TaskPoint): the chance to pass a
+    # the task's decision, every metric it gates together (gates/accuracy/recovery.py TaskPoint): the chance to pass a
     # candidate at good_recovery on all of them, the task's share of the release's min_true_pass, and the
     # documents that share needs at this noise
     task_true_pass: float | None = None

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from quantize_serve.gates.documents import LOG_AGGREGATIONS, MEAN_AGGREGATIONS, aggregate, nats
-from quantize_serve.gates.paired import (
+from quantize_serve.gates.accuracy.documents import LOG_AGGREGATIONS, MEAN_AGGREGATIONS, aggregate, nats
+from quantize_serve.gates.accuracy.paired import (
     Design,
     Paired,
     correlation,
@@ -28,7 +28,13 @@ from quantize_serve.gates.paired import (
     task_true_pass,
     task_verdict,
 )
-from quantize_serve.gates.results import AccuracyCheck, AccuracyRun, MetricResult, TaskRun, format_recovery
+from quantize_serve.gates.accuracy.results import (
+    AccuracyCheck,
+    AccuracyRun,
+    MetricResult,
+    TaskRun,
+    format_recovery,
+)
 from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask, ErrorRates
 
 # The one name a task's log-likelihood metrics are gated under: word perplexity, byte perplexity and

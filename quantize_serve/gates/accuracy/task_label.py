@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import PurePath
 
-from quantize_serve.gates.task_files import TASK_FILE_SUFFIXES
+from quantize_serve.gates.accuracy.task_files import TASK_FILE_SUFFIXES
 
 
 def task_label(spelling: str, labels: Mapping[str, str] | None = None) -> str:

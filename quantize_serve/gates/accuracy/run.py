@@ -10,7 +10,7 @@ re-tokenized by vLLM with a BOS token, shifting that split by one).
 
 Documents: each task's documents are a seeded random draw of ``limit`` (per member task for a group
 such as mmlu, so the draw is stratified by subject), given to lm-eval as ``samples=``, scored with
-``log_samples`` so every document's outcome and prompt hash is kept (gates/documents.py). A document's
+``log_samples`` so every document's outcome and prompt hash is kept (gates/accuracy/documents.py). A document's
 few-shot examples are seeded by the document, so it gets the same prompt in any look. Metrics are
 computed over the scored documents the way lm-eval aggregates them (mean; perplexities from summed
 log-likelihoods), so a run stopped at an early look reports the documents it scored.
@@ -22,7 +22,7 @@ one lm-eval call for every task still running (their requests of a kind go to th
 The rule itself (paired, sequential, with stated error rates) is in recovery.py and paired.py, and
 docs/gates.md.
 
-Task files (a YAML path, its data paths relative to its folder): gates/task_files.py.
+Task files (a YAML path, its data paths relative to its folder): gates/accuracy/task_files.py.
 
 Task names: a task given by name (``gsm8k``, ``mmlu``...) is lm-eval's built-in YAML, whose data
 ``datasets.load_dataset`` fetches from the Hub that ``HF_ENDPOINT`` names (huggingface.co, a
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize_serve.core.errors import GateError
-from quantize_serve.gates.documents import (
+from quantize_serve.gates.accuracy.documents import (
     LOG_AGGREGATIONS,
     MEAN_AGGREGATIONS,
     DocOutcome,
@@ -56,17 +56,17 @@ from quantize_serve.gates.documents import (
     outcomes,
     per_document_fewshot,
 )
-from quantize_serve.gates.lanes import LaneModels, lanes, run_lanes
-from quantize_serve.gates.lm_eval_host import host_work_once
-from quantize_serve.gates.recovery import task_decided
-from quantize_serve.gates.results import (  # noqa: F401 (the gate's result types, importable from here)
+from quantize_serve.gates.accuracy.lanes import LaneModels, lanes, run_lanes
+from quantize_serve.gates.accuracy.lm_eval_host import host_work_once
+from quantize_serve.gates.accuracy.recovery import task_decided
+from quantize_serve.gates.accuracy.results import (  # noqa: F401 (the gate's result types, importable from here)
     AccuracyCheck,
     AccuracyRun,
     MetricResult,
     TaskRun,
     format_recovery,
 )
-from quantize_serve.gates.task_files import TaskSpec, resolve_task
+from quantize_serve.gates.accuracy.task_files import TaskSpec, resolve_task
 from quantize_serve.recipe.gates import AccuracyGate
 from quantize_serve.recipe.model import ServeSection
 from quantize_serve.serving.metrics import read_gauges
@@ -117,9 +117,9 @@ def run_accuracy(
     it holds is scored look by look (``gate.looks``) and stops at the first look where its decision
     is clear (recovery.task_decided). ``reuse_rows``: the server runs vLLM's V2 model runner, so
     ``gate.scoring`` context-once may score multi-token continuations over the cached context
-    (gates/scoring.py). ``log``: a line as each look's lm-eval call starts. ``prepared``: this run's
+    (gates/accuracy/scoring.py). ``log``: a line as each look's lm-eval call starts. ``prepared``: this run's
     :func:`prepare_run`, done while the server booted (else done here). ``kv_cache_tokens``: the server's KV
-    cache as its boot measured it; the requests in flight keep within it (gates/lanes.py LaneModels). Any
+    cache as its boot measured it; the requests in flight keep within it (gates/accuracy/lanes.py LaneModels). Any
     failure raises :class:`GateError`.
     """
     if not gate.tasks:
@@ -184,7 +184,7 @@ def prepare_run(gate: AccuracyGate, base_dir: Path) -> Prepared:
     import_lm_eval()
     from transformers import AutoTokenizer  # noqa: F401 - what the completions model loads its tokenizer with
 
-    from quantize_serve.gates import scoring  # noqa: F401 - the completions model's (lm-eval's API models, torch)
+    from quantize_serve.gates.accuracy import scoring  # noqa: F401 - the completions model's (lm-eval's API models, torch)
 
     specs = [resolve_task(t, base_dir) for t in gate.tasks]
     return Prepared(specs, index_tasks(specs), round(time.monotonic() - started, 1))
@@ -352,11 +352,11 @@ def completions_model(
     log: Callable[[str], None] | None = None,
 ) -> Any:
     """lm-eval's model for the served model: ``local-completions`` (``gate.scoring`` echo), or its
-    subclass that computes each distinct context once (gates/scoring.py), which says through ``log`` when
+    subclass that computes each distinct context once (gates/accuracy/scoring.py), which says through ``log`` when
     it turns a path off."""
     from lm_eval.api.registry import get_model
 
-    from quantize_serve.gates import scoring  # lm-eval (and torch) load only when a gate runs
+    from quantize_serve.gates.accuracy import scoring  # lm-eval (and torch) load only when a gate runs
 
     model_args = {
         "base_url": f"{server_base_url.rstrip('/')}/v1/completions",
