@@ -39,7 +39,7 @@ from benchmarks.harness import RESULTS, ROOT, boot_logs, driver_env, logger, now
 
 driver_env()
 
-from quantize_serve.capacity.measure import capacity_spec  # noqa: E402
+from quantize_serve.serving.spec import capacity_spec  # noqa: E402
 from benchmarks.evidence import write_json_result  # noqa: E402
 from quantize_serve.recipe.load import load_recipe  # noqa: E402
 from quantize_serve.serving.boot import Boot  # noqa: E402

@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from quantize_serve.capacity.measure import CapacityConfig, capacity_spec, measure_capacity
+from quantize_serve.capacity.measure import CapacityConfig, measure_capacity
+from quantize_serve.serving.spec import capacity_spec
 from quantize_serve.core.model_files import GIB
 from quantize_serve.core.settings import PROJECT_ROOT
 from quantize_serve.formats.choose import FAMILY, Platform, kernel_problem

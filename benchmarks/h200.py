@@ -74,12 +74,12 @@ import yaml  # noqa: E402
 
 from quantize_serve.capacity import planner  # noqa: E402
 from quantize_serve.capacity.measure import (  # noqa: E402
-    capacity_spec,
     plan_for,
     plan_for_row,
     read_cache_info,
     summarize_capacity,
 )
+from quantize_serve.serving.spec import capacity_spec  # noqa: E402
 from quantize_serve.core.settings import get_settings  # noqa: E402
 from quantize_serve.gates.stress import plan_traffic, run_stress_test  # noqa: E402
 from quantize_serve.quantize.run import quantize_model  # noqa: E402

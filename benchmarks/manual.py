@@ -43,7 +43,8 @@ import yaml
 
 from benchmarks.harness import ROOT
 from localhub.datasets import MMLU_SUBJECTS
-from quantize_serve.capacity.measure import checkpoint_tensor_bytes, read_cache_info
+from quantize_serve.capacity.measure import read_cache_info
+from quantize_serve.serving.spec import checkpoint_tensor_bytes
 from quantize_serve.gates.stress import plan_traffic
 from quantize_serve.quantize.calibration import local_calibration_files
 from quantize_serve.quantize.worker import calibration_arguments

@@ -22,8 +22,8 @@ from typing import Any
 from benchmarks import manual as m
 from benchmarks import production_stack as production
 from benchmarks.harness import ROOT, Results, boot_logs, load_scenario, logger
-from quantize_serve.capacity.measure import sixteen_bit_kv_dtype
-from quantize_serve.gates.accuracy import lm_eval_concurrency
+from quantize_serve.serving.spec import sixteen_bit_kv_dtype
+from quantize_serve.gates.accuracy.run import lm_eval_concurrency
 from quantize_serve.quantize.run import build_llmcompressor_recipe
 from quantize_serve.recipe.load import load_recipe
 from quantize_serve.serving import gpu
@@ -63,7 +63,7 @@ def manual_recipe(base_overrides: dict[str, Any], repo: str) -> tuple[Any, dict[
 def lm_eval_settings(recipe: Any, tasks_dir: Path) -> dict[str, Any]:
     """The lm_eval invocation's settings as the gate resolves them: the recipe's task set as one group
     file in ``tasks_dir`` (written here) with its limits as --samples, the gate's batch size, lm-eval's
-    concurrency (quantize_serve.gates.accuracy.lm_eval_concurrency), the server's max_model_len."""
+    concurrency (quantize_serve.gates.accuracy.run.lm_eval_concurrency), the server's max_model_len."""
     gate = recipe.gates.accuracy
     group, samples = m.gate_group(gate.tasks)
     tasks_dir.mkdir(parents=True, exist_ok=True)

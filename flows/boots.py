@@ -28,7 +28,7 @@ from prefect.states import Completed, State
 from prefect.utilities.annotations import quote
 
 from quantize_serve.capacity.measure import CapacityConfig
-from quantize_serve.gates.accuracy import AccuracyRun, Prepared, lm_eval_concurrency
+from quantize_serve.gates.accuracy.run import AccuracyRun, Prepared, lm_eval_concurrency
 from quantize_serve.report.base_reference import BaseReference
 from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.server import RunningServer, ServerSpec
@@ -36,7 +36,8 @@ from quantize_serve.serving.vllm_log import read_log, v2_model_runner
 from quantize_serve.validate.preflight import ValidatedRecipe
 from tasks.accuracy import prepare_accuracy, run_accuracy
 from tasks.progress import Progress
-from tasks.serve import capacity_at_recipe_utilization, measure_capacity, prepare_boot, served
+from tasks.boot import prepare_boot, served
+from tasks.capacity import capacity_at_recipe_utilization, measure_capacity
 from tasks.soak import run_soak_test
 from tasks.stress import run_stress_test
 

@@ -30,7 +30,8 @@ from tasks.formats import (
     with_stress,
 )
 from tasks.quantize import quantize_model
-from tasks.serve import derived_sixteen_bit_kv, gpu_slot
+from tasks.boot import gpu_slot
+from tasks.capacity import derived_sixteen_bit_kv
 
 FORMATS_DIR = "formats"
 

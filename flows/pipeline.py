@@ -5,7 +5,7 @@ find the release in production (both beside the boots: Hub I/O needs no device; 
 stops the boots and gates at once and fails the run: quantize_serve/release/blocked.py) -> measure capacity ->
 accuracy gate -> stress gate -> [serve production again] -> compare with production -> decide ->
 promote or reject -> report (and the release history). Each boot's vLLM process starts (its imports)
-while the device still works on the step before (tasks/serve.py prepare_boot; the base's, when no stored
+while the device still works on the step before (tasks/boot.py prepare_boot; the base's, when no stored
 reference can spare its boot, while the base resolves or downloads), and fills vLLM's model-info cache
 for the model's architectures; the quantization worker's as the run validates (tasks/quantize.py
 worker_ahead). A run that scores its base boots the base first and quantizes beside the base's accuracy
@@ -37,7 +37,7 @@ from prefect.utilities.annotations import quote
 
 from flows.boots import BaseServed, reused_base, serve_base, serve_quantized, serve_release
 from flows.formats import choose_format
-from quantize_serve.gates.results import scoring_notes
+from quantize_serve.gates.accuracy.results import scoring_notes
 from quantize_serve.quantize.run import STAGE as QUANTIZE_STAGE
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.serving.boot import Boot
@@ -60,28 +60,28 @@ from tasks.regression import (
 from tasks.releases import publish_release_history
 from tasks.progress import Progress
 from tasks.report import publish_report, request_approval, run_folder, run_id, write_report_files
-from tasks.serve import (
+from tasks.base_reference import (
     boots_base_first,
-    compile_production_ahead,
-    compiled_production_ahead,
-    compiles_ahead,
-    derived_sixteen_bit_kv,
     find_base_reference,
-    gpu_slot,
-    measure_shape_capacity,
-    plan_base_boot,
-    prepare_boot,
-    prepare_compile_ahead,
-    prepared_boots,
-    published_model,
-    published_serve_command,
     record_base_reference,
     record_sixteen_bit_kv,
     reused_sixteen_bit_kv,
-    summarize_capacity,
+)
+from tasks.boot import gpu_slot, plan_base_boot, prepare_boot, prepared_boots
+from tasks.capacity import derived_sixteen_bit_kv, measure_shape_capacity, summarize_capacity
+from tasks.compile_ahead import (
+    compile_production_ahead,
+    compiled_production_ahead,
+    compiles_ahead,
+    prepare_compile_ahead,
+)
+from tasks.serve_profile import (
+    published_model,
+    published_serve_command,
+    search_serve_profile,
+    with_found_profile,
     write_serving_profile,
 )
-from tasks.serve_profile import search_serve_profile, with_found_profile
 from tasks.validate import base_architectures, resolve_base_model, validate_recipe
 
 

@@ -1,5 +1,7 @@
-"""Prefect task for the serving-profile search (thin wrapper; never retried or cached: it boots vLLM
-several times and measures live servers). The flow holds the `gpu` slot around it like any boot."""
+"""The serving profile: the published model name and `vllm serve` command, serve-profile.yaml written for the
+boot the gates validated (its KV cache pinned), and the profile search (serve.search; never retried or cached:
+it boots vLLM several times and measures live servers; the flow holds the `gpu` slot around it like any
+boot)."""
 
 from __future__ import annotations
 
@@ -8,15 +10,53 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from prefect.logging import get_run_logger
+
+from quantize_serve.capacity import measure as capacity
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.serve_profile import output as profile_output
 from quantize_serve.serve_profile import probe as profile_probe
+from quantize_serve.serve_profile import pinned as serving_profile
 from quantize_serve.serve_profile import search as profile_search
 from quantize_serve.serving import gpu
-from quantize_serve.validate.preflight import ValidatedRecipe
+from quantize_serve.serving.server import ServerSpec
+from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
 from tasks.run_log import run_log
 
 PLOT_FILE = "serve-profile-search.png"
+
+
+def published_model(validated: ValidatedRecipe, checkpoint_dir: str) -> str:
+    """The model's name in what is published: the Hub repo id (see capacity.published_model)."""
+    return capacity.published_model(validated.recipe, checkpoint_dir)
+
+
+def published_serve_command(validated: ValidatedRecipe, checkpoint_dir: str) -> str:
+    """The published `vllm serve <repo id> ...` of the production boot."""
+    return capacity.published_serve_command(validated.recipe, checkpoint_dir)
+
+
+@task(name="write-serving-profile")
+def write_serving_profile(
+    validated: ValidatedRecipe,
+    base: BaseModelRef,
+    spec: ServerSpec,
+    config: capacity.CapacityConfig,
+    checkpoint_dir: str,
+    run_dir: Path,
+) -> serving_profile.ServingProfile:
+    """serve-profile.yaml for the boot the gates validated, its KV cache pinned (serving_profile.py)."""
+    base_config = base.config
+    profile = serving_profile.write_serving_profile(
+        spec,
+        config,
+        base_config,
+        run_dir / profile_output.PROFILE_FILE,
+        model=published_model(validated, checkpoint_dir),
+        device_memory_bytes=gpu.usable_memory_bytes(),
+    )
+    get_run_logger().info("serving profile (KV cache pinned):\n%s", profile.markdown())
+    return profile
 
 
 @task(name="search-serve-profile", cache_policy=NO_CACHE)

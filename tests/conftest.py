@@ -264,7 +264,7 @@ def base_model_dir() -> Path:
 @pytest.fixture(scope="session")
 def base_server(awq_recipe, base_model_dir, tmp_path_factory):
     """(a) the base model, 16-bit KV, under the recipe's budget: capacity and accuracy share it."""
-    from quantize_serve.capacity.measure import capacity_spec
+    from quantize_serve.serving.spec import capacity_spec
     from quantize_serve.serving.boot import Boot
     from quantize_serve.serving.server import vllm_server
 
@@ -278,7 +278,7 @@ def awq_fp8_server(awq_recipe, awq_checkpoint, tmp_path_factory):
     """(c) the session's checkpoint in the production settings (AWQ with fp8 KV; INT8 W8A8 with 16-bit
     KV where this CPU serves neither, SERVING_OVERRIDES), named by its repo id as the flow boots it:
     capacity, accuracy, stress."""
-    from quantize_serve.capacity.measure import capacity_spec
+    from quantize_serve.serving.spec import capacity_spec
     from quantize_serve.serving.boot import Boot
     from quantize_serve.serving.server import vllm_server
 

@@ -37,10 +37,10 @@ from quantize_serve.capacity.measure import (
     METHOD_GPU,
     CapacityConfig,
     boot_log_name,
-    capacity_spec,
     measure_capacity,
     plan_for,
 )
+from quantize_serve.serving.spec import capacity_spec
 from quantize_serve.core.errors import RecipeError, ServerBootError, UnplannableShapeError
 from quantize_serve.quantize.run import CHECKPOINT_FORMAT, weight_scheme
 from quantize_serve.recipe.model import Recipe

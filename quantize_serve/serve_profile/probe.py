@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from quantize_serve.capacity.measure import capacity_spec
+from quantize_serve.serving.spec import capacity_spec
 from quantize_serve.core.errors import ServerBootError
 from quantize_serve.gates.stress import run_stress_test
 from quantize_serve.recipe.gates import StressGate

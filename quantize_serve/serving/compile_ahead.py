@@ -40,7 +40,7 @@ HEADROOM_BYTES = 1 * GIB
 
 
 def compile_log(run_dir: Path, label: str = Boot.PRODUCTION.value) -> Path:
-    """Where the boot that compiles ahead logs, beside the boots' own logs (tasks/serve.py boot_log);
+    """Where the boot that compiles ahead logs, beside the boots' own logs (tasks/boot.py boot_log);
     ``label``: the production boot's name by what it runs (capacity.boot_label)."""
     return run_dir / f"vllm-{label}-compile-ahead.log"
 

@@ -83,7 +83,7 @@ import sys
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from pathlib import Path
 from quantize_serve.recipe.load import load_recipe
-from quantize_serve.capacity.measure import capacity_spec
+from quantize_serve.serving.spec import capacity_spec
 from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.server import vllm_server
 r = load_recipe(sys.argv[1])

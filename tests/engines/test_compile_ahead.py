@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks import evidence
-from quantize_serve.capacity.measure import capacity_spec
+from quantize_serve.serving.spec import capacity_spec
 from quantize_serve.serving import vllm_log
 from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.compile_ahead import Until, compile_ahead, compile_log

@@ -249,7 +249,7 @@ def test_the_production_boot_names_the_model_as_production_does(awq_recipe, awq_
 @pytest.mark.w4a16_serving
 @pytest.mark.fp8_kv_serving
 def test_vllm_serves_gptq_checkpoint(gptq_recipe, gptq_checkpoint, tmp_path):
-    from quantize_serve.capacity.measure import capacity_spec
+    from quantize_serve.serving.spec import capacity_spec
     from quantize_serve.serving.server import vllm_server
 
     spec = capacity_spec(gptq_recipe, "w4a16-fp8kv", Path(gptq_checkpoint.checkpoint_dir))

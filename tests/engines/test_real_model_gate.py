@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from quantize_serve.gates.accuracy import run_accuracy
-from quantize_serve.gates.recovery import compare_accuracy
+from quantize_serve.gates.accuracy.run import run_accuracy
+from quantize_serve.gates.accuracy.recovery import compare_accuracy
 from tests.conftest import ROOT, SERVING_OVERRIDES, _quantize
 
 RECIPE = ROOT / "recipes" / "smollm2-135m-awq.yaml"
@@ -41,8 +41,8 @@ def recipe():
 
 def score(recipe, model_dir: Path, boot, output_dir: Path, paired_with=None, echo_too=False):
     """The gate's run on ``model_dir`` served as ``boot``; ``echo_too``: also the cloze task scored the echo
-    way on the same server (the gate's default is context-once, gates/scoring.py)."""
-    from quantize_serve.capacity.measure import capacity_spec
+    way on the same server (the gate's default is context-once, gates/accuracy/scoring.py)."""
+    from quantize_serve.serving.spec import capacity_spec
     from quantize_serve.serving.server import vllm_server
 
     spec = capacity_spec(recipe, boot, model_dir)
@@ -99,7 +99,7 @@ def test_the_paired_gate_on_a_real_model_and_its_4bit_copy(recipe, tmp_path):
     counts = base.scoring_counts
     assert base.scoring == "context-once" and counts["checked_first"] > 0 and counts["context_requests"] > 8
     assert counts["context_once_requests"] == 4 * counts["context_requests"], counts
-    # the check is recorded with the run (the report's scoring lines: gates/results.py scoring_notes)
+    # the check is recorded with the run (the report's scoring lines: gates/accuracy/results.py scoring_notes)
     assert [(c.path, c.kept) for c in base.scoring_checks] == [("first", True)], base.scoring_checks
     print("\n".join(f"candidate scoring: {c.line()}" for c in candidate.scoring_checks))
     # vLLM's own count of what it was sent and computed (/metrics), kept with the run

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from benchmarks.evidence import ProfileFileSpec
-from quantize_serve.capacity.measure import capacity_spec, read_cache_info
+from quantize_serve.capacity.measure import read_cache_info
+from quantize_serve.serving.spec import capacity_spec
 from quantize_serve.core.errors import GateError
 from quantize_serve.recipe.model import ProfileSearch
 from quantize_serve.serve_profile import output as po

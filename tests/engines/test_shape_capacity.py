@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from quantize_serve.capacity.measure import capacity_spec, checkpoint_tensor_bytes
+from quantize_serve.serving.spec import capacity_spec, checkpoint_tensor_bytes
 from quantize_serve.cli import main
 from quantize_serve.serving.boot import Boot
 from tests.conftest import ROOT, vllm_processes_of

@@ -97,7 +97,7 @@ def test_soak_passes_on_the_production_boot(
 
 @pytest.mark.timeout(240)
 def test_soak_fails_on_a_real_leak(awq_recipe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from quantize_serve.capacity.measure import capacity_spec
+    from quantize_serve.serving.spec import capacity_spec
     from quantize_serve.serving.boot import Boot
     from quantize_serve.serving.server import vllm_server
 

@@ -14,7 +14,7 @@ def test_two_runs_queue_on_the_gpu_limit():
     from prefect.client.orchestration import get_client
 
     from quantize_serve.core.settings import get_settings
-    from tasks.serve import gpu_slot
+    from tasks.boot import gpu_slot
 
     hold_s, spans, errors = 2.0, {}, []
     ready = threading.Barrier(2)

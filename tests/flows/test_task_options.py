@@ -44,7 +44,7 @@ def test_the_compile_ahead_task_waits_for_the_checkpoint_and_hears_the_base_scor
     from quantize_serve.serving.compile_ahead import Until
     from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
     from prefect.utilities.annotations import quote
-    from tasks.serve import compile_production_ahead
+    from tasks.compile_ahead import compile_production_ahead
     from tests.conftest import ROOT
     from tests.release_fixtures import placeholder_checkpoint
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from quantize_serve.capacity.measure import capacity_spec
-from quantize_serve.gates.accuracy import lm_eval_concurrency
+from quantize_serve.serving.spec import capacity_spec
+from quantize_serve.gates.accuracy.run import lm_eval_concurrency
 from quantize_serve.recipe.load import load_recipe
 from quantize_serve.recipe.model import ProfileSearch
 from quantize_serve.report.base_reference import (
@@ -103,11 +103,11 @@ def test_a_run_knows_before_its_base_resolves_whether_a_stored_reference_could_b
     tmp_path, monkeypatch
 ):
     """stored_for: a Hub base's references name its repo (any commit), a local base's are all "local:"
-    ones; with none, the run boots its base (tasks/serve.py boots_base_first, unless reuse is off), so the
-    base's boot can start as the base downloads."""
+    ones; with none, the run boots its base (tasks/base_reference.py boots_base_first, unless reuse is
+    off), so the base's boot can start as the base downloads."""
     from quantize_serve.core.settings import get_settings
     from quantize_serve.validate.preflight import validate_recipe
-    from tasks.serve import boots_base_first
+    from tasks.base_reference import boots_base_first
 
     assert not stored_for(tmp_path, "org/base") and not stored_for(tmp_path, None)
     ref = placeholder_reference("k1", "run-1")

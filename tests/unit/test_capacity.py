@@ -6,10 +6,8 @@ import json
 
 import pytest
 
-from quantize_serve.capacity.measure import (
-    capacity_spec,
-    published_serve_command,
-)
+from quantize_serve.capacity.measure import published_serve_command
+from quantize_serve.serving.spec import capacity_spec
 from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.server import ServerSpec
 from quantize_serve.serving.vllm_log import remedy_for, root_cause

@@ -14,10 +14,10 @@ from quantize_serve.capacity.measure import (
     CapacityReport,
     at_utilization,
     boot_log_name,
-    capacity_spec,
     measure_capacity,
     with_sixteen_bit_kv,
 )
+from quantize_serve.serving.spec import capacity_spec
 from quantize_serve.recipe.load import load_recipe
 from quantize_serve.serving import gpu
 from quantize_serve.serving.boot import Boot
@@ -183,7 +183,7 @@ def test_row_b_derived_from_the_production_boot_names_what_that_boot_held(tmp_pa
 
 
 def test_a_reused_row_names_its_run_and_what_it_was_there(tmp_path, monkeypatch):
-    import tasks.serve as serve
+    import tasks.base_reference as serve
     from quantize_serve.report.base_reference import MeasuredRow, format_key
     from tests.release_fixtures import placeholder_reference
 
@@ -216,7 +216,7 @@ def test_a_reused_row_names_its_run_and_what_it_was_there(tmp_path, monkeypatch)
 )  # fmt: skip
 def test_boot_logs_are_named_by_the_runs_scheme_and_kv_dtype(overrides, names, tmp_path):
     from quantize_serve.validate.preflight import ValidatedRecipe
-    from tasks.serve import boot_log
+    from tasks.boot import boot_log
 
     recipe = load_recipe(TINY, overrides)
     assert tuple(boot_log_name(recipe, b) for b in Boot) == names

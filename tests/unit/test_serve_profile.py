@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from quantize_serve.capacity import planner
-from quantize_serve.capacity.measure import capacity_spec, plan_for
+from quantize_serve.capacity.measure import plan_for
+from quantize_serve.serving.spec import capacity_spec
 from quantize_serve.core.errors import GateError
 from quantize_serve.recipe.load import load_recipe, parse_recipe
 from quantize_serve.recipe.model import ProfileSearch, ServeSection

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from quantize_serve.capacity.measure import capacity_spec
+from quantize_serve.serving.spec import capacity_spec
 from quantize_serve.core.errors import ServerBootError
 from quantize_serve.recipe.load import load_recipe
 from quantize_serve.serve_profile import probe as profile_probe
@@ -82,7 +82,7 @@ def test_the_production_boot_names_the_model_by_its_repo_id_at_the_release_ref(c
 
 
 def test_the_flow_serves_only_the_production_settings_under_the_repo_id(checkpoint, tmp_path, monkeypatch):
-    from tasks import serve as serve_tasks
+    from tasks import boot as serve_tasks
 
     booted = []
 
