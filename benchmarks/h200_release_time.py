@@ -13,10 +13,11 @@ the times are real):
   gives them the tokens Llama-3's would give the real rows (~10M scored prompt tokens a model).
 
 The runs, on one local stack (Prefect server, `gpu` pool, local Hub):
-1. ``baseline``: the product's speed-ups that a setting switches off are off (QS_PREPARE_BOOTS=false,
-   QS_REUSE_BASE_REFERENCE=false, QS_QUANTIZE_ON_DEVICE=false, lm-eval's concurrency at the recipe's
-   former 16, lm-eval's echo scoring, every document in one look), a fresh work dir
-   (an empty vLLM compile cache), its own Hub repo. What stays on: the Hub push beside the boots.
+1. ``baseline``: the product's speed-ups off by one setting, QS_STEPS=baseline (report/steps.py: the boots
+   not prepared ahead, no base reference reused, llm-compressor's own placement, vLLM's workers spawned,
+   lm-eval's echo scoring, every document in one look, quantization before the base), lm-eval's concurrency
+   at the recipe's former 16, a fresh work dir (an empty vLLM compile cache), its own Hub repo. What stays
+   on: the Hub push beside the boots.
 2. ``first_release``: everything on, a fresh work dir, its own Hub repo: a base never released here.
 3. ``re_release``: everything on, the first release's work dir and Hub repo, a new calibration draw
    (calibration.shuffle_seed + 1, so the model is quantized again): a known base's next release.
@@ -137,7 +138,6 @@ WARM_UP_OUTPUT_TOKENS = [64]  # warm_up's stress requests (run_plan)
 # a later session (--base-reference): a first release and a re-release do not fit one session's device time
 BASE_REFERENCE_FILE = "h200_base_reference.json"
 BASELINE_CONCURRENT = SCENARIO["baseline_concurrent"]
-BASELINE_OVERRIDES = SCENARIO["baseline_overrides"]  # the speed-ups that are recipe settings: off
 # What a run's streamed log says as it goes: kept under "cut_short" until the run ends, so a run that a
 # session's end cuts short still leaves its stages (the final record replaces it)
 STAGE_LINE = re.compile(r"stage done: (.+?)\s*$")
@@ -156,6 +156,23 @@ def stress_seconds(stress: dict[str, Any] | None) -> dict[str, float | None] | N
     if not stress:
         return None
     return {"test": stress["duration_s"], "bench": (stress.get("throughput") or {}).get("duration")}
+
+
+def decided(report: dict[str, Any]) -> dict[str, Any]:
+    """What a run's steps chose (report.json's ``steps``, report/steps.py): the base reused from which run,
+    why it quantized beside the base, what compiling the production boot's graphs ahead did. A report
+    written before the steps carried these three as fields of its own."""
+    steps = report.get("steps")
+    if not steps:
+        return {k: report.get(k) for k in ("base_reused_from", "quantized_beside_base", "compiled_ahead")}
+    by_name = {s["name"]: s for s in steps["steps"]}
+    return {
+        "base_reused_from": steps["base_reused_from"],
+        "quantized_beside_base": by_name["quantize"]["why"] if steps["quantized_beside_base"] else None,
+        "compiled_ahead": by_name["compile ahead"][
+            "outcome"
+        ],  # the production boot's graphs (compile_ahead.py)
+    }
 
 
 def one_run(
@@ -240,9 +257,7 @@ def one_run(
             "quantize_stage_seconds": (report.get("checkpoint") or {}).get("stage_seconds"),  # the worker's
             # its imports done before the stage (a worker started as the run validated): not on its wall
             "quantize_imports_ahead": (report.get("checkpoint") or {}).get("imports_ahead"),
-            "base_reused_from": report.get("base_reused_from"),
-            "quantized_beside_base": report.get("quantized_beside_base"),
-            "compiled_ahead": report.get("compiled_ahead"),  # the production boot's graphs (compile_ahead.py)
+            **decided(report),
             "decision": "passed" if decision.get("passed") else ("rejected" if decision else None),
             "stress_seconds": stress_seconds(report.get("stress")),
             "environment": env,
@@ -301,7 +316,6 @@ def run_plan(
         **base_overrides,
         "hub.repo_id": repo + "-baseline",
         "gates.accuracy.num_concurrent": BASELINE_CONCURRENT,
-        **BASELINE_OVERRIDES,
     }
     return [
         ("baseline", baseline, {**env, **BASELINE_ENV, "QS_WORK_DIR": str(home / "work-baseline")}),

@@ -121,7 +121,6 @@ class Scenario(BaseModel):
     smoke_limits: dict[str, int] | None = None
     smoke_data: dict[str, int] | None = None
     baseline_env: dict[str, str] | None = None
-    baseline_overrides: dict[str, Any] | None = None
     baseline_concurrent: int | None = None
     targets: dict[str, float] | None = None
     manual_note: str | None = None

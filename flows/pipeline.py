@@ -60,21 +60,18 @@ from tasks.regression import (
 from tasks.releases import publish_release_history
 from tasks.progress import Progress
 from tasks.report import publish_report, request_approval, run_folder, run_id, write_report_files
+from quantize_serve.core.settings import get_settings
+from quantize_serve.report.steps import boots_base, boots_base_first, measures_shape, reused_sixteen_bit_kv
 from tasks.base_reference import (
-    boots_base_first,
     find_base_reference,
     record_base_reference,
     record_sixteen_bit_kv,
-    reused_sixteen_bit_kv,
+    reference_stored,
 )
 from tasks.boot import gpu_slot, plan_base_boot, prepare_boot, prepared_boots
 from tasks.capacity import derived_sixteen_bit_kv, measure_shape_capacity, summarize_capacity
-from tasks.compile_ahead import (
-    compile_production_ahead,
-    compiled_production_ahead,
-    compiles_ahead,
-    prepare_compile_ahead,
-)
+from tasks.compile_ahead import compile_production_ahead, compiled_production_ahead, prepare_compile_ahead
+from tasks.steps import decide_run_steps
 from tasks.serve_profile import (
     published_model,
     published_serve_command,
@@ -111,11 +108,12 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
     rejection)."""
     run_dir = run_folder(validated)
     preflight = None
-    if validated.recipe.serve.preflight == "measure":  # the shape's capacity, before any weights download
+    if measures_shape(validated.recipe):  # the shape's capacity, before any weights download
         progress.start("shape capacity")
         with gpu_slot():
             preflight = progress.done("shape capacity", measure_shape_capacity(validated, run_dir))
-    if boots_base_first(validated):  # the base's boot imports vLLM, then inspects its model, as it downloads
+    # the base's boot imports vLLM, then inspects its model, as it downloads
+    if boots_base_first(get_settings(), reference_stored(validated)):
         prepare_boot(validated, run_dir, Boot.BASE)
         prepare_boot(validated, run_dir, Boot.BASE, base_architectures(validated))
     progress.start("resolve base")
@@ -130,19 +128,21 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
         )
         validated = with_candidate(validated, formats.winner, formats.row(formats.winner).scheme)
     # a known base (same sha, tasks, serve settings, vLLM, hardware): its figures from the run that measured
-    # them
-    reference_key, reference = find_base_reference(validated, base, base_boot)
-    sixteen_bit_kv = reused_sixteen_bit_kv(validated, reference)  # row (b) of this format, if measured
-    # else booted (serve.sixteen_bit_kv_row: boot) or derived from the production boot's
-    boot_sixteen = sixteen_bit_kv is None and validated.recipe.serve.sixteen_bit_kv_row == "boot"
-    # a base to score boots first when calibration fits beside it (calibration.beside_base)
-    beside, why, served_at = (False, None, None)
-    if reference is None:
-        beside, why, served_at = beside_base(validated, base, base_boot.tensor_parallel_size)
-    first_boot = (
-        Boot.BASE if reference is None else Boot.QUANTIZED_16BIT_KV if boot_sixteen else Boot.PRODUCTION
+    # them; where the base boots, whether calibration fits beside it (calibration.beside_base)
+    reference_key, stored = find_base_reference(validated, base, base_boot)
+    beside_room = (
+        beside_base(validated, base, base_boot.tensor_parallel_size)
+        if boots_base(stored, get_settings())
+        else None
     )
-    after_base = (Boot.QUANTIZED_16BIT_KV, Boot.PRODUCTION) if boot_sixteen else (Boot.PRODUCTION,)
+    steps = progress.done(
+        "decide steps", decide_run_steps(validated, base, base_boot, stored, beside_room, formats)
+    )
+    reference = stored if steps.base_reused_from else None
+    sixteen_bit_kv = reused_sixteen_bit_kv(validated.recipe, reference)  # row (b) of this format, if measured
+    boot_sixteen = steps.sixteen_bit_kv == "booted"
+    beside, served_at = steps.quantized_beside_base, steps.served_at
+    first_boot, after_base = steps.first_boot, steps.after_base
 
     # a Hub step the release needs that failed for good stops the boots and every stage after it
     blocked = Blocked(run_dir, validated.recipe.hub)
@@ -173,7 +173,7 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
         return served_base
 
     # the production boot's graphs compiled beside the base's accuracy run once the checkpoint is saved
-    until, ahead = Until(), beside and compiles_ahead(validated)
+    until, ahead = Until(), steps.compile_ahead
 
     def quantize_beside(server, spec, capacity):  # with the base's capacity read, before its accuracy run
         progress.start(QUANTIZE_STAGE)
@@ -210,9 +210,7 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
         # the boot compiling ahead is gone before the production boot takes the memory (None: not started)
         compiled_ahead = compiled_production_ahead(compiling)
         profile = None
-        if (
-            validated.recipe.serve.search and validated.recipe.serve.search.enabled
-        ):  # the largest stable batch
+        if steps.profile_search:  # the largest stable batch
             progress.start("serving profile search")
             profile = search_serve_profile(
                 validated.recipe,
@@ -335,10 +333,7 @@ def release(validated: ValidatedRecipe, progress: Progress) -> RunReport | State
             preflight=preflight,
             profile=profile,
             formats=formats,
-            base_reused_from=reference.run_id if reference else None,
-            quantized_beside_base=why if beside else None,
-            compiled_ahead=compiled_ahead.line() if compiled_ahead else None,
-            sixteen_bit_kv_reused_from=sixteen_bit_kv.run_id if sixteen_bit_kv else None,
+            steps=steps.with_outcome("compile ahead", compiled_ahead.line() if compiled_ahead else None),
             accuracy=checks if isinstance(checks, list) else [],
             scoring=scoring_notes(
                 {"base": outcome(base_served.accuracy), "candidate": outcome(quantized.accuracy)}

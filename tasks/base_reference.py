@@ -22,13 +22,14 @@ from quantize_serve.serving.spec import capacity_spec
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
 
 
-def boots_base_first(validated: ValidatedRecipe) -> bool:
-    """Whether the run boots its base first whatever the base resolves to: no stored reference could be
-    this base's (report/base_reference.py stored_for), or reuse is off. Known before the base resolves,
-    so the base's boot can import while it downloads (flows/pipeline.py)."""
-    settings, recipe = get_settings(), validated.recipe
-    repo_id = None if recipe.model_is_local else recipe.model.id
-    return not settings.reuse_base_reference or not base_reference.stored_for(settings.work_dir, repo_id)
+def reference_stored(validated: ValidatedRecipe) -> bool:
+    """Whether the store holds a reference that could be this run's base (report/base_reference.py
+    stored_for), before the base resolves: the run's steps then know whether its base boots first
+    (report/steps.py boots_base_first)."""
+    recipe = validated.recipe
+    return base_reference.stored_for(
+        get_settings().work_dir, None if recipe.model_is_local else recipe.model.id
+    )
 
 
 @task(name="find-base-reference", cache_policy=NO_CACHE)
@@ -37,7 +38,8 @@ def find_base_reference(
     base: BaseModelRef,
     base_boot: capacity.BaseBoot,
 ) -> tuple[str, base_reference.BaseReference | None]:
-    """(the key of this run's base figures, the reference a previous run stored under it, if any)."""
+    """(the key of this run's base figures, the reference a previous run stored under it, if any): whether
+    the run reuses it is the run's steps' choice (report/steps.py, QS_REUSE_BASE_REFERENCE)."""
     spec = capacity_spec(
         validated.recipe,
         capacity.Boot.BASE,
@@ -57,23 +59,21 @@ def find_base_reference(
         lm_eval_version=lm_eval_version,
     )
     key = base_reference.reference_key(factors)
-    settings = get_settings()
-    found = base_reference.find_reference(settings.work_dir, key) if settings.reuse_base_reference else None
-    logger = get_run_logger()
+    found = base_reference.find_reference(get_settings().work_dir, key)
     if found:
-        logger.info(
-            "base %s: capacity row (%s) and base accuracy reused from run %s (same base sha, tasks, "
-            "serve settings, vLLM version and hardware): the base is not booted",
+        get_run_logger().info(
+            "base %s: a reference stored by run %s under key %s (same base sha, tasks, serve settings, vLLM "
+            "version and hardware)",
             base.identity,
-            capacity.Boot.BASE,
             found.run_id,
+            key,
         )
         # the row says so wherever it is shown (the capacity table, report.json)
         found = found.model_copy(
             update={"capacity": found.capacity.model_copy(update={"reused_from": found.run_id})}
         )
     else:
-        logger.info("base %s: no reference under key %s, the base is served", base.identity, key)
+        get_run_logger().info("base %s: no reference under key %s", base.identity, key)
     return key, found
 
 
@@ -100,23 +100,6 @@ def record_base_reference(
         factors=factors,
     )
     base_reference.save_reference(get_settings().work_dir, reference)
-
-
-def reused_sixteen_bit_kv(
-    validated: ValidatedRecipe, reference: base_reference.BaseReference | None
-) -> base_reference.MeasuredRow | None:
-    """Row (b) a previous release of this base in this format measured (report/base_reference.py), if any."""
-    fmt = base_reference.format_key(validated.recipe)
-    row = reference.sixteen_bit_kv.get(fmt) if reference and fmt else None
-    if row:
-        get_run_logger().info(
-            "capacity row (%s) reused from run %s (same base, quantization format, serve settings, vLLM "
-            "version and hardware): the quantized checkpoint is not booted with 16-bit KV",
-            capacity.boot_label(validated.recipe, capacity.Boot.QUANTIZED_16BIT_KV),
-            row.run_id,
-        )
-        row = row.model_copy(update={"capacity": row.capacity.model_copy(update={"reused_from": row.run_id})})
-    return row
 
 
 @task(name="record-16bit-kv-row", cache_policy=NO_CACHE)

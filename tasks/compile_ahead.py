@@ -13,22 +13,11 @@ from prefect.futures import PrefectFuture
 from prefect.logging import get_run_logger
 
 from quantize_serve.capacity import measure as capacity
-from quantize_serve.core.settings import get_settings
 from quantize_serve.quantize.run import QuantizeResult
 from quantize_serve.serving import compile_ahead, gpu
 from quantize_serve.serving.server import prepare_server
 from quantize_serve.serving.spec import capacity_spec
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
-
-
-def compiles_ahead(validated: ValidatedRecipe) -> bool:
-    """Whether a run that quantizes beside its base compiles the production boot's graphs ahead, beside the
-    base's accuracy run: the production boot compiles (serve.enforce_eager false), on a GPU host (on a CPU
-    the compile would take the cores the base is scored on), with the boots prepared ahead
-    (QS_PREPARE_BOOTS)."""
-    return (
-        not validated.recipe.serve.enforce_eager and get_settings().prepare_boots and bool(gpu.memory_info())
-    )
 
 
 @task(name="compile-production-ahead", cache_policy=NO_CACHE)

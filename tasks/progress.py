@@ -24,6 +24,7 @@ from quantize_serve.hub.client import PushResult
 from quantize_serve.quantize.run import QuantizeResult
 from quantize_serve.report.base_reference import BaseReference
 from quantize_serve.report.run_report import Release, RunReport
+from quantize_serve.report.steps import RunSteps
 from quantize_serve.serve_profile.search import ProfileSearchResult
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
 
@@ -42,6 +43,8 @@ MARKS = (
     "reported",
 )
 T = TypeVar("T")
+# The run's steps a stage line names (all of them, with their reasons: the run's log, report and artifact)
+STEPS_SHOWN = ("base", "quantize", "compile ahead")
 
 
 class Progress:
@@ -164,6 +167,8 @@ def key_figure(result: Any) -> tuple[bool, str]:
         )
     if isinstance(result, RunReport):
         return True, f"{portable_path(result.report_dir)}/report.md"
+    if isinstance(result, RunSteps):
+        return True, "; ".join(f"{s.name} {s.choice}" for s in result.steps if s.name in STEPS_SHOWN)
     return True, ""
 
 

@@ -16,6 +16,7 @@ from quantize_serve.hub.download import download_model
 from quantize_serve.quantize import device, existing_checkpoint
 from quantize_serve.quantize.calibration import calibration_tokens, count_ahead
 from quantize_serve.quantize import run as quantize
+from quantize_serve.report.steps import BesideBase
 from quantize_serve.serving import gpu
 from quantize_serve.validate.preflight import BaseModelRef, ValidatedRecipe
 
@@ -85,14 +86,14 @@ def checkpoint_folder(validated: ValidatedRecipe) -> tuple[Path, str | None]:
 
 def beside_base(
     validated: ValidatedRecipe, base: BaseModelRef, tensor_parallel_size: int | None = None
-) -> tuple[bool, str, float | None]:
-    """Whether this run quantizes beside its base's accuracy run (calibration.beside_base), decided before
+) -> BesideBase:
+    """Whether calibration fits beside the base's accuracy run (calibration.beside_base), measured before
     the base boots, and the gpu_memory_utilization the base is then served at when not the recipe's: the
     device's free memory against vLLM's share (utilization x usable memory) and calibration's need, first
     at the recipe's largest (samples x max_seq_len), then, where that does not fit beside the base at the
     recipe's utilization and fewer tokens could, at the tokens it will run on (counted with the base's
     tokenizer, a few seconds).
-    ``tensor_parallel_size``: the base's (plan_base_boot)."""
+    ``tensor_parallel_size``: the base's (plan_base_boot). The run's steps decide on it (report/steps.py)."""
     r, c = validated.recipe, validated.recipe.calibration
     info = gpu.memory_info()
     weights = quantize.weights_bytes_on_disk(Path(base.local_dir))
@@ -129,4 +130,4 @@ def beside_base(
     if (info or counted) and c.beside_base != "never":
         why = f"{why} ({bound}{tokens:,} calibration tokens)"
     get_run_logger().info("quantize beside the base's accuracy run: %s (%s)", "yes" if now else "no", why)
-    return now, why, utilization
+    return BesideBase(fits=now, why=why, served_at=utilization)

@@ -8,9 +8,11 @@ from typing import Any
 from prefect import task
 
 from quantize_serve.core.errors import HubError
+from quantize_serve.core.settings import get_settings
 from quantize_serve.hub.client import resolve_token
 from quantize_serve.hub.download import base_model_cache
 from quantize_serve.recipe.model import Recipe
+from quantize_serve.report.steps import baseline_overrides
 from quantize_serve.validate import preflight as validate
 
 
@@ -18,6 +20,9 @@ from quantize_serve.validate import preflight as validate
 def validate_recipe(
     recipe: Recipe | str | Path, overrides: dict[str, Any] | None = None
 ) -> validate.ValidatedRecipe:
+    """The recipe with the run's ``overrides`` (and, with QS_STEPS=baseline, the recipe's speed-ups off:
+    report/steps.py), validated, checked against this host."""
+    overrides = {**(overrides or {}), **baseline_overrides(get_settings())} or None
     validated = validate.validate_recipe(recipe, overrides)
     validate.check_quantize_host(validated.recipe, source=validated.source)
     validate.check_serving_host(validated.recipe, source=validated.source)
@@ -36,7 +41,7 @@ def resolve_base_model(validated: validate.ValidatedRecipe) -> validate.BaseMode
 @task(name="base-architectures")
 def base_architectures(validated: validate.ValidatedRecipe) -> list[str]:
     """The base's config.json ``architectures`` before its weights download, for the base's boot to inspect
-    ahead (tasks/serve.py prepare_boot): from its folder, or that one file from the Hub (one attempt, into
+    ahead (tasks/boot.py prepare_boot): from its folder, or that one file from the Hub (one attempt, into
     the cache the download then finds it in); none when they cannot be had now: resolve-base-model, with
     its retries, then says why."""
     recipe = validated.recipe

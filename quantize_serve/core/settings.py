@@ -9,8 +9,9 @@ from __future__ import annotations
 import sys
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -69,6 +70,20 @@ class Settings(BaseSettings):
     gpu_concurrency_limit: str = Field(
         default="gpu", description="Prefect global concurrency limit that serialises GPU stages."
     )
+    steps: Literal["fast", "baseline"] = Field(
+        default="fast",
+        description="baseline: every speed-up off, for the release-time baseline "
+        "(benchmarks/scenarios/release-time.yaml): QS_PREPARE_BOOTS, QS_REUSE_BASE_REFERENCE and "
+        "QS_QUANTIZE_ON_DEVICE false, vLLM's workers spawned as `vllm serve` spawns them, and the recipe's "
+        "speed-ups off as the run's overrides (report/steps.py BASELINE_OVERRIDES: lm-eval's echo scoring, "
+        "every document in one look, quantize before the base). The report's steps say so.",
+    )
+
+    @model_validator(mode="after")
+    def _baseline_turns_the_speed_ups_off(self) -> Settings:
+        if self.steps == "baseline":
+            self.prepare_boots = self.reuse_base_reference = self.quantize_on_device = False
+        return self
 
 
 @lru_cache(maxsize=1)

@@ -130,6 +130,7 @@ class ModelCardInputs(BaseModel):
     status: Status = "candidate"
     rejection_reasons: list[str] = Field(default_factory=list)
     capacity_markdown: str = ""
+    steps_markdown: str = Field(default="", description="what the run did and why (report/steps.py)")
     regression_markdown: str = Field(
         default="",
         description="base, production and candidate side by side (the regression gate), or why it was off",
@@ -321,6 +322,8 @@ def render_model_card(inputs: ModelCardInputs) -> ModelCard:
         parts.append(
             "## Stress test\n\n" + _table(["measure", "value"], [[k, v] for k, v in sorted(i.stress.items())])
         )
+    if i.steps_markdown.strip():
+        parts.append("## How the run made it (each choice and why)\n\n" + i.steps_markdown.strip())
     if i.serving_command.strip():
         parts.append("## Serving\n\n```bash\n" + i.serving_command.strip() + "\n```")
     p = i.provenance
@@ -396,6 +399,7 @@ def card_inputs(
             ],
             "stress": stress_summary(report.stress),
             "regression_markdown": report.regression.markdown() if report.regression else "",
+            "steps_markdown": report.steps.markdown() if report.steps else "",
         }
     return ModelCardInputs(
         repo_id=recipe.hub.repo_id if recipe.hub else recipe.name,

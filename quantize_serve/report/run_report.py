@@ -28,6 +28,7 @@ from quantize_serve.gates.soak import SoakResult
 from quantize_serve.gates.stress import StressResult
 from quantize_serve.hub.client import PushResult
 from quantize_serve.quantize.run import QuantizeResult
+from quantize_serve.report.steps import RunSteps
 from quantize_serve.report.provenance import (
     describe_hardware,
     eval_task_refs,
@@ -61,15 +62,11 @@ class RunReport(BaseModel):
     checkpoint: QuantizeResult
     candidate: PushResult | None = None
     capacity: CapacityReport | None = None
-    # the run whose base figures (capacity row (a), base accuracy) this run reused (report/base_reference.py)
-    base_reused_from: str | None = None
-    # the run whose capacity row (b), the quantized checkpoint with 16-bit KV, this run reused (same base and
-    # format: report/base_reference.py)
-    sixteen_bit_kv_reused_from: str | None = None
-    # why the checkpoint was quantized beside the base's accuracy run (calibration.beside_base), when it was
-    quantized_beside_base: str | None = None
-    # the production boot's graphs compiled beside the base's accuracy run (serving/compile_ahead.py), or not
-    compiled_ahead: str | None = None
+    # what the run did and why, decided before the base or the checkpoint boots (report/steps.py): the base
+    # booted or reused, row (b), quantization beside the base, compile ahead (with what it did)... Reports
+    # written before it carried four of these as fields of their own (base_reused_from,
+    # sixteen_bit_kv_reused_from, quantized_beside_base, compiled_ahead), which reading them now ignores
+    steps: RunSteps | None = None
     preflight: ShapeCapacity | None = None  # serve.preflight: measure - the shape with dummy weights
     profile: ProfileSearchResult | None = None
     formats: FormatChoice | None = None  # quantization.candidates: every format measured, the rule's choice
@@ -162,6 +159,9 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
     embed = embed_images and folder is not None
     verdict = "PASSED" if r.decision.passed else "FAILED"
     rel = r.release
+    steps = r.steps
+    beside = steps.step("quantize").why if steps and steps.quantized_beside_base else None
+    compiled = steps.step("compile ahead").outcome if steps else None
     lines = [
         f"# quantize-serve: {r.recipe}",
         "",
@@ -179,10 +179,8 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
         ),
         f"- quantization device: {r.checkpoint.device or 'not recorded'}"
         + (f"; {r.checkpoint.placement}" if r.checkpoint.placement else "")
-        + (
-            f"; beside the base's accuracy run ({r.quantized_beside_base})" if r.quantized_beside_base else ""
-        ),
-        *([f"- the production boot: {r.compiled_ahead}"] if r.compiled_ahead else []),
+        + (f"; beside the base's accuracy run ({beside})" if beside else ""),
+        *([f"- the production boot: {compiled}"] if compiled else []),
         (
             f"- recipe: `{_recipe_source(r.recipe_source)}` (sha256 `{r.recipe_sha256[:12]}`), run "
             f"`{r.run_id}`" + (f" ({r.run_url})" if r.run_url else "") + f", {r.hardware}"
@@ -201,22 +199,28 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
             + (f", rejection recorded as tag `{rel.rejection_tag}`" if rel.rejection_tag else "")
             + (f" ({rel.url})" if rel.url else "")
         )
+    if steps:
+        lines += [
+            "",
+            "## Steps (each choice and why, decided before the base or the checkpoint boots)",
+            steps.markdown(),
+        ]
     lines += ["", "## Decision", r.decision.markdown(), ""]
     if r.regression:
         lines += ["## Against production (base, production, candidate)", r.regression.markdown(), ""]
     if r.capacity:
         lines += ["## Capacity (same memory budget)", r.capacity.markdown(), ""]
-        if r.base_reused_from:
+        if steps and steps.base_reused_from:
             lines += [
-                f"Row `base` and the base accuracy are reused from run `{r.base_reused_from}`: the same "
+                f"Row `base` and the base accuracy are reused from run `{steps.base_reused_from}`: the same "
                 "base sha, accuracy tasks, serve settings, vLLM version and hardware; the base was not "
                 "booted again.",
                 "",
             ]
-        if r.sixteen_bit_kv_reused_from:
+        if steps and steps.sixteen_bit_kv_reused_from:
             lines += [
                 f"Row `{r.capacity.label(Boot.QUANTIZED_16BIT_KV)}` (16-bit KV) is reused from run "
-                f"`{r.sixteen_bit_kv_reused_from}`: the same "
+                f"`{steps.sixteen_bit_kv_reused_from}`: the same "
                 "base, quantization format, serve settings, vLLM version and hardware give the same tensor "
                 "bytes and KV cache; the checkpoint was served with 16-bit KV there, and here only as "
                 "released.",

@@ -301,11 +301,14 @@ BOOT_VLLM_DEFAULTS = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}  # vLLM probes FlashIn
 # `vllm serve` sets spawn: its engine core, a fresh interpreter, imports vLLM again (~13 s on the H200).
 # Forked, it has the server's imports; vLLM still spawns where CUDA is up in the server, or on CPU.
 BOOT_START_DEFAULTS = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
+# QS_STEPS=baseline: spawned, as `vllm serve` does (the release-time baseline: every speed-up off)
+BASELINE_START = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
 
 
 def serving_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"))}
-    env = BOOT_VLLM_DEFAULTS | BOOT_START_DEFAULTS | env
+    start = BASELINE_START if get_settings().steps == "baseline" else BOOT_START_DEFAULTS
+    env = BOOT_VLLM_DEFAULTS | start | env
     # One compile cache per work dir: every boot of a run, the serve-profile search, later runs and
     # (with the same variable) production's first boot on this host read and fill the same cache.
     # Its key is vLLM's own (version, the model's name, the serving settings, the code), so sharing the

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from quantize_serve.report.steps import RunSteps
 from quantize_serve.serving.server import INSPECTED, PREPARED_MARK
 from scripts.local_stack import local_stack
 from tests.conftest import ROOT
@@ -280,14 +281,14 @@ def test_deployment_run_promotes(promoted, stack):
     assert {"report.json", "report.md", "capacity.png"} <= {p.name for p in folder.iterdir()}
     # the production boot's vLLM process started while the device was busy before; row (b) derived from it
     assert PREPARED_MARK in (folder / "vllm-w4a16-fp8kv.log").read_text()
-    # no stored reference names this Hub base, so the base's boot started as the run did (flows/pipeline.py
+    # no stored reference names this Hub base, so the base's boot started as the run did (report/steps.py
     # boots_base_first), and had vLLM's model info of its architecture before vLLM's server ran (the
     # pipeline's "$ ..." line may come before either: it is written as the boot starts)
     base_log = (folder / "vllm-base.log").read_text()
     inspected = f"(quantize-serve: vLLM's model info of LlamaForCausalLM {INSPECTED})"
     order = [base_log.find(line) for line in (PREPARED_MARK, inspected, "Resolved architecture")]
     assert -1 < order[0] < order[1] < order[2], base_log[:3000]
-    assert not (folder / "vllm-w4a16.log").exists() and not report["sixteen_bit_kv_reused_from"]
+    assert not (folder / "vllm-w4a16.log").exists() and not report["steps"]["sixteen_bit_kv_reused_from"]
     rows = {r["name"]: r for r in report["capacity"]["configs"]}
     assert rows["w4a16"]["derived"].startswith("not booted: the production boot's"), rows["w4a16"]
     assert rows["w4a16"]["num_blocks"] == rows["w4a16-fp8kv"]["num_blocks"] // 2  # 16-bit: twice the bytes
@@ -329,9 +330,12 @@ def test_a_first_release_quantizes_beside_the_base_accuracy_run(promoted, stack)
     """calibration.beside_base (auto on a GPU host; always here): the base boots first, and once its
     capacity is read the checkpoint is quantized while the base's accuracy is scored."""
     report = promoted_report(stack, promoted)
-    assert report["quantized_beside_base"].startswith("calibration.beside_base is always"), report
+    steps = RunSteps.model_validate(report["steps"])
+    assert steps.quantized_beside_base and steps.first_boot == "base", steps
+    beside = steps.step("quantize").why
+    assert beside.startswith("calibration.beside_base is always"), steps
     # counted in the flow's thread after the count's work ahead (QS_AHEAD_AS_ON_GPU), as on a GPU host
-    assert re.search(r"\(\d[\d,]* calibration tokens\)$", report["quantized_beside_base"]), report
+    assert re.search(r"\(\d[\d,]* calibration tokens\)$", beside), steps
     # the quantization worker, started as the run validated, had done its imports (tasks/quantize.py); a
     # second local suite reuses the first's checkpoint (.cache/test-work, tests/conftest.py): nothing to time
     assert report["checkpoint"]["imports_ahead"] or report["checkpoint"]["cached"], report["checkpoint"]
@@ -429,19 +433,20 @@ def test_a_release_that_beats_its_base_but_loses_to_production_on_capacity_is_re
     assert report["regression"]["production_sha"] == promoted_report(stack, promoted)["release"]["commit_sha"]
     # the first release's base, tasks, serve settings, vLLM and host: the base's figures are reused, not
     # measured
-    assert report["base_reused_from"] and not (Path(report["report_dir"]) / "vllm-base.log").exists()
+    reused_from = report["steps"]["base_reused_from"]
+    assert reused_from and not (Path(report["report_dir"]) / "vllm-base.log").exists()
     # the production boot came first: its process inspected the architecture while the run quantized
     assert INSPECTED in (Path(report["report_dir"]) / "vllm-w4a16-fp8kv.log").read_text()
     # and W8A8 on this base was measured with 16-bit KV by the first release: row (b) is that run's, no boot
     first_run = first_release.report["run_id"]
-    assert report["sixteen_bit_kv_reused_from"] == first_run
+    assert report["steps"]["sixteen_bit_kv_reused_from"] == first_run
     assert PREPARED_MARK in (Path(first_release.report["report_dir"]) / "vllm-w4a16.log").read_text()
     assert not (Path(report["report_dir"]) / "vllm-w4a16.log").exists()
     rows = {r["name"]: r for r in report["capacity"]["configs"]}
     first_rows = {r["name"]: r for r in first_release.report["capacity"]["configs"]}
     assert rows["w4a16"]["kv_cache_tokens"] == first_rows["w4a16"]["kv_cache_tokens"]
     markdown = (Path(report["report_dir"]) / "report.md").read_text()
-    assert f"reused from run `{report['base_reused_from']}`" in markdown
+    assert f"reused from run `{reused_from}`" in markdown
     assert f"Row `w4a16` (16-bit KV) is reused from run `{first_run}`" in markdown
     tags = hub_tags(stack, REPO)
     assert tags[report["release"]["rejection_tag"]] == report["release"]["candidate_sha"]

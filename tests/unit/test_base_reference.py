@@ -103,11 +103,12 @@ def test_a_run_knows_before_its_base_resolves_whether_a_stored_reference_could_b
     tmp_path, monkeypatch
 ):
     """stored_for: a Hub base's references name its repo (any commit), a local base's are all "local:"
-    ones; with none, the run boots its base (tasks/base_reference.py boots_base_first, unless reuse is
-    off), so the base's boot can start as the base downloads."""
+    ones; with none, the run boots its base (report/steps.py boots_base_first, unless reuse is off), so the
+    base's boot can start as the base downloads (tasks/base_reference.py reference_stored asks the store)."""
     from quantize_serve.core.settings import get_settings
+    from quantize_serve.report.steps import boots_base_first
     from quantize_serve.validate.preflight import validate_recipe
-    from tasks.base_reference import boots_base_first
+    from tasks.base_reference import reference_stored
 
     assert not stored_for(tmp_path, "org/base") and not stored_for(tmp_path, None)
     ref = placeholder_reference("k1", "run-1")
@@ -124,12 +125,12 @@ def test_a_run_knows_before_its_base_resolves_whether_a_stored_reference_could_b
     get_settings.cache_clear()
     try:
         local = validate_recipe(RECIPE)
-        assert boots_base_first(local)
+        assert boots_base_first(get_settings(), reference_stored(local))
         shutil.copytree(tmp_path / "base-references", tmp_path / "work" / "base-references")
-        assert not boots_base_first(local)
+        assert not boots_base_first(get_settings(), reference_stored(local))
         monkeypatch.setenv("QS_REUSE_BASE_REFERENCE", "false")
         get_settings.cache_clear()
-        assert boots_base_first(local)
+        assert boots_base_first(get_settings(), reference_stored(local))
     finally:
         monkeypatch.delenv("QS_WORK_DIR")
         monkeypatch.delenv("QS_REUSE_BASE_REFERENCE", raising=False)

@@ -183,8 +183,8 @@ def test_row_b_derived_from_the_production_boot_names_what_that_boot_held(tmp_pa
 
 
 def test_a_reused_row_names_its_run_and_what_it_was_there(tmp_path, monkeypatch):
-    import tasks.base_reference as serve
     from quantize_serve.report.base_reference import MeasuredRow, format_key
+    from quantize_serve.report.steps import reused_sixteen_bit_kv
     from tests.release_fixtures import placeholder_reference
 
     validated = validate_recipe(TINY)
@@ -192,8 +192,7 @@ def test_a_reused_row_names_its_run_and_what_it_was_there(tmp_path, monkeypatch)
     reference = placeholder_reference("k", "run-0").model_copy(
         update={"sixteen_bit_kv": {format_key(validated.recipe): MeasuredRow(run_id="run-7", capacity=row)}}
     )
-    monkeypatch.setattr(serve, "get_run_logger", lambda: type("L", (), {"info": lambda *a: None})())
-    reused = serve.reused_sixteen_bit_kv(validated, reference).capacity
+    reused = reused_sixteen_bit_kv(validated.recipe, reference).capacity
     assert reused.source == "reused" and reused.reused_from == "run-7"
     assert reused.provenance().startswith("reused from run run-7: measured: its boot held 34,912 tokens")
     said = "GPU KV cache size: 34,912 tokens; Maximum concurrency for 2,048 tokens per request: 17.05x"

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from quantize_serve.core.model_files import GIB
 from quantize_serve.report.run_report import render_markdown
+from quantize_serve.report.steps import RunSteps, Step
+from quantize_serve.serving.boot import Boot
 from quantize_serve.serving import vllm_log
 from quantize_serve.serving.compile_ahead import (
     CompiledAhead,
@@ -100,6 +102,17 @@ def test_the_report_says_what_the_production_boot_found_compiled():
     assert failed.line().startswith(
         "its compile beside the base's accuracy run failed (it compiles its own) in 3 s: vLLM exited"
     )
-    report = run_report(repo_id="org/m", candidate_sha="a" * 40, run_id="r1", compiled_ahead=done.line())
+    decided = RunSteps(
+        sixteen_bit_kv="derived",
+        preflight=False,
+        first_boot=Boot.BASE,
+        steps=(Step(name="compile ahead", choice="yes", why="beside the base"),),
+    )
+    report = run_report(
+        repo_id="org/m",
+        candidate_sha="a" * 40,
+        run_id="r1",
+        steps=decided.with_outcome("compile ahead", done.line()),
+    )
     assert f"- the production boot: {done.line()}" in render_markdown(report)
-    assert "the production boot:" not in render_markdown(report.model_copy(update={"compiled_ahead": None}))
+    assert "the production boot:" not in render_markdown(report.model_copy(update={"steps": decided}))

@@ -157,6 +157,37 @@ def test_the_warm_up_cuts_the_gates_and_nothing_that_keys_the_compile_cache(tmp_
     assert plan["warm_up"][1] == plan["re_release_warm"][1] == plan["first_release"][1]  # one work dir
 
 
+def test_the_baseline_turns_every_speed_up_off_by_one_setting(tmp_path, monkeypatch):
+    """The baseline sets QS_STEPS=baseline, and that one value means what its seven switches did: three
+    settings off, vLLM's workers spawned, three recipe fields as the run's overrides (report/steps.py)."""
+    from quantize_serve.core.settings import Settings
+    from quantize_serve.report.steps import baseline_overrides
+    from quantize_serve.serving import server
+
+    recipe = load_recipe(ROOT / "recipes/llama3-8b-instruct-awq.yaml", PRODUCTION)
+    plan = {name: (o, env) for name, o, env in release_time.run_plan(recipe, PRODUCTION, {}, tmp_path)}
+    (baseline, env), (first, first_env) = plan["baseline"], plan["first_release"]
+    assert {k: v for k, v in env.items() if first_env.get(k) != v} == {
+        "QS_STEPS": "baseline",
+        "QS_WORK_DIR": str(tmp_path / "work-baseline"),
+    }
+    assert {k for k in baseline if baseline[k] != first.get(k)} == {
+        "hub.repo_id",
+        "gates.accuracy.num_concurrent",
+    }
+    monkeypatch.setenv("QS_STEPS", "baseline")
+    settings = Settings()
+    assert not (settings.prepare_boots or settings.reuse_base_reference or settings.quantize_on_device)
+    assert baseline_overrides(settings) == {
+        "gates.accuracy.scoring": "echo",
+        "gates.accuracy.looks": [1.0],
+        "calibration.beside_base": "never",
+    }
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    monkeypatch.setattr(server, "get_settings", lambda: settings)
+    assert server.serving_env()["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+
+
 def test_a_runs_stress_seconds_are_the_tests_and_its_bench():
     assert release_time.stress_seconds(None) is None  # no stress test ran (a failure before it)
     assert release_time.stress_seconds({"duration_s": 131.4, "throughput": None}) == {

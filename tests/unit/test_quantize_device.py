@@ -265,13 +265,13 @@ def test_the_flow_counts_calibrations_tokens_only_where_the_count_can_decide(mon
         update={"calibration": recipe.calibration.model_copy(update={"beside_base": "never"})}
     )
     with disable_run_logger():
-        now, why, served_at = task.beside_base(SimpleNamespace(recipe=recipe), base)
+        now, why, served_at = task.beside_base(SimpleNamespace(recipe=recipe), base).model_dump().values()
         assert (now, served_at, len(counted)) == (True, 0.68, 1), why
         assert why.endswith(
             "the base scored at 0.68 (43.7 GiB left), its capacity row derived at 0.90 "
             "(127,236 calibration tokens)"
         ), why
-        now, why, served_at = task.beside_base(SimpleNamespace(recipe=never), base)
+        now, why, served_at = task.beside_base(SimpleNamespace(recipe=never), base).model_dump().values()
     assert (now, served_at, len(counted)) == (False, None, 1), why
     assert why == "calibration.beside_base is never", why
 
