@@ -22,7 +22,8 @@ Writes benchmarks/results/gate-statistics/gate_statistics.json:
 - ``release``: per flip rate, the release's true pass (the product of its tasks': disjoint documents),
   simulated and predicted, and its false pass (a release bad on one task passes at most that task's);
 - ``perplexity``: the real model's per-document nats and each candidate's, scaled to the bad and good
-  points, 100-500 documents drawn with replacement, one look and with looks;
+  points, its 500 documents taken as the split and 100-500 of them drawn as the gate draws a perplexity
+  (the longest with certainty, the rest a sample without replacement), one look and with looks;
 - ``grouped``: mmlu's shape (57 subjects of 20) at design effects of about 1.2 and 1.6, with the gate's
   clustered variance and with the documents taken as independent.
 """
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from quantize_serve.gates.accuracy.documents import DocOutcome, aggregate, draw_documents
+from quantize_serve.gates.accuracy.documents import DocOutcome, aggregate, draw_documents, take_all
 from quantize_serve.gates.accuracy.paired import (
     Paired,
     design,
@@ -116,9 +117,10 @@ def largest_measured_flip_rate(flips: dict) -> float | None:
 
 
 def real_task_runs(
-    task: str, outcomes: dict, weights: dict | None, candidate: str, order: list[int]
+    task: str, outcomes: dict, weights: dict | None, candidate: str, order: list[int], certain: list[int]
 ) -> tuple[TaskRun, TaskRun]:
-    """The base's and one candidate's runs of a real-model task, in the gate's seeded order."""
+    """The base's and one candidate's runs of a real-model task, in the gate's seeded order (``certain``:
+    a perplexity's documents taken with certainty, the task's size then known, as the gate records it)."""
     runs = []
     for side in (0, 1):
         docs, metrics = {}, {}
@@ -150,6 +152,8 @@ def real_task_runs(
                 results_path="-",
                 documents=docs,
                 planned_docs=len(docs),
+                task_docs=len(docs) if weights else None,
+                take_all=[f"{task}/{i}" for i in certain],
             )
         )
     return runs[0], runs[1]
@@ -168,6 +172,12 @@ def scored_through(full: TaskRun, look: int, fractions: tuple[float, ...]) -> Ta
     )
 
 
+def byte_lengths(samples: dict, task: str) -> list[int]:
+    """A perplexity task's documents' byte lengths as recorded (bits per byte's weights), by index."""
+    weights = samples["weights"][task]
+    return [int(weights[str(i)][1]) for i in range(len(weights))]
+
+
 def gate_on_real_outcomes(looks: tuple[float, ...], seed: int) -> dict:
     """The implemented rule on the real model's recorded outcomes: per task and candidate, the decision,
     recovery and documents used with the planned looks and with one look."""
@@ -179,11 +189,13 @@ def gate_on_real_outcomes(looks: tuple[float, ...], seed: int) -> dict:
         weights = samples.get("weights", {}).get(task)
         candidates = next(iter(outcomes.values()))
         size = len(next(iter(candidates.values())))
-        order = draw_documents({task: size}, None, seed, task)[task]
         for candidate in candidates:
-            base, full = real_task_runs(task, outcomes, weights, candidate, order)
             row = {}
             for name, fractions in (("with_looks", looks), ("one_look", (1.0,))):
+                # a perplexity's longest documents first, for the gate's first look (documents.take_all)
+                certain = take_all(byte_lengths(samples, task), round(fractions[0] * size)) if weights else []
+                order = draw_documents({task: size}, None, seed, task, {task: certain})[task]
+                base, full = real_task_runs(task, outcomes, weights, candidate, order, certain)
                 gate = AccuracyGate(tasks=[AccuracyTask(task=task)], looks=list(fractions))
                 look, ran = 0, scored_through(full, 0, fractions)
                 while look < len(fractions) - 1 and not task_decided(base, ran, gate, gate.tasks[0], look):
@@ -313,33 +325,45 @@ def release_row(gate, tasks: dict) -> dict:  # type: ignore[no-untyped-def]
     return out
 
 
+def split_draw(base: np.ndarray, cand: np.ndarray, docs: int, first: float, lengths: list[int]):  # type: ignore[no-untyped-def]
+    """The gate's draw of ``docs`` documents from a perplexity split whose per-document nats are ``base`` and
+    ``cand`` and byte lengths ``lengths`` (documents.take_all's longest first; the rest a random sample
+    without replacement), as the gate pairs them: a draw function for paired.simulate_task."""
+    certain = take_all(lengths, max(1, round(first * docs)))
+    rest = np.setdiff1d(np.arange(len(base)), certain)
+
+    def draw(rng):  # type: ignore[no-untyped-def]
+        i = np.concatenate([certain, rng.permutation(rest)[: docs - len(certain)]]).astype(int)
+        mask = [True] * len(certain) + [False] * (docs - len(certain))
+        return [Paired.of(base[i].tolist(), cand[i].tolist(), certain=mask, population=len(rest))]
+
+    return draw
+
+
 def perplexity_cells(trials: int, looks: tuple[float, ...]) -> dict:
-    """Perplexity from the real model's recorded per-document nats: each candidate's nats scaled so its
-    recovery over the 500 documents is exactly the point, then documents drawn with replacement."""
+    """Perplexity from the real model's recorded per-document nats, the 500 documents taken as the split:
+    each candidate's nats scaled so its recovery over them is exactly the point, then the gate's draw of
+    100-500 of them (split_draw)."""
     if not SAMPLES.is_file():
         return {}
-    samples = json.loads(SAMPLES.read_text())["tasks"]
+    samples = json.loads(SAMPLES.read_text())
     out: dict = {}
-    for task, metrics in samples.items():
+    for task, metrics in samples["tasks"].items():
         for candidates in (v for k, v in metrics.items() if k == "loglikelihood"):
+            lengths = byte_lengths(samples, task)
             for candidate, docs in candidates.items():
-                pairs = np.array(list(docs.values()), dtype=float)
+                pairs = np.array([docs[str(i)] for i in range(len(docs))], dtype=float)
                 base, cand = -pairs[:, 0], -pairs[:, 1]
                 if base.sum() == cand.sum():
                     continue  # the base run again: no candidate
                 for n in PERPLEXITY_DOCS:
-
-                    def draw_at(point: float, n: int = n):  # type: ignore[no-untyped-def]
-                        scaled = cand * (base.sum() / cand.sum()) / point
-
-                        def draw(rng):  # type: ignore[no-untyped-def]
-                            i = rng.integers(0, len(base), n)
-                            return [Paired(base[i], scaled[i], False)]
-
-                        return draw
-
                     row = {}
                     for name, fractions in (("with_looks", looks), ("one_look", (1.0,))):
+
+                        def draw_at(point: float, n: int = n, first: float = fractions[0]):  # type: ignore[no-untyped-def]
+                            scaled = cand * (base.sum() / cand.sum()) / point
+                            return split_draw(base, scaled, n, first, lengths)
+
                         d = design(fractions, 0.05, 0.95)
                         row[name] = rates_row(draw_at, d, ErrorRates(), trials, seed=n)
                     out.setdefault(task, {}).setdefault(candidate, {})[str(n)] = row
@@ -426,8 +450,10 @@ def main() -> None:
             "with every metric it gates (GATED: their count and agreement), mmlu's documents labelled by "
             "subject; base accuracies are Meta-Llama-3-8B-Instruct's published scores. perplexity: the "
             "real SmolLM2-135M-Instruct reference model's per-document nats and each candidate's, scaled "
-            "to the point, drawn with replacement. grouped: mmlu's shape, subjects' recoveries shifted "
-            "uniformly. flip_rates are measured on the real reference model and its candidates."
+            "to the point, the 500 taken as the split and drawn as the gate draws a perplexity (its longest "
+            "documents with certainty, the rest a sample without replacement). grouped: mmlu's shape, "
+            "subjects' recoveries shifted uniformly. flip_rates are measured on the real reference model "
+            "and its candidates."
         ),
     }
     RESULT.write_text(json.dumps(result, indent=1) + "\n")

@@ -41,8 +41,9 @@ from quantize_serve.recipe.model import SERVE_FIELDS_NOT_MEASURED, Recipe
 
 FOLDER = "base-references"
 # The accuracy gate's way of drawing documents and seeding their few-shot examples (gates/accuracy/documents.py):
-# a base measured another way has other prompts, and the paired gate cannot pair with it.
-DOCUMENTS_PROTOCOL = "seeded-draw-per-document-fewshot-v1"
+# a base measured another way has other prompts or documents, and the paired gate cannot pair with it. v2: a
+# perplexity task's longest documents come first (documents.take_all).
+DOCUMENTS_PROTOCOL = "seeded-draw-per-document-fewshot-v2"
 # vLLM settings that name folders of this host, not how the base is served
 PATH_KEYS = ("model", "tokenizer")
 

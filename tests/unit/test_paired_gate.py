@@ -4,6 +4,7 @@ paired outcomes), the documents' draw, and the checks, report and card built fro
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -18,12 +19,15 @@ from quantize_serve.gates.accuracy.documents import (
     look_documents,
     outcomes,
     per_document_fewshot,
+    take_all,
 )
 from quantize_serve.gates.accuracy.lm_eval_host import host_work_once, templates_compiled_once
-from quantize_serve.gates.accuracy.paired import Paired, design, operating_point, simulate_gate
+from quantize_serve.gates.accuracy.paired import Paired, design, operating_point, simulate_gate, simulate_task
 from quantize_serve.gates.accuracy.recovery import compare_accuracy, task_decided
 from quantize_serve.gates.accuracy.results import AccuracyRun, MetricResult, TaskRun
 from quantize_serve.recipe.gates import AccuracyGate, AccuracyTask, ErrorRates
+from benchmarks.gate_statistics import byte_lengths, split_draw
+from tests.conftest import ROOT
 
 LOOKS = (0.25, 0.5, 0.75, 1.0)
 
@@ -163,6 +167,49 @@ def test_the_implemented_rule_keeps_the_stated_error_rates(flip_rate):
     assert bad.pass_rate <= 0.05 + 0.015, bad
     assert good.pass_rate >= 0.95 - 0.015, good
     assert good.mean_docs < 0.9 * docs  # looks stop early for a good candidate
+
+
+def real_nats(candidate: str = "gptq-w4a16-g64") -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """The real reference model's per-document nats on its 500-document perplexity task, a 4-bit
+    candidate's, and the documents' byte lengths (benchmarks/results/flip-rates/flip_rates_samples.json)."""
+    samples = json.loads((ROOT / "benchmarks/results/flip-rates/flip_rates_samples.json").read_text())
+    docs = samples["tasks"]["qs_realtext_ppl"]["loglikelihood"][candidate]
+    pairs = -np.array([docs[str(i)] for i in range(len(docs))], dtype=float)
+    return pairs[:, 0], pairs[:, 1], byte_lengths(samples, "qs_realtext_ppl")
+
+
+@pytest.mark.parametrize("docs, fractions", [(100, (1.0,)), (200, (1.0,)), (100, LOOKS), (500, (1.0,))])
+def test_a_perplexity_keeps_its_level_on_the_real_models_skewed_nats(docs, fractions):
+    """Monte Carlo from the real model's per-document nats (one document of the 500 holds 40% of the GPTQ
+    candidate's paired variance), the 500 taken as the split, drawn as the gate draws a perplexity: a
+    candidate at 0.93 passes at most 5% (with one look the sample-of-the-task rule passed it 7.7% at 100
+    documents), one at 0.99 passes; a census of the split is exact. (2,000 trials: 1.5 points of slack.)"""
+    base, cand, lengths = real_nats()
+    d = design(fractions, 0.05, 0.95)
+
+    def at(point: float, seed: int):  # type: ignore[no-untyped-def]
+        draw = split_draw(base, cand * (base.sum() / cand.sum()) / point, docs, fractions[0], lengths)
+        return simulate_task(draw, d, bad=0.93, good=0.99, trials=2000 if docs < 500 else 50, seed=seed)
+
+    bad, good = at(0.93, 1), at(0.99, 2)
+    assert bad.pass_rate <= (0.05 + 0.015 if docs < 500 else 0.0), bad
+    assert good.pass_rate >= 0.95, good
+
+
+def test_a_perplexitys_longest_documents_are_drawn_first_and_scored_at_every_look():
+    lengths = [10] * 98 + [4000, 900]  # two documents far longer than the others
+    certain = take_all(lengths, 25)
+    assert certain == [98, 99]  # each longer than what is left over the documents left to draw
+    assert take_all(lengths, 100) == sorted(range(100), key=lambda i: (-lengths[i], i))  # a census
+    order = draw_documents({"t": 100}, 40, 3, "ppl", {"t": certain})["t"]
+    assert order[:2] == [98, 99] and len(order) == 40 == len(set(order))
+    assert 98 in look_documents({"t": order}, 0.0, 0.25)["t"]
+    plain = draw_documents({"t": 100}, 40, 3, "ppl")["t"]  # a task without certain documents draws as before
+    assert plain == random.Random("3:ppl:t").sample(range(100), 40)
+    split = Paired.of([1.0, 2.0, 3.0], [1.0, 2.0, 2.0], certain=[True, False, False], population=4)
+    # the certain document counts once, the two sampled stand for the four others
+    assert split.recovery == pytest.approx((1 + 2 * (2 + 3)) / (1 + 2 * (2 + 2)))
+    assert split.head(1).z(1.0) == 0.0  # nothing yet of the others: undecided
 
 
 def test_operating_point_says_when_the_documents_fall_short():

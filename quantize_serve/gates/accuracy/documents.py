@@ -4,7 +4,8 @@
   the draw is stratified by subject) in a seeded random order, ``limit`` of them: a random sample of
   the task, not its first rows (lm-eval's ``--limit`` takes the first). A look at fraction t scores
   the first t of each member's order; lm-eval gets them as ``samples=`` (sorted: it iterates a task's
-  documents in dataset order and maps positions back through that list).
+  documents in dataset order and maps positions back through that list). A perplexity task's longest
+  documents (:func:`take_all`) come first, so every look scores them.
 - :func:`per_document_fewshot`: lm-eval draws each document's few-shot examples from one random
   stream in the order it iterates the documents, so a document's prompt would depend on which other
   documents are scored with it, and a look's prompts would differ from the base's. Inside this
@@ -44,21 +45,47 @@ class DocOutcome(BaseModel):
     values: dict[str, float | tuple[float, float]]
 
 
+def drawn(size: int, limit: int | float | None) -> int:
+    """How many of a member's ``size`` documents the draw takes (``limit`` int: that many; float: that
+    share; None: all)."""
+    if limit is None:
+        return size
+    if isinstance(limit, float):
+        return math.ceil(limit * size)
+    return min(limit, size)
+
+
+def take_all(lengths: list[int], first: int) -> list[int]:
+    """The documents a perplexity task scores with certainty, longest first: each one so long that a
+    sample of ``first`` documents (the first look's) drawn with probability proportional to length would
+    hold it for sure (length x documents left to draw >= the length of all the others left), taken
+    one after the other. The rest are a random sample; docs/gates.md says why."""
+    by_length = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    left, certain = sum(lengths), []
+    for i in by_length[:first]:
+        if lengths[i] * (first - len(certain)) < left:
+            break
+        certain.append(i)
+        left -= lengths[i]
+    return certain
+
+
 def draw_documents(
-    sizes: dict[str, int], limit: int | float | None, seed: int, task: str
+    sizes: dict[str, int],
+    limit: int | float | None,
+    seed: int,
+    task: str,
+    certain: dict[str, list[int]] | None = None,
 ) -> dict[str, list[int]]:
-    """Per member task: ``limit`` document indices (int: that many; float: that share; None: all) in a
-    random order seeded by ``seed`` and the member's name."""
+    """Per member task: :func:`drawn` document indices: ``certain``'s first (a perplexity task's
+    :func:`take_all`), then the rest in a random order seeded by ``seed`` and the member's name."""
     order: dict[str, list[int]] = {}
     for member, size in sorted(sizes.items()):
-        if limit is None:
-            n = size
-        elif isinstance(limit, float):
-            n = math.ceil(limit * size)
-        else:
-            n = min(limit, size)
+        first = (certain or {}).get(member, [])
+        taken = set(first)
+        rest = [i for i in range(size) if i not in taken]
         rng = random.Random(f"{seed}:{task}:{member}")
-        order[member] = rng.sample(range(size), n)
+        order[member] = first + rng.sample(rest, drawn(size, limit) - len(first))
     return order
 
 

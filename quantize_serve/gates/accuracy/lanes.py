@@ -1,5 +1,5 @@
 """A look's lm-eval calls in lanes: the generation tasks in one, the tasks scored by log-likelihood in the
-other, run at the same time against one server (gates/accuracy/run.py run_tasks).
+other, run at the same time against one server (run.py run_tasks).
 
 lm-eval runs a call's request kinds one after the other (``generate_until``, then ``loglikelihood``): a
 call holding gsm8k and arc_challenge first decodes gsm8k's answers alone, the server's batches a decode
@@ -71,7 +71,7 @@ def run_lanes(
 class KvShare:
     """The server's KV cache (``tokens``) shared between the lanes that run at once: each running lane's
     part is the cache over the lanes still running, so a lane that ends leaves its part to the others, whose
-    requests in flight read it again as they end (gates/accuracy/scoring.py ``InFlight``). The lanes run in threads of
+    requests in flight read it again as they end (scoring.py ``InFlight``). The lanes run in threads of
     their own; ``ended`` is their one write."""
 
     def __init__(self, tokens: int, lanes: int = 1) -> None:
@@ -103,14 +103,14 @@ class LaneModels:
         return self.made[name]
 
     def stats(self) -> dict[str, int]:
-        """The scoring paths' counts (gates/accuracy/scoring.py ``stats``) over the lanes' models."""
+        """The scoring paths' counts (scoring.py ``stats``) over the lanes' models."""
         total: Counter[str] = Counter()
         for lm in self.made.values():
             total.update(getattr(lm, "stats", {}))
         return dict(total)
 
     def checks(self) -> list[Any]:
-        """The scoring paths' checks against the echo path (gates/accuracy/scoring.py ``checks``), every lane's."""
+        """The scoring paths' checks against the echo path (scoring.py ``checks``), every lane's."""
         return [check for lm in self.made.values() for check in getattr(lm, "checks", [])]
 
 

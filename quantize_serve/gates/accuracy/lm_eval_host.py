@@ -1,6 +1,6 @@
 """lm-eval's host work in an accuracy run, done once where lm-eval repeats it; its results unchanged.
 
-A look makes one ``simple_evaluate`` call a lane (gates/accuracy/lanes.py), and before its first request reaches
+A look makes one ``simple_evaluate`` call a lane (lanes.py), and before its first request reaches
 the server lm-eval builds every prompt on the host: the device waits meanwhile (the GIL runs one lane's
 Python at a time). Two of its repeats, each undone when the run ends:
 

@@ -22,6 +22,13 @@ Pure (numpy only). docs/gates.md states the rule and why; in short:
 - Groups: "true recovery" is the task's, over documents like these (new questions of the same subjects and
   new subjects). Where a task's documents come in groups (mmlu's subjects), documents of one group share
   an effect, so the variance is the clustered one (group sums, never below the per-document one).
+- Perplexities: "true recovery" is the split's (the corpus lm-eval's perplexity is defined over), not a
+  task's of documents like these: documents differ in length by 20x and more, and on the real model's
+  per-document nats one document of 500 held 30-40% of the paired variance, so no test on a sample of
+  documents kept its level for the task (docs/gates.md). The task's longest documents are scored with
+  certainty at every look (documents.take_all), the others are a random sample of the rest of the split:
+  the statistic is the certain documents' sum plus the sample's estimate of the others', with the finite
+  population correction; a census is exact.
 - The decision: a task passes when every metric it gates passes at the same look; the release when every
   task passes. :func:`task_operating_point` gives a task's joint rates (its metrics' statistics correlated
   as their per-document differences are), and the release's true pass is the product over its tasks
@@ -60,9 +67,21 @@ class Paired:
     den: np.ndarray
     binary: bool  # 0/1 outcomes (accuracy, exact match): the variance is smoothed (module doc)
     groups: np.ndarray | None = None  # each document's group (int labels); None: independent documents
+    # A perplexity's split (module doc): the documents scored with certainty (bool mask), and how many
+    # documents the others are a sample of. None: the documents are a sample of the task.
+    certain: np.ndarray | None = None
+    population: int | None = None
 
     @classmethod
-    def of(cls, num: list[float], den: list[float], groups: list[str] | None = None) -> Paired:
+    def of(
+        cls,
+        num: list[float],
+        den: list[float],
+        groups: list[str] | None = None,
+        *,
+        certain: list[bool] | None = None,
+        population: int | None = None,
+    ) -> Paired:
         n, d = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
         if n.shape != d.shape or n.ndim != 1 or len(n) == 0:
             raise ValueError(
@@ -72,6 +91,9 @@ class Paired:
         labels = None
         if groups is not None and len(set(groups)) > 1:
             labels = np.unique(np.asarray(groups), return_inverse=True)[1]
+        if population is not None:  # the split's total: its documents' groups are no sample of groups
+            mask = np.zeros(len(n), dtype=bool) if certain is None else np.asarray(certain, dtype=bool)
+            return cls(n, d, binary, None, mask, population)
         return cls(n, d, binary, labels)
 
     @property
@@ -80,7 +102,16 @@ class Paired:
 
     def head(self, docs: int) -> Paired:
         groups = None if self.groups is None else self.groups[:docs]
-        return Paired(self.num[:docs], self.den[:docs], self.binary, groups)
+        certain = None if self.certain is None else self.certain[:docs]
+        return Paired(self.num[:docs], self.den[:docs], self.binary, groups, certain, self.population)
+
+    def _expansion(self) -> np.ndarray | None:
+        """Each document's weight in the split's total: 1 if scored with certainty, else the documents
+        the sample stands for over the sample's size. None: the documents are a sample of the task."""
+        if self.population is None or self.certain is None:
+            return None
+        sampled = int((~self.certain).sum())
+        return np.where(self.certain, 1.0, self.population / sampled if sampled else 0.0)
 
     def design_effect(self, r: float) -> float:
         """The clustered variance of mean(num - r den) over the per-document one (at least 1): how much
@@ -100,10 +131,13 @@ class Paired:
 
     @property
     def recovery(self) -> float:
-        mean_den = float(self.den.mean())
+        w = self._expansion()
+        mean_num, mean_den = (
+            (float(self.num.mean()), float(self.den.mean())) if w is None else (w @ self.num, w @ self.den)
+        )
         if mean_den == 0:
-            return 1.0 if float(self.num.mean()) == 0 else math.inf
-        return float(self.num.mean()) / mean_den
+            return 1.0 if mean_num == 0 else math.inf
+        return float(mean_num) / float(mean_den)
 
     @property
     def flip_rate(self) -> float | None:
@@ -139,6 +173,8 @@ class Paired:
         variance taken under the hypothesis (the empirical-likelihood weights that make the mean 0).
         Estimating the variance where the hypothesis puts it, not at the observed point, is what keeps
         a test of a ratio of paired proportions at its level with few flips (Tang, Tang & Chan 2003)."""
+        if self.population is not None:
+            return self._split_z(r)
         num, den, w = self._augmented()
         e = num - r * den
         mean = float(w @ e)
@@ -148,6 +184,30 @@ class Paired:
         if variance <= 0:
             return math.copysign(math.inf, mean)
         return mean / math.sqrt(variance / self.docs)
+
+    def _split_z(self, r: float) -> float:
+        """The score statistic for "the split's recovery = r" (module doc): the certain documents' sum of
+        e = num - r den is known; the sample's mean estimates the others', its variance taken under the
+        hypothesis (the sample reweighted to the mean that puts the split's total at 0) with the finite
+        population correction. A census (every document scored) is exact."""
+        e = self.num - r * self.den
+        certain = self.certain if self.certain is not None else np.zeros(self.docs, dtype=bool)
+        known, sample = float(e[certain].sum()), e[~certain]
+        left = self.population or 0
+        if len(sample) >= left:  # every document scored: the split's own recovery
+            total = known + float(sample.sum())
+            if abs(total) <= 1e-9 * float(np.abs(self.num).sum() + r * np.abs(self.den).sum()):
+                return 0.0
+            return math.copysign(math.inf, total)
+        if len(sample) < 2:
+            return 0.0  # nothing yet of the documents not taken with certainty
+        m0 = -known / left  # the others' mean under the hypothesis
+        spread = _null_second_moment(sample - m0, np.full(len(sample), 1 / len(sample)))
+        variance = spread * len(sample) / (len(sample) - 1) * (1 / len(sample) - 1 / left)
+        total = known / left + float(sample.mean())
+        if variance <= 0:
+            return 0.0 if total == 0 else math.copysign(math.inf, total)
+        return total / math.sqrt(variance)
 
     def interval(self, level: float = INTERVAL_LEVEL) -> tuple[float, float] | None:
         """The recoveries the two-sided score test at ``level`` does not reject; None when unbounded

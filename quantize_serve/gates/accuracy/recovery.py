@@ -146,10 +146,14 @@ def paired_metrics(base: TaskRun, quantized: TaskRun) -> tuple[list[PairedMetric
         name = LOG_SCALE_METRIC if LOG_SCALE_METRIC in log_family else log_family[0]
         b_nats = [nats(base.documents[k].values[name]) for k in keys]
         q_nats = [nats(quantized.documents[k].values[name]) for k in keys]
+        split = {}  # the split's recovery where the task's size is known (paired.py module doc)
+        if base.task_docs is not None:
+            certain = set(base.take_all)
+            split = {"certain": [k in certain for k in keys], "population": base.task_docs - len(certain)}
         gated.append(
             PairedMetric(
                 name,
-                Paired.of(b_nats, q_nats, groups),
+                Paired.of(b_nats, q_nats, groups, **split),
                 _over(base.metrics[name], base, keys, name),
                 _over(quantized.metrics[name], quantized, keys, name),
                 False,

@@ -32,13 +32,16 @@ class TaskRun(BaseModel):
     documents: dict[str, DocOutcome] = Field(default_factory=dict)
     planned_docs: int | None = None  # the documents the task's draw holds (all looks)
     task_docs: int | None = None  # the documents the task holds (its members' evaluation splits)
+    # the documents scored with certainty, a perplexity's longest (documents.take_all); with task_docs, the
+    # rest are a sample of the others
+    take_all: list[str] = Field(default_factory=list)
     looks_run: int = 1  # looks evaluated before the decision was clear
     looks_planned: int = 1
 
 
 class ScoringCheck(BaseModel):
     """One context-once path checked against lm-eval's echo path before it carried a run
-    (gates/accuracy/scoring.py ``_checked``)."""
+    (scoring.py ``_checked``)."""
 
     path: str  # "first": one-token choices from the context request; "rows": the generate route's rows
     checked: int  # requests scored both ways
@@ -93,9 +96,9 @@ class AccuracyRun(BaseModel):
     # prefix cache); None when the server does not expose them
     prompt_tokens: int | None = None
     prompt_tokens_computed: int | None = None
-    # what went which way (gates/accuracy/scoring.py): context requests, requests scored context-once, echo...
+    # what went which way (scoring.py): context requests, requests scored context-once, echo...
     scoring_counts: dict[str, int] = Field(default_factory=dict)
-    # each context-once path's check against the echo path (gates/accuracy/scoring.py), kept or turned off
+    # each context-once path's check against the echo path (scoring.py), kept or turned off
     scoring_checks: list[ScoringCheck] = Field(default_factory=list)
 
 
@@ -127,7 +130,7 @@ class AccuracyCheck(BaseModel):
     false_pass: float | None = None  # achieved: the chance this run's design passes a candidate at threshold
     true_pass: float | None = None  # achieved: the chance it passes one at good_recovery
     docs_needed: int | None = None  # documents this metric alone needs for its part of the task's share
-    # the task's decision, every metric it gates together (gates/accuracy/recovery.py TaskPoint): the chance to pass a
+    # the task's decision, every metric it gates together (recovery.py TaskPoint): the chance to pass a
     # candidate at good_recovery on all of them, the task's share of the release's min_true_pass, and the
     # documents that share needs at this noise
     task_true_pass: float | None = None

@@ -10,7 +10,7 @@ re-tokenized by vLLM with a BOS token, shifting that split by one).
 
 Documents: each task's documents are a seeded random draw of ``limit`` (per member task for a group
 such as mmlu, so the draw is stratified by subject), given to lm-eval as ``samples=``, scored with
-``log_samples`` so every document's outcome and prompt hash is kept (gates/accuracy/documents.py). A document's
+``log_samples`` so every document's outcome and prompt hash is kept (documents.py). A document's
 few-shot examples are seeded by the document, so it gets the same prompt in any look. Metrics are
 computed over the scored documents the way lm-eval aggregates them (mean; perplexities from summed
 log-likelihoods), so a run stopped at an early look reports the documents it scored.
@@ -22,7 +22,7 @@ one lm-eval call for every task still running (their requests of a kind go to th
 The rule itself (paired, sequential, with stated error rates) is in recovery.py and paired.py, and
 docs/gates.md.
 
-Task files (a YAML path, its data paths relative to its folder): gates/accuracy/task_files.py.
+Task files (a YAML path, its data paths relative to its folder): task_files.py.
 
 Task names: a task given by name (``gsm8k``, ``mmlu``...) is lm-eval's built-in YAML, whose data
 ``datasets.load_dataset`` fetches from the Hub that ``HF_ENDPOINT`` names (huggingface.co, a
@@ -52,9 +52,11 @@ from quantize_serve.gates.accuracy.documents import (
     aggregate,
     document_key,
     draw_documents,
+    drawn,
     look_documents,
     outcomes,
     per_document_fewshot,
+    take_all,
 )
 from quantize_serve.gates.accuracy.lanes import LaneModels, lanes, run_lanes
 from quantize_serve.gates.accuracy.lm_eval_host import host_work_once
@@ -117,9 +119,9 @@ def run_accuracy(
     it holds is scored look by look (``gate.looks``) and stops at the first look where its decision
     is clear (recovery.task_decided). ``reuse_rows``: the server runs vLLM's V2 model runner, so
     ``gate.scoring`` context-once may score multi-token continuations over the cached context
-    (gates/accuracy/scoring.py). ``log``: a line as each look's lm-eval call starts. ``prepared``: this run's
+    (scoring.py). ``log``: a line as each look's lm-eval call starts. ``prepared``: this run's
     :func:`prepare_run`, done while the server booted (else done here). ``kv_cache_tokens``: the server's KV
-    cache as its boot measured it; the requests in flight keep within it (gates/accuracy/lanes.py LaneModels). Any
+    cache as its boot measured it; the requests in flight keep within it (lanes.py LaneModels). Any
     failure raises :class:`GateError`.
     """
     if not gate.tasks:
@@ -198,6 +200,7 @@ class _TaskLooks:
     members: dict[str, Any]
     order: dict[str, list[int]]
     task_docs: int  # the documents the task holds (its draw is order)
+    take_all: list[str]  # the documents scored with certainty (a perplexity's longest)
     fractions: list[float]
     base: TaskRun | None
     seconds: float = 0.0
@@ -229,12 +232,24 @@ def run_tasks(
         check_pairable(spec, members)  # before any request
         use_task_fewshot(spec, members)
         sizes = {name: len(task.eval_docs) for name, task in members.items()}
-        order = draw_documents(sizes, spec.task.limit, gate.seed, spec.task.task)
+        # a perplexity's longest documents, scored at every look (the base's draw and the candidate's alike)
+        certain = {
+            name: take_all(lengths, max(1, round(gate.looks[0] * drawn(sizes[name], spec.task.limit))))
+            for name, lengths in rolling_lengths(members).items()
+        }
+        order = draw_documents(sizes, spec.task.limit, gate.seed, spec.task.task, certain)
         base = paired_with.tasks.get(spec.task.task) if paired_with else None
         fractions = gate.looks if base is not None and base.documents else [1.0]
         tasks.append(
             _TaskLooks(
-                spec, members, order, sum(sizes.values()), list(fractions), base, time.monotonic() - t0
+                spec,
+                members,
+                order,
+                sum(sizes.values()),
+                [document_key(m, d) for m, docs in certain.items() for d in docs],
+                list(fractions),
+                base,
+                time.monotonic() - t0,
             )
         )
 
@@ -280,6 +295,7 @@ def run_tasks(
                     looks_run=look + 1,
                     looks_planned=len(t.fractions),
                     task_docs=t.task_docs,
+                    take_all=t.take_all,
                 )
             running = [
                 t
@@ -352,7 +368,7 @@ def completions_model(
     log: Callable[[str], None] | None = None,
 ) -> Any:
     """lm-eval's model for the served model: ``local-completions`` (``gate.scoring`` echo), or its
-    subclass that computes each distinct context once (gates/accuracy/scoring.py), which says through ``log`` when
+    subclass that computes each distinct context once (scoring.py), which says through ``log`` when
     it turns a path off."""
     from lm_eval.api.registry import get_model
 
@@ -490,6 +506,7 @@ def task_run(
     looks_run: int,
     looks_planned: int,
     task_docs: int | None = None,
+    take_all: list[str] | None = None,
 ) -> TaskRun:
     """The task as scored so far: its documents in the draw's order and its metrics over them."""
     ordered = {
@@ -509,6 +526,7 @@ def task_run(
         documents=ordered,
         planned_docs=sum(map(len, order.values())),
         task_docs=task_docs,
+        take_all=take_all or [],
         looks_run=looks_run,
         looks_planned=looks_planned,
     )
@@ -545,6 +563,16 @@ def check_pairable(spec: TaskSpec, members: dict[str, Any]) -> None:
             "gate cannot split per document. Fix: gate a task whose metrics are means (accuracy, exact "
             "match) or perplexities, or give the task a metric_list of such metrics"
         )
+
+
+def rolling_lengths(members: dict[str, Any]) -> dict[str, list[int]]:
+    """Each perplexity member's documents' lengths in UTF-8 bytes (the text lm-eval scores whole:
+    ``loglikelihood_rolling``), known before any request."""
+    return {
+        name: [len(str(task.doc_to_target(doc)).encode()) for doc in task.eval_docs]
+        for name, task in members.items()
+        if getattr(task, "OUTPUT_TYPE", None) == "loglikelihood_rolling"
+    }
 
 
 def document_metrics(members: dict[str, Any], documents: dict[str, DocOutcome]) -> dict[str, MetricResult]:

@@ -155,7 +155,7 @@ def _score(score: Score | None) -> str:
 class InFlight:
     """At most ``limit()`` holders at once: asyncio's semaphore (waiters go in in the order they came, which
     the groups' context order relies on), whose size follows ``limit()`` upward, read again whenever a holder
-    leaves: a lane's part of the KV cache grows when the other lane ends (gates/accuracy/lanes.py ``KvShare``), and
+    leaves: a lane's part of the KV cache grows when the other lane ends (lanes.py ``KvShare``), and
     its next finished request lets as many more in. The limit never shrinks here (a share only grows)."""
 
     def __init__(self, limit: Callable[[], int]) -> None:
@@ -199,7 +199,7 @@ class ContextOnceCompletions(LocalCompletionsAPI):
         self.stats: Counter[str] = Counter()
         self.server_root = self.base_url.rsplit("/v1/", 1)[0]
         self.groups_in_flight: int | None = None  # unset: num_concurrent (_score_groups says why)
-        # This model's share of the server's KV cache (gates/accuracy/lanes.py run_lanes): what its requests in
+        # This model's share of the server's KV cache (lanes.py run_lanes): what its requests in
         # flight may hold at once, a part that grows as the other lanes end; None: unbounded
         # (num_concurrent alone)
         self.kv_share: KvShare | None = None
