@@ -25,7 +25,10 @@ Writes benchmarks/results/gate-statistics/gate_statistics.json:
   points, its 500 documents taken as the split and 100-500 of them drawn as the gate draws a perplexity
   (the longest with certainty, the rest a sample without replacement), one look and with looks;
 - ``grouped``: mmlu's shape (57 subjects of 20) at design effects of about 1.2 and 1.6, with the gate's
-  clustered variance and with the documents taken as independent.
+  clustered variance and with the documents taken as independent;
+- ``continuation``: the recipe's tasks that hold more documents than their limit, deciding at the limit
+  against continuing an undecided candidate to 1.5 times it (gates.accuracy.continue_to): pass rate and
+  documents at the bad point, between the points and at good.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from quantize_serve.gates.accuracy.documents import DocOutcome, aggregate, draw_
 from quantize_serve.gates.accuracy.paired import (
     Paired,
     design,
+    simulate_gate,
     simulate_task,
     synthetic_pairs,
     synthetic_task,
@@ -73,6 +77,8 @@ PERPLEXITY_DOCS = (100, 200, 500)
 # mmlu's shape at two design effects: (label, flip rate, half-width of the subjects' uniform recovery shift)
 GROUPED = (("design_effect_about_1.2", 0.12, 0.08), ("design_effect_about_1.6", 0.20, 0.2))
 RETIRED_POINT_THRESHOLD = 0.95
+# continuation cells: a candidate undecided at the limit scored on to 1.5 times it; a point between the two
+CONTINUE_TO, BORDERLINE = 1.5, 0.96
 DEFAULT_TRIALS = 2000
 
 
@@ -283,9 +289,9 @@ def simulate_llama3_task(gate, task, flip_rate: float, trials: int) -> dict:  # 
         np.random.default_rng(0), docs=57_000, recoveries=(rates.good_recovery,) * metrics, **shape
     )
     noise, corr = task_noise(large, rates.bad_recovery)
-    for name, looks in (("with_looks", len(gate.looks)), ("one_look", 1)):
+    for name, looks in (("with_looks", tuple(gate.looks)), ("one_look", (1.0,))):
         d = look_design(gate, task, looks, metrics)
-        cells = rates_row(draw_at, d, rates, trials, seed=10 * looks, bad_possible=bad_possible)
+        cells = rates_row(draw_at, d, rates, trials, seed=10 * len(looks), bad_possible=bad_possible)
         point = task_operating_point(
             d, docs, noise, corr, bad=rates.bad_recovery, good=rates.good_recovery, min_true_pass=share
         )
@@ -370,6 +376,44 @@ def perplexity_cells(trials: int, looks: tuple[float, ...]) -> dict:
     return out
 
 
+def continuation_cells(gate, trials: int) -> dict:  # type: ignore[no-untyped-def]
+    """gates.accuracy.continue_to on the recipe's tasks that hold more documents than their limit (one metric,
+    the gate's default rates, 10% flips): pass rate and documents scored at the bad point, between the two
+    points and at good, deciding at the limit against continuing to CONTINUE_TO times it (capped at the
+    task's split)."""
+    out: dict = {}
+    for task in gate.tasks:
+        docs, size = task_documents(task), SPLIT_SIZES.get(task.task)
+        if task.task == "mmlu" or size is None or size <= docs:
+            continue
+        planned = tuple(gate.looks)
+        continued = gate.model_copy(update={"continue_to": CONTINUE_TO}).task_looks(size / docs)
+        rates = ErrorRates()
+        row: dict = {"documents": docs, "split": size, "looks": list(continued)}
+        for label, looks in (("at_limit", planned), ("continued", continued)):
+            row[label] = {}
+            for point in (rates.bad_recovery, BORDERLINE, rates.good_recovery):
+                sim = simulate_gate(
+                    docs=round(docs * looks[-1]),
+                    base_accuracy=BASE_ACCURACY[task.task],
+                    flip_rate=0.10,
+                    recovery=point,
+                    fractions=looks,
+                    bad=rates.bad_recovery,
+                    max_false_pass=rates.max_false_pass,
+                    good=rates.good_recovery,
+                    min_true_pass=gate.true_pass_share(task),
+                    trials=trials,
+                    seed=round(point * 1000),
+                )
+                row[label][str(point)] = {
+                    "pass_rate": sim.pass_rate,
+                    "mean_documents": round(sim.mean_docs, 1),
+                }
+        out[task.task] = row
+    return out
+
+
 def grouped_cells(trials: int, looks: tuple[float, ...]) -> dict:
     """mmlu's shape: 57 subjects of 20 documents whose recovery varies by subject, at two design effects;
     the gate's clustered variance against the same documents taken as independent."""
@@ -433,6 +477,7 @@ def main() -> None:
     perplexity = perplexity_cells(args.trials, tuple(gate.looks))
     print("perplexity done", flush=True)
     grouped = grouped_cells(args.trials, tuple(gate.looks))
+    continuation = continuation_cells(gate, args.trials)
     result = {
         "command": "python benchmarks/gate_statistics.py"
         + (f" --trials {args.trials}" if args.trials != DEFAULT_TRIALS else ""),
@@ -445,6 +490,7 @@ def main() -> None:
         "release": release,
         "perplexity": perplexity,
         "grouped": grouped,
+        "continuation": continuation,
         "note": (
             "llama3 and release: synthetic paired 0/1 outcomes through the implemented rule, each task "
             "with every metric it gates (GATED: their count and agreement), mmlu's documents labelled by "

@@ -167,6 +167,16 @@ class AccuracyGate(Section):
         "fractions of each task's documents; the candidate's evaluation stops at the first look where "
         "every metric's decision is already clear. [1.0]: no early stop.",
     )
+    continue_to: float = Field(
+        default=1.0,
+        ge=1.0,
+        le=4.0,
+        description="How far a candidate still undecided at a task's limit is scored on, as a multiple of "
+        "the limit (capped at the documents the task holds): looks go on at the same spacing, under bounds "
+        "that keep the stated rates over every look, so a borderline candidate is measured more instead of "
+        "decided by chance at the limit. The base scores that many documents. 1.0: decide at the limit. "
+        "See docs/gates.md.",
+    )
     seed: int = Field(
         default=1234,
         ge=0,
@@ -206,6 +216,18 @@ class AccuracyGate(Section):
     def rates(self, task: AccuracyTask) -> ErrorRates:
         """The error rates stated for ``task``."""
         return task.error_rates.over(self.error_rates) if task.error_rates else self.error_rates
+
+    def task_looks(self, room: float) -> tuple[float, ...]:
+        """A task's looks as fractions of its limit: the planned ones, then, where ``continue_to`` and the
+        task's ``room`` (the documents it holds over its limit's) allow, more at the same spacing up to
+        the smaller of the two."""
+        looks, last = list(self.looks), min(self.continue_to, room)
+        step = min(b - a for a, b in zip([0.0, *looks], looks))
+        while last > 1.0 and looks[-1] + step < last - 1e-9:
+            looks.append(round(looks[-1] + step, 6))
+        if last > looks[-1] + 1e-9:
+            looks.append(round(last, 6))
+        return tuple(looks)
 
     def true_pass_share(self, task: AccuracyTask) -> float:
         """The true-pass rate ``task`` is planned for: its share of the release's min_true_pass (every task

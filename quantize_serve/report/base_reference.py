@@ -88,7 +88,11 @@ def reference_factors(
         "serve": {k: v for k, v in vllm_config.items() if k not in PATH_KEYS},
         "tasks": tasks,
         # which documents and prompts: the seeded draw, and its per-document few-shot seeding
-        "documents": {"seed": recipe.gates.accuracy.seed, "protocol": DOCUMENTS_PROTOCOL},
+        "documents": {
+            "seed": recipe.gates.accuracy.seed,
+            "protocol": DOCUMENTS_PROTOCOL,
+            "continue_to": recipe.gates.accuracy.continue_to,  # how many past each limit the draw holds
+        },
         # how the requests reached vLLM (gates/accuracy/scoring.py): the same logprobs within bf16 noise, but a
         # base scored one way is not paired with a candidate scored the other
         "scoring": recipe.gates.accuracy.scoring,

@@ -143,6 +143,33 @@ def test_a_task_with_fewer_documents_than_looks_waits_for_the_look_that_holds_th
     )
 
 
+def test_a_candidate_undecided_at_its_limit_is_scored_on_past_it(
+    base_server, awq_recipe, base_model_dir, tmp_path
+):
+    """gates.accuracy.continue_to 2.0 on a limit of 4: the base scores the 8 documents the draw holds, and a
+    candidate (the same model: no flip, too few documents to show it) undecided at its limit's look goes on
+    at the same spacing to the draw's end, its documents the base's in the same order."""
+    server, spec = base_server
+    gate = awq_recipe.gates.accuracy.model_copy(
+        update={"tasks": [AccuracyTask(task=MC, limit=4)], "continue_to": 2.0}
+    )
+    served = {
+        "tokenizer_dir": str(base_model_dir),
+        "max_length": spec.serve.max_model_len,
+        "base_dir": Path(awq_recipe.base_dir),
+    }
+    base = run_accuracy(server.base_url, gate, output_dir=tmp_path / "base", **served)
+    assert base.tasks[MC].num_docs == 8 and base.tasks[MC].looks == [2.0]
+    candidate = run_accuracy(
+        server.base_url, gate, output_dir=tmp_path / "candidate", paired_with=base, **served
+    )
+    run = candidate.tasks[MC]
+    assert run.looks == [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0] and run.looks_run == 8
+    assert list(run.documents) == list(base.tasks[MC].documents)
+    checks = compare_accuracy(base, candidate, gate)
+    assert {(c.docs, c.planned_docs, c.look, c.looks) for c in checks} == {(8, 8, 8, 8)}
+
+
 PRODUCTION = ROOT / "recipes" / "llama3-8b-instruct-awq.yaml"
 
 

@@ -513,6 +513,42 @@ def test_a_borderline_candidate_is_not_decided_early():
     )
 
 
+def test_a_borderline_candidate_is_scored_past_the_limit_not_decided_by_chance_there():
+    """gates.accuracy.continue_to: the looks go on past a task's limit where it holds more documents. At the
+    limit a borderline candidate is not forced to a decision; past it the rates still hold at every look
+    (Monte Carlo on gsm8k's shape at 10% flips, 850 documents, continued to 1,275), a clear candidate
+    stops where it did, a borderline one is scored on more documents, and a good one passes more often."""
+    gate = gate_of(continue_to=1.5)
+    assert gate.task_looks(10.0) == (0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
+    assert gate.task_looks(1.3) == (0.25, 0.5, 0.75, 1.0, 1.25, 1.3)  # capped at what the task holds
+    assert gate_of().task_looks(10.0) == (0.25, 0.5, 0.75, 1.0)  # continue_to 1.0: decide at the limit
+    assert (
+        design(LOOKS + (1.25, 1.5), 0.05, 0.95).pass_bounds[:3] == design(LOOKS, 0.05, 0.95).pass_bounds[:3]
+    )
+
+    base, cand = outcomes_with_flips(600, 0.7, flips_down=21, flips_up=0)  # recovery 0.95
+    b = task_run({"acc": base}, planned=600)
+    at_limit = task_run({"acc": cand[:400]}, planned=600, looks_run=4, looks_planned=6).model_copy(
+        update={"looks": [0.25, 0.5, 0.75, 1.0, 1.25, 1.5]}
+    )
+    assert not task_decided(b, at_limit, gate, gate.tasks[0], 3)  # look 4 of 6: the limit, not the end
+    [check] = compare_accuracy(run_of(b), run_of(at_limit), gate)
+    assert not check.passed and (check.look, check.looks, check.planned_docs) == (4, 6, 600)
+
+    rates = dict(bad=0.93, max_false_pass=0.05, good=0.99, min_true_pass=0.987)
+    shape = dict(base_accuracy=0.79, flip_rate=0.10, trials=2000, **rates)
+    runs = {
+        (looks, point): simulate_gate(docs=docs, recovery=point, fractions=looks, seed=seed, **shape)
+        for looks, docs in ((LOOKS, 850), (LOOKS + (1.25, 1.5), 1275))
+        for point, seed in ((0.93, 1), (0.96, 2), (0.99, 3))
+    }
+    planned, continued = LOOKS, LOOKS + (1.25, 1.5)
+    assert runs[continued, 0.93].pass_rate <= 0.05 + 0.015
+    assert runs[continued, 0.99].pass_rate >= runs[planned, 0.99].pass_rate - 0.005
+    assert runs[continued, 0.99].mean_docs <= 1.05 * runs[planned, 0.99].mean_docs  # a clear one: no more
+    assert runs[continued, 0.96].mean_docs >= 1.08 * runs[planned, 0.96].mean_docs  # a borderline one: more
+
+
 def test_min_samples_counts_the_planned_documents():
     base, cand = outcomes_with_flips(400, 0.7, 2, 2)
     b = task_run({"acc": base}, planned=400)

@@ -72,20 +72,22 @@ def take_all(lengths: list[int], first: int) -> list[int]:
 
 def draw_documents(
     sizes: dict[str, int],
-    limit: int | float | None,
+    limit: int | float | dict[str, int] | None,
     seed: int,
     task: str,
     certain: dict[str, list[int]] | None = None,
 ) -> dict[str, list[int]]:
-    """Per member task: :func:`drawn` document indices: ``certain``'s first (a perplexity task's
-    :func:`take_all`), then the rest in a random order seeded by ``seed`` and the member's name."""
+    """Per member task: :func:`drawn` document indices (or ``limit``'s count for the member):
+    ``certain``'s first (a perplexity task's :func:`take_all`), then the rest in a random order seeded by
+    ``seed`` and the member's name."""
     order: dict[str, list[int]] = {}
     for member, size in sorted(sizes.items()):
+        count = limit[member] if isinstance(limit, dict) else drawn(size, limit)
         first = (certain or {}).get(member, [])
         taken = set(first)
         rest = [i for i in range(size) if i not in taken]
         rng = random.Random(f"{seed}:{task}:{member}")
-        order[member] = first + rng.sample(rest, drawn(size, limit) - len(first))
+        order[member] = first + rng.sample(rest, count - len(first))
     return order
 
 

@@ -267,7 +267,13 @@ def _brownian(fractions: tuple[float, ...], stream: int = 0) -> np.ndarray:
 
 @lru_cache(maxsize=64)
 def design(fractions: tuple[float, ...], max_false_pass: float, min_true_pass: float) -> Design:
-    """The bounds of the module doc for looks at ``fractions`` (the last one 1.0)."""
+    """The bounds of the module doc for looks at ``fractions`` of the task's limit (1.0 the limit; looks past
+    it continue an undecided candidate: :func:`_continued`)."""
+    planned = tuple(t for t in fractions if t <= 1.0)
+    if planned != fractions:
+        return _continued(
+            design(planned, max_false_pass, min_true_pass), fractions, max_false_pass, min_true_pass
+        )
     if len(fractions) == 1:
         return Design(fractions, (NormalDist().inv_cdf(1 - max_false_pass),), (math.inf,))
     z = _brownian(fractions)
@@ -277,6 +283,27 @@ def design(fractions: tuple[float, ...], max_false_pass: float, min_true_pass: f
     d = float(np.quantile((-z[:, :-1] * root_t[:-1]).max(axis=1), 1 - FUTILITY_SHARE * (1 - min_true_pass)))
     return Design(
         fractions, tuple(c / float(t) for t in root_t), tuple(d / float(t) for t in root_t[:-1]) + (math.inf,)
+    )
+
+
+def _continued(
+    planned: Design, fractions: tuple[float, ...], max_false_pass: float, min_true_pass: float
+) -> Design:
+    """Looks past the limit: the looks before the limit keep the planned design's bounds, so a clear
+    candidate stops where it did. From the limit on, the pass bound is one constant on the B-value
+    Z sqrt(t) (O'Brien-Fleming's shape) that spends what the earlier looks left of max_false_pass, computed on
+    the same simulated paths; no early rejection past the limit (the planned looks spent that share), so a
+    candidate undecided there is scored to the last look (docs/gates.md has what it changes)."""
+    z = _brownian(fractions)
+    early = len(planned.fractions) - 1  # looks before the limit
+    crossed = (z[:, :early] >= np.asarray(planned.pass_bounds[:early])).any(axis=1)
+    late = np.where(crossed, -np.inf, (z[:, early:] * np.sqrt(np.asarray(fractions[early:]))).max(axis=1))
+    c = float(np.quantile(late, 1 - (max_false_pass - crossed.mean())))
+    root_t = np.sqrt(np.asarray(fractions[early:]))
+    return Design(
+        fractions,
+        planned.pass_bounds[:early] + tuple(c / float(t) for t in root_t),
+        planned.stop_bounds[:early] + (math.inf,) * len(root_t),
     )
 
 
@@ -517,7 +544,7 @@ def simulate_task(
     passed = used = 0
     for _ in range(trials):
         pairs = draw(rng)
-        docs = pairs[0].docs
+        docs = pairs[0].docs / d.fractions[-1]  # the limit's (looks past it continue to the draw's end)
         for look, t in enumerate(d.fractions):
             n = round(t * docs)
             verdict = task_verdict([p.head(n) for p in pairs], d, look, bad, good)

@@ -170,11 +170,16 @@ def _over(result: MetricResult, run: TaskRun, keys: list[str], metric: str) -> M
     return result.model_copy(update={"value": value})
 
 
-def look_design(gate: AccuracyGate, task: AccuracyTask, looks_planned: int, metrics: int) -> Design:
-    """The looks' bounds for a task that gates ``metrics`` metrics (one look where the run planned one):
-    early rejections of a good candidate spend a fifth of the task's share of the miss budget, split over
-    its metrics."""
-    fractions = tuple(gate.looks) if looks_planned > 1 else (1.0,)
+def run_looks(gate: AccuracyGate, run: TaskRun) -> tuple[float, ...]:
+    """The looks ``run`` planned, as fractions of its task's limit (a run recorded without them: the gate's,
+    or one look where it planned one)."""
+    return tuple(run.looks or (gate.looks if run.looks_planned > 1 else (1.0,)))
+
+
+def look_design(gate: AccuracyGate, task: AccuracyTask, fractions: tuple[float, ...], metrics: int) -> Design:
+    """The looks' bounds for a task that gates ``metrics`` metrics, at ``fractions`` of its limit: early
+    rejections of a good candidate spend a fifth of the task's share of the miss budget, split over its
+    metrics."""
     miss = 1 - gate.true_pass_share(task)
     return design(fractions, gate.rates(task).max_false_pass, 1 - miss / max(metrics, 1))
 
@@ -187,7 +192,7 @@ def task_decided(
     if problems or not gated:
         return False  # let the run finish; compare_accuracy reports the problem
     rates = gate.rates(task)
-    d = look_design(gate, task, quantized.looks_planned, len(gated))
+    d = look_design(gate, task, run_looks(gate, quantized), len(gated))
     return task_verdict([m.pair for m in gated], d, look, rates.bad_recovery, rates.good_recovery).decided
 
 
@@ -234,7 +239,7 @@ def compare_accuracy(base: AccuracyRun, quantized: AccuracyRun, gate: AccuracyGa
             for metric, reason in problems
         ]
         look = max(q.looks_run - 1, 0)
-        d = look_design(gate, task, q.looks_planned, len(gated))
+        d = look_design(gate, task, run_looks(gate, q), len(gated))
         verdicts = [look_verdict(m.pair, d, look, rates.bad_recovery, rates.good_recovery) for m in gated]
         stopped_by = next((m.metric for m, v in zip(gated, verdicts) if v.decided and not v.passed), None)
         share = gate.true_pass_share(task)
@@ -368,7 +373,7 @@ def task_point(
     gated: list[PairedMetric], d: Design, quantized: TaskRun, rates: ErrorRates, share: float
 ) -> TaskPoint:
     """The task's joint rates: its metrics' statistics correlated as their per-document differences."""
-    planned = quantized.planned_docs or gated[0].pair.docs
+    planned = round((quantized.planned_docs or gated[0].pair.docs) / d.fractions[-1])  # the limit's
     noise, corr = task_noise([m.pair for m in gated], rates.bad_recovery)
     good, bad = rates.good_recovery, rates.bad_recovery
     point = task_operating_point(d, planned, noise, corr, bad=bad, good=good, min_true_pass=share)
@@ -409,7 +414,7 @@ def check_metric(
     planned = quantized.planned_docs or pair.docs
     point = task_operating_point(
         d,
-        planned,
+        round(planned / d.fractions[-1]),  # the limit's
         [metric_noise(pair, rates.bad_recovery)],
         None,
         bad=rates.bad_recovery,

@@ -37,6 +37,9 @@ class TaskRun(BaseModel):
     take_all: list[str] = Field(default_factory=list)
     looks_run: int = 1  # looks evaluated before the decision was clear
     looks_planned: int = 1
+    # the looks as fractions of the task's limit, past 1.0 where it continues (gates.accuracy.continue_to);
+    # None: a run recorded before, its looks the gate's
+    looks: list[float] | None = None
 
 
 class ScoringCheck(BaseModel):

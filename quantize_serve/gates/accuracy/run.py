@@ -232,14 +232,20 @@ def run_tasks(
         check_pairable(spec, members)  # before any request
         use_task_fewshot(spec, members)
         sizes = {name: len(task.eval_docs) for name, task in members.items()}
+        limits = {name: drawn(size, spec.task.limit) for name, size in sizes.items()}
+        # the looks, past the limit where the task holds more (gates.accuracy.continue_to): the draw holds all
+        looks = gate.task_looks(
+            min(sizes[m] / limits[m] for m in sizes if limits[m]) if any(limits.values()) else 1.0
+        )
         # a perplexity's longest documents, scored at every look (the base's draw and the candidate's alike)
         certain = {
-            name: take_all(lengths, max(1, round(gate.looks[0] * drawn(sizes[name], spec.task.limit))))
+            name: take_all(lengths, max(1, round(gate.looks[0] * limits[name])))
             for name, lengths in rolling_lengths(members).items()
         }
-        order = draw_documents(sizes, spec.task.limit, gate.seed, spec.task.task, certain)
+        counts = {name: min(sizes[name], round(looks[-1] * n)) for name, n in limits.items()}
+        order = draw_documents(sizes, counts, gate.seed, spec.task.task, certain)
         base = paired_with.tasks.get(spec.task.task) if paired_with else None
-        fractions = gate.looks if base is not None and base.documents else [1.0]
+        fractions = looks if base is not None and base.documents else (looks[-1],)
         tasks.append(
             _TaskLooks(
                 spec,
@@ -280,7 +286,10 @@ def run_tasks(
     with per_document_fewshot(gate.seed), host_work_once():
         while running:
             for t in running:
-                t.chunk = look_documents(t.order, t.fractions[look - 1] if look else 0.0, t.fractions[look])
+                end = t.fractions[-1]  # the looks are fractions of the limit; the draw holds the last one's
+                t.chunk = look_documents(
+                    t.order, t.fractions[look - 1] / end if look else 0.0, t.fractions[look] / end
+                )
             run_lanes(
                 lanes([t for t in running if t.chunk]), models, lambda call, lm: look_call(call, lm, look)
             )
@@ -294,6 +303,7 @@ def run_tasks(
                     seconds=t.seconds,
                     looks_run=look + 1,
                     looks_planned=len(t.fractions),
+                    looks=t.fractions,
                     task_docs=t.task_docs,
                     take_all=t.take_all,
                 )
@@ -505,6 +515,7 @@ def task_run(
     seconds: float,
     looks_run: int,
     looks_planned: int,
+    looks: list[float] | None = None,
     task_docs: int | None = None,
     take_all: list[str] | None = None,
 ) -> TaskRun:
@@ -529,6 +540,7 @@ def task_run(
         take_all=take_all or [],
         looks_run=looks_run,
         looks_planned=looks_planned,
+        looks=looks or [1.0],
     )
     if not run.metrics:
         raise GateError(
