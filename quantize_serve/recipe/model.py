@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from quantize_serve.core.errors import RecipeError, RecipeErrors
+from quantize_serve.recipe.alerts import AlertsSection
 from quantize_serve.recipe.gates import GatesSection
 from quantize_serve.recipe.quantization import QuantizationSection
 from quantize_serve.recipe.section import (
@@ -375,6 +376,11 @@ class Recipe(BaseModel):
     serve: ServeSection = Field(default_factory=ServeSection)
     gates: GatesSection = Field(default_factory=GatesSection)
     hub: HubSection | None = None
+    alerts: AlertsSection = Field(
+        default_factory=AlertsSection,
+        description="The Prometheus rules a promoted release carries, thresholds from its gates' figures "
+        "(quantize_serve/release/alerts.py, docs/concepts/alerts.md).",
+    )
     approval: Literal["auto", "manual"] = Field(
         default="auto",
         description="auto: promote when every gate passes; manual: the run pauses with a sign-off form "
