@@ -269,5 +269,30 @@ else
   .venv/bin/python -m reference.smollm2 --out "$REFERENCE_DIR"
   reference_stamp > "$REFERENCE_DIR/.stamp"
 fi
+# --- Prometheus and promtool, for the alert rules' tests ----------------------------------------------
+# Debian's package `prometheus` brings both (tests/unit/test_alerts.py runs `promtool check rules` and
+# `promtool test rules`; tests/engines/test_alerts.py starts its own Prometheus on loopback). Installed with
+# apt-get where it exists and set-up runs as root, without its recommends (a node exporter) and without
+# starting its service: a policy-rc.d that refuses every start stands for the install where the host has
+# none. An air-gapped GPU host has no apt: set-up goes on, and there the tests that need them skip, saying so.
+install_prometheus() {
+  local policy=/usr/sbin/policy-rc.d ours=0 rc=0
+  if [[ ! -e $policy ]]; then printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod +x "$policy" && ours=1; fi
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      prometheus >/dev/null; } || rc=$?
+  [[ $ours == 0 ]] || rm -f "$policy"
+  return $rc
+}
+if command -v promtool >/dev/null && command -v prometheus >/dev/null; then
+  say "prometheus and promtool are installed ($(promtool --version 2>&1 | head -n1))"
+elif [[ $PLAN == 1 ]]; then
+  say "plan: apt-get install --no-install-recommends prometheus (brings promtool; its service not started)"
+elif command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+  say "installing Debian's prometheus (brings promtool; its service is not started)"
+  install_prometheus || { echo "setup: apt-get install prometheus failed" >&2; exit 1; }
+else
+  say "prometheus/promtool missing and not installable here (needs apt-get as root): the alert tests" \
+      "$([[ $DEVICE == cuda ]] && echo "skip on this GPU host" || echo "fail until Debian's prometheus is installed")"
+fi
 [[ $PLAN == 1 ]] && say "plan only (QS_SETUP_DRY_RUN): nothing was changed"
 exit 0
