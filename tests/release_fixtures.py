@@ -15,6 +15,7 @@ from quantize_serve.capacity.measure import CapacityConfig, CapacityReport
 from quantize_serve.gates.accuracy.run import AccuracyCheck
 from quantize_serve.gates.decision import Decision
 from quantize_serve.gates.regression import MeasurementConditions, RecordedMetric, ReleaseResults
+from quantize_serve.gates.soak import SoakFigures, SoakResult, SoakTraffic
 from quantize_serve.gates.stress import StressResult
 from quantize_serve.hub.client import PushResult
 from quantize_serve.quantize.run import QuantizeResult
@@ -156,6 +157,46 @@ def stress_result(**overrides: object) -> StressResult:
         ),
     }
     return StressResult(**(fields | overrides))
+
+
+def soak_result(*, slope: float | None = 0.4, **overrides: object) -> SoakResult:
+    """A soak that passed: an hour at concurrency 16 after 5 minutes of warm-up, its RSS growing ``slope``
+    MiB/min (under the default bound of 10); ``overrides`` sets any other field."""
+    figures = SoakFigures(
+        samples=360,
+        samples_after_warmup=330,
+        fit_window_s=3300,
+        rss_slope_mib_per_min=slope,
+        rss_intercept_mib=2000.0,
+        rss_after_warmup_bytes=2_000_000_000,
+        rss_last_bytes=2_020_000_000,
+        peak_rss_bytes=2_030_000_000,
+        gpu_slope_mib_per_min=None,
+        gpu_intercept_mib=None,
+        peak_gpu_memory_bytes=None,
+        peak_kv_cache_usage=0.3,
+        preemptions=0,
+        preemptions_after_warmup=0,
+    )
+    fields: dict = {
+        "duration_s": 3600,
+        "measured_s": 3600,
+        "warmup_s": 300,
+        "sample_interval_s": 10,
+        "concurrency": 16,
+        "prompt_tokens": [16],
+        "output_tokens": [8],
+        "max_memory_growth_mib_per_min": 10.0,
+        "max_preemptions_after_warmup": 0,
+        "figures": figures,
+        "traffic": SoakTraffic(completed=1000),
+        "server_died": False,
+        "failures": [],
+        "samples_path": "soak/samples.jsonl",
+        "chart_path": None,
+        "output_dir": "soak",
+    }
+    return SoakResult(**(fields | overrides))
 
 
 def accuracy_checks(scale: float = 1.0) -> list[AccuracyCheck]:

@@ -16,13 +16,12 @@ import pytest
 import yaml
 
 from quantize_serve.gates.decision import Decision
-from quantize_serve.gates.soak import SoakFigures, SoakResult, SoakTraffic
 from quantize_serve.gates.stress import StressResult
 from quantize_serve.recipe.load import load_recipe
 from quantize_serve.release.alerts import OPERATOR_FILE, RULES_FILE, AlertRules, derive_alerts, seconds
 from tests.conftest import ROOT
 from tests.prometheus_tools import prometheus_tool
-from tests.release_fixtures import run_report
+from tests.release_fixtures import run_report, soak_result
 
 RECORDED = ROOT / "tests" / "fixtures" / "stress_metrics"
 RECIPE = load_recipe(ROOT / "recipes" / "tiny-llama-awq.yaml")
@@ -34,46 +33,8 @@ INJECT_AT = 20  # the sample (minute) a failure starts at
 END = len(SAMPLES) - 1  # the last minute
 
 
-def soak(bound: float = 10.0, slope: float | None = 0.4) -> SoakResult:
-    """A soak that passed: an hour at concurrency 16, its RSS slope under the bound."""
-    figures = SoakFigures(
-        samples=360,
-        samples_after_warmup=330,
-        fit_window_s=3300,
-        rss_slope_mib_per_min=slope,
-        rss_intercept_mib=2000.0,
-        rss_after_warmup_bytes=2_000_000_000,
-        rss_last_bytes=2_020_000_000,
-        peak_rss_bytes=2_030_000_000,
-        gpu_slope_mib_per_min=None,
-        gpu_intercept_mib=None,
-        peak_gpu_memory_bytes=None,
-        peak_kv_cache_usage=0.3,
-        preemptions=0,
-        preemptions_after_warmup=0,
-    )
-    return SoakResult(
-        duration_s=3600,
-        measured_s=3600,
-        warmup_s=300,
-        sample_interval_s=10,
-        concurrency=16,
-        prompt_tokens=[16],
-        output_tokens=[8],
-        max_memory_growth_mib_per_min=bound,
-        max_preemptions_after_warmup=0,
-        figures=figures,
-        traffic=SoakTraffic(completed=1000),
-        server_died=False,
-        failures=[],
-        samples_path="soak/samples.jsonl",
-        chart_path=None,
-        output_dir="soak",
-    )
-
-
 def rules_of(recipe=RECIPE, **report) -> AlertRules | None:
-    fields = {"stress": STRESS, "soak": soak()} | report
+    fields = {"stress": STRESS, "soak": soak_result()} | report
     return derive_alerts(run_report(repo_id=REPO, candidate_sha=SHA, run_id="r1", **fields), recipe)
 
 
