@@ -3,11 +3,11 @@
 runs at its validated concurrency (KVCacheNearFull stays inactive), then while traffic far above it holds
 the KV cache at the top (the alert goes pending, then firing).
 
-Its own boot: the tiny base model with 8 KV blocks of 128 tokens (7 usable; 16-bit KV, served on every CPU), so a
-burst can fill the cache; the session's production boot holds its whole max_num_seqs at max_model_len
-(the gates' promise), so no traffic could fill it. The rule's windows are shortened for the test (rate
-window and `for:` of a few seconds instead of 5m and 10m); everything else is the release's rule as
-derive_alerts writes it."""
+Its own boot: the tiny base model with 8 KV blocks of 128 tokens (7 usable; 16-bit KV, served on every
+CPU), so a burst can fill the cache; the session's production boot holds its whole max_num_seqs at
+max_model_len (the gates' promise), so no traffic could fill it. The rule's windows are shortened for
+the test (rate window and `for:` of a few seconds instead of 5m and 10m); everything else is the
+release's rule as derive_alerts writes it."""
 
 from __future__ import annotations
 
