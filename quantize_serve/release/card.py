@@ -131,6 +131,9 @@ class ModelCardInputs(BaseModel):
     rejection_reasons: list[str] = Field(default_factory=list)
     capacity_markdown: str = ""
     steps_markdown: str = Field(default="", description="what the run did and why (report/steps.py)")
+    alerts_markdown: str = Field(
+        default="", description="the Prometheus rules the release carries (release/alerts.py)"
+    )
     regression_markdown: str = Field(
         default="",
         description="base, production and candidate side by side (the regression gate), or why it was off",
@@ -324,6 +327,8 @@ def render_model_card(inputs: ModelCardInputs) -> ModelCard:
         )
     if i.steps_markdown.strip():
         parts.append("## How the run made it (each choice and why)\n\n" + i.steps_markdown.strip())
+    if i.alerts_markdown.strip():
+        parts.append(i.alerts_markdown.strip())
     if i.serving_command.strip():
         parts.append("## Serving\n\n```bash\n" + i.serving_command.strip() + "\n```")
     p = i.provenance
@@ -400,6 +405,7 @@ def card_inputs(
             "stress": stress_summary(report.stress),
             "regression_markdown": report.regression.markdown() if report.regression else "",
             "steps_markdown": report.steps.markdown() if report.steps else "",
+            "alerts_markdown": report.alerts or "",
         }
     return ModelCardInputs(
         repo_id=recipe.hub.repo_id if recipe.hub else recipe.name,

@@ -18,6 +18,7 @@ from quantize_serve.hub import publish as hub
 from quantize_serve.hub.client import resolve_token
 from quantize_serve.quantize.run import QuantizeResult
 from quantize_serve.recipe.model import Recipe
+from quantize_serve.release.alerts import OPERATOR_FILE, RULES_FILE, derive_alerts
 from quantize_serve.release.card import card_inputs, render_model_card, report_card_inputs
 from quantize_serve.release.history import GATED_TITLE
 from quantize_serve.report.provenance import serving_vllm_version
@@ -113,6 +114,12 @@ def promote_or_reject(
     )
     report.release = release
     reasons = release_reasons(report, approved, approved_by)
+    # the rules that watch it in production, from its gates' figures: a promoted release's commit and card
+    # hold them, beside the report; a rejected candidate carries none
+    rules = derive_alerts(report, recipe) if promote else None
+    report.alerts = rules.markdown(heading="##") if rules else None
+    if rules:
+        rules.write(Path(report.report_dir))
     card_text = str(
         render_model_card(report_card_inputs(validated, report, status=status, rejection_reasons=reasons))
     )
@@ -125,7 +132,9 @@ def promote_or_reject(
     if promote:
         folder = Path(report.report_dir)
         files = {
-            name: (folder / name).read_bytes() for name in (CHART, PROFILE_FILE) if (folder / name).is_file()
+            name: (folder / name).read_bytes()
+            for name in (CHART, PROFILE_FILE, *((RULES_FILE, OPERATOR_FILE) if rules else ()))
+            if (folder / name).is_file()
         }
         gated = hub.update_model_card(
             recipe.hub,

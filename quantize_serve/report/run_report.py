@@ -67,6 +67,9 @@ class RunReport(BaseModel):
     # written before it carried four of these as fields of their own (base_reused_from,
     # sixteen_bit_kv_reused_from, quantized_beside_base, compiled_ahead), which reading them now ignores
     steps: RunSteps | None = None
+    # the Prometheus rules a promoted release carries (release/alerts.py), as the report's section; set by
+    # the release step, None where it carries none (a rejected candidate, alerts.enabled false)
+    alerts: str | None = None
     preflight: ShapeCapacity | None = None  # serve.preflight: measure - the shape with dummy weights
     profile: ProfileSearchResult | None = None
     formats: FormatChoice | None = None  # quantization.candidates: every format measured, the rule's choice
@@ -294,6 +297,8 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
         ]
         lines += [f"| {k} | {_num(v)} |" for k, v in r.soak.summary().items()]
         lines += [""] + ([f"![soak]({Path(r.soak.chart_path).name})", ""] if r.soak.chart_path else [])
+    if r.alerts:
+        lines += [r.alerts.strip(), ""]
     lines += ["## Validated vLLM command", "```", r.serving_command, "```", ""]
     if r.serving_profile:
         lines += [r.serving_profile.markdown(), ""]

@@ -40,6 +40,7 @@ from quantize_serve.release.card import AccuracyRow, ModelCardInputs, Provenance
 from tests.conftest import HUB_READ as READ
 from tests.conftest import HUB_WRITE as WRITE
 from tests.conftest import ROOT, use_local_hub_client
+from tests.release_fixtures import stress_result
 
 WRONG = "hf_WrongTokenThatTheHubRejects0123456789"
 FAST = RetryPolicy(attempts=4, base_s=0.01, max_s=0.05)
@@ -634,16 +635,31 @@ def test_release_pushes_the_candidate_then_promotes_or_rejects(
         decision=decision,
         serving_command=command,
         report_dir=str(tmp_path / "run"),
+        stress=stress_result() if passed else stress_result(preemptions=2, failures=["2 preemptions"]),
     )
     outcome = release.promote_or_reject(validated, report, approved=True, approved_by=None)
     assert report.release is outcome
     reasons = release.release_reasons(report, True, None)
+    files = set(
+        api(local_hub).list_repo_files(section.repo_id, revision=outcome.commit_sha or pushed.commit_sha)
+    )
+    rules = {"prometheus-rules.yaml", "prometheusrule.yaml"}
     if passed:
         assert outcome.status == "promoted" and reasons == [] and outcome.ref == recipe.hub.release_ref
         assert release_target(recipe.hub, local_hub.endpoint) == outcome.commit_sha != pushed.commit_sha
+        # the rules that watch it in production: in the gated commit, beside the report, in its card
+        assert rules <= files and all((tmp_path / "run" / name).is_file() for name in rules)
+        assert report.alerts and "KVCacheNearFull" in report.alerts
+        card = (tmp_path / "run" / "release" / "README.md").read_text()
+        promoted_card = api(local_hub).hf_hub_download(
+            section.repo_id, "README.md", revision=outcome.commit_sha, cache_dir=tmp_path / "cache"
+        )
+        assert "KVCacheNearFull" in Path(promoted_card).read_text()
+        assert "KVCacheNearFull" not in card  # the candidate's card, written before any gate
     else:
         assert outcome.status == "rejected" and reasons == ["stress: 2 preemptions"]
         assert outcome.rejection_tag and release_target(recipe.hub, local_hub.endpoint) is None
+        assert not files & rules and report.alerts is None  # a rejected candidate carries no rules
     event = release.release_event(recipe, report, outcome, reasons)
     assert event["event"] == f"quantize-serve.release.{outcome.status}"
     assert event["resource"]["huggingface.revision"] == (outcome.commit_sha or pushed.commit_sha)
