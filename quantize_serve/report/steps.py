@@ -178,7 +178,7 @@ def decide_steps(
         Step(
             name="serving profile search",
             choice="yes: the largest stable max_num_seqs, before the gates" if search else "no",
-            why="serve.search" if search else "the recipe's serve.max_num_seqs (serve.search unset or off)",
+            why="serve.search" if search else "serve.search unset or off: the recipe's serve.max_num_seqs",
         ),
         _prepare_step(r, settings, first, after),
     )
@@ -238,8 +238,11 @@ def _format_step(r: Recipe, formats: FormatChoice | None) -> Step:
             choice=f"{formats.winner} ({q.method} {q.scheme})",
             why=f"quantization.candidates: {names}, each measured; {formats.reason}",
         )
-    why = "quantization.checkpoint: made before" if q.checkpoint else "the recipe's quantization"
-    return Step(name="format", choice=f"{q.method} {q.scheme}", why=why)
+    if q.checkpoint:
+        return Step(
+            name="format", choice="an existing checkpoint, not quantized here", why="quantization.checkpoint"
+        )
+    return Step(name="format", choice=f"{q.method} {q.scheme}", why="the recipe's quantization")
 
 
 def _base_step(
@@ -293,5 +296,5 @@ def _prepare_step(r: Recipe, settings: Settings, first: Boot, after: tuple[Boot,
     choice = f"{boot_label(r, first)} first"
     if first is Boot.BASE:
         choice += f", then {', '.join(boot_label(r, b) for b in after)} once the base's capacity is read"
-    why = "QS_PREPARE_BOOTS: a boot's process (its imports) starts while the device works on the step before"
+    why = "QS_PREPARE_BOOTS: each boot's imports run while the device works on the step before"
     return Step(name=name, choice=choice, why=why)

@@ -88,7 +88,9 @@ def test_run_shows_a_line_per_stage_and_the_decision_and_keeps_the_full_log_in_t
     assert rc == 0 and out.err == "", out.out + out.err
     assert len(lines) < 60
     stages = [line.split()[1] for line in lines if line.startswith(("✓", "✗"))]
-    assert stages[:3] == ["validate", "resolve", "quantize"] and "stress" in stages and stages[-1] == "report"
+    # the run's steps decided (report/steps.py) once the base is resolved, before anything boots
+    assert stages[:4] == ["validate", "resolve", "decide", "quantize"] and "stress" in stages
+    assert stages[-1] == "report" and any(line.startswith("✓ decide steps") for line in lines)
     report = json.loads(report_path.read_text())
     checks = [c["check"] for c in report["decision"]["checks"]]
     assert [c for c in checks if c.startswith("accuracy ")] and all(str(ROOT) not in c for c in checks)

@@ -269,6 +269,7 @@ def test_deployment_run_promotes(promoted, stack):
         "stress",
         "hub-revision",
         "progress",
+        "steps",  # what the run does and why (report/steps.py)
         "pending-approval",
     ):  # pending-approval: the report the reviewer read
         assert f"tiny-llama-awq-{suffix}" in keys, keys

@@ -9,6 +9,7 @@ from quantize_serve.capacity.measure import BaseBoot
 from quantize_serve.core.settings import Settings
 from quantize_serve.formats.choose import FormatChoice
 from quantize_serve.recipe.load import load_recipe
+from quantize_serve.release.card import render_model_card, report_card_inputs
 from quantize_serve.report.base_reference import MeasuredRow, format_key
 from quantize_serve.report.run_report import render_markdown
 from quantize_serve.report.steps import (
@@ -143,6 +144,11 @@ def test_the_format_step_names_the_rules_choice_among_the_candidates():
     )
     plain = decide().step("format")
     assert (plain.choice, plain.why) == ("awq W4A16_ASYM", "the recipe's quantization")
+    made = decide(validated({"quantization.checkpoint": "ckpt", "quantization.method": None})).step("format")
+    assert (made.choice, made.why) == (
+        "an existing checkpoint, not quantized here",
+        "quantization.checkpoint",
+    )
 
 
 def test_the_preflight_and_the_base_first_are_known_before_the_base_resolves():
@@ -183,3 +189,7 @@ def test_the_report_shows_the_steps_and_the_lines_they_replace(beside):
     assert "- the production boot: its graphs compiled" in markdown
     assert (f"; beside the base's accuracy run ({FITS.why})" in markdown) == bool(beside)
     assert ("reused from run `run-1`" in markdown) == (not beside)
+    # the released card says the same, each choice with its reason
+    report = run_report(repo_id="org/m", candidate_sha="a" * 40, run_id="r1", steps=steps)
+    card = str(render_model_card(report_card_inputs(validated(), report, status="promoted")))
+    assert f"## How the run made it (each choice and why)\n\n{steps.markdown()}" in card
