@@ -291,9 +291,10 @@ def test_deployment_run_promotes(promoted, stack):
     assert -1 < order[0] < order[1] < order[2], base_log[:3000]
     assert not (folder / "vllm-w4a16.log").exists() and not report["steps"]["sixteen_bit_kv_reused_from"]
     rows = {r["name"]: r for r in report["capacity"]["configs"]}
-    assert rows["w4a16"]["derived"].startswith("not booted: the production boot's"), rows["w4a16"]
+    assert rows["w4a16"]["derived"].startswith("derived from the production boot"), rows["w4a16"]
+    assert "not booted: that boot's" in rows["w4a16"]["derived"]
     assert rows["w4a16"]["num_blocks"] == rows["w4a16-fp8kv"]["num_blocks"] // 2  # 16-bit: twice the bytes
-    assert "w4a16: not booted: the production boot's" in report_md
+    assert "w4a16: derived from the production boot" in report_md
     assert report["decision"]["passed"] and report["release"]["status"] == "promoted"
     assert hub_tags(stack, REPO)["production"] == report["release"]["commit_sha"]  # (file order: the first)
     # serve-profile.yaml pins the KV cache the gates validated: the fp8 boot's blocks x 128 tokens x
@@ -437,18 +438,18 @@ def test_a_release_that_beats_its_base_but_loses_to_production_on_capacity_is_re
     reused_from = report["steps"]["base_reused_from"]
     assert reused_from and not (Path(report["report_dir"]) / "vllm-base.log").exists()
     # the production boot came first: its process inspected the architecture while the run quantized
-    assert INSPECTED in (Path(report["report_dir"]) / "vllm-w4a16-fp8kv.log").read_text()
+    assert INSPECTED in (Path(report["report_dir"]) / "vllm-w8a8-fp8kv.log").read_text()
     # and W8A8 on this base was measured with 16-bit KV by the first release: row (b) is that run's, no boot
     first_run = first_release.report["run_id"]
     assert report["steps"]["sixteen_bit_kv_reused_from"] == first_run
-    assert PREPARED_MARK in (Path(first_release.report["report_dir"]) / "vllm-w4a16.log").read_text()
-    assert not (Path(report["report_dir"]) / "vllm-w4a16.log").exists()
+    assert PREPARED_MARK in (Path(first_release.report["report_dir"]) / "vllm-w8a8.log").read_text()
+    assert not (Path(report["report_dir"]) / "vllm-w8a8.log").exists()
     rows = {r["name"]: r for r in report["capacity"]["configs"]}
     first_rows = {r["name"]: r for r in first_release.report["capacity"]["configs"]}
-    assert rows["w4a16"]["kv_cache_tokens"] == first_rows["w4a16"]["kv_cache_tokens"]
+    assert rows["w4a16"]["kv_cache_tokens"] == first_rows["w4a16"]["kv_cache_tokens"]  # row (b), by its Boot
     markdown = (Path(report["report_dir"]) / "report.md").read_text()
     assert f"reused from run `{reused_from}`" in markdown
-    assert f"Row `w4a16` (16-bit KV) is reused from run `{first_run}`" in markdown
+    assert f"Row `w8a8` (16-bit KV) is reused from run `{first_run}`" in markdown
     tags = hub_tags(stack, REPO)
     assert tags[report["release"]["rejection_tag"]] == report["release"]["candidate_sha"]
     assert tags["production"] == report["regression"]["production_sha"]  # production did not move
