@@ -40,9 +40,9 @@ from quantize_serve.gates.accuracy.run import AccuracyRun
 from quantize_serve.recipe.model import SERVE_FIELDS_NOT_MEASURED, Recipe
 
 FOLDER = "base-references"
-# The accuracy gate's way of drawing documents and seeding their few-shot examples (gates/accuracy/documents.py):
-# a base measured another way has other prompts or documents, and the paired gate cannot pair with it. v2: a
-# perplexity task's longest documents come first (documents.take_all).
+# The accuracy gate's way of drawing documents and seeding their few-shot examples
+# (gates/accuracy/documents.py): a base measured another way has other prompts or documents, and the paired
+# gate cannot pair with it. v2: a perplexity task's longest documents come first (documents.take_all).
 DOCUMENTS_PROTOCOL = "seeded-draw-per-document-fewshot-v2"
 # vLLM settings that name folders of this host, not how the base is served
 PATH_KEYS = ("model", "tokenizer")
@@ -93,8 +93,8 @@ def reference_factors(
             "protocol": DOCUMENTS_PROTOCOL,
             "continue_to": recipe.gates.accuracy.continue_to,  # how many past each limit the draw holds
         },
-        # how the requests reached vLLM (gates/accuracy/scoring.py): the same logprobs within bf16 noise, but a
-        # base scored one way is not paired with a candidate scored the other
+        # how the requests reached vLLM (gates/accuracy/scoring.py): the same logprobs within bf16 noise,
+        # but a base scored one way is not paired with a candidate scored the other
         "scoring": recipe.gates.accuracy.scoring,
         "vllm_version": vllm_version,
         "hardware": hardware,

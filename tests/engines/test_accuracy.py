@@ -242,12 +242,13 @@ def test_gsm8k_by_name_reads_its_data_from_the_hub(base_server, base_model_dir, 
     }
     assert {"train-00000-of-00001.parquet", "test-00000-of-00001.parquet"} <= fetched
 
-    # Each look is one lm-eval call per lane for every task (gates/accuracy/run.py run_tasks, gates/accuracy/lanes.py):
+    # Each look is one lm-eval call per lane for every task (gates/accuracy/run.py run_tasks,
+    # gates/accuracy/lanes.py):
     # gsm8k 5-shot (the generation lane) beside a 0-shot task (the scoring lane), the two calls at once, gets
     # the prompts and outcomes it gets alone, so a base scored task by task (an earlier release's reference)
     # pairs with a candidate scored in lanes; each task keeps its own raw results. Here the lanes also keep
-    # to a KV cache far smaller than the server's (gates/accuracy/scoring.py within_share): fewer requests in flight,
-    # the same outcomes
+    # to a KV cache far smaller than the server's (gates/accuracy/scoring.py within_share): fewer requests
+    # in flight, the same outcomes
     facts = AccuracyTask(task=MC, limit=40)
     alone = run_accuracy(
         server.base_url,

@@ -143,8 +143,8 @@ class Looks:
 
 
 def test_a_looks_tasks_go_in_two_lanes_by_request_kind_each_lane_one_call_unless_members_are_shared():
-    """gates/accuracy/lanes.py: generation tasks in one lane, the rest (scored, or mixing both kinds) in the other;
-    within a lane one lm-eval call, or one a task where two tasks share a member."""
+    """gates/accuracy/lanes.py: generation tasks in one lane, the rest (scored, or mixing both kinds) in the
+    other; within a lane one lm-eval call, or one a task where two tasks share a member."""
     gsm8k = Looks("gsm8k", ("gsm8k", "generate_until"))
     arc = Looks("arc", ("arc_challenge", "multiple_choice"))
     mmlu = Looks("mmlu", ("mmlu_a", "multiple_choice"), ("mmlu_b", "multiple_choice"))

@@ -33,8 +33,8 @@ PACKAGES = (*PRODUCT, "benchmarks")
 # `validate`, `plan`, `releases` and a refused rollback answer in a fraction of a second. The CLI is
 # the top layer, so these imports go down. A benchmark imports a flow (Prefect) where it runs it, after
 # it has set the Prefect home and the Hub it runs against: benchmarks are the layer above, so these go down.
-# Likewise the accuracy gate's lm-eval model (gates/accuracy/scoring.py subclasses lm-eval's, which loads torch):
-# `validate` and `plan` read the gate's settings without it.
+# Likewise the accuracy gate's lm-eval model (gates/accuracy/scoring.py subclasses lm-eval's, which loads
+# torch): `validate` and `plan` read the gate's settings without it.
 ALLOWED_LATE = {
     ("quantize_serve.cli", "flows.pipeline"),
     ("quantize_serve.cli", "flows.rollback"),

