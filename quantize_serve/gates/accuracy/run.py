@@ -16,8 +16,9 @@ computed over the scored documents the way lm-eval aggregates them (mean; perple
 log-likelihoods), so a run stopped at an early look reports the documents it scored.
 
 Looks: the base is scored on all its documents. The candidate, given the base's run
-(``paired_with``), is scored look by look (``gates.accuracy.looks``: fractions of each task's draw)
-and stops at the first look where recovery.task_decided says every metric's decision is clear. Each look is
+(``paired_with``), is scored look by look (``gates.accuracy.looks``: fractions of each task's limit, going
+on past it where ``continue_to`` and the task allow; the draw holds the last look's documents) and stops at
+the first look where recovery.task_decided says every metric's decision is clear. Each look is
 one lm-eval call for every task still running (their requests of a kind go to the server as one stream).
 The rule itself (paired, sequential, with stated error rates) is in recovery.py and paired.py, and
 docs/gates.md.
