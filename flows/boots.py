@@ -164,6 +164,7 @@ def serve_base(
         log_dir,
         tensor_parallel_size=tensor_parallel_size,
         gpu_memory_utilization=served_at,
+        stop=stop,
     )
     with boot as (server, spec):
         measured = capacity = measure_capacity(server, spec, Boot.BASE)
@@ -214,7 +215,7 @@ def serve_quantized(
     sixteen = None
     if sixteen_bit_kv:
         stages.start("boot quantized 16-bit KV")
-        with served(validated, Boot.QUANTIZED_16BIT_KV, checkpoint_dir, log_dir) as (server, spec):
+        with served(validated, Boot.QUANTIZED_16BIT_KV, checkpoint_dir, log_dir, stop=stop) as (server, spec):
             sixteen = stages.done(
                 "boot quantized 16-bit KV", measure_capacity(server, spec, Boot.QUANTIZED_16BIT_KV)
             )
@@ -223,7 +224,7 @@ def serve_quantized(
         stages.mark("quantized served")
     stages.start("boot production")
     ahead = accuracy_ahead(validated)
-    with served(validated, Boot.PRODUCTION, checkpoint_dir, log_dir) as (server, spec):
+    with served(validated, Boot.PRODUCTION, checkpoint_dir, log_dir, stop=stop) as (server, spec):
         capacity = stages.done("boot production", measure_capacity(server, spec, Boot.PRODUCTION))
         extra = also(server, spec, capacity) if also else None
         accuracy = stages.run(
@@ -286,7 +287,7 @@ def serve_release(
     stages = _Stages(None, stop)
     ahead = None if throughput_only else accuracy_ahead(validated)
     stages.start("boot production again")
-    with served(validated, Boot.PRODUCTION, model_dir, log_dir) as (server, spec):
+    with served(validated, Boot.PRODUCTION, model_dir, log_dir, stop=stop) as (server, spec):
         capacity = stages.done("boot production again", measure_capacity(server, spec, Boot.PRODUCTION))
         accuracy = None
         if not throughput_only:

@@ -4,7 +4,7 @@ device works on the step before."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -80,12 +80,14 @@ def served(
     *,
     tensor_parallel_size: int | None = None,
     gpu_memory_utilization: float | None = None,
+    stop: Callable[[], None] | None = None,
 ) -> Iterator[tuple[RunningServer, ServerSpec]]:
     """Boot one capacity configuration for the duration of the block (always stopped after);
     ``tensor_parallel_size``: another TP than the recipe's (the base's, see plan_base_boot);
     ``gpu_memory_utilization``: another than the recipe's (the base beside calibration). The
     production settings name the model as the published profile does (its Hub repo id at the release
-    ref): such a boot fills the compile-cache entry production's first boot on this host reads."""
+    ref): such a boot fills the compile-cache entry production's first boot on this host reads.
+    ``stop``: asked while the boot waits for /health (vllm_server)."""
     logger = get_run_logger()
     spec = capacity_spec(
         validated.recipe,
@@ -97,7 +99,7 @@ def served(
     )
     label = capacity.boot_label(validated.recipe, name)
     logger.info("booting vLLM (%s): %s", label, spec.serve_command())
-    with vllm_server(spec, log_path=boot_log(validated, run_dir, name)) as server:
+    with vllm_server(spec, log_path=boot_log(validated, run_dir, name), stop=stop) as server:
         logger.info("vLLM (%s) healthy at %s after %.0f s", label, server.base_url, server.boot_seconds)
         yield server, spec
     logger.info("vLLM (%s) stopped", label)

@@ -444,14 +444,19 @@ def _take_prepared(log_path: Path) -> subprocess.Popen | None:
 
 
 # Every boot between its start and its stop, by process group: stop_servers_under() reaches a boot that
-# another thread runs (flows/pipeline.py: a Hub step the release needs failed for good).
+# another thread runs (flows/pipeline.py: a Hub step the release needs failed for good). The folders it
+# stopped stay stopped: a boot that starts under one afterwards (its thread was on its way when the step
+# failed) is stopped as it starts.
 _live: dict[int, Path] = {}
+_stopped: set[Path] = set()
 _live_lock = threading.Lock()
 
 
 def _boot_started(proc: subprocess.Popen, log_path: Path) -> None:
     with _live_lock:
         _live[proc.pid] = log_path
+        if any(log_path.is_relative_to(folder) for folder in _stopped):
+            _signal_group(proc.pid)
 
 
 def _boot_stopping(proc: subprocess.Popen) -> None:
@@ -465,13 +470,18 @@ def stop_servers_under(folder: Path) -> list[int]:
     any thread: a boot waiting for /health fails at once, a served one stops answering; the thread that
     runs each boot still stops and reaps its group (vllm_server). The pids signalled."""
     with _live_lock:
+        _stopped.add(folder)
         pids = [pid for pid, log in _live.items() if log.is_relative_to(folder)]
         for pid in pids:  # under the lock: the owner forgets a boot (_boot_stopping) before reaping it
-            try:
-                os.killpg(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            _signal_group(pid)
     return pids
+
+
+def _signal_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
 
 
 # A free port is free when it is picked, not always when vLLM binds it a few seconds later: another
@@ -488,10 +498,12 @@ def vllm_server(
     log_path: Path,
     boot_timeout_s: float | None = None,
     enough: Callable[[], bool] | None = None,
+    stop: Callable[[], None] | None = None,
 ) -> Iterator[RunningServer]:
     """Run a vLLM server for the duration of the block; it is always gone afterwards. ``enough``: a boot
     that need not serve (serving/compile_ahead.py) enters the block once ``enough()`` is true, healthy or
-    not yet."""
+    not yet. ``stop``: asked while the boot waits for /health; what it raises stops the boot and ends the
+    wait (a Hub step the release needs failed for good: release/blocked.py)."""
     settings = get_settings()
     timeout = boot_timeout_s or settings.server_boot_timeout_s
     if not Path(settings.serving_python).exists():
@@ -514,7 +526,7 @@ def vllm_server(
             _boot_started(proc, log_path)
             guardian = _guard(proc.pid, settings.server_stop_timeout_s)
             try:
-                _wait_healthy(proc, server, timeout, enough)
+                _wait_healthy(proc, server, timeout, enough, stop)
                 break
             except ServerBootError:
                 _boot_stopping(proc)
@@ -529,6 +541,9 @@ def vllm_server(
                     )
             except BaseException:
                 _boot_stopping(proc)
+                stop_process_group(proc, settings.server_stop_timeout_s)
+                guardian.kill()
+                guardian.wait()
                 raise
         try:
             if spec.warm_up and (enough is None or server.healthy()):
@@ -603,11 +618,18 @@ def wait_ready(
 
 
 def _wait_healthy(
-    proc: subprocess.Popen, server: RunningServer, timeout: float, enough: Callable[[], bool] | None = None
+    proc: subprocess.Popen,
+    server: RunningServer,
+    timeout: float,
+    enough: Callable[[], bool] | None = None,
+    stop: Callable[[], None] | None = None,
 ) -> None:
-    outcome = wait_ready(
-        proc, server.healthy if enough is None else lambda: enough() or server.healthy(), timeout
-    )
+    def ready() -> bool:
+        if stop is not None:
+            stop()  # raises once the boot is to stop
+        return (enough is not None and enough()) or server.healthy()
+
+    outcome = wait_ready(proc, ready, timeout)
     if outcome == "ready":
         return
     if outcome == "exited":

@@ -66,3 +66,19 @@ def test_a_block_stops_the_live_boots_of_its_run_only(tmp_path):
         for proc in (ours, theirs):
             server._boot_stopping(proc)
             server.stop_process_group(proc, 5)
+
+
+def test_a_boot_that_starts_after_the_block_is_stopped_as_it_starts(tmp_path):
+    """The boot's thread was on its way when the Hub step failed for good (seen under load: the base's boot
+    registered after the block, then waited for a health that never came): it is stopped as it starts."""
+    Blocked(tmp_path / "run", HUB).fail("find-production-release", OSError())
+    late, elsewhere = sleeper(), sleeper()
+    try:
+        server._boot_started(late, tmp_path / "run" / "vllm-base.log")
+        server._boot_started(elsewhere, tmp_path / "other-run" / "vllm-base.log")
+        assert late.wait(10) == -15
+        assert elsewhere.poll() is None
+    finally:
+        for proc in (late, elsewhere):
+            server._boot_stopping(proc)
+            server.stop_process_group(proc, 5)
