@@ -87,7 +87,7 @@ def test_the_flow_serves_only_the_production_settings_under_the_repo_id(checkpoi
     booted = []
 
     @contextmanager
-    def fake_server(spec, *, log_path):
+    def fake_server(spec, *, log_path, stop=None):
         booted.append(spec)
         yield SimpleNamespace(base_url="http://x", boot_seconds=1.0)
 
