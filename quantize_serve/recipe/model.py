@@ -184,9 +184,97 @@ class ProfileSearch(Section):
         return self
 
 
+class PrefixWorkload(Section):
+    """serve.kv_offload.workload: the prefix-reuse traffic the host-memory tier is measured on (vLLM's own
+    ``vllm bench serve --dataset-name prefix_repetition``): distinct random prefixes whose tokens together
+    are ``working_set`` times the production boot's GPU KV cache, each sent ``prompts_per_prefix`` times with
+    its own suffix, in shuffled order, so that a prefix's next request comes after the GPU evicted it."""
+
+    working_set: float = Field(
+        default=1.5,
+        gt=1,
+        le=16,
+        description="Distinct prefix tokens as a multiple of the production boot's GPU KV cache tokens (more "
+        "than 1: a working set the GPU cache holds whole shows nothing of the tier). Capped at what the tier "
+        "holds.",
+    )
+    prefix_len: PositiveInt = Field(default=2048, description="Tokens of each shared prefix.")
+    suffix_len: PositiveInt = Field(default=128, description="Tokens each request adds after its prefix.")
+    output_len: PositiveInt = Field(default=32, description="Tokens each request generates.")
+    prompts_per_prefix: int = Field(
+        default=2, ge=2, le=64, description="Requests per prefix (2 or more: the first computes it)."
+    )
+    repeats: int = Field(
+        default=2,
+        ge=2,
+        le=5,
+        description="Times each side (tier on, tier off) runs the workload, each with fresh prefixes: the "
+        "spread of one side's repeats is the run's noise, which a gain must exceed.",
+    )
+    concurrency: PositiveInt | None = Field(
+        default=None, description="Requests in flight; default: serve.max_num_seqs."
+    )
+
+
+class KVOffloadSection(Section):
+    """serve.kv_offload: a host-memory tier for vLLM's prefix cache (vLLM's native offloading:
+    ``--kv-offloading-backend``, ``--kv-offloading-size``). KV blocks of prompts are kept in pinned host
+    memory and loaded back on a prefix hit instead of being recomputed. It does not raise the number of
+    sequences decoding at once (those need their blocks on the GPU): it helps traffic that reuses long
+    prefixes the GPU cache no longer holds (multi-turn chat, agents, retrieval over the same documents). The
+    run measures it on the production boot's settings, tier on against off, and ships it in the serving
+    profile only where it helped (``ship``)."""
+
+    backend: Literal["native", "lmcache"] = Field(
+        default="native",
+        description="vLLM's --kv-offloading-backend. native: vLLM's own CPU tier (sized here). lmcache: an "
+        "LMCache server the host runs, sized by LMCache's own settings; needs the lmcache package.",
+    )
+    size_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description="Host memory the tier pins, in GiB, across all tensor-parallel ranks (vLLM's "
+        "--kv-offloading-size). Set this or host_memory_share.",
+    )
+    host_memory_share: float | None = Field(
+        default=None,
+        gt=0,
+        le=0.8,
+        description="The tier's size as a share of the host memory available when the run validates "
+        "(resolved to size_gib then; the report names the GiB).",
+    )
+    ship: Literal["if_it_helps", "always"] = Field(
+        default="if_it_helps",
+        description="if_it_helps: the serving profile carries the tier only where the measured workload's "
+        "prefix hit rate rose and its TTFT fell or its throughput rose by more than the run's noise. always: "
+        "ship it whatever the measurement says (the report still shows it).",
+    )
+    workload: PrefixWorkload = Field(default_factory=PrefixWorkload)
+
+    @model_validator(mode="after")
+    def _one_size(self) -> KVOffloadSection:
+        if self.backend == "native" and (self.size_gib is None) == (self.host_memory_share is None):
+            raise ValueError(
+                "set exactly one of serve.kv_offload.size_gib (GiB of host memory) or "
+                "serve.kv_offload.host_memory_share (a share of the host's available memory)"
+            )
+        if self.backend == "lmcache" and (self.size_gib is not None or self.host_memory_share is not None):
+            raise ValueError(
+                "serve.kv_offload.backend lmcache is sized by LMCache's own configuration: vLLM ignores "
+                "--kv-offloading-size for it. Fix: remove size_gib / host_memory_share, or use backend native"
+            )
+        return self
+
+    @property
+    def size_bytes(self) -> int | None:
+        """The tier's pinned host bytes (size_gib, once resolved), as vLLM computes them."""
+        return None if self.size_gib is None else int(self.size_gib * 2**30)
+
+
 # Serve settings that do not change what a boot measures (how the settings were found, a dry check, whether
-# row (b) is booted)
-SERVE_FIELDS_NOT_MEASURED = frozenset({"search", "preflight", "sixteen_bit_kv_row"})
+# row (b) is booted; the host-memory tier, which only the production boot carries and its own measurement
+# reads)
+SERVE_FIELDS_NOT_MEASURED = frozenset({"search", "preflight", "sixteen_bit_kv_row", "kv_offload"})
 
 
 # vLLM's max_num_batched_tokens for online serving where a recipe leaves it unset: what the planner assumes
@@ -234,6 +322,11 @@ class ServeSection(Section):
         "(capacity/measure.py: with_sixteen_bit_kv; on one H200 the 8B's booted row held 272 tokens, "
         "0.03%, more); boot: one more vLLM boot measures it (about 100 s for an 8B on an H200). A row "
         "an earlier release of the same base and format booted is reused either way.",
+    )
+    kv_offload: KVOffloadSection | None = Field(
+        default=None,
+        description="A host-memory tier for the prefix cache (vLLM's native KV offloading), measured on a "
+        "prefix-reuse workload and shipped only where it helps; off when absent. GPU hosts only.",
     )
     preflight: Literal["off", "measure"] = Field(
         default="off",

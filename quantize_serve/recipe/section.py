@@ -29,6 +29,8 @@ RESERVED_VLLM_FLAGS = (
     "--kv-cache-memory-bytes",
     "--dtype",
     "--enforce-eager",
+    "--kv-offloading-size",
+    "--kv-offloading-backend",
 )
 
 

@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from quantize_serve.core.errors import ServerBootError, ServerUnavailableError
 from quantize_serve.core.processes import dying_with_parent, group_alive, process_alive
 from quantize_serve.core.settings import Settings, get_settings
-from quantize_serve.recipe.model import ServeSection
+from quantize_serve.recipe.model import KVOffloadSection, ServeSection
 from quantize_serve.serving.repo_layout import KEEP_MODEL_NAME, laid_out_as_hub_cache
 from quantize_serve.serving.vllm_log import remedy_for, root_cause
 
@@ -70,6 +70,8 @@ class ServerSpec(BaseModel):
     # hub.release_ref: production serves the commit promotion moved it to, never the head of `main`). vLLM
     # keys its compile cache on it too; the boot's layout names it (vllm_server).
     revision: str | None = None
+    # serve.kv_offload (its size resolved) on the boots that carry the host-memory tier; None on the others
+    kv_offload: KVOffloadSection | None = None
 
     @property
     def effective_kv_dtype(self) -> str:
@@ -105,6 +107,10 @@ class ServerSpec(BaseModel):
             config["tokenizer"] = self.tokenizer_dir
         if self.load_format:
             config["load-format"] = self.load_format
+        if self.kv_offload is not None:
+            config["kv-offloading-backend"] = self.kv_offload.backend
+            if self.kv_offload.size_gib is not None:
+                config["kv-offloading-size"] = self.kv_offload.size_gib
         return config | flags_config(s.extra_args)
 
     def published_config(self, model: str) -> dict[str, Any]:
