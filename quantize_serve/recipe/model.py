@@ -265,6 +265,11 @@ class KVOffloadSection(Section):
             )
         return self
 
+    def vllm_config(self) -> dict[str, Any]:
+        """The tier as vLLM's config keys (serving/server.py ServerSpec.vllm_config)."""
+        size = {} if self.size_gib is None else {"kv-offloading-size": self.size_gib}
+        return {"kv-offloading-backend": self.backend} | size
+
     @property
     def size_bytes(self) -> int | None:
         """The tier's pinned host bytes (size_gib, once resolved), as vLLM computes them."""

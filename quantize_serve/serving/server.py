@@ -108,9 +108,7 @@ class ServerSpec(BaseModel):
         if self.load_format:
             config["load-format"] = self.load_format
         if self.kv_offload is not None:
-            config["kv-offloading-backend"] = self.kv_offload.backend
-            if self.kv_offload.size_gib is not None:
-                config["kv-offloading-size"] = self.kv_offload.size_gib
+            config |= self.kv_offload.vllm_config()
         return config | flags_config(s.extra_args)
 
     def published_config(self, model: str) -> dict[str, Any]:
