@@ -81,13 +81,15 @@ def served(
     tensor_parallel_size: int | None = None,
     gpu_memory_utilization: float | None = None,
     stop: Callable[[], None] | None = None,
+    kv_tier: bool = True,
 ) -> Iterator[tuple[RunningServer, ServerSpec]]:
     """Boot one capacity configuration for the duration of the block (always stopped after);
     ``tensor_parallel_size``: another TP than the recipe's (the base's, see plan_base_boot);
     ``gpu_memory_utilization``: another than the recipe's (the base beside calibration). The
     production settings name the model as the published profile does (its Hub repo id at the release
     ref): such a boot fills the compile-cache entry production's first boot on this host reads.
-    ``stop``: asked while the boot waits for /health (vllm_server)."""
+    ``stop``: asked while the boot waits for /health (vllm_server). ``kv_tier`` false: the production
+    settings without the host-memory tier (serve.kv_offload), the boot the tier is measured against."""
     logger = get_run_logger()
     spec = capacity_spec(
         validated.recipe,
@@ -96,6 +98,7 @@ def served(
         tensor_parallel_size=tensor_parallel_size,
         gpu_memory_utilization=gpu_memory_utilization,
         as_published=name is capacity.Boot.PRODUCTION,
+        kv_tier=kv_tier,
     )
     label = capacity.boot_label(validated.recipe, name)
     logger.info("booting vLLM (%s): %s", label, spec.serve_command())

@@ -7,9 +7,10 @@ resolved base and the TP it boots at, the base reference the store holds under t
 settings, and returns every choice with its reason: the shape measured before the download, the release
 format, the base booted or reused from run X, row (b) reused, derived or booted, quantization beside the
 base's accuracy run (and the gpu_memory_utilization the base is then served at), the production boot's
-graphs compiled ahead, the serving profile search, and which boots are prepared ahead. It runs once the base
-is resolved and its format chosen, before the base's boot or the quantization; the flow (flows/pipeline.py)
-reads the value, and the report, the model card and the Prefect UI show its lines. Two choices come before
+graphs compiled ahead, the serving profile search, the host-memory KV tier measured, and which boots are
+prepared ahead. It runs once the base is resolved and its format chosen, before the base's boot or the
+quantization; the flow (flows/pipeline.py) reads the value, and the report, the model card and the Prefect UI
+show its lines. Two choices come before
 the base resolves, from the recipe and the store alone: :func:`measures_shape` and :func:`boots_base_first`
 (the base's boot prepared as the base downloads); the value records them too.
 
@@ -93,6 +94,7 @@ class RunSteps(BaseModel):
     )
     compile_ahead: bool = False  # the production boot's graphs compiled beside the base's accuracy run
     profile_search: bool = False  # serve.search: the largest stable max_num_seqs, before the gates
+    kv_tier: bool = False  # serve.kv_offload: the production boot's host-memory tier, measured on and off
     first_boot: Boot  # the boot prepared first (its process started) while the base resolves or quantizes
     after_base: tuple[Boot, ...] = ()  # the boots prepared once the base's capacity is read
     steps: tuple[Step, ...] = ()
@@ -180,6 +182,7 @@ def decide_steps(
             choice="yes: the largest stable max_num_seqs, before the gates" if search else "no",
             why="serve.search" if search else "serve.search unset or off: the recipe's serve.max_num_seqs",
         ),
+        _kv_tier_step(r),
         _prepare_step(r, settings, first, after),
     )
     return RunSteps(
@@ -193,6 +196,7 @@ def decide_steps(
         served_at=beside.served_at if beside_now and beside else None,
         compile_ahead=ahead,
         profile_search=search,
+        kv_tier=r.serve.kv_offload is not None,
         first_boot=first,
         after_base=after,
         steps=steps,
@@ -287,6 +291,26 @@ def _quantize_step(reused: BaseReference | None, beside: BesideBase | None) -> S
         return Step(name=name, choice=first, why=beside.why if beside else "calibration's room not measured")
     at = f", the base served at gpu_memory_utilization {beside.served_at:.2f}" if beside.served_at else ""
     return Step(name=name, choice=f"beside the base's accuracy run{at}", why=beside.why)
+
+
+def _kv_tier_step(r: Recipe) -> Step:
+    name, tier = "host-memory KV tier", r.serve.kv_offload
+    if tier is None:
+        return Step(name=name, choice="no", why="serve.kv_offload unset")
+    size = (
+        f"{tier.size_gib:g} GiB"
+        if tier.size_gib is not None
+        else f"{tier.host_memory_share:.0%}-of-host-memory"
+        if tier.host_memory_share is not None
+        else "LMCache-sized"
+    )
+    ships = "shipped whatever it shows" if tier.ship == "always" else "shipped only where it helps"
+    return Step(
+        name=name,
+        choice=f"the production boot with a {size} tier ({tier.backend}), then one without it, on a "
+        f"prefix-reuse workload",
+        why=f"serve.kv_offload: {ships} (ship: {tier.ship})",
+    )
 
 
 def _prepare_step(r: Recipe, settings: Settings, first: Boot, after: tuple[Boot, ...]) -> Step:

@@ -22,6 +22,7 @@ def capacity_spec(
     tensor_parallel_size: int | None = None,
     gpu_memory_utilization: float | None = None,
     as_published: bool = False,
+    kv_tier: bool = True,
 ) -> ServerSpec:
     """The boot spec of one configuration under the recipe's (shared) budget. ``weights_bytes``: what
     the boot's weights take (default: the checkpoint's tensor bytes; a dummy boot has no checkpoint).
@@ -30,7 +31,9 @@ def capacity_spec(
     ``as_published``: the model named as the published profile names it, by the recipe's Hub repo id at
     its release ref (``ServerSpec.repo_id`` and ``revision``: ``hub.release_ref``; without a hub section,
     the folder): the boot's compile-cache entry is then the one production's first ``vllm serve <repo id>
-    --config serve-profile.yaml`` on this host reads (serving/repo_layout.py)."""
+    --config serve-profile.yaml`` on this host reads (serving/repo_layout.py). The production boot carries
+    the host-memory tier of the prefix cache (serve.kv_offload) unless ``kv_tier`` is false (the boot the
+    tier is measured against)."""
     kv_dtype = sixteen_bit_kv_dtype(model_dir) if Boot(boot).sixteen_bit_kv else recipe.serve.kv_cache_dtype
     kv_bytes = None
     if recipe.serve.memory_budget is not None:
@@ -51,6 +54,7 @@ def capacity_spec(
         kv_cache_memory_bytes=kv_bytes,
         repo_id=hub.repo_id if hub else None,
         revision=hub.release_ref if hub else None,
+        kv_offload=recipe.serve.kv_offload if kv_tier and Boot(boot) is Boot.PRODUCTION else None,
     )
 
 

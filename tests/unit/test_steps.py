@@ -193,3 +193,20 @@ def test_the_report_shows_the_steps_and_the_lines_they_replace(beside):
     report = run_report(repo_id="org/m", candidate_sha="a" * 40, run_id="r1", steps=steps)
     card = str(render_model_card(report_card_inputs(validated(), report, status="promoted")))
     assert f"## How the run made it (each choice and why)\n\n{steps.markdown()}" in card
+
+
+def test_the_kv_tier_step_says_whether_the_tier_is_measured_and_when_it_ships():
+    assert not decide().kv_tier and decide().step("host-memory KV tier").line() == (
+        "host-memory KV tier: no (serve.kv_offload unset)"
+    )
+    tiered = decide(validated({"serve.kv_offload": {"size_gib": 96}}), gpu=True)
+    assert tiered.kv_tier
+    assert tiered.step("host-memory KV tier").line() == (
+        "host-memory KV tier: the production boot with a 96 GiB tier (native), then one without it, on a "
+        "prefix-reuse workload (serve.kv_offload: shipped only where it helps (ship: if_it_helps))"
+    )
+    always = decide(validated({"serve.kv_offload": {"host_memory_share": 0.5, "ship": "always"}}), gpu=True)
+    assert always.step("host-memory KV tier").line() == (
+        "host-memory KV tier: the production boot with a 50%-of-host-memory tier (native), then one without "
+        "it, on a prefix-reuse workload (serve.kv_offload: shipped whatever it shows (ship: always))"
+    )
