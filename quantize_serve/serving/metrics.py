@@ -3,7 +3,7 @@ which handles escaped label values, histograms and comments that a regular expre
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 
@@ -37,3 +37,11 @@ def read_labels(text: str, name: str) -> dict[str, str] | None:
         if s.name == name:
             return dict(s.labels)
     return None
+
+
+def counter_deltas(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """What each counter (read_gauges of two scrapes) added between them. A series exposed only in the
+    second counts from 0 (vLLM exposes some labelled counters once they first count); one exposed only in
+    the first is left out. Counters do not go down: a smaller second value means the server restarted
+    between the scrapes, which the caller checks (``process_start_time_seconds``)."""
+    return {name: value - before.get(name, 0.0) for name, value in after.items()}

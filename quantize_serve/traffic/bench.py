@@ -101,19 +101,67 @@ def bench_lengths(profile: StressGate, serve: ServeSection) -> tuple[int, int]:
     return inp, out
 
 
+class RandomDataset(BaseModel):
+    """vLLM's ``random`` dataset: prompts of random tokens, no reuse across requests (stress, formats)."""
+
+    input_len: int
+    output_len: int
+
+    def argv(self) -> list[str]:
+        return [
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(self.input_len),
+            "--random-output-len",
+            str(self.output_len),
+        ]
+
+
+class PrefixRepetition(BaseModel):
+    """vLLM's ``prefix_repetition`` dataset: ``num_prefixes`` distinct random prefixes of ``prefix_len``
+    tokens, each sent num_prompts // num_prefixes times with its own ``suffix_len``-token suffix, shuffled
+    (``--seed`` draws them: a new seed, new prefixes). vLLM forces ``ignore_eos`` only for ``random``;
+    bench_args passes ``--ignore-eos`` for every dataset, so each request generates ``output_len`` tokens."""
+
+    prefix_len: int
+    suffix_len: int
+    num_prefixes: int
+    output_len: int
+
+    def argv(self) -> list[str]:
+        return [
+            "--dataset-name",
+            "prefix_repetition",
+            "--prefix-repetition-prefix-len",
+            str(self.prefix_len),
+            "--prefix-repetition-suffix-len",
+            str(self.suffix_len),
+            "--prefix-repetition-num-prefixes",
+            str(self.num_prefixes),
+            "--prefix-repetition-output-len",
+            str(self.output_len),
+        ]
+
+
 def bench_args(
     server: RunningServer | str,
     *,
     tokenizer_dir: str,
-    input_len: int,
-    output_len: int,
+    input_len: int | None = None,
+    output_len: int | None = None,
     num_prompts: int,
     concurrency: int,
     output_dir: Path,
     seed: int,
     result_filename: str = "bench.json",
+    dataset: RandomDataset | PrefixRepetition | None = None,
 ) -> list[str]:
-    """`vllm bench serve`'s arguments; ``server``: a running server or its base URL."""
+    """`vllm bench serve`'s arguments; ``server``: a running server or its base URL. The prompts:
+    ``dataset``, or the random dataset at ``input_len`` -> ``output_len`` tokens (give one or the other)."""
+    if (dataset is None) == (input_len is None or output_len is None):
+        raise ValueError("bench_args: give input_len and output_len (the random dataset) or a dataset")
+    dataset = dataset or RandomDataset(input_len=input_len, output_len=output_len)
     return [
         "bench",
         "serve",
@@ -129,12 +177,7 @@ def bench_args(
         SERVED_NAME,
         "--tokenizer",
         tokenizer_dir,
-        "--dataset-name",
-        "random",
-        "--random-input-len",
-        str(input_len),
-        "--random-output-len",
-        str(output_len),
+        *dataset.argv(),
         "--num-prompts",
         str(num_prompts),
         "--max-concurrency",
