@@ -321,6 +321,7 @@ def plan_command(args: argparse.Namespace) -> int:
         enforce_eager=bool(args.enforce_eager or (serve.enforce_eager if serve else False)),
         cudagraph_memory_bytes=args.cudagraph_memory,
         model=model,
+        kv_offload=serve.kv_offload if serve else None,
     )
     print(table.model_dump_json(indent=2) if args.json else plan_table.format_table(table))
     return EXIT_OK

@@ -1,12 +1,15 @@
 """The planner's table: base, W4A16 and W4A16 + fp8 KV side by side with their gains, the smallest TP
-that fits a configuration, and the table as text (``quantize-serve plan``)."""
+that fits a configuration, and the table as text (``quantize-serve plan``). With the recipe's
+``serve.kv_offload``, the production configuration's host-memory tier beside its row
+(capacity/host_tier.py)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
+from quantize_serve.capacity.host_tier import HostTier, plan_host_tier
 from quantize_serve.capacity.planner import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     GPU_MEMORY_BYTES,
@@ -18,6 +21,7 @@ from quantize_serve.capacity.planner import (
     PlanMode,
     plan_capacity,
 )
+from quantize_serve.recipe.model import KVOffloadSection
 from quantize_serve.serving.boot import Boot
 
 
@@ -89,6 +93,21 @@ class PlanTable(BaseModel):
     freed_weight_bytes: int = Field(description="whole checkpoint: base - w4a16 weights")
     freed_weight_bytes_per_gpu: int
     gains: dict[str, ConfigGain] = Field(description="keys: w4a16, w4a16-fp8kv")
+    host_tier: HostTier | None = Field(
+        None, description="serve.kv_offload's host-memory tier beside the production row (native, sized)"
+    )
+    host_tier_unplanned: str | None = Field(
+        None, description="why the recipe's serve.kv_offload is not planned (lmcache, a share, a CPU plan)"
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_tier(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A plan without serve.kv_offload dumps as it did before the tier existed."""
+        data = handler(self)
+        for key in ("host_tier", "host_tier_unplanned"):
+            if getattr(self, key) is None:
+                data.pop(key, None)
+        return data
 
 
 def smallest_fitting_tp(shape: ModelShape, **plan: Any) -> int | None:
@@ -147,10 +166,12 @@ def plan_table(
     enforce_eager: bool = False,
     cudagraph_memory_bytes: int | None = None,
     model: str = "model",
+    kv_offload: KVOffloadSection | None = None,
 ) -> PlanTable:
     """Plan (a) ``base`` bf16 + 16-bit KV, (b) ``w4a16`` + 16-bit KV and (c)
     ``w4a16-fp8kv`` + fp8 KV under identical settings, and derive the freed weight bytes
-    and the capacity gains of (b) and (c) over (a)."""
+    and the capacity gains of (b) and (c) over (a). ``kv_offload`` (the recipe's serve.kv_offload): (c)'s
+    host-memory tier too, or why it is not planned."""
     common: dict[str, Any] = dict(
         device_memory_bytes=device_memory_bytes,
         gpu_memory_utilization=gpu_memory_utilization,
@@ -174,6 +195,7 @@ def plan_table(
     }
     rows = {boot: plan_capacity(shape, **settings[boot]) for boot in Boot}
     base = rows[Boot.BASE]
+    tier, unplanned = _host_tier(shape, rows[Boot.PRODUCTION], kv_offload)
     return PlanTable(
         model=model,
         summary=ModelSummary.of(shape),
@@ -184,7 +206,41 @@ def plan_table(
         freed_weight_bytes=base.total_weights_bytes - rows[Boot.QUANTIZED_16BIT_KV].total_weights_bytes,
         freed_weight_bytes_per_gpu=base.weights_bytes - rows[Boot.QUANTIZED_16BIT_KV].weights_bytes,
         gains={k: _gain(rows[k], base) for k in Boot if k.quantized},
+        host_tier=tier,
+        host_tier_unplanned=unplanned,
     )
+
+
+def _host_tier(
+    shape: ModelShape, production: CapacityPlan, kv_offload: KVOffloadSection | None
+) -> tuple[HostTier | None, str | None]:
+    """The production row's host-memory tier, or why it is not planned (None, None without one)."""
+    if kv_offload is None:
+        return None, None
+    if kv_offload.backend != "native":
+        return (
+            None,
+            "serve.kv_offload backend lmcache is sized by LMCache's own configuration, not planned here",
+        )
+    if production.mode != "gpu":
+        return None, (
+            "serve.kv_offload is not planned on the CPU host's budget: vLLM's CPU backend cannot offload "
+            "(plan a GPU with --gpu)"
+        )
+    if kv_offload.host_memory_share is not None:
+        return None, (
+            f"serve.kv_offload.host_memory_share {kv_offload.host_memory_share:g} is resolved to GiB from "
+            "the GPU host's available memory when the run validates (plan there, or set size_gib)"
+        )
+    tier = plan_host_tier(
+        kv_offload,
+        shape,
+        kv_cache_dtype=production.kv_cache_dtype,
+        tensor_parallel_size=production.tensor_parallel_size,
+        gpu_tokens=production.kv_cache_tokens,
+        block_size=production.block_size,
+    )
+    return tier, None
 
 
 def row_label(name: str, row: CapacityPlan) -> str:
@@ -261,6 +317,8 @@ def format_table(table: PlanTable, *, title: str | None = None) -> str:
             f"{_gib(r.overhead_bytes)} | {_graphs(r)} | {kv_gib} | {r.kv_bytes_per_token:,} | "
             f"{r.kv_cache_tokens:,} | {r.max_concurrency:.1f} | {r.recommended_max_num_seqs:,} | {fits} |"
         )
+        if name == Boot.PRODUCTION and table.host_tier is not None:
+            lines.append(_tier_row(labels[name], table.host_tier))
     lines.append("")
     lines.extend(_model_lines(table))
     lines.append(
@@ -291,6 +349,35 @@ def format_table(table: PlanTable, *, title: str | None = None) -> str:
             f"{production.kv_cache_dtype}: a 16-bit KV cache, as in the {Boot.QUANTIZED_16BIT_KV} row "
             "(--kv-cache-dtype fp8 plans an fp8 one)"
         )
+    lines.extend(_tier_lines(table, labels.get(Boot.PRODUCTION, Boot.PRODUCTION.value)))
     notes = dict.fromkeys(n for r in table.rows.values() for n in r.notes)
     lines.extend(f"- note: {n}" for n in notes)
     return "\n".join(lines)
+
+
+def _tier_row(label: str, tier: HostTier) -> str:
+    """The tier's row under the production row: its host GiB in the KV column, its bytes a token over all
+    ranks, its tokens; no concurrency (it adds none)."""
+    return (
+        f"| {label} + host tier ({tier.backend}) | - | - | - | - | {tier.size_gib:.2f} host | "
+        f"{tier.bytes_per_token:,} | {tier.tokens:,} | - | - | prefix reuse |"
+    )
+
+
+def _tier_lines(table: PlanTable, label: str) -> list[str]:
+    """What the tier holds, beyond the GPU, and what it is for; or why it is not planned."""
+    if table.host_tier_unplanned:
+        return [f"- host tier: {table.host_tier_unplanned}"]
+    t = table.host_tier
+    if t is None:
+        return []
+    per_rank = f", {_gib(t.pinned_bytes_per_rank)} GiB per rank" if t.tensor_parallel_size > 1 else ""
+    lines = [
+        f"- host tier of {label} (serve.kv_offload, {t.backend}): {t.size_gib:g} GiB of pinned host memory"
+        f"{per_rank}, {t.tokens:,} tokens by vLLM's block arithmetic, "
+        f"{t.distinct_tokens_beyond_gpu:,} of them beyond the GPU's {t.gpu_tokens:,} (write-through: it "
+        f"also holds copies of the GPU's blocks); {t.note}"
+    ]
+    if t.warning:
+        lines.append(f"- warning: host tier: {t.warning}")
+    return lines
