@@ -18,20 +18,33 @@ Two checks of the host, before anything heavy: ``check_serving_host`` (a CPU who
 kernels the run's quantized boots need, among them any quantized mixture of experts) and
 ``check_quantize_host`` (a GPU host whose pipeline environment's torch has no CUDA, so the quantization would
 run on the CPU; `validate` and `run` say so too).
+
+``serve.kv_offload`` (a host-memory tier for the prefix cache): a ``host_memory_share`` becomes ``size_gib``
+on a GPU host (``resolve_host_tier``, from the memory available then; ``ValidatedRecipe.host_tier_sizing``
+says how). What vLLM would refuse at its start is refused here, each with the field and the fix: on the
+model or the recipe (``check_kv_offload``: an encoder-decoder, ``--enable-return-routed-experts``), and on
+the host that serves (``check_host_tier``, from ``check_serving_host``: vLLM's CPU backend, a tier larger
+than the host's available memory less a margin, ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, an
+lmcache backend without the lmcache package).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from quantize_serve.capacity.host_tier import HostMemory, HostTierSizing
 from quantize_serve.capacity.model_shape import ModelShape
+from quantize_serve.capacity.planner import GiB
 from quantize_serve.core.errors import HubNotFoundError, RecipeError, RecipeErrors
-from quantize_serve.core.model_files import check_model_files, folder_digest
+from quantize_serve.core.model_files import check_model_files, folder_digest, language_model
+from quantize_serve.core.settings import get_settings
 from quantize_serve.gates.accuracy.task_files import TASK_FILE_SUFFIXES
 from quantize_serve.hub.client import resolve_token
 from quantize_serve.hub.download import download_base, fetch_model_config, resolve_dataset_commit
@@ -43,6 +56,7 @@ from quantize_serve.recipe.load import apply_overrides, load_recipe, parse_recip
 from quantize_serve.recipe.model import Recipe
 from quantize_serve.serving import gpu
 from quantize_serve.serving.host import moe_serving_gap, serving_host_gap
+from quantize_serve.serving.server import serving_env
 
 
 class ValidatedRecipe(BaseModel):
@@ -53,10 +67,16 @@ class ValidatedRecipe(BaseModel):
     overrides: dict[str, Any] = {}  # the run's parameters that changed the recipe file (dotted keys)
     # recipe fields this host does not apply (dotted key -> why): for_this_host
     not_applied: dict[str, str] = {}
+    # serve.kv_offload.host_memory_share as this host resolved it to size_gib: resolve_host_tier
+    host_tier_sizing: HostTierSizing | None = None
 
     def host_note(self) -> str | None:
         """One line naming what this host did not apply, or None."""
         return "; ".join(f"{k} not applied: {why}" for k, why in self.not_applied.items()) or None
+
+    def host_tier_note(self) -> str | None:
+        """One line saying how the host-memory tier's share became its size here, or None."""
+        return self.host_tier_sizing.line() if self.host_tier_sizing else None
 
 
 class BaseModelRef(BaseModel):
@@ -95,11 +115,17 @@ def validate_recipe(
             data = apply_overrides(recipe.model_dump(mode="json"), overrides, source=source)
             recipe = parse_recipe(data, source=source)
     if recipe.model_is_local:
-        check_local_checkpoints(recipe, check_local_model(recipe, source=source), source=source)
+        config = check_local_model(recipe, source=source)
+        check_local_checkpoints(recipe, config, source=source)
+        check_kv_offload(recipe, config, source=source)
+    else:
+        check_kv_offload(recipe, None, source=source)  # the model's side once resolve_base has its config
     recipe_sha256 = recipe.fingerprint()  # the recipe as written (and overridden), before the pin below
     if not recipe.calibration_is_local:
         recipe = pin_calibration_commit(recipe, source=source)
-    recipe, not_applied = for_this_host(recipe, gpu.usable_memory_bytes())
+    device = gpu.usable_memory_bytes()
+    recipe, sizing = resolve_host_tier(recipe, device)
+    recipe, not_applied = for_this_host(recipe, device)
     return ValidatedRecipe(
         recipe=recipe,
         source=source,
@@ -107,14 +133,20 @@ def validate_recipe(
         calibration_fingerprint=calibration_fingerprint(recipe, source=source),
         overrides=overrides,
         not_applied=not_applied,
+        host_tier_sizing=sizing,
     )
 
 
-def for_this_host(recipe: Recipe, device_memory_bytes: int | None) -> tuple[Recipe, dict[str, str]]:
+def for_this_host(
+    recipe: Recipe, device_memory_bytes: int | None, *, host_memory: HostMemory | None = None
+) -> tuple[Recipe, dict[str, str]]:
     """The recipe as a host with ``device_memory_bytes`` of GPU memory (None: no GPU, vLLM serves on the
     CPU) applies it, and each field it does not apply (dotted key -> why). ``serve.memory_budget`` is the
     CPU host's budget for weights and KV cache: on a GPU host it is dropped, and vLLM sizes each boot's KV
-    cache from serve.gpu_memory_utilization, as production does."""
+    cache from serve.gpu_memory_utilization, as production does. A GPU host resolves
+    serve.kv_offload.host_memory_share to size_gib (:func:`resolve_host_tier`, from ``host_memory``, else
+    read now)."""
+    recipe, _ = resolve_host_tier(recipe, device_memory_bytes, host_memory)
     budget = recipe.serve.memory_budget
     if device_memory_bytes is None or budget is None:
         return recipe, {}
@@ -125,6 +157,20 @@ def for_this_host(recipe: Recipe, device_memory_bytes: int | None) -> tuple[Reci
         f"serve.gpu_memory_utilization ({recipe.serve.gpu_memory_utilization:.2f})"
     )
     return recipe.model_copy(update={"serve": serve}), {"serve.memory_budget": why}
+
+
+def resolve_host_tier(
+    recipe: Recipe, device_memory_bytes: int | None, host_memory: HostMemory | None = None
+) -> tuple[Recipe, HostTierSizing | None]:
+    """serve.kv_offload.host_memory_share as size_gib on a GPU host: that share of the host memory available
+    now (``host_memory``, else read), rounded down to 0.1 GiB, and how (None where nothing was resolved: no
+    tier, a size given, or no GPU, where vLLM's CPU backend cannot offload and check_host_tier says so)."""
+    tier = recipe.serve.kv_offload
+    if device_memory_bytes is None or tier is None or tier.host_memory_share is None:
+        return recipe, None
+    sizing = HostTierSizing.of(tier.host_memory_share, host_memory or HostMemory.read())
+    sized = tier.model_copy(update={"size_gib": sizing.size_gib, "host_memory_share": None})
+    return recipe.model_copy(update={"serve": recipe.serve.model_copy(update={"kv_offload": sized})}), sizing
 
 
 def pin_calibration_commit(recipe: Recipe, *, source: str) -> Recipe:
@@ -186,7 +232,8 @@ def check_serving_host(recipe: Recipe, *, source: str, base_config: dict[str, An
     kernels the quantized boots need (quantize_serve/serving/host.py): every checkpoint the run
     serves (the method's, each candidate's) and the production KV cache, and for a mixture of experts
     (``base_config``: the base model's config.json, read here when not given) quantized experts at all.
-    Checked before any heavy work."""
+    Checked before any heavy work; a host-memory tier too (:func:`check_host_tier`)."""
+    check_host_tier(recipe, source=source)
     served = served_schemes(recipe)
     # Every checkpoint of an MoE is a quantized MoE: the first one served names the field.
     moe_gap = moe_serving_gap(served[0][1]) if served else None
@@ -226,6 +273,123 @@ def check_serving_host(recipe: Recipe, *, source: str, base_config: dict[str, An
             "serve.kv_cache_dtype auto and quantization.kv_cache_scales false, as `make demo` does "
             "here by itself; `quantize-serve validate` and `quantize-serve plan` work on any machine",
         )
+
+
+# vLLM's own words where its CPU backend refuses a host-memory tier at the start (0.26 and 0.32:
+# v1/kv_offload/cpu/spec.py)
+CPU_OFFLOAD_REFUSAL = "CPU Offloading is currently only supported on CUDA-alike and XPU GPUs"
+# serve.extra_args that make vLLM allocate through its cumem pool, where expandable segments are off: with
+# one, vLLM accepts a KV connector under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+CUMEM_FLAGS = ("--enable-cumem-allocator", "--enable-sleep-mode")
+
+
+def _flags(recipe: Recipe) -> set[str]:
+    """The flags of serve.extra_args, as vLLM spells them (no value, dashes)."""
+    return {arg.split("=", 1)[0].replace("_", "-") for arg in recipe.serve.extra_args if arg.startswith("--")}
+
+
+def check_kv_offload(recipe: Recipe, config: dict[str, Any] | None, *, source: str) -> None:
+    """A host-memory tier (serve.kv_offload) on a recipe and a model vLLM offloads: vLLM refuses any KV
+    connector with ``--enable-return-routed-experts`` and for an encoder-decoder model (``config``: the base
+    model's config.json; None: not known yet). Multi-latent attention is not refused (vLLM 0.26 offloads it,
+    its latent copied on every TP rank)."""
+    tier = recipe.serve.kv_offload
+    if tier is None:
+        return
+    if "--enable-return-routed-experts" in _flags(recipe):
+        raise RecipeError(
+            source,
+            "serve.extra_args",
+            "--enable-return-routed-experts",
+            "vLLM refuses it with a host-memory tier ('--enable-return-routed-experts is incompatible with "
+            "KV connectors (PD disaggregation, KV cache offload)')",
+            "remove --enable-return-routed-experts from serve.extra_args, or remove serve.kv_offload",
+        )
+    if config is not None and (
+        config.get("is_encoder_decoder") or language_model(config).get("is_encoder_decoder")
+    ):
+        raise RecipeError(
+            source,
+            "serve.kv_offload",
+            f"{recipe.model.id} (is_encoder_decoder)",
+            "vLLM offloads no encoder-decoder model's KV cache ('Encoder-decoder models are not currently "
+            "supported with KV connectors')",
+            "remove serve.kv_offload for this model",
+        )
+
+
+def check_host_tier(recipe: Recipe, *, source: str, host_memory: HostMemory | None = None) -> None:
+    """The host that serves can hold serve.kv_offload's tier: a GPU (vLLM's CPU backend cannot offload), no
+    ``expandable_segments:True`` in the serving environment's PYTORCH_CUDA_ALLOC_CONF (unless serve.extra_args
+    turns vLLM's cumem allocator on), the lmcache package for backend lmcache, and for a native tier the host
+    memory it pins at vLLM's start: at most what is available (``host_memory``, else read now) less
+    HostMemory.margin_bytes."""
+    tier = recipe.serve.kv_offload
+    if tier is None:
+        return
+    if gpu.usable_memory_bytes() is None:
+        raise RecipeError(
+            source,
+            "serve.kv_offload",
+            f"backend {tier.backend}",
+            f"vLLM's CPU backend cannot offload (vLLM: '{CPU_OFFLOAD_REFUSAL}'); its KV cache already lives "
+            "in host memory",
+            "remove serve.kv_offload for a CPU host, or run on a GPU host",
+        )
+    alloc = serving_env().get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "expandable_segments:True" in alloc and not _flags(recipe) & set(CUMEM_FLAGS):
+        raise RecipeError(
+            source,
+            "serve.kv_offload",
+            f"PYTORCH_CUDA_ALLOC_CONF={alloc}",
+            "vLLM refuses any KV connector, a host-memory tier included, when the serving environment's "
+            "PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True (its KV cache could move under the tier)",
+            "unset PYTORCH_CUDA_ALLOC_CONF (or drop expandable_segments:True from it) before the run, or add "
+            "--enable-cumem-allocator to serve.extra_args",
+        )
+    if tier.backend == "lmcache":
+        python = get_settings().serving_python
+        if not _has_module(python, "lmcache"):
+            raise RecipeError(
+                source,
+                "serve.kv_offload.backend",
+                "lmcache",
+                f"the serving environment ({python}) has no lmcache package: vLLM's LMCache connector "
+                "imports it at its start",
+                f"install it there (`{python} -m pip install lmcache`) and run an LMCache server beside "
+                "vLLM, or use backend native",
+            )
+        return
+    memory = host_memory or HostMemory.read()
+    share = tier.host_memory_share
+    size_gib = tier.size_gib if share is None else memory.share_gib(share)
+    if size_gib is None or int(size_gib * 2**30) <= memory.room_bytes:
+        return
+    room = math.floor(memory.room_bytes / GiB * 10) / 10
+    available, total = memory.available_bytes / GiB, memory.total_bytes / GiB
+    fix = f"size_gib <= {room:.1f}, or host_memory_share (a share of the available memory, resolved when "
+    fix += "the run validates)"
+    if share is not None:
+        fix = f"host_memory_share <= {room / available:.2f}, or size_gib <= {room:.1f}"
+    raise RecipeError(
+        source,
+        "serve.kv_offload.size_gib" if share is None else "serve.kv_offload.host_memory_share",
+        size_gib if share is None else share,
+        ("" if share is None else f"{size_gib:.1f} GiB here: ")
+        + f"this host has {available:.1f} GiB available ({total:.1f} GiB total); the tier pins all of it at "
+        f"vLLM's start, and {memory.margin_bytes / GiB:.1f} GiB must stay free for the serving processes and "
+        "the pipeline",
+        fix if room >= 0.1 else "free host memory, run on a host with more, or remove serve.kv_offload",
+    )
+
+
+def _has_module(python: Path, name: str) -> bool:
+    """Whether the interpreter ``python`` finds the module ``name`` (no import: its spec only)."""
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({name!r}) is None)"
+    try:
+        return subprocess.run([str(python), "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def base_config(
@@ -365,6 +529,7 @@ def check_recipe(path: str | Path, *, remote: bool = False) -> RecipeCheck:
             errors.append(exc)
         return None
 
+    config = None
     if recipe.model_is_local:
         config = collect(lambda: check_local_model(recipe, source=source))
         if config is not None:
@@ -415,6 +580,20 @@ def check_recipe(path: str | Path, *, remote: bool = False) -> RecipeCheck:
                 )
             )
     collect(lambda: check_quantize_host(recipe, source=source))  # a GPU host quantizes on its GPU
+    if recipe.serve.kv_offload is not None:
+        before, here = len(errors), gpu.usable_memory_bytes() is not None
+        collect(lambda: check_kv_offload(recipe, config, source=source))
+        if here:  # a GPU host, likely the one that serves
+            collect(lambda: check_host_tier(recipe, source=source))
+        else:  # vLLM's CPU backend cannot offload; `run` refuses the tier on a CPU host (check_serving_host)
+            not_checked.append(
+                "serve.kv_offload: no GPU here (vLLM's CPU backend cannot offload): the host that serves is "
+                "checked when the run starts (its GPU, host memory, PYTORCH_CUDA_ALLOC_CONF, lmcache)"
+            )
+        if len(errors) == before:
+            checked.append(
+                "serve.kv_offload: the recipe" + (", and this GPU host holds the tier" if here else "")
+            )
     if errors:
         raise RecipeErrors(errors) if len(errors) > 1 else errors[0]
     return RecipeCheck(recipe=recipe, source=source, checked=checked, not_checked=not_checked)
@@ -434,6 +613,7 @@ def resolve_base(validated: ValidatedRecipe, *, cache_dir: Path | None = None) -
     check_model_files(Path(resolved.local_dir), source=validated.source, value=recipe.model.id)
     config = check_model(recipe, Path(resolved.local_dir), source=validated.source)
     check_plannable(config, config_source=f"{recipe.model.id}/config.json")
+    check_kv_offload(recipe, config, source=validated.source)
     return BaseModelRef(
         local_dir=str(resolved.local_dir),
         repo_id=recipe.model.id,
