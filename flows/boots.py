@@ -4,7 +4,9 @@ serve_base        (a) the base model, 16-bit KV: capacity and the base accuracy;
                   when a previous run measured the same base under the same conditions.
 serve_quantized   (b) the quantized model, 16-bit KV: capacity, when booted (serve.sixteen_bit_kv_row:
                   boot; else derived from (c)); then (c) the production boot (the recipe's KV dtype):
-                  capacity, the accuracy gate, the stress gate and, when asked, the soak test.
+                  capacity, the accuracy gate, the stress gate and, when asked, the soak test; with
+                  serve.kv_offload (c) carries the host-memory tier and runs the prefix-reuse workload,
+                  then (c) without the tier boots to run the same requests.
 serve_release     (d) the release in production (hub.release_ref), when its recorded figures were
                   measured under other conditions: the production boot's settings, capacity,
                   accuracy and the stress test's throughput, for the regression gate.
@@ -27,8 +29,10 @@ from typing import Any
 from prefect.states import Completed, State
 from prefect.utilities.annotations import quote
 
+from quantize_serve.capacity.host_tier import HostTier
 from quantize_serve.capacity.measure import CapacityConfig
 from quantize_serve.gates.accuracy.run import AccuracyRun, Prepared, lm_eval_concurrency
+from quantize_serve.gates.prefix_reuse import PrefixPlan
 from quantize_serve.report.base_reference import BaseReference
 from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.server import RunningServer, ServerSpec
@@ -37,11 +41,13 @@ from quantize_serve.validate.preflight import ValidatedRecipe
 from tasks.accuracy import prepare_accuracy, run_accuracy
 from tasks.progress import Progress
 from tasks.boot import prepare_boot, served
+from tasks.kv_tier import TierSide, measure_prefix_reuse, tier_plan
 from tasks.capacity import capacity_at_recipe_utilization, measure_capacity
 from tasks.soak import run_soak_test
 from tasks.stress import run_stress_test
 
 Also = Callable[[RunningServer, ServerSpec, CapacityConfig], Any]
+PREFIX_REUSE_DIR = "prefix-reuse"  # serve.kv_offload's workload: both sides' runs, the boot without the tier
 Stop = Callable[[], None]  # raises when the boots are to stop
 
 
@@ -67,6 +73,18 @@ class QuantizedServed:
     stress: State
     soak: State | None = None
     also: Any = None
+    spec: ServerSpec | None = None  # the production boot's
+    kv_tier: KVTierMeasured | None = None  # serve.kv_offload: the tier measured on and off
+
+
+@dataclass
+class KVTierMeasured:
+    """serve.kv_offload's workload on the production boot (the tier on) and on its settings without it."""
+
+    plan: PrefixPlan
+    host: HostTier | None  # the tier by vLLM's block arithmetic (None: LMCache sizes its own)
+    on: TierSide
+    off: TierSide
 
 
 class _Stages:
@@ -254,10 +272,58 @@ def serve_quantized(
                 output_dir=soak_dir,
                 return_state=True,
             )
+        tier_on = None
+        if r.serve.kv_offload is not None:
+            plan, host = tier_plan(validated, checkpoint_dir, capacity)
+            tier_on = stages.run(
+                "prefix reuse, tier on",
+                measure_prefix_reuse,
+                validated,
+                server,
+                plan,
+                tier=True,
+                tokenizer_dir=checkpoint_dir,
+                output_dir=log_dir / PREFIX_REUSE_DIR,
+            )
     stages.mark("fp8 served")
+    kv_tier = None
+    if tier_on is not None:  # the same requests on the production settings without the tier
+        off = tier_off(validated, checkpoint_dir, log_dir, plan, stages)
+        kv_tier = KVTierMeasured(plan, host, tier_on, off)
     return QuantizedServed(
-        capacity_16bit_kv=sixteen, capacity=capacity, accuracy=accuracy, stress=stress, soak=soak, also=extra
+        capacity_16bit_kv=sixteen,
+        capacity=capacity,
+        accuracy=accuracy,
+        stress=stress,
+        soak=soak,
+        also=extra,
+        spec=spec,
+        kv_tier=kv_tier,
     )
+
+
+def tier_off(
+    validated: ValidatedRecipe, checkpoint_dir: str, log_dir: Path, plan: PrefixPlan, stages: _Stages
+) -> TierSide:
+    """The production settings without the host-memory tier, booted to run the same prefix-reuse requests
+    (its log and the runs' files under ``log_dir/PREFIX_REUSE_DIR``)."""
+    folder = log_dir / PREFIX_REUSE_DIR
+    stages.start("boot production without the tier")
+    with served(validated, Boot.PRODUCTION, checkpoint_dir, folder, stop=stages.stop, kv_tier=False) as (
+        server,
+        _spec,
+    ):
+        stages.done("boot production without the tier")
+        return stages.run(
+            "prefix reuse, tier off",
+            measure_prefix_reuse,
+            validated,
+            server,
+            plan,
+            tier=False,
+            tokenizer_dir=checkpoint_dir,
+            output_dir=folder,
+        )
 
 
 def stress_gate(

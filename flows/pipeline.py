@@ -74,6 +74,9 @@ from quantize_serve.report.steps import (
     measures_shape,
     reused_sixteen_bit_kv,
 )
+from quantize_serve.capacity.host_tier import HostTier
+from quantize_serve.gates.prefix_reuse import OffloadDecision
+from quantize_serve.serve_profile.pinned import ServingProfile
 from quantize_serve.serve_profile.search import ProfileSearchResult
 from quantize_serve.serving.boot import Boot
 from quantize_serve.serving.compile_ahead import CompiledAhead, Until
@@ -90,6 +93,7 @@ from tasks.compile_ahead import compile_production_ahead, compiled_production_ah
 from tasks.decide import compare_accuracy, decide_release
 from tasks.formats import with_candidate
 from tasks.hub import HubStep, promote_or_reject, push_candidate
+from tasks.kv_tier import decide_kv_tier
 from tasks.progress import Progress
 from tasks.quantize import beside_base, quantize_model, worker_ahead
 from tasks.regression import (
@@ -313,6 +317,9 @@ class Served:
     results: ReleaseResults
     baseline: ProductionBaseline
     release_served: ReleaseServed | None
+    kv_tier: OffloadDecision | None = None  # serve.kv_offload: whether the serving profile carries the tier
+    kv_host_tier: HostTier | None = None  # the tier by vLLM's block arithmetic beside the production cache
+    serving_profile: ServingProfile | None = None  # serve-profile.yaml as the release carries it
 
 
 def candidate_phase(
@@ -361,7 +368,41 @@ def candidate_phase(
     # production's throughput again where the candidate's fell below its recorded figure (a slower host)
     baseline = confirm_production_throughput(profiled, in_production.result(), results)
     release_served = serve_production_again(profiled, baseline, run_dir, progress, blocked)
-    return Served(profiled, profile, pushed, base_served, quantized, results, baseline, release_served)
+    kv_tier, serving = decide_tier(profiled, base, checkpoint, run_dir, quantized)
+    host_tier = quantized.kv_tier.host if quantized.kv_tier else None
+    return Served(
+        profiled,
+        profile,
+        pushed,
+        base_served,
+        quantized,
+        results,
+        baseline,
+        release_served,
+        kv_tier,
+        host_tier,
+        serving,
+    )
+
+
+def decide_tier(
+    profiled: ValidatedRecipe,
+    base: BaseModelRef,
+    checkpoint: QuantizeResult,
+    run_dir: Path,
+    quantized: QuantizedServed,
+) -> tuple[OffloadDecision | None, ServingProfile | None]:
+    """serve.kv_offload: whether the serving profile keeps the host-memory tier the production boot carried,
+    and the profile the release carries: where the tier is left out, serve-profile.yaml written again from
+    the same boot's figures without it."""
+    measured, serving = quantized.kv_tier, quantized.also
+    if measured is None:
+        return None, serving
+    decision = decide_kv_tier(profiled, measured.plan, measured.on, measured.off)
+    if not decision.ship and quantized.spec is not None:
+        without = quantized.spec.model_copy(update={"kv_offload": None})
+        serving = write_profile(profiled, base, checkpoint, run_dir, None, without, quantized.capacity)
+    return decision, serving
 
 
 def search_profile(
@@ -494,7 +535,7 @@ def run_report(
 ) -> RunReport:
     """The run's report as the release step, the card and the UI read it."""
     profiled, quantized, base_served = served.profiled, served.quantized, served.base_served
-    production, compiled = quantized.also, made.compiled_ahead
+    production, compiled = served.serving_profile, made.compiled_ahead
     return RunReport(
         run_id=run_id(),
         recipe=profiled.recipe.name,
@@ -508,7 +549,9 @@ def run_report(
         preflight=resolved.preflight,
         profile=served.profile,
         formats=resolved.formats,
-        steps=decided.steps.with_outcome("compile ahead", compiled.line() if compiled else None),
+        steps=decided.steps.with_outcome("compile ahead", compiled.line() if compiled else None).with_outcome(
+            "host-memory KV tier", served.kv_tier.why if served.kv_tier else None
+        ),
         accuracy=gated.checks if isinstance(gated.checks, list) else [],
         scoring=scoring_notes(
             {"base": outcome(base_served.accuracy), "candidate": outcome(quantized.accuracy)}
@@ -520,6 +563,8 @@ def run_report(
         decision=decision,
         serving_command=production.command,
         serving_profile=production,
+        kv_tier=served.kv_tier,
+        kv_host_tier=served.kv_host_tier,
     )
 
 

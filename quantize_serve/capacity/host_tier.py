@@ -187,6 +187,21 @@ class HostTier(BaseModel):
     def pinned_bytes_per_rank(self) -> int:
         return self.pinned_bytes // self.tensor_parallel_size
 
+    def lines(self, label: str) -> list[str]:
+        """What the tier of configuration ``label`` holds, beyond the GPU, and what it is for (the plan, the
+        report)."""
+        tp = self.tensor_parallel_size
+        per_rank = f", {self.pinned_bytes_per_rank / GiB:.2f} GiB per rank" if tp > 1 else ""
+        lines = [
+            f"- host tier of {label} (serve.kv_offload, {self.backend}): {self.size_gib:g} GiB of pinned "
+            f"host memory{per_rank}, {self.tokens:,} tokens by vLLM's block arithmetic, "
+            f"{self.distinct_tokens_beyond_gpu:,} of them beyond the GPU's {self.gpu_tokens:,} "
+            f"(write-through: it also holds copies of the GPU's blocks); {self.note}"
+        ]
+        if self.warning:
+            lines.append(f"- warning: host tier: {self.warning}")
+        return lines
+
 
 def plan_host_tier(
     kv_offload: KVOffloadSection,

@@ -368,16 +368,4 @@ def _tier_lines(table: PlanTable, label: str) -> list[str]:
     """What the tier holds, beyond the GPU, and what it is for; or why it is not planned."""
     if table.host_tier_unplanned:
         return [f"- host tier: {table.host_tier_unplanned}"]
-    t = table.host_tier
-    if t is None:
-        return []
-    per_rank = f", {_gib(t.pinned_bytes_per_rank)} GiB per rank" if t.tensor_parallel_size > 1 else ""
-    lines = [
-        f"- host tier of {label} (serve.kv_offload, {t.backend}): {t.size_gib:g} GiB of pinned host memory"
-        f"{per_rank}, {t.tokens:,} tokens by vLLM's block arithmetic, "
-        f"{t.distinct_tokens_beyond_gpu:,} of them beyond the GPU's {t.gpu_tokens:,} (write-through: it "
-        f"also holds copies of the GPU's blocks); {t.note}"
-    ]
-    if t.warning:
-        lines.append(f"- warning: host tier: {t.warning}")
-    return lines
+    return table.host_tier.lines(label) if table.host_tier else []

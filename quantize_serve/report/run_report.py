@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from quantize_serve.capacity.chart import CHART, capacity_chart
+from quantize_serve.capacity.host_tier import HostTier
 from quantize_serve.capacity.measure import CapacityReport
 from quantize_serve.capacity.shape import ShapeCapacity
 from quantize_serve.core.portable import portable_path
@@ -25,6 +26,7 @@ from quantize_serve.gates.accuracy.results import AccuracyCheck, release_rates
 from quantize_serve.gates.decision import Decision
 from quantize_serve.gates.regression import RegressionResult, ReleaseResults
 from quantize_serve.gates.soak import SoakResult
+from quantize_serve.gates.prefix_reuse import OffloadDecision
 from quantize_serve.gates.stress import StressResult
 from quantize_serve.hub.client import PushResult
 from quantize_serve.quantize.run import QuantizeResult
@@ -87,6 +89,9 @@ class RunReport(BaseModel):
     approval_note: str = ""  # approval: manual - the reviewer's note on the sign-off form
     serving_command: str
     serving_profile: ServingProfile | None = None  # serve-profile.yaml: the validated boot, KV cache pinned
+    # serve.kv_offload: the host-memory tier measured on and off, and whether the profile carries it
+    kv_tier: OffloadDecision | None = None
+    kv_host_tier: HostTier | None = None  # the tier by vLLM's block arithmetic (None: LMCache sizes its own)
     hardware: str = Field(default_factory=lambda: describe_hardware())
     vllm_version: str | None = None  # the serving environment's; write_report fills it in
     run_url: str | None = None  # the Prefect UI page of the run; None without a UI (ephemeral API)
@@ -297,6 +302,10 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
         ]
         lines += [f"| {k} | {_num(v)} |" for k, v in r.soak.summary().items()]
         lines += [""] + ([f"![soak]({Path(r.soak.chart_path).name})", ""] if r.soak.chart_path else [])
+    if r.kv_tier:
+        host = r.kv_host_tier.lines("the production boot") if r.kv_host_tier else []
+        lines += ["## Host-memory KV tier (prefix reuse, production serving settings)", *host, ""]
+        lines += [r.kv_tier.markdown(), ""]
     if r.alerts:
         lines += [r.alerts.strip(), ""]
     lines += ["## Validated vLLM command", "```", r.serving_command, "```", ""]
