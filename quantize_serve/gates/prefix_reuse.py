@@ -28,10 +28,9 @@ import asyncio
 import contextlib
 import math
 import statistics
-from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
 from pydantic import BaseModel
 
@@ -48,7 +47,7 @@ from quantize_serve.traffic.bench import (
     start_bench,
     stop_bench,
 )
-from quantize_serve.traffic.requests import race
+from quantize_serve.traffic.requests import race, run_sync
 from quantize_serve.traffic.sampler import Sampler
 
 # The share of the host tier's tokens the working set may fill (the rest: what LRU churn and in-flight
@@ -68,7 +67,6 @@ PREFIX_COUNTERS = {
     "kv_offload_store_bytes": "vllm:kv_offload_store_bytes_total",
 }
 STARTED = "process_start_time_seconds"  # changed between the scrapes: the server restarted
-T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------------------------
@@ -334,7 +332,7 @@ def run_prefix_workload(
     coro = run_prefix_workload_async(
         server, plan, tokenizer_dir=tokenizer_dir, output_dir=output_dir, seed=seed, timeout_s=timeout_s
     )
-    return _run_sync(coro)
+    return run_sync(coro)
 
 
 def run_prefix_repeats(
@@ -364,16 +362,7 @@ def run_prefix_repeats(
             for i in range(repeats)
         ]
 
-    return _run_sync(runs())
-
-
-def _run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with ThreadPoolExecutor(1) as pool:  # called from async code (an async flow): own loop, own thread
-        return pool.submit(asyncio.run, coro).result()
+    return run_sync(runs())
 
 
 # --------------------------------------------------------------------------------------------

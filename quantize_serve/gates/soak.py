@@ -31,7 +31,6 @@ import json
 import random
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,7 +41,7 @@ from quantize_serve.core.processes import process_alive
 from quantize_serve.recipe.gates import MIN_SOAK_SAMPLES, SoakGate, StressGate
 from quantize_serve.recipe.model import ServeSection
 from quantize_serve.serving.server import RunningServer
-from quantize_serve.traffic.requests import Probe, answer_failures, race, send_probe, token_prompts
+from quantize_serve.traffic.requests import Probe, answer_failures, race, run_sync, send_probe, token_prompts
 from quantize_serve.traffic.sampler import Sampler
 
 if TYPE_CHECKING:
@@ -299,13 +298,7 @@ def run_soak_test(
         return prompt(rng.choice(prompts)), rng.choice(outputs)
 
     coro = _soak(server, gate, draw, concurrency, alive, log)
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        samples, traffic, measured, death_reason, died = asyncio.run(coro)
-    else:
-        with ThreadPoolExecutor(1) as pool:  # called from async code: own loop, own thread
-            samples, traffic, measured, death_reason, died = pool.submit(asyncio.run, coro).result()
+    samples, traffic, measured, death_reason, died = run_sync(coro)
 
     figures = soak_figures(samples, gate.warmup_s)
     samples_path = output_dir / SAMPLES_FILE

@@ -33,7 +33,6 @@ import json
 import random
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -54,7 +53,7 @@ from quantize_serve.traffic.bench import (
     start_bench,
     stop_bench,
 )
-from quantize_serve.traffic.requests import Probe, answer_failures, race, run_steps, token_prompts
+from quantize_serve.traffic.requests import Probe, answer_failures, race, run_steps, run_sync, token_prompts
 from quantize_serve.traffic.sampler import SAMPLE_EVERY_S, Sampler
 
 
@@ -203,12 +202,7 @@ def run_stress_test(
         )
     alive = server_process_alive or (lambda: process_alive(server.pid))
     coro = _stress(server, profile, serve, schedule, alive, tokenizer_dir, output_dir, seed, log)
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    with ThreadPoolExecutor(1) as pool:  # called from async code (an async flow): own loop, own thread
-        return pool.submit(asyncio.run, coro).result()
+    return run_sync(coro)
 
 
 async def _stress(

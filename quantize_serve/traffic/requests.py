@@ -10,7 +10,8 @@ import random
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from quantize_serve.core import ahead, progress
 from quantize_serve.core.errors import GateError
@@ -157,3 +158,16 @@ def answer_failures(counts: Any, request_timeout_s: float, first: str) -> list[s
             f"{counts.wrong_token_counts} request(s) returned a completion_tokens count other than max_tokens"
         )
     return f
+
+
+T = TypeVar("T")
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """``coro`` run to its end from sync or async code (an async flow: its own loop, in a thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
