@@ -110,41 +110,14 @@ def workload_of(bench: dict[str, int], args: argparse.Namespace) -> PrefixWorklo
     return PrefixWorkload(**fields | {"working_set": bench["working_set_pct"] / 100} | given)
 
 
-def cgroup_memory() -> dict[str, int] | None:
-    """This process's cgroup memory limit and use (v2, else v1), or None without a limit: psutil reads
-    /proc/meminfo, which in a container can be the machine's, not the container's."""
-    for folder, limit_file, use_file in (
-        ("/sys/fs/cgroup", "memory.max", "memory.current"),
-        ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes"),
-    ):
-        try:
-            limit = Path(folder, limit_file).read_text().strip()
-            used = int(Path(folder, use_file).read_text().strip())
-        except (OSError, ValueError):
-            continue
-        return (
-            None if limit == "max" or int(limit) >= 2**60 else {"limit_bytes": int(limit), "used_bytes": used}
-        )
-    return None
-
-
-def default_tier_gib(
-    memory: HostMemory, cgroup: dict[str, int] | None, share: float | None
-) -> tuple[int, str]:
+def default_tier_gib(memory: HostMemory, share: float | None) -> tuple[int, str]:
     """The tier's size in whole GiB and how it was found: ``share`` of the available memory where given, else
-    the most the host leaves beside the margin capacity/host_tier.py keeps free (HostMemory.room_bytes);
-    never above that room, nor above a cgroup's limit less its use and the same margin."""
+    the most the host leaves beside the margin capacity/host_tier.py keeps free (HostMemory.room_bytes, within
+    a cgroup's limit); never above that room."""
     room, margin = memory.room_bytes, memory.margin_bytes / GIB
     how = f"room: {memory.available_bytes / GIB:.1f} GiB available less the {margin:.1f} GiB margin"
-    if (
-        cgroup is not None
-        and (cg := cgroup["limit_bytes"] - cgroup["used_bytes"] - memory.margin_bytes) < room
-    ):
-        room = max(0, cg)
-        how = (
-            f"room in the cgroup: its {cgroup['limit_bytes'] / GIB:.1f} GiB limit less "
-            f"{cgroup['used_bytes'] / GIB:.1f} GiB used and the {margin:.1f} GiB margin"
-        )
+    if memory.cgroup_limit_bytes is not None:
+        how += f" (within the cgroup's {memory.cgroup_limit_bytes / GIB:.1f} GiB limit)"
     if share is not None:
         if (wanted := int(share * memory.available_bytes // GIB)) <= room // GIB:
             return wanted, f"--tier-share {share:g} of {memory.available_bytes / GIB:.1f} GiB available"
@@ -392,19 +365,16 @@ class Run:
         self.assumed_host = self.device is None and not self.rehearse  # a dry run away from the GPU host
         if self.assumed_host:
             gib = {k: int(EST[f"host_{k}_gib"] * GIB) for k in ("available", "total")}
-            self.memory, self.cgroup = (
-                HostMemory(available_bytes=gib["available"], total_bytes=gib["total"]),
-                None,
-            )
+            self.memory = HostMemory(available_bytes=gib["available"], total_bytes=gib["total"])
         else:
-            self.memory, self.cgroup = HostMemory.read(), cgroup_memory()
+            self.memory = HostMemory.read()
         self.recorded = res.data.get("settings") if res.data.get("stages") else None
         if args.tier_gib is not None:
             self.tier_gib, self.tier_from = args.tier_gib, "--tier-gib"
         elif self.recorded:  # the size the recorded stage ran with
             self.tier_gib, self.tier_from = self.recorded["tier_gib"], self.recorded["tier_gib_from"]
         else:
-            self.tier_gib, self.tier_from = default_tier_gib(self.memory, self.cgroup, args.tier_share)
+            self.tier_gib, self.tier_from = default_tier_gib(self.memory, args.tier_share)
         bench = REHEARSE_BENCH if self.rehearse else BENCH
         self.workload, self.per_slot = workload_of(bench, args), bench["no_reuse_prompts_per_slot"]
         self.seed = args.seed if args.seed is not None else bench["seed"]
@@ -653,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     recorded_stages = res.data.get("stages") or {}
     done_already = {s for s, r in recorded_stages.items() if r.get("status") in (DONE, NOT_ON_CPU)}
     todo = [s for s in stages if s not in done_already]
-    host = {"hostname": socket.gethostname(), "cpus": os.cpu_count(), "cgroup_memory": run.cgroup}
+    host = {"hostname": socket.gethostname(), "cpus": os.cpu_count(), "memory": run.memory.model_dump()}
     host |= {
         f"memory_{k}_gib": round(getattr(run.memory, f"{k}_bytes") / GIB, 1) for k in ("total", "available")
     }

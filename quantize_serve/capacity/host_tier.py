@@ -31,6 +31,7 @@ Pure Python and psutil (the host's memory), as the rest of the planner.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Literal
 
 import psutil
@@ -65,17 +66,26 @@ HOST_TIER_MARGIN_SHARE = 0.10
 
 
 class HostMemory(BaseModel):
-    """The host's memory as the kernel reports it (psutil: MemAvailable and MemTotal on Linux)."""
+    """The memory this process may use: the kernel's (psutil: MemAvailable and MemTotal on Linux), within its
+    cgroup's limit where one is set (a container: /proc/meminfo there can be the whole machine's)."""
 
     model_config = ConfigDict(frozen=True)
 
     available_bytes: int
     total_bytes: int
+    cgroup_limit_bytes: int | None = None  # the cgroup's memory limit, where it is below the machine's
 
     @classmethod
     def read(cls) -> HostMemory:
         memory = psutil.virtual_memory()
-        return cls(available_bytes=int(memory.available), total_bytes=int(memory.total))
+        available, total = int(memory.available), int(memory.total)
+        cgroup = cgroup_memory()
+        if cgroup is None or cgroup[0] >= total:
+            return cls(available_bytes=available, total_bytes=total)
+        limit, used = cgroup
+        return cls(
+            available_bytes=max(0, min(available, limit - used)), total_bytes=limit, cgroup_limit_bytes=limit
+        )
 
     @property
     def margin_bytes(self) -> int:
@@ -92,6 +102,21 @@ class HostMemory(BaseModel):
         """``share`` of the available memory in GiB, rounded down to 0.1 GiB (at least 0.1: a tier of
         nothing is no tier, and the memory check then says the host has no room)."""
         return max(0.1, math.floor(share * self.available_bytes / GiB * 10) / 10)
+
+
+def cgroup_memory() -> tuple[int, int] | None:
+    """This process's cgroup memory limit and use in bytes (cgroup v2, else v1), or None without a limit."""
+    for folder, limit_file, use_file in (
+        ("/sys/fs/cgroup", "memory.max", "memory.current"),
+        ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes"),
+    ):
+        try:
+            limit = Path(folder, limit_file).read_text().strip()
+            used = int(Path(folder, use_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        return None if limit == "max" or int(limit) >= 2**60 else (int(limit), used)
+    return None
 
 
 class HostTierSizing(BaseModel):

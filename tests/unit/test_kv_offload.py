@@ -422,3 +422,28 @@ def test_the_runs_validate_stage_refuses_the_flag_before_anything_heavy():
     with pytest.raises(RecipeError) as info:
         validate_recipe(TINY, {**tier(size_gib=8), "serve.extra_args": ["--enable-return-routed-experts"]})
     assert info.value.field == "serve.extra_args"
+
+
+def test_host_memory_is_read_within_a_cgroups_limit(monkeypatch):
+    from types import SimpleNamespace
+
+    from quantize_serve.capacity import host_tier
+
+    machine = SimpleNamespace(available=120 * 2**30, total=128 * 2**30)
+    monkeypatch.setattr(host_tier.psutil, "virtual_memory", lambda: machine)
+    monkeypatch.setattr(host_tier, "cgroup_memory", lambda: None)
+    assert host_tier.HostMemory.read() == host_tier.HostMemory(
+        available_bytes=120 * 2**30, total_bytes=128 * 2**30
+    )
+    # a container limited to 64 GiB with 4 GiB in use: its limit less its use, and its margin from the limit
+    monkeypatch.setattr(host_tier, "cgroup_memory", lambda: (64 * 2**30, 4 * 2**30))
+    memory = host_tier.HostMemory.read()
+    assert (memory.available_bytes, memory.total_bytes, memory.cgroup_limit_bytes) == (
+        60 * 2**30,
+        64 * 2**30,
+        64 * 2**30,
+    )
+    assert memory.room_bytes == 52 * 2**30  # less the 8 GiB floor of the margin (10% of 64 GiB is below it)
+    # a limit above the machine's memory changes nothing
+    monkeypatch.setattr(host_tier, "cgroup_memory", lambda: (256 * 2**30, 4 * 2**30))
+    assert host_tier.HostMemory.read().cgroup_limit_bytes is None

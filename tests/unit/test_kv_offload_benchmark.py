@@ -28,13 +28,10 @@ def options(**given) -> argparse.Namespace:
 
 def test_the_tier_takes_the_room_the_margin_leaves_in_whole_gib():
     memory = HostMemory(available_bytes=120 * GIB, total_bytes=128 * GIB)  # margin: 10% of 128 = 12.8 GiB
-    assert ko.default_tier_gib(memory, None, None)[0] == 107
-    assert ko.default_tier_gib(memory, None, 0.6) == (72, "--tier-share 0.6 of 120.0 GiB available")
-    size, how = ko.default_tier_gib(memory, None, 0.95)
+    assert ko.default_tier_gib(memory, None)[0] == 107
+    assert ko.default_tier_gib(memory, 0.6) == (72, "--tier-share 0.6 of 120.0 GiB available")
+    size, how = ko.default_tier_gib(memory, 0.95)
     assert size == 107 and how.startswith("--tier-share 0.95 capped at the room")
-    # a container whose cgroup allows less than /proc/meminfo says: its limit less its use and the margin
-    size, how = ko.default_tier_gib(memory, {"limit_bytes": 64 * GIB, "used_bytes": 4 * GIB}, None)
-    assert size == 47 and how.startswith("room in the cgroup")
 
 
 def test_the_workload_is_the_scenarios_with_the_options_given():
