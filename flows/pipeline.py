@@ -565,6 +565,7 @@ def run_report(
         serving_profile=production,
         kv_tier=served.kv_tier,
         kv_host_tier=served.kv_host_tier,
+        kv_tier_sizing=profiled.host_tier_note(),
     )
 
 

@@ -221,9 +221,9 @@ def measure_shape(
     for boot in Boot:
         planned = plans[boot]
         weights = planned.weights_bytes if planned else None  # None: on a GPU, vLLM profiles them
-        specs[boot] = capacity_spec(recipe, boot, folders[boot], weights_bytes=weights).model_copy(
-            update={"load_format": "dummy", "warm_up": False}
-        )
+        # the GPU's capacity only: no host-memory tier pinned for a boot that serves nothing
+        spec = capacity_spec(recipe, boot, folders[boot], weights_bytes=weights, kv_tier=False)
+        specs[boot] = spec.model_copy(update={"load_format": "dummy", "warm_up": False})
         rows[boot] = ShapeRow(
             name=boot, kv_cache_dtype=specs[boot].effective_kv_dtype, planned=planned, tensor_parallel_size=tp
         )

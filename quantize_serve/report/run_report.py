@@ -92,6 +92,7 @@ class RunReport(BaseModel):
     # serve.kv_offload: the host-memory tier measured on and off, and whether the profile carries it
     kv_tier: OffloadDecision | None = None
     kv_host_tier: HostTier | None = None  # the tier by vLLM's block arithmetic (None: LMCache sizes its own)
+    kv_tier_sizing: str | None = None  # how serve.kv_offload.host_memory_share became its size on this host
     hardware: str = Field(default_factory=lambda: describe_hardware())
     vllm_version: str | None = None  # the serving environment's; write_report fills it in
     run_url: str | None = None  # the Prefect UI page of the run; None without a UI (ephemeral API)
@@ -304,6 +305,7 @@ def render_markdown(r: RunReport, *, embed_images: bool = False) -> str:
         lines += [""] + ([f"![soak]({Path(r.soak.chart_path).name})", ""] if r.soak.chart_path else [])
     if r.kv_tier:
         host = r.kv_host_tier.lines("the production boot") if r.kv_host_tier else []
+        host += [f"- {r.kv_tier_sizing}"] if r.kv_tier_sizing else []
         lines += ["## Host-memory KV tier (prefix reuse, production serving settings)", *host, ""]
         lines += [r.kv_tier.markdown(), ""]
     if r.alerts:

@@ -71,6 +71,7 @@ def test_the_report_shows_the_tier_beside_the_measurement(tmp_path):
         run_id="run-1",
         kv_tier=decide_offload(on, OFF, plan=plan),
         kv_host_tier=host,
+        kv_tier_sizing="serve.kv_offload.size_gib 96.0 GiB: host_memory_share 0.8 of the 120.0 GiB available",
     )
     text = render_markdown(report)
     section = text[text.index("## Host-memory KV tier") :]
@@ -78,6 +79,7 @@ def test_the_report_shows_the_tier_beside_the_measurement(tmp_path):
         "- host tier of the production boot (serve.kv_offload, native): 96 GiB of pinned host memory, "
         "1,572,864 tokens by vLLM's block arithmetic, 572,864 of them beyond the GPU's 1,000,000" in section
     )
+    assert "- serve.kv_offload.size_gib 96.0 GiB: host_memory_share 0.8 of the 120.0 GiB" in section
     assert "Workload: 691 prefixes x 2,048 tokens" in section and "| on | 2 |" in section
     assert "**The tier ships**: hit rate 0.41 -> 0.78" in section
     assert "## Host-memory KV tier" not in render_markdown(
