@@ -74,7 +74,6 @@ from quantize_serve.report.steps import (
     measures_shape,
     reused_sixteen_bit_kv,
 )
-from quantize_serve.capacity.host_tier import HostTier
 from quantize_serve.gates.prefix_reuse import OffloadDecision
 from quantize_serve.serve_profile.pinned import ServingProfile
 from quantize_serve.serve_profile.search import ProfileSearchResult
@@ -318,7 +317,6 @@ class Served:
     baseline: ProductionBaseline
     release_served: ReleaseServed | None
     kv_tier: OffloadDecision | None = None  # serve.kv_offload: whether the serving profile carries the tier
-    kv_host_tier: HostTier | None = None  # the tier by vLLM's block arithmetic beside the production cache
     serving_profile: ServingProfile | None = None  # serve-profile.yaml as the release carries it
 
 
@@ -369,19 +367,8 @@ def candidate_phase(
     baseline = confirm_production_throughput(profiled, in_production.result(), results)
     release_served = serve_production_again(profiled, baseline, run_dir, progress, blocked)
     kv_tier, serving = decide_tier(profiled, base, checkpoint, run_dir, quantized)
-    host_tier = quantized.kv_tier.host if quantized.kv_tier else None
     return Served(
-        profiled,
-        profile,
-        pushed,
-        base_served,
-        quantized,
-        results,
-        baseline,
-        release_served,
-        kv_tier,
-        host_tier,
-        serving,
+        profiled, profile, pushed, base_served, quantized, results, baseline, release_served, kv_tier, serving
     )
 
 
@@ -564,7 +551,7 @@ def run_report(
         serving_command=production.command,
         serving_profile=production,
         kv_tier=served.kv_tier,
-        kv_host_tier=served.kv_host_tier,
+        kv_host_tier=quantized.kv_tier.host if quantized.kv_tier else None,
         kv_tier_sizing=profiled.host_tier_note(),
     )
 
