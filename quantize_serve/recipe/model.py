@@ -276,6 +276,12 @@ class KVOffloadSection(Section):
         return None if self.size_gib is None else int(self.size_gib * 2**30)
 
 
+def flag_name(arg: str) -> str:
+    """A command-line argument's flag as vLLM spells it: no value, dashes (``--max_num_seqs=8`` ->
+    ``--max-num-seqs``)."""
+    return arg.split("=", 1)[0].replace("_", "-")
+
+
 # Serve settings that do not change what a boot measures (how the settings were found, a dry check, whether
 # row (b) is booted; the host-memory tier, which only the production boot carries and its own measurement
 # reads)
@@ -345,7 +351,7 @@ class ServeSection(Section):
     @classmethod
     def _no_reserved(cls, args: list[str]) -> list[str]:
         for arg in args:
-            flag = arg.split("=", 1)[0].replace("_", "-")
+            flag = flag_name(arg)
             if flag == "--revision":  # the published profile's revision is the release ref (capacity_spec)
                 raise ValueError(
                     "--revision would replace the revision serve-profile.yaml and the model card name: "
@@ -373,6 +379,11 @@ class ServeSection(Section):
         """Requests in flight for a gate or a measurement: ``requested``, else every sequence slot the
         server has (``max_num_seqs``: fewer leave it idle between batches, more only queue)."""
         return requested or self.max_num_seqs
+
+    @property
+    def extra_flags(self) -> set[str]:
+        """The flags of extra_args as vLLM spells them (flag_name), without their values."""
+        return {flag_name(arg) for arg in self.extra_args if arg.startswith("--")}
 
     @property
     def batched_tokens(self) -> int:

@@ -283,11 +283,6 @@ CPU_OFFLOAD_REFUSAL = "CPU Offloading is currently only supported on CUDA-alike 
 CUMEM_FLAGS = ("--enable-cumem-allocator", "--enable-sleep-mode")
 
 
-def _flags(recipe: Recipe) -> set[str]:
-    """The flags of serve.extra_args, as vLLM spells them (no value, dashes)."""
-    return {arg.split("=", 1)[0].replace("_", "-") for arg in recipe.serve.extra_args if arg.startswith("--")}
-
-
 def check_kv_offload(recipe: Recipe, config: dict[str, Any] | None, *, source: str) -> None:
     """A host-memory tier (serve.kv_offload) on a recipe and a model vLLM offloads: vLLM refuses any KV
     connector with ``--enable-return-routed-experts`` and for an encoder-decoder model (``config``: the base
@@ -296,7 +291,7 @@ def check_kv_offload(recipe: Recipe, config: dict[str, Any] | None, *, source: s
     tier = recipe.serve.kv_offload
     if tier is None:
         return
-    if "--enable-return-routed-experts" in _flags(recipe):
+    if "--enable-return-routed-experts" in recipe.serve.extra_flags:
         raise RecipeError(
             source,
             "serve.extra_args",
@@ -337,7 +332,7 @@ def check_host_tier(recipe: Recipe, *, source: str, host_memory: HostMemory | No
             "remove serve.kv_offload for a CPU host, or run on a GPU host",
         )
     alloc = serving_env().get("PYTORCH_CUDA_ALLOC_CONF", "")
-    if "expandable_segments:True" in alloc and not _flags(recipe) & set(CUMEM_FLAGS):
+    if "expandable_segments:True" in alloc and not recipe.serve.extra_flags & set(CUMEM_FLAGS):
         raise RecipeError(
             source,
             "serve.kv_offload",
